@@ -1,0 +1,184 @@
+// strata SDK: communication. One Group interface over every transport (mpi today; ucx, nccl later),
+// a ledger that records every call, and comm streams with events so a plugin overlaps
+// communication with compute the same way on every device.
+#pragma once
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/types.hpp"
+
+namespace strata {
+
+enum class CommOp : int { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv, barrier };
+inline constexpr int kNumCommOps = 8;
+inline constexpr std::array<const char*, kNumCommOps> kCommOpNames = {
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "send", "recv", "barrier"};
+inline const char* op_name(CommOp op) { return kCommOpNames[static_cast<int>(op)]; }
+
+// nccl-tests bus-bandwidth factor: busbw = algbw * factor, so numbers compare across world sizes.
+inline double bus_factor(CommOp op, int n) {
+  switch (op) {
+    case CommOp::all_reduce: return n > 1 ? 2.0 * (n - 1) / n : 0.0;
+    case CommOp::reduce_scatter:
+    case CommOp::all_gather: return n > 1 ? double(n - 1) / n : 0.0;
+    default: return 1.0;
+  }
+}
+
+// One finished collective or point-to-point call. `bytes` follows the nccl-tests size convention:
+// the buffer size for all_reduce/broadcast/reduce/send/recv, the full (n x shard) size for
+// all_gather and reduce_scatter.
+struct CommRecord {
+  CommOp op;
+  std::string group;
+  int group_size;
+  std::uint64_t bytes;
+  double t0, t1;  // seconds on the process clock (strata::now())
+  int step;       // the training step it belongs to (-1: outside any step)
+  double seconds() const { return t1 - t0; }
+  double algbw() const { return t1 > t0 ? bytes / (t1 - t0) : 0.0; }  // bytes/s
+  double busbw() const { return algbw() * bus_factor(op, group_size); }
+};
+
+// A call that is in flight, for the watchdog.
+struct InFlight {
+  CommOp op;
+  std::string group;
+  std::uint64_t bytes;
+  double t0;
+};
+
+// Seconds since process start on a monotonic clock. All intervals in strata use it.
+double now();
+
+// The comm ledger of one rank: every call, every interval the compute thread spent waiting.
+// Thread-safe: comm streams record from their worker threads.
+class CommLedger {
+ public:
+  void set_step(int step);
+  int step() const;
+
+  int begin_call(CommOp op, const std::string& group, std::uint64_t bytes);  // returns a token
+  void end_call(int token, int group_size);
+  // The compute thread was idle (blocked on an event or in a blocking call) over [t0, t1).
+  void record_wait(double t0, double t1);
+
+  std::vector<CommRecord> records() const;                      // all finished calls
+  std::vector<std::pair<double, double>> waits(int step) const;  // compute idle intervals
+  std::vector<InFlight> in_flight() const;
+  void clear();
+
+ private:
+  mutable std::mutex mu_;
+  int step_ = -1;
+  int next_token_ = 0;
+  std::map<int, InFlight> in_flight_;
+  std::vector<CommRecord> records_;
+  std::vector<std::tuple<int, double, double>> waits_;
+};
+
+// A communicator over a fixed set of ranks (one mesh axis). The public calls record into the ledger
+// and forward to the transport's do_* implementation. All calls are blocking for the calling thread;
+// put them on a CommStream to overlap them with compute.
+class Group {
+ public:
+  Group(std::string name, int rank, int size, CommLedger* ledger)
+      : name_(std::move(name)), rank_(rank), size_(size), ledger_(ledger) {}
+  virtual ~Group() = default;
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  void all_reduce(BufferView buf);                       // sum, in place
+  void all_reduce_max(BufferView buf);                   // max, in place (not a bandwidth op)
+  void reduce_scatter(BufferView in, BufferView out);    // in.count == out.count * size(), sum
+  void all_gather(BufferView in, BufferView out);        // out.count == in.count * size()
+  void broadcast(BufferView buf, int root);
+  void reduce(BufferView buf, int root);                 // sum into root's buf, in place
+  void send(BufferView buf, int peer);
+  void recv(BufferView buf, int peer);
+  void barrier();
+
+ protected:
+  enum class Reduction { sum, max };
+  virtual void do_all_reduce(BufferView buf, Reduction r) = 0;
+  virtual void do_reduce_scatter(BufferView in, BufferView out) = 0;
+  virtual void do_all_gather(BufferView in, BufferView out) = 0;
+  virtual void do_broadcast(BufferView buf, int root) = 0;
+  virtual void do_reduce(BufferView buf, int root) = 0;
+  virtual void do_send(BufferView buf, int peer) = 0;
+  virtual void do_recv(BufferView buf, int peer) = 0;
+  virtual void do_barrier() = 0;
+
+ private:
+  template <class F>
+  void recorded(CommOp op, std::uint64_t bytes, F&& f);
+  std::string name_;
+  int rank_, size_;
+  CommLedger* ledger_;
+};
+
+// Completion of work enqueued on a stream. wait() blocks the caller (recording the idle time in the
+// ledger when called from the compute thread) and rethrows an error raised by the work.
+class Event {
+ public:
+  Event() = default;
+  void wait() const;
+  bool done() const;
+
+ private:
+  friend class CommStream;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  std::shared_ptr<State> state_;
+  CommLedger* ledger_ = nullptr;
+};
+
+// An ordered queue of communication work. On the CPU it is a worker thread; work runs in
+// enqueue order, so every rank issues its collectives in the same order.
+class CommStream {
+ public:
+  explicit CommStream(CommLedger& ledger, std::string name = "comm");
+  ~CommStream();
+  CommStream(const CommStream&) = delete;
+  CommStream& operator=(const CommStream&) = delete;
+
+  Event enqueue(std::function<void()> work);
+  void synchronize();  // wait for everything enqueued so far
+
+  // Conveniences: the collective, enqueued.
+  Event all_reduce(Group& g, BufferView buf) {
+    return enqueue([&g, buf] { g.all_reduce(buf); });
+  }
+  Event reduce_scatter(Group& g, BufferView in, BufferView out) {
+    return enqueue([&g, in, out] { g.reduce_scatter(in, out); });
+  }
+  Event all_gather(Group& g, BufferView in, BufferView out) {
+    return enqueue([&g, in, out] { g.all_gather(in, out); });
+  }
+
+ private:
+  void run();
+  CommLedger& ledger_;
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::function<void()>, std::shared_ptr<Event::State>>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace strata

@@ -1,0 +1,90 @@
+// strata SDK: what a strategy sees of the run. The core implements Context; a plugin receives it
+// in setup() and train_step().
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "strata/comm.hpp"
+#include "strata/memory.hpp"
+#include "strata/model.hpp"
+
+namespace strata {
+
+// dp x tp x pp = world. Rank order: tp fastest, then dp, then pp (Megatron's order), so that tensor
+// parallel peers are neighbours on a node. `nodes` may be virtual: node = rank / ranks_per_node.
+struct MeshSpec {
+  int dp = 1, tp = 1, pp = 1;
+  int nodes = 1, ranks_per_node = 1;
+  int world() const { return dp * tp * pp; }
+};
+
+struct MeshCoord {
+  int rank = 0, dp = 0, tp = 0, pp = 0;
+  int node = 0, local_rank = 0;
+};
+
+inline MeshCoord mesh_coord(const MeshSpec& m, int rank) {
+  MeshCoord c;
+  c.rank = rank;
+  c.tp = rank % m.tp;
+  c.dp = (rank / m.tp) % m.dp;
+  c.pp = rank / (m.tp * m.dp);
+  c.node = rank / m.ranks_per_node;
+  c.local_rank = rank % m.ranks_per_node;
+  return c;
+}
+
+struct TrainSpec {
+  int micro_batch = 8;   // sequences per micro-batch per rank
+  int global_batch = 8;  // sequences per optimizer step, all ranks
+  int steps = 20;
+  int warmup = 2;        // first steps excluded from the summary statistics (still trained)
+  std::uint64_t seed = 1234;
+  double lr = 1e-3;
+  double grad_clip = 1.0;  // global-norm clipping; 0 = off
+  double weight_decay = 0.1;
+  // Micro-batches per rank per step (gradient accumulation) on this mesh.
+  int micro_steps(const MeshSpec& m) const { return global_batch / (micro_batch * m.dp); }
+};
+
+enum class Phase { forward, backward, optimizer };
+
+// Communicators a strategy can ask for. dp_intra_node: the dp peers on this (virtual) node;
+// dp_inter_node: the dp peers with the same position on every other node.
+enum class Axis { world, dp, tp, pp, dp_intra_node, dp_inter_node };
+
+class Context {
+ public:
+  virtual ~Context() = default;
+  virtual const MeshSpec& mesh() const = 0;
+  virtual const MeshCoord& coord() const = 0;
+  virtual const ModelSpec& model_spec() const = 0;
+  virtual const TrainSpec& train() const = 0;
+  virtual Model& model() = 0;
+  virtual MemoryLedger& memory() = 0;
+  virtual Group& group(Axis axis) = 0;
+  virtual CommStream& comm_stream(int index = 0) = 0;
+  // This rank's micro-batch `micro` of step `step` (data parallel rank coord().dp).
+  virtual MicroBatch micro_batch(int step, int micro) = 0;
+  virtual void add_phase_time(Phase phase, double seconds) = 0;
+  // Sum of per-token losses over `tokens` tokens seen by this rank in this step. Ranks that do not
+  // compute the loss (e.g. early pipeline stages) report nothing.
+  virtual void report_loss(double loss_sum, double tokens) = 0;
+};
+
+// Times a region into a phase of the current step record.
+class PhaseTimer {
+ public:
+  PhaseTimer(Context& ctx, Phase phase) : ctx_(ctx), phase_(phase), t0_(now()) {}
+  ~PhaseTimer() { ctx_.add_phase_time(phase_, now() - t0_); }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  Context& ctx_;
+  Phase phase_;
+  double t0_;
+};
+
+}  // namespace strata

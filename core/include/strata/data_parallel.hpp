@@ -1,0 +1,49 @@
+// strata SDK: helpers that make a data-parallel strategy short (dp, ddp; ZeRO/FSDP reuse parts).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "strata/optimizer.hpp"
+#include "strata/plugin.hpp"
+
+namespace strata {
+
+// The whole model's parameters (MemTag::params, initialised from the run's seed) and gradients
+// (MemTag::grads), each one flat buffer, with per-unit pointers into them.
+class Replica {
+ public:
+  explicit Replica(Context& ctx);
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  std::size_t size() const { return params_.size(); }
+  const UnitPtrs& param_ptrs() const { return param_ptrs_; }
+  const UnitPtrs& grad_ptrs() const { return grad_ptrs_; }
+
+ private:
+  Buffer<float> params_, grads_;
+  UnitPtrs param_ptrs_, grad_ptrs_;
+};
+
+// d(step loss)/d(per-token loss): the step loss is the mean over the global batch's tokens, so
+// summing every rank's gradients gives the exact gradient.
+double grad_scale(const Context& ctx);
+
+// Forward of every unit, then backward in reverse, for one micro-batch; times both phases and
+// reports the loss. After unit u's backward its gradients are complete for this micro-batch and
+// on_unit_done(u) runs (ddp launches the all-reduce of filled buckets there).
+void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grads,
+                      const MicroBatch& mb, const std::function<void(int unit)>& on_unit_done = {});
+
+// The AdamW settings of this run.
+AdamWConfig adamw_config(const Context& ctx);
+
+// Bytes the core itself allocates on every rank: the micro-batch's tokens (MemTag::workspace).
+std::uint64_t batch_workspace_bytes(const TrainSpec& train, const ModelSpec& model);
+
+// Prediction for a strategy that keeps a full replica of parameters and gradients on every rank:
+// params 4P, grads 4P, optimizer 8P (AdamW m and v in fp32), activations of one micro-batch,
+// the batch workspace. Strategies adjust what differs.
+Prediction replicated_prediction(const PredictInput& in);
+
+}  // namespace strata

@@ -1,0 +1,93 @@
+// strata SDK: the memory ledger. Every buffer the core or a plugin allocates carries a tag, so the
+// run file can show current and peak bytes per tag per rank next to the analytic prediction.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <span>
+#include <utility>
+
+namespace strata {
+
+enum class MemTag : int { params, grads, optimizer, activations, comm_buffers, workspace };
+inline constexpr int kNumMemTags = 6;
+inline constexpr std::array<const char*, kNumMemTags> kMemTagNames = {
+    "params", "grads", "optimizer", "activations", "comm_buffers", "workspace"};
+inline const char* tag_name(MemTag t) { return kMemTagNames[static_cast<int>(t)]; }
+
+// Current and peak bytes per tag for this rank. Not thread-safe by design: allocations happen on
+// the compute thread (comm streams only use buffers allocated there).
+class MemoryLedger {
+ public:
+  void on_alloc(MemTag t, std::uint64_t bytes) {
+    auto& c = current_[static_cast<int>(t)];
+    c += bytes;
+    auto& p = peak_[static_cast<int>(t)];
+    if (c > p) p = c;
+  }
+  void on_free(MemTag t, std::uint64_t bytes) { current_[static_cast<int>(t)] -= bytes; }
+  std::uint64_t current(MemTag t) const { return current_[static_cast<int>(t)]; }
+  std::uint64_t peak(MemTag t) const { return peak_[static_cast<int>(t)]; }
+
+ private:
+  std::array<std::uint64_t, kNumMemTags> current_{};
+  std::array<std::uint64_t, kNumMemTags> peak_{};
+};
+
+// An owning, zero-initialised, 64-byte aligned array of T, accounted in a MemoryLedger under a tag.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(MemoryLedger& ledger, MemTag tag, std::size_t count)
+      : ledger_(&ledger), tag_(tag), count_(count) {
+    if (count_ == 0) return;
+    std::size_t bytes = (count_ * sizeof(T) + 63) / 64 * 64;
+    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (!data_) throw std::bad_alloc();
+    std::memset(static_cast<void*>(data_), 0, bytes);
+    ledger_->on_alloc(tag_, count_ * sizeof(T));
+  }
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (data_) {
+      ledger_->on_free(tag_, count_ * sizeof(T));
+      std::free(data_);
+    }
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return count_; }
+  std::size_t bytes() const { return count_ * sizeof(T); }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+  std::span<T> span() { return {data_, count_}; }
+  std::span<const T> span() const { return {data_, count_}; }
+  void zero() {
+    if (data_) std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+  }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(ledger_, o.ledger_);
+    std::swap(tag_, o.tag_);
+    std::swap(count_, o.count_);
+    std::swap(data_, o.data_);
+  }
+  MemoryLedger* ledger_ = nullptr;
+  MemTag tag_ = MemTag::workspace;
+  std::size_t count_ = 0;
+  T* data_ = nullptr;
+};
+
+}  // namespace strata

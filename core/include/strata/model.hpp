@@ -1,0 +1,130 @@
+// strata SDK: the standard workload, a GPT-2 style decoder.
+//
+// Parameters live per *unit*: unit 0 is the embedding (wte, wpe), units 1..L are the transformer
+// blocks, unit L+1 is the head (final LayerNorm; the LM head is tied to wte). All units sit in one
+// flat parameter index space with an offset table, so sharding a unit is slicing its range.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/memory.hpp"
+
+namespace strata {
+
+struct ModelSpec {
+  std::string preset = "custom";
+  int layers = 2;   // L
+  int hidden = 64;  // C
+  int heads = 4;    // NH
+  int seq = 64;     // T (also the number of learned positions)
+  int vocab = 256;  // V
+
+  int head_dim() const { return hidden / heads; }
+  std::int64_t block_params() const { return 12LL * hidden * hidden + 13LL * hidden; }
+  std::int64_t total_params() const {
+    return std::int64_t(vocab) * hidden + std::int64_t(seq) * hidden + layers * block_params() +
+           2LL * hidden;
+  }
+  // N of the FLOP formula: non-embedding parameters plus the tied LM-head matmul.
+  std::int64_t flop_params() const {
+    return layers * block_params() + 2LL * hidden + std::int64_t(vocab) * hidden;
+  }
+  // Training FLOPs per token = 6N + 12*L*h*s (forward + backward, attention scores included).
+  double flops_per_token() const {
+    return 6.0 * double(flop_params()) + 12.0 * layers * double(hidden) * seq;
+  }
+};
+
+enum class UnitKind { embedding, block, head };
+
+struct TensorInfo {
+  std::string name;          // e.g. "block3.qkv_w"
+  int id = 0;                // global tensor id: the init hash key, independent of sharding
+  int unit = 0;
+  std::size_t offset = 0;    // in the flat parameter index space
+  std::size_t count = 0;
+  std::vector<int> shape;
+  bool decay = false;        // AdamW weight decay applies (2-D weights only, as in GPT-2)
+  float init_std = 0.0f;     // normal(0, init_std) when > 0, otherwise the constant init_value
+  float init_value = 0.0f;
+};
+
+struct UnitInfo {
+  std::string name;
+  UnitKind kind;
+  int block = -1;            // block index for UnitKind::block
+  std::size_t offset = 0;    // first element in the flat parameter index space
+  std::size_t count = 0;
+  int first_tensor = 0;
+  int num_tensors = 0;
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const ModelSpec& spec);
+  const std::vector<UnitInfo>& units() const { return units_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  std::size_t total() const { return total_; }
+  int num_units() const { return int(units_.size()); }
+  // The tensor holding flat element `index`.
+  const TensorInfo& tensor_at(std::size_t index) const;
+
+ private:
+  std::vector<UnitInfo> units_;
+  std::vector<TensorInfo> tensors_;
+  std::size_t total_ = 0;
+};
+
+// Fill `out` with elements [begin, begin + out.size()) of the flat parameter index space, exactly
+// as a full initialisation would: every element hashes (seed, tensor id, index in tensor).
+void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begin,
+                 std::span<float> out);
+
+// One rank's micro-batch: B sequences of T tokens and their next-token targets, row-major [B, T].
+struct MicroBatch {
+  const std::int32_t* inputs = nullptr;
+  const std::int32_t* targets = nullptr;
+  int batch = 0;
+  int seq = 0;
+};
+
+// Where each unit's parameters (or gradients) live right now: ptrs[u] points at unit u's first
+// element, laid out as in ParamLayout. A strategy that shards points these at gathered buffers.
+using UnitPtrs = std::vector<float*>;
+
+// The model's computation for one micro-batch size. Owns the activations (MemTag::activations);
+// parameters and gradients are passed in, so strategies decide where they live.
+// Gradients always accumulate (+=): zero them before the first micro-batch of a step.
+class Model {
+ public:
+  Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelSpec& spec() const;
+  const ParamLayout& layout() const;
+  int micro_batch() const;
+
+  // Unit passes. The head's forward also computes the loss; the head reads the tied wte through
+  // params[0], and its backward accumulates into grads[0] as well as grads[L+1].
+  void forward(int unit, const UnitPtrs& params, const MicroBatch& mb);
+  // grad_scale: d(loss)/d(per-token loss), e.g. 1 / (tokens in the global batch).
+  void backward(int unit, const UnitPtrs& params, const UnitPtrs& grads, const MicroBatch& mb,
+                float grad_scale);
+  // Sum over the micro-batch's tokens of the per-token cross-entropy (after the head's forward).
+  double loss_sum() const;
+
+  // Bytes of activations (and their gradients) this model allocates for a micro-batch size:
+  // the activations prediction.
+  static std::uint64_t activation_bytes(const ModelSpec& spec, int micro_batch);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

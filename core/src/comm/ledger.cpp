@@ -1,0 +1,122 @@
+// The comm ledger and the recording wrapper every Group call goes through.
+#include <chrono>
+
+#include "comm/thread_role.hpp"
+#include "strata/comm.hpp"
+
+namespace strata {
+
+double now() {
+  static const auto t_start = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+}
+
+thread_local bool t_on_comm_worker = false;
+
+void CommLedger::set_step(int step) {
+  std::lock_guard lock(mu_);
+  step_ = step;
+}
+
+int CommLedger::step() const {
+  std::lock_guard lock(mu_);
+  return step_;
+}
+
+int CommLedger::begin_call(CommOp op, const std::string& group, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  int token = next_token_++;
+  in_flight_[token] = InFlight{op, group, bytes, now()};
+  return token;
+}
+
+void CommLedger::end_call(int token, int group_size) {
+  double t1 = now();
+  std::lock_guard lock(mu_);
+  auto it = in_flight_.find(token);
+  if (it == in_flight_.end()) return;
+  const InFlight& f = it->second;
+  records_.push_back(CommRecord{f.op, f.group, group_size, f.bytes, f.t0, t1, step_});
+  in_flight_.erase(it);
+}
+
+void CommLedger::record_wait(double t0, double t1) {
+  std::lock_guard lock(mu_);
+  waits_.emplace_back(step_, t0, t1);
+}
+
+std::vector<CommRecord> CommLedger::records() const {
+  std::lock_guard lock(mu_);
+  return records_;
+}
+
+std::vector<std::pair<double, double>> CommLedger::waits(int step) const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<double, double>> out;
+  for (const auto& [s, t0, t1] : waits_)
+    if (s == step) out.emplace_back(t0, t1);
+  return out;
+}
+
+std::vector<InFlight> CommLedger::in_flight() const {
+  std::lock_guard lock(mu_);
+  std::vector<InFlight> out;
+  for (const auto& [token, f] : in_flight_) out.push_back(f);
+  return out;
+}
+
+void CommLedger::clear() {
+  std::lock_guard lock(mu_);
+  records_.clear();
+  waits_.clear();
+}
+
+template <class F>
+void Group::recorded(CommOp op, std::uint64_t bytes, F&& f) {
+  int token = ledger_ ? ledger_->begin_call(op, name_, bytes) : -1;
+  double t0 = now();
+  f();
+  if (ledger_) {
+    ledger_->end_call(token, size_);
+    // A blocking call on the compute thread leaves compute idle for its whole duration.
+    if (!t_on_comm_worker) ledger_->record_wait(t0, now());
+  }
+}
+
+static void require(bool ok, const std::string& what) {
+  if (!ok) throw Error("collective argument mismatch: " + what, "this is a bug in the strategy");
+}
+
+void Group::all_reduce(BufferView b) {
+  recorded(CommOp::all_reduce, b.bytes(), [&] { do_all_reduce(b, Reduction::sum); });
+}
+void Group::all_reduce_max(BufferView b) {
+  recorded(CommOp::all_reduce, b.bytes(), [&] { do_all_reduce(b, Reduction::max); });
+}
+void Group::reduce_scatter(BufferView in, BufferView out) {
+  require(in.count == out.count * std::size_t(size_) && in.dtype == out.dtype,
+          "reduce_scatter needs in.count == out.count * group size on " + name_);
+  recorded(CommOp::reduce_scatter, in.bytes(), [&] { do_reduce_scatter(in, out); });
+}
+void Group::all_gather(BufferView in, BufferView out) {
+  require(out.count == in.count * std::size_t(size_) && in.dtype == out.dtype,
+          "all_gather needs out.count == in.count * group size on " + name_);
+  recorded(CommOp::all_gather, out.bytes(), [&] { do_all_gather(in, out); });
+}
+void Group::broadcast(BufferView b, int root) {
+  recorded(CommOp::broadcast, b.bytes(), [&] { do_broadcast(b, root); });
+}
+void Group::reduce(BufferView b, int root) {
+  recorded(CommOp::reduce, b.bytes(), [&] { do_reduce(b, root); });
+}
+void Group::send(BufferView b, int peer) {
+  recorded(CommOp::send, b.bytes(), [&] { do_send(b, peer); });
+}
+void Group::recv(BufferView b, int peer) {
+  recorded(CommOp::recv, b.bytes(), [&] { do_recv(b, peer); });
+}
+void Group::barrier() {
+  recorded(CommOp::barrier, 0, [&] { do_barrier(); });
+}
+
+}  // namespace strata

@@ -1,0 +1,246 @@
+// MPI backend of the Comm interface.
+#include "comm/mpi_transport.hpp"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+
+namespace strata::mpi {
+namespace {
+
+MPI_Comm g_control = MPI_COMM_NULL;  // harness traffic
+MPI_Comm g_errors = MPI_COMM_NULL;   // error channel to rank 0
+constexpr int kErrorTag = 77;
+
+std::string error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, len);
+}
+
+void check(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  throw Error("rank " + std::to_string(rank) + ": " + call + " failed at " + file + ":" +
+                  std::to_string(line) + ": " + error_string(code),
+              "check that every rank runs the same configuration and the launcher's MPI matches "
+              "the one strata was built with");
+}
+
+#define STRATA_MPI_CHECK(call) check((call), #call, __FILE__, __LINE__)
+
+MPI_Datatype to_mpi(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+int as_int(std::size_t count) {
+  if (count > std::size_t(INT_MAX))
+    throw Error("a single MPI call of " + std::to_string(count) + " elements exceeds INT_MAX",
+                "use smaller buckets (e.g. --plugin-opt bucket_mb=...)");
+  return int(count);
+}
+
+class MpiGroup final : public Group {
+ public:
+  MpiGroup(std::string name, MPI_Comm comm, CommLedger* ledger)
+      : Group(std::move(name), rank_of(comm), size_of(comm), ledger), comm_(comm) {}
+  ~MpiGroup() override {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+ protected:
+  void do_all_reduce(BufferView b, Reduction r) override {
+    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b.data, as_int(b.count), to_mpi(b.dtype),
+                                   r == Reduction::sum ? MPI_SUM : MPI_MAX, comm_));
+  }
+  void do_reduce_scatter(BufferView in, BufferView out) override {
+    STRATA_MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, as_int(out.count),
+                                              to_mpi(in.dtype), MPI_SUM, comm_));
+  }
+  void do_all_gather(BufferView in, BufferView out) override {
+    STRATA_MPI_CHECK(MPI_Allgather(in.data, as_int(in.count), to_mpi(in.dtype), out.data,
+                                   as_int(in.count), to_mpi(out.dtype), comm_));
+  }
+  void do_broadcast(BufferView b, int root) override {
+    STRATA_MPI_CHECK(MPI_Bcast(b.data, as_int(b.count), to_mpi(b.dtype), root, comm_));
+  }
+  void do_reduce(BufferView b, int root) override {
+    const void* send = rank() == root ? MPI_IN_PLACE : b.data;
+    STRATA_MPI_CHECK(
+        MPI_Reduce(send, b.data, as_int(b.count), to_mpi(b.dtype), MPI_SUM, root, comm_));
+  }
+  void do_send(BufferView b, int peer) override {
+    STRATA_MPI_CHECK(MPI_Send(b.data, as_int(b.count), to_mpi(b.dtype), peer, 0, comm_));
+  }
+  void do_recv(BufferView b, int peer) override {
+    STRATA_MPI_CHECK(MPI_Recv(b.data, as_int(b.count), to_mpi(b.dtype), peer, 0, comm_,
+                              MPI_STATUS_IGNORE));
+  }
+  void do_barrier() override { STRATA_MPI_CHECK(MPI_Barrier(comm_)); }
+
+ private:
+  static int rank_of(MPI_Comm c) {
+    int r = 0;
+    MPI_Comm_rank(c, &r);
+    return r;
+  }
+  static int size_of(MPI_Comm c) {
+    int s = 0;
+    MPI_Comm_size(c, &s);
+    return s;
+  }
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+void init(int* argc, char*** argv) {
+  int provided = 0;
+  STRATA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (provided < MPI_THREAD_MULTIPLE)
+    throw Error("the MPI library does not provide MPI_THREAD_MULTIPLE",
+                "comm streams call MPI from worker threads; use an MPI built with thread support");
+  STRATA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_control));
+  STRATA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_errors));
+}
+
+void finalize() {
+  if (!initialized()) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (g_control != MPI_COMM_NULL) MPI_Comm_free(&g_control);
+  if (g_errors != MPI_COMM_NULL) MPI_Comm_free(&g_errors);
+  MPI_Finalize();
+}
+
+bool initialized() {
+  int flag = 0;
+  MPI_Initialized(&flag);
+  return flag != 0;
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+int local_size() {
+  MPI_Comm local;
+  STRATA_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  int s = 1;
+  MPI_Comm_size(local, &s);
+  MPI_Comm_free(&local);
+  return s;
+}
+
+std::string processor_name() {
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  return std::string(name, len);
+}
+
+std::string library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string s(text, len);
+  if (auto nl = s.find_first_of("\r\n,"); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger) {
+  MPI_Comm comm;
+  STRATA_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiGroup>(name, comm, ledger);
+}
+
+void control_allreduce_sum(double* values, int n) {
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_SUM, g_control));
+}
+
+void control_allreduce_max(double* values, int n) {
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_MAX, g_control));
+}
+
+std::vector<double> control_gather(const std::vector<double>& local) {
+  int n = int(local.size());
+  std::vector<double> all(world_rank() == 0 ? std::size_t(n) * world_size() : 0);
+  STRATA_MPI_CHECK(
+      MPI_Gather(local.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, g_control));
+  return all;
+}
+
+std::vector<std::string> control_gather_strings(const std::string& local) {
+  int len = int(local.size());
+  int ranks = world_size();
+  bool root = world_rank() == 0;
+  std::vector<int> lens(root ? ranks : 0), displs(root ? ranks : 0);
+  STRATA_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g_control));
+  std::string all;
+  if (root) {
+    int total = 0;
+    for (int r = 0; r < ranks; ++r) displs[r] = total, total += lens[r];
+    all.resize(total);
+  }
+  STRATA_MPI_CHECK(MPI_Gatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(),
+                               displs.data(), MPI_CHAR, 0, g_control));
+  std::vector<std::string> out;
+  for (int r = 0; root && r < ranks; ++r) out.push_back(all.substr(displs[r], lens[r]));
+  return out;
+}
+
+void control_barrier() { STRATA_MPI_CHECK(MPI_Barrier(g_control)); }
+
+void send_error_to_root(const std::string& message) {
+  // Buffered-eager small message; rank 0's watchdog picks it up with MPI_Iprobe.
+  // The buffer must outlive the send: the job is ending, so one static copy is enough.
+  static std::string pending;
+  pending = message;
+  MPI_Request req;
+  MPI_Isend(pending.data(), int(pending.size()), MPI_CHAR, 0, kErrorTag, g_errors, &req);
+  MPI_Request_free(&req);
+}
+
+bool poll_error(std::string* message) {
+  int flag = 0;
+  MPI_Status status;
+  if (MPI_Iprobe(MPI_ANY_SOURCE, kErrorTag, g_errors, &flag, &status) != MPI_SUCCESS || !flag)
+    return false;
+  int len = 0;
+  MPI_Get_count(&status, MPI_CHAR, &len);
+  message->assign(std::size_t(len), '\0');
+  MPI_Recv(message->data(), len, MPI_CHAR, status.MPI_SOURCE, kErrorTag, g_errors,
+           MPI_STATUS_IGNORE);
+  return true;
+}
+
+void abort_job(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace strata::mpi

@@ -1,0 +1,7 @@
+// Which thread is which: comm-stream workers set this, so that blocking calls and event waits on the
+// compute thread (and only there) are recorded as compute idle time.
+#pragma once
+
+namespace strata {
+extern thread_local bool t_on_comm_worker;
+}

@@ -1,0 +1,88 @@
+// SDK helpers: option access, the replicated-parameter helpers used by data-parallel plugins.
+#include <charconv>
+
+#include "strata/data_parallel.hpp"
+
+namespace strata {
+
+const char* option_type_name(OptionType t) {
+  switch (t) {
+    case OptionType::integer: return "int";
+    case OptionType::real: return "real";
+    case OptionType::boolean: return "bool";
+    case OptionType::string: return "string";
+    case OptionType::choice: return "choice";
+  }
+  return "?";
+}
+
+const std::string& Options::get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end())
+    throw Error("plugin option '" + name + "' is not declared", "this is a bug in the plugin");
+  return it->second;
+}
+
+long long Options::get_int(const std::string& name) const { return std::stoll(get(name)); }
+double Options::get_real(const std::string& name) const { return std::stod(get(name)); }
+bool Options::get_bool(const std::string& name) const {
+  const std::string& v = get(name);
+  return v == "true" || v == "on" || v == "1" || v == "yes";
+}
+
+Replica::Replica(Context& ctx)
+    : params_(ctx.memory(), MemTag::params, ctx.model().layout().total()),
+      grads_(ctx.memory(), MemTag::grads, ctx.model().layout().total()) {
+  const ParamLayout& layout = ctx.model().layout();
+  init_params(layout, ctx.train().seed, 0, params_.span());
+  for (const UnitInfo& u : layout.units()) {
+    param_ptrs_.push_back(params_.data() + u.offset);
+    grad_ptrs_.push_back(grads_.data() + u.offset);
+  }
+}
+
+double grad_scale(const Context& ctx) {
+  return 1.0 / (double(ctx.train().global_batch) * ctx.model_spec().seq);
+}
+
+void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grads,
+                      const MicroBatch& mb, const std::function<void(int unit)>& on_unit_done) {
+  Model& model = ctx.model();
+  const int units = model.layout().num_units();
+  {
+    PhaseTimer t(ctx, Phase::forward);
+    for (int u = 0; u < units; ++u) model.forward(u, params, mb);
+  }
+  ctx.report_loss(model.loss_sum(), double(mb.batch) * mb.seq);
+  PhaseTimer t(ctx, Phase::backward);
+  const float scale = float(grad_scale(ctx));
+  for (int u = units - 1; u >= 0; --u) {
+    model.backward(u, params, grads, mb, scale);
+    if (on_unit_done) on_unit_done(u);
+  }
+}
+
+AdamWConfig adamw_config(const Context& ctx) {
+  AdamWConfig c;
+  c.lr = float(ctx.train().lr);
+  c.weight_decay = float(ctx.train().weight_decay);
+  return c;
+}
+
+std::uint64_t batch_workspace_bytes(const TrainSpec& train, const ModelSpec& model) {
+  return 2ull * sizeof(std::int32_t) * std::uint64_t(train.micro_batch) * model.seq;
+}
+
+Prediction replicated_prediction(const PredictInput& in) {
+  Prediction p;
+  const double n = double(in.model.total_params());
+  auto at = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
+  at(MemTag::params) = 4 * n;
+  at(MemTag::grads) = 4 * n;
+  at(MemTag::optimizer) = 8 * n;
+  at(MemTag::activations) = double(Model::activation_bytes(in.model, in.train.micro_batch));
+  at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
+  return p;
+}
+
+}  // namespace strata

@@ -1,0 +1,398 @@
+// CPU layer passes of the GPT-2 workload (see layers.hpp for shapes and the += convention).
+//
+// Performance notes (measured on 2 cores, OpenBLAS pthreads, `small` preset):
+// - Every matmul is one cblas_sgemm on the process's BLAS threads.
+// - Attention runs one sgemm per (batch, head) reading q/k/v straight out of qkv through leading
+//   dimensions. Those 128x128x64-class products reach only about half of peak when OpenBLAS
+//   splits each one over its threads, so attention instead spreads the (b, h) pairs over OpenMP
+//   threads (as many as BLAS threads) with BLAS set to one thread for the duration.
+// - Elementwise kernels are written as `#pragma omp simd` loops over contiguous rows; exp and
+//   tanh use the vectorisable versions in vecmath.hpp. See kElementwiseThreads below for the
+//   threading choice.
+#include "cpu/layers.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/vecmath.hpp"
+
+namespace strata::cpu {
+
+namespace {
+
+// Runs f(begin, end) over [0, n) split into contiguous chunks, one per thread, on as many OpenMP
+// threads as the process has BLAS threads, when there are at least `grain` items per thread.
+template <class F>
+void parallel_range(std::int64_t n, std::int64_t grain, F&& f) {
+  const int nt = int(std::min<std::int64_t>(blas_threads(), std::max<std::int64_t>(1, n / grain)));
+  if (nt <= 1) {
+    f(std::int64_t(0), n);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const std::int64_t id = omp_get_thread_num(), cnt = omp_get_num_threads();
+    f(n * id / cnt, n * (id + 1) / cnt);
+  }
+}
+
+// While alive, OpenBLAS runs single-threaded, so that OpenMP threads can each issue their own
+// small sgemms without queueing on the BLAS thread pool. threads() is the count to use instead.
+class SerialBlas {
+ public:
+  SerialBlas() : saved_(blas_threads()) {
+    if (saved_ > 1) set_blas_threads(1);
+  }
+  ~SerialBlas() {
+    if (saved_ > 1) set_blas_threads(saved_);
+  }
+  SerialBlas(const SerialBlas&) = delete;
+  SerialBlas& operator=(const SerialBlas&) = delete;
+  int threads() const { return saved_; }
+
+ private:
+  int saved_;
+};
+
+// max(x[0..n)), n >= 1, as a vectorisable integer max over order-preserving keys (a float max
+// reduction does not vectorise without -ffinite-math-only).
+inline float row_max(const float* x, int n) {
+  std::int32_t k = vm::float_to_key(x[0]);
+#pragma omp simd reduction(max : k)
+  for (int i = 1; i < n; ++i) k = std::max(k, vm::float_to_key(x[i]));
+  return vm::key_to_float(k);
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kLayerNormEps = 1e-5f;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                     int B, int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      float* o = out + (std::int64_t(b) * T + t) * C;
+      const float* we = wte + std::int64_t(tokens[b * T + t]) * C;
+      const float* pe = wpe + std::int64_t(t) * C;
+#pragma omp simd
+      for (int i = 0; i < C; ++i) o[i] = we[i] + pe[i];
+    }
+  }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                      int B, int T, int C) {
+  // Sequential: repeated tokens scatter into the same dwte row.
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const float* d = dout + (std::int64_t(b) * T + t) * C;
+      float* dwe = dwte + std::int64_t(tokens[b * T + t]) * C;
+      float* dpe = dwpe + std::int64_t(t) * C;
+#pragma omp simd
+      for (int i = 0; i < C; ++i) {
+        dwe[i] += d[i];
+        dpe[i] += d[i];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm (biased variance, eps 1e-5, as torch.nn.LayerNorm)
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    float* o = out + std::int64_t(n) * C;
+    float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+    for (int i = 0; i < C; ++i) m += x[i];
+    m /= float(C);
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int i = 0; i < C; ++i) {
+      const float d = x[i] - m;
+      var += d * d;
+    }
+    var /= float(C);
+    const float s = 1.0f / std::sqrt(var + kLayerNormEps);
+#pragma omp simd
+    for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    const float* d = dout + std::int64_t(n) * C;
+    float* dx = dinp + std::int64_t(n) * C;
+    const float m = mean[n], s = rstd[n];
+    // With xhat = (x - m) * s and g = d * weight:
+    //   dx = s * (g - mean(g) - xhat * mean(g * xhat))
+    float gmean = 0.0f, gxmean = 0.0f;
+#pragma omp simd reduction(+ : gmean, gxmean)
+    for (int i = 0; i < C; ++i) {
+      const float xhat = (x[i] - m) * s;
+      const float g = d[i] * weight[i];
+      gmean += g;
+      gxmean += g * xhat;
+    }
+    gmean /= float(C);
+    gxmean /= float(C);
+#pragma omp simd
+    for (int i = 0; i < C; ++i) {
+      const float xhat = (x[i] - m) * s;
+      dbias[i] += d[i];
+      dweight[i] += d[i] * xhat;
+      dx[i] += s * (d[i] * weight[i] - gmean - xhat * gxmean);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul: out = inp @ weight^T + bias, weight stored [OC, C] (torch.nn.Linear layout)
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC) {
+  float beta = 0.0f;
+  if (bias) {
+    for (int n = 0; n < N; ++n) std::memcpy(out + std::int64_t(n) * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta,
+              out, OC);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC) {
+  if (dinp) {  // dinp[N,C] += dout[N,OC] @ weight[OC,C]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                1.0f, dinp, C);
+  }
+  if (dweight) {  // dweight[OC,C] += dout^T @ inp[N,C]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+                dweight, C);
+  }
+  if (dbias) {
+    for (int n = 0; n < N; ++n) {
+      const float* d = dout + std::int64_t(n) * OC;
+#pragma omp simd
+      for (int o = 0; o < OC; ++o) dbias[o] += d[o];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal self-attention. Per (b, h): S = q k^T / sqrt(hs) (T x T), P = causal softmax(S),
+// out = P v. q, k, v are column blocks of qkv (leading dimension 3C), so no copies are made.
+// The full T x T product is computed and the upper triangle masked (P = 0 there), which is also
+// what the FLOP formula counts; a future key can therefore never reach an earlier output.
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  SerialBlas serial;
+#pragma omp parallel for num_threads(serial.threads()) schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* p = att + std::int64_t(bh) * T * T;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p,
+                T);
+    for (int t = 0; t < T; ++t) {
+      float* row = p + std::int64_t(t) * T;
+      const float mx = row_max(row, t + 1);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j <= t; ++j) {
+        const float e = vm::exp_approx(row[j] - mx);
+        row[j] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int j = 0; j <= t; ++j) row[j] *= inv;
+      for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
+                out + std::int64_t(b) * T * C + h * hs, C);
+  }
+}
+
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  SerialBlas serial;
+#pragma omp parallel for num_threads(serial.threads()) schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    const std::int64_t qoff = std::int64_t(b) * T * C3 + h * hs;
+    const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+    float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+    const float* p = att + std::int64_t(bh) * T * T;
+    float* ds = datt + std::int64_t(bh) * T * T;
+    const float* dob = dout + std::int64_t(b) * T * C + h * hs;
+    // dv += P^T dout; dP = dout v^T
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dob, C, 1.0f, dv,
+                C3);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob, C, v, C3, 0.0f, ds,
+                T);
+    // Softmax backward, in place: dS = P * (dP - sum_j P dP); zero above the diagonal.
+    for (int t = 0; t < T; ++t) {
+      const float* prow = p + std::int64_t(t) * T;
+      float* row = ds + std::int64_t(t) * T;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int j = 0; j <= t; ++j) dot += prow[j] * row[j];
+#pragma omp simd
+      for (int j = 0; j <= t; ++j) row[j] = prow[j] * (row[j] - dot);
+      for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+    }
+    // S = scale q k^T: dq += scale dS k; dk += scale dS^T q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, C3, 1.0f, dq,
+                C3);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, C3, 1.0f, dk,
+                C3);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float th = vm::tanh_approx(kGeluScale * (x + kGeluCubic * x * x * x));
+    out[i] = 0.5f * x * (1.0f + th);
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float th = vm::tanh_approx(kGeluScale * (x + kGeluCubic * x * x * x));
+    const float dudx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dudx;
+    dinp[i] += grad * dout[i];
+  }
+}
+
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax + cross-entropy over the vocabulary
+
+void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
+                                  const std::int32_t* targets, int N, int V) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = logits + std::int64_t(n) * V;
+    float* p = probs + std::int64_t(n) * V;
+    const float mx = row_max(x, V);
+    const float xt = x[targets[n]];  // read before probs (which may alias logits) overwrites it
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < V; ++i) {
+      const float e = vm::exp_approx(x[i] - mx);
+      p[i] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) p[i] *= inv;
+    // -log softmax(x)_t = log(sum) - (x_t - max), without forming a tiny probability.
+    losses[n] = float(std::log(double(sum)) - double(xt - mx));
+  }
+}
+
+void crossentropy_softmax_backward(float* dlogits, const float* probs,
+                                   const std::int32_t* targets, float grad_scale, int N, int V) {
+  for (int n = 0; n < N; ++n) {
+    const float* p = probs + std::int64_t(n) * V;
+    float* d = dlogits + std::int64_t(n) * V;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) d[i] += p[i] * grad_scale;
+    d[targets[n]] -= grad_scale;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW (decoupled weight decay, as torch.optim.AdamW):
+//   g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2
+//   p -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + decay * p)
+
+void adamw_update(float* params, const float* grads, float* m, float* v, std::int64_t n, float lr,
+                  float beta1, float beta2, float eps, float decay, int t, float grad_scale) {
+  const float bc1 = float(1.0 - std::pow(double(beta1), t));
+  const float bc2 = float(1.0 - std::pow(double(beta2), t));
+  const float inv_bc1 = 1.0f / bc1, inv_bc2 = 1.0f / bc2;
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = grads[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = vm::sqrt_nonneg(vi * inv_bc2) + eps;
+    params[i] -= lr * (mi * inv_bc1 / denom + decay * params[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BLAS threads and the SGEMM peak
+
+double calibrate_sgemm_flops(double seconds_budget) {
+  using clock = std::chrono::steady_clock;
+  const int n = 1024;
+  std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = float(i % 13) * 0.01f;
+    b[i] = float(i % 7) * 0.01f;
+  }
+  const double flop = 2.0 * n * n * n;
+  double best = 0.0;
+  const auto start = clock::now();
+  for (int rep = 0;; ++rep) {
+    const auto t0 = clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    const auto t1 = clock::now();
+    // The first call warms caches and wakes the BLAS threads: not counted.
+    if (rep > 0) best = std::max(best, flop / std::chrono::duration<double>(t1 - t0).count());
+    if (rep >= 3 && std::chrono::duration<double>(t1 - start).count() >= seconds_budget) break;
+  }
+  return best;
+}
+
+#if defined(STRATA_HAVE_OPENBLAS)
+int blas_threads() { return openblas_get_num_threads(); }
+void set_blas_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
+#else
+int blas_threads() { return 1; }
+void set_blas_threads(int) {}
+#endif
+
+}  // namespace strata::cpu

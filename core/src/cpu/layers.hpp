@@ -1,0 +1,64 @@
+// CPU layer passes of the GPT-2 workload: one function per layer pass, llm.c style.
+// Every tensor is fp32, row-major. Shapes in comments: B batch, T sequence, C channels (hidden),
+// NH heads, hs = C / NH, V vocab, N = B*T rows.
+// Convention: parameter gradients and input gradients ACCUMULATE (+=); callers zero them.
+// The CUDA backend implements the same signatures.
+#pragma once
+#include <cstdint>
+
+namespace strata::cpu {
+
+// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]
+void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                     int B, int T, int C);
+// dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                      int B, int T, int C);
+
+// out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
+
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null). BLAS sgemm.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC);
+// dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout (if non-null)
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC);
+
+// Causal multi-head attention. qkv[B,T,3C] holds q | k | v, head h at columns h*hs.
+// out[B,T,C]; att[B,NH,T,T] saves the softmax probabilities for backward.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv[B,T,3C] +=; datt[B,NH,T,T] is scratch (overwritten).
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH);
+
+// tanh-approximation GELU, elementwise over n.
+void gelu_forward(float* out, const float* inp, std::int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);
+
+// out = a + b, elementwise.
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n);
+
+// probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
+void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
+                                  const std::int32_t* targets, int N, int V);
+// dlogits[N,V] += (probs - onehot(targets)) * grad_scale
+void crossentropy_softmax_backward(float* dlogits, const float* probs,
+                                   const std::int32_t* targets, float grad_scale, int N, int V);
+
+// One AdamW update over n elements; decay is the weight decay (0 for no decay). t is 1-based.
+void adamw_update(float* params, const float* grads, float* m, float* v, std::int64_t n, float lr,
+                  float beta1, float beta2, float eps, float decay, int t, float grad_scale);
+
+// The best SGEMM rate (FLOP/s) this process reaches on its BLAS threads: the CPU peak for MFU.
+double calibrate_sgemm_flops(double seconds_budget = 0.5);
+
+// BLAS threads in use (OpenBLAS's own count), and a setter used at start-up.
+int blas_threads();
+void set_blas_threads(int n);
+
+}  // namespace strata::cpu

@@ -1,0 +1,30 @@
+// Training data. Sample s of step k is a pure function of (seed, k, s), so every strategy at every
+// world size sees the same global batch.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // inputs[T], targets[T] (the next tokens) of global sample `sample` of step `step`.
+  virtual void fill(int step, std::int64_t sample, std::int32_t* inputs,
+                    std::int32_t* targets) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Learnable synthetic tokens: a hidden random permutation P of the vocabulary drives a noisy
+// chain, next = P[current] with probability 3/4, otherwise uniform. The best achievable loss is
+// well below ln(V), so a working model's loss falls fast.
+std::unique_ptr<DataSource> make_synthetic_source(std::uint64_t seed, int seq, int vocab);
+
+// A flat file of uint16 tokens (nanoGPT / llm.c convention), memory-mapped; each sample is a
+// window at an offset hashed from (seed, step, sample). Throws ConfigError on a bad file.
+std::unique_ptr<DataSource> make_token_file_source(const std::string& path, std::uint64_t seed,
+                                                   int seq, int vocab);
+
+}  // namespace strata

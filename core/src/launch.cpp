@@ -1,0 +1,110 @@
+#include "launch.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "strata/types.hpp"
+
+namespace strata {
+
+static int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  return std::atoi(v);
+}
+
+LaunchEnv detect_launch_env() {
+  LaunchEnv e;
+  e.in_slurm_allocation = std::getenv("SLURM_JOB_ID") != nullptr;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    e.under_launcher = true;
+    e.world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    e.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    e.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 0);
+  } else if (std::getenv("PMIX_RANK") || std::getenv("PMI_RANK") ||
+             (std::getenv("SLURM_PROCID") && std::getenv("SLURM_STEP_ID"))) {
+    e.under_launcher = true;
+    e.world = env_int("SLURM_STEP_NUM_TASKS", env_int("PMI_SIZE", env_int("SLURM_NTASKS", 1)));
+    e.rank = env_int("SLURM_PROCID", env_int("PMIX_RANK", env_int("PMI_RANK", 0)));
+    e.local_size = env_int("SLURM_STEP_TASKS_PER_NODE", env_int("MPI_LOCALNRANKS", 0));
+  }
+  return e;
+}
+
+int blas_threads_for(const RunConfig& config, int ranks_on_host) {
+  if (config.blas_threads > 0) return config.blas_threads;
+  int from_env = env_int("OPENBLAS_NUM_THREADS", 0);
+  if (from_env > 0) return from_env;
+  int cores = int(std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, ranks_on_host));
+}
+
+static std::string find_in_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream ss(path ? path : "");
+  for (std::string dir; std::getline(ss, dir, ':');) {
+    std::filesystem::path p = std::filesystem::path(dir) / name;
+    if (::access(p.c_str(), X_OK) == 0) return p.string();
+  }
+  return "";
+}
+
+void relaunch(const RunConfig& config, int world, int argc, char** argv) {
+  std::vector<std::string> cmd;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const int cores = int(std::thread::hardware_concurrency());
+  if (config.mesh.nodes * config.mesh.ranks_per_node != world)
+    throw Error("internal: relaunch world mismatch");
+  if (std::getenv("SLURM_JOB_ID") && !find_in_path("srun").empty()) {
+    int threads = blas_threads_for(config, config.mesh.ranks_per_node);
+    cmd = {"srun", "--mpi=pmix", "--nodes=" + std::to_string(config.mesh.nodes),
+           "--ntasks=" + std::to_string(world),
+           "--ntasks-per-node=" + std::to_string(config.mesh.ranks_per_node),
+           "--export=ALL,OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
+  } else {
+    std::string mpirun = std::getenv("STRATA_MPIRUN") ? std::getenv("STRATA_MPIRUN") : "mpirun";
+    if (find_in_path(mpirun).empty() && !std::filesystem::exists(mpirun))
+      throw Error("cannot re-launch on " + std::to_string(world) + " ranks: " + mpirun +
+                      " not found on PATH",
+                  "install Open MPI (apt-get install openmpi-bin) or start runner under your launcher");
+    int threads = blas_threads_for(config, world);
+    cmd = {mpirun, "-np", std::to_string(world), "--bind-to", "none",
+           // Open MPI's UCX layer here needs these to use shared memory/loopback between ranks.
+           "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
+           "-x", "OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
+    if (world > cores) cmd.push_back("--oversubscribe");
+    if (::geteuid() == 0) {
+      cmd.push_back("--allow-run-as-root");
+      ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+      ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    }
+    if (const char* extra = std::getenv("STRATA_MPIRUN_ARGS")) {
+      std::stringstream ss(extra);
+      for (std::string a; ss >> a;) cmd.push_back(a);
+    }
+  }
+  cmd.push_back(self);
+  for (int i = 1; i < argc; ++i) cmd.push_back(argv[i]);
+
+  if (!config.quiet) {
+    std::string line;
+    for (const auto& a : cmd) line += (line.empty() ? "" : " ") + a;
+    std::fprintf(stderr, "strata: launching %s\n", line.c_str());
+  }
+  std::vector<char*> args;
+  for (auto& a : cmd) args.push_back(a.data());
+  args.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execvp(args[0], args.data());
+  throw Error("cannot execute " + cmd[0] + ": " + std::strerror(errno));
+}
+
+}  // namespace strata

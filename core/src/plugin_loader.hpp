@@ -1,0 +1,59 @@
+// Finds, checks and loads strategy plugins (Boost.DLL). A library stays loaded while anything
+// created from it lives: strategies hold a reference to their library.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/plugin.hpp"
+
+namespace boost::dll {
+class shared_library;
+}
+
+namespace strata {
+
+struct LoadedPlugin {
+  std::string path;
+  std::shared_ptr<boost::dll::shared_library> library;
+  const PluginDescriptor* descriptor = nullptr;
+  CreateFn* create = nullptr;
+};
+
+// Load one plugin file. Throws Error naming the file and the reason: missing, not a loadable
+// library, not a strata plugin, or built for another ABI version.
+LoadedPlugin load_plugin(const std::string& path);
+
+// The directory runner finds plugins in with no flags: <dir of the executable>/../lib/strata/plugins
+// (the same relative place in the build tree and after cmake --install).
+std::string default_plugin_dir();
+
+class PluginRegistry {
+ public:
+  // Load every lib*.so in each directory. Files that fail are kept in problems(), not fatal: one
+  // broken plugin must not hide the others.
+  void scan(const std::vector<std::string>& dirs);
+  const std::vector<LoadedPlugin>& plugins() const { return plugins_; }
+  const std::vector<std::string>& problems() const { return problems_; }
+
+  // The plugin and spec that provide strategy `name`, or nullptr.
+  const LoadedPlugin* find(const std::string& name, const StrategySpec** spec = nullptr) const;
+  std::vector<std::string> strategy_names() const;
+
+  // Create a strategy (options already validated); the result keeps its library loaded.
+  std::shared_ptr<Strategy> create(const std::string& name, const Options& options) const;
+
+ private:
+  std::vector<LoadedPlugin> plugins_;
+  std::vector<std::string> problems_;
+};
+
+// Check KEY=VALUE strings against a strategy's declared options; fill defaults. Throws ConfigError
+// naming the option and what is allowed.
+Options validate_options(const StrategySpec& spec, const std::vector<std::string>& key_values);
+
+// Human-readable description (for --describe).
+std::string describe(const LoadedPlugin& plugin, const StrategySpec& spec);
+
+}  // namespace strata

@@ -1,0 +1,75 @@
+#include "provenance.hpp"
+
+#include <hdf5.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+#include "comm/mpi_transport.hpp"
+#include "cpu/layers.hpp"
+
+extern char** environ;
+
+namespace strata {
+
+std::string utc_timestamp(bool compact) {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, compact ? "%Y%m%dT%H%M%SZ" : "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::uint64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return std::uint64_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+static std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+std::vector<std::pair<std::string, std::string>> collect_provenance() {
+  std::vector<std::pair<std::string, std::string>> p;
+  auto env = [](const char* k) {
+    const char* v = std::getenv(k);
+    return std::string(v ? v : "");
+  };
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  p.emplace_back("strata_version", STRATA_VERSION);
+  p.emplace_back("git_describe", STRATA_GIT_DESCRIBE);
+  p.emplace_back("compiler", std::string("g++ ") + __VERSION__);
+  p.emplace_back("build_type", STRATA_BUILD_TYPE);
+  p.emplace_back("mpi_version", mpi::library_version());
+  p.emplace_back("hdf5_version", std::to_string(maj) + "." + std::to_string(min) + "." +
+                                     std::to_string(rel));
+  p.emplace_back("ucx_version", "not built");
+  p.emplace_back("nccl_version", "not built");
+  p.emplace_back("cuda_version", "not built");
+  p.emplace_back("blas_threads", std::to_string(cpu::blas_threads()));
+  p.emplace_back("cpu_model", cpu_model());
+  p.emplace_back("cores_online", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)));
+  p.emplace_back("slurm_job_id", env("SLURM_JOB_ID"));
+  p.emplace_back("slurm_nodelist", env("SLURM_JOB_NODELIST"));
+  // Selected environment: what changes how the transports and BLAS behave.
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    for (const char* prefix : {"OMPI_MCA_", "UCX_", "NCCL_", "OPENBLAS_", "OMP_NUM_THREADS"})
+      if (kv.rfind(prefix, 0) == 0) {
+        auto eq = kv.find('=');
+        p.emplace_back("env." + kv.substr(0, eq), kv.substr(eq + 1));
+      }
+  }
+  return p;
+}
+
+}  // namespace strata

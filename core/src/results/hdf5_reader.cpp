@@ -1,0 +1,308 @@
+// Reads a run file (schema strata-run/1, shared DESIGN.md "Results") back into a RunRecord.
+// Strings may be variable-length or fixed-length; attribute order is creation order when the file
+// tracks it (files written by strata do), else name order.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "results/hdf5_util.hpp"
+#include "results/run_record.hpp"
+
+namespace strata {
+namespace {
+
+using namespace h5;
+namespace fs = std::filesystem;
+
+const char* const kDamagedHint = "the file is damaged or was not written by strata";
+
+// An attribute or a dataset to read from, with its name for messages.
+struct Source {
+  hid_t id;
+  bool is_attr;
+  std::string what;  // e.g. "attribute 'unit' of '/steps/loss'"
+
+  hid_t type() const { return is_attr ? H5Aget_type(id) : H5Dget_type(id); }
+  hid_t space() const { return is_attr ? H5Aget_space(id) : H5Dget_space(id); }
+  herr_t read(hid_t mem_type, void* buf) const {
+    return is_attr ? H5Aread(id, mem_type, buf)
+                   : H5Dread(id, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+  }
+};
+
+// The dimensions of `src` (empty for a scalar) and its element count.
+std::vector<hsize_t> dims_of(const Source& src, hsize_t* count) {
+  Space space(check(src.space(), "get dataspace of " + src.what));
+  const H5S_class_t cls = H5Sget_simple_extent_type(space);
+  check(static_cast<int>(cls), "get dataspace class of " + src.what);
+  std::vector<hsize_t> dims;
+  if (cls == H5S_SIMPLE) {
+    dims.resize(check(H5Sget_simple_extent_ndims(space), "get rank of " + src.what));
+    check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), "get dims of " + src.what);
+  }
+  *count = check(H5Sget_simple_extent_npoints(space), "count elements of " + src.what);
+  return dims;
+}
+
+std::vector<std::string> read_strings(const Source& src) {
+  Type file_type(check(src.type(), "get type of " + src.what));
+  if (H5Tget_class(file_type) != H5T_STRING)
+    throw Error(src.what + " is not a string", kDamagedHint);
+  hsize_t n = 0;
+  dims_of(src, &n);
+  std::vector<std::string> out;
+  if (n == 0) return out;
+  if (check(H5Tis_variable_str(file_type), "inspect type of " + src.what) > 0) {
+    Type mem = vlen_string_type();
+    const H5T_cset_t cset = H5Tget_cset(file_type);
+    check(static_cast<int>(cset), "get charset of " + src.what);
+    check(H5Tset_cset(mem, cset), "set string type charset");
+    std::vector<char*> p(n, nullptr);
+    const herr_t status = src.read(mem, p.data());
+    for (char* s : p) {
+      out.emplace_back(s ? s : "");
+      H5free_memory(s);
+    }
+    check(status, "read " + src.what);
+    return out;
+  }
+  const std::size_t size = H5Tget_size(file_type);
+  if (size == 0) throw Error("cannot get the string size of " + src.what, kDamagedHint);
+  const bool space_pad = H5Tget_strpad(file_type) == H5T_STR_SPACEPAD;
+  Type mem(check(H5Tcopy(file_type), "copy type of " + src.what));
+  std::string buf(n * size, '\0');
+  check(src.read(mem, buf.data()), "read " + src.what);
+  for (hsize_t i = 0; i < n; ++i) {
+    std::string s = buf.substr(i * size, size);
+    const std::size_t end = space_pad ? s.find_last_not_of(' ') + 1 : s.find('\0');
+    if (end != std::string::npos) s.resize(end);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<double> read_doubles(const Source& src, std::vector<hsize_t>* dims) {
+  Type file_type(check(src.type(), "get type of " + src.what));
+  const H5T_class_t cls = H5Tget_class(file_type);
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER)
+    throw Error(src.what + " is not numeric", kDamagedHint);
+  hsize_t n = 0;
+  *dims = dims_of(src, &n);
+  std::vector<double> out(n);
+  if (n > 0) check(src.read(H5T_NATIVE_DOUBLE, out.data()), "read " + src.what);
+  return out;
+}
+
+bool has_attr(hid_t obj, const std::string& obj_path, const std::string& name) {
+  return check(H5Aexists(obj, name.c_str()),
+               "look up attribute '" + name + "' of '" + obj_path + "'") > 0;
+}
+
+Attribute open_attr(hid_t obj, const std::string& obj_path, const std::string& name) {
+  const std::string what = "attribute '" + name + "' of '" + obj_path + "'";
+  if (!has_attr(obj, obj_path, name)) throw Error("missing " + what, kDamagedHint);
+  return Attribute(check(H5Aopen(obj, name.c_str(), H5P_DEFAULT), "open " + what));
+}
+
+std::vector<std::string> attr_strings(hid_t obj, const std::string& obj_path,
+                                      const std::string& name) {
+  Attribute a = open_attr(obj, obj_path, name);
+  return read_strings({a, true, "attribute '" + name + "' of '" + obj_path + "'"});
+}
+
+std::string attr_string(hid_t obj, const std::string& obj_path, const std::string& name) {
+  auto v = attr_strings(obj, obj_path, name);
+  if (v.size() != 1)
+    throw Error("attribute '" + name + "' of '" + obj_path + "' is not a single string",
+                kDamagedHint);
+  return v[0];
+}
+
+double attr_double(hid_t obj, const std::string& obj_path, const std::string& name) {
+  Attribute a = open_attr(obj, obj_path, name);
+  std::vector<hsize_t> dims;
+  auto v = read_doubles({a, true, "attribute '" + name + "' of '" + obj_path + "'"}, &dims);
+  if (v.size() != 1)
+    throw Error("attribute '" + name + "' of '" + obj_path + "' is not a single number",
+                kDamagedHint);
+  return v[0];
+}
+
+Dataset open_dataset(hid_t file, const std::string& path) {
+  if (check(H5Lexists(file, path.c_str(), H5P_DEFAULT), "look up '" + path + "'") <= 0)
+    throw Error("missing dataset '" + path + "'", kDamagedHint);
+  return Dataset(check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open dataset '" + path + "'"));
+}
+
+// A dataset's values and dims; `unit` (when given) receives its "unit" attribute.
+std::vector<double> dataset_doubles(hid_t file, const std::string& path, std::vector<hsize_t>* dims,
+                                    std::string* unit = nullptr) {
+  Dataset d = open_dataset(file, path);
+  if (unit) *unit = attr_string(d, path, "unit");
+  return read_doubles({d, false, "dataset '" + path + "'"}, dims);
+}
+
+Group open_group(hid_t file, const std::string& path) {
+  if (check(H5Lexists(file, path.c_str(), H5P_DEFAULT), "look up '" + path + "'") <= 0)
+    throw Error("missing group '" + path + "'", kDamagedHint);
+  return Group(check(H5Gopen2(file, path.c_str(), H5P_DEFAULT), "open group '" + path + "'"));
+}
+
+// Creation order when the group tracks it (links or attributes), else name order.
+H5_index_t order_of(hid_t group, const std::string& path, bool links) {
+  PropList gcpl(check(H5Gget_create_plist(group), "get creation properties of '" + path + "'"));
+  unsigned flags = 0;
+  check(links ? H5Pget_link_creation_order(gcpl, &flags) : H5Pget_attr_creation_order(gcpl, &flags),
+        "get creation order of '" + path + "'");
+  return (flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+}
+
+std::vector<std::string> attr_names(hid_t group, const std::string& path) {
+  std::vector<std::string> names;
+  auto cb = [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+    return 0;
+  };
+  check(H5Aiterate2(group, order_of(group, path, false), H5_ITER_INC, nullptr, cb, &names),
+        "list attributes of '" + path + "'");
+  return names;
+}
+
+std::vector<std::string> link_names(hid_t group, const std::string& path) {
+  H5G_info_t info;
+  check(H5Gget_info(group, &info), "get info of group '" + path + "'");
+  const H5_index_t order = order_of(group, path, true);
+  std::vector<std::string> names;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const std::string what = "get name of link " + std::to_string(i) + " of '" + path + "'";
+    const ssize_t len =
+        check(H5Lget_name_by_idx(group, ".", order, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT), what);
+    std::string name(static_cast<std::size_t>(len) + 1, '\0');
+    check(H5Lget_name_by_idx(group, ".", order, H5_ITER_INC, i, name.data(), name.size(),
+                             H5P_DEFAULT),
+          what);
+    name.resize(static_cast<std::size_t>(len));
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
+std::vector<std::pair<std::string, std::string>> string_attrs(hid_t file, const std::string& path) {
+  Group g = open_group(file, path);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& name : attr_names(g, path)) out.emplace_back(name, attr_string(g, path, name));
+  return out;
+}
+
+// Every step and comm matrix is [ranks x steps]. The shape comes from the "/steps" attributes
+// "ranks" and "steps" when present, else from the first matrix (`known` tells which).
+void expect_shape(const std::vector<hsize_t>& dims, RunRecord& r, bool& known,
+                  const std::string& path) {
+  if (!known && dims.size() == 2) {
+    r.ranks = static_cast<int>(dims[0]);
+    r.steps = static_cast<int>(dims[1]);
+    known = true;
+  }
+  if (dims.size() != 2 || dims[0] != hsize_t(r.ranks) || dims[1] != hsize_t(r.steps))
+    throw Error("dataset '" + path + "' is not [ranks x steps] = [" + std::to_string(r.ranks) +
+                    " x " + std::to_string(r.steps) + "]",
+                kDamagedHint);
+}
+
+void read_steps_and_comm(hid_t file, RunRecord& r) {
+  Group steps = open_group(file, "/steps");
+  bool known = has_attr(steps, "/steps", "ranks") && has_attr(steps, "/steps", "steps");
+  if (known) {
+    r.ranks = static_cast<int>(attr_double(steps, "/steps", "ranks"));
+    r.steps = static_cast<int>(attr_double(steps, "/steps", "steps"));
+  }
+  std::vector<hsize_t> dims;
+  for (const auto& m : link_names(steps, "/steps")) {
+    const std::string path = "/steps/" + m;
+    r.step_values[m] = dataset_doubles(file, path, &dims, &r.step_units[m]);
+    expect_shape(dims, r, known, path);
+    r.step_metrics.push_back(m);
+  }
+  Group comm = open_group(file, "/comm");
+  for (const auto& op : link_names(comm, "/comm")) {
+    const std::string path = "/comm/" + op;
+    Group g = open_group(file, path);
+    CommSeries& c = r.comm[op];
+    c.calls = dataset_doubles(file, path + "/calls", &dims);
+    expect_shape(dims, r, known, path + "/calls");
+    c.bytes = dataset_doubles(file, path + "/bytes", &dims);
+    expect_shape(dims, r, known, path + "/bytes");
+    c.time_s = dataset_doubles(file, path + "/time_s", &dims);
+    expect_shape(dims, r, known, path + "/time_s");
+    c.predicted_bytes_per_step = attr_double(g, path, "predicted_bytes_per_step");
+  }
+}
+
+void read_memory_and_summary(hid_t file, RunRecord& r) {
+  Group memory = open_group(file, "/memory");
+  r.memory_tags = attr_strings(memory, "/memory", "tags");
+  std::vector<hsize_t> dims;
+  r.peak_bytes = dataset_doubles(file, "/memory/peak_bytes", &dims);
+  r.predicted_bytes = dataset_doubles(file, "/memory/predicted_bytes", &dims);
+  r.predicted_bytes_per_rank = dataset_doubles(file, "/memory/predicted_bytes_per_rank", &dims);
+  r.process_peak_bytes = dataset_doubles(file, "/memory/process_peak_bytes", &dims);
+
+  // Numeric attributes are the measures; each has a string "<name>.unit" beside it.
+  Group summary = open_group(file, "/summary");
+  for (const auto& name : attr_names(summary, "/summary")) {
+    Attribute a = open_attr(summary, "/summary", name);
+    Type t(check(H5Aget_type(a), "get type of attribute '" + name + "' of '/summary'"));
+    if (H5Tget_class(t) == H5T_STRING) continue;
+    const double value = attr_double(summary, "/summary", name);
+    r.summary.push_back({name, value, attr_string(summary, "/summary", name + ".unit")});
+  }
+}
+
+RunRecord read_contents(hid_t file) {
+  if (check(H5Aexists(file, "schema"), "look up attribute 'schema' of '/'") <= 0)
+    throw Error("not a strata run file (no 'schema' attribute on '/')", kDamagedHint);
+  const std::string schema = attr_string(file, "/", "schema");
+  if (schema != kRunSchema)
+    throw Error("schema is '" + schema + "', expected '" + kRunSchema + "'",
+                "the file was written by another tool or another strata version");
+  RunRecord r;
+  r.run_id = attr_string(file, "/", "run_id");
+  r.status = attr_string(file, "/", "status");
+  r.error = attr_string(file, "/", "error");
+  r.created_utc = attr_string(file, "/", "created_utc");
+  r.command_line = attr_string(file, "/", "command_line");
+  r.config = string_attrs(file, "/config");
+  r.provenance = string_attrs(file, "/provenance");
+  Dataset hosts = open_dataset(file, "/provenance/hostnames");
+  r.hostnames = read_strings({hosts, false, "dataset '/provenance/hostnames'"});
+  read_steps_and_comm(file, r);
+  read_memory_and_summary(file, r);
+  return r;
+}
+
+}  // namespace
+
+RunRecord read_run_file(const std::string& path) {
+  const std::string prefix = "cannot read run file '" + path + "': ";
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw Error(prefix + "no such file", "check the path (a run that never ended writes no file)");
+  if (!fs::is_regular_file(path, ec)) throw Error(prefix + "not a regular file");
+  try {
+    QuietErrors quiet;  // outlives the file handle
+#if H5_VERSION_GE(1, 12, 0)
+    const htri_t is_hdf5 = H5Fis_accessible(path.c_str(), H5P_DEFAULT);
+#else
+    const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+#endif
+    if (is_hdf5 <= 0)
+      throw Error("not an HDF5 file", "strata run files are HDF5 files written by the runner");
+    File file(check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open HDF5 file"));
+    return read_contents(file);
+  } catch (const std::exception& e) {
+    const auto* err = dynamic_cast<const Error*>(&e);
+    throw Error(prefix + e.what(), err ? err->hint() : kDamagedHint);
+  }
+}
+
+}  // namespace strata

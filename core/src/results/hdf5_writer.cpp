@@ -1,0 +1,249 @@
+// Writes one run file (schema strata-run/1, shared DESIGN.md "Results") atomically: the file is
+// built under a temporary name in the target directory, closed, then renamed onto the real name.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "results/hdf5_util.hpp"
+#include "results/run_record.hpp"
+
+namespace strata {
+namespace {
+
+using namespace h5;
+namespace fs = std::filesystem;
+
+const char* const kRecordHint = "the RunRecord is inconsistent: a bug in the code that filled it";
+
+// Property list of `cls` (group or file creation) tracking and indexing links and attributes in
+// creation order, so that readers get /config and /provenance attributes back in order.
+PropList ordered_plist(hid_t cls) {
+  PropList p(check(H5Pcreate(cls), "create property list"));
+  const unsigned flags = H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED;
+  check(H5Pset_link_creation_order(p, flags), "set link creation order");
+  check(H5Pset_attr_creation_order(p, flags), "set attribute creation order");
+  return p;
+}
+
+Group make_group(hid_t file, const std::string& path) {
+  PropList gcpl = ordered_plist(H5P_GROUP_CREATE);
+  return Group(check(H5Gcreate2(file, path.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT),
+                     "create group '" + path + "'"));
+}
+
+// A metric or op name becomes an HDF5 link name: it must be one path component.
+const std::string& link_name(const std::string& name, const char* what) {
+  if (name.empty() || name == "." || name.find('/') != std::string::npos)
+    throw Error(std::string(what) + " name '" + name + "' cannot be an HDF5 object name",
+                "use a non-empty name without '/'");
+  return name;
+}
+
+// Simple dataspace with `dims` (zero-sized dimensions allowed).
+Space make_space(const std::vector<hsize_t>& dims) {
+  return Space(check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                     "create dataspace"));
+}
+
+std::vector<const char*> c_strings(const std::vector<std::string>& v, const std::string& obj) {
+  std::vector<const char*> out;
+  for (const auto& s : v) {
+    if (s.find('\0') != std::string::npos)
+      throw Error(obj + " contains a NUL character", kRecordHint);
+    out.push_back(s.c_str());
+  }
+  return out;
+}
+
+// Attribute `name` on `obj` (at HDF5 path `obj_path`, for messages) holding the `n` values of
+// `data`, of `mem_type` in memory and `file_type` in the file.
+void put_attr(hid_t obj, const std::string& obj_path, const std::string& name, hid_t file_type,
+              hid_t mem_type, const Space& space, const void* data, std::size_t n) {
+  const std::string what = "attribute '" + name + "' of '" + obj_path + "'";
+  Attribute a(check(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT),
+                    "create " + what, "names must be unique (config keys, summary measures)"));
+  if (n > 0) check(H5Awrite(a, mem_type, data), "write " + what);
+  check(a.close(), "close " + what);
+}
+
+void attr_string(hid_t obj, const std::string& obj_path, const std::string& name,
+                 const std::string& value) {
+  if (value.find('\0') != std::string::npos)
+    throw Error("attribute '" + name + "' of '" + obj_path + "' contains a NUL character",
+                kRecordHint);
+  const char* p = value.c_str();
+  Space scalar(check(H5Screate(H5S_SCALAR), "create dataspace"));
+  Type t = vlen_string_type();
+  put_attr(obj, obj_path, name, t, t, scalar, &p, 1);
+}
+
+void attr_strings(hid_t obj, const std::string& obj_path, const std::string& name,
+                  const std::vector<std::string>& values) {
+  const auto p = c_strings(values, "attribute '" + name + "' of '" + obj_path + "'");
+  Type t = vlen_string_type();
+  put_attr(obj, obj_path, name, t, t, make_space({p.size()}), p.data(), p.size());
+}
+
+void attr_int(hid_t obj, const std::string& obj_path, const std::string& name, long long value) {
+  Space scalar(check(H5Screate(H5S_SCALAR), "create dataspace"));
+  put_attr(obj, obj_path, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, scalar, &value, 1);
+}
+
+void attr_double(hid_t obj, const std::string& obj_path, const std::string& name, double value) {
+  Space scalar(check(H5Screate(H5S_SCALAR), "create dataspace"));
+  put_attr(obj, obj_path, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, scalar, &value, 1);
+}
+
+// Dataset at `path` with `dims` and a "unit" attribute. `file_type`/`mem_type` describe `data`.
+void put_dataset(hid_t file, const std::string& path, const std::vector<hsize_t>& dims,
+                 hid_t file_type, hid_t mem_type, const void* data, std::size_t n,
+                 const std::string& unit) {
+  const std::string what = "dataset '" + path + "'";
+  Dataset d(check(H5Dcreate2(file, path.c_str(), file_type, make_space(dims), H5P_DEFAULT,
+                             H5P_DEFAULT, H5P_DEFAULT),
+                  "create " + what));
+  if (n > 0) check(H5Dwrite(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "write " + what);
+  attr_string(d, path, "unit", unit);
+  check(d.close(), "close " + what);
+}
+
+void dataset_doubles(hid_t file, const std::string& path, const std::vector<double>& v,
+                     const std::vector<hsize_t>& dims, const std::string& unit) {
+  std::size_t n = 1;
+  std::string shape;
+  for (hsize_t d : dims) {
+    n *= d;
+    shape += (shape.empty() ? "" : " x ") + std::to_string(d);
+  }
+  if (v.size() != n)
+    throw Error("'" + path + "' has " + std::to_string(v.size()) + " values, expected " + shape,
+                kRecordHint);
+  put_dataset(file, path, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, v.data(), n, unit);
+}
+
+void dataset_strings(hid_t file, const std::string& path, const std::vector<std::string>& v,
+                     const std::string& unit) {
+  const auto p = c_strings(v, "dataset '" + path + "'");
+  Type t = vlen_string_type();
+  put_dataset(file, path, {p.size()}, t, t, p.data(), p.size(), unit);
+}
+
+// Rows of an optional per-rank matrix: 0 when the record left it empty.
+hsize_t rows(const std::vector<double>& v, hsize_t ranks) { return v.empty() ? 0 : ranks; }
+
+void write_contents(hid_t file, const RunRecord& r) {
+  if (r.ranks < 0 || r.steps < 0)
+    throw Error("negative shape: ranks = " + std::to_string(r.ranks) +
+                    ", steps = " + std::to_string(r.steps),
+                kRecordHint);
+  const hsize_t ranks = r.ranks, steps = r.steps;
+
+  attr_string(file, "/", "schema", kRunSchema);
+  attr_string(file, "/", "run_id", r.run_id);
+  attr_string(file, "/", "status", r.status);
+  attr_string(file, "/", "error", r.error);
+  attr_string(file, "/", "created_utc", r.created_utc);
+  attr_string(file, "/", "command_line", r.command_line);
+
+  Group config = make_group(file, "/config");
+  for (const auto& [key, value] : r.config) attr_string(config, "/config", key, value);
+
+  Group prov = make_group(file, "/provenance");
+  for (const auto& [key, value] : r.provenance) attr_string(prov, "/provenance", key, value);
+  if (!r.hostnames.empty() && r.hostnames.size() != ranks)
+    throw Error(
+        std::to_string(r.hostnames.size()) + " hostnames for " + std::to_string(ranks) + " ranks",
+        kRecordHint);
+  dataset_strings(file, "/provenance/hostnames", r.hostnames, "");
+
+  Group step_group = make_group(file, "/steps");
+  // The shape, also for a run that recorded no metric (e.g. one that failed at start-up).
+  attr_int(step_group, "/steps", "ranks", r.ranks);
+  attr_int(step_group, "/steps", "steps", r.steps);
+  attr_strings(step_group, "/steps", "metrics", r.step_metrics);
+  for (const auto& m : r.step_metrics) {
+    const auto values = r.step_values.find(m);
+    const auto unit = r.step_units.find(m);
+    if (values == r.step_values.end() || unit == r.step_units.end())
+      throw Error("step metric '" + m + "' has no values or no unit", kRecordHint);
+    const std::string path = "/steps/" + link_name(m, "step metric");
+    dataset_doubles(file, path, values->second, {ranks, steps}, unit->second);
+  }
+
+  Group comm = make_group(file, "/comm");
+  for (const auto& [op, series] : r.comm) {
+    const std::string path = "/comm/" + link_name(op, "comm op");
+    Group g = make_group(file, path);
+    dataset_doubles(file, path + "/calls", series.calls, {ranks, steps}, "count");
+    dataset_doubles(file, path + "/bytes", series.bytes, {ranks, steps}, "bytes");
+    dataset_doubles(file, path + "/time_s", series.time_s, {ranks, steps}, "s");
+    attr_double(g, path, "predicted_bytes_per_step", series.predicted_bytes_per_step);
+    attr_string(g, path, "predicted_bytes_per_step.unit", "bytes");
+  }
+
+  // Memory matrices may be left empty (not measured): they are then written with 0 rows.
+  Group memory = make_group(file, "/memory");
+  attr_strings(memory, "/memory", "tags", r.memory_tags);
+  const hsize_t tags = r.memory_tags.size();
+  dataset_doubles(file, "/memory/peak_bytes", r.peak_bytes, {rows(r.peak_bytes, ranks), tags},
+                  "bytes");
+  dataset_doubles(file, "/memory/predicted_bytes", r.predicted_bytes,
+                  {r.predicted_bytes.empty() ? 0 : tags}, "bytes");
+  dataset_doubles(file, "/memory/predicted_bytes_per_rank", r.predicted_bytes_per_rank,
+                  {rows(r.predicted_bytes_per_rank, ranks), tags}, "bytes");
+  dataset_doubles(file, "/memory/process_peak_bytes", r.process_peak_bytes,
+                  {rows(r.process_peak_bytes, ranks)}, "bytes");
+
+  Group summary = make_group(file, "/summary");
+  for (const auto& m : r.summary) {
+    attr_double(summary, "/summary", m.name, m.value);
+    attr_string(summary, "/summary", m.name + ".unit", m.unit);
+  }
+}
+
+void write_file(const RunRecord& record, const std::string& path) {
+  QuietErrors quiet;  // outlives every handle below
+  PropList fcpl = ordered_plist(H5P_FILE_CREATE);
+  PropList fapl(check(H5Pcreate(H5P_FILE_ACCESS), "create file access property list"));
+  // SEMI: closing fails if an object is still open, so a successful close means a complete file.
+  check(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI), "set file close degree");
+  File file(
+      check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl), "create HDF5 file '" + path + "'"));
+  write_contents(file, record);
+  check(file.close(), "close HDF5 file '" + path + "'");
+}
+
+}  // namespace
+
+void write_run_file(const RunRecord& record, const std::string& path) {
+  const fs::path target(path);
+  const std::string prefix = "cannot write run file '" + path + "': ";
+  if (!target.has_filename())
+    throw Error(prefix + "the path names a directory", "give a file name, e.g. runs/run.h5");
+  const fs::path dir = target.parent_path();
+  std::string tmp_name = ".";  // hidden, so that directory scans skip it
+  tmp_name += target.filename().string();
+  tmp_name += ".tmp-" + std::to_string(::getpid());
+  const fs::path tmp = dir / tmp_name;
+  try {
+    if (!dir.empty()) fs::create_directories(dir);
+    write_file(record, tmp.string());
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error("rename '" + tmp.string() + "' failed: " + std::strerror(errno));
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    const auto* err = dynamic_cast<const Error*>(&e);
+    throw Error(prefix + e.what(),
+                err && !err->hint().empty()
+                    ? err->hint()
+                    : "check that the directory can be created, is writable and has free space");
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,64 @@
+// Everything one run file holds (schema strata-run/1, see shared DESIGN.md "Results"), gathered on
+// rank 0 before writing. Matrices are row-major [ranks x steps] or [ranks x tags].
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace strata {
+
+inline constexpr const char* kRunSchema = "strata-run/1";
+
+// A named value with its unit ("s", "bytes", "tokens/s", "1" for a ratio, ...).
+struct Measure {
+  std::string name;
+  double value = 0;
+  std::string unit;
+};
+
+struct CommSeries {
+  std::vector<double> calls;   // [ranks x steps], count
+  std::vector<double> bytes;   // [ranks x steps], bytes (nccl-tests size convention)
+  std::vector<double> time_s;  // [ranks x steps], s
+  double predicted_bytes_per_step = 0;  // per rank, bytes
+};
+
+struct RunRecord {
+  // "/" attributes
+  std::string run_id;
+  std::string status = "ok";  // ok | oom | failed | timeout
+  std::string error;
+  std::string created_utc;    // ISO 8601, e.g. 2026-11-22T02:48:53Z
+  std::string command_line;
+
+  std::vector<std::pair<std::string, std::string>> config;      // /config attrs, in order
+  std::vector<std::pair<std::string, std::string>> provenance;  // /provenance attrs, in order
+  std::vector<std::string> hostnames;                           // /provenance/hostnames [ranks]
+
+  int ranks = 0;
+  int steps = 0;
+  // /steps/<metric>: [ranks x steps] float64, with the unit of each metric.
+  std::vector<std::string> step_metrics;               // in order: step_s, forward_s, ...
+  std::map<std::string, std::string> step_units;       // metric -> unit
+  std::map<std::string, std::vector<double>> step_values;  // metric -> [ranks x steps]
+
+  std::map<std::string, CommSeries> comm;  // op name -> series
+
+  // /memory
+  std::vector<std::string> memory_tags;
+  std::vector<double> peak_bytes;                // [ranks x tags]
+  std::vector<double> predicted_bytes;           // [tags]: max over ranks of the prediction
+  std::vector<double> predicted_bytes_per_rank;  // [ranks x tags]
+  std::vector<double> process_peak_bytes;        // [ranks]: peak RSS (CPU) or device peak
+
+  std::vector<Measure> summary;  // /summary attrs
+};
+
+// Write `record` to `path` atomically: a temporary file in the same directory, then rename.
+void write_run_file(const RunRecord& record, const std::string& path);
+// Read a run file back (tests, tools). Throws strata::Error naming the file on any problem.
+RunRecord read_run_file(const std::string& path);
+
+}  // namespace strata

@@ -1,0 +1,156 @@
+// runner: run one strategy plugin on the standard GPT workload and write its run file.
+//   runner --list-plugins | --describe NAME
+//   runner --plugin ddp --nodes 2 --ranks-per-node 2 --model tiny --steps 30
+// Started alone with more than one rank requested, it re-launches itself under mpirun or srun.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <new>
+#include <thread>
+
+#include "comm/mpi_transport.hpp"
+#include "config.hpp"
+#include "cpu/layers.hpp"
+#include "launch.hpp"
+#include "plugin_loader.hpp"
+#include "provenance.hpp"
+#include "trainer.hpp"
+
+using namespace strata;
+
+namespace {
+
+void list_plugins(const PluginRegistry& registry) {
+  std::printf("%-14s %-10s %s\n", "STRATEGY", "FAMILY", "SUMMARY");
+  for (const LoadedPlugin& p : registry.plugins())
+    for (const StrategySpec& s : p.descriptor->strategies)
+      std::printf("%-14s %-10s %s\n", s.name.c_str(), p.descriptor->family.c_str(),
+                  s.summary.c_str());
+  for (const std::string& problem : registry.problems())
+    std::fprintf(stderr, "note: skipped %s\n", problem.c_str());
+}
+
+std::string known_strategies(const PluginRegistry& registry) {
+  std::string names;
+  for (const std::string& n : registry.strategy_names()) names += (names.empty() ? "" : ", ") + n;
+  return names.empty() ? "none found" : names;
+}
+
+std::string default_run_id(const RunConfig& c) {
+  char suffix[8];
+  std::snprintf(suffix, sizeof suffix, "%04x",
+                unsigned((::getpid() * 2654435761u) ^ unsigned(std::time(nullptr))) & 0xffffu);
+  return utc_timestamp(true) + "-" + c.plugin + "-" + std::to_string(c.mesh.nodes) + "x" +
+         std::to_string(c.mesh.ranks_per_node) + "-" + suffix;
+}
+
+// Everything that can be checked before any rank starts. Returns false when the action is done.
+bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
+             PluginRegistry& registry) {
+  config = parse_cli(argc, argv);
+  if (config.help) {
+    if (env.rank == 0) std::printf("%s", config.help_text.c_str());
+    return false;
+  }
+  std::vector<std::string> dirs{default_plugin_dir()};
+  dirs.insert(dirs.end(), config.plugin_paths.begin(), config.plugin_paths.end());
+  registry.scan(dirs);
+  if (config.list_plugins) {
+    list_plugins(registry);
+    return false;
+  }
+  if (!config.describe.empty()) {
+    const StrategySpec* spec = nullptr;
+    const LoadedPlugin* p = registry.find(config.describe, &spec);
+    if (!p)
+      throw ConfigError("--describe " + config.describe + ": no such strategy (found: " +
+                        known_strategies(registry) + ")");
+    std::printf("%s", describe(*p, *spec).c_str());
+    return false;
+  }
+  if (config.plugin.empty())
+    throw ConfigError("--plugin: required, one of: " + known_strategies(registry));
+  const StrategySpec* spec = nullptr;
+  if (!registry.find(config.plugin, &spec))
+    throw ConfigError("--plugin " + config.plugin + ": no such strategy (found: " +
+                      known_strategies(registry) + ")");
+  Options options = validate_options(*spec, config.plugin_opts);
+
+  int world = 1;
+  if (env.under_launcher) world = env.world;
+  else if (config.nodes_given || config.ranks_per_node_given) world = config.mesh.nodes * config.mesh.ranks_per_node;
+  else if (config.mesh_given) world = config.mesh.world();
+  resolve_mesh(config, world, env.under_launcher ? env.local_size : world);
+  registry.create(config.plugin, options)->validate(config.mesh, config.train, config.model);
+  if (config.run_id.empty()) config.run_id = default_run_id(config);
+  if (env.rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(config.out_dir, ec);
+    if (ec || ::access(config.out_dir.c_str(), W_OK) != 0)
+      throw ConfigError("--out " + config.out_dir + ": cannot create or write the directory");
+  }
+  if (!env.under_launcher && world > 1) relaunch(config, world, argc, argv);
+  return true;
+}
+
+std::string status_of(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "oom";
+  return "failed";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const LaunchEnv env = detect_launch_env();
+  RunConfig config;
+  PluginRegistry registry;
+  try {
+    if (!prepare(argc, argv, env, config, registry)) return 0;
+  } catch (const ConfigError& e) {
+    if (env.rank == 0) std::fprintf(stderr, "runner: error: %s\n", e.what());
+    return 2;
+  } catch (const Error& e) {
+    if (env.rank == 0)
+      std::fprintf(stderr, "runner: error: %s%s%s\n", e.what(), e.hint().empty() ? "" : " (hint: ",
+                   e.hint().empty() ? "" : (e.hint() + ")").c_str());
+    return 1;
+  }
+
+  cpu::set_blas_threads(blas_threads_for(config, env.local_size > 0 ? env.local_size : env.world));
+  try {
+    mpi::init(&argc, &argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "runner: error: %s (hint: %s)\n", e.what(), e.hint().c_str());
+    return 1;
+  }
+  const int rank = mpi::world_rank(), world = mpi::world_size();
+  RunState state;
+  int code = 0;
+  {
+    Watchdog watchdog(config.watchdog_s, state);
+    try {
+      begin_record(config, state);
+      train(config, registry, state, watchdog);
+    } catch (const std::exception& e) {
+      std::string status = status_of(e);
+      std::string message = "rank " + std::to_string(rank) + ": " + e.what();
+      if (auto* se = dynamic_cast<const Error*>(&e); se && !se->hint().empty())
+        message += " (hint: " + se->hint() + ")";
+      std::fprintf(stderr, "runner: error: %s\n", message.c_str());
+      if (rank == 0) write_failure(state, status, message);
+      if (world > 1) {
+        if (rank != 0) {
+          mpi::send_error_to_root(status + "|" + message);
+          std::this_thread::sleep_for(std::chrono::seconds(5));  // rank 0 writes, then ends the job
+        }
+        mpi::abort_job(1);
+      }
+      code = 1;
+    }
+    if (code == 0) mpi::control_barrier();
+  }
+  mpi::finalize();
+  return code;
+}

@@ -1,0 +1,419 @@
+#include "trainer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+
+#include "comm/intervals.hpp"
+#include "comm/mpi_transport.hpp"
+#include "cpu/layers.hpp"
+#include "data.hpp"
+#include "provenance.hpp"
+#include "strata/data_parallel.hpp"
+
+namespace strata {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The metrics of /steps, in file order, with units.
+const std::vector<std::pair<std::string, std::string>> kStepMetrics = {
+    {"step_s", "s"},        {"forward_s", "s"}, {"backward_s", "s"},
+    {"optimizer_s", "s"},   {"comm_s", "s"},    {"exposed_comm_s", "s"},
+    {"bubble_s", "s"},      {"loss", "nats"},   {"tokens", "tokens"}};
+
+struct StepRow {  // one rank, one step
+  std::map<std::string, double> metric;
+  std::array<double, kNumCommOps> calls{}, bytes{}, time_s{};
+};
+
+// The core's side of the plugin Context.
+class CoreContext final : public Context {
+ public:
+  CoreContext(const RunConfig& config, CommLedger& ledger)
+      : config_(config), coord_(mesh_coord(config.mesh, mpi::world_rank())), ledger_(ledger) {
+    const MeshSpec& m = config.mesh;
+    const MeshCoord& c = coord_;
+    // MPI_Comm_split is collective over the world: every rank creates every group, same order.
+    groups_[Axis::world] = mpi::split("world", 0, c.rank, &ledger);
+    groups_[Axis::dp] = mpi::split("dp", c.pp * m.tp + c.tp, c.dp, &ledger);
+    groups_[Axis::tp] = mpi::split("tp", c.pp * m.dp + c.dp, c.tp, &ledger);
+    groups_[Axis::pp] = mpi::split("pp", c.dp * m.tp + c.tp, c.pp, &ledger);
+    int intra_index = 0;  // position among the dp peers on this node
+    for (int d = 0; d < c.dp; ++d)
+      if ((c.tp + m.tp * (d + m.dp * c.pp)) / m.ranks_per_node == c.node) ++intra_index;
+    groups_[Axis::dp_intra_node] =
+        mpi::split("dp_intra_node", (c.pp * m.tp + c.tp) * m.nodes + c.node, c.dp, &ledger);
+    groups_[Axis::dp_inter_node] =
+        mpi::split("dp_inter_node", (c.pp * m.tp + c.tp) * m.dp + intra_index, c.node, &ledger);
+
+    data_ = config.data_file.empty()
+                ? make_synthetic_source(config.train.seed, config.model.seq, config.model.vocab)
+                : make_token_file_source(config.data_file, config.train.seed, config.model.seq,
+                                         config.model.vocab);
+    const std::size_t tokens = std::size_t(config.train.micro_batch) * config.model.seq;
+    inputs_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
+    targets_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
+    model_ = std::make_unique<Model>(config.model, config.train.micro_batch, memory_);
+  }
+
+  const MeshSpec& mesh() const override { return config_.mesh; }
+  const MeshCoord& coord() const override { return coord_; }
+  const ModelSpec& model_spec() const override { return config_.model; }
+  const TrainSpec& train() const override { return config_.train; }
+  Model& model() override { return *model_; }
+  MemoryLedger& memory() override { return memory_; }
+  Group& group(Axis axis) override { return *groups_.at(axis); }
+  CommStream& comm_stream(int index) override {
+    if (index < 0 || index > 7) throw Error("comm_stream(" + std::to_string(index) + "): 0..7");
+    while (int(streams_.size()) <= index)
+      streams_.push_back(std::make_unique<CommStream>(ledger_, "comm" + std::to_string(index)));
+    return *streams_[index];
+  }
+  MicroBatch micro_batch(int step, int micro) override {
+    const TrainSpec& t = config_.train;
+    const int B = t.micro_batch, T = config_.model.seq;
+    // Global sample index: micro-batches first, then dp ranks, so any split sees the same batch.
+    std::int64_t first = std::int64_t(micro) * B * config_.mesh.dp + std::int64_t(coord_.dp) * B;
+    for (int b = 0; b < B; ++b)
+      data_->fill(step, first + b, inputs_.data() + b * T, targets_.data() + b * T);
+    return MicroBatch{inputs_.data(), targets_.data(), B, T};
+  }
+  void add_phase_time(Phase phase, double seconds) override {
+    phase_s_[static_cast<int>(phase)] += seconds;
+  }
+  void report_loss(double loss_sum, double tokens) override {
+    loss_sum_ += loss_sum;
+    loss_tokens_ += tokens;
+  }
+
+  void begin_step() {
+    phase_s_.fill(0);
+    loss_sum_ = loss_tokens_ = 0;
+  }
+  void synchronize_streams() {
+    for (auto& s : streams_) s->synchronize();
+  }
+  double phase_s(Phase p) const { return phase_s_[static_cast<int>(p)]; }
+  double loss_sum() const { return loss_sum_; }
+  double loss_tokens() const { return loss_tokens_; }
+  const DataSource& data() const { return *data_; }
+
+ private:
+  const RunConfig& config_;
+  MeshCoord coord_;
+  CommLedger& ledger_;
+  MemoryLedger memory_;
+  std::map<Axis, std::unique_ptr<Group>> groups_;
+  std::vector<std::unique_ptr<CommStream>> streams_;
+  std::unique_ptr<DataSource> data_;
+  Buffer<std::int32_t> inputs_, targets_;
+  std::unique_ptr<Model> model_;
+  std::array<double, 3> phase_s_{};
+  double loss_sum_ = 0, loss_tokens_ = 0;
+};
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return kNaN;
+  std::sort(v.begin(), v.end());
+  double pos = q * double(v.size() - 1);
+  std::size_t lo = std::size_t(pos);
+  std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
+  return buf;
+}
+
+// Per-step comm figures of one rank from the ledger records of that step.
+void comm_of_step(const std::vector<CommRecord>& records, const Intervals& waits, StepRow& row) {
+  Intervals busy;
+  for (const CommRecord& r : records) {
+    int op = static_cast<int>(r.op);
+    row.calls[op] += 1;
+    row.bytes[op] += double(r.bytes);
+    row.time_s[op] += r.seconds();
+    busy.emplace_back(r.t0, r.t1);
+  }
+  row.metric["comm_s"] = union_length(busy);
+  row.metric["exposed_comm_s"] = intersection_length(busy, waits);
+}
+
+}  // namespace
+
+void begin_record(const RunConfig& config, RunState& state) {
+  std::vector<std::string> hosts = mpi::control_gather_strings(mpi::processor_name());
+  if (mpi::world_rank() != 0) return;
+  std::lock_guard lock(state.mu);
+  RunRecord& r = state.record;
+  r.created_utc = utc_timestamp();
+  r.command_line = config.command_line;
+  r.config = config.resolved();
+  r.provenance = collect_provenance();
+  r.provenance.emplace_back("flops_per_token_formula",
+                            "6*N + 12*L*h*s; N = non-embedding params + tied LM head (V*h)");
+  r.hostnames = hosts;
+  r.ranks = mpi::world_size();
+  r.run_id = config.run_id;
+  for (const auto& [name, unit] : kStepMetrics) {
+    r.step_metrics.push_back(name);
+    r.step_units[name] = unit;
+  }
+  state.path = (std::filesystem::path(config.out_dir) / (r.run_id + ".h5")).string();
+}
+
+void write_failure(RunState& state, const std::string& status, const std::string& error) {
+  std::lock_guard lock(state.mu);
+  if (state.written || state.path.empty()) return;
+  state.record.status = status;
+  state.record.error = error;
+  try {
+    write_run_file(state.record, state.path);
+    state.written = true;
+    std::fprintf(stderr, "runner: run file %s (status %s)\n", state.path.c_str(), status.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "runner: could not write the failure file: %s\n", e.what());
+  }
+}
+
+void train(const RunConfig& config, const PluginRegistry& registry, RunState& state,
+           Watchdog& watchdog) {
+  const int rank = mpi::world_rank(), world = mpi::world_size();
+  const bool root = rank == 0;
+  const TrainSpec& t = config.train;
+  const int steps = t.steps;
+  const int micro_steps = t.micro_steps(config.mesh);
+  const double global_tokens = double(t.global_batch) * config.model.seq;
+
+  const StrategySpec* spec = nullptr;
+  registry.find(config.plugin, &spec);
+  Options options = validate_options(*spec, config.plugin_opts);
+  std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
+
+  // The CPU peak for MFU: this process's best SGEMM rate on its BLAS threads.
+  const double peak_flops = cpu::calibrate_sgemm_flops(0.3);
+
+  CommLedger ledger;
+  watchdog.attach(&ledger);
+  struct Detach {
+    Watchdog& w;
+    ~Detach() { w.attach(nullptr); }
+  } detach{watchdog};
+  CoreContext ctx(config, ledger);
+  strategy->setup(ctx);
+
+  if (root) {
+    std::printf("strata: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
+                "(%lld params), %d x %d seq/step (micro-batch %d, %d micro-step(s)), %s\n",
+                config.plugin.c_str(), world, config.mesh.nodes, config.mesh.ranks_per_node,
+                config.mesh.dp, config.mesh.tp, config.mesh.pp, config.model.preset.c_str(),
+                (long long)config.model.total_params(), t.global_batch, config.model.seq,
+                t.micro_batch, micro_steps, ctx.data().describe().c_str());
+    std::printf("strata: calibrated SGEMM peak %.1f GFLOP/s per rank (%d BLAS thread(s))\n",
+                peak_flops / 1e9, cpu::blas_threads());
+    std::fflush(stdout);
+  }
+
+  std::vector<StepRow> rows;
+  std::vector<double> global_loss, step_max;
+  std::size_t seen_records = 0;
+  for (int step = 0; step < steps; ++step) {
+    ledger.set_step(step);
+    ctx.begin_step();
+    double t0 = now();
+    strategy->train_step(ctx, step);
+    ctx.synchronize_streams();
+    double t1 = now();
+    ledger.set_step(-1);
+
+    StepRow row;
+    row.metric["step_s"] = t1 - t0;
+    row.metric["forward_s"] = ctx.phase_s(Phase::forward);
+    row.metric["backward_s"] = ctx.phase_s(Phase::backward);
+    row.metric["optimizer_s"] = ctx.phase_s(Phase::optimizer);
+    row.metric["bubble_s"] = 0;
+    row.metric["tokens"] = ctx.loss_tokens();
+    std::vector<CommRecord> all = ledger.records();
+    std::vector<CommRecord> mine(all.begin() + std::ptrdiff_t(seen_records), all.end());
+    seen_records = all.size();
+    comm_of_step(mine, ledger.waits(step), row);
+
+    double sums[2] = {ctx.loss_sum(), ctx.loss_tokens()};
+    mpi::control_allreduce_sum(sums, 2);
+    double smax = t1 - t0;
+    mpi::control_allreduce_max(&smax, 1);
+    double loss = sums[1] > 0 ? sums[0] / sums[1] : kNaN;
+    row.metric["loss"] = loss;
+    rows.push_back(row);
+    global_loss.push_back(loss);
+    step_max.push_back(smax);
+    if (root) {
+      std::lock_guard lock(state.mu);  // keep the failure file current
+      RunRecord& r = state.record;
+      r.steps = step + 1;
+      for (const auto& [name, unit] : kStepMetrics) {
+        std::vector<double> m(std::size_t(world) * r.steps, kNaN);
+        for (int s = 0; s <= step; ++s) m[s] = rows[s].metric[name];
+        r.step_values[name] = m;
+      }
+    }
+    if (root && !config.quiet) {
+      std::printf("step %4d/%d  loss %.4f  step %8.1f ms  %10.0f tok/s\n", step + 1, steps, loss,
+                  smax * 1e3, global_tokens / smax);
+      std::fflush(stdout);
+    }
+  }
+
+  // Gather every rank's measurements and predictions on rank 0.
+  std::vector<double> local;
+  for (const auto& [name, unit] : kStepMetrics)
+    for (const StepRow& r : rows) local.push_back(r.metric.at(name));
+  for (int op = 0; op < kNumCommOps; ++op)
+    for (const StepRow& r : rows) {
+      local.push_back(r.calls[op]);
+      local.push_back(r.bytes[op]);
+      local.push_back(r.time_s[op]);
+    }
+  PredictInput pin{config.mesh, config.model, t, rank};
+  Prediction pred = strategy->predict(pin);
+  for (int tag = 0; tag < kNumMemTags; ++tag)
+    local.push_back(double(ctx.memory().peak(static_cast<MemTag>(tag))));
+  for (int tag = 0; tag < kNumMemTags; ++tag) local.push_back(pred.memory_bytes[tag]);
+  for (int op = 0; op < kNumCommOps; ++op) {
+    auto it = pred.comm_bytes_per_step.find(op_name(static_cast<CommOp>(op)));
+    local.push_back(it == pred.comm_bytes_per_step.end() ? 0.0 : it->second);
+  }
+  local.push_back(double(peak_rss_bytes()));
+  local.push_back(peak_flops);
+  const std::size_t per_rank = local.size();
+  std::vector<double> all = mpi::control_gather(local);
+  if (!root) return;
+
+  std::lock_guard lock(state.mu);
+  RunRecord& rec = state.record;
+  rec.steps = steps;
+  rec.step_metrics.clear();
+  auto at = [&](int r, std::size_t i) { return all[std::size_t(r) * per_rank + i]; };
+  std::size_t off = 0;
+  for (const auto& [name, unit] : kStepMetrics) {
+    rec.step_metrics.push_back(name);
+    rec.step_units[name] = unit;
+    std::vector<double>& m = rec.step_values[name];
+    m.assign(std::size_t(world) * steps, 0);
+    for (int r = 0; r < world; ++r)
+      for (int s = 0; s < steps; ++s) m[std::size_t(r) * steps + s] = at(r, off + s);
+    off += steps;
+  }
+  std::vector<double> predicted_comm(kNumCommOps, 0);
+  std::size_t comm_off = off;
+  off += std::size_t(kNumCommOps) * steps * 3;
+  std::size_t mem_off = off, pred_off = off + kNumMemTags, pcomm_off = off + 2 * kNumMemTags;
+  std::size_t rss_off = pcomm_off + kNumCommOps, peak_off = rss_off + 1;
+  for (int op = 0; op < kNumCommOps; ++op) {
+    double predicted = 0, used = 0;
+    for (int r = 0; r < world; ++r) predicted = std::max(predicted, at(r, pcomm_off + op));
+    CommSeries cs;
+    cs.predicted_bytes_per_step = predicted;
+    for (int r = 0; r < world; ++r)
+      for (int s = 0; s < steps; ++s) {
+        std::size_t base = comm_off + (std::size_t(op) * steps + s) * 3;
+        cs.calls.push_back(at(r, base));
+        cs.bytes.push_back(at(r, base + 1));
+        cs.time_s.push_back(at(r, base + 2));
+        used += at(r, base);
+      }
+    if (used > 0 || predicted > 0) rec.comm[op_name(static_cast<CommOp>(op))] = std::move(cs);
+  }
+  rec.memory_tags.assign(kMemTagNames.begin(), kMemTagNames.end());
+  rec.peak_bytes.clear();
+  rec.predicted_bytes.assign(kNumMemTags, 0);
+  rec.predicted_bytes_per_rank.clear();
+  rec.process_peak_bytes.clear();
+  std::vector<double> peaks;
+  for (int r = 0; r < world; ++r) {
+    for (int tag = 0; tag < kNumMemTags; ++tag) {
+      rec.peak_bytes.push_back(at(r, mem_off + tag));
+      rec.predicted_bytes_per_rank.push_back(at(r, pred_off + tag));
+      rec.predicted_bytes[tag] = std::max(rec.predicted_bytes[tag], at(r, pred_off + tag));
+    }
+    rec.process_peak_bytes.push_back(at(r, rss_off));
+    peaks.push_back(at(r, peak_off));
+  }
+
+  // Summary over the timed steps (after warm-up). A step's time is the slowest rank's.
+  std::vector<double> timed;
+  double comm_total = 0, exposed_total = 0, step_total = 0;
+  for (int s = t.warmup; s < steps; ++s) {
+    timed.push_back(step_max[s]);
+    for (int r = 0; r < world; ++r) {
+      std::size_t i = std::size_t(r) * steps + s;
+      comm_total += rec.step_values["comm_s"][i];
+      exposed_total += rec.step_values["exposed_comm_s"][i];
+      step_total += rec.step_values["step_s"][i];
+    }
+  }
+  const double p50 = percentile(timed, 0.5);
+  const double tokens_per_s = global_tokens / p50;
+  const double flops_per_token = config.model.flops_per_token();
+  const double flops_per_rank = tokens_per_s * flops_per_token / world;
+  const double peak = percentile(peaks, 0.5);
+  double peak_tracked = 0;
+  for (int r = 0; r < world; ++r) {
+    double sum = 0;
+    for (int tag = 0; tag < kNumMemTags; ++tag) sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
+    peak_tracked = std::max(peak_tracked, sum);
+  }
+  rec.summary = {
+      {"tokens_per_s", tokens_per_s, "tokens/s"},
+      {"step_s_p50", p50, "s"},
+      {"step_s_p95", percentile(timed, 0.95), "s"},
+      {"tflops_per_rank", flops_per_rank / 1e12, "TFLOP/s"},
+      {"mfu", flops_per_rank / peak, "1"},
+      {"peak_flops_per_rank", peak, "FLOP/s"},
+      {"flops_per_token", flops_per_token, "FLOP"},
+      {"global_tokens_per_step", global_tokens, "tokens"},
+      {"peak_bytes_max", peak_tracked, "bytes"},
+      {"comm_fraction", step_total > 0 ? comm_total / step_total : 0, "1"},
+      {"exposed_comm_fraction", step_total > 0 ? exposed_total / step_total : 0, "1"},
+      {"bubble_fraction", 0, "1"},
+      {"loss_first", global_loss.front(), "nats"},
+      {"loss_last", global_loss.back(), "nats"},
+      {"timed_steps", double(timed.size()), "count"},
+  };
+  rec.status = "ok";
+  write_run_file(rec, state.path);
+  state.written = true;
+
+  std::printf("\nsummary  %s, %d rank(s), %d timed step(s)\n", config.plugin.c_str(), world,
+              int(timed.size()));
+  std::printf("  throughput   %.0f tokens/s  (step p50 %.1f ms, p95 %.1f ms)\n", tokens_per_s,
+              p50 * 1e3, percentile(timed, 0.95) * 1e3);
+  std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (calibrated SGEMM)\n",
+              flops_per_rank / 1e12, 100 * flops_per_rank / peak, peak / 1e9);
+  std::printf("  loss         %.4f -> %.4f\n", global_loss.front(), global_loss.back());
+  std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n",
+              100 * (step_total > 0 ? comm_total / step_total : 0),
+              100 * (step_total > 0 ? exposed_total / step_total : 0));
+  std::printf("  memory (max over ranks: measured / predicted)\n");
+  for (int tag = 0; tag < kNumMemTags; ++tag) {
+    double m = 0;
+    for (int r = 0; r < world; ++r) m = std::max(m, rec.peak_bytes[std::size_t(r) * kNumMemTags + tag]);
+    std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
+                human_bytes(rec.predicted_bytes[tag]).c_str());
+  }
+  std::printf("  run file     %s\n", state.path.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace strata

@@ -1,0 +1,105 @@
+// ddp: distributed data parallel with gradient buckets, the PyTorch DDP algorithm. The flat gradient
+// buffer is cut, from its end, into buckets of bucket_mb; backward runs units in reverse, so a
+// bucket is complete as soon as the unit holding its first element has finished backward, and its
+// all-reduce starts right then on the comm stream while backward continues. Buckets are views into
+// the gradient buffer (PyTorch's gradient_as_bucket_view), so no copies and no comm buffers.
+// With gradient accumulation only the last micro-batch all-reduces (PyTorch's no_sync()).
+#include <optional>
+
+#include "strata/data_parallel.hpp"
+
+namespace {
+
+using namespace strata;
+
+struct Bucket {
+  std::size_t begin, end;  // flat gradient range
+  int ready_unit;          // backward of this unit completes the bucket
+};
+
+class BucketedDdp final : public Strategy {
+ public:
+  explicit BucketedDdp(const Options& o) : bucket_mb_(o.get_real("bucket_mb")) {}
+
+  void validate(const MeshSpec&, const TrainSpec&, const ModelSpec&) const override {
+    if (!(bucket_mb_ > 0))
+      throw ConfigError("--plugin-opt bucket_mb=" + std::to_string(bucket_mb_) +
+                        ": must be a positive number of MiB");
+  }
+
+  Prediction predict(const PredictInput& in) const override {
+    Prediction p = replicated_prediction(in);
+    if (in.mesh.dp > 1)
+      p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
+    p.notes = "buckets are views of the flat gradient buffer: no comm_buffers";
+    return p;
+  }
+
+  void setup(Context& ctx) override {
+    replica_.emplace(ctx);
+    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx),
+                       ctx.memory());
+    const ParamLayout& layout = ctx.model().layout();
+    const std::size_t per_bucket =
+        std::max<std::size_t>(1, std::size_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
+    for (std::size_t end = layout.total(); end > 0;) {
+      std::size_t begin = end > per_bucket ? end - per_bucket : 0;
+      buckets_.push_back({begin, end, layout.tensor_at(begin).unit});
+      end = begin;
+    }
+  }
+
+  void train_step(Context& ctx, int step) override {
+    Replica& r = *replica_;
+    std::fill_n(r.grads(), r.size(), 0.0f);
+    Group& dp = ctx.group(Axis::dp);
+    CommStream& stream = ctx.comm_stream();
+    std::vector<Event> pending;
+    std::size_t next_bucket = 0;
+    auto launch_ready = [&](int unit) {
+      // Buckets are ordered from the end of the buffer, as backward fills them.
+      while (next_bucket < buckets_.size() && buckets_[next_bucket].ready_unit >= unit) {
+        const Bucket& b = buckets_[next_bucket++];
+        pending.push_back(stream.all_reduce(dp, view(r.grads() + b.begin, b.end - b.begin)));
+      }
+    };
+    const int micro_steps = ctx.train().micro_steps(ctx.mesh());
+    for (int micro = 0; micro < micro_steps; ++micro) {
+      bool last = micro == micro_steps - 1;
+      forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, micro),
+                       last && dp.size() > 1 ? launch_ready : std::function<void(int)>{});
+    }
+    for (const Event& e : pending) e.wait();
+
+    PhaseTimer t(ctx, Phase::optimizer);
+    double norm = std::sqrt(sum_of_squares(r.grads(), r.size()));  // replicated: no reduction
+    optimizer_->step(r.params(), r.grads(), step + 1, clip_scale(norm, ctx.train().grad_clip));
+  }
+
+ private:
+  double bucket_mb_;
+  std::optional<Replica> replica_;
+  std::optional<AdamW> optimizer_;
+  std::vector<Bucket> buckets_;
+};
+
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "ddp",
+      "distributed data parallel with bucketed, overlapped gradient all-reduce",
+      {{"ddp",
+        "gradient buckets all-reduced on a comm stream as backward fills them (PyTorch DDP)",
+        {{"bucket_mb", OptionType::real, "25",
+          "bucket size in MiB; each bucket's all-reduce starts when backward has filled it",
+          {}}}}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string&, const Options& options) {
+  return std::make_unique<BucketedDdp>(options);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)

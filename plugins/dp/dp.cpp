@@ -1,0 +1,73 @@
+// dp: single-master data parallelism, the torch.nn.DataParallel analogue. Every rank computes
+// gradients on its share of the batch; they are summed onto rank 0, which alone holds the optimizer
+// state and updates; rank 0 then broadcasts the new parameters. Simple, and its costs are visible:
+// rank 0 carries all optimizer memory and the reduce/broadcast root traffic.
+#include <optional>
+
+#include "strata/data_parallel.hpp"
+
+namespace {
+
+using namespace strata;
+
+class SingleMaster final : public Strategy {
+ public:
+  Prediction predict(const PredictInput& in) const override {
+    Prediction p = replicated_prediction(in);
+    bool root = mesh_coord(in.mesh, in.rank).dp == 0;
+    if (!root) p.memory_bytes[static_cast<int>(MemTag::optimizer)] = 0;
+    const double grad_bytes = 4.0 * double(in.model.total_params());
+    if (in.mesh.dp > 1) {
+      p.comm_bytes_per_step["reduce"] = grad_bytes;
+      p.comm_bytes_per_step["broadcast"] = grad_bytes;
+    }
+    p.notes = "optimizer state on dp rank 0 only; reduce + broadcast of all parameters per step";
+    return p;
+  }
+
+  void setup(Context& ctx) override {
+    replica_.emplace(ctx);
+    if (ctx.coord().dp == 0)
+      optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx),
+                         ctx.memory());
+  }
+
+  void train_step(Context& ctx, int step) override {
+    Replica& r = *replica_;
+    std::fill_n(r.grads(), r.size(), 0.0f);
+    for (int micro = 0; micro < ctx.train().micro_steps(ctx.mesh()); ++micro)
+      forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, micro));
+
+    Group& dp = ctx.group(Axis::dp);
+    if (dp.size() > 1) dp.reduce(view(r.grads(), r.size()), 0);
+    if (optimizer_) {
+      PhaseTimer t(ctx, Phase::optimizer);
+      double norm = std::sqrt(sum_of_squares(r.grads(), r.size()));
+      optimizer_->step(r.params(), r.grads(), step + 1, clip_scale(norm, ctx.train().grad_clip));
+    }
+    if (dp.size() > 1) dp.broadcast(view(r.params(), r.size()), 0);
+  }
+
+ private:
+  std::optional<Replica> replica_;
+  std::optional<AdamW> optimizer_;
+};
+
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "dp",
+      "single-master data parallel (DataParallel analogue)",
+      {{"dp",
+        "gradients reduced to rank 0, update there, parameters broadcast back; no overlap",
+        {}}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string&, const Options&) {
+  return std::make_unique<SingleMaster>();
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)

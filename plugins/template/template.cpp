@@ -1,0 +1,77 @@
+// The template plugin: the smallest complete strategy, documented line by line. Copy this
+// directory to plugins/<yours>/, rename the family and strategy, add `add_subdirectory(<yours>)` to
+// plugins/CMakeLists.txt, rebuild: `runner --list-plugins` shows it.
+//
+// Strategy "allreduce": plain synchronous data parallelism. Every rank runs forward and backward on
+// its share of the global batch, then one all-reduce sums the whole gradient (no buckets, no
+// overlap), and every rank applies the same AdamW update.
+#include <optional>
+
+#include "strata/data_parallel.hpp"  // Replica, forward_backward, replicated_prediction, AdamW
+
+namespace {
+
+using namespace strata;
+
+class SyncAllReduce final : public Strategy {
+ public:
+  explicit SyncAllReduce(const Options& o) : clip_(o.get_bool("clip")) {}
+
+  // predict(): what this rank should allocate and send, without running anything. The run file
+  // stores it next to the measurement; tests check that they are equal.
+  Prediction predict(const PredictInput& in) const override {
+    Prediction p = replicated_prediction(in);  // params, grads, AdamW state, activations
+    if (in.mesh.dp > 1)
+      p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
+    return p;
+  }
+
+  // setup(): allocate through the context so the memory ledger sees every byte.
+  void setup(Context& ctx) override {
+    replica_.emplace(ctx);  // parameters initialised from the run's seed, zeroed gradients
+    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx),
+                       ctx.memory());
+  }
+
+  // train_step(): one optimizer step. The core times the whole call and reads the comm ledger.
+  void train_step(Context& ctx, int step) override {
+    Replica& r = *replica_;
+    std::fill_n(r.grads(), r.size(), 0.0f);
+    for (int micro = 0; micro < ctx.train().micro_steps(ctx.mesh()); ++micro)
+      forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, micro));
+
+    Group& dp = ctx.group(Axis::dp);  // never the world: a plugin talks on its own axes
+    if (dp.size() > 1) dp.all_reduce(view(r.grads(), r.size()));
+
+    PhaseTimer t(ctx, Phase::optimizer);
+    double norm = std::sqrt(sum_of_squares(r.grads(), r.size()));
+    float scale = clip_ ? clip_scale(norm, ctx.train().grad_clip) : 1.0f;
+    optimizer_->step(r.params(), r.grads(), step + 1, scale);
+  }
+
+ private:
+  bool clip_;
+  std::optional<Replica> replica_;
+  std::optional<AdamW> optimizer_;
+};
+
+// The descriptor: what --list-plugins and --describe print, and what --plugin-opt is checked
+// against before the run starts.
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "template",
+      "a documented starting point for your own strategy",
+      {{"allreduce",
+        "synchronous data parallel: one all-reduce of all gradients after backward",
+        {{"clip", OptionType::boolean, "true", "apply --grad-clip (global-norm clipping)", {}}}}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string&, const Options& options) {
+  return std::make_unique<SyncAllReduce>(options);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)

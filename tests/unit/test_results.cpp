@@ -1,0 +1,389 @@
+// Run files (schema strata-run/1): round trip, on-disk layout checked with the raw HDF5 C API,
+// atomic writes and the reader's errors.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "results/run_record.hpp"
+#include "strata/types.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using strata::RunRecord;
+
+// Rows x cols values that differ everywhere and are not round in binary.
+std::vector<double> matrix(int rows, int cols, double base) {
+  std::vector<double> v;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) v.push_back(base + r * 10 + c + 1.0 / 3);
+  return v;
+}
+
+RunRecord full_record() {
+  RunRecord r;
+  r.run_id = "gpt-small-dp2-20261122T024853Z";
+  r.status = "ok";
+  r.created_utc = "2026-11-22T02:48:53Z";
+  r.command_line = "runner --model gpt-small --note \"a b\" --unit µs";
+  const char* keys[] = {"transport", "model",       "batch",  "seq_len", "zero_stage",
+                        "lr",        "dp",          "tp",     "pp",      "seed",
+                        "dtype",     "steps",       "warmup", "backend", "optimizer",
+                        "alpha",     "micro_batch", "trace",  "out",     "beta2"};
+  for (int i = 0; i < 20; ++i) r.config.emplace_back(keys[i], "value-" + std::to_string(i * 7));
+  r.config[3].second = "";  // an empty value survives too
+  r.provenance = {{"git_describe", "v0.1.0-3-gabc"},
+                  {"compiler", "GCC 12.2.0"},
+                  {"slurm_job_id", "4242"},
+                  {"env.NCCL_DEBUG", "INFO"},
+                  {"build_type", "Release"}};
+  r.hostnames = {"node-a", "node-b"};
+  r.ranks = 2;
+  r.steps = 3;
+  r.step_metrics = {"step_s", "forward_s", "loss", "tokens"};
+  r.step_units = {{"step_s", "s"}, {"forward_s", "s"}, {"loss", "1"}, {"tokens", "tokens"}};
+  double base = 0;
+  for (const auto& m : r.step_metrics) r.step_values[m] = matrix(2, 3, base += 100);
+  r.comm["all_reduce"] = {matrix(2, 3, 1), matrix(2, 3, 1e6), matrix(2, 3, 1e-3), 4.5e6};
+  r.comm["reduce_scatter"] = {matrix(2, 3, 2), matrix(2, 3, 2e6), matrix(2, 3, 2e-3), 1.25e6};
+  r.memory_tags = {"params", "grads", "optimizer_state", "activations", "workspace", "comm"};
+  r.peak_bytes = matrix(2, 6, 1e9);
+  r.predicted_bytes = matrix(1, 6, 2e9);
+  r.predicted_bytes_per_rank = matrix(2, 6, 3e9);
+  r.process_peak_bytes = {7.5e9, 7.25e9};
+  r.summary = {{"tokens_per_s", 12345.5, "tokens/s"},
+               {"step_s_p50", 0.125, "s"},
+               {"mfu", 0.41, "1"},
+               {"peak_bytes_max", 8e9, "bytes"}};
+  return r;
+}
+
+void expect_same(const RunRecord& a, const RunRecord& b) {
+  EXPECT_EQ(a.run_id, b.run_id);
+  EXPECT_EQ(a.status, b.status);
+  EXPECT_EQ(a.error, b.error);
+  EXPECT_EQ(a.created_utc, b.created_utc);
+  EXPECT_EQ(a.command_line, b.command_line);
+  EXPECT_EQ(a.config, b.config);
+  EXPECT_EQ(a.provenance, b.provenance);
+  EXPECT_EQ(a.hostnames, b.hostnames);
+  EXPECT_EQ(a.ranks, b.ranks);
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_EQ(a.step_metrics, b.step_metrics);
+  EXPECT_EQ(a.step_units, b.step_units);
+  EXPECT_EQ(a.step_values, b.step_values);
+  ASSERT_EQ(a.comm.size(), b.comm.size());
+  for (const auto& [op, s] : a.comm) {
+    ASSERT_TRUE(b.comm.count(op)) << op;
+    const auto& t = b.comm.at(op);
+    EXPECT_EQ(s.calls, t.calls) << op;
+    EXPECT_EQ(s.bytes, t.bytes) << op;
+    EXPECT_EQ(s.time_s, t.time_s) << op;
+    EXPECT_EQ(s.predicted_bytes_per_step, t.predicted_bytes_per_step) << op;
+  }
+  EXPECT_EQ(a.memory_tags, b.memory_tags);
+  EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+  EXPECT_EQ(a.predicted_bytes, b.predicted_bytes);
+  EXPECT_EQ(a.predicted_bytes_per_rank, b.predicted_bytes_per_rank);
+  EXPECT_EQ(a.process_peak_bytes, b.process_peak_bytes);
+  ASSERT_EQ(a.summary.size(), b.summary.size());
+  for (std::size_t i = 0; i < a.summary.size(); ++i) {
+    EXPECT_EQ(a.summary[i].name, b.summary[i].name);
+    EXPECT_EQ(a.summary[i].value, b.summary[i].value);
+    EXPECT_EQ(a.summary[i].unit, b.summary[i].unit);
+  }
+}
+
+// The message of the strata::Error `f` throws ("" and a test failure when it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const strata::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no strata::Error thrown";
+  return {};
+}
+
+std::vector<std::string> dir_entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// --- raw HDF5 C API, independent of the reader -------------------------------------------------
+
+std::vector<std::string> raw_strings_attr(hid_t obj, const char* name) {
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  EXPECT_GE(a, 0) << name;
+  hid_t space = H5Aget_space(a);
+  std::vector<char*> p(static_cast<std::size_t>(H5Sget_simple_extent_npoints(space)));
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, H5T_VARIABLE);
+  H5Tset_cset(t, H5T_CSET_UTF8);
+  if (!p.empty()) {
+    EXPECT_GE(H5Aread(a, t, p.data()), 0) << name;
+  }
+  std::vector<std::string> out;
+  for (char* s : p) {
+    out.emplace_back(s ? s : "");
+    H5free_memory(s);
+  }
+  H5Tclose(t);
+  H5Sclose(space);
+  H5Aclose(a);
+  return out;
+}
+
+std::vector<hsize_t> raw_dims(hid_t file, const char* path) {
+  hid_t d = H5Dopen2(file, path, H5P_DEFAULT);
+  EXPECT_GE(d, 0) << path;
+  hid_t space = H5Dget_space(d);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(H5Sget_simple_extent_ndims(space)));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  H5Sclose(space);
+  H5Dclose(d);
+  return dims;
+}
+
+std::string raw_unit(hid_t file, const char* path) {
+  hid_t d = H5Dopen2(file, path, H5P_DEFAULT);
+  auto v = raw_strings_attr(d, "unit");
+  H5Dclose(d);
+  return v.size() == 1 ? v[0] : "<not one string>";
+}
+
+double raw_double_attr(hid_t file, const char* obj, const char* name) {
+  double v = -1;
+  hid_t a = H5Aopen_by_name(file, obj, name, H5P_DEFAULT, H5P_DEFAULT);
+  EXPECT_GE(a, 0) << obj << " " << name;
+  EXPECT_GE(H5Aread(a, H5T_NATIVE_DOUBLE, &v), 0);
+  H5Aclose(a);
+  return v;
+}
+
+std::vector<std::string> raw_attr_names_in_creation_order(hid_t file, const char* group) {
+  std::vector<std::string> names;
+  hid_t g = H5Gopen2(file, group, H5P_DEFAULT);
+  hid_t gcpl = H5Gget_create_plist(g);
+  unsigned flags = 0;
+  EXPECT_GE(H5Pget_attr_creation_order(gcpl, &flags), 0);
+  EXPECT_EQ(flags, unsigned{H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED}) << group;
+  H5Pclose(gcpl);
+  auto cb = [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+    return 0;
+  };
+  EXPECT_GE(H5Aiterate2(g, H5_INDEX_CRT_ORDER, H5_ITER_INC, nullptr, cb, &names), 0);
+  H5Gclose(g);
+  return names;
+}
+
+// An HDF5 file whose "/" has a "schema" string attribute (none when `schema` is null).
+void write_foreign_hdf5(const fs::path& path, const char* schema) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  if (schema) {
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, std::strlen(schema));  // fixed-length, as another tool may write it
+    hid_t s = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, "schema", t, s, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(a, t, schema), 0);
+    H5Aclose(a);
+    H5Sclose(s);
+    H5Tclose(t);
+  }
+  ASSERT_GE(H5Fclose(f), 0);
+}
+
+class Results : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("strata_test_results_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+TEST_F(Results, RoundTripFullRecord) {
+  const RunRecord in = full_record();
+  strata::write_run_file(in, file("run.h5"));
+  expect_same(in, strata::read_run_file(file("run.h5")));
+}
+
+TEST_F(Results, LayoutOnDisk) {
+  strata::write_run_file(full_record(), file("run.h5"));
+  hid_t f = H5Fopen(file("run.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_EQ(raw_strings_attr(f, "schema"), std::vector<std::string>{"strata-run/1"});
+  EXPECT_EQ(raw_dims(f, "/steps/loss"), (std::vector<hsize_t>{2, 3}));
+  EXPECT_EQ(raw_unit(f, "/steps/loss"), "1");
+  EXPECT_EQ(raw_unit(f, "/steps/step_s"), "s");
+  EXPECT_EQ(raw_dims(f, "/comm/all_reduce/bytes"), (std::vector<hsize_t>{2, 3}));
+  EXPECT_EQ(raw_unit(f, "/comm/all_reduce/bytes"), "bytes");
+  EXPECT_EQ(raw_unit(f, "/comm/all_reduce/calls"), "count");
+  EXPECT_EQ(raw_unit(f, "/comm/all_reduce/time_s"), "s");
+  EXPECT_EQ(raw_double_attr(f, "/comm/all_reduce", "predicted_bytes_per_step"), 4.5e6);
+  EXPECT_EQ(raw_dims(f, "/memory/peak_bytes"), (std::vector<hsize_t>{2, 6}));
+  EXPECT_EQ(raw_dims(f, "/memory/predicted_bytes"), (std::vector<hsize_t>{6}));
+  EXPECT_EQ(raw_dims(f, "/memory/process_peak_bytes"), (std::vector<hsize_t>{2}));
+  EXPECT_EQ(raw_unit(f, "/memory/predicted_bytes_per_rank"), "bytes");
+  EXPECT_EQ(raw_dims(f, "/provenance/hostnames"), (std::vector<hsize_t>{2}));
+  hid_t memory = H5Gopen2(f, "/memory", H5P_DEFAULT);
+  EXPECT_EQ(raw_strings_attr(memory, "tags"), full_record().memory_tags);
+  H5Gclose(memory);
+  hid_t summary = H5Gopen2(f, "/summary", H5P_DEFAULT);
+  EXPECT_EQ(raw_strings_attr(summary, "tokens_per_s.unit"), std::vector<std::string>{"tokens/s"});
+  H5Gclose(summary);
+  EXPECT_EQ(raw_double_attr(f, "/summary", "tokens_per_s"), 12345.5);
+  // /config attributes come back in insertion order through HDF5's own creation-order index.
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : full_record().config) keys.push_back(k);
+  EXPECT_EQ(raw_attr_names_in_creation_order(f, "/config"), keys);
+  keys.clear();
+  for (const auto& [k, v] : full_record().provenance) keys.push_back(k);
+  EXPECT_EQ(raw_attr_names_in_creation_order(f, "/provenance"), keys);
+  EXPECT_GE(H5Fclose(f), 0);
+}
+
+TEST_F(Results, ZeroStepsRoundTrip) {
+  RunRecord in = full_record();
+  in.status = "failed";
+  in.error = "out of memory while building the model at step 0";
+  in.steps = 0;
+  for (auto& [m, v] : in.step_values) v.clear();
+  for (auto& [op, s] : in.comm) s = {{}, {}, {}, s.predicted_bytes_per_step};
+  in.peak_bytes.clear();  // not measured
+  in.summary.clear();
+  strata::write_run_file(in, file("failed.h5"));
+  const RunRecord out = strata::read_run_file(file("failed.h5"));
+  expect_same(in, out);
+  EXPECT_EQ(out.ranks, 2);
+  EXPECT_FALSE(out.error.empty());
+
+  hid_t f = H5Fopen(file("failed.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_EQ(raw_dims(f, "/steps/loss"), (std::vector<hsize_t>{2, 0}));
+  EXPECT_EQ(raw_dims(f, "/memory/peak_bytes"), (std::vector<hsize_t>{0, 6}));
+  H5Fclose(f);
+}
+
+TEST_F(Results, EmptyRecordKeepsRanks) {
+  RunRecord in;  // failed before anything was measured: no metric holds the shape
+  in.status = "failed";
+  in.error = "bad config";
+  in.ranks = 4;
+  strata::write_run_file(in, file("empty.h5"));
+  expect_same(in, strata::read_run_file(file("empty.h5")));
+}
+
+TEST_F(Results, NoTemporaryFileRemains) {
+  strata::write_run_file(full_record(), file("run.h5"));
+  strata::write_run_file(full_record(), file("run.h5"));  // overwrite
+  EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"run.h5"});
+}
+
+TEST_F(Results, CreatesMissingDirectories) {
+  const std::string path = file("study/dp2/run.h5");
+  strata::write_run_file(full_record(), path);
+  EXPECT_EQ(strata::read_run_file(path).run_id, full_record().run_id);
+}
+
+TEST_F(Results, UncreatableDirectoryThrowsAndLeavesNoFile) {
+  std::ofstream(dir_ / "blocker") << "a regular file, not a directory\n";
+  const std::string path = file("blocker/sub/run.h5");
+  const std::string msg = error_of([&] { strata::write_run_file(full_record(), path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"blocker"});
+}
+
+TEST_F(Results, FailedWriteKeepsOldFileAndRemovesTemporary) {
+  const std::string path = file("run.h5");
+  strata::write_run_file(full_record(), path);
+
+  RunRecord bad = full_record();
+  bad.run_id = "second";
+  bad.step_values["loss"].pop_back();  // found while writing, after the temporary file exists
+  std::string msg = error_of([&] { strata::write_run_file(bad, path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/steps/loss"), std::string::npos) << msg;
+
+  bad = full_record();
+  bad.run_id = "third";
+  bad.config.emplace_back("model", "twice");  // HDF5 itself refuses the duplicate attribute
+  msg = error_of([&] { strata::write_run_file(bad, path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'model'"), std::string::npos) << msg;
+
+  EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"run.h5"});
+  EXPECT_EQ(strata::read_run_file(path).run_id, full_record().run_id);
+}
+
+TEST_F(Results, ReadMissingFile) {
+  const std::string path = file("absent.h5");
+  const std::string msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
+}
+
+TEST_F(Results, ReadTextFileQuietly) {
+  const std::string path = file("notes.h5");
+  std::ofstream(path) << "this is not HDF5\n";
+  ::testing::internal::CaptureStderr();
+  const std::string msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");  // no HDF5 error stack printed
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not an HDF5 file"), std::string::npos) << msg;
+  // HDF5's automatic error printing is back on afterwards.
+  H5E_auto2_t func = nullptr;
+  void* data = nullptr;
+  H5Eget_auto2(H5E_DEFAULT, &func, &data);
+  EXPECT_NE(func, nullptr);
+}
+
+TEST_F(Results, ReadOtherSchema) {
+  const std::string path = file("other.h5");
+  write_foreign_hdf5(path, "other-tool/2");
+  const std::string msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("other-tool/2"), std::string::npos) << msg;
+}
+
+TEST_F(Results, ReadHdf5WithoutSchema) {
+  const std::string path = file("plain.h5");
+  write_foreign_hdf5(path, nullptr);
+  const std::string msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("schema"), std::string::npos) << msg;
+}
+
+TEST_F(Results, ReadTruncatedFile) {
+  const std::string path = file("run.h5");
+  strata::write_run_file(full_record(), path);
+  fs::resize_file(path, fs::file_size(path) / 2);
+  ::testing::internal::CaptureStderr();
+  const std::string msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+}
+
+}  // namespace
