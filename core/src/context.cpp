@@ -62,6 +62,12 @@ void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grad
   }
 }
 
+void require_data_parallel_only(const MeshSpec& mesh, const std::string& strategy) {
+  if (mesh.tp != 1 || mesh.pp != 1)
+    throw ConfigError("--mesh: " + strategy + " is data parallel only; tp and pp must be 1 (got tp=" +
+                      std::to_string(mesh.tp) + ", pp=" + std::to_string(mesh.pp) + ")");
+}
+
 AdamWConfig adamw_config(const Context& ctx) {
   AdamWConfig c;
   c.lr = float(ctx.train().lr);

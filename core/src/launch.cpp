@@ -94,11 +94,9 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
   cmd.push_back(self);
   for (int i = 1; i < argc; ++i) cmd.push_back(argv[i]);
 
-  if (!config.quiet) {
-    std::string line;
-    for (const auto& a : cmd) line += (line.empty() ? "" : " ") + a;
-    std::fprintf(stderr, "strata: launching %s\n", line.c_str());
-  }
+  std::string line;
+  for (const auto& a : cmd) line += (line.empty() ? "" : " ") + a;
+  std::fprintf(stderr, "strata: launching %s\n", line.c_str());
   std::vector<char*> args;
   for (auto& a : cmd) args.push_back(a.data());
   args.push_back(nullptr);

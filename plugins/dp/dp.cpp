@@ -12,6 +12,10 @@ using namespace strata;
 
 class SingleMaster final : public Strategy {
  public:
+  void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
+    require_data_parallel_only(mesh, "dp");
+  }
+
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);
     bool root = mesh_coord(in.mesh, in.rank).dp == 0;

@@ -19,6 +19,10 @@ class SyncAllReduce final : public Strategy {
 
   // predict(): what this rank should allocate and send, without running anything. The run file
   // stores it next to the measurement; tests check that they are equal.
+  void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
+    require_data_parallel_only(mesh, "allreduce");
+  }
+
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);  // params, grads, AdamW state, activations
     if (in.mesh.dp > 1)

@@ -35,6 +35,9 @@ double grad_scale(const Context& ctx);
 void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grads,
                       const MicroBatch& mb, const std::function<void(int unit)>& on_unit_done = {});
 
+// For strategies that are data parallel only: throws ConfigError unless tp == pp == 1.
+void require_data_parallel_only(const MeshSpec& mesh, const std::string& strategy);
+
 // The AdamW settings of this run.
 AdamWConfig adamw_config(const Context& ctx);
 

@@ -10,6 +10,18 @@
 #include <bit>
 #include <cstdint>
 
+// Kernels marked STRATA_SIMD_CLONES are compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA)
+// and the baseline, and the loader picks the best for the running CPU (GCC function
+// multiversioning): the build itself targets baseline x86-64, i.e. 4-wide SSE2, which leaves
+// elementwise kernels instruction-bound. Put the attribute on the function that holds the loop:
+// a lambda body is a separate function and would not be cloned.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define STRATA_SIMD_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define STRATA_SIMD_CLONES
+#endif
+
 namespace strata::cpu::vm {
 
 // e^x: Cephes-style range reduction x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r,
@@ -45,6 +57,9 @@ inline float exp_approx(float x) {
 
 // tanh(x) = 1 - 2 / (1 + e^(2x)); saturates to +-1 without overflow (exp_approx clamps).
 inline float tanh_approx(float x) { return 1.0f - 2.0f / (1.0f + exp_approx(2.0f * x)); }
+
+// 1 / (1 + e^-x), which is (1 + tanh(x / 2)) / 2: one exp and one division.
+inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
 // sqrt(x) for x >= 0 (x = 0 gives 0). std::sqrt keeps a scalar errno path without
 // -fno-math-errno, which stops vectorisation; this is x * rsqrt(x) with the rsqrt from the classic

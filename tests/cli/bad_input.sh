@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Every bad input gets exactly one line on stderr, a non-zero exit, and no run file.
+# usage: bad_input.sh RUNNER OUTDIR
+set -u
+runner=$1 out=$2
+rm -rf "$out" && mkdir -p "$out"
+fails=0
+check() {  # check "<expected text>" args...
+  local want=$1; shift
+  local err code
+  local envs=(env)
+  if [[ $1 == OMPI_COMM_WORLD_SIZE=* ]]; then envs+=("$1"); shift; fi
+  err=$("${envs[@]}" "$runner" --out "$out" "$@" 2>&1 >/dev/null); code=$?
+  local lines; lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $code -eq 0 || $lines -ne 1 || $err != *"$want"* ]]; then
+    echo "FAIL: runner $* -> exit $code, $lines stderr line(s): $err (wanted: $want)"; fails=$((fails+1))
+  else
+    echo "ok: runner $* -> $err"
+  fi
+}
+check "--plugin nosuch: no such strategy (found: " --plugin nosuch
+check "--plugin: required" --model tiny
+check "--plugin-opt nosuch: strategy ddp has no such option (it has: bucket_mb)" --plugin ddp --plugin-opt nosuch=1
+check "--plugin-opt bucket_mb=abc: must be a number" --plugin ddp --plugin-opt bucket_mb=abc
+check "--plugin-opt bucket_mb=" --plugin ddp --plugin-opt bucket_mb=-1
+check "dp x tp x pp must equal the world size" --plugin ddp --nodes 3 --mesh dp=2
+# As if mpirun had started 4 ranks (checked before MPI starts, so no MPI is needed here).
+check "--nodes 3: must divide the world size 4" OMPI_COMM_WORLD_SIZE=4 --plugin ddp --nodes 3
+check "--heads 5: must divide --hidden 64" --plugin ddp --hidden 64 --heads 5
+check "--steps 0: must be >= 1" --plugin ddp --steps 0
+check "--model huge: must be one of tiny, small, gpt2-124m" --plugin ddp --model huge
+check "--global-batch 12: must be a multiple of --micro-batch x dp = 8" --plugin ddp --global-batch 12
+check "--transport ucx: must be mpi" --plugin ddp --transport ucx
+check "--mesh: ddp is data parallel only" --plugin ddp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2
+check "unrecognised option '--bogus'" --plugin ddp --bogus
+check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexistent
+left=$(find "$out" -type f | wc -l)
+if [[ $left -ne 0 ]]; then echo "FAIL: $left file(s) left in $out"; fails=$((fails+1)); fi
+echo "$((15 - fails)) passed, $fails failed"
+[[ $fails -eq 0 ]]

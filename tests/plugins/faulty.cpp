@@ -1,0 +1,53 @@
+// Test-only plugin: a data-parallel strategy that fails on purpose, to test that a failure on any
+// rank ends the whole job and still leaves a run file that says why.
+//   mode=throw  rank R throws at step S           -> status failed
+//   mode=oom    rank R throws std::bad_alloc       -> status oom
+//   mode=hang   rank R skips a collective at step S -> the others wait; the watchdog ends the job
+#include <new>
+#include <optional>
+
+#include "strata/data_parallel.hpp"
+
+namespace {
+
+using namespace strata;
+
+class Faulty final : public Strategy {
+ public:
+  explicit Faulty(const Options& o)
+      : mode_(o.get("mode")), rank_(int(o.get_int("rank"))), step_(int(o.get_int("step"))) {}
+  Prediction predict(const PredictInput& in) const override { return replicated_prediction(in); }
+  void setup(Context& ctx) override { replica_.emplace(ctx); }
+  void train_step(Context& ctx, int step) override {
+    Replica& r = *replica_;
+    forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, 0));
+    bool me = ctx.coord().rank == rank_ && step == step_;
+    if (me && mode_ == "throw") throw Error("faulty plugin: failing on purpose at step " + std::to_string(step));
+    if (me && mode_ == "oom") throw std::bad_alloc();
+    if (me && mode_ == "hang") return;  // the others block in the all-reduce below
+    ctx.group(Axis::dp).all_reduce(view(r.grads(), r.size()));
+  }
+
+ private:
+  std::string mode_;
+  int rank_, step_;
+  std::optional<Replica> replica_;
+};
+
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion, "testing", "test-only strategies",
+      {{"faulty", "fails on purpose (tests)",
+        {{"mode", OptionType::choice, "throw", "how to fail", {"throw", "oom", "hang"}},
+         {"rank", OptionType::integer, "0", "which rank fails", {}},
+         {"step", OptionType::integer, "1", "at which step", {}}}}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string&, const Options& o) {
+  return std::make_unique<Faulty>(o);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)

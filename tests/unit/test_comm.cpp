@@ -1,0 +1,121 @@
+// The comm layer without MPI: interval arithmetic for exposed comm, the ledger's size convention,
+// stream ordering, event errors and wait accounting.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm/intervals.hpp"
+#include "strata/comm.hpp"
+
+using namespace strata;
+
+TEST(Intervals, UnionMergesOverlapsAndDropsEmpty) {
+  Intervals v{{3, 4}, {0, 1}, {0.5, 2}, {5, 5}, {1.5, 1.0}};
+  Intervals u = interval_union(v);
+  ASSERT_EQ(u.size(), 2u);
+  EXPECT_DOUBLE_EQ(u[0].first, 0);
+  EXPECT_DOUBLE_EQ(u[0].second, 2);
+  EXPECT_DOUBLE_EQ(union_length(v), 3.0);
+}
+
+TEST(Intervals, IntersectionIsExposedTime) {
+  // comm busy [0,4) and [6,8); compute idle [3,7): exposed = [3,4) + [6,7) = 2
+  Intervals comm{{0, 4}, {6, 8}}, idle{{3, 7}};
+  EXPECT_DOUBLE_EQ(intersection_length(comm, idle), 2.0);
+  EXPECT_DOUBLE_EQ(intersection_length(comm, {}), 0.0);
+  // Overlapping comm streams are not double counted.
+  EXPECT_DOUBLE_EQ(intersection_length({{0, 4}, {1, 3}}, {{0, 10}}), 4.0);
+}
+
+TEST(BusFactor, MatchesNcclTests) {
+  EXPECT_DOUBLE_EQ(bus_factor(CommOp::all_reduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_factor(CommOp::all_gather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor(CommOp::reduce_scatter, 2), 0.5);
+  EXPECT_DOUBLE_EQ(bus_factor(CommOp::broadcast, 8), 1.0);
+}
+
+// A one-rank-looking group of `size` that only copies: enough to exercise the recording wrapper.
+class LoopbackGroup final : public Group {
+ public:
+  LoopbackGroup(int size, CommLedger* l) : Group("test", 0, size, l) {}
+
+ protected:
+  void do_all_reduce(BufferView, Reduction) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  void do_reduce_scatter(BufferView, BufferView) override {}
+  void do_all_gather(BufferView, BufferView) override {}
+  void do_broadcast(BufferView, int) override {}
+  void do_reduce(BufferView, int) override {}
+  void do_send(BufferView, int) override {}
+  void do_recv(BufferView, int) override {}
+  void do_barrier() override {}
+};
+
+TEST(CommLedger, RecordsNcclTestsSizes) {
+  CommLedger ledger;
+  ledger.set_step(3);
+  LoopbackGroup g(4, &ledger);
+  std::vector<float> big(400), small(100);
+  g.all_reduce(view(big.data(), 400));
+  g.all_gather(view(small.data(), 100), view(big.data(), 400));      // output size
+  g.reduce_scatter(view(big.data(), 400), view(small.data(), 100));  // input size
+  g.broadcast(view(small.data(), 100), 0);
+  auto r = ledger.records();
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[0].op, CommOp::all_reduce);
+  EXPECT_EQ(r[0].bytes, 1600u);
+  EXPECT_EQ(r[1].bytes, 1600u);
+  EXPECT_EQ(r[2].bytes, 1600u);
+  EXPECT_EQ(r[3].bytes, 400u);
+  EXPECT_EQ(r[0].step, 3);
+  EXPECT_EQ(r[0].group, "test");
+  EXPECT_GE(r[0].seconds(), 0.015);
+  EXPECT_NEAR(r[0].busbw(), r[0].algbw() * 1.5, 1e-6 * r[0].algbw());
+  // Blocking calls on the compute thread are compute idle time.
+  EXPECT_EQ(ledger.waits(3).size(), 4u);
+  EXPECT_THROW(g.all_gather(view(small.data(), 100), view(big.data(), 300)), Error);
+}
+
+TEST(CommStream, RunsInOrderOffTheCallingThread) {
+  CommLedger ledger;
+  CommStream stream(ledger);
+  std::vector<int> order;
+  std::thread::id caller = std::this_thread::get_id(), worker;
+  for (int i = 0; i < 50; ++i)
+    stream.enqueue([&, i] {
+      order.push_back(i);
+      worker = std::this_thread::get_id();
+    });
+  stream.synchronize();
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_NE(worker, caller);
+}
+
+TEST(CommStream, CollectiveOnStreamIsCommButNotIdleUntilWaited) {
+  CommLedger ledger;
+  ledger.set_step(0);
+  LoopbackGroup g(2, &ledger);
+  CommStream stream(ledger);
+  std::vector<float> buf(10);
+  Event e = stream.all_reduce(g, view(buf.data(), 10));
+  EXPECT_FALSE(e.done());
+  e.wait();  // the compute thread idles here: recorded
+  EXPECT_TRUE(e.done());
+  ASSERT_EQ(ledger.records().size(), 1u);
+  auto waits = ledger.waits(0);
+  ASSERT_EQ(waits.size(), 1u);  // the wait, not the worker's call
+  Intervals comm{{ledger.records()[0].t0, ledger.records()[0].t1}};
+  EXPECT_GT(intersection_length(comm, waits), 0.0);
+}
+
+TEST(CommStream, ErrorsReachTheWaiter) {
+  CommLedger ledger;
+  CommStream stream(ledger);
+  Event e = stream.enqueue([] { throw Error("boom"); });
+  EXPECT_THROW(e.wait(), Error);
+  Event ok = stream.enqueue([] {});  // the stream survives
+  EXPECT_NO_THROW(ok.wait());
+}
