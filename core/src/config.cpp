@@ -69,7 +69,7 @@ RunConfig parse_cli(int argc, char** argv) {
       ("steps", po::value(&c.train.steps)->default_value(20), "optimizer steps")
       ("warmup", po::value(&c.train.warmup)->default_value(2), "first steps left out of the summary statistics")
       ("seed", po::value(&seed)->default_value(1234), "seed of initialisation and synthetic data")
-      ("lr", po::value(&c.train.lr)->default_value(1e-3), "AdamW learning rate (constant)")
+      ("lr", po::value(&c.train.lr), "AdamW learning rate, constant (default by preset: tiny 3e-3, small 1e-3, gpt2-124m 6e-4)")
       ("weight-decay", po::value(&c.train.weight_decay)->default_value(0.1), "AdamW weight decay on 2-D weights")
       ("grad-clip", po::value(&c.train.grad_clip)->default_value(1.0), "global gradient-norm clip (0 = off)")
       ("data", po::value(&c.data_file), "flat binary file of uint16 tokens (default: synthetic data)");
@@ -129,6 +129,7 @@ RunConfig parse_cli(int argc, char** argv) {
   if (heads) c.model.heads = heads, c.model.preset = "custom";
   if (seq) c.model.seq = seq, c.model.preset = "custom";
   if (vocab) c.model.vocab = vocab, c.model.preset = "custom";
+  if (!vm.count("lr")) c.train.lr = model_preset == "tiny" ? 3e-3 : model_preset == "small" ? 1e-3 : 6e-4;
   if (global_batch) c.train.global_batch = global_batch;
   else c.train.global_batch = 0;  // resolved with the mesh
 

@@ -1,14 +1,14 @@
 // CPU layer passes of the GPT-2 workload (see layers.hpp for shapes and the += convention).
 //
-// Performance notes (measured on 2 cores, OpenBLAS pthreads, `small` preset):
+// Performance notes (2 cores, OpenBLAS pthreads, `small` preset; see bench/bench_model.cpp):
 // - Every matmul is one cblas_sgemm on the process's BLAS threads.
-// - Attention runs one sgemm per (batch, head) reading q/k/v straight out of qkv through leading
-//   dimensions. Those 128x128x64-class products reach only about half of peak when OpenBLAS
-//   splits each one over its threads, so attention instead spreads the (b, h) pairs over OpenMP
+// - Attention runs one sgemm per (batch, head), reading q/k/v straight out of qkv through leading
+//   dimensions (no copies). Products of that size (128x128x64) reach about half of peak when
+//   OpenBLAS splits each one over its threads, so attention spreads the (b, h) pairs over OpenMP
 //   threads (as many as BLAS threads) with BLAS set to one thread for the duration.
-// - Elementwise kernels are written as `#pragma omp simd` loops over contiguous rows; exp and
-//   tanh use the vectorisable versions in vecmath.hpp. See kElementwiseThreads below for the
-//   threading choice.
+// - Elementwise kernels are `#pragma omp simd` loops compiled for AVX-512 / AVX2 / baseline
+//   (STRATA_SIMD_CLONES); exp, tanh, sqrt and max use the vectorisable forms in vecmath.hpp.
+//   See parallel_range for which of them are also split over threads.
 #include "cpu/layers.hpp"
 
 #include <cblas.h>
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -26,16 +27,25 @@ namespace strata::cpu {
 
 namespace {
 
-// Runs f(begin, end) over [0, n) split into contiguous chunks, one per thread, on as many OpenMP
-// threads as the process has BLAS threads, when there are at least `grain` items per thread.
+int elementwise_threads() {
+  static const int v = [] {
+    const char* e = std::getenv("STRATA_ELEMENTWISE_THREADS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v > 0 ? std::min(v, blas_threads()) : blas_threads();
+}
+
+// Runs f(begin, end) over [0, n) in contiguous chunks, one per thread, on up to as many OpenMP
+// threads as the process has BLAS threads, keeping at least `grain` items per thread.
 template <class F>
 void parallel_range(std::int64_t n, std::int64_t grain, F&& f) {
-  const int nt = int(std::min<std::int64_t>(blas_threads(), std::max<std::int64_t>(1, n / grain)));
+  const std::int64_t nt =
+      std::min<std::int64_t>(elementwise_threads(), std::max<std::int64_t>(1, n / grain));
   if (nt <= 1) {
     f(std::int64_t(0), n);
     return;
   }
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(int(nt))
   {
     const std::int64_t id = omp_get_thread_num(), cnt = omp_get_num_threads();
     f(n * id / cnt, n * (id + 1) / cnt);
@@ -44,9 +54,16 @@ void parallel_range(std::int64_t n, std::int64_t grain, F&& f) {
 
 // While alive, OpenBLAS runs single-threaded, so that OpenMP threads can each issue their own
 // small sgemms without queueing on the BLAS thread pool. threads() is the count to use instead.
+bool attn_omp() {
+  static const bool v = [] {
+    const char* e = std::getenv("STRATA_ATTN_OMP");
+    return e ? std::atoi(e) != 0 : true;
+  }();
+  return v;
+}
 class SerialBlas {
  public:
-  SerialBlas() : saved_(blas_threads()) {
+  SerialBlas() : saved_(attn_omp() ? blas_threads() : 1) {
     if (saved_ > 1) set_blas_threads(1);
   }
   ~SerialBlas() {
@@ -60,6 +77,11 @@ class SerialBlas {
   int saved_;
 };
 
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kLayerNormEps = 1e-5f;
+constexpr std::int64_t kGrain = 1 << 15;  // elements per thread below which threads do not pay
+
 // max(x[0..n)), n >= 1, as a vectorisable integer max over order-preserving keys (a float max
 // reduction does not vectorise without -ffinite-math-only).
 inline float row_max(const float* x, int n) {
@@ -69,51 +91,12 @@ inline float row_max(const float* x, int n) {
   return vm::key_to_float(k);
 }
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-constexpr float kLayerNormEps = 1e-5f;
+// --- Kernels over a range of rows or elements (the units parallel_range hands out).
 
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Embedding
-
-void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
-                     int B, int T, int C) {
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < T; ++t) {
-      float* o = out + (std::int64_t(b) * T + t) * C;
-      const float* we = wte + std::int64_t(tokens[b * T + t]) * C;
-      const float* pe = wpe + std::int64_t(t) * C;
-#pragma omp simd
-      for (int i = 0; i < C; ++i) o[i] = we[i] + pe[i];
-    }
-  }
-}
-
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
-                      int B, int T, int C) {
-  // Sequential: repeated tokens scatter into the same dwte row.
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < T; ++t) {
-      const float* d = dout + (std::int64_t(b) * T + t) * C;
-      float* dwe = dwte + std::int64_t(tokens[b * T + t]) * C;
-      float* dpe = dwpe + std::int64_t(t) * C;
-#pragma omp simd
-      for (int i = 0; i < C; ++i) {
-        dwe[i] += d[i];
-        dpe[i] += d[i];
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// LayerNorm (biased variance, eps 1e-5, as torch.nn.LayerNorm)
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
-  for (int n = 0; n < N; ++n) {
+STRATA_SIMD_CLONES void layernorm_rows(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int n0, int n1,
+                                       int C) {
+  for (int n = n0; n < n1; ++n) {
     const float* x = inp + std::int64_t(n) * C;
     float* o = out + std::int64_t(n) * C;
     float m = 0.0f;
@@ -135,16 +118,16 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C) {
-  for (int n = 0; n < N; ++n) {
+STRATA_SIMD_CLONES void layernorm_backward_rows(float* dinp, float* dweight, float* dbias,
+                                                const float* dout, const float* inp,
+                                                const float* weight, const float* mean,
+                                                const float* rstd, int n0, int n1, int C) {
+  for (int n = n0; n < n1; ++n) {
     const float* x = inp + std::int64_t(n) * C;
     const float* d = dout + std::int64_t(n) * C;
     float* dx = dinp + std::int64_t(n) * C;
     const float m = mean[n], s = rstd[n];
-    // With xhat = (x - m) * s and g = d * weight:
-    //   dx = s * (g - mean(g) - xhat * mean(g * xhat))
+    // With xhat = (x - m) * s and g = dout * weight:  dx = s * (g - mean(g) - xhat * mean(g xhat))
     float gmean = 0.0f, gxmean = 0.0f;
 #pragma omp simd reduction(+ : gmean, gxmean)
     for (int i = 0; i < C; ++i) {
@@ -165,8 +148,172 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
+STRATA_SIMD_CLONES void add_rows(float* acc, const float* rows, int n0, int n1, int C) {
+  for (int n = n0; n < n1; ++n) {
+    const float* r = rows + std::int64_t(n) * C;
+#pragma omp simd
+    for (int i = 0; i < C; ++i) acc[i] += r[i];
+  }
+}
+
+// GELU(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+STRATA_SIMD_CLONES void gelu_forward_range(float* out, const float* inp, std::int64_t i0,
+                                           std::int64_t i1) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float x = inp[i];
+    const float s = vm::sigmoid_approx(2.0f * kGeluScale * (x + kGeluCubic * x * x * x));
+    out[i] = x * s;
+  }
+}
+
+// d/dx [x s(2u)] = s + x * 2 s (1 - s) * du/dx   (s(2u) = (1 + tanh u) / 2, 1 - tanh^2 = 4s(1-s))
+STRATA_SIMD_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout,
+                                            std::int64_t i0, std::int64_t i1) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float x = inp[i];
+    const float s = vm::sigmoid_approx(2.0f * kGeluScale * (x + kGeluCubic * x * x * x));
+    const float dudx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] += (s + 2.0f * x * s * (1.0f - s) * dudx) * dout[i];
+  }
+}
+
+STRATA_SIMD_CLONES void add_range(float* out, const float* a, const float* b, std::int64_t i0,
+                                  std::int64_t i1) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+}
+
+STRATA_SIMD_CLONES void softmax_xent_rows(float* probs, float* losses, const float* logits,
+                                          const std::int32_t* targets, int n0, int n1, int V) {
+  for (int n = n0; n < n1; ++n) {
+    const float* x = logits + std::int64_t(n) * V;
+    float* p = probs + std::int64_t(n) * V;
+    const float mx = row_max(x, V);
+    const float xt = x[targets[n]];  // read before probs (which may alias logits) overwrites it
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < V; ++i) {
+      const float e = vm::exp_approx(x[i] - mx);
+      p[i] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) p[i] *= inv;
+    // -log softmax(x)_t = log(sum) - (x_t - max), without forming a tiny probability.
+    losses[n] = float(std::log(double(sum)) - double(xt - mx));
+  }
+}
+
+STRATA_SIMD_CLONES void xent_backward_rows(float* dlogits, const float* probs,
+                                           const std::int32_t* targets, float grad_scale, int n0,
+                                           int n1, int V) {
+  for (int n = n0; n < n1; ++n) {
+    const float* p = probs + std::int64_t(n) * V;
+    float* d = dlogits + std::int64_t(n) * V;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) d[i] += p[i] * grad_scale;
+    d[targets[n]] -= grad_scale;
+  }
+}
+
+// Causal softmax of a T x T score block in place: row t keeps columns 0..t, the rest become 0.
+STRATA_SIMD_CLONES void causal_softmax(float* p, int T) {
+  for (int t = 0; t < T; ++t) {
+    float* row = p + std::int64_t(t) * T;
+    const float mx = row_max(row, t + 1);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= t; ++j) {
+      const float e = vm::exp_approx(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j <= t; ++j) row[j] *= inv;
+#pragma omp simd
+    for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+  }
+}
+
+// Softmax backward in place: dS = P * (dP - rowsum(P * dP)), 0 above the diagonal.
+STRATA_SIMD_CLONES void causal_softmax_backward(float* dp, const float* p, int T) {
+  for (int t = 0; t < T; ++t) {
+    const float* prow = p + std::int64_t(t) * T;
+    float* row = dp + std::int64_t(t) * T;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j <= t; ++j) dot += prow[j] * row[j];
+#pragma omp simd
+    for (int j = 0; j <= t; ++j) row[j] = prow[j] * (row[j] - dot);
+#pragma omp simd
+    for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+  }
+}
+
+STRATA_SIMD_CLONES void adamw_range(float* params, const float* grads, float* m, float* v,
+                                    std::int64_t i0, std::int64_t i1, float lr, float beta1,
+                                    float beta2, float eps, float decay, float grad_scale,
+                                    float inv_bc1, float inv_bc2) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float g = grads[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = vm::sqrt_nonneg(vi * inv_bc2) + eps;
+    params[i] -= lr * (mi * inv_bc1 / denom + decay * params[i]);
+  }
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
-// Matmul: out = inp @ weight^T + bias, weight stored [OC, C] (torch.nn.Linear layout)
+// Embedding
+
+void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                     int B, int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const std::int64_t row = std::int64_t(b) * T + t;
+      add_range(out + row * C, wte + std::int64_t(tokens[row]) * C, wpe + std::int64_t(t) * C, 0,
+                C);
+    }
+  }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                      int B, int T, int C) {
+  // Sequential: repeated tokens scatter into the same dwte row.
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const std::int64_t row = std::int64_t(b) * T + t;
+      add_rows(dwte + std::int64_t(tokens[row]) * C, dout + row * C, 0, 1, C);
+      add_rows(dwpe + std::int64_t(t) * C, dout + row * C, 0, 1, C);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm (biased variance, eps 1e-5, as torch.nn.LayerNorm)
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  layernorm_rows(out, mean, rstd, inp, weight, bias, 0, N, C);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C) {
+  layernorm_backward_rows(dinp, dweight, dbias, dout, inp, weight, mean, rstd, 0, N, C);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul: out = inp @ weight^T + bias, weight stored [OC, C] (the torch.nn.Linear layout)
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
@@ -189,20 +336,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
                 dweight, C);
   }
-  if (dbias) {
-    for (int n = 0; n < N; ++n) {
-      const float* d = dout + std::int64_t(n) * OC;
-#pragma omp simd
-      for (int o = 0; o < OC; ++o) dbias[o] += d[o];
-    }
-  }
+  if (dbias) add_rows(dbias, dout, 0, N, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Causal self-attention. Per (b, h): S = q k^T / sqrt(hs) (T x T), P = causal softmax(S),
-// out = P v. q, k, v are column blocks of qkv (leading dimension 3C), so no copies are made.
+// out = P v. q, k, v are column blocks of qkv (leading dimension 3C), so nothing is copied.
 // The full T x T product is computed and the upper triangle masked (P = 0 there), which is also
-// what the FLOP formula counts; a future key can therefore never reach an earlier output.
+// what the FLOP formula counts; a future key therefore never reaches an earlier output.
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
@@ -217,21 +358,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     float* p = att + std::int64_t(bh) * T * T;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p,
                 T);
-    for (int t = 0; t < T; ++t) {
-      float* row = p + std::int64_t(t) * T;
-      const float mx = row_max(row, t + 1);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int j = 0; j <= t; ++j) {
-        const float e = vm::exp_approx(row[j] - mx);
-        row[j] = e;
-        sum += e;
-      }
-      const float inv = 1.0f / sum;
-#pragma omp simd
-      for (int j = 0; j <= t; ++j) row[j] *= inv;
-      for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
-    }
+    causal_softmax(p, T);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
                 out + std::int64_t(b) * T * C + h * hs, C);
   }
@@ -256,17 +383,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
                 C3);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob, C, v, C3, 0.0f, ds,
                 T);
-    // Softmax backward, in place: dS = P * (dP - sum_j P dP); zero above the diagonal.
-    for (int t = 0; t < T; ++t) {
-      const float* prow = p + std::int64_t(t) * T;
-      float* row = ds + std::int64_t(t) * T;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int j = 0; j <= t; ++j) dot += prow[j] * row[j];
-#pragma omp simd
-      for (int j = 0; j <= t; ++j) row[j] = prow[j] * (row[j] - dot);
-      for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
-    }
+    causal_softmax_backward(ds, p, T);
     // S = scale q k^T: dq += scale dS k; dk += scale dS^T q
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, C3, 1.0f, dq,
                 C3);
@@ -276,31 +393,22 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// GELU (tanh approximation), residual
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float th = vm::tanh_approx(kGeluScale * (x + kGeluCubic * x * x * x));
-    out[i] = 0.5f * x * (1.0f + th);
-  }
+  parallel_range(n, kGrain, [&](std::int64_t i0, std::int64_t i1) {
+    gelu_forward_range(out, inp, i0, i1);
+  });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float th = vm::tanh_approx(kGeluScale * (x + kGeluCubic * x * x * x));
-    const float dudx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dudx;
-    dinp[i] += grad * dout[i];
-  }
+  parallel_range(n, kGrain, [&](std::int64_t i0, std::int64_t i1) {
+    gelu_backward_range(dinp, inp, dout, i0, i1);
+  });
 }
 
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  add_range(out, a, b, 0, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -308,35 +416,16 @@ void residual_forward(float* out, const float* a, const float* b, std::int64_t n
 
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                   const std::int32_t* targets, int N, int V) {
-  for (int n = 0; n < N; ++n) {
-    const float* x = logits + std::int64_t(n) * V;
-    float* p = probs + std::int64_t(n) * V;
-    const float mx = row_max(x, V);
-    const float xt = x[targets[n]];  // read before probs (which may alias logits) overwrites it
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int i = 0; i < V; ++i) {
-      const float e = vm::exp_approx(x[i] - mx);
-      p[i] = e;
-      sum += e;
-    }
-    const float inv = 1.0f / sum;
-#pragma omp simd
-    for (int i = 0; i < V; ++i) p[i] *= inv;
-    // -log softmax(x)_t = log(sum) - (x_t - max), without forming a tiny probability.
-    losses[n] = float(std::log(double(sum)) - double(xt - mx));
-  }
+  parallel_range(N, std::max<std::int64_t>(1, kGrain / V), [&](std::int64_t n0, std::int64_t n1) {
+    softmax_xent_rows(probs, losses, logits, targets, int(n0), int(n1), V);
+  });
 }
 
 void crossentropy_softmax_backward(float* dlogits, const float* probs,
                                    const std::int32_t* targets, float grad_scale, int N, int V) {
-  for (int n = 0; n < N; ++n) {
-    const float* p = probs + std::int64_t(n) * V;
-    float* d = dlogits + std::int64_t(n) * V;
-#pragma omp simd
-    for (int i = 0; i < V; ++i) d[i] += p[i] * grad_scale;
-    d[targets[n]] -= grad_scale;
-  }
+  parallel_range(N, std::max<std::int64_t>(1, kGrain / V), [&](std::int64_t n0, std::int64_t n1) {
+    xent_backward_rows(dlogits, probs, targets, grad_scale, int(n0), int(n1), V);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -346,19 +435,12 @@ void crossentropy_softmax_backward(float* dlogits, const float* probs,
 
 void adamw_update(float* params, const float* grads, float* m, float* v, std::int64_t n, float lr,
                   float beta1, float beta2, float eps, float decay, int t, float grad_scale) {
-  const float bc1 = float(1.0 - std::pow(double(beta1), t));
-  const float bc2 = float(1.0 - std::pow(double(beta2), t));
-  const float inv_bc1 = 1.0f / bc1, inv_bc2 = 1.0f / bc2;
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = grads[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = vm::sqrt_nonneg(vi * inv_bc2) + eps;
-    params[i] -= lr * (mi * inv_bc1 / denom + decay * params[i]);
-  }
+  const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), t)));
+  const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(beta2), t)));
+  parallel_range(n, kGrain, [&](std::int64_t i0, std::int64_t i1) {
+    adamw_range(params, grads, m, v, i0, i1, lr, beta1, beta2, eps, decay, grad_scale, inv_bc1,
+                inv_bc2);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

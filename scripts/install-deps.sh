@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install the Debian/Ubuntu packages strata needs, only those missing. Idempotent; non-interactive.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libopenmpi-dev openmpi-bin            # MPI transport and launcher
+  libhdf5-dev hdf5-tools                # run files
+  libboost-dev libboost-program-options-dev libboost-filesystem-dev  # CLI, Boost.DLL
+  libopenblas-dev                       # CBLAS for the CPU backend
+  libgtest-dev libbenchmark-dev         # tests and micro-benchmarks
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
