@@ -4,10 +4,14 @@
 //   check_run predicted FILE                 ledger bytes per op per rank per step == predicted;
 //                                            params/grads/optimizer/activations/workspace == predicted
 //   check_run status FILE STATUS TEXT        status and a substring of the error
+//   check_run calls FILE OP N                every rank makes N calls of OP in every step
+//   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
 // Prints what it compared; exits 1 on the first mismatch.
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "results/run_record.hpp"
@@ -124,6 +128,27 @@ int main(int argc, char** argv) {
       EXPECT(r.status == argv[3], "status %s, want %s\n", r.status.c_str(), argv[3]);
       EXPECT(r.error.find(argv[4]) != std::string::npos, "error '%s' lacks '%s'\n", r.error.c_str(), argv[4]);
       std::printf("status %s: %s\n", r.status.c_str(), r.error.c_str());
+    } else if (cmd == "calls" && argc == 5) {
+      RunRecord r = read_run_file(argv[2]);
+      auto it = r.comm.find(argv[3]);
+      EXPECT(it != r.comm.end(), "no %s in /comm\n", argv[3]);
+      if (it != r.comm.end())
+        for (std::size_t i = 0; i < it->second.calls.size(); ++i)
+          EXPECT(it->second.calls[i] == std::atof(argv[4]), "%s calls %.0f at %zu, want %s\n", argv[3],
+                 it->second.calls[i], i, argv[4]);
+      std::printf("%s: %s calls per rank per step\n", argv[3], argv[4]);
+    } else if (cmd == "make-tokens" && argc == 5) {
+      // Token t+1 = (5 * token t + 3) mod V, with every 7th token random-ish: learnable.
+      std::filesystem::create_directories(std::filesystem::path(argv[2]).parent_path());
+      FILE* f = std::fopen(argv[2], "wb");
+      if (!f) throw Error(std::string("cannot write ") + argv[2]);
+      long n = std::atol(argv[3]), vocab = std::atol(argv[4]);
+      std::uint16_t tok = 1;
+      for (long i = 0; i < n; ++i) {
+        std::fwrite(&tok, 2, 1, f);
+        tok = std::uint16_t(i % 7 == 6 ? (i * 2654435761u >> 7) % vocab : (5 * tok + 3) % vocab);
+      }
+      std::fclose(f);
     } else {
       std::fprintf(stderr, "usage: check_run layout|trajectory|predicted|status ...\n");
       return 2;
