@@ -63,7 +63,7 @@ std::vector<std::pair<std::string, std::string>> collect_provenance() {
   // Selected environment: what changes how the transports and BLAS behave.
   for (char** e = environ; *e; ++e) {
     std::string kv(*e);
-    for (const char* prefix : {"OMPI_MCA_", "UCX_", "NCCL_", "OPENBLAS_", "OMP_NUM_THREADS"})
+    for (const char* prefix : {"OMPI_", "UCX_", "NCCL_", "OPENBLAS_", "OMP_NUM_THREADS", "SLURM_"})
       if (kv.rfind(prefix, 0) == 0) {
         auto eq = kv.find('=');
         p.emplace_back("env." + kv.substr(0, eq), kv.substr(eq + 1));
