@@ -1,1 +1,459 @@
+// CPU layer passes: forward values against naive double-precision references, and every backward
+// against central finite differences of a scalar objective J = sum(out * R) (R fixed random),
+// accumulated in double.
+//
+// Tolerances (fp32 kernels): a central difference with step h has truncation error O(h^2 f''')
+// and rounding error about sqrt(#outputs) * 6e-8 * |J terms| / h. With inputs O(1) and h = 1e-2
+// both stay below 1e-4; the observed relative 2-norm errors are 2e-7 .. 3e-5. Each gradient
+// element must satisfy |fd - analytic| <= 5e-4 + 5e-3 |fd|, and the whole gradient must agree in
+// relative 2-norm to 1e-3. A wrong sign, a missing term or a wrong factor gives errors of order
+// 1e-1 .. 1, far outside both (checked by mutating the kernels).
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include "cpu/layers.hpp"
+#include "cpu/vecmath.hpp"
+
+namespace cpu = strata::cpu;
+
+namespace {
+
+std::vector<float> random_vec(std::size_t n, std::uint32_t seed, float lo = -1.0f,
+                              float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
+// Checks `analytic` (d objective / d x) against central differences of `objective`, which must
+// recompute the forward from the current contents of x.
+void check_gradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
+                    const std::function<double()>& objective, float h = 1e-2f,
+                    double atol = 5e-4, double rtol = 5e-3) {
+  ASSERT_EQ(x.size(), analytic.size()) << what;
+  double err2 = 0.0, ref2 = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float x0 = x[i];
+    const float xp = x0 + h, xm = x0 - h;
+    x[i] = xp;
+    const double fp = objective();
+    x[i] = xm;
+    const double fm = objective();
+    x[i] = x0;
+    const double fd = (fp - fm) / (double(xp) - double(xm));
+    EXPECT_NEAR(analytic[i], fd, atol + rtol * std::fabs(fd)) << what << " element " << i;
+    err2 += (analytic[i] - fd) * (analytic[i] - fd);
+    ref2 += fd * fd;
+  }
+  EXPECT_LE(std::sqrt(err2), 1e-3 * std::sqrt(ref2) + 1e-7) << what << ": relative 2-norm error";
+}
+
+// The += convention: backward adds to what is there. Buffers start at this value, and the
+// analytic gradient is (result - kPrefill).
+constexpr float kPrefill = 0.25f;
+
+std::vector<float> minus_prefill(std::vector<float> v) {
+  for (auto& x : v) x -= kPrefill;
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(Encoder, ForwardGathersTokenAndPositionRows) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<std::int32_t> tok = {1, 4, 1, 0, 1, 3};
+  auto wte = random_vec(V * C, 1), wpe = random_vec(T * C, 2);
+  std::vector<float> out(B * T * C);
+  cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c)
+        EXPECT_FLOAT_EQ(out[(b * T + t) * C + c], wte[tok[b * T + t] * C + c] + wpe[t * C + c]);
+}
+
+TEST(Encoder, BackwardMatchesFiniteDifferences) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<std::int32_t> tok = {1, 4, 1, 0, 1, 3};  // token 1 repeats: scatter-add
+  auto wte = random_vec(V * C, 1), wpe = random_vec(T * C, 2), R = random_vec(B * T * C, 3);
+  std::vector<float> out(B * T * C);
+  auto J = [&] {
+    cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    return dot(out, R);
+  };
+  std::vector<float> dwte(V * C, kPrefill), dwpe(T * C, kPrefill);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), R.data(), tok.data(), B, T, C);
+  check_gradient("dwte", wte, minus_prefill(dwte), J);
+  check_gradient("dwpe", wpe, minus_prefill(dwpe), J);
+  // Token 2 never occurs: its row gets nothing.
+  for (int c = 0; c < C; ++c) EXPECT_EQ(dwte[2 * C + c], kPrefill);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(LayerNorm, ForwardNormalises) {
+  const int N = 3, C = 16;
+  auto x = random_vec(N * C, 4, -3.0f, 5.0f), w = random_vec(C, 5), b = random_vec(C, 6);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    v /= C;
+    const double s = 1.0 / std::sqrt(v + 1e-5);
+    EXPECT_NEAR(mean[n], m, 1e-5);
+    EXPECT_NEAR(rstd[n], s, 1e-5 * s);
+    for (int c = 0; c < C; ++c)
+      EXPECT_NEAR(out[n * C + c], (x[n * C + c] - m) * s * w[c] + b[c], 1e-5);
+  }
+}
+
+TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
+  const int N = 3, C = 8;
+  auto x = random_vec(N * C, 7, -2.0f, 2.0f), w = random_vec(C, 8, 0.5f, 1.5f),
+       b = random_vec(C, 9), R = random_vec(N * C, 10);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  auto J = [&] {
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                           C);
+    return dot(out, R);
+  };
+  J();
+  std::vector<float> dx(N * C, kPrefill), dw(C, kPrefill), db(C, kPrefill);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+  check_gradient("dinp", x, minus_prefill(dx), J);
+  check_gradient("dweight", w, minus_prefill(dw), J);
+  check_gradient("dbias", b, minus_prefill(db), J);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class Matmul : public ::testing::TestWithParam<bool> {};  // parameter: with bias
+
+TEST_P(Matmul, ForwardMatchesReference) {
+  const bool with_bias = GetParam();
+  const int N = 5, C = 7, OC = 6;
+  auto x = random_vec(N * C, 11), w = random_vec(OC * C, 12), b = random_vec(OC, 13);
+  std::vector<float> out(N * OC, 99.0f);  // overwritten, not accumulated
+  cpu::matmul_forward(out.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double ref = with_bias ? b[o] : 0.0;
+      for (int c = 0; c < C; ++c) ref += double(x[n * C + c]) * w[o * C + c];
+      EXPECT_NEAR(out[n * OC + o], ref, 1e-5);
+    }
+}
+
+TEST_P(Matmul, BackwardMatchesFiniteDifferences) {
+  const bool with_bias = GetParam();
+  const int N = 4, C = 5, OC = 3;
+  auto x = random_vec(N * C, 14), w = random_vec(OC * C, 15), b = random_vec(OC, 16),
+       R = random_vec(N * OC, 17);
+  std::vector<float> out(N * OC);
+  auto J = [&] {
+    cpu::matmul_forward(out.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
+    return dot(out, R);
+  };
+  std::vector<float> dx(N * C, kPrefill), dw(OC * C, kPrefill), db(OC, kPrefill);
+  cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, R.data(), x.data(),
+                       w.data(), N, C, OC);
+  check_gradient("dinp", x, minus_prefill(dx), J);
+  check_gradient("dweight", w, minus_prefill(dw), J);
+  if (with_bias) {
+    check_gradient("dbias", b, minus_prefill(db), J);
+  } else {
+    for (float v : db) EXPECT_EQ(v, kPrefill);  // untouched when dbias is null
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bias, Matmul, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "WithBias" : "NoBias"; });
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Naive causal attention in double, the reference for attention_forward.
+std::vector<double> attention_reference(const std::vector<float>& qkv, int B, int T, int C,
+                                        int NH) {
+  const int hs = C / NH;
+  std::vector<double> out(std::size_t(B) * T * C);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const float* q = &qkv[(b * T + t) * 3 * C + h * hs];
+        std::vector<double> s(t + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= t; ++j) {
+          const float* k = &qkv[(b * T + j) * 3 * C + C + h * hs];
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += double(q[i]) * k[i];
+          s[j] = d / std::sqrt(double(hs));
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (auto& v : s) sum += (v = std::exp(v - mx));
+        for (int i = 0; i < hs; ++i) {
+          double o = 0;
+          for (int j = 0; j <= t; ++j) o += s[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + i];
+          out[(b * T + t) * C + h * hs + i] = o;
+        }
+      }
+  return out;
+}
+
+}  // namespace
+
+TEST(Attention, ForwardMatchesReferenceAndIsCausal) {
+  const int B = 2, T = 6, C = 8, NH = 2;
+  auto qkv = random_vec(B * T * 3 * C, 18, -1.5f, 1.5f);
+  std::vector<float> out(B * T * C), att(B * NH * T * T, 7.0f);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  const auto ref = attention_reference(qkv, B, T, C, NH);
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 2e-6) << i;
+  for (int bh = 0; bh < B * NH; ++bh)
+    for (int t = 0; t < T; ++t) {
+      double sum = 0;
+      for (int j = 0; j < T; ++j) {
+        const float p = att[(bh * T + t) * T + j];
+        if (j > t) {
+          EXPECT_EQ(p, 0.0f) << "future position " << j << " of row " << t;
+        } else {
+          EXPECT_GT(p, 0.0f);
+        }
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-6);
+    }
+}
+
+TEST(Attention, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
+  const int B = 2, T = 7, C = 8, NH = 2, tf = 4;  // perturb position tf of batch row 1
+  auto qkv = random_vec(B * T * 3 * C, 19);
+  std::vector<float> out0(B * T * C), out1(B * T * C), att(B * NH * T * T);
+  cpu::attention_forward(out0.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int i = C; i < 3 * C; ++i) qkv[(1 * T + tf) * 3 * C + i] += 0.75f;  // its k and v
+  cpu::attention_forward(out1.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      bool changed = false;
+      for (int c = 0; c < C; ++c) changed |= out0[(b * T + t) * C + c] != out1[(b * T + t) * C + c];
+      const bool expect_change = (b == 1 && t >= tf);
+      EXPECT_EQ(changed, expect_change) << "b " << b << " t " << t;
+    }
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  const int B = 2, T = 5, C = 8, NH = 2;
+  auto qkv = random_vec(B * T * 3 * C, 20), R = random_vec(B * T * C, 21);
+  std::vector<float> out(B * T * C), att(B * NH * T * T), datt(B * NH * T * T);
+  auto J = [&] {
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    return dot(out, R);
+  };
+  J();
+  std::vector<float> dqkv(B * T * 3 * C, kPrefill);
+  cpu::attention_backward(dqkv.data(), datt.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
+  check_gradient("dqkv", qkv, minus_prefill(dqkv), J);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(Gelu, ForwardMatchesTanhFormula) {
+  auto x = random_vec(257, 22, -6.0f, 6.0f);
+  x.push_back(0.0f);
+  x.push_back(-20.0f);
+  x.push_back(20.0f);
+  std::vector<float> out(x.size());
+  cpu::gelu_forward(out.data(), x.data(), std::int64_t(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double ref =
+        0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(out[i], ref, 1e-6 + 1e-6 * std::fabs(ref)) << "x = " << v;
+  }
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferences) {
+  auto x = random_vec(67, 23, -4.0f, 4.0f), R = random_vec(67, 24);
+  std::vector<float> out(x.size());
+  auto J = [&] {
+    cpu::gelu_forward(out.data(), x.data(), std::int64_t(x.size()));
+    return dot(out, R);
+  };
+  std::vector<float> dx(x.size(), kPrefill);
+  cpu::gelu_backward(dx.data(), x.data(), R.data(), std::int64_t(x.size()));
+  check_gradient("dinp", x, minus_prefill(dx), J);
+}
+
+TEST(Residual, ForwardAddsAndGradientIsIdentity) {
+  const int n = 37;
+  auto a = random_vec(n, 25), b = random_vec(n, 26), R = random_vec(n, 27);
+  std::vector<float> out(n);
+  auto J = [&] {
+    cpu::residual_forward(out.data(), a.data(), b.data(), n);
+    return dot(out, R);
+  };
+  J();
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[i], a[i] + b[i]);
+  // d(out)/d(a) = d(out)/d(b) = identity, so both gradients are R.
+  check_gradient("da", a, R, J);
+  check_gradient("db", b, R, J);
+  // In place (out aliasing an input), as the model uses it.
+  std::vector<float> c = a;
+  cpu::residual_forward(c.data(), c.data(), b.data(), n);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(c[i], a[i] + b[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(SoftmaxCrossEntropy, ForwardMatchesReference) {
+  const int N = 4, V = 37;
+  auto logits = random_vec(N * V, 28, -8.0f, 8.0f);
+  logits[5] = 60.0f;  // large logits must not overflow (max subtraction)
+  const std::vector<std::int32_t> tgt = {0, 36, 5, 17};
+  std::vector<float> probs(N * V), losses(N);
+  cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), tgt.data(), N, V);
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, sum = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, double(logits[n * V + v]));
+    for (int v = 0; v < V; ++v) sum += std::exp(logits[n * V + v] - mx);
+    double psum = 0;
+    for (int v = 0; v < V; ++v) {
+      const double p = std::exp(logits[n * V + v] - mx) / sum;
+      EXPECT_NEAR(probs[n * V + v], p, 1e-6 + 2e-6 * p);
+      psum += probs[n * V + v];
+    }
+    EXPECT_NEAR(psum, 1.0, 1e-5);
+    const double loss = std::log(sum) + mx - logits[n * V + tgt[n]];
+    EXPECT_NEAR(losses[n], loss, 1e-5 * std::max(1.0, loss));
+  }
+  // logits may alias probs.
+  std::vector<float> inplace = logits, losses2(N);
+  cpu::softmax_crossentropy_forward(inplace.data(), losses2.data(), inplace.data(), tgt.data(), N,
+                                    V);
+  for (int i = 0; i < N * V; ++i) EXPECT_EQ(inplace[i], probs[i]);
+  for (int n = 0; n < N; ++n) EXPECT_EQ(losses2[n], losses[n]);
+}
+
+TEST(SoftmaxCrossEntropy, BackwardMatchesFiniteDifferences) {
+  const int N = 3, V = 11;
+  const float scale = 0.37f;  // d(objective)/d(loss_n)
+  auto logits = random_vec(N * V, 29, -3.0f, 3.0f);
+  const std::vector<std::int32_t> tgt = {3, 0, 10};
+  std::vector<float> probs(N * V), losses(N);
+  auto J = [&] {
+    cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), tgt.data(), N,
+                                      V);
+    double s = 0;
+    for (float l : losses) s += l;
+    return s * scale;
+  };
+  J();
+  std::vector<float> dlogits(N * V, kPrefill);
+  cpu::crossentropy_softmax_backward(dlogits.data(), probs.data(), tgt.data(), scale, N, V);
+  check_gradient("dlogits", logits, minus_prefill(dlogits), J);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(AdamW, MatchesHandComputedSteps) {
+  // Two elements, two steps, with weight decay and a clip factor, against the update written out
+  // in double: g' = s g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
+  // p -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p).
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, s = 0.5f;
+  std::vector<float> p = {0.5f, -1.25f}, m(2, 0.0f), v(2, 0.0f);
+  const std::vector<float> g1 = {0.2f, -0.4f}, g2 = {-0.1f, 0.3f};
+  double P[2] = {0.5, -1.25}, M[2] = {0, 0}, Vv[2] = {0, 0};
+  int t = 0;
+  for (const auto* g : {&g1, &g2}) {
+    ++t;
+    cpu::adamw_update(p.data(), g->data(), m.data(), v.data(), 2, lr, b1, b2, eps, wd, t, s);
+    for (int i = 0; i < 2; ++i) {
+      const double gs = double(s) * (*g)[i];
+      M[i] = b1 * M[i] + (1 - double(b1)) * gs;
+      Vv[i] = b2 * Vv[i] + (1 - double(b2)) * gs * gs;
+      const double mh = M[i] / (1 - std::pow(double(b1), t));
+      const double vh = Vv[i] / (1 - std::pow(double(b2), t));
+      P[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * P[i]);
+      EXPECT_NEAR(m[i], M[i], 1e-7);
+      EXPECT_NEAR(v[i], Vv[i], 1e-8);
+      EXPECT_NEAR(p[i], P[i], 1e-6) << "step " << t << " element " << i;
+    }
+  }
+  // First step of Adam moves each weight by about lr * sign(g) (plus decay): check by hand.
+  // Element 0 after step 1: 0.5 - 0.01 * (1 + 0.1 * 0.5) = 0.4895.
+  std::vector<float> q = {0.5f}, mq = {0}, vq = {0};
+  const float gq = 0.2f;
+  cpu::adamw_update(q.data(), &gq, mq.data(), vq.data(), 1, lr, b1, b2, eps, wd, 1, 1.0f);
+  EXPECT_NEAR(q[0], 0.4895f, 1e-6);
+}
+
+TEST(AdamW, ZeroGradientOnlyDecays) {
+  std::vector<float> p = {2.0f, -4.0f, 0.0f}, g(3, 0.0f), m(3, 0.0f), v(3, 0.0f);
+  cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), 3, 0.1f, 0.9f, 0.95f, 1e-8f, 0.5f, 1,
+                    1.0f);
+  EXPECT_FLOAT_EQ(p[0], 2.0f * (1 - 0.1f * 0.5f));
+  EXPECT_FLOAT_EQ(p[1], -4.0f * (1 - 0.1f * 0.5f));
+  EXPECT_EQ(p[2], 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(VecMath, ApproximationsAreAccurate) {
+  namespace vm = strata::cpu::vm;
+  double worst_exp = 0, worst_sqrt = 0, worst_tanh = 0;
+  for (double x = -87.0; x < 88.0; x += 0.0137) {
+    const double e = std::exp(double(float(x)));
+    worst_exp = std::max(worst_exp, std::fabs(vm::exp_approx(float(x)) - e) / e);
+  }
+  for (double x = 1e-30; x < 1e30; x *= 1.37) {
+    const double r = std::sqrt(double(float(x)));
+    worst_sqrt = std::max(worst_sqrt, std::fabs(vm::sqrt_nonneg(float(x)) - r) / r);
+  }
+  for (double x = -12; x < 12; x += 0.0013)
+    worst_tanh = std::max(worst_tanh, std::fabs(vm::tanh_approx(float(x)) - std::tanh(x)));
+  EXPECT_LT(worst_exp, 2.5e-7);   // about 2 ulp
+  EXPECT_LT(worst_sqrt, 3e-7);
+  EXPECT_LT(worst_tanh, 3e-7);
+  EXPECT_EQ(vm::exp_approx(-100.0f), 0.0f);
+  EXPECT_EQ(vm::exp_approx(0.0f), 1.0f);
+  EXPECT_TRUE(std::isfinite(vm::exp_approx(1000.0f)));
+  EXPECT_EQ(vm::sqrt_nonneg(0.0f), 0.0f);
+  const float xs[] = {-1e30f, -3.0f, -1e-30f, -0.0f, 0.0f, 1e-30f, 2.0f, 1e30f};
+  for (float a : xs) {
+    EXPECT_EQ(vm::key_to_float(vm::float_to_key(a)), a);
+    for (float b : xs)
+      if (a < b) EXPECT_LT(vm::float_to_key(a), vm::float_to_key(b)) << a << " < " << b;
+  }
+}
+
+TEST(Blas, ThreadsAndCalibration) {
+  const int n = cpu::blas_threads();
+  EXPECT_GE(n, 1);
+  cpu::set_blas_threads(1);
+  EXPECT_EQ(cpu::blas_threads(), 1);
+  cpu::set_blas_threads(n);
+  EXPECT_EQ(cpu::blas_threads(), n);
+  const double flops = cpu::calibrate_sgemm_flops(0.05);
+  EXPECT_GT(flops, 1e8);  // any real CPU does more than 0.1 GFLOP/s
+  EXPECT_LT(flops, 1e14);
+}

@@ -68,7 +68,11 @@ class MpiGroup final : public Group {
                                               to_mpi(in.dtype), MPI_SUM, comm_));
   }
   void do_all_gather(BufferView in, BufferView out) override {
-    STRATA_MPI_CHECK(MPI_Allgather(in.data, as_int(in.count), to_mpi(in.dtype), out.data,
+    // In place when this rank's input already sits at its slot of the output (ZeRO's layout).
+    const void* send = static_cast<char*>(out.data) + std::size_t(rank()) * in.bytes() == in.data
+                           ? MPI_IN_PLACE
+                           : in.data;
+    STRATA_MPI_CHECK(MPI_Allgather(send, as_int(in.count), to_mpi(in.dtype), out.data,
                                    as_int(in.count), to_mpi(out.dtype), comm_));
   }
   void do_broadcast(BufferView b, int root) override {

@@ -1,23 +1,23 @@
 // CPU layer passes of the GPT-2 workload (see layers.hpp for shapes and the += convention).
 //
-// Performance notes (2 cores, OpenBLAS pthreads, `small` preset; see bench/bench_model.cpp):
-// - Every matmul is one cblas_sgemm on the process's BLAS threads.
-// - Attention runs one sgemm per (batch, head), reading q/k/v straight out of qkv through leading
-//   dimensions (no copies). Products of that size (128x128x64) reach about half of peak when
-//   OpenBLAS splits each one over its threads, so attention spreads the (b, h) pairs over OpenMP
-//   threads (as many as BLAS threads) with BLAS set to one thread for the duration.
-// - Elementwise kernels are `#pragma omp simd` loops compiled for AVX-512 / AVX2 / baseline
-//   (STRATA_SIMD_CLONES); exp, tanh, sqrt and max use the vectorisable forms in vecmath.hpp.
-//   See parallel_range for which of them are also split over threads.
+// Threading: all parallelism comes from the BLAS library's own threads. Every matmul is one
+// cblas_sgemm; attention issues one sgemm per (batch, head) that reads q/k/v straight out of qkv
+// through leading dimensions (no copies). Elementwise kernels run on the calling thread.
+// Measured on 2 cores (OpenBLAS pthreads, `small` preset, bench/bench_model.cpp): adding OpenMP
+// threads, for attention (one (b, h) per thread, BLAS set to 1 thread) or for elementwise
+// kernels, made the training step 10-40% slower, because OpenBLAS's workers keep spinning for a
+// while after every call and then fight the OpenMP threads for the cores.
+//
+// Vectorisation: elementwise kernels are `#pragma omp simd` loops compiled for AVX-512 / AVX2 /
+// baseline (STRATA_SIMD_CLONES, 5-10x faster than the baseline SSE2 build of the same loop);
+// exp, sigmoid, sqrt and max use the vectorisable forms in vecmath.hpp.
 #include "cpu/layers.hpp"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -27,60 +27,9 @@ namespace strata::cpu {
 
 namespace {
 
-int elementwise_threads() {
-  static const int v = [] {
-    const char* e = std::getenv("STRATA_ELEMENTWISE_THREADS");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v > 0 ? std::min(v, blas_threads()) : blas_threads();
-}
-
-// Runs f(begin, end) over [0, n) in contiguous chunks, one per thread, on up to as many OpenMP
-// threads as the process has BLAS threads, keeping at least `grain` items per thread.
-template <class F>
-void parallel_range(std::int64_t n, std::int64_t grain, F&& f) {
-  const std::int64_t nt =
-      std::min<std::int64_t>(elementwise_threads(), std::max<std::int64_t>(1, n / grain));
-  if (nt <= 1) {
-    f(std::int64_t(0), n);
-    return;
-  }
-#pragma omp parallel num_threads(int(nt))
-  {
-    const std::int64_t id = omp_get_thread_num(), cnt = omp_get_num_threads();
-    f(n * id / cnt, n * (id + 1) / cnt);
-  }
-}
-
-// While alive, OpenBLAS runs single-threaded, so that OpenMP threads can each issue their own
-// small sgemms without queueing on the BLAS thread pool. threads() is the count to use instead.
-bool attn_omp() {
-  static const bool v = [] {
-    const char* e = std::getenv("STRATA_ATTN_OMP");
-    return e ? std::atoi(e) != 0 : true;
-  }();
-  return v;
-}
-class SerialBlas {
- public:
-  SerialBlas() : saved_(attn_omp() ? blas_threads() : 1) {
-    if (saved_ > 1) set_blas_threads(1);
-  }
-  ~SerialBlas() {
-    if (saved_ > 1) set_blas_threads(saved_);
-  }
-  SerialBlas(const SerialBlas&) = delete;
-  SerialBlas& operator=(const SerialBlas&) = delete;
-  int threads() const { return saved_; }
-
- private:
-  int saved_;
-};
-
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 constexpr float kLayerNormEps = 1e-5f;
-constexpr std::int64_t kGrain = 1 << 15;  // elements per thread below which threads do not pay
 
 // max(x[0..n)), n >= 1, as a vectorisable integer max over order-preserving keys (a float max
 // reduction does not vectorise without -ffinite-math-only).
@@ -91,7 +40,7 @@ inline float row_max(const float* x, int n) {
   return vm::key_to_float(k);
 }
 
-// --- Kernels over a range of rows or elements (the units parallel_range hands out).
+// --- Vectorised kernels over a range of rows or elements.
 
 STRATA_SIMD_CLONES void layernorm_rows(float* out, float* mean, float* rstd, const float* inp,
                                        const float* weight, const float* bias, int n0, int n1,
@@ -348,8 +297,6 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hs));
-  SerialBlas serial;
-#pragma omp parallel for num_threads(serial.threads()) schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;
@@ -368,8 +315,6 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
                         const float* att, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hs));
-  SerialBlas serial;
-#pragma omp parallel for num_threads(serial.threads()) schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     const std::int64_t qoff = std::int64_t(b) * T * C3 + h * hs;
@@ -396,15 +341,11 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // GELU (tanh approximation), residual
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) {
-  parallel_range(n, kGrain, [&](std::int64_t i0, std::int64_t i1) {
-    gelu_forward_range(out, inp, i0, i1);
-  });
+  gelu_forward_range(out, inp, 0, n);
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
-  parallel_range(n, kGrain, [&](std::int64_t i0, std::int64_t i1) {
-    gelu_backward_range(dinp, inp, dout, i0, i1);
-  });
+  gelu_backward_range(dinp, inp, dout, 0, n);
 }
 
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
@@ -416,16 +357,12 @@ void residual_forward(float* out, const float* a, const float* b, std::int64_t n
 
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                   const std::int32_t* targets, int N, int V) {
-  parallel_range(N, std::max<std::int64_t>(1, kGrain / V), [&](std::int64_t n0, std::int64_t n1) {
-    softmax_xent_rows(probs, losses, logits, targets, int(n0), int(n1), V);
-  });
+  softmax_xent_rows(probs, losses, logits, targets, 0, N, V);
 }
 
 void crossentropy_softmax_backward(float* dlogits, const float* probs,
                                    const std::int32_t* targets, float grad_scale, int N, int V) {
-  parallel_range(N, std::max<std::int64_t>(1, kGrain / V), [&](std::int64_t n0, std::int64_t n1) {
-    xent_backward_rows(dlogits, probs, targets, grad_scale, int(n0), int(n1), V);
-  });
+  xent_backward_rows(dlogits, probs, targets, grad_scale, 0, N, V);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -437,10 +374,8 @@ void adamw_update(float* params, const float* grads, float* m, float* v, std::in
                   float beta1, float beta2, float eps, float decay, int t, float grad_scale) {
   const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), t)));
   const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(beta2), t)));
-  parallel_range(n, kGrain, [&](std::int64_t i0, std::int64_t i1) {
-    adamw_range(params, grads, m, v, i0, i1, lr, beta1, beta2, eps, decay, grad_scale, inv_bc1,
-                inv_bc2);
-  });
+  adamw_range(params, grads, m, v, 0, n, lr, beta1, beta2, eps, decay, grad_scale, inv_bc1,
+              inv_bc2);
 }
 
 // ---------------------------------------------------------------------------------------------

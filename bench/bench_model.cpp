@@ -1,0 +1,107 @@
+// Training-step throughput of the standard workload on the CPU backend.
+//
+// BM_TrainStep/small/<micro-batch>: one full training step of the `small` preset (L=4, C=256,
+// NH=4, T=128, V=4096) on this process's BLAS threads (OPENBLAS_NUM_THREADS): zero the
+// gradients, forward of every unit, backward of every unit, one AdamW update of all parameters.
+// Counters:
+//   model_flops  flops_per_token * tokens / step time (DESIGN "Measures": 6N + 12 L h s per token)
+//   sgemm_peak   calibrate_sgemm_flops() in the same process, just before timing (the CPU peak)
+//   mfu          model_flops / sgemm_peak
+//   tokens_per_s, blas_threads
+// The machine is shared and noisy: prefer --benchmark_repetitions=5 and the median.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cpu/layers.hpp"
+#include "strata/memory.hpp"
+#include "strata/model.hpp"
+#include "strata/optimizer.hpp"
+
+namespace {
+
+using strata::ModelSpec;
+
+ModelSpec small_spec() {
+  ModelSpec s;
+  s.preset = "small";
+  s.layers = 4;
+  s.hidden = 256;
+  s.heads = 4;
+  s.seq = 128;
+  s.vocab = 4096;
+  return s;
+}
+
+void BM_TrainStep(benchmark::State& state) {
+  using clock = std::chrono::steady_clock;
+  const ModelSpec spec = small_spec();
+  const int B = int(state.range(0));
+  const int tokens = B * spec.seq;
+
+  strata::MemoryLedger memory;
+  strata::Model model(spec, B, memory);
+  const strata::ParamLayout& layout = model.layout();
+  strata::Buffer<float> params(memory, strata::MemTag::params, layout.total());
+  strata::Buffer<float> grads(memory, strata::MemTag::grads, layout.total());
+  strata::init_params(layout, 1234, 0, params.span());
+  strata::AdamW opt(layout, 0, layout.total(), strata::AdamWConfig{}, memory);
+  strata::UnitPtrs pp, gg;
+  for (const strata::UnitInfo& u : layout.units()) {
+    pp.push_back(params.data() + u.offset);
+    gg.push_back(grads.data() + u.offset);
+  }
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int> tok(0, spec.vocab - 1);
+  std::vector<std::int32_t> inputs(tokens), targets(tokens);
+  for (int i = 0; i < tokens; ++i) {
+    inputs[i] = tok(rng);
+    targets[i] = tok(rng);
+  }
+  const strata::MicroBatch mb{inputs.data(), targets.data(), B, spec.seq};
+  const int units = layout.num_units();
+  const float grad_scale = 1.0f / float(tokens);
+  int t = 0;
+  auto train_step = [&] {
+    grads.zero();
+    for (int u = 0; u < units; ++u) model.forward(u, pp, mb);
+    for (int u = units - 1; u >= 0; --u) model.backward(u, pp, gg, mb, grad_scale);
+    opt.step(params.data(), grads.data(), ++t);
+  };
+
+  const double peak = strata::cpu::calibrate_sgemm_flops(0.5);
+  train_step();  // warm-up: first touch of every buffer
+  train_step();
+  double seconds = 0.0;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    train_step();
+    const auto t1 = clock::now();
+    seconds += std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  benchmark::DoNotOptimize(model.loss_sum());
+  const double steps = double(state.iterations());
+  const double model_flops = spec.flops_per_token() * tokens * steps / seconds;
+  state.counters["model_flops"] = model_flops;
+  state.counters["sgemm_peak"] = peak;
+  state.counters["mfu"] = model_flops / peak;
+  state.counters["tokens_per_s"] = tokens * steps / seconds;
+  state.counters["blas_threads"] = strata::cpu::blas_threads();
+  state.SetLabel("small");
+}
+
+BENCHMARK(BM_TrainStep)
+    ->Name("BM_TrainStep/small")
+    ->Arg(8)
+    ->ArgName("micro_batch")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();

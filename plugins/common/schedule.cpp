@@ -1,0 +1,229 @@
+// Groups, the per-micro-batch schedule, and predict(): everything about the sharded engine that is
+// decided before running.
+#include <sstream>
+
+#include "sharded.hpp"
+
+namespace strata::sharded {
+
+std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c) {
+  const auto& units = layout.units();
+  const int n_units = int(units.size());
+  std::vector<std::pair<int, int>> ranges;  // [first, last] units
+  if (c.shard_params) {
+    for (int u = 0; u < n_units; u += c.units_per_group)
+      ranges.emplace_back(u, std::min(n_units, u + c.units_per_group) - 1);
+  } else {
+    // Buckets as backward fills them: from the head down, units until bucket_mb is reached.
+    const double limit = c.bucket_mb * 1024 * 1024;
+    int last = n_units - 1;
+    double bytes = 0;
+    for (int u = n_units - 1; u >= 0; --u) {
+      bytes += 4.0 * double(units[u].count);
+      if (bytes >= limit || u == 0) {
+        ranges.emplace_back(u, last);
+        last = u - 1;
+        bytes = 0;
+      }
+    }
+    std::reverse(ranges.begin(), ranges.end());
+  }
+  std::vector<ShardGroup> groups;
+  for (auto [first, last] : ranges) {
+    ShardGroup g;
+    g.first_unit = first;
+    g.last_unit = last;
+    g.offset = units[first].offset;
+    g.count = units[last].offset + units[last].count - g.offset;
+    g.shards = shards;
+    g.chunk = (g.count + shards - 1) / shards;
+    groups.push_back(g);
+  }
+  return groups;
+}
+
+namespace {
+
+// Builds the action list while tracking each group's gather state.
+struct Builder {
+  const std::vector<ShardGroup>& groups;
+  const EngineConfig& c;
+  std::vector<Action> out;
+  std::vector<int> state;  // 0 not gathered, 1 gather issued, 2 gathered and waited
+  std::vector<bool> has_grads;
+  std::vector<int> pending;  // groups with a reduction in flight, oldest first
+  int in_flight = 0;
+
+  Builder(const std::vector<ShardGroup>& g, const EngineConfig& cfg)
+      : groups(g), c(cfg), state(g.size(), 0), has_grads(g.size(), false) {}
+  int G() const { return int(groups.size()); }
+
+  void want(int g, bool prefetch) {
+    if (g < 0 || g >= G() || state[g] != 0) return;
+    if (prefetch && c.max_gathers_in_flight > 0 && in_flight >= c.max_gathers_in_flight) return;
+    out.push_back({Act::gather, g});
+    state[g] = 1;
+    ++in_flight;
+  }
+  void ready(int g) {
+    want(g, false);
+    if (state[g] == 1) {
+      out.push_back({Act::wait_gather, g});
+      state[g] = 2;
+      --in_flight;
+    }
+  }
+  void release(int g) {
+    if (state[g] == 0) return;
+    if (state[g] == 1) ready(g);  // never free a buffer a gather is still writing
+    out.push_back({Act::free_params, g});
+    state[g] = 0;
+  }
+  void grads(int g) {
+    if (has_grads[g]) return;
+    out.push_back({Act::alloc_grads, g});
+    has_grads[g] = true;
+  }
+  void reduce(int g) {
+    out.push_back({Act::reduce_grads, g});
+    has_grads[g] = false;
+    pending.push_back(g);
+    // Overlap: keep one reduction in flight behind the next group's backward.
+    std::size_t keep = c.overlap ? 1 : 0;
+    while (pending.size() > keep) finish_oldest();
+  }
+  void finish_oldest() {
+    out.push_back({Act::finish_grads, pending.front()});
+    pending.erase(pending.begin());
+  }
+};
+
+}  // namespace
+
+std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, int units,
+                                         const EngineConfig& c) {
+  Builder b(groups, c);
+  const int G = int(groups.size());
+  // Forward.
+  for (int g = 0; g < G; ++g) {
+    if (c.shard_params) {
+      b.want(g, false);
+      for (int k = 1; k <= c.forward_prefetch; ++k) b.want(g + k, true);
+      b.ready(g);
+    }
+    for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u) b.out.push_back({Act::forward, u});
+    // The first group holds the embedding whose weight the head reuses (tied): like FSDP's root
+    // unit it stays gathered until its backward. The last group's backward follows at once.
+    if (c.shard_params && c.reshard_after_forward && g != 0 && g != G - 1) b.release(g);
+  }
+  // Backward. The head's backward already writes the tied embedding's gradient.
+  if (c.shard_grads) {
+    b.grads(G - 1);
+    b.grads(0);
+  }
+  for (int g = G - 1; g >= 0; --g) {
+    if (c.shard_params) {
+      b.ready(g);
+      if (!c.prefetch_post)
+        for (int k = 1; k <= c.backward_prefetch; ++k) b.want(g - k, true);
+    }
+    if (c.shard_grads) b.grads(g);
+    for (int u = groups[g].last_unit; u >= groups[g].first_unit; --u)
+      b.out.push_back({Act::backward, u});
+    if (c.shard_params) {
+      if (c.prefetch_post)
+        for (int k = 1; k <= c.backward_prefetch; ++k) b.want(g - k, true);
+      b.release(g);
+    }
+    if (c.shard_grads) b.reduce(g);
+  }
+  while (!b.pending.empty()) b.finish_oldest();
+  (void)units;
+  return b.out;
+}
+
+std::string describe_schedule(const std::vector<Action>& actions) {
+  static const char* names[] = {"gather", "wait", "fwd", "bwd", "free", "grads", "reduce", "finish"};
+  std::ostringstream s;
+  for (std::size_t i = 0; i < actions.size(); ++i)
+    s << (i ? " " : "") << names[static_cast<int>(actions[i].act)] << actions[i].index;
+  return s.str();
+}
+
+// Which chunk this rank owns and how many ranks share a group, for a mesh.
+static void shard_position(const MeshSpec& m, const MeshCoord& c, bool hybrid, int* shards,
+                           int* index, int* replicas) {
+  if (!hybrid) {
+    *shards = m.dp, *index = c.dp, *replicas = 1;
+    return;
+  }
+  int same_node = 0, before = 0;
+  for (int d = 0; d < m.dp; ++d)
+    if ((c.tp + m.tp * (d + m.dp * c.pp)) / m.ranks_per_node == c.node) {
+      ++same_node;
+      if (d < c.dp) ++before;
+    }
+  *shards = same_node, *index = before, *replicas = m.dp / same_node;
+}
+
+Prediction predict(const PredictInput& in, const EngineConfig& c) {
+  Prediction p = replicated_prediction(in);
+  const MeshCoord coord = mesh_coord(in.mesh, in.rank);
+  int n = 1, i = 0, replicas = 1;
+  shard_position(in.mesh, coord, c.hybrid, &n, &i, &replicas);
+  const ParamLayout layout(in.model);
+  const auto groups = make_groups(layout, n, c);
+  const int micro_steps = in.train.micro_steps(in.mesh);
+
+  double padded = 0, chunks = 0, valid = 0;
+  for (const ShardGroup& g : groups) {
+    padded += double(g.padded());
+    chunks += double(g.chunk);
+    valid += double(g.valid(i));
+  }
+  // Persistent state (bytes per element: fp32 parameters and gradients, AdamW m and v).
+  MemoryLedger sim;
+  sim.on_alloc(MemTag::params, std::uint64_t(4 * (c.shard_params ? chunks : padded)));
+  sim.on_alloc(MemTag::grads, std::uint64_t(4 * chunks));  // this rank's reduced gradients
+  if (!c.shard_grads) sim.on_alloc(MemTag::grads, std::uint64_t(4 * padded));  // zero1: full
+  sim.on_alloc(MemTag::optimizer, std::uint64_t(8 * valid));
+  // Working buffers, replayed from the schedule: gathered parameters and reduction outputs are
+  // comm buffers, per-group gradients are grads.
+  std::map<std::string, double>& bytes = p.comm_bytes_per_step;
+  const auto schedule = micro_batch_schedule(groups, layout.num_units(), c);
+  for (const Action& a : schedule) {
+    const ShardGroup& g = groups[a.index < int(groups.size()) ? a.index : 0];
+    switch (a.act) {
+      case Act::gather:
+        sim.on_alloc(MemTag::comm_buffers, 4 * g.padded());
+        if (n > 1) bytes["all_gather"] += 4.0 * double(g.padded()) * micro_steps;
+        break;
+      case Act::free_params: sim.on_free(MemTag::comm_buffers, 4 * g.padded()); break;
+      case Act::alloc_grads: sim.on_alloc(MemTag::grads, 4 * g.padded()); break;
+      case Act::reduce_grads:
+        sim.on_alloc(MemTag::comm_buffers, 4 * g.chunk);
+        if (n > 1) bytes["reduce_scatter"] += 4.0 * double(g.padded()) * micro_steps;
+        if (replicas > 1) bytes["all_reduce"] += 4.0 * double(g.chunk) * micro_steps;
+        break;
+      case Act::finish_grads:
+        sim.on_free(MemTag::grads, 4 * g.padded());
+        sim.on_free(MemTag::comm_buffers, 4 * g.chunk);
+        break;
+      default: break;
+    }
+  }
+  if (n > 1) {
+    if (!c.shard_grads) bytes["reduce_scatter"] += 4 * padded;  // zero1: once per step
+    if (!c.shard_params) bytes["all_gather"] += 4 * padded;     // updated shards to everyone
+    if (in.train.grad_clip > 0) bytes["all_reduce"] += 8;       // the global gradient norm
+  }
+  for (MemTag t : {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers})
+    p.memory_bytes[static_cast<int>(t)] = double(sim.peak(t));
+  std::ostringstream notes;
+  notes << groups.size() << " group(s) over " << n << " shard(s); padding "
+        << (padded - double(layout.total())) << " elements";
+  p.notes = notes.str();
+  return p;
+}
+
+}  // namespace strata::sharded

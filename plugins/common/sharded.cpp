@@ -1,0 +1,190 @@
+// The sharded engine at run time: executes the schedule with real collectives on a comm stream.
+#include "sharded.hpp"
+
+namespace strata::sharded {
+
+Engine::Engine(Context& ctx, const EngineConfig& c) : config_(c), memory_(&ctx.memory()) {
+  const ParamLayout& layout = ctx.model().layout();
+  shard_group_ = &ctx.group(c.hybrid ? Axis::dp_intra_node : Axis::dp);
+  if (c.hybrid) replica_group_ = &ctx.group(Axis::dp_inter_node);
+  shard_index_ = shard_group_->rank();
+  groups_ = make_groups(layout, shard_group_->size(), c);
+  schedule_ = micro_batch_schedule(groups_, layout.num_units(), c);
+  const int G = int(groups_.size());
+  for (int g = 0; g < G; ++g)
+    for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) group_of_unit_.push_back(g);
+
+  param_ptrs_.assign(layout.num_units(), nullptr);
+  grad_ptrs_.assign(layout.num_units(), nullptr);
+  gathered_.resize(G);
+  group_grads_.resize(G);
+  reduced_.resize(G);
+  gather_done_.resize(G);
+  reduce_done_.resize(G);
+  std::size_t total_padded = 0;
+  for (const ShardGroup& g : groups_) base_.push_back(total_padded), total_padded += g.padded();
+
+  MemoryLedger& mem = ctx.memory();
+  const std::uint64_t seed = ctx.train().seed;
+  if (!c.shard_params) {
+    // A full replica in a padded layout: group g starts at base_[g], so every group's shards can
+    // be all-gathered in place.
+    replica_params_ = Buffer<float>(mem, MemTag::params, total_padded);
+    for (int g = 0; g < G; ++g) {
+      init_params(layout, seed, groups_[g].offset,
+                  {replica_params_.data() + base_[g], groups_[g].count});
+      for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
+        param_ptrs_[u] = replica_params_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
+    }
+  } else {
+    for (const ShardGroup& g : groups_) {
+      shard_params_.emplace_back(mem, MemTag::params, g.chunk);
+      init_params(layout, seed, g.offset + std::size_t(shard_index_) * g.chunk,
+                  {shard_params_.back().data(), g.valid(shard_index_)});
+    }
+  }
+  for (const ShardGroup& g : groups_) shard_grads_.emplace_back(mem, MemTag::grads, g.chunk);
+  if (!c.shard_grads) {
+    replica_grads_ = Buffer<float>(mem, MemTag::grads, total_padded);
+    for (int g = 0; g < G; ++g)
+      for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
+        grad_ptrs_[u] = replica_grads_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
+  }
+  for (const ShardGroup& g : groups_)
+    optimizers_.emplace_back(layout, g.offset + std::size_t(shard_index_) * g.chunk,
+                             g.valid(shard_index_), adamw_config(ctx), mem);
+}
+
+void Engine::issue_gather(Context& ctx, int g) {
+  const ShardGroup& grp = groups_[g];
+  gathered_[g] = Buffer<float>(*memory_, MemTag::comm_buffers, grp.padded());
+  float* full = gathered_[g].data();
+  float* shard = shard_params_[g].data();
+  Group* sg = shard_group_;
+  if (sg->size() > 1)
+    gather_done_[g] = ctx.comm_stream().all_gather(*sg, view(shard, grp.chunk), view(full, grp.padded()));
+  else
+    std::copy_n(shard, grp.chunk, full);
+  const ParamLayout& layout = ctx.model().layout();
+  for (int u = grp.first_unit; u <= grp.last_unit; ++u)
+    param_ptrs_[u] = full + (layout.units()[u].offset - grp.offset);
+}
+
+void Engine::reduce_grads(Context& ctx, int g) {
+  const ShardGroup& grp = groups_[g];
+  reduced_[g] = Buffer<float>(*memory_, MemTag::comm_buffers, grp.chunk);
+  float* in = group_grads_[g].data();
+  float* out = reduced_[g].data();
+  Group* sg = shard_group_;
+  Group* rg = replica_group_ && replica_group_->size() > 1 ? replica_group_ : nullptr;
+  if (sg->size() == 1 && !rg) {
+    std::copy_n(in, grp.chunk, out);
+    return;
+  }
+  reduce_done_[g] = ctx.comm_stream().enqueue([sg, rg, in, out, grp] {
+    if (sg->size() > 1) sg->reduce_scatter(view(in, grp.padded()), view(out, grp.chunk));
+    else std::copy_n(in, grp.chunk, out);
+    if (rg) rg->all_reduce(view(out, grp.chunk));  // hybrid: replicas across nodes
+  });
+}
+
+void Engine::finish_grads(int g) {
+  if (reduce_done_[g]) reduce_done_[g]->wait();
+  reduce_done_[g].reset();
+  float* acc = shard_grads_[g].data();
+  const float* r = reduced_[g].data();
+  for (std::size_t k = 0; k < groups_[g].chunk; ++k) acc[k] += r[k];
+  reduced_[g] = Buffer<float>();
+  group_grads_[g] = Buffer<float>();
+}
+
+void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
+  Model& model = ctx.model();
+  const ParamLayout& layout = model.layout();
+  const float scale = float(grad_scale(ctx));
+  double t_forward = 0, t_backward = 0;
+  for (const Action& a : schedule_) {
+    const int g = a.index;
+    switch (a.act) {
+      case Act::gather: issue_gather(ctx, g); break;
+      case Act::wait_gather:
+        if (gather_done_[g]) gather_done_[g]->wait();
+        gather_done_[g].reset();
+        break;
+      case Act::forward: {
+        double t0 = now();
+        model.forward(g, param_ptrs_, mb);
+        t_forward += now() - t0;
+        if (g == layout.num_units() - 1) ctx.report_loss(model.loss_sum(), double(mb.batch) * mb.seq);
+        break;
+      }
+      case Act::backward: {
+        double t0 = now();
+        model.backward(g, param_ptrs_, grad_ptrs_, mb, scale);
+        t_backward += now() - t0;
+        break;
+      }
+      case Act::free_params:
+        gathered_[g] = Buffer<float>();
+        for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) param_ptrs_[u] = nullptr;
+        break;
+      case Act::alloc_grads:
+        group_grads_[g] = Buffer<float>(*memory_, MemTag::grads, groups_[g].padded());
+        for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
+          grad_ptrs_[u] = group_grads_[g].data() + (layout.units()[u].offset - groups_[g].offset);
+        break;
+      case Act::reduce_grads: reduce_grads(ctx, g); break;
+      case Act::finish_grads: finish_grads(g); break;
+    }
+  }
+  ctx.add_phase_time(Phase::forward, t_forward);
+  ctx.add_phase_time(Phase::backward, t_backward);
+}
+
+void Engine::update(Context& ctx, int step) {
+  Group& sg = *shard_group_;
+  const int G = int(groups_.size());
+  const int i = shard_index_;
+  if (!config_.shard_grads) {  // zero1: one reduce-scatter per group, straight into the shard
+    std::vector<Event> done;
+    for (int g = 0; g < G; ++g) {
+      float* full = replica_grads_.data() + base_[g];
+      if (sg.size() > 1)
+        done.push_back(ctx.comm_stream().reduce_scatter(
+            sg, view(full, groups_[g].padded()), view(shard_grads_[g].data(), groups_[g].chunk)));
+      else
+        std::copy_n(full, groups_[g].chunk, shard_grads_[g].data());
+    }
+    for (Event& e : done) e.wait();
+  }
+  PhaseTimer timer(ctx, Phase::optimizer);
+  double sumsq = 0;
+  for (int g = 0; g < G; ++g) sumsq += sum_of_squares(shard_grads_[g].data(), groups_[g].valid(i));
+  if (ctx.train().grad_clip > 0 && sg.size() > 1) sg.all_reduce({&sumsq, 1, DType::f64});
+  const float clip = clip_scale(std::sqrt(sumsq), ctx.train().grad_clip);
+  for (int g = 0; g < G; ++g) {
+    float* params = config_.shard_params ? shard_params_[g].data()
+                                         : replica_params_.data() + base_[g] + std::size_t(i) * groups_[g].chunk;
+    optimizers_[g].step(params, shard_grads_[g].data(), step + 1, clip);
+  }
+  if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
+    std::vector<Event> done;
+    for (int g = 0; g < G; ++g) {
+      float* full = replica_params_.data() + base_[g];
+      done.push_back(ctx.comm_stream().all_gather(
+          sg, view(full + std::size_t(i) * groups_[g].chunk, groups_[g].chunk),
+          view(full, groups_[g].padded())));
+    }
+    for (Event& e : done) e.wait();
+  }
+}
+
+void Engine::train_step(Context& ctx, int step) {
+  for (auto& b : shard_grads_) b.zero();
+  if (replica_grads_.size()) replica_grads_.zero();
+  const int micro_steps = ctx.train().micro_steps(ctx.mesh());
+  for (int m = 0; m < micro_steps; ++m) run_micro_batch(ctx, ctx.micro_batch(step, m));
+  update(ctx, step);
+}
+
+}  // namespace strata::sharded

@@ -1,0 +1,107 @@
+// The sharded data-parallel engine behind zero1/2/3 and fsdp/fsdp-grad-op/fsdp-hybrid.
+//
+// Parameters are sharded per *group*: a contiguous run of model units (a ZeRO bucket or an FSDP
+// unit). A group of `count` elements is padded to n * chunk (n = shard group size) and rank i owns
+// chunk i. What is sharded decides the stage:
+//   zero1  optimizer state                    grads reduce-scattered once per step
+//   zero2  + gradients                        reduce-scattered per group during backward
+//   zero3  + parameters                       gathered per group before use, freed after
+// The per-micro-batch schedule is data (a list of actions); the engine executes it and predict()
+// accounts it, so memory and bytes on the wire can be predicted exactly and compared.
+#pragma once
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/data_parallel.hpp"
+
+namespace strata::sharded {
+
+struct EngineConfig {
+  bool shard_grads = false;             // zero2 and up
+  bool shard_params = false;            // zero3, fsdp*
+  bool reshard_after_forward = true;    // zero3, fsdp (FULL_SHARD); false: fsdp-grad-op
+  bool hybrid = false;                  // shard inside a node, all-reduce across nodes
+  int units_per_group = 1;              // fsdp `wrap` (when parameters are sharded)
+  double bucket_mb = 25;                // zero1/zero2: units grouped up to this size
+  int forward_prefetch = 1;             // groups gathered ahead in forward
+  int backward_prefetch = 1;            // groups gathered ahead in backward (0: none)
+  bool prefetch_post = false;           // fsdp backward_prefetch=post: issue after the compute
+  int max_gathers_in_flight = 0;        // fsdp limit_all_gathers (0: unlimited)
+  bool overlap = true;                  // comm overlaps the next group's compute
+};
+
+struct ShardGroup {
+  int first_unit = 0, last_unit = 0;  // inclusive
+  std::size_t offset = 0, count = 0;  // flat parameter range
+  std::size_t chunk = 0;              // per-rank shard (padded)
+  std::size_t padded() const { return chunk * shards; }
+  int shards = 1;
+  // Elements of chunk `i` that are real parameters (the rest is padding).
+  std::size_t valid(int i) const {
+    std::size_t begin = std::size_t(i) * chunk;
+    return begin >= count ? 0 : std::min(chunk, count - begin);
+  }
+};
+
+std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c);
+
+// One step of the schedule.
+enum class Act {
+  gather,         // issue the all-gather of a group's parameters (allocates the gathered buffer)
+  wait_gather,    // block until that all-gather is done
+  forward,        // forward of one unit
+  backward,       // backward of one unit
+  free_params,    // release a group's gathered parameters
+  alloc_grads,    // a group's (padded) gradient buffer, zeroed
+  reduce_grads,   // issue reduce-scatter (+ inter-node all-reduce) of a group's gradients
+  finish_grads,   // wait for it, accumulate into the shard, release the buffers
+};
+struct Action {
+  Act act;
+  int index;  // group, or unit for forward/backward
+};
+
+// The actions of one micro-batch's forward and backward under config `c`.
+std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, int units,
+                                         const EngineConfig& c);
+
+// Human-readable schedule (for --dry-run and docs).
+std::string describe_schedule(const std::vector<Action>& actions);
+
+Prediction predict(const PredictInput& in, const EngineConfig& c);
+
+class Engine {
+ public:
+  Engine(Context& ctx, const EngineConfig& c);
+  void train_step(Context& ctx, int step);
+
+ private:
+  struct Pending;
+  void run_micro_batch(Context& ctx, const MicroBatch& mb);
+  void issue_gather(Context& ctx, int g);
+  void reduce_grads(Context& ctx, int g);
+  void finish_grads(int g);
+  void update(Context& ctx, int step);
+
+  EngineConfig config_;
+  Group* shard_group_;             // dp, or dp_intra_node for hybrid
+  Group* replica_group_ = nullptr;  // hybrid: dp_inter_node
+  int shard_index_ = 0;
+  std::vector<ShardGroup> groups_;
+  std::vector<int> group_of_unit_;
+  std::vector<Action> schedule_;
+  // Parameters: a full padded replica (zero1/2) or this rank's shards plus gathered buffers.
+  Buffer<float> replica_params_, replica_grads_;
+  std::vector<std::size_t> base_;  // group g's start in the padded replica layout
+  std::vector<Buffer<float>> shard_params_, shard_grads_;
+  std::vector<Buffer<float>> gathered_, group_grads_, reduced_;
+  std::vector<std::optional<Event>> gather_done_, reduce_done_;
+  UnitPtrs param_ptrs_, grad_ptrs_;
+  std::vector<AdamW> optimizers_;
+  MemoryLedger* memory_ = nullptr;
+};
+
+}  // namespace strata::sharded

@@ -1,0 +1,71 @@
+// fsdp, fsdp-grad-op, fsdp-hybrid: PyTorch FSDP's sharding strategies on the sharded engine.
+//   fsdp          FULL_SHARD: parameters resharded after forward, gathered again for backward
+//   fsdp-grad-op  SHARD_GRAD_OP: parameters stay gathered from forward to backward
+//   fsdp-hybrid   HYBRID_SHARD: full shard inside a node, replicas across nodes (gradients
+//                 reduce-scattered in the node, then all-reduced across nodes)
+// The embedding's FSDP unit also holds the tied LM-head weight; like FSDP's root unit it is not
+// resharded between forward and backward.
+#include "../common/sharded.hpp"
+
+namespace {
+
+using namespace strata;
+
+sharded::EngineConfig config_for(const std::string& name, const Options& o) {
+  sharded::EngineConfig c;
+  c.shard_grads = c.shard_params = true;
+  c.reshard_after_forward = name != "fsdp-grad-op";
+  c.hybrid = name == "fsdp-hybrid";
+  c.units_per_group = int(o.get_int("wrap"));
+  const std::string bp = o.get("backward_prefetch");
+  c.backward_prefetch = bp == "none" ? 0 : 1;
+  c.prefetch_post = bp == "post";
+  c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
+  c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
+  return c;
+}
+
+class Fsdp final : public Strategy {
+ public:
+  Fsdp(const std::string& name, const Options& o) : name_(name), config_(config_for(name, o)) {}
+  void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
+    require_data_parallel_only(mesh, name_);
+    if (config_.units_per_group < 1) throw ConfigError("--plugin-opt wrap: must be >= 1 unit");
+  }
+  Prediction predict(const PredictInput& in) const override { return sharded::predict(in, config_); }
+  void setup(Context& ctx) override { engine_.emplace(ctx, config_); }
+  void train_step(Context& ctx, int step) override { engine_->train_step(ctx, step); }
+
+ private:
+  std::string name_;
+  sharded::EngineConfig config_;
+  std::optional<sharded::Engine> engine_;
+};
+
+const PluginDescriptor& descriptor() {
+  const std::vector<OptionSpec> options = {
+      {"wrap", OptionType::integer, "1", "model units per FSDP unit (embedding, blocks, head)", {}},
+      {"backward_prefetch", OptionType::choice, "pre",
+       "all-gather the next FSDP unit before (pre) or after (post) the current backward, or not",
+       {"pre", "post", "none"}},
+      {"forward_prefetch", OptionType::boolean, "false",
+       "all-gather the next FSDP unit before the current forward", {}},
+      {"limit_all_gathers", OptionType::boolean, "true",
+       "at most 2 all-gathers in flight (bounds the gathered working set)", {}}};
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "fsdp",
+      "PyTorch FSDP sharding strategies",
+      {{"fsdp", "FULL_SHARD: reshard after forward, gather again for backward", options},
+       {"fsdp-grad-op", "SHARD_GRAD_OP: parameters stay gathered from forward to backward", options},
+       {"fsdp-hybrid", "HYBRID_SHARD: full shard inside a node, replicate across nodes", options}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
+  return std::make_unique<Fsdp>(name, o);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)

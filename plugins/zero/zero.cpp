@@ -1,0 +1,65 @@
+// zero1, zero2, zero3: the ZeRO stages (DeepSpeed) on the sharded engine (plugins/common).
+//   zero1  optimizer state sharded; gradients reduce-scattered once per step, each rank updates its
+//          shard, then the parameters are all-gathered
+//   zero2  + gradients reduce-scattered bucket by bucket during backward; only the shard is kept
+//   zero3  + parameters sharded: each unit all-gathered before its forward and again before its
+//          backward, freed after use, `prefetch` units ahead
+#include "../common/sharded.hpp"
+
+namespace {
+
+using namespace strata;
+
+sharded::EngineConfig config_for(const std::string& name, const Options& o) {
+  sharded::EngineConfig c;
+  c.bucket_mb = o.get_real("bucket_mb");
+  c.overlap = o.get_bool("overlap");
+  c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
+  c.shard_grads = name != "zero1";
+  c.shard_params = name == "zero3";
+  return c;
+}
+
+class Zero final : public Strategy {
+ public:
+  Zero(const std::string& name, const Options& o) : name_(name), config_(config_for(name, o)) {}
+  void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
+    require_data_parallel_only(mesh, name_);
+    if (!(config_.bucket_mb > 0)) throw ConfigError("--plugin-opt bucket_mb: must be > 0 MiB");
+    if (config_.forward_prefetch < 0) throw ConfigError("--plugin-opt prefetch: must be >= 0");
+  }
+  Prediction predict(const PredictInput& in) const override { return sharded::predict(in, config_); }
+  void setup(Context& ctx) override { engine_.emplace(ctx, config_); }
+  void train_step(Context& ctx, int step) override { engine_->train_step(ctx, step); }
+
+ private:
+  std::string name_;
+  sharded::EngineConfig config_;
+  std::optional<sharded::Engine> engine_;
+};
+
+const PluginDescriptor& descriptor() {
+  const std::vector<OptionSpec> options = {
+      {"bucket_mb", OptionType::real, "25",
+       "zero1/zero2: units are grouped into reduce-scatter buckets of up to this many MiB", {}},
+      {"prefetch", OptionType::integer, "1",
+       "zero3: units all-gathered ahead of the one computing, overlapped with compute", {}},
+      {"overlap", OptionType::boolean, "true",
+       "run each reduce-scatter behind the next unit's backward (off: wait for it at once)", {}}};
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "zero",
+      "ZeRO stages 1-3: optimizer, gradient and parameter sharding (DeepSpeed)",
+      {{"zero1", "optimizer state sharded; reduce-scatter gradients, update shard, all-gather params", options},
+       {"zero2", "+ gradients reduce-scattered bucket by bucket during backward", options},
+       {"zero3", "+ parameters sharded, gathered per unit for forward and backward", options}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
+  return std::make_unique<Zero>(name, o);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)
