@@ -36,9 +36,26 @@ static void parse_mesh(const std::string& text, MeshSpec& mesh) {
   }
 }
 
+double parse_bytes(const std::string& option, const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  const std::pair<const char*, double> units[] = {
+      {"", 1},       {"B", 1},         {"KiB", 1024.0},    {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  for (const auto& [name, scale] : units)
+    if (used > 0 && unit == name && value > 0) return value * scale;
+  throw ConfigError(option + " " + text + ": expected a size such as 80GiB, 512MiB or 1e9");
+}
+
 RunConfig parse_cli(int argc, char** argv) {
   RunConfig c;
-  std::string model_preset, mesh_text, config_file;
+  std::string model_preset, mesh_text, config_file, memory_limit;
   int layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
   int global_batch = 0;
   long long seed = 1234;
@@ -50,6 +67,8 @@ RunConfig parse_cli(int argc, char** argv) {
       ("plugin-path", po::value(&c.plugin_paths)->composing(), "extra directory with plugins (repeatable)")
       ("list-plugins", po::bool_switch(&c.list_plugins), "list the strategies found and exit")
       ("describe", po::value(&c.describe), "describe a strategy and its options and exit")
+      ("dry-run", po::bool_switch(&c.dry_run), "print the predicted memory and comm per step and exit")
+      ("memory-limit", po::value(&memory_limit), "with --dry-run: bytes per rank to fit in (e.g. 80GiB, 512MiB)")
       ("transport", po::value(&c.transport)->default_value("mpi"), "communication backend: mpi")
       ("device", po::value(&c.device)->default_value("cpu"), "compute backend: cpu")
       ("config", po::value(&config_file), "INI file of options (same names as the CLI)")
@@ -116,6 +135,7 @@ RunConfig parse_cli(int argc, char** argv) {
   c.help_text = help.str();
   for (int i = 0; i < argc; ++i) c.command_line += (i ? " " : "") + std::string(argv[i]);
 
+  if (!memory_limit.empty()) c.memory_limit = parse_bytes("--memory-limit", memory_limit);
   c.nodes_given = vm.count("nodes") > 0;
   c.ranks_per_node_given = vm.count("ranks-per-node") > 0;
   c.mesh_given = !mesh_text.empty();

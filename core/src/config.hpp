@@ -32,6 +32,8 @@ struct RunConfig {
   bool quiet = false;
   // Actions instead of a run
   bool list_plugins = false;
+  bool dry_run = false;
+  double memory_limit = 0;  // bytes per rank, 0 = none (--dry-run)
   std::string describe;
   bool help = false;
   std::string help_text;
@@ -47,6 +49,9 @@ RunConfig parse_cli(int argc, char** argv);
 // Checks that need the world size (known from the launcher's environment before MPI starts, or from
 // --nodes x --ranks-per-node): mesh shape, batch divisibility. Fills mesh.dp/nodes/ranks_per_node.
 void resolve_mesh(RunConfig& config, int world_size, int ranks_per_host);
+
+// "80GiB", "512MiB", "1e9" -> bytes; ConfigError naming `option` otherwise.
+double parse_bytes(const std::string& option, const std::string& text);
 
 // The model presets: tiny, small, gpt2-124m.
 bool apply_preset(const std::string& name, ModelSpec& model);

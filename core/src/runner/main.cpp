@@ -4,7 +4,9 @@
 // Started alone with more than one rank requested, it re-launches itself under mpirun or srun.
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <new>
@@ -46,9 +48,63 @@ std::string default_run_id(const RunConfig& c) {
          std::to_string(c.mesh.ranks_per_node) + "-" + suffix;
 }
 
+std::string human(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
+  return buf;
+}
+
+// --dry-run: the strategy's predictions for every rank of the mesh, without starting any rank.
+// Returns the exit code: 0, or 4 when --memory-limit is given and the largest rank does not fit.
+int dry_run(const RunConfig& c, const Strategy& strategy) {
+  const int world = c.mesh.world();
+  std::array<double, kNumMemTags> peak{};
+  std::map<std::string, double> comm;
+  double worst_total = 0;
+  int worst_rank = 0;
+  std::string notes;
+  for (int r = 0; r < world; ++r) {
+    Prediction p = strategy.predict(PredictInput{c.mesh, c.model, c.train, r});
+    double total = 0;
+    for (int t = 0; t < kNumMemTags; ++t) {
+      peak[t] = std::max(peak[t], p.memory_bytes[t]);
+      total += p.memory_bytes[t];
+    }
+    if (total > worst_total) worst_total = total, worst_rank = r;
+    for (const auto& [op, b] : p.comm_bytes_per_step) comm[op] = std::max(comm[op], b);
+    if (r == 0) notes = p.notes;
+  }
+  std::printf("dry run: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
+              "(%lld params), micro-batch %d, global batch %d (%d micro-step(s))\n",
+              c.plugin.c_str(), world, c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp, c.mesh.tp,
+              c.mesh.pp, c.model.preset.c_str(), (long long)c.model.total_params(),
+              c.train.micro_batch, c.train.global_batch, c.train.micro_steps(c.mesh));
+  std::printf("predicted memory per rank (largest rank per tag)\n");
+  for (int t = 0; t < kNumMemTags; ++t)
+    std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t], human(peak[t]).c_str());
+  std::printf("  %-13s %14.0f bytes  %12s  (rank %d)\n", "total", worst_total,
+              human(worst_total).c_str(), worst_rank);
+  std::printf("predicted comm per rank per step (nccl-tests sizes)\n");
+  if (comm.empty()) std::printf("  none\n");
+  for (const auto& [op, b] : comm)
+    std::printf("  %-13s %14.0f bytes  %12s\n", op.c_str(), b, human(b).c_str());
+  if (!notes.empty()) std::printf("notes: %s\n", notes.c_str());
+  if (c.memory_limit > 0) {
+    bool fits = worst_total <= c.memory_limit;
+    std::printf("memory limit %s per rank: %s (largest rank needs %s)\n",
+                human(c.memory_limit).c_str(), fits ? "fits" : "does NOT fit",
+                human(worst_total).c_str());
+    return fits ? 0 : 4;
+  }
+  return 0;
+}
+
 // Everything that can be checked before any rank starts. Returns false when the action is done.
 bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
-             PluginRegistry& registry) {
+             PluginRegistry& registry, int& exit_code) {
   config = parse_cli(argc, argv);
   if (config.help) {
     if (env.rank == 0) std::printf("%s", config.help_text.c_str());
@@ -83,7 +139,12 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   else if (config.nodes_given || config.ranks_per_node_given) world = config.mesh.nodes * config.mesh.ranks_per_node;
   else if (config.mesh_given) world = config.mesh.world();
   resolve_mesh(config, world, env.under_launcher ? env.local_size : world);
-  registry.create(config.plugin, options)->validate(config.mesh, config.train, config.model);
+  std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
+  strategy->validate(config.mesh, config.train, config.model);
+  if (config.dry_run) {
+    exit_code = dry_run(config, *strategy);
+    return false;
+  }
   if (config.run_id.empty()) config.run_id = default_run_id(config);
   if (env.rank == 0) {
     std::error_code ec;
@@ -107,7 +168,8 @@ int main(int argc, char** argv) {
   RunConfig config;
   PluginRegistry registry;
   try {
-    if (!prepare(argc, argv, env, config, registry)) return 0;
+    int exit_code = 0;
+    if (!prepare(argc, argv, env, config, registry, exit_code)) return exit_code;
   } catch (const ConfigError& e) {
     if (env.rank == 0) std::fprintf(stderr, "runner: error: %s\n", e.what());
     return 2;
