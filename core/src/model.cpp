@@ -34,7 +34,18 @@ void validate(const ModelSpec& s) {
 
 // Tensors of one block, in flat order. Model relies on this order (kBlock* indices below).
 enum BlockTensor {
-  kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcprojW, kFcprojB,
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcprojW,
+  kFcprojB,
   kBlockTensors
 };
 
@@ -282,9 +293,9 @@ struct Model::Impl {
                   std::to_string(units));
     }
     if (mb.batch <= 0 || mb.batch > B || mb.seq != spec.seq || !mb.inputs || !mb.targets) {
-      throw Error("Model: micro-batch " + std::to_string(mb.batch) + "x" +
-                  std::to_string(mb.seq) + " does not fit this model (batch 1.." +
-                  std::to_string(B) + ", seq " + std::to_string(spec.seq) + ", non-null tokens)");
+      throw Error("Model: micro-batch " + std::to_string(mb.batch) + "x" + std::to_string(mb.seq) +
+                  " does not fit this model (batch 1.." + std::to_string(B) + ", seq " +
+                  std::to_string(spec.seq) + ", non-null tokens)");
     }
   }
 
@@ -312,8 +323,7 @@ struct Model::Impl {
     cpu::attention_forward(s.atty, s.att, s.qkv, Bm, T, C, NH);
     cpu::matmul_forward(s.xmid, s.atty, p + o[kProjW], p + o[kProjB], N, C, C);
     cpu::residual_forward(s.xmid, s.xmid, x_in, NC);
-    cpu::layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.xmid, p + o[kLn2W], p + o[kLn2B], N,
-                           C);
+    cpu::layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.xmid, p + o[kLn2W], p + o[kLn2B], N, C);
     cpu::matmul_forward(s.fch, s.ln2, p + o[kFcW], p + o[kFcB], N, C, 4 * C);
     cpu::gelu_forward(s.fch_gelu, s.fch, 4 * NC);
     cpu::matmul_forward(x_out, s.fch_gelu, p + o[kFcprojW], p + o[kFcprojB], N, 4 * C, C);
@@ -344,8 +354,7 @@ struct Model::Impl {
     // Attention: xmid = x_in + proj(attention(qkv(ln1(x_in)))); d(x_in) starts as d(xmid).
     float* datty = a.ws_d;
     zero(datty, NC);
-    cpu::matmul_backward(datty, g + o[kProjW], g + o[kProjB], dres, s.atty, p + o[kProjW], N, C,
-                         C);
+    cpu::matmul_backward(datty, g + o[kProjW], g + o[kProjB], dres, s.atty, p + o[kProjW], N, C, C);
     float* dqkv = a.ws_a;
     zero(dqkv, 3 * NC);
     cpu::attention_backward(dqkv, a.ws_b, datty, s.qkv, s.att, Bm, T, C, NH);

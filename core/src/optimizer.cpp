@@ -24,8 +24,8 @@ AdamW::AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count,
 }
 
 void AdamW::step(float* params, const float* grads, int t, float grad_scale) {
-  if (t < 1) throw Error("AdamW::step: step t must be >= 1 (bias correction), got " +
-                         std::to_string(t));
+  if (t < 1)
+    throw Error("AdamW::step: step t must be >= 1 (bias correction), got " + std::to_string(t));
   // One update call per tensor segment of the range: weight decay is per tensor.
   const std::size_t end = begin_ + count_;
   std::size_t j = begin_;

@@ -3,8 +3,19 @@
 set -eu
 runner=$1
 list=$("$runner" --list-plugins)
-for s in dp ddp allreduce; do grep -qE "^$s +" <<<"$list" || { echo "FAIL: $s not listed"; echo "$list"; exit 1; }; done
+for s in dp ddp allreduce zero1 zero2 zero3 fsdp fsdp-grad-op fsdp-hybrid; do grep -qE "^$s +" <<<"$list" || { echo "FAIL: $s not listed"; echo "$list"; exit 1; }; done
 desc=$("$runner" --describe ddp)
 grep -q "bucket_mb <real>  default 25" <<<"$desc" || { echo "FAIL: describe ddp"; echo "$desc"; exit 1; }
 grep -q "plugin  .*/libstrata_ddp.so (ABI 1)" <<<"$desc" || { echo "FAIL: describe path"; exit 1; }
 echo "$list"; echo "$desc"
+# --dry-run answers for any strategy and preset without starting a rank; exit 4 when it won't fit.
+for s in dp ddp zero1 zero2 zero3 fsdp fsdp-grad-op fsdp-hybrid; do
+  out=$("$runner" --dry-run --plugin "$s" --nodes 2 --ranks-per-node 4 --model gpt2-124m)
+  grep -q "^  total  " <<<"$out" || { echo "FAIL: dry run $s"; echo "$out"; exit 1; }
+done
+set +e
+"$runner" --dry-run --plugin zero3 --nodes 4 --model gpt2-124m --memory-limit 1GiB >/dev/null; code=$?
+"$runner" --dry-run --plugin zero3 --nodes 4 --model tiny --memory-limit 1GiB >/dev/null; code2=$?
+set -e
+[[ $code -eq 4 && $code2 -eq 0 ]] || { echo "FAIL: --memory-limit exit codes $code $code2"; exit 1; }
+echo "dry run: all strategies answer; memory limit exit codes 4 (does not fit) and 0 (fits)"

@@ -42,8 +42,8 @@ double dot(const std::vector<float>& a, const std::vector<float>& b) {
 // Checks `analytic` (d objective / d x) against central differences of `objective`, which must
 // recompute the forward from the current contents of x.
 void check_gradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
-                    const std::function<double()>& objective, float h = 1e-2f,
-                    double atol = 5e-4, double rtol = 5e-3) {
+                    const std::function<double()>& objective, float h = 1e-2f, double atol = 5e-4,
+                    double rtol = 5e-3) {
   ASSERT_EQ(x.size(), analytic.size()) << what;
   double err2 = 0.0, ref2 = 0.0;
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -213,7 +213,8 @@ std::vector<double> attention_reference(const std::vector<float>& qkv, int B, in
         for (auto& v : s) sum += (v = std::exp(v - mx));
         for (int i = 0; i < hs; ++i) {
           double o = 0;
-          for (int j = 0; j <= t; ++j) o += s[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + i];
+          for (int j = 0; j <= t; ++j)
+            o += s[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + i];
           out[(b * T + t) * C + h * hs + i] = o;
         }
       }
@@ -361,8 +362,7 @@ TEST(SoftmaxCrossEntropy, BackwardMatchesFiniteDifferences) {
   const std::vector<std::int32_t> tgt = {3, 0, 10};
   std::vector<float> probs(N * V), losses(N);
   auto J = [&] {
-    cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), tgt.data(), N,
-                                      V);
+    cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), tgt.data(), N, V);
     double s = 0;
     for (float l : losses) s += l;
     return s * scale;
@@ -431,7 +431,7 @@ TEST(VecMath, ApproximationsAreAccurate) {
   }
   for (double x = -12; x < 12; x += 0.0013)
     worst_tanh = std::max(worst_tanh, std::fabs(vm::tanh_approx(float(x)) - std::tanh(x)));
-  EXPECT_LT(worst_exp, 2.5e-7);   // about 2 ulp
+  EXPECT_LT(worst_exp, 2.5e-7);  // about 2 ulp
   EXPECT_LT(worst_sqrt, 3e-7);
   EXPECT_LT(worst_tanh, 3e-7);
   EXPECT_EQ(vm::exp_approx(-100.0f), 0.0f);

@@ -206,7 +206,8 @@ TEST(InitParams, AnySliceEqualsTheSliceOfAFullInit) {
   for (auto [b, n] : slices) {
     std::vector<float> part(n, -123.0f);
     init_params(layout, 42, b, part);
-    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(part[i], full[b + i]) << "slice " << b << "+" << i;
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(part[i], full[b + i]) << "slice " << b << "+" << i;
   }
   std::vector<float> too_far(2);
   EXPECT_THROW(init_params(layout, 42, total - 1, too_far), Error);

@@ -256,8 +256,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C) {
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
   layernorm_backward_rows(dinp, dweight, dbias, dout, inp, weight, mean, rstd, 0, N, C);
 }
 
@@ -271,12 +271,12 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     for (int n = 0; n < N; ++n) std::memcpy(out + std::int64_t(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta,
-              out, OC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
+              OC);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC) {
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
   if (dinp) {  // dinp[N,C] += dout[N,OC] @ weight[OC,C]
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                 1.0f, dinp, C);
@@ -303,8 +303,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     const float* k = q + C;
     const float* v = q + 2 * C;
     float* p = att + std::int64_t(bh) * T * T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p,
-                T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
     causal_softmax(p, T);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
                 out + std::int64_t(b) * T * C + h * hs, C);
@@ -360,8 +359,8 @@ void softmax_crossentropy_forward(float* probs, float* losses, const float* logi
   softmax_xent_rows(probs, losses, logits, targets, 0, N, V);
 }
 
-void crossentropy_softmax_backward(float* dlogits, const float* probs,
-                                   const std::int32_t* targets, float grad_scale, int N, int V) {
+void crossentropy_softmax_backward(float* dlogits, const float* probs, const std::int32_t* targets,
+                                   float grad_scale, int N, int V) {
   xent_backward_rows(dlogits, probs, targets, grad_scale, 0, N, V);
 }
 

@@ -1,0 +1,144 @@
+// The sharded engine's plan, checked without running: groups tile the parameters, schedules use
+// every gathered group only after waiting for it, and predictions follow the ZeRO paper's
+// per-rank formulas (fp32: 4 bytes params, 4 grads, 8 AdamW) up to the stated padding.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "../../plugins/common/sharded.hpp"
+
+using namespace strata;
+using namespace strata::sharded;
+
+namespace {
+
+ModelSpec small() { return ModelSpec{"small", 4, 256, 4, 128, 4096}; }
+
+PredictInput input(int dp, int rank, int nodes = 1) {
+  PredictInput in;
+  in.model = small();
+  in.mesh.dp = dp;
+  in.mesh.nodes = nodes;
+  in.mesh.ranks_per_node = dp / nodes;
+  in.train.micro_batch = 4;
+  in.train.global_batch = 4 * dp;
+  in.rank = rank;
+  return in;
+}
+
+double mem(const Prediction& p, MemTag t) { return p.memory_bytes[static_cast<int>(t)]; }
+
+EngineConfig stage(int s) {
+  EngineConfig c;
+  c.bucket_mb = 1;
+  c.shard_grads = s >= 2;
+  c.shard_params = s >= 3;
+  return c;
+}
+
+}  // namespace
+
+TEST(Groups, TileTheParametersAndPadToTheShardCount) {
+  ParamLayout layout(small());
+  for (int shards : {1, 3, 4}) {
+    for (const EngineConfig& c : {stage(1), stage(3)}) {
+      auto groups = make_groups(layout, shards, c);
+      std::size_t next = 0;
+      for (const ShardGroup& g : groups) {
+        EXPECT_EQ(g.offset, next);
+        EXPECT_EQ(g.padded() % shards, 0u);
+        EXPECT_GE(g.padded(), g.count);
+        EXPECT_LT(g.padded() - g.count, std::size_t(shards));
+        std::size_t valid = 0;
+        for (int i = 0; i < shards; ++i) valid += g.valid(i);
+        EXPECT_EQ(valid, g.count);
+        next += g.count;
+      }
+      EXPECT_EQ(next, layout.total());
+    }
+  }
+  EXPECT_EQ(make_groups(layout, 4, stage(3)).size(), std::size_t(layout.num_units()));
+}
+
+TEST(Schedule, GatheredBeforeUseAndEverythingReleased) {
+  ParamLayout layout(small());
+  EngineConfig fsdp = stage(3);
+  for (int prefetch : {0, 1, 2})
+    for (bool post : {false, true})
+      for (bool reshard : {false, true}) {
+        EngineConfig c = fsdp;
+        c.forward_prefetch = c.backward_prefetch = prefetch;
+        c.prefetch_post = post;
+        c.reshard_after_forward = reshard;
+        c.max_gathers_in_flight = 2;
+        auto groups = make_groups(layout, 4, c);
+        std::vector<int> group_of;
+        for (std::size_t g = 0; g < groups.size(); ++g)
+          for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u) group_of.push_back(int(g));
+        std::vector<int> state(groups.size(), 0);  // 0 free, 1 issued, 2 ready
+        std::vector<bool> grads(groups.size(), false), reducing(groups.size(), false);
+        int fwd = 0, bwd = 0, in_flight = 0, max_in_flight = 0;
+        for (const Action& a : micro_batch_schedule(groups, layout.num_units(), c)) {
+          switch (a.act) {
+            case Act::gather: ASSERT_EQ(state[a.index], 0); state[a.index] = 1; max_in_flight = std::max(max_in_flight, ++in_flight); break;
+            case Act::wait_gather: ASSERT_EQ(state[a.index], 1); state[a.index] = 2; --in_flight; break;
+            case Act::forward: ASSERT_EQ(state[group_of[a.index]], 2) << "forward of unit " << a.index; ++fwd;
+              if (a.index == layout.num_units() - 1) ASSERT_EQ(state[0], 2) << "tied weight";
+              break;
+            case Act::backward: ASSERT_EQ(state[group_of[a.index]], 2); ASSERT_TRUE(grads[group_of[a.index]]); ++bwd;
+              if (a.index == layout.num_units() - 1) ASSERT_TRUE(grads[0]) << "tied gradient";
+              break;
+            case Act::free_params: ASSERT_EQ(state[a.index], 2); state[a.index] = 0; break;
+            case Act::alloc_grads: ASSERT_FALSE(grads[a.index]); grads[a.index] = true; break;
+            case Act::reduce_grads: ASSERT_TRUE(grads[a.index]); reducing[a.index] = true; break;
+            case Act::finish_grads: ASSERT_TRUE(reducing[a.index]); reducing[a.index] = grads[a.index] = false; break;
+          }
+        }
+        EXPECT_EQ(fwd, layout.num_units());
+        EXPECT_EQ(bwd, layout.num_units());
+        EXPECT_LE(max_in_flight, 2);
+        for (std::size_t g = 0; g < groups.size(); ++g) {
+          EXPECT_EQ(state[g], 0) << "group " << g << " still gathered";
+          EXPECT_FALSE(grads[g] || reducing[g]);
+        }
+      }
+}
+
+TEST(Predict, FollowsTheZeroPaperPerRank) {
+  const double P = double(small().total_params());
+  const int n = 4;
+  const double pad = 4.0 * n;  // at most n-1 padding elements per group, a handful of groups
+  for (int s : {1, 2, 3}) {
+    Prediction p = predict(input(n, 1), stage(s));
+    // Optimizer state: 8 bytes per parameter, divided by n in every stage.
+    EXPECT_NEAR(mem(p, MemTag::optimizer), 8 * P / n, 8 * pad) << "zero" << s;
+    // Parameters: replicated in zero1/2, divided by n in zero3.
+    EXPECT_NEAR(mem(p, MemTag::params), s == 3 ? 4 * P / n : 4 * P, 4 * pad * 8) << "zero" << s;
+  }
+  // zero1 keeps full gradients plus its reduced shard; zero2/3 the shard plus working buckets.
+  EXPECT_NEAR(mem(predict(input(n, 0), stage(1)), MemTag::grads), 4 * P + 4 * P / n, 4 * pad * 8);
+  EXPECT_LT(mem(predict(input(n, 0), stage(2)), MemTag::grads), 4 * P);
+  // Bytes on the wire: 2x parameters for zero1/2, about 3x for zero3 (nccl-tests sizes).
+  auto bytes = [](const Prediction& p) {
+    double b = 0;
+    for (const auto& [op, v] : p.comm_bytes_per_step) b += v;
+    return b;
+  };
+  EXPECT_NEAR(bytes(predict(input(n, 0), stage(1))), 8 * P, 8 * 4 * n * 8);
+  EXPECT_NEAR(bytes(predict(input(n, 0), stage(2))), 8 * P, 8 * 4 * n * 8);
+  // zero3: 3x (gather for forward, again for backward, reduce-scatter) less the first and last
+  // groups, which stay gathered from forward to backward (tied embedding; head).
+  auto groups = make_groups(ParamLayout(small()), n, stage(3));
+  double padded = 0;
+  for (const auto& g : groups) padded += double(g.padded());
+  double kept = double(groups.front().padded() + groups.back().padded());
+  EXPECT_DOUBLE_EQ(bytes(predict(input(n, 0), stage(3))), 4 * (3 * padded - kept) + 8);
+  EXPECT_GT(bytes(predict(input(n, 0), stage(3))), 2.7 * 4 * P);
+  // Hybrid: the inter-node all-reduce moves one node-shard of the gradients.
+  EngineConfig hybrid = stage(3);
+  hybrid.hybrid = true;
+  Prediction h = predict(input(4, 0, 2), hybrid);
+  EXPECT_NEAR(h.comm_bytes_per_step.at("all_reduce"), 4 * P / 2 + 8, 4 * 2 * 8);
+  // One rank: nothing to communicate.
+  EXPECT_TRUE(predict(input(1, 0), stage(3)).comm_bytes_per_step.empty());
+}
