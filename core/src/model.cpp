@@ -58,13 +58,18 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Standard normal for element `i` of the tensor whose key is `key` (Box-Muller on two uniforms).
-double hashed_normal(std::uint64_t key, std::uint64_t i) {
-  const std::uint64_t h1 = splitmix64(key ^ (2 * i));
-  const std::uint64_t h2 = splitmix64(key ^ (2 * i + 1));
+// Two independent standard normals for the element pair (2p, 2p + 1) of the tensor whose key is
+// `key`: Box-Muller on two uniforms hashed from (key, p), cos half for 2p and sin half for 2p + 1.
+struct NormalPair {
+  double z0, z1;
+};
+NormalPair hashed_normals(std::uint64_t key, std::uint64_t p) {
+  const std::uint64_t h1 = splitmix64(key ^ (2 * p));
+  const std::uint64_t h2 = splitmix64(key ^ (2 * p + 1));
   const double u1 = double((h1 >> 11) + 1) * 0x1.0p-53;  // (0, 1]: log is finite
   const double u2 = double(h2 >> 11) * 0x1.0p-53;        // [0, 1)
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  const double r = std::sqrt(-2.0 * std::log(u1)), theta = 2.0 * std::numbers::pi * u2;
+  return {r * std::cos(theta), r * std::sin(theta)};
 }
 
 std::uint64_t tensor_key(std::uint64_t seed, int tensor_id) {
@@ -102,11 +107,11 @@ struct ActPlan {
   float* probs;                      // [N,V] (the logits, then softmax in place)
   float* losses;                     // [N]
   // Gradients. dres is d(residual stream), carried from the head down to the embedding.
-  // ws is shared scratch: the head uses [dlogits N*V | dlnf N*C]; each block reuses
-  //   A [4NC]              : d(fch_gelu), later d(qkv)
-  //   Bs [max(4NC, B*NH*T*T)]: d(fch), later d(att) scratch, later d(ln1)
-  //   D [NC]               : d(ln2), later d(atty)
-  // (the backward order in Model::backward makes each reuse safe).
+  // The rest is one shared scratch region: the head uses [dlogits N*V | dlnf N*C]; each block
+  // reuses three pieces of it, in the order of Impl::backward_block:
+  //   ws_a [4NC]                 : d(fch_gelu), later d(qkv)
+  //   ws_b [max(4NC, B*NH*T*T)]  : d(fch), later the d(att) scratch, later d(ln1)
+  //   ws_d [NC]                  : d(ln2), later d(atty)
   float* dres;
   float *dlogits, *dlnf;
   float *ws_a, *ws_b, *ws_d;
@@ -239,11 +244,18 @@ void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begi
     const std::size_t i1 = std::min(t.count, end - t.offset);
     float* o = out.data() + (j - begin);
     if (t.init_std > 0.0f) {
+      // Element i of the tensor is half of pair i / 2; the slice covers pairs [i0 / 2, ceil(i1 /
+      // 2)).
       const std::uint64_t key = tensor_key(seed, t.id);
       const double sd = t.init_std;
-      const std::int64_t n = std::int64_t(i1 - i0);
-#pragma omp parallel for num_threads(cpu::blas_threads()) if (n > (1 << 15)) schedule(static)
-      for (std::int64_t k = 0; k < n; ++k) o[k] = float(sd * hashed_normal(key, i0 + k));
+      const std::int64_t p0 = std::int64_t(i0 / 2), p1 = std::int64_t((i1 + 1) / 2);
+#pragma omp parallel for num_threads(cpu::blas_threads()) if (p1 - p0 > (1 << 14)) schedule(static)
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const NormalPair z = hashed_normals(key, std::uint64_t(p));
+        const std::size_t i = 2 * std::size_t(p);
+        if (i >= i0) o[i - i0] = float(sd * z.z0);
+        if (i + 1 < i1) o[i + 1 - i0] = float(sd * z.z1);
+      }
     } else {
       std::fill(o, o + (i1 - i0), t.init_value);
     }
