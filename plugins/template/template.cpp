@@ -17,12 +17,14 @@ class SyncAllReduce final : public Strategy {
  public:
   explicit SyncAllReduce(const Options& o) : clip_(o.get_bool("clip")) {}
 
-  // predict(): what this rank should allocate and send, without running anything. The run file
-  // stores it next to the measurement; tests check that they are equal.
+  // validate(): refuse configurations this strategy cannot run, with one line naming the option.
+  // It runs before any rank starts.
   void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
     require_data_parallel_only(mesh, "allreduce");
   }
 
+  // predict(): what this rank should allocate and send, without running anything. The run file
+  // stores it next to the measurement; tests check that they are equal.
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);  // params, grads, AdamW state, activations
     if (in.mesh.dp > 1)
