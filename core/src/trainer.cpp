@@ -29,7 +29,7 @@ const std::vector<std::pair<std::string, std::string>> kStepMetrics = {
 
 struct StepRow {  // one rank, one step
   std::map<std::string, double> metric;
-  std::array<double, kNumCommOps> calls{}, bytes{}, time_s{};
+  std::array<double, kNumCommOps> calls{}, bytes{}, time_s{}, bus_bytes{};
 };
 
 // The core's side of the plugin Context.
@@ -144,6 +144,7 @@ void comm_of_step(const std::vector<CommRecord>& records, const Intervals& waits
     row.calls[op] += 1;
     row.bytes[op] += double(r.bytes);
     row.time_s[op] += r.seconds();
+    row.bus_bytes[op] += double(r.bytes) * bus_factor(r.op, r.group_size);
     busy.emplace_back(r.t0, r.t1);
   }
   row.metric["comm_s"] = union_length(busy);
@@ -284,6 +285,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
       local.push_back(r.calls[op]);
       local.push_back(r.bytes[op]);
       local.push_back(r.time_s[op]);
+      local.push_back(r.bus_bytes[op]);
     }
   PredictInput pin{config.mesh, config.model, t, rank};
   Prediction pred = strategy->predict(pin);
@@ -317,7 +319,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   }
   std::vector<double> predicted_comm(kNumCommOps, 0);
   std::size_t comm_off = off;
-  off += std::size_t(kNumCommOps) * steps * 3;
+  off += std::size_t(kNumCommOps) * steps * 4;
   std::size_t mem_off = off, pred_off = off + kNumMemTags, pcomm_off = off + 2 * kNumMemTags;
   std::size_t rss_off = pcomm_off + kNumCommOps, peak_off = rss_off + 1;
   for (int op = 0; op < kNumCommOps; ++op) {
@@ -327,10 +329,13 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     cs.predicted_bytes_per_step = predicted;
     for (int r = 0; r < world; ++r)
       for (int s = 0; s < steps; ++s) {
-        std::size_t base = comm_off + (std::size_t(op) * steps + s) * 3;
+        std::size_t base = comm_off + (std::size_t(op) * steps + s) * 4;
+        const double t = at(r, base + 2);
         cs.calls.push_back(at(r, base));
         cs.bytes.push_back(at(r, base + 1));
-        cs.time_s.push_back(at(r, base + 2));
+        cs.time_s.push_back(t);
+        cs.algbw.push_back(t > 0 ? at(r, base + 1) / t : 0.0);
+        cs.busbw.push_back(t > 0 ? at(r, base + 3) / t : 0.0);
         used += at(r, base);
       }
     if (used > 0 || predicted > 0) rec.comm[op_name(static_cast<CommOp>(op))] = std::move(cs);

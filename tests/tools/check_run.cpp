@@ -106,6 +106,11 @@ static void predicted(const RunRecord& r) {
     for (std::size_t i = 0; i < cs.bytes.size(); ++i)
       EXPECT(cs.bytes[i] == cs.predicted_bytes_per_step, "%s: rank %zu step %zu moved %.0f bytes, predicted %.0f\n",
              op.c_str(), i / r.steps, i % r.steps, cs.bytes[i], cs.predicted_bytes_per_step);
+    for (std::size_t i = 0; i < cs.bytes.size(); ++i)
+      if (cs.bytes[i] > 0 && cs.time_s[i] > 0) {
+        EXPECT(std::fabs(cs.algbw[i] - cs.bytes[i] / cs.time_s[i]) <= 1e-9 * cs.algbw[i], "%s algbw\n", op.c_str());
+        EXPECT(cs.busbw[i] > 0 && cs.busbw[i] <= 2 * cs.algbw[i], "%s busbw %g algbw %g\n", op.c_str(), cs.busbw[i], cs.algbw[i]);
+      }
     std::printf("comm %-14s %.0f bytes per rank per step = predicted\n", op.c_str(), cs.predicted_bytes_per_step);
   }
   for (std::size_t t = 0; t < r.memory_tags.size(); ++t)

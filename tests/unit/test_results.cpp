@@ -51,8 +51,10 @@ RunRecord full_record() {
   r.step_units = {{"step_s", "s"}, {"forward_s", "s"}, {"loss", "1"}, {"tokens", "tokens"}};
   double base = 0;
   for (const auto& m : r.step_metrics) r.step_values[m] = matrix(2, 3, base += 100);
-  r.comm["all_reduce"] = {matrix(2, 3, 1), matrix(2, 3, 1e6), matrix(2, 3, 1e-3), 4.5e6};
-  r.comm["reduce_scatter"] = {matrix(2, 3, 2), matrix(2, 3, 2e6), matrix(2, 3, 2e-3), 1.25e6};
+  r.comm["all_reduce"] = {matrix(2, 3, 1),    matrix(2, 3, 1e6), matrix(2, 3, 1e-3),
+                          4.5e6,              matrix(2, 3, 1e9), matrix(2, 3, 1.5e9)};
+  r.comm["reduce_scatter"] = {matrix(2, 3, 2),    matrix(2, 3, 2e6), matrix(2, 3, 2e-3),
+                              1.25e6,             matrix(2, 3, 1e9), matrix(2, 3, 0.5e9)};
   r.memory_tags = {"params", "grads", "optimizer_state", "activations", "workspace", "comm"};
   r.peak_bytes = matrix(2, 6, 1e9);
   r.predicted_bytes = matrix(1, 6, 2e9);
@@ -86,6 +88,8 @@ void expect_same(const RunRecord& a, const RunRecord& b) {
     EXPECT_EQ(s.calls, t.calls) << op;
     EXPECT_EQ(s.bytes, t.bytes) << op;
     EXPECT_EQ(s.time_s, t.time_s) << op;
+    EXPECT_EQ(s.algbw, t.algbw) << op;
+    EXPECT_EQ(s.busbw, t.busbw) << op;
     EXPECT_EQ(s.predicted_bytes_per_step, t.predicted_bytes_per_step) << op;
   }
   EXPECT_EQ(a.memory_tags, b.memory_tags);
@@ -241,6 +245,7 @@ TEST_F(Results, LayoutOnDisk) {
   EXPECT_EQ(raw_unit(f, "/comm/all_reduce/bytes"), "bytes");
   EXPECT_EQ(raw_unit(f, "/comm/all_reduce/calls"), "count");
   EXPECT_EQ(raw_unit(f, "/comm/all_reduce/time_s"), "s");
+  EXPECT_EQ(raw_unit(f, "/comm/all_reduce/busbw"), "bytes/s");
   EXPECT_EQ(raw_double_attr(f, "/comm/all_reduce", "predicted_bytes_per_step"), 4.5e6);
   EXPECT_EQ(raw_dims(f, "/memory/peak_bytes"), (std::vector<hsize_t>{2, 6}));
   EXPECT_EQ(raw_dims(f, "/memory/predicted_bytes"), (std::vector<hsize_t>{6}));

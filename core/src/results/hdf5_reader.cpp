@@ -234,6 +234,10 @@ void read_steps_and_comm(hid_t file, RunRecord& r) {
     expect_shape(dims, r, known, path + "/bytes");
     c.time_s = dataset_doubles(file, path + "/time_s", &dims);
     expect_shape(dims, r, known, path + "/time_s");
+    c.algbw = dataset_doubles(file, path + "/algbw", &dims);
+    expect_shape(dims, r, known, path + "/algbw");
+    c.busbw = dataset_doubles(file, path + "/busbw", &dims);
+    expect_shape(dims, r, known, path + "/busbw");
     c.predicted_bytes_per_step = attr_double(g, path, "predicted_bytes_per_step");
   }
 }

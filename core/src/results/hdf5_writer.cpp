@@ -182,6 +182,8 @@ void write_contents(hid_t file, const RunRecord& r) {
     dataset_doubles(file, path + "/calls", series.calls, {ranks, steps}, "count");
     dataset_doubles(file, path + "/bytes", series.bytes, {ranks, steps}, "bytes");
     dataset_doubles(file, path + "/time_s", series.time_s, {ranks, steps}, "s");
+    dataset_doubles(file, path + "/algbw", series.algbw, {ranks, steps}, "bytes/s");
+    dataset_doubles(file, path + "/busbw", series.busbw, {ranks, steps}, "bytes/s");
     attr_double(g, path, "predicted_bytes_per_step", series.predicted_bytes_per_step);
     attr_string(g, path, "predicted_bytes_per_step.unit", "bytes");
   }

@@ -23,6 +23,8 @@ struct CommSeries {
   std::vector<double> bytes;   // [ranks x steps], bytes (nccl-tests size convention)
   std::vector<double> time_s;  // [ranks x steps], s
   double predicted_bytes_per_step = 0;  // per rank, bytes
+  std::vector<double> algbw;   // [ranks x steps], bytes/s: bytes / time_s
+  std::vector<double> busbw;   // [ranks x steps], bytes/s: sum(bytes x bus factor) / time_s
 };
 
 struct RunRecord {
