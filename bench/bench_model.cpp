@@ -1,10 +1,14 @@
 // Training-step throughput of the standard workload on the CPU backend.
 //
-// BM_TrainStep/small/<micro-batch>: one full training step of the `small` preset (L=4, C=256,
-// NH=4, T=128, V=4096) on this process's BLAS threads (OPENBLAS_NUM_THREADS): zero the
-// gradients, forward of every unit, backward of every unit, one AdamW update of all parameters.
+// BM_TrainStep/small/recompute:<mode>/micro_batch:<B>: one full training step of the `small`
+// preset (L=4, C=256, NH=4, T=128, V=4096) on this process's BLAS threads (OPENBLAS_NUM_THREADS)
+// with activation recomputation <mode> (none, selective, full; Model's Recompute): zero the
+// gradients, forward of every unit, backward of every unit (which recomputes, per the mode), one
+// AdamW update of all parameters. Select modes with e.g. --benchmark_filter=recompute:none.
 // Counters:
-//   model_flops  flops_per_token * tokens / step time (DESIGN "Measures": 6N + 12 L h s per token)
+//   model_flops  flops_per_token * tokens / step time (DESIGN "Measures": 6N + 12 L h s per token;
+//                model FLOPs: recomputation is not counted, so it shows as a lower rate and MFU)
+//   activation_bytes  the ledger's activations peak (= Model::activation_bytes for the mode)
 //   sgemm_peak   calibrate_sgemm_flops() in the same process, just before timing (the CPU peak)
 //   mfu          model_flops / sgemm_peak
 //   tokens_per_s, blas_threads
@@ -14,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/layers.hpp"
@@ -36,14 +41,14 @@ ModelSpec small_spec() {
   return s;
 }
 
-void BM_TrainStep(benchmark::State& state) {
+void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
   using clock = std::chrono::steady_clock;
   const ModelSpec spec = small_spec();
   const int B = int(state.range(0));
   const int tokens = B * spec.seq;
 
   strata::MemoryLedger memory;
-  strata::Model model(spec, B, memory);
+  strata::Model model(spec, B, memory, recompute);
   const strata::ParamLayout& layout = model.layout();
   strata::Buffer<float> params(memory, strata::MemTag::params, layout.total());
   strata::Buffer<float> grads(memory, strata::MemTag::grads, layout.total());
@@ -91,16 +96,24 @@ void BM_TrainStep(benchmark::State& state) {
   state.counters["mfu"] = model_flops / peak;
   state.counters["tokens_per_s"] = tokens * steps / seconds;
   state.counters["blas_threads"] = strata::cpu::blas_threads();
-  state.SetLabel("small");
+  state.counters["activation_bytes"] = double(memory.peak(strata::MemTag::activations));
+  state.SetLabel(std::string("small recompute=") + strata::recompute_name(recompute));
 }
 
-BENCHMARK(BM_TrainStep)
-    ->Name("BM_TrainStep/small")
-    ->Arg(8)
-    ->ArgName("micro_batch")
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(2.0);
+const bool registered = [] {
+  using strata::Recompute;
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    const std::string name =
+        std::string("BM_TrainStep/small/recompute:") + strata::recompute_name(r);
+    benchmark::RegisterBenchmark(name.c_str(), BM_TrainStep, r)
+        ->Arg(8)
+        ->ArgName("micro_batch")
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(2.0);
+  }
+  return true;
+}();
 
 }  // namespace
 

@@ -55,7 +55,7 @@ double parse_bytes(const std::string& option, const std::string& text) {
 
 RunConfig parse_cli(int argc, char** argv) {
   RunConfig c;
-  std::string model_preset, mesh_text, config_file, memory_limit;
+  std::string model_preset, mesh_text, config_file, memory_limit, recompute;
   int layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
   int global_batch = 0;
   long long seed = 1234;
@@ -91,6 +91,7 @@ RunConfig parse_cli(int argc, char** argv) {
       ("lr", po::value(&c.train.lr), "AdamW learning rate, constant (default by preset: tiny 3e-3, small 1e-3, gpt2-124m 6e-4)")
       ("weight-decay", po::value(&c.train.weight_decay)->default_value(0.1), "AdamW weight decay on 2-D weights")
       ("grad-clip", po::value(&c.train.grad_clip)->default_value(1.0), "global gradient-norm clip (0 = off)")
+      ("recompute", po::value(&recompute)->default_value("none"), "activation recomputation: none, full (keep block inputs), selective (attention core)")
       ("data", po::value(&c.data_file), "flat binary file of uint16 tokens (default: synthetic data)");
   po::options_description mesh("Mesh and launch");
   mesh.add_options()
@@ -135,6 +136,8 @@ RunConfig parse_cli(int argc, char** argv) {
   c.help_text = help.str();
   for (int i = 0; i < argc; ++i) c.command_line += (i ? " " : "") + std::string(argv[i]);
 
+  if (!parse_recompute(recompute, &c.train.recompute))
+    throw ConfigError("--recompute " + recompute + ": must be one of none, full, selective");
   if (!memory_limit.empty()) c.memory_limit = parse_bytes("--memory-limit", memory_limit);
   c.nodes_given = vm.count("nodes") > 0;
   c.ranks_per_node_given = vm.count("ranks-per-node") > 0;
@@ -249,6 +252,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   add("lr", train.lr);
   add("weight_decay", train.weight_decay);
   add("grad_clip", train.grad_clip);
+  add("recompute", recompute_name(train.recompute));
   add("data", data_file.empty() ? "synthetic" : data_file);
   add("nodes", mesh.nodes);
   add("ranks_per_node", mesh.ranks_per_node);

@@ -98,43 +98,64 @@ struct LayerActs {
   float *ln2, *ln2_mean, *ln2_rstd;  // [N,C], [N], [N]
   float* fch;                        // [N,4C] MLP pre-activation
   float* fch_gelu;                   // [N,4C]
+
+  // Carves one block's activations; att only if with_att (otherwise it is left null).
+  void carve(std::size_t N, std::size_t C, std::size_t att_n, bool with_att, Carver& c) {
+    ln1 = c.take(N * C);
+    ln1_mean = c.take(N);
+    ln1_rstd = c.take(N);
+    qkv = c.take(3 * N * C);
+    atty = c.take(N * C);
+    att = with_att ? c.take(att_n) : nullptr;
+    xmid = c.take(N * C);
+    ln2 = c.take(N * C);
+    ln2_mean = c.take(N);
+    ln2_rstd = c.take(N);
+    fch = c.take(4 * N * C);
+    fch_gelu = c.take(4 * N * C);
+  }
 };
+
+void check_recompute(Recompute r) {
+  if (r != Recompute::none && r != Recompute::full && r != Recompute::selective) {
+    throw ConfigError("model: recompute must be one of none, full, selective; got value " +
+                      std::to_string(int(r)));
+  }
+}
 
 struct ActPlan {
   std::vector<float*> x;  // residual stream x_0 .. x_L, each [N,C]; x_l is block l's input
+  // Per block. Recompute::none: L separate sets. Recompute::selective: L separate sets whose att
+  // all point at one shared buffer. Recompute::full: all L entries name one shared set.
   std::vector<LayerActs> layers;
   float *lnf, *lnf_mean, *lnf_rstd;  // [N,C], [N], [N]
   float* probs;                      // [N,V] (the logits, then softmax in place)
   float* losses;                     // [N]
   // Gradients. dres is d(residual stream), carried from the head down to the embedding.
-  // The rest is one shared scratch region: the head uses [dlogits N*V | dlnf N*C]; each block
+  // The rest is one shared scratch region, live only inside one backward (or, for the shared
+  // recompute buffers, one forward) call. The head uses [dlogits N*V | dlnf N*C]; each block
   // reuses three pieces of it, in the order of Impl::backward_block:
-  //   ws_a [4NC]                 : d(fch_gelu), later d(qkv)
+  //   ws_a [4NC]                 : d(fch_gelu), later d(qkv) (and the discarded output of the
+  //                                selective attention recompute just before that)
   //   ws_b [max(4NC, B*NH*T*T)]  : d(fch), later the d(att) scratch, later d(ln1)
   //   ws_d [NC]                  : d(ln2), later d(atty)
+  // followed, in the block view, by the shared recompute buffers: Recompute::selective the one
+  // att [B,NH,T,T], Recompute::full one whole LayerActs. A block's forward writes them and
+  // nothing reads them afterwards (its backward recomputes them), and the head's scratch is dead
+  // outside the head's backward, so the two views can overlap.
   float* dres;
   float *dlogits, *dlnf;
   float *ws_a, *ws_b, *ws_d;
 
-  void carve(const ModelSpec& s, int B, Carver& c) {
+  void carve(const ModelSpec& s, int B, Recompute r, Carver& c) {
+    check_recompute(r);
     const std::size_t N = std::size_t(B) * s.seq, C = s.hidden, L = s.layers;
     const std::size_t att = std::size_t(B) * s.heads * s.seq * s.seq;
     x.resize(L + 1);
     for (auto& p : x) p = c.take(N * C);
     layers.resize(L);
-    for (auto& a : layers) {
-      a.ln1 = c.take(N * C);
-      a.ln1_mean = c.take(N);
-      a.ln1_rstd = c.take(N);
-      a.qkv = c.take(3 * N * C);
-      a.atty = c.take(N * C);
-      a.att = c.take(att);
-      a.xmid = c.take(N * C);
-      a.ln2 = c.take(N * C);
-      a.ln2_mean = c.take(N);
-      a.ln2_rstd = c.take(N);
-      a.fch = c.take(4 * N * C);
-      a.fch_gelu = c.take(4 * N * C);
+    if (r != Recompute::full) {
+      for (auto& a : layers) a.carve(N, C, att, r == Recompute::none, c);
     }
     lnf = c.take(N * C);
     lnf_mean = c.take(N);
@@ -149,6 +170,14 @@ struct ActPlan {
     ws_a = block.take(4 * N * C);
     ws_b = block.take(std::max(4 * N * C, att));
     ws_d = block.take(N * C);
+    if (r == Recompute::full) {
+      LayerActs shared;
+      shared.carve(N, C, att, true, block);
+      for (auto& a : layers) a = shared;
+    } else if (r == Recompute::selective) {
+      float* shared_att = block.take(att);
+      for (auto& a : layers) a.att = shared_att;
+    }
     c.used = std::max(head.used, block.used);
   }
 };
@@ -275,19 +304,20 @@ struct Model::Impl {
   // Offsets of each block tensor from the start of its unit, and of wpe in the embedding unit.
   std::size_t block_off[kBlockTensors] = {};
   std::size_t wpe_off = 0;
+  Recompute recompute;
   int last_batch = 0;  // micro-batch size of the last head forward, for loss_sum()
   bool have_loss = false;
 
-  Impl(const ModelSpec& s, int micro_batch, MemoryLedger& ledger)
-      : spec(s), layout(s), B(micro_batch) {
+  Impl(const ModelSpec& s, int micro_batch, MemoryLedger& ledger, Recompute r)
+      : spec(s), layout(s), B(micro_batch), recompute(r) {
     if (micro_batch <= 0) {
       throw ConfigError("model: micro-batch must be positive, got " + std::to_string(B));
     }
     Carver count;
-    ActPlan().carve(spec, B, count);
+    ActPlan().carve(spec, B, recompute, count);
     memory = Buffer<float>(ledger, MemTag::activations, count.used);
     Carver c{memory.data(), 0};
-    a.carve(spec, B, c);
+    a.carve(spec, B, recompute, c);
     const UnitInfo& blk = layout.units()[1];
     for (int k = 0; k < kBlockTensors; ++k)
       block_off[k] = layout.tensors()[blk.first_tensor + k].offset - blk.offset;
@@ -323,7 +353,9 @@ struct Model::Impl {
     }
   }
 
-  void forward_block(int l, const float* p, int Bm) {
+  // recomputing: the Recompute::full recompute in backward, which stops at fch_gelu: the block
+  // output (fcproj and the second residual) is not needed by the backward and x_{l+1} is kept.
+  void forward_block(int l, const float* p, int Bm, bool recomputing = false) {
     const int T = spec.seq, C = spec.hidden, NH = spec.heads, N = Bm * T;
     const std::int64_t NC = std::int64_t(N) * C;
     const std::size_t* o = block_off;
@@ -338,6 +370,7 @@ struct Model::Impl {
     cpu::layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.xmid, p + o[kLn2W], p + o[kLn2B], N, C);
     cpu::matmul_forward(s.fch, s.ln2, p + o[kFcW], p + o[kFcB], N, C, 4 * C);
     cpu::gelu_forward(s.fch_gelu, s.fch, 4 * NC);
+    if (recomputing) return;
     cpu::matmul_forward(x_out, s.fch_gelu, p + o[kFcprojW], p + o[kFcprojB], N, 4 * C, C);
     cpu::residual_forward(x_out, x_out, s.xmid, NC);
   }
@@ -348,6 +381,9 @@ struct Model::Impl {
     const std::size_t NC = std::size_t(N) * C;
     const std::size_t* o = block_off;
     const LayerActs& s = a.layers[l];
+    // Full recompute: rebuild this block's activations from its kept input x_l into the shared
+    // buffers (disjoint from ws_a/ws_b/ws_d, which are free until the backward below starts).
+    if (recompute == Recompute::full) forward_block(l, p, Bm, true);
     float* dres = a.dres;
     auto zero = [](float* p, std::size_t n) { std::memset(p, 0, n * sizeof(float)); };
     // MLP: x_out = xmid + fcproj(gelu(fc(ln2(xmid)))); d(xmid) starts as d(x_out).
@@ -368,6 +404,11 @@ struct Model::Impl {
     zero(datty, NC);
     cpu::matmul_backward(datty, g + o[kProjW], g + o[kProjB], dres, s.atty, p + o[kProjW], N, C, C);
     float* dqkv = a.ws_a;
+    // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
+    // shared att buffer. The attention output it also produces is not needed (atty is kept): it
+    // goes to ws_a, which is free until dqkv is zeroed there.
+    if (recompute == Recompute::selective)
+      cpu::attention_forward(a.ws_a, s.att, s.qkv, Bm, T, C, NH);
     zero(dqkv, 3 * NC);
     cpu::attention_backward(dqkv, a.ws_b, datty, s.qkv, s.att, Bm, T, C, NH);
     float* dln1 = a.ws_b;
@@ -378,13 +419,36 @@ struct Model::Impl {
   }
 };
 
-Model::Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory)
-    : impl_(std::make_unique<Impl>(spec, micro_batch, memory)) {}
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none:
+      return "none";
+    case Recompute::full:
+      return "full";
+    case Recompute::selective:
+      return "selective";
+  }
+  return "unknown";
+}
+
+bool parse_recompute(const std::string& name, Recompute* out) {
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+    if (name == recompute_name(r)) {
+      if (out) *out = r;
+      return true;
+    }
+  }
+  return false;
+}
+
+Model::Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory, Recompute recompute)
+    : impl_(std::make_unique<Impl>(spec, micro_batch, memory, recompute)) {}
 Model::~Model() = default;
 
 const ModelSpec& Model::spec() const { return impl_->spec; }
 const ParamLayout& Model::layout() const { return impl_->layout; }
 int Model::micro_batch() const { return impl_->B; }
+Recompute Model::recompute() const { return impl_->recompute; }
 
 void Model::forward(int unit, const UnitPtrs& params, const MicroBatch& mb) {
   Impl& m = *impl_;
@@ -447,13 +511,13 @@ double Model::loss_sum() const {
   return sum;
 }
 
-std::uint64_t Model::activation_bytes(const ModelSpec& spec, int micro_batch) {
+std::uint64_t Model::activation_bytes(const ModelSpec& spec, int micro_batch, Recompute recompute) {
   validate(spec);
   if (micro_batch <= 0) {
     throw ConfigError("model: micro-batch must be positive, got " + std::to_string(micro_batch));
   }
   Carver count;
-  ActPlan().carve(spec, micro_batch, count);
+  ActPlan().carve(spec, micro_batch, recompute, count);
   return count.used * sizeof(float);
 }
 

@@ -59,7 +59,8 @@ class CoreContext final : public Context {
     const std::size_t tokens = std::size_t(config.train.micro_batch) * config.model.seq;
     inputs_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
     targets_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
-    model_ = std::make_unique<Model>(config.model, config.train.micro_batch, memory_);
+    model_ = std::make_unique<Model>(config.model, config.train.micro_batch, memory_,
+                                     config.train.recompute);
   }
 
   const MeshSpec& mesh() const override { return config_.mesh; }

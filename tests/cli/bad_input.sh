@@ -34,7 +34,9 @@ check "--transport ucx: must be mpi" --plugin ddp --transport ucx
 check "--mesh: ddp is data parallel only" --plugin ddp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2
 check "unrecognised option '--bogus'" --plugin ddp --bogus
 check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexistent
+check "--recompute some: must be one of none, full, selective" --plugin ddp --recompute some
+check "--memory-limit lots: expected a size such as 80GiB" --plugin ddp --dry-run --memory-limit lots
 left=$(find "$out" -type f | wc -l)
 if [[ $left -ne 0 ]]; then echo "FAIL: $left file(s) left in $out"; fails=$((fails+1)); fi
-echo "$((15 - fails)) passed, $fails failed"
+echo "$((17 - fails)) passed, $fails failed"
 [[ $fails -eq 0 ]]

@@ -5,6 +5,7 @@
 //                                            params/grads/optimizer/activations/workspace == predicted
 //   check_run status FILE STATUS TEXT        status and a substring of the error
 //   check_run calls FILE OP N                every rank makes N calls of OP in every step
+//   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
 // Prints what it compared; exits 1 on the first mismatch.
 #include <cmath>
@@ -142,6 +143,17 @@ int main(int argc, char** argv) {
           EXPECT(it->second.calls[i] == std::atof(argv[4]), "%s calls %.0f at %zu, want %s\n", argv[3],
                  it->second.calls[i], i, argv[4]);
       std::printf("%s: %s calls per rank per step\n", argv[3], argv[4]);
+    } else if (cmd == "less-memory" && argc == 5) {
+      RunRecord a = read_run_file(argv[2]), b = read_run_file(argv[3]);
+      auto peak = [&](const RunRecord& r) {
+        double m = 0;
+        for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
+          if (r.memory_tags[t] == argv[4])
+            for (int k = 0; k < r.ranks; ++k) m = std::max(m, r.peak_bytes[k * r.memory_tags.size() + t]);
+        return m;
+      };
+      EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", argv[4], peak(a), peak(b));
+      std::printf("%s: %.0f < %.0f bytes\n", argv[4], peak(a), peak(b));
     } else if (cmd == "make-tokens" && argc == 5) {
       // Token t+1 = (5 * token t + 3) mod V, with every 7th token random-ish: learnable.
       std::filesystem::create_directories(std::filesystem::path(argv[2]).parent_path());

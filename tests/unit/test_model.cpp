@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <set>
 #include <vector>
@@ -57,8 +58,9 @@ struct Harness {
   std::vector<float> params, grads;
   UnitPtrs pp, gg;
 
-  Harness(const ModelSpec& s, int micro_batch, std::uint64_t seed = 7)
-      : spec(s), model(s, micro_batch, memory) {
+  Harness(const ModelSpec& s, int micro_batch, std::uint64_t seed = 7,
+          Recompute recompute = Recompute::none)
+      : spec(s), model(s, micro_batch, memory, recompute) {
     const ParamLayout& layout = model.layout();
     params.resize(layout.total());
     grads.assign(layout.total(), 0.0f);
@@ -454,13 +456,255 @@ TEST(ModelMemory, ActivationBytesEqualTheLedgerPeak) {
 }
 
 TEST(ModelMemory, ActivationsStayAfterTraining) {
-  // Forward and backward allocate nothing beyond the construction-time buffers.
+  // Forward and backward allocate nothing beyond the construction-time buffers, in every mode.
   const ModelSpec spec = tiny_spec();
-  Harness h(spec, 2);
-  Batch batch(2, spec.seq, spec.vocab, 71);
-  const auto before = h.memory.peak(MemTag::activations);
-  h.step(batch.mb, 0.1f);
-  EXPECT_EQ(h.memory.peak(MemTag::activations), before);
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+    Harness h(spec, 2, 7, r);
+    Batch batch(2, spec.seq, spec.vocab, 71);
+    const auto before = h.memory.peak(MemTag::activations);
+    EXPECT_EQ(before, Model::activation_bytes(spec, 2, r)) << recompute_name(r);
+    h.step(batch.mb, 0.1f);
+    h.step(batch.mb, 0.1f);
+    EXPECT_EQ(h.memory.peak(MemTag::activations), before) << recompute_name(r);
+    EXPECT_EQ(h.memory.current(MemTag::activations), before) << recompute_name(r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation recomputation
+
+namespace {
+
+constexpr Recompute kModes[] = {Recompute::none, Recompute::full, Recompute::selective};
+
+// Attention probabilities dominate the block activations: T=32 with C=32.
+ModelSpec att_heavy_spec() {
+  ModelSpec s;
+  s.preset = "att-heavy";
+  s.layers = 3;
+  s.hidden = 32;
+  s.heads = 4;
+  s.seq = 32;
+  s.vocab = 64;
+  return s;
+}
+
+// The logits dominate: the head's scratch is larger than a block's scratch plus the shared
+// recompute buffers, so those overlap the head's scratch.
+ModelSpec logit_heavy_spec() {
+  ModelSpec s = att_heavy_spec();
+  s.preset = "logit-heavy";
+  s.seq = 16;
+  s.vocab = 1024;
+  return s;
+}
+
+ModelSpec gpt2_124m_spec() {
+  ModelSpec s;
+  s.preset = "gpt2-124m";
+  s.layers = 12;
+  s.hidden = 768;
+  s.heads = 12;
+  s.seq = 1024;
+  s.vocab = 50257;
+  return s;
+}
+
+// The activation layout as documented in model.cpp, counted independently, for shapes where
+// N = B*T is a multiple of 16 (then every piece is already 64-byte aligned: no padding).
+//   kept always     x_0..x_L (L+1)NC; lnf NC + 2N; probs NV; losses N; dres NC
+//   per block       ln1 NC + 2N, qkv 3NC, atty NC, xmid NC, ln2 NC + 2N, fch 4NC, fch_gelu 4NC
+//                   = 15NC + 4N, plus att = B*NH*T*T
+//   scratch         max(head: NV + NC, block: 4NC + max(4NC, att) + NC + shared recompute)
+//   none:      all L blocks with att; no shared recompute buffers
+//   selective: all L blocks without att; shared = one att
+//   full:      no per-block buffers; shared = one whole block (15NC + 4N + att)
+std::uint64_t expected_activation_bytes(const ModelSpec& s, int B, Recompute r) {
+  const std::uint64_t N = std::uint64_t(B) * s.seq, C = s.hidden, L = s.layers, V = s.vocab;
+  const std::uint64_t NC = N * C, att = std::uint64_t(B) * s.heads * s.seq * s.seq;
+  const std::uint64_t kept = (L + 1) * NC + (NC + 2 * N) + N * V + N + NC;
+  const std::uint64_t block = 15 * NC + 4 * N;
+  const std::uint64_t head_ws = N * V + NC, block_ws = 4 * NC + std::max(4 * NC, att) + NC;
+  std::uint64_t floats = 0;
+  switch (r) {
+    case Recompute::none:
+      floats = kept + L * (block + att) + std::max(head_ws, block_ws);
+      break;
+    case Recompute::selective:
+      floats = kept + L * block + std::max(head_ws, block_ws + att);
+      break;
+    case Recompute::full:
+      floats = kept + std::max(head_ws, block_ws + block + att);
+      break;
+  }
+  return floats * sizeof(float);
+}
+
+// Trains `steps` steps of `micro` micro-batches each (gradients accumulate over the micro-batches
+// of a step, AdamW after each step); returns every micro-batch's loss_sum and, per step, the
+// accumulated gradients. The last micro-batch of a step after the first uses a smaller batch than
+// the model was built for.
+struct Trajectory {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> grads;
+};
+Trajectory train(const ModelSpec& spec, int B, Recompute r, int steps, int micro) {
+  Harness h(spec, B, 7, r);
+  EXPECT_EQ(h.model.recompute(), r);
+  AdamWConfig cfg;
+  cfg.lr = 1e-2f;
+  AdamW opt(h.model.layout(), 0, h.params.size(), cfg, h.memory);
+  Trajectory out;
+  for (int t = 1; t <= steps; ++t) {
+    std::fill(h.grads.begin(), h.grads.end(), 0.0f);
+    for (int m = 0; m < micro; ++m) {
+      const int b = (t > 1 && m == micro - 1) ? B - 1 : B;
+      Batch batch(b, spec.seq, spec.vocab, std::uint32_t(100 * t + m));
+      out.losses.push_back(h.step(batch.mb, 1.0f / float(micro * B * spec.seq)));
+    }
+    out.grads.push_back(h.grads);
+    opt.step(h.params.data(), h.grads.data(), t);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Recompute, NamesRoundTripAndBadNamesAreRejected) {
+  for (Recompute r : kModes) {
+    Recompute parsed = r == Recompute::none ? Recompute::full : Recompute::none;
+    ASSERT_TRUE(parse_recompute(recompute_name(r), &parsed)) << recompute_name(r);
+    EXPECT_EQ(parsed, r);
+  }
+  EXPECT_STREQ(recompute_name(Recompute::none), "none");
+  EXPECT_STREQ(recompute_name(Recompute::full), "full");
+  EXPECT_STREQ(recompute_name(Recompute::selective), "selective");
+  for (const char* bad : {"", "Full", "sel", "selective ", "true", "1"}) {
+    Recompute r = Recompute::selective;
+    EXPECT_FALSE(parse_recompute(bad, &r)) << '"' << bad << '"';
+    EXPECT_EQ(r, Recompute::selective) << "untouched on failure";
+  }
+  EXPECT_THROW(Model::activation_bytes(tiny_spec(), 1, static_cast<Recompute>(7)), ConfigError);
+  MemoryLedger ledger;
+  EXPECT_THROW(Model(tiny_spec(), 1, ledger, static_cast<Recompute>(-1)), ConfigError);
+  EXPECT_EQ(ledger.peak(MemTag::activations), 0u);
+}
+
+// Every mode runs the same kernels on the same inputs in the same order, so the losses and
+// gradients are expected to be bit-for-bit those of Recompute::none. Asserted: losses equal
+// within 1e-12 relative, every gradient element within 1e-6 relative to itself plus 1e-9 of the
+// largest gradient (room only for a reordered reduction; a stale or missing recompute is an O(1)
+// error). Two shapes: one where the attention probabilities dominate, one where the logits do (so
+// the shared recompute buffers overlap the head's scratch, which the head's backward overwrites).
+TEST(Recompute, LossesAndGradientsEqualNoRecompute) {
+  for (const ModelSpec& spec : {att_heavy_spec(), logit_heavy_spec()}) {
+    const int B = 2, steps = 3, micro = 2;
+    const Trajectory ref = train(spec, B, Recompute::none, steps, micro);
+    for (Recompute r : {Recompute::full, Recompute::selective}) {
+      SCOPED_TRACE(spec.preset + " " + recompute_name(r));
+      const Trajectory got = train(spec, B, r, steps, micro);
+      ASSERT_EQ(got.losses.size(), ref.losses.size());
+      for (std::size_t i = 0; i < ref.losses.size(); ++i)
+        EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-12 * std::fabs(ref.losses[i])) << i;
+      std::size_t not_bitwise = 0;
+      for (int t = 0; t < steps; ++t) {
+        const std::vector<float>& g0 = ref.grads[t];
+        const std::vector<float>& g1 = got.grads[t];
+        double max_g = 0;
+        for (float g : g0) max_g = std::max(max_g, double(std::fabs(g)));
+        ASSERT_GT(max_g, 1e-4);
+        for (std::size_t i = 0; i < g0.size(); ++i) {
+          ASSERT_NEAR(g1[i], g0[i], 1e-6 * std::fabs(g0[i]) + 1e-9 * max_g)
+              << "step " << t << " element " << i << " (" << ParamLayout(spec).tensor_at(i).name
+              << ")";
+          not_bitwise += g1[i] != g0[i];
+        }
+      }
+      EXPECT_EQ(not_bitwise, 0u) << "gradient elements not bit-for-bit equal (informative)";
+    }
+  }
+}
+
+TEST(Recompute, ActivationBytesFollowTheLayoutAndEqualTheLedgerPeak) {
+  for (const ModelSpec& spec : {tiny_spec(), small_spec(), att_heavy_spec(), logit_heavy_spec()}) {
+    for (int B : {1, 2, 8}) {
+      for (Recompute r : kModes) {
+        SCOPED_TRACE(spec.preset + " B=" + std::to_string(B) + " " + recompute_name(r));
+        MemoryLedger ledger;
+        {
+          Model m(spec, B, ledger, r);
+          EXPECT_EQ(m.recompute(), r);
+          EXPECT_EQ(ledger.peak(MemTag::activations), Model::activation_bytes(spec, B, r));
+          EXPECT_EQ(ledger.current(MemTag::activations), Model::activation_bytes(spec, B, r));
+        }
+        EXPECT_EQ(ledger.current(MemTag::activations), 0u);
+        if (B * spec.seq % 16 == 0)
+          EXPECT_EQ(Model::activation_bytes(spec, B, r), expected_activation_bytes(spec, B, r));
+      }
+      // The default is no recompute.
+      EXPECT_EQ(Model::activation_bytes(spec, B),
+                Model::activation_bytes(spec, B, Recompute::none));
+    }
+  }
+  // gpt2-124m: the formula only (nothing allocated).
+  for (Recompute r : kModes)
+    EXPECT_EQ(Model::activation_bytes(gpt2_124m_spec(), 8, r),
+              expected_activation_bytes(gpt2_124m_spec(), 8, r));
+}
+
+TEST(Recompute, FullUsesLessThanSelectiveLessThanNone) {
+  for (const ModelSpec& spec :
+       {small_spec(), att_heavy_spec(), logit_heavy_spec(), gpt2_124m_spec()}) {
+    for (int B : {1, 8}) {
+      const auto none = Model::activation_bytes(spec, B, Recompute::none);
+      const auto sel = Model::activation_bytes(spec, B, Recompute::selective);
+      const auto full = Model::activation_bytes(spec, B, Recompute::full);
+      EXPECT_LT(full, sel) << spec.preset << " B=" << B;
+      EXPECT_LT(sel, none) << spec.preset << " B=" << B;
+      // Full keeps the L+1 residual-stream tensors, the head and at most one block's buffers.
+      const std::uint64_t NC = std::uint64_t(B) * spec.seq * spec.hidden;
+      EXPECT_GT(full, (spec.layers + 1) * NC * 4);
+      if (spec.preset == "small" || spec.preset == "gpt2-124m") {
+        std::printf("[ activations ] %s B=%d: none %llu  selective %llu  full %llu bytes\n",
+                    spec.preset.c_str(), B, (unsigned long long)none, (unsigned long long)sel,
+                    (unsigned long long)full);
+      }
+    }
+  }
+  // small at B=8 (L=4, C=256, NH=4, T=128, V=4096; N = 1024 rows, NC = 2^18 floats = 1 MiB,
+  // att = 2 NC, NV = 16 NC): kept 23 NC + 3N, per block 15 NC + 4N (+ att), head scratch 17 NC,
+  // block scratch 9 NC. none = 108 NC + 19N, selective = 100 NC + 19N (the shared att fits in
+  // the head's scratch), full = 23 NC + 3N + (9 + 15 + 2) NC + 4N = 49 NC + 7N.
+  const ModelSpec small = small_spec();
+  EXPECT_EQ(Model::activation_bytes(small, 8, Recompute::none), 113324032u);
+  EXPECT_EQ(Model::activation_bytes(small, 8, Recompute::selective), 104935424u);
+  EXPECT_EQ(Model::activation_bytes(small, 8, Recompute::full), 51408896u);
+}
+
+// What selective saves relative to none, in bytes, with att = B*NH*T*T*4 the attention
+// probabilities of one block: L*att (no per-block att) minus what the one shared att adds to the
+// scratch region, which is max(0, min(att, block_ws + att - head_ws)) (it overlaps the head's
+// scratch where that is larger). So exactly (L-1)*att when a block's scratch is at least the
+// head's (att-heavy shapes), exactly L*att when the head's scratch has room for a block's
+// scratch plus att (small, gpt2-124m: large vocabularies), and in between otherwise.
+TEST(Recompute, SelectiveSavesTheAttentionProbabilities) {
+  auto saved = [](const ModelSpec& s, int B) {
+    return Model::activation_bytes(s, B, Recompute::none) -
+           Model::activation_bytes(s, B, Recompute::selective);
+  };
+  auto att_bytes = [](const ModelSpec& s, int B) {
+    return std::uint64_t(B) * s.heads * s.seq * s.seq * sizeof(float);
+  };
+  for (int B : {1, 2, 8}) {
+    const ModelSpec a = att_heavy_spec();
+    EXPECT_EQ(saved(a, B), (a.layers - 1) * att_bytes(a, B)) << "att-heavy B=" << B;
+    const ModelSpec s = small_spec();
+    EXPECT_EQ(saved(s, B), s.layers * att_bytes(s, B)) << "small B=" << B;
+    const ModelSpec g = gpt2_124m_spec();
+    EXPECT_EQ(saved(g, B), g.layers * att_bytes(g, B)) << "gpt2-124m B=" << B;
+  }
+  // small at B=8: att is 8*4*128*128 floats = 2 MiB per block, 4 blocks.
+  EXPECT_EQ(saved(small_spec(), 8), 4u * 2 * 1024 * 1024);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ struct TrainSpec {
   double lr = 1e-3;
   double grad_clip = 1.0;  // global-norm clipping; 0 = off
   double weight_decay = 0.1;
+  Recompute recompute = Recompute::none;  // activation recomputation (Megatron's modes)
   // Micro-batches per rank per step (gradient accumulation) on this mesh.
   int micro_steps(const MeshSpec& m) const { return global_batch / (micro_batch * m.dp); }
 };

@@ -95,12 +95,29 @@ struct MicroBatch {
 // element, laid out as in ParamLayout. A strategy that shards points these at gathered buffers.
 using UnitPtrs = std::vector<float*>;
 
+// Activation recomputation (Megatron-LM's definitions), chosen when the Model is built:
+//   none       every activation of every block is kept from forward to backward.
+//   full       only each block's input (the residual stream entering it) is kept; backward of
+//              block l first recomputes block l's forward from that input into one set of block
+//              buffers shared by all blocks, then runs its backward.
+//   selective  everything is kept except the attention probabilities att[B,NH,T,T] (the term
+//              quadratic in T); backward of block l recomputes them from block l's saved qkv into
+//              one shared buffer, then runs the attention backward.
+// Losses and gradients are the same in every mode (the same kernels run on the same inputs).
+enum class Recompute { none, full, selective };
+// "none", "full", "selective".
+const char* recompute_name(Recompute r);
+// Parses one of the names above (exact, lower case) into *out; false (and *out untouched) if the
+// name is not one of them.
+bool parse_recompute(const std::string& name, Recompute* out);
+
 // The model's computation for one micro-batch size. Owns the activations (MemTag::activations);
 // parameters and gradients are passed in, so strategies decide where they live.
 // Gradients always accumulate (+=): zero them before the first micro-batch of a step.
 class Model {
  public:
-  Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory);
+  Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory,
+        Recompute recompute = Recompute::none);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -108,9 +125,12 @@ class Model {
   const ModelSpec& spec() const;
   const ParamLayout& layout() const;
   int micro_batch() const;
+  Recompute recompute() const;
 
   // Unit passes. The head's forward also computes the loss; the head reads the tied wte through
-  // params[0], and its backward accumulates into grads[0] as well as grads[L+1].
+  // params[0], and its backward accumulates into grads[0] as well as grads[L+1]. Under
+  // Recompute::full / selective a block's backward first recomputes what its forward did not keep
+  // (from params[unit], which must hold the same values as in its forward).
   void forward(int unit, const UnitPtrs& params, const MicroBatch& mb);
   // grad_scale: d(loss)/d(per-token loss), e.g. 1 / (tokens in the global batch).
   void backward(int unit, const UnitPtrs& params, const UnitPtrs& grads, const MicroBatch& mb,
@@ -118,9 +138,11 @@ class Model {
   // Sum over the micro-batch's tokens of the per-token cross-entropy (after the head's forward).
   double loss_sum() const;
 
-  // Bytes of activations (and their gradients) this model allocates for a micro-batch size:
-  // the activations prediction.
-  static std::uint64_t activation_bytes(const ModelSpec& spec, int micro_batch);
+  // Bytes of activations (and their gradients) this model allocates for a micro-batch size and
+  // recompute mode: the activations prediction. Exact: all of it is allocated by the constructor
+  // (MemTag::activations), nothing during forward or backward.
+  static std::uint64_t activation_bytes(const ModelSpec& spec, int micro_batch,
+                                        Recompute recompute = Recompute::none);
 
  private:
   struct Impl;
