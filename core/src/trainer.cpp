@@ -229,7 +229,6 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
 
   std::vector<StepRow> rows;
   std::vector<double> global_loss, step_max;
-  std::size_t seen_records = 0;
   for (int step = 0; step < steps; ++step) {
     ledger.set_step(step);
     ctx.begin_step();
@@ -246,10 +245,10 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     row.metric["optimizer_s"] = ctx.phase_s(Phase::optimizer);
     row.metric["bubble_s"] = 0;
     row.metric["tokens"] = ctx.loss_tokens();
-    std::vector<CommRecord> all = ledger.records();
-    std::vector<CommRecord> mine(all.begin() + std::ptrdiff_t(seen_records), all.end());
-    seen_records = all.size();
-    comm_of_step(mine, ledger.waits(step), row);
+    std::vector<CommRecord> records;
+    Intervals waits;
+    ledger.drain(&records, &waits);  // streams are synchronised: all of this step, nothing else
+    comm_of_step(records, waits, row);
 
     double sums[2] = {ctx.loss_sum(), ctx.loss_tokens()};
     mpi::control_allreduce_sum(sums, 2);

@@ -76,6 +76,13 @@ TEST(CommLedger, RecordsNcclTestsSizes) {
   // Blocking calls on the compute thread are compute idle time.
   EXPECT_EQ(ledger.waits(3).size(), 4u);
   EXPECT_THROW(g.all_gather(view(small.data(), 100), view(big.data(), 300)), Error);
+  std::vector<CommRecord> drained;
+  Intervals waits;
+  ledger.drain(&drained, &waits);
+  EXPECT_EQ(drained.size(), 4u);
+  EXPECT_EQ(waits.size(), 4u);
+  EXPECT_TRUE(ledger.records().empty());
+  EXPECT_TRUE(ledger.waits(3).empty());
 }
 
 TEST(CommStream, RunsInOrderOffTheCallingThread) {

@@ -75,6 +75,8 @@ class CommLedger {
   std::vector<CommRecord> records() const;                      // all finished calls
   std::vector<std::pair<double, double>> waits(int step) const;  // compute idle intervals
   std::vector<InFlight> in_flight() const;
+  // Move out every finished call and every recorded wait (the trainer takes them once per step).
+  void drain(std::vector<CommRecord>* records, std::vector<std::pair<double, double>>* waits);
   void clear();
 
  private:

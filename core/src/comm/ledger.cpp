@@ -65,6 +65,16 @@ std::vector<InFlight> CommLedger::in_flight() const {
   return out;
 }
 
+void CommLedger::drain(std::vector<CommRecord>* records,
+                       std::vector<std::pair<double, double>>* waits) {
+  std::lock_guard lock(mu_);
+  records->swap(records_);
+  records_.clear();
+  waits->clear();
+  for (const auto& [s, t0, t1] : waits_) waits->emplace_back(t0, t1);
+  waits_.clear();
+}
+
 void CommLedger::clear() {
   std::lock_guard lock(mu_);
   records_.clear();

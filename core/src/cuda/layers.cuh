@@ -1,0 +1,98 @@
+// CUDA layer passes of the GPT-2 workload: the same free functions, argument order and shapes as
+// cpu/layers.hpp (the reference they are tested against), on device pointers, with a CudaContext
+// (stream + cuBLAS handle + cuBLAS workspace) as the first argument. Every call is asynchronous on
+// ctx.stream.
+//
+// Every tensor is fp32, row-major. Shapes in comments: B batch, T sequence, C channels (hidden),
+// NH heads, hs = C / NH, V vocab, N = B*T rows.
+// Convention: parameter gradients and input gradients ACCUMULATE (+=); callers zero them.
+//
+// This step is fp32 only: GEMMs run in plain fp32 (CUBLAS_DEFAULT_MATH, no TF32), so results
+// match the CPU path to fp32 reduction-order error. TODO(bf16): bf16 activations/weights with
+// fp32 master weights and fp32 accumulation (cublasGemmEx / cuBLASLt), as DESIGN.md "Backend".
+//
+// Plain C++ header (no CUDA syntax), so host-only sources and tests can include it.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace strata::cuda {
+
+// The stream every pass of one rank runs on, the cuBLAS handle bound to it, and a cuBLAS
+// workspace owned here (a fixed user workspace keeps cuBLAS from allocating during a step and
+// makes the GEMMs capturable in a CUDA graph later). Non-copyable; owns everything it creates.
+struct CudaContext {
+  // Uses device `device` (cudaSetDevice) and creates a non-blocking stream on it.
+  explicit CudaContext(int device = 0, std::size_t workspace_bytes = std::size_t(32) << 20);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  // Blocks until all work queued on `stream` has finished; throws on an asynchronous fault.
+  void synchronize() const;
+
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]
+void encoder_forward(const CudaContext& ctx, float* out, const std::int32_t* tokens,
+                     const float* wte, const float* wpe, int B, int T, int C);
+// dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout
+// (atomicAdd: the summation order of repeated tokens is not fixed run to run.)
+void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const float* dout,
+                      const std::int32_t* tokens, int B, int T, int C);
+
+// out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]
+void layernorm_forward(const CudaContext& ctx, float* out, float* mean, float* rstd,
+                       const float* inp, const float* weight, const float* bias, int N, int C);
+void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
+                        const float* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, int N, int C);
+
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null). cuBLAS sgemm.
+void matmul_forward(const CudaContext& ctx, float* out, const float* inp, const float* weight,
+                    const float* bias, int N, int C, int OC);
+// dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout (if non-null)
+// Each of dinp, dweight, dbias may be null (not computed).
+void matmul_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, int N, int C,
+                     int OC);
+
+// Causal multi-head attention. qkv[B,T,3C] holds q | k | v, head h at columns h*hs.
+// out[B,T,C]; att[B,NH,T,T] saves the softmax probabilities for backward.
+void attention_forward(const CudaContext& ctx, float* out, float* att, const float* qkv, int B,
+                       int T, int C, int NH);
+// dqkv[B,T,3C] +=; datt[B,NH,T,T] is scratch (overwritten).
+void attention_backward(const CudaContext& ctx, float* dqkv, float* datt, const float* dout,
+                        const float* qkv, const float* att, int B, int T, int C, int NH);
+
+// tanh-approximation GELU, elementwise over n.
+void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n);
+// dinp[n] += gelu'(inp) * dout
+void gelu_backward(const CudaContext& ctx, float* dinp, const float* inp, const float* dout,
+                   std::int64_t n);
+
+// out = a + b, elementwise.
+void residual_forward(const CudaContext& ctx, float* out, const float* a, const float* b,
+                      std::int64_t n);
+
+// probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
+void softmax_crossentropy_forward(const CudaContext& ctx, float* probs, float* losses,
+                                  const float* logits, const std::int32_t* targets, int N, int V);
+// dlogits[N,V] += (probs - onehot(targets)) * grad_scale
+void crossentropy_softmax_backward(const CudaContext& ctx, float* dlogits, const float* probs,
+                                   const std::int32_t* targets, float grad_scale, int N, int V);
+
+// One AdamW update over n elements; decay is the weight decay (0 for no decay). t is 1-based.
+void adamw_update(const CudaContext& ctx, float* params, const float* grads, float* m, float* v,
+                  std::int64_t n, float lr, float beta1, float beta2, float eps, float decay, int t,
+                  float grad_scale);
+
+}  // namespace strata::cuda
