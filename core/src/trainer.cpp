@@ -13,6 +13,7 @@
 #include "comm/mpi_transport.hpp"
 #include "cpu/layers.hpp"
 #include "data.hpp"
+#include "format.hpp"
 #include "provenance.hpp"
 #include "strata/data_parallel.hpp"
 
@@ -126,15 +127,6 @@ double percentile(std::vector<double> v, double q) {
   std::size_t lo = std::size_t(pos);
   std::size_t hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
-  return buf;
 }
 
 // Per-step comm figures of one rank from the ledger records of that step.

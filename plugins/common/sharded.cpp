@@ -179,6 +179,14 @@ void Engine::update(Context& ctx, int step) {
   }
 }
 
+void EngineStrategy::validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const {
+  require_data_parallel_only(mesh, name_);
+  if (!(config_.bucket_mb > 0)) throw ConfigError("--plugin-opt bucket_mb: must be > 0 MiB");
+  if (config_.forward_prefetch < 0 || config_.backward_prefetch < 0)
+    throw ConfigError("--plugin-opt prefetch: must be >= 0");
+  if (config_.units_per_group < 1) throw ConfigError("--plugin-opt wrap: must be >= 1 unit");
+}
+
 void Engine::train_step(Context& ctx, int step) {
   for (auto& b : shard_grads_) b.zero();
   if (replica_grads_.size()) replica_grads_.zero();

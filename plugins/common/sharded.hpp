@@ -104,4 +104,20 @@ class Engine {
   MemoryLedger* memory_ = nullptr;
 };
 
+// A Strategy that runs the engine with a fixed configuration: the zero and fsdp plugins only map
+// their options onto an EngineConfig.
+class EngineStrategy final : public Strategy {
+ public:
+  EngineStrategy(std::string name, const EngineConfig& c) : name_(std::move(name)), config_(c) {}
+  void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override;
+  Prediction predict(const PredictInput& in) const override { return sharded::predict(in, config_); }
+  void setup(Context& ctx) override { engine_.emplace(ctx, config_); }
+  void train_step(Context& ctx, int step) override { engine_->train_step(ctx, step); }
+
+ private:
+  std::string name_;
+  EngineConfig config_;
+  std::optional<Engine> engine_;
+};
+
 }  // namespace strata::sharded

@@ -25,23 +25,6 @@ sharded::EngineConfig config_for(const std::string& name, const Options& o) {
   return c;
 }
 
-class Fsdp final : public Strategy {
- public:
-  Fsdp(const std::string& name, const Options& o) : name_(name), config_(config_for(name, o)) {}
-  void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
-    require_data_parallel_only(mesh, name_);
-    if (config_.units_per_group < 1) throw ConfigError("--plugin-opt wrap: must be >= 1 unit");
-  }
-  Prediction predict(const PredictInput& in) const override { return sharded::predict(in, config_); }
-  void setup(Context& ctx) override { engine_.emplace(ctx, config_); }
-  void train_step(Context& ctx, int step) override { engine_->train_step(ctx, step); }
-
- private:
-  std::string name_;
-  sharded::EngineConfig config_;
-  std::optional<sharded::Engine> engine_;
-};
-
 const PluginDescriptor& descriptor() {
   const std::vector<OptionSpec> options = {
       {"wrap", OptionType::integer, "1", "model units per FSDP unit (embedding, blocks, head)", {}},
@@ -63,7 +46,7 @@ const PluginDescriptor& descriptor() {
 }
 
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
-  return std::make_unique<Fsdp>(name, o);
+  return std::make_unique<sharded::EngineStrategy>(name, config_for(name, o));
 }
 
 }  // namespace

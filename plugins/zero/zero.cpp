@@ -20,24 +20,6 @@ sharded::EngineConfig config_for(const std::string& name, const Options& o) {
   return c;
 }
 
-class Zero final : public Strategy {
- public:
-  Zero(const std::string& name, const Options& o) : name_(name), config_(config_for(name, o)) {}
-  void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
-    require_data_parallel_only(mesh, name_);
-    if (!(config_.bucket_mb > 0)) throw ConfigError("--plugin-opt bucket_mb: must be > 0 MiB");
-    if (config_.forward_prefetch < 0) throw ConfigError("--plugin-opt prefetch: must be >= 0");
-  }
-  Prediction predict(const PredictInput& in) const override { return sharded::predict(in, config_); }
-  void setup(Context& ctx) override { engine_.emplace(ctx, config_); }
-  void train_step(Context& ctx, int step) override { engine_->train_step(ctx, step); }
-
- private:
-  std::string name_;
-  sharded::EngineConfig config_;
-  std::optional<sharded::Engine> engine_;
-};
-
 const PluginDescriptor& descriptor() {
   const std::vector<OptionSpec> options = {
       {"bucket_mb", OptionType::real, "25",
@@ -57,7 +39,7 @@ const PluginDescriptor& descriptor() {
 }
 
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
-  return std::make_unique<Zero>(name, o);
+  return std::make_unique<sharded::EngineStrategy>(name, config_for(name, o));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "comm/mpi_transport.hpp"
 #include "config.hpp"
+#include "format.hpp"
 #include "cpu/layers.hpp"
 #include "launch.hpp"
 #include "plugin_loader.hpp"
@@ -48,15 +49,6 @@ std::string default_run_id(const RunConfig& c) {
          std::to_string(c.mesh.ranks_per_node) + "-" + suffix;
 }
 
-std::string human(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
-  return buf;
-}
-
 // --dry-run: the strategy's predictions for every rank of the mesh, without starting any rank.
 // Returns the exit code: 0, or 4 when --memory-limit is given and the largest rank does not fit.
 int dry_run(const RunConfig& c, const Strategy& strategy) {
@@ -84,19 +76,19 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
               c.train.micro_batch, c.train.global_batch, c.train.micro_steps(c.mesh));
   std::printf("predicted memory per rank (largest rank per tag)\n");
   for (int t = 0; t < kNumMemTags; ++t)
-    std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t], human(peak[t]).c_str());
+    std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t], human_bytes(peak[t]).c_str());
   std::printf("  %-13s %14.0f bytes  %12s  (rank %d)\n", "total", worst_total,
-              human(worst_total).c_str(), worst_rank);
+              human_bytes(worst_total).c_str(), worst_rank);
   std::printf("predicted comm per rank per step (nccl-tests sizes)\n");
   if (comm.empty()) std::printf("  none\n");
   for (const auto& [op, b] : comm)
-    std::printf("  %-13s %14.0f bytes  %12s\n", op.c_str(), b, human(b).c_str());
+    std::printf("  %-13s %14.0f bytes  %12s\n", op.c_str(), b, human_bytes(b).c_str());
   if (!notes.empty()) std::printf("notes: %s\n", notes.c_str());
   if (c.memory_limit > 0) {
     bool fits = worst_total <= c.memory_limit;
     std::printf("memory limit %s per rank: %s (largest rank needs %s)\n",
-                human(c.memory_limit).c_str(), fits ? "fits" : "does NOT fit",
-                human(worst_total).c_str());
+                human_bytes(c.memory_limit).c_str(), fits ? "fits" : "does NOT fit",
+                human_bytes(worst_total).c_str());
     return fits ? 0 : 4;
   }
   return 0;

@@ -1,0 +1,18 @@
+// Small formatting helpers for what the runner prints.
+#pragma once
+#include <cstdio>
+#include <string>
+
+namespace strata {
+
+// 1536 -> "1.50 KiB"
+inline std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace strata
