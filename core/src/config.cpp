@@ -12,10 +12,14 @@ namespace po = boost::program_options;
 namespace strata {
 
 bool apply_preset(const std::string& name, ModelSpec& m) {
-  if (name == "tiny") m = {"tiny", 2, 64, 4, 64, 256};
-  else if (name == "small") m = {"small", 4, 256, 4, 128, 4096};
-  else if (name == "gpt2-124m") m = {"gpt2-124m", 12, 768, 12, 1024, 50257};
-  else return false;
+  if (name == "tiny")
+    m = {"tiny", 2, 64, 4, 64, 256};
+  else if (name == "small")
+    m = {"small", 4, 256, 4, 128, 4096};
+  else if (name == "gpt2-124m")
+    m = {"gpt2-124m", 12, 768, 12, 1024, 50257};
+  else
+    return false;
   return true;
 }
 
@@ -31,7 +35,8 @@ static void parse_mesh(const std::string& text, MeshSpec& mesh) {
     }
     std::string key = item.substr(0, eq);
     if (value < 1 || (key != "dp" && key != "tp" && key != "pp"))
-      throw ConfigError("--mesh " + text + ": expected a comma list of dp=N, tp=N, pp=N with N >= 1");
+      throw ConfigError("--mesh " + text +
+                        ": expected a comma list of dp=N, tp=N, pp=N with N >= 1");
     (key == "dp" ? mesh.dp : key == "tp" ? mesh.tp : mesh.pp) = value;
   }
 }
@@ -45,9 +50,16 @@ double parse_bytes(const std::string& option, const std::string& text) {
     used = 0;
   }
   std::string unit = text.substr(used);
-  const std::pair<const char*, double> units[] = {
-      {"", 1},       {"B", 1},         {"KiB", 1024.0},    {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"B", 1},
+                                                  {"KiB", 1024.0},
+                                                  {"MiB", 1048576.0},
+                                                  {"GiB", 1073741824.0},
+                                                  {"TiB", 1099511627776.0},
+                                                  {"KB", 1e3},
+                                                  {"MB", 1e6},
+                                                  {"GB", 1e9},
+                                                  {"TB", 1e12}};
   for (const auto& [name, scale] : units)
     if (used > 0 && unit == name && value > 0) return value * scale;
   throw ConfigError(option + " " + text + ": expected a size such as 80GiB, 512MiB or 1e9");
@@ -61,50 +73,60 @@ RunConfig parse_cli(int argc, char** argv) {
   long long seed = 1234;
 
   po::options_description what("What to run");
-  what.add_options()
-      ("plugin", po::value(&c.plugin), "strategy to run (see --list-plugins)")
-      ("plugin-opt", po::value(&c.plugin_opts)->composing(), "KEY=VALUE strategy option (repeatable)")
-      ("plugin-path", po::value(&c.plugin_paths)->composing(), "extra directory with plugins (repeatable)")
-      ("list-plugins", po::bool_switch(&c.list_plugins), "list the strategies found and exit")
-      ("describe", po::value(&c.describe), "describe a strategy and its options and exit")
-      ("dry-run", po::bool_switch(&c.dry_run), "print the predicted memory and comm per step and exit")
-      ("memory-limit", po::value(&memory_limit), "with --dry-run: bytes per rank to fit in (e.g. 80GiB, 512MiB)")
-      ("transport", po::value(&c.transport)->default_value("mpi"), "communication backend: mpi")
-      ("device", po::value(&c.device)->default_value("cpu"), "compute backend: cpu")
-      ("config", po::value(&config_file), "INI file of options (same names as the CLI)")
-      ("help,h", po::bool_switch(&c.help), "this help");
+  what.add_options()("plugin", po::value(&c.plugin), "strategy to run (see --list-plugins)")(
+      "plugin-opt", po::value(&c.plugin_opts)->composing(),
+      "KEY=VALUE strategy option (repeatable)")("plugin-path",
+                                                po::value(&c.plugin_paths)->composing(),
+                                                "extra directory with plugins (repeatable)")(
+      "list-plugins", po::bool_switch(&c.list_plugins), "list the strategies found and exit")(
+      "describe", po::value(&c.describe), "describe a strategy and its options and exit")(
+      "dry-run", po::bool_switch(&c.dry_run),
+      "print the predicted memory and comm per step and exit")(
+      "memory-limit", po::value(&memory_limit),
+      "with --dry-run: bytes per rank to fit in (e.g. 80GiB, 512MiB)")(
+      "transport", po::value(&c.transport)->default_value("mpi"), "communication backend: mpi")(
+      "device", po::value(&c.device)->default_value("cpu"), "compute backend: cpu")(
+      "config", po::value(&config_file), "INI file of options (same names as the CLI)")(
+      "help,h", po::bool_switch(&c.help), "this help");
   po::options_description model("Model");
-  model.add_options()
-      ("model", po::value(&model_preset)->default_value("tiny"), "preset: tiny, small, gpt2-124m")
-      ("layers", po::value(&layers), "transformer blocks (overrides the preset)")
-      ("hidden", po::value(&hidden), "hidden size")
-      ("heads", po::value(&heads), "attention heads (must divide hidden)")
-      ("seq", po::value(&seq), "sequence length")
-      ("vocab", po::value(&vocab), "vocabulary size");
+  model.add_options()("model", po::value(&model_preset)->default_value("tiny"),
+                      "preset: tiny, small, gpt2-124m")(
+      "layers", po::value(&layers), "transformer blocks (overrides the preset)")(
+      "hidden", po::value(&hidden), "hidden size")("heads", po::value(&heads),
+                                                   "attention heads (must divide hidden)")(
+      "seq", po::value(&seq), "sequence length")("vocab", po::value(&vocab), "vocabulary size");
   po::options_description train("Training");
-  train.add_options()
-      ("micro-batch", po::value(&c.train.micro_batch)->default_value(8), "sequences per micro-batch per rank")
-      ("global-batch", po::value(&global_batch), "sequences per step over all ranks (default micro-batch x dp); more means gradient accumulation")
-      ("steps", po::value(&c.train.steps)->default_value(20), "optimizer steps")
-      ("warmup", po::value(&c.train.warmup)->default_value(2), "first steps left out of the summary statistics")
-      ("seed", po::value(&seed)->default_value(1234), "seed of initialisation and synthetic data")
-      ("lr", po::value(&c.train.lr), "AdamW learning rate, constant (default by preset: tiny 3e-3, small 1e-3, gpt2-124m 6e-4)")
-      ("weight-decay", po::value(&c.train.weight_decay)->default_value(0.1), "AdamW weight decay on 2-D weights")
-      ("grad-clip", po::value(&c.train.grad_clip)->default_value(1.0), "global gradient-norm clip (0 = off)")
-      ("recompute", po::value(&recompute)->default_value("none"), "activation recomputation: none, full (keep block inputs), selective (attention core)")
-      ("data", po::value(&c.data_file), "flat binary file of uint16 tokens (default: synthetic data)");
+  train.add_options()("micro-batch", po::value(&c.train.micro_batch)->default_value(8),
+                      "sequences per micro-batch per rank")(
+      "global-batch", po::value(&global_batch),
+      "sequences per step over all ranks (default micro-batch x dp); more means gradient "
+      "accumulation")("steps", po::value(&c.train.steps)->default_value(20), "optimizer steps")(
+      "warmup", po::value(&c.train.warmup)->default_value(2),
+      "first steps left out of the summary statistics")(
+      "seed", po::value(&seed)->default_value(1234), "seed of initialisation and synthetic data")(
+      "lr", po::value(&c.train.lr),
+      "AdamW learning rate, constant (default by preset: tiny 3e-3, small 1e-3, gpt2-124m 6e-4)")(
+      "weight-decay", po::value(&c.train.weight_decay)->default_value(0.1),
+      "AdamW weight decay on 2-D weights")("grad-clip",
+                                           po::value(&c.train.grad_clip)->default_value(1.0),
+                                           "global gradient-norm clip (0 = off)")(
+      "recompute", po::value(&recompute)->default_value("none"),
+      "activation recomputation: none, full (keep block inputs), selective (attention core)")(
+      "data", po::value(&c.data_file),
+      "flat binary file of uint16 tokens (default: synthetic data)");
   po::options_description mesh("Mesh and launch");
-  mesh.add_options()
-      ("nodes", po::value(&c.mesh.nodes), "nodes (virtual nodes on one machine)")
-      ("ranks-per-node", po::value(&c.mesh.ranks_per_node), "ranks per node")
-      ("mesh", po::value(&mesh_text), "dp=D,tp=T,pp=P (default dp = world)")
-      ("blas-threads", po::value(&c.blas_threads)->default_value(0), "BLAS threads per rank (0 = cores / ranks on the host)");
+  mesh.add_options()("nodes", po::value(&c.mesh.nodes), "nodes (virtual nodes on one machine)")(
+      "ranks-per-node", po::value(&c.mesh.ranks_per_node), "ranks per node")(
+      "mesh", po::value(&mesh_text), "dp=D,tp=T,pp=P (default dp = world)")(
+      "blas-threads", po::value(&c.blas_threads)->default_value(0),
+      "BLAS threads per rank (0 = cores / ranks on the host)");
   po::options_description out("Results");
-  out.add_options()
-      ("out", po::value(&c.out_dir)->default_value("results/local"), "directory for the run file")
-      ("run-id", po::value(&c.run_id), "name of the run file (default: time, strategy, mesh)")
-      ("watchdog", po::value(&c.watchdog_s)->default_value(300), "seconds a collective may take before the job is ended")
-      ("quiet", po::bool_switch(&c.quiet), "no per-step lines");
+  out.add_options()("out", po::value(&c.out_dir)->default_value("results/local"),
+                    "directory for the run file")(
+      "run-id", po::value(&c.run_id), "name of the run file (default: time, strategy, mesh)")(
+      "watchdog", po::value(&c.watchdog_s)->default_value(300),
+      "seconds a collective may take before the job is ended")("quiet", po::bool_switch(&c.quiet),
+                                                               "no per-step lines");
   po::options_description all("runner: run one strategy on the standard GPT workload");
   all.add(what).add(model).add(train).add(mesh).add(out);
 
@@ -152,19 +174,24 @@ RunConfig parse_cli(int argc, char** argv) {
   if (heads) c.model.heads = heads, c.model.preset = "custom";
   if (seq) c.model.seq = seq, c.model.preset = "custom";
   if (vocab) c.model.vocab = vocab, c.model.preset = "custom";
-  if (!vm.count("lr")) c.train.lr = model_preset == "tiny" ? 3e-3 : model_preset == "small" ? 1e-3 : 6e-4;
-  if (global_batch) c.train.global_batch = global_batch;
-  else c.train.global_batch = 0;  // resolved with the mesh
+  if (!vm.count("lr"))
+    c.train.lr = model_preset == "tiny" ? 3e-3 : model_preset == "small" ? 1e-3 : 6e-4;
+  if (global_batch)
+    c.train.global_batch = global_batch;
+  else
+    c.train.global_batch = 0;  // resolved with the mesh
 
   auto positive = [](const char* opt, long long v) {
-    if (v < 1) throw ConfigError(std::string("--") + opt + " " + std::to_string(v) + ": must be >= 1");
+    if (v < 1)
+      throw ConfigError(std::string("--") + opt + " " + std::to_string(v) + ": must be >= 1");
   };
   positive("layers", c.model.layers);
   positive("hidden", c.model.hidden);
   positive("heads", c.model.heads);
   positive("seq", c.model.seq);
   if (c.model.vocab < 2 || c.model.vocab > 65536)
-    throw ConfigError("--vocab " + std::to_string(c.model.vocab) + ": must be in 2..65536 (tokens are uint16)");
+    throw ConfigError("--vocab " + std::to_string(c.model.vocab) +
+                      ": must be in 2..65536 (tokens are uint16)");
   if (c.model.hidden % c.model.heads != 0)
     throw ConfigError("--heads " + std::to_string(c.model.heads) + ": must divide --hidden " +
                       std::to_string(c.model.hidden));
@@ -178,7 +205,8 @@ RunConfig parse_cli(int argc, char** argv) {
   if (c.watchdog_s <= 0) throw ConfigError("--watchdog: must be > 0 seconds");
   if (c.blas_threads < 0) throw ConfigError("--blas-threads: must be >= 0 (0 = auto)");
   if (c.transport != "mpi")
-    throw ConfigError("--transport " + c.transport + ": must be mpi (the only transport in this build)");
+    throw ConfigError("--transport " + c.transport +
+                      ": must be mpi (the only transport in this build)");
   if (c.device != "cpu")
     throw ConfigError("--device " + c.device + ": must be cpu (the only device in this build)");
   if (!c.data_file.empty() && !std::ifstream(c.data_file))
@@ -192,8 +220,8 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
     if (m.nodes * m.ranks_per_node != world)
       throw ConfigError("--nodes " + std::to_string(m.nodes) + " x --ranks-per-node " +
                         std::to_string(m.ranks_per_node) + " = " +
-                        std::to_string(m.nodes * m.ranks_per_node) + " ranks, but the launcher started " +
-                        std::to_string(world));
+                        std::to_string(m.nodes * m.ranks_per_node) +
+                        " ranks, but the launcher started " + std::to_string(world));
   } else if (c.nodes_given) {
     if (world % m.nodes != 0)
       throw ConfigError("--nodes " + std::to_string(m.nodes) + ": must divide the world size " +
@@ -217,9 +245,9 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
   TrainSpec& t = c.train;
   if (t.global_batch == 0) t.global_batch = t.micro_batch * m.dp;
   if (t.global_batch % (t.micro_batch * m.dp) != 0)
-    throw ConfigError("--global-batch " + std::to_string(t.global_batch) +
-                      ": must be a multiple of --micro-batch x dp = " +
-                      std::to_string(t.micro_batch * m.dp));
+    throw ConfigError(
+        "--global-batch " + std::to_string(t.global_batch) +
+        ": must be a multiple of --micro-batch x dp = " + std::to_string(t.micro_batch * m.dp));
   if (t.warmup >= t.steps) t.warmup = t.steps > 1 ? 1 : 0;
 }
 

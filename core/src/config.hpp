@@ -26,7 +26,7 @@ struct RunConfig {
   bool nodes_given = false, ranks_per_node_given = false, mesh_given = false;
   // Harness
   std::string out_dir = "results/local";
-  std::string run_id;  // empty: generated
+  std::string run_id;    // empty: generated
   int blas_threads = 0;  // 0: auto (cores / ranks on this host)
   double watchdog_s = 300;
   bool quiet = false;

@@ -7,11 +7,16 @@ namespace strata {
 
 const char* option_type_name(OptionType t) {
   switch (t) {
-    case OptionType::integer: return "int";
-    case OptionType::real: return "real";
-    case OptionType::boolean: return "bool";
-    case OptionType::string: return "string";
-    case OptionType::choice: return "choice";
+    case OptionType::integer:
+      return "int";
+    case OptionType::real:
+      return "real";
+    case OptionType::boolean:
+      return "bool";
+    case OptionType::string:
+      return "string";
+    case OptionType::choice:
+      return "choice";
   }
   return "?";
 }
@@ -64,7 +69,8 @@ void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grad
 
 void require_data_parallel_only(const MeshSpec& mesh, const std::string& strategy) {
   if (mesh.tp != 1 || mesh.pp != 1)
-    throw ConfigError("--mesh: " + strategy + " is data parallel only; tp and pp must be 1 (got tp=" +
+    throw ConfigError("--mesh: " + strategy +
+                      " is data parallel only; tp and pp must be 1 (got tp=" +
                       std::to_string(mesh.tp) + ", pp=" + std::to_string(mesh.pp) + ")");
 }
 
@@ -86,7 +92,8 @@ Prediction replicated_prediction(const PredictInput& in) {
   at(MemTag::params) = 4 * n;
   at(MemTag::grads) = 4 * n;
   at(MemTag::optimizer) = 8 * n;
-  at(MemTag::activations) = double(Model::activation_bytes(in.model, in.train.micro_batch, in.train.recompute));
+  at(MemTag::activations) =
+      double(Model::activation_bytes(in.model, in.train.micro_batch, in.train.recompute));
   at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
   return p;
 }

@@ -65,21 +65,24 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
     throw Error("internal: relaunch world mismatch");
   if (std::getenv("SLURM_JOB_ID") && !find_in_path("srun").empty()) {
     int threads = blas_threads_for(config, config.mesh.ranks_per_node);
-    cmd = {"srun", "--mpi=pmix", "--nodes=" + std::to_string(config.mesh.nodes),
+    cmd = {"srun",
+           "--mpi=pmix",
+           "--nodes=" + std::to_string(config.mesh.nodes),
            "--ntasks=" + std::to_string(world),
            "--ntasks-per-node=" + std::to_string(config.mesh.ranks_per_node),
            "--export=ALL,OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
   } else {
     std::string mpirun = std::getenv("STRATA_MPIRUN") ? std::getenv("STRATA_MPIRUN") : "mpirun";
     if (find_in_path(mpirun).empty() && !std::filesystem::exists(mpirun))
-      throw Error("cannot re-launch on " + std::to_string(world) + " ranks: " + mpirun +
-                      " not found on PATH",
-                  "install Open MPI (apt-get install openmpi-bin) or start runner under your launcher");
+      throw Error(
+          "cannot re-launch on " + std::to_string(world) + " ranks: " + mpirun +
+              " not found on PATH",
+          "install Open MPI (apt-get install openmpi-bin) or start runner under your launcher");
     int threads = blas_threads_for(config, world);
     cmd = {mpirun, "-np", std::to_string(world), "--bind-to", "none",
            // Open MPI's UCX layer here needs these to use shared memory/loopback between ranks.
-           "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
-           "-x", "OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
+           "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any", "-x",
+           "OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
     if (world > cores) cmd.push_back("--oversubscribe");
     if (::geteuid() == 0) {
       cmd.push_back("--allow-run-as-root");

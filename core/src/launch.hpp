@@ -10,7 +10,7 @@ struct LaunchEnv {
   bool under_launcher = false;  // started by mpirun / srun (ranks exist)
   int world = 1;                // from the launcher's variables, before MPI starts
   int rank = 0;
-  int local_size = 0;           // ranks on this host, 0 when unknown
+  int local_size = 0;  // ranks on this host, 0 when unknown
   bool in_slurm_allocation = false;
 };
 

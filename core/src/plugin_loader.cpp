@@ -30,14 +30,15 @@ LoadedPlugin load_plugin(const std::string& path) {
   }
   if (!p.library->has("strata_abi_version") || !p.library->has("strata_descriptor") ||
       !p.library->has("strata_create"))
-    throw plugin_error(path, "not a strata plugin (no strata_abi_version/strata_descriptor/strata_create exports)",
-                       "export them with STRATA_PLUGIN(descriptor, create) from <strata/plugin.hpp>");
+    throw plugin_error(
+        path, "not a strata plugin (no strata_abi_version/strata_descriptor/strata_create exports)",
+        "export them with STRATA_PLUGIN(descriptor, create) from <strata/plugin.hpp>");
   // Read the version before touching anything whose layout depends on it.
   const std::uint32_t abi = p.library->get_alias<const std::uint32_t>("strata_abi_version");
   if (abi != kPluginAbiVersion)
     throw plugin_error(path,
-                       "built for plugin ABI version " + std::to_string(abi) + ", this runner has " +
-                           std::to_string(kPluginAbiVersion),
+                       "built for plugin ABI version " + std::to_string(abi) +
+                           ", this runner has " + std::to_string(kPluginAbiVersion),
                        "rebuild the plugin against this strata's SDK headers");
   p.descriptor = &p.library->get_alias<const PluginDescriptor&()>("strata_descriptor")();
   p.create = &p.library->get_alias<CreateFn>("strata_create");
@@ -87,8 +88,7 @@ void PluginRegistry::scan(const std::vector<std::string>& dirs) {
   }
 }
 
-const LoadedPlugin* PluginRegistry::find(const std::string& name,
-                                         const StrategySpec** spec) const {
+const LoadedPlugin* PluginRegistry::find(const std::string& name, const StrategySpec** spec) const {
   for (const LoadedPlugin& p : plugins_)
     for (const StrategySpec& s : p.descriptor->strategies)
       if (s.name == name) {
@@ -119,13 +119,19 @@ static bool parses_as(OptionType t, const std::string& v, const std::vector<std:
   try {
     std::size_t used = 0;
     switch (t) {
-      case OptionType::integer: std::stoll(v, &used); return used == v.size();
-      case OptionType::real: std::stod(v, &used); return used == v.size();
+      case OptionType::integer:
+        std::stoll(v, &used);
+        return used == v.size();
+      case OptionType::real:
+        std::stod(v, &used);
+        return used == v.size();
       case OptionType::boolean:
         return v == "true" || v == "false" || v == "on" || v == "off" || v == "1" || v == "0" ||
                v == "yes" || v == "no";
-      case OptionType::choice: return std::find(choices.begin(), choices.end(), v) != choices.end();
-      case OptionType::string: return true;
+      case OptionType::choice:
+        return std::find(choices.begin(), choices.end(), v) != choices.end();
+      case OptionType::string:
+        return true;
     }
   } catch (...) {
   }
@@ -134,10 +140,14 @@ static bool parses_as(OptionType t, const std::string& v, const std::vector<std:
 
 static std::string allowed(const OptionSpec& o) {
   switch (o.type) {
-    case OptionType::integer: return "an integer";
-    case OptionType::real: return "a number";
-    case OptionType::boolean: return "true or false";
-    case OptionType::string: return "any string";
+    case OptionType::integer:
+      return "an integer";
+    case OptionType::real:
+      return "a number";
+    case OptionType::boolean:
+      return "true or false";
+    case OptionType::string:
+      return "any string";
     case OptionType::choice: {
       std::string s = "one of";
       for (const auto& c : o.choices) s += " " + c;
@@ -175,8 +185,10 @@ std::string describe(const LoadedPlugin& plugin, const StrategySpec& spec) {
   out << spec.name << " — " << spec.summary << "\n";
   out << "  family  " << plugin.descriptor->family << " (" << plugin.descriptor->summary << ")\n";
   out << "  plugin  " << plugin.path << " (ABI " << plugin.descriptor->abi_version << ")\n";
-  if (spec.options.empty()) out << "  options none\n";
-  else out << "  options (--plugin-opt KEY=VALUE)\n";
+  if (spec.options.empty())
+    out << "  options none\n";
+  else
+    out << "  options (--plugin-opt KEY=VALUE)\n";
   for (const OptionSpec& o : spec.options) {
     out << "    " << o.name << " <" << option_type_name(o.type) << ">  default " << o.default_value
         << "\n        " << o.help;

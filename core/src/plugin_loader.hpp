@@ -25,8 +25,9 @@ struct LoadedPlugin {
 // library, not a strata plugin, or built for another ABI version.
 LoadedPlugin load_plugin(const std::string& path);
 
-// The directory runner finds plugins in with no flags: <dir of the executable>/../lib/strata/plugins
-// (the same relative place in the build tree and after cmake --install).
+// The directory runner finds plugins in with no flags: <dir of the
+// executable>/../lib/strata/plugins (the same relative place in the build tree and after cmake
+// --install).
 std::string default_plugin_dir();
 
 class PluginRegistry {

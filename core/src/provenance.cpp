@@ -50,8 +50,8 @@ std::vector<std::pair<std::string, std::string>> collect_provenance() {
   p.emplace_back("compiler", std::string("g++ ") + __VERSION__);
   p.emplace_back("build_type", STRATA_BUILD_TYPE);
   p.emplace_back("mpi_version", mpi::library_version());
-  p.emplace_back("hdf5_version", std::to_string(maj) + "." + std::to_string(min) + "." +
-                                     std::to_string(rel));
+  p.emplace_back("hdf5_version",
+                 std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel));
   p.emplace_back("ucx_version", "not built");
   p.emplace_back("nccl_version", "not built");
   p.emplace_back("cuda_version", "not built");

@@ -24,9 +24,9 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // The metrics of /steps, in file order, with units.
 const std::vector<std::pair<std::string, std::string>> kStepMetrics = {
-    {"step_s", "s"},        {"forward_s", "s"}, {"backward_s", "s"},
-    {"optimizer_s", "s"},   {"comm_s", "s"},    {"exposed_comm_s", "s"},
-    {"bubble_s", "s"},      {"loss", "nats"},   {"tokens", "tokens"}};
+    {"step_s", "s"},      {"forward_s", "s"}, {"backward_s", "s"},
+    {"optimizer_s", "s"}, {"comm_s", "s"},    {"exposed_comm_s", "s"},
+    {"bubble_s", "s"},    {"loss", "nats"},   {"tokens", "tokens"}};
 
 struct StepRow {  // one rank, one step
   std::map<std::string, double> metric;
@@ -208,12 +208,13 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   strategy->setup(ctx);
 
   if (root) {
-    std::printf("strata: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
-                "(%lld params), %d x %d seq/step (micro-batch %d, %d micro-step(s)), %s\n",
-                config.plugin.c_str(), world, config.mesh.nodes, config.mesh.ranks_per_node,
-                config.mesh.dp, config.mesh.tp, config.mesh.pp, config.model.preset.c_str(),
-                (long long)config.model.total_params(), t.global_batch, config.model.seq,
-                t.micro_batch, micro_steps, ctx.data().describe().c_str());
+    std::printf(
+        "strata: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
+        "(%lld params), %d x %d seq/step (micro-batch %d, %d micro-step(s)), %s\n",
+        config.plugin.c_str(), world, config.mesh.nodes, config.mesh.ranks_per_node, config.mesh.dp,
+        config.mesh.tp, config.mesh.pp, config.model.preset.c_str(),
+        (long long)config.model.total_params(), t.global_batch, config.model.seq, t.micro_batch,
+        micro_steps, ctx.data().describe().c_str());
     std::printf("strata: calibrated SGEMM peak %.1f GFLOP/s per rank (%d BLAS thread(s))\n",
                 peak_flops / 1e9, cpu::blas_threads());
     std::fflush(stdout);
@@ -368,7 +369,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   double peak_tracked = 0;
   for (int r = 0; r < world; ++r) {
     double sum = 0;
-    for (int tag = 0; tag < kNumMemTags; ++tag) sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
+    for (int tag = 0; tag < kNumMemTags; ++tag)
+      sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
     peak_tracked = std::max(peak_tracked, sum);
   }
   rec.summary = {
@@ -396,8 +398,9 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
               int(timed.size()));
   std::printf("  throughput   %.0f tokens/s  (step p50 %.1f ms, p95 %.1f ms)\n", tokens_per_s,
               p50 * 1e3, percentile(timed, 0.95) * 1e3);
-  std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (calibrated SGEMM)\n",
-              flops_per_rank / 1e12, 100 * flops_per_rank / peak, peak / 1e9);
+  std::printf(
+      "  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (calibrated SGEMM)\n",
+      flops_per_rank / 1e12, 100 * flops_per_rank / peak, peak / 1e9);
   std::printf("  loss         %.4f -> %.4f\n", global_loss.front(), global_loss.back());
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n",
               100 * (step_total > 0 ? comm_total / step_total : 0),
@@ -405,7 +408,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   std::printf("  memory (max over ranks: measured / predicted)\n");
   for (int tag = 0; tag < kNumMemTags; ++tag) {
     double m = 0;
-    for (int r = 0; r < world; ++r) m = std::max(m, rec.peak_bytes[std::size_t(r) * kNumMemTags + tag]);
+    for (int r = 0; r < world; ++r)
+      m = std::max(m, rec.peak_bytes[std::size_t(r) * kNumMemTags + tag]);
     std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
                 human_bytes(rec.predicted_bytes[tag]).c_str());
   }

@@ -7,8 +7,8 @@
 
 #include "config.hpp"
 #include "plugin_loader.hpp"
-#include "strata/comm.hpp"
 #include "results/run_record.hpp"
+#include "strata/comm.hpp"
 
 namespace strata {
 

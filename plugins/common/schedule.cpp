@@ -111,7 +111,8 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
       for (int k = 1; k <= c.forward_prefetch; ++k) b.want(g + k, true);
       b.ready(g);
     }
-    for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u) b.out.push_back({Act::forward, u});
+    for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u)
+      b.out.push_back({Act::forward, u});
     // The first group holds the embedding whose weight the head reuses (tied): like FSDP's root
     // unit it stays gathered until its backward. The last group's backward follows at once.
     if (c.shard_params && c.reshard_after_forward && g != 0 && g != G - 1) b.release(g);
@@ -143,7 +144,8 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
 }
 
 std::string describe_schedule(const std::vector<Action>& actions) {
-  static const char* names[] = {"gather", "wait", "fwd", "bwd", "free", "grads", "reduce", "finish"};
+  static const char* names[] = {"gather", "wait",  "fwd",    "bwd",
+                                "free",   "grads", "reduce", "finish"};
   std::ostringstream s;
   for (std::size_t i = 0; i < actions.size(); ++i)
     s << (i ? " " : "") << names[static_cast<int>(actions[i].act)] << actions[i].index;
@@ -198,8 +200,12 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
         sim.on_alloc(MemTag::comm_buffers, 4 * g.padded());
         if (n > 1) bytes["all_gather"] += 4.0 * double(g.padded()) * micro_steps;
         break;
-      case Act::free_params: sim.on_free(MemTag::comm_buffers, 4 * g.padded()); break;
-      case Act::alloc_grads: sim.on_alloc(MemTag::grads, 4 * g.padded()); break;
+      case Act::free_params:
+        sim.on_free(MemTag::comm_buffers, 4 * g.padded());
+        break;
+      case Act::alloc_grads:
+        sim.on_alloc(MemTag::grads, 4 * g.padded());
+        break;
       case Act::reduce_grads:
         sim.on_alloc(MemTag::comm_buffers, 4 * g.chunk);
         if (n > 1) bytes["reduce_scatter"] += 4.0 * double(g.padded()) * micro_steps;
@@ -209,7 +215,8 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
         sim.on_free(MemTag::grads, 4 * g.padded());
         sim.on_free(MemTag::comm_buffers, 4 * g.chunk);
         break;
-      default: break;
+      default:
+        break;
     }
   }
   if (n > 1) {

@@ -34,7 +34,8 @@ Engine::Engine(Context& ctx, const EngineConfig& c) : config_(c), memory_(&ctx.m
       init_params(layout, seed, groups_[g].offset,
                   {replica_params_.data() + base_[g], groups_[g].count});
       for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
-        param_ptrs_[u] = replica_params_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
+        param_ptrs_[u] =
+            replica_params_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
     }
   } else {
     for (const ShardGroup& g : groups_) {
@@ -48,7 +49,8 @@ Engine::Engine(Context& ctx, const EngineConfig& c) : config_(c), memory_(&ctx.m
     replica_grads_ = Buffer<float>(mem, MemTag::grads, total_padded);
     for (int g = 0; g < G; ++g)
       for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
-        grad_ptrs_[u] = replica_grads_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
+        grad_ptrs_[u] =
+            replica_grads_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
   }
   for (const ShardGroup& g : groups_)
     optimizers_.emplace_back(layout, g.offset + std::size_t(shard_index_) * g.chunk,
@@ -62,7 +64,8 @@ void Engine::issue_gather(Context& ctx, int g) {
   float* shard = shard_params_[g].data();
   Group* sg = shard_group_;
   if (sg->size() > 1)
-    gather_done_[g] = ctx.comm_stream().all_gather(*sg, view(shard, grp.chunk), view(full, grp.padded()));
+    gather_done_[g] =
+        ctx.comm_stream().all_gather(*sg, view(shard, grp.chunk), view(full, grp.padded()));
   else
     std::copy_n(shard, grp.chunk, full);
   const ParamLayout& layout = ctx.model().layout();
@@ -82,8 +85,10 @@ void Engine::reduce_grads(Context& ctx, int g) {
     return;
   }
   reduce_done_[g] = ctx.comm_stream().enqueue([sg, rg, in, out, grp] {
-    if (sg->size() > 1) sg->reduce_scatter(view(in, grp.padded()), view(out, grp.chunk));
-    else std::copy_n(in, grp.chunk, out);
+    if (sg->size() > 1)
+      sg->reduce_scatter(view(in, grp.padded()), view(out, grp.chunk));
+    else
+      std::copy_n(in, grp.chunk, out);
     if (rg) rg->all_reduce(view(out, grp.chunk));  // hybrid: replicas across nodes
   });
 }
@@ -106,7 +111,9 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
   for (const Action& a : schedule_) {
     const int g = a.index;
     switch (a.act) {
-      case Act::gather: issue_gather(ctx, g); break;
+      case Act::gather:
+        issue_gather(ctx, g);
+        break;
       case Act::wait_gather:
         if (gather_done_[g]) gather_done_[g]->wait();
         gather_done_[g].reset();
@@ -115,7 +122,8 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         double t0 = now();
         model.forward(g, param_ptrs_, mb);
         t_forward += now() - t0;
-        if (g == layout.num_units() - 1) ctx.report_loss(model.loss_sum(), double(mb.batch) * mb.seq);
+        if (g == layout.num_units() - 1)
+          ctx.report_loss(model.loss_sum(), double(mb.batch) * mb.seq);
         break;
       }
       case Act::backward: {
@@ -126,15 +134,20 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
       }
       case Act::free_params:
         gathered_[g] = Buffer<float>();
-        for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) param_ptrs_[u] = nullptr;
+        for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
+          param_ptrs_[u] = nullptr;
         break;
       case Act::alloc_grads:
         group_grads_[g] = Buffer<float>(*memory_, MemTag::grads, groups_[g].padded());
         for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
           grad_ptrs_[u] = group_grads_[g].data() + (layout.units()[u].offset - groups_[g].offset);
         break;
-      case Act::reduce_grads: reduce_grads(ctx, g); break;
-      case Act::finish_grads: finish_grads(g); break;
+      case Act::reduce_grads:
+        reduce_grads(ctx, g);
+        break;
+      case Act::finish_grads:
+        finish_grads(g);
+        break;
     }
   }
   ctx.add_phase_time(Phase::forward, t_forward);
@@ -163,8 +176,9 @@ void Engine::update(Context& ctx, int step) {
   if (ctx.train().grad_clip > 0 && sg.size() > 1) sg.all_reduce({&sumsq, 1, DType::f64});
   const float clip = clip_scale(std::sqrt(sumsq), ctx.train().grad_clip);
   for (int g = 0; g < G; ++g) {
-    float* params = config_.shard_params ? shard_params_[g].data()
-                                         : replica_params_.data() + base_[g] + std::size_t(i) * groups_[g].chunk;
+    float* params = config_.shard_params
+                        ? shard_params_[g].data()
+                        : replica_params_.data() + base_[g] + std::size_t(i) * groups_[g].chunk;
     optimizers_[g].step(params, shard_grads_[g].data(), step + 1, clip);
   }
   if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards

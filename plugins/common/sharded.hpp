@@ -20,17 +20,17 @@
 namespace strata::sharded {
 
 struct EngineConfig {
-  bool shard_grads = false;             // zero2 and up
-  bool shard_params = false;            // zero3, fsdp*
-  bool reshard_after_forward = true;    // zero3, fsdp (FULL_SHARD); false: fsdp-grad-op
-  bool hybrid = false;                  // shard inside a node, all-reduce across nodes
-  int units_per_group = 1;              // fsdp `wrap` (when parameters are sharded)
-  double bucket_mb = 25;                // zero1/zero2: units grouped up to this size
-  int forward_prefetch = 1;             // groups gathered ahead in forward
-  int backward_prefetch = 1;            // groups gathered ahead in backward (0: none)
-  bool prefetch_post = false;           // fsdp backward_prefetch=post: issue after the compute
-  int max_gathers_in_flight = 0;        // fsdp limit_all_gathers (0: unlimited)
-  bool overlap = true;                  // comm overlaps the next group's compute
+  bool shard_grads = false;           // zero2 and up
+  bool shard_params = false;          // zero3, fsdp*
+  bool reshard_after_forward = true;  // zero3, fsdp (FULL_SHARD); false: fsdp-grad-op
+  bool hybrid = false;                // shard inside a node, all-reduce across nodes
+  int units_per_group = 1;            // fsdp `wrap` (when parameters are sharded)
+  double bucket_mb = 25;              // zero1/zero2: units grouped up to this size
+  int forward_prefetch = 1;           // groups gathered ahead in forward
+  int backward_prefetch = 1;          // groups gathered ahead in backward (0: none)
+  bool prefetch_post = false;         // fsdp backward_prefetch=post: issue after the compute
+  int max_gathers_in_flight = 0;      // fsdp limit_all_gathers (0: unlimited)
+  bool overlap = true;                // comm overlaps the next group's compute
 };
 
 struct ShardGroup {
@@ -50,14 +50,14 @@ std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const
 
 // One step of the schedule.
 enum class Act {
-  gather,         // issue the all-gather of a group's parameters (allocates the gathered buffer)
-  wait_gather,    // block until that all-gather is done
-  forward,        // forward of one unit
-  backward,       // backward of one unit
-  free_params,    // release a group's gathered parameters
-  alloc_grads,    // a group's (padded) gradient buffer, zeroed
-  reduce_grads,   // issue reduce-scatter (+ inter-node all-reduce) of a group's gradients
-  finish_grads,   // wait for it, accumulate into the shard, release the buffers
+  gather,        // issue the all-gather of a group's parameters (allocates the gathered buffer)
+  wait_gather,   // block until that all-gather is done
+  forward,       // forward of one unit
+  backward,      // backward of one unit
+  free_params,   // release a group's gathered parameters
+  alloc_grads,   // a group's (padded) gradient buffer, zeroed
+  reduce_grads,  // issue reduce-scatter (+ inter-node all-reduce) of a group's gradients
+  finish_grads,  // wait for it, accumulate into the shard, release the buffers
 };
 struct Action {
   Act act;
@@ -87,7 +87,7 @@ class Engine {
   void update(Context& ctx, int step);
 
   EngineConfig config_;
-  Group* shard_group_;             // dp, or dp_intra_node for hybrid
+  Group* shard_group_;              // dp, or dp_intra_node for hybrid
   Group* replica_group_ = nullptr;  // hybrid: dp_inter_node
   int shard_index_ = 0;
   std::vector<ShardGroup> groups_;
@@ -110,7 +110,9 @@ class EngineStrategy final : public Strategy {
  public:
   EngineStrategy(std::string name, const EngineConfig& c) : name_(std::move(name)), config_(c) {}
   void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override;
-  Prediction predict(const PredictInput& in) const override { return sharded::predict(in, config_); }
+  Prediction predict(const PredictInput& in) const override {
+    return sharded::predict(in, config_);
+  }
   void setup(Context& ctx) override { engine_.emplace(ctx, config_); }
   void train_step(Context& ctx, int step) override { engine_->train_step(ctx, step); }
 

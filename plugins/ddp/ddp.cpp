@@ -1,8 +1,8 @@
-// ddp: distributed data parallel with gradient buckets, the PyTorch DDP algorithm. The flat gradient
-// buffer is cut, from its end, into buckets of bucket_mb; backward runs units in reverse, so a
-// bucket is complete as soon as the unit holding its first element has finished backward, and its
-// all-reduce starts right then on the comm stream while backward continues. Buckets are views into
-// the gradient buffer (PyTorch's gradient_as_bucket_view), so no copies and no comm buffers.
+// ddp: distributed data parallel with gradient buckets, the PyTorch DDP algorithm. The flat
+// gradient buffer is cut, from its end, into buckets of bucket_mb; backward runs units in reverse,
+// so a bucket is complete as soon as the unit holding its first element has finished backward, and
+// its all-reduce starts right then on the comm stream while backward continues. Buckets are views
+// into the gradient buffer (PyTorch's gradient_as_bucket_view), so no copies and no comm buffers.
 // With gradient accumulation only the last micro-batch all-reduces (PyTorch's no_sync()).
 #include <optional>
 
@@ -30,16 +30,14 @@ class BucketedDdp final : public Strategy {
 
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);
-    if (in.mesh.dp > 1)
-      p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
+    if (in.mesh.dp > 1) p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
     p.notes = "buckets are views of the flat gradient buffer: no comm_buffers";
     return p;
   }
 
   void setup(Context& ctx) override {
     replica_.emplace(ctx);
-    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx),
-                       ctx.memory());
+    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx), ctx.memory());
     const ParamLayout& layout = ctx.model().layout();
     const std::size_t per_bucket =
         std::max<std::size_t>(1, std::size_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
@@ -91,7 +89,9 @@ const PluginDescriptor& descriptor() {
       "distributed data parallel with bucketed, overlapped gradient all-reduce",
       {{"ddp",
         "gradient buckets all-reduced on a comm stream as backward fills them (PyTorch DDP)",
-        {{"bucket_mb", OptionType::real, "25",
+        {{"bucket_mb",
+          OptionType::real,
+          "25",
           "bucket size in MiB; each bucket's all-reduce starts when backward has filled it",
           {}}}}}};
   return d;

@@ -28,19 +28,28 @@ sharded::EngineConfig config_for(const std::string& name, const Options& o) {
 const PluginDescriptor& descriptor() {
   const std::vector<OptionSpec> options = {
       {"wrap", OptionType::integer, "1", "model units per FSDP unit (embedding, blocks, head)", {}},
-      {"backward_prefetch", OptionType::choice, "pre",
+      {"backward_prefetch",
+       OptionType::choice,
+       "pre",
        "all-gather the next FSDP unit before (pre) or after (post) the current backward, or not",
        {"pre", "post", "none"}},
-      {"forward_prefetch", OptionType::boolean, "false",
-       "all-gather the next FSDP unit before the current forward", {}},
-      {"limit_all_gathers", OptionType::boolean, "true",
-       "at most 2 all-gathers in flight (bounds the gathered working set)", {}}};
+      {"forward_prefetch",
+       OptionType::boolean,
+       "false",
+       "all-gather the next FSDP unit before the current forward",
+       {}},
+      {"limit_all_gathers",
+       OptionType::boolean,
+       "true",
+       "at most 2 all-gathers in flight (bounds the gathered working set)",
+       {}}};
   static const PluginDescriptor d{
       kPluginAbiVersion,
       "fsdp",
       "PyTorch FSDP sharding strategies",
       {{"fsdp", "FULL_SHARD: reshard after forward, gather again for backward", options},
-       {"fsdp-grad-op", "SHARD_GRAD_OP: parameters stay gathered from forward to backward", options},
+       {"fsdp-grad-op", "SHARD_GRAD_OP: parameters stay gathered from forward to backward",
+        options},
        {"fsdp-hybrid", "HYBRID_SHARD: full shard inside a node, replicate across nodes", options}}};
   return d;
 }

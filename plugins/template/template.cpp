@@ -27,16 +27,14 @@ class SyncAllReduce final : public Strategy {
   // stores it next to the measurement; tests check that they are equal.
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);  // params, grads, AdamW state, activations
-    if (in.mesh.dp > 1)
-      p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
+    if (in.mesh.dp > 1) p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
     return p;
   }
 
   // setup(): allocate through the context so the memory ledger sees every byte.
   void setup(Context& ctx) override {
     replica_.emplace(ctx);  // parameters initialised from the run's seed, zeroed gradients
-    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx),
-                       ctx.memory());
+    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx), ctx.memory());
   }
 
   // train_step(): one optimizer step. The core times the whole call and reads the comm ledger.

@@ -22,17 +22,28 @@ sharded::EngineConfig config_for(const std::string& name, const Options& o) {
 
 const PluginDescriptor& descriptor() {
   const std::vector<OptionSpec> options = {
-      {"bucket_mb", OptionType::real, "25",
-       "zero1/zero2: units are grouped into reduce-scatter buckets of up to this many MiB", {}},
-      {"prefetch", OptionType::integer, "1",
-       "zero3: units all-gathered ahead of the one computing, overlapped with compute", {}},
-      {"overlap", OptionType::boolean, "true",
-       "run each reduce-scatter behind the next unit's backward (off: wait for it at once)", {}}};
+      {"bucket_mb",
+       OptionType::real,
+       "25",
+       "zero1/zero2: units are grouped into reduce-scatter buckets of up to this many MiB",
+       {}},
+      {"prefetch",
+       OptionType::integer,
+       "1",
+       "zero3: units all-gathered ahead of the one computing, overlapped with compute",
+       {}},
+      {"overlap",
+       OptionType::boolean,
+       "true",
+       "run each reduce-scatter behind the next unit's backward (off: wait for it at once)",
+       {}}};
   static const PluginDescriptor d{
       kPluginAbiVersion,
       "zero",
       "ZeRO stages 1-3: optimizer, gradient and parameter sharding (DeepSpeed)",
-      {{"zero1", "optimizer state sharded; reduce-scatter gradients, update shard, all-gather params", options},
+      {{"zero1",
+        "optimizer state sharded; reduce-scatter gradients, update shard, all-gather params",
+        options},
        {"zero2", "+ gradients reduce-scattered bucket by bucket during backward", options},
        {"zero3", "+ parameters sharded, gathered per unit for forward and backward", options}}};
   return d;

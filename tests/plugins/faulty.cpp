@@ -22,7 +22,8 @@ class Faulty final : public Strategy {
     Replica& r = *replica_;
     forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, 0));
     bool me = ctx.coord().rank == rank_ && step == step_;
-    if (me && mode_ == "throw") throw Error("faulty plugin: failing on purpose at step " + std::to_string(step));
+    if (me && mode_ == "throw")
+      throw Error("faulty plugin: failing on purpose at step " + std::to_string(step));
     if (me && mode_ == "oom") throw std::bad_alloc();
     if (me && mode_ == "hang") return;  // the others block in the all-reduce below
     ctx.group(Axis::dp).all_reduce(view(r.grads(), r.size()));
@@ -36,8 +37,11 @@ class Faulty final : public Strategy {
 
 const PluginDescriptor& descriptor() {
   static const PluginDescriptor d{
-      kPluginAbiVersion, "testing", "test-only strategies",
-      {{"faulty", "fails on purpose (tests)",
+      kPluginAbiVersion,
+      "testing",
+      "test-only strategies",
+      {{"faulty",
+        "fails on purpose (tests)",
         {{"mode", OptionType::choice, "throw", "how to fail", {"throw", "oom", "hang"}},
          {"rank", OptionType::integer, "0", "which rank fails", {}},
          {"step", OptionType::integer, "1", "at which step", {}}}}}};

@@ -2,15 +2,16 @@
 //   check_run layout FILE RANKS STEPS        every DESIGN field present, shaped and plausible
 //   check_run trajectory REF FILE TOL        per-step loss equals REF's within TOL (absolute)
 //   check_run predicted FILE                 ledger bytes per op per rank per step == predicted;
-//                                            params/grads/optimizer/activations/workspace == predicted
+//                                            params/grads/optimizer/activations/workspace ==
+//                                            predicted
 //   check_run status FILE STATUS TEXT        status and a substring of the error
 //   check_run calls FILE OP N                every rank makes N calls of OP in every step
 //   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
 // Prints what it compared; exits 1 on the first mismatch.
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -22,13 +23,13 @@ using namespace strata;
 
 static int failures = 0;
 
-#define EXPECT(cond, ...)                            \
-  do {                                               \
-    if (!(cond)) {                                   \
-      std::fprintf(stderr, "FAIL: " __VA_ARGS__);    \
-      std::fprintf(stderr, "  [%s]\n", #cond);       \
-      ++failures;                                    \
-    }                                                \
+#define EXPECT(cond, ...)                         \
+  do {                                            \
+    if (!(cond)) {                                \
+      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
+      std::fprintf(stderr, "  [%s]\n", #cond);    \
+      ++failures;                                 \
+    }                                             \
   } while (0)
 
 static double summary(const RunRecord& r, const std::string& name) {
@@ -45,18 +46,21 @@ static std::string config(const RunRecord& r, const std::string& key) {
 
 static void layout(const RunRecord& r, int ranks, int steps) {
   EXPECT(r.status == "ok", "status %s (error: %s)\n", r.status.c_str(), r.error.c_str());
-  EXPECT(r.ranks == ranks && r.steps == steps, "shape %dx%d, want %dx%d\n", r.ranks, r.steps, ranks, steps);
+  EXPECT(r.ranks == ranks && r.steps == steps, "shape %dx%d, want %dx%d\n", r.ranks, r.steps, ranks,
+         steps);
   EXPECT(!r.run_id.empty() && r.created_utc.size() == 20, "run_id/created_utc\n");
-  EXPECT(r.command_line.find("runner") != std::string::npos, "command_line %s\n", r.command_line.c_str());
-  for (const char* key : {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab", "micro_batch",
-                          "global_batch", "steps", "seed", "lr", "nodes", "ranks_per_node", "dp"})
+  EXPECT(r.command_line.find("runner") != std::string::npos, "command_line %s\n",
+         r.command_line.c_str());
+  for (const char* key :
+       {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab", "micro_batch",
+        "global_batch", "steps", "seed", "lr", "nodes", "ranks_per_node", "dp"})
     EXPECT(!config(r, key).empty(), "/config missing %s\n", key);
   bool has_mpi = false;
   for (const auto& [k, v] : r.provenance) has_mpi |= k == "mpi_version" && !v.empty();
   EXPECT(has_mpi, "/provenance mpi_version\n");
   EXPECT(int(r.hostnames.size()) == ranks, "hostnames %zu\n", r.hostnames.size());
-  for (const char* m : {"step_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "exposed_comm_s",
-                        "bubble_s", "loss", "tokens"}) {
+  for (const char* m : {"step_s", "forward_s", "backward_s", "optimizer_s", "comm_s",
+                        "exposed_comm_s", "bubble_s", "loss", "tokens"}) {
     auto it = r.step_values.find(m);
     EXPECT(it != r.step_values.end() && it->second.size() == std::size_t(ranks) * steps,
            "/steps/%s shape\n", m);
@@ -67,24 +71,27 @@ static void layout(const RunRecord& r, int ranks, int steps) {
            bw = r.step_values.at("backward_s")[i], c = r.step_values.at("comm_s")[i],
            ex = r.step_values.at("exposed_comm_s")[i];
     EXPECT(st > 0 && fw > 0 && bw > 0 && fw + bw <= st * 1.0001, "phase times at %d\n", i);
-    EXPECT(ex >= 0 && ex <= c + 1e-9 && c <= st * 1.0001, "comm %g exposed %g step %g at %d\n", c, ex, st, i);
+    EXPECT(ex >= 0 && ex <= c + 1e-9 && c <= st * 1.0001, "comm %g exposed %g step %g at %d\n", c,
+           ex, st, i);
   }
   // Every rank holds the same (global) loss; the loss falls.
   const auto& loss = r.step_values.at("loss");
   for (int k = 1; k < ranks; ++k)
     for (int s = 0; s < steps; ++s)
       EXPECT(loss[k * steps + s] == loss[s], "loss differs across ranks at step %d\n", s);
-  EXPECT(loss[steps - 1] < loss[0] - 0.05, "loss did not fall: %g -> %g\n", loss[0], loss[steps - 1]);
+  EXPECT(loss[steps - 1] < loss[0] - 0.05, "loss did not fall: %g -> %g\n", loss[0],
+         loss[steps - 1]);
   EXPECT(r.memory_tags.size() == 6 && r.peak_bytes.size() == 6u * ranks &&
              r.predicted_bytes.size() == 6 && r.process_peak_bytes.size() == std::size_t(ranks),
          "/memory shapes\n");
-  for (const char* s : {"tokens_per_s", "step_s_p50", "step_s_p95", "tflops_per_rank", "mfu",
-                        "peak_bytes_max", "comm_fraction", "exposed_comm_fraction", "bubble_fraction",
-                        "loss_first", "loss_last"})
+  for (const char* s :
+       {"tokens_per_s", "step_s_p50", "step_s_p95", "tflops_per_rank", "mfu", "peak_bytes_max",
+        "comm_fraction", "exposed_comm_fraction", "bubble_fraction", "loss_first", "loss_last"})
     EXPECT(std::isfinite(summary(r, s)), "/summary %s\n", s);
   EXPECT(summary(r, "tokens_per_s") > 0 && summary(r, "mfu") > 0 && summary(r, "mfu") < 1.5,
          "tokens/s %g mfu %g\n", summary(r, "tokens_per_s"), summary(r, "mfu"));
-  EXPECT(summary(r, "loss_first") == loss[0] && summary(r, "loss_last") == loss[steps - 1], "loss summary\n");
+  EXPECT(summary(r, "loss_first") == loss[0] && summary(r, "loss_last") == loss[steps - 1],
+         "loss summary\n");
   std::printf("layout ok: %d ranks x %d steps, loss %.4f -> %.4f, %.0f tokens/s\n", ranks, steps,
               loss[0], loss[steps - 1], summary(r, "tokens_per_s"));
 }
@@ -105,20 +112,25 @@ static void trajectory(const RunRecord& ref, const RunRecord& r, double tol) {
 static void predicted(const RunRecord& r) {
   for (const auto& [op, cs] : r.comm) {
     for (std::size_t i = 0; i < cs.bytes.size(); ++i)
-      EXPECT(cs.bytes[i] == cs.predicted_bytes_per_step, "%s: rank %zu step %zu moved %.0f bytes, predicted %.0f\n",
-             op.c_str(), i / r.steps, i % r.steps, cs.bytes[i], cs.predicted_bytes_per_step);
+      EXPECT(cs.bytes[i] == cs.predicted_bytes_per_step,
+             "%s: rank %zu step %zu moved %.0f bytes, predicted %.0f\n", op.c_str(), i / r.steps,
+             i % r.steps, cs.bytes[i], cs.predicted_bytes_per_step);
     for (std::size_t i = 0; i < cs.bytes.size(); ++i)
       if (cs.bytes[i] > 0 && cs.time_s[i] > 0) {
-        EXPECT(std::fabs(cs.algbw[i] - cs.bytes[i] / cs.time_s[i]) <= 1e-9 * cs.algbw[i], "%s algbw\n", op.c_str());
-        EXPECT(cs.busbw[i] > 0 && cs.busbw[i] <= 2 * cs.algbw[i], "%s busbw %g algbw %g\n", op.c_str(), cs.busbw[i], cs.algbw[i]);
+        EXPECT(std::fabs(cs.algbw[i] - cs.bytes[i] / cs.time_s[i]) <= 1e-9 * cs.algbw[i],
+               "%s algbw\n", op.c_str());
+        EXPECT(cs.busbw[i] > 0 && cs.busbw[i] <= 2 * cs.algbw[i], "%s busbw %g algbw %g\n",
+               op.c_str(), cs.busbw[i], cs.algbw[i]);
       }
-    std::printf("comm %-14s %.0f bytes per rank per step = predicted\n", op.c_str(), cs.predicted_bytes_per_step);
+    std::printf("comm %-14s %.0f bytes per rank per step = predicted\n", op.c_str(),
+                cs.predicted_bytes_per_step);
   }
   for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
     for (int k = 0; k < r.ranks; ++k) {
       double m = r.peak_bytes[k * r.memory_tags.size() + t];
       double p = r.predicted_bytes_per_rank[k * r.memory_tags.size() + t];
-      EXPECT(m == p, "memory %s rank %d: measured %.0f, predicted %.0f\n", r.memory_tags[t].c_str(), k, m, p);
+      EXPECT(m == p, "memory %s rank %d: measured %.0f, predicted %.0f\n", r.memory_tags[t].c_str(),
+             k, m, p);
     }
   std::printf("memory: every tag on every rank equals its prediction\n");
 }
@@ -126,13 +138,17 @@ static void predicted(const RunRecord& r) {
 int main(int argc, char** argv) {
   try {
     std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "layout" && argc == 5) layout(read_run_file(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
-    else if (cmd == "trajectory" && argc == 5) trajectory(read_run_file(argv[2]), read_run_file(argv[3]), std::atof(argv[4]));
-    else if (cmd == "predicted" && argc == 3) predicted(read_run_file(argv[2]));
+    if (cmd == "layout" && argc == 5)
+      layout(read_run_file(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+    else if (cmd == "trajectory" && argc == 5)
+      trajectory(read_run_file(argv[2]), read_run_file(argv[3]), std::atof(argv[4]));
+    else if (cmd == "predicted" && argc == 3)
+      predicted(read_run_file(argv[2]));
     else if (cmd == "status" && argc == 5) {
       RunRecord r = read_run_file(argv[2]);
       EXPECT(r.status == argv[3], "status %s, want %s\n", r.status.c_str(), argv[3]);
-      EXPECT(r.error.find(argv[4]) != std::string::npos, "error '%s' lacks '%s'\n", r.error.c_str(), argv[4]);
+      EXPECT(r.error.find(argv[4]) != std::string::npos, "error '%s' lacks '%s'\n", r.error.c_str(),
+             argv[4]);
       std::printf("status %s: %s\n", r.status.c_str(), r.error.c_str());
     } else if (cmd == "calls" && argc == 5) {
       RunRecord r = read_run_file(argv[2]);
@@ -140,8 +156,8 @@ int main(int argc, char** argv) {
       EXPECT(it != r.comm.end(), "no %s in /comm\n", argv[3]);
       if (it != r.comm.end())
         for (std::size_t i = 0; i < it->second.calls.size(); ++i)
-          EXPECT(it->second.calls[i] == std::atof(argv[4]), "%s calls %.0f at %zu, want %s\n", argv[3],
-                 it->second.calls[i], i, argv[4]);
+          EXPECT(it->second.calls[i] == std::atof(argv[4]), "%s calls %.0f at %zu, want %s\n",
+                 argv[3], it->second.calls[i], i, argv[4]);
       std::printf("%s: %s calls per rank per step\n", argv[3], argv[4]);
     } else if (cmd == "less-memory" && argc == 5) {
       RunRecord a = read_run_file(argv[2]), b = read_run_file(argv[3]);
@@ -149,10 +165,12 @@ int main(int argc, char** argv) {
         double m = 0;
         for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
           if (r.memory_tags[t] == argv[4])
-            for (int k = 0; k < r.ranks; ++k) m = std::max(m, r.peak_bytes[k * r.memory_tags.size() + t]);
+            for (int k = 0; k < r.ranks; ++k)
+              m = std::max(m, r.peak_bytes[k * r.memory_tags.size() + t]);
         return m;
       };
-      EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", argv[4], peak(a), peak(b));
+      EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", argv[4], peak(a),
+             peak(b));
       std::printf("%s: %.0f < %.0f bytes\n", argv[4], peak(a), peak(b));
     } else if (cmd == "make-tokens" && argc == 5) {
       // Token t+1 = (5 * token t + 3) mod V, with every 7th token random-ish: learnable.

@@ -82,16 +82,19 @@ TEST(Registry, StrategyKeepsItsLibraryLoaded) {
   ASSERT_NE(p, nullptr);
   long before = p->library.use_count();
   {
-    std::shared_ptr<Strategy> s = r.create("ddp", Options(std::map<std::string, std::string>{{"bucket_mb", "25"}}));
+    std::shared_ptr<Strategy> s =
+        r.create("ddp", Options(std::map<std::string, std::string>{{"bucket_mb", "25"}}));
     EXPECT_EQ(p->library.use_count(), before + 1);
   }
   EXPECT_EQ(p->library.use_count(), before);
 }
 
 TEST(Options, ValidatedAgainstTheDescriptor) {
-  StrategySpec spec{"x", "", {{"bucket_mb", OptionType::real, "25", "", {}},
-                              {"mode", OptionType::choice, "a", "", {"a", "b"}},
-                              {"on", OptionType::boolean, "true", "", {}}}};
+  StrategySpec spec{"x",
+                    "",
+                    {{"bucket_mb", OptionType::real, "25", "", {}},
+                     {"mode", OptionType::choice, "a", "", {"a", "b"}},
+                     {"on", OptionType::boolean, "true", "", {}}}};
   Options o = validate_options(spec, {"bucket_mb=1.5", "mode=b"});
   EXPECT_DOUBLE_EQ(o.get_real("bucket_mb"), 1.5);
   EXPECT_EQ(o.get("mode"), "b");
@@ -104,7 +107,8 @@ TEST(Options, ValidatedAgainstTheDescriptor) {
     }
     return std::string();
   };
-  EXPECT_NE(message({"nosuch=1"}).find("has no such option (it has: bucket_mb, mode, on)"), std::string::npos);
+  EXPECT_NE(message({"nosuch=1"}).find("has no such option (it has: bucket_mb, mode, on)"),
+            std::string::npos);
   EXPECT_NE(message({"bucket_mb=abc"}).find("must be a number"), std::string::npos);
   EXPECT_NE(message({"mode=c"}).find("must be one of a b"), std::string::npos);
   EXPECT_NE(message({"on=maybe"}).find("true or false"), std::string::npos);

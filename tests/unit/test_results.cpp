@@ -51,10 +51,10 @@ RunRecord full_record() {
   r.step_units = {{"step_s", "s"}, {"forward_s", "s"}, {"loss", "1"}, {"tokens", "tokens"}};
   double base = 0;
   for (const auto& m : r.step_metrics) r.step_values[m] = matrix(2, 3, base += 100);
-  r.comm["all_reduce"] = {matrix(2, 3, 1),    matrix(2, 3, 1e6), matrix(2, 3, 1e-3),
-                          4.5e6,              matrix(2, 3, 1e9), matrix(2, 3, 1.5e9)};
-  r.comm["reduce_scatter"] = {matrix(2, 3, 2),    matrix(2, 3, 2e6), matrix(2, 3, 2e-3),
-                              1.25e6,             matrix(2, 3, 1e9), matrix(2, 3, 0.5e9)};
+  r.comm["all_reduce"] = {matrix(2, 3, 1), matrix(2, 3, 1e6), matrix(2, 3, 1e-3),
+                          4.5e6,           matrix(2, 3, 1e9), matrix(2, 3, 1.5e9)};
+  r.comm["reduce_scatter"] = {matrix(2, 3, 2), matrix(2, 3, 2e6), matrix(2, 3, 2e-3),
+                              1.25e6,          matrix(2, 3, 1e9), matrix(2, 3, 0.5e9)};
   r.memory_tags = {"params", "grads", "optimizer_state", "activations", "workspace", "comm"};
   r.peak_bytes = matrix(2, 6, 1e9);
   r.predicted_bytes = matrix(1, 6, 2e9);

@@ -18,7 +18,16 @@
 
 namespace strata {
 
-enum class CommOp : int { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv, barrier };
+enum class CommOp : int {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  reduce,
+  send,
+  recv,
+  barrier
+};
 inline constexpr int kNumCommOps = 8;
 inline constexpr std::array<const char*, kNumCommOps> kCommOpNames = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "send", "recv", "barrier"};
@@ -27,10 +36,13 @@ inline const char* op_name(CommOp op) { return kCommOpNames[static_cast<int>(op)
 // nccl-tests bus-bandwidth factor: busbw = algbw * factor, so numbers compare across world sizes.
 inline double bus_factor(CommOp op, int n) {
   switch (op) {
-    case CommOp::all_reduce: return n > 1 ? 2.0 * (n - 1) / n : 0.0;
+    case CommOp::all_reduce:
+      return n > 1 ? 2.0 * (n - 1) / n : 0.0;
     case CommOp::reduce_scatter:
-    case CommOp::all_gather: return n > 1 ? double(n - 1) / n : 0.0;
-    default: return 1.0;
+    case CommOp::all_gather:
+      return n > 1 ? double(n - 1) / n : 0.0;
+    default:
+      return 1.0;
   }
 }
 
@@ -72,7 +84,7 @@ class CommLedger {
   // The compute thread was idle (blocked on an event or in a blocking call) over [t0, t1).
   void record_wait(double t0, double t1);
 
-  std::vector<CommRecord> records() const;                      // all finished calls
+  std::vector<CommRecord> records() const;                       // all finished calls
   std::vector<std::pair<double, double>> waits(int step) const;  // compute idle intervals
   std::vector<InFlight> in_flight() const;
   // Move out every finished call and every recorded wait (the trainer takes them once per step).
@@ -89,8 +101,8 @@ class CommLedger {
 };
 
 // A communicator over a fixed set of ranks (one mesh axis). The public calls record into the ledger
-// and forward to the transport's do_* implementation. All calls are blocking for the calling thread;
-// put them on a CommStream to overlap them with compute.
+// and forward to the transport's do_* implementation. All calls are blocking for the calling
+// thread; put them on a CommStream to overlap them with compute.
 class Group {
  public:
   Group(std::string name, int rank, int size, CommLedger* ledger)
@@ -100,12 +112,12 @@ class Group {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  void all_reduce(BufferView buf);                       // sum, in place
-  void all_reduce_max(BufferView buf);                   // max, in place (not a bandwidth op)
-  void reduce_scatter(BufferView in, BufferView out);    // in.count == out.count * size(), sum
-  void all_gather(BufferView in, BufferView out);        // out.count == in.count * size()
+  void all_reduce(BufferView buf);                     // sum, in place
+  void all_reduce_max(BufferView buf);                 // max, in place (not a bandwidth op)
+  void reduce_scatter(BufferView in, BufferView out);  // in.count == out.count * size(), sum
+  void all_gather(BufferView in, BufferView out);      // out.count == in.count * size()
   void broadcast(BufferView buf, int root);
-  void reduce(BufferView buf, int root);                 // sum into root's buf, in place
+  void reduce(BufferView buf, int root);  // sum into root's buf, in place
   void send(BufferView buf, int peer);
   void recv(BufferView buf, int peer);
   void barrier();

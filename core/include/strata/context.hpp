@@ -39,7 +39,7 @@ struct TrainSpec {
   int micro_batch = 8;   // sequences per micro-batch per rank
   int global_batch = 8;  // sequences per optimizer step, all ranks
   int steps = 20;
-  int warmup = 2;        // first steps excluded from the summary statistics (still trained)
+  int warmup = 2;  // first steps excluded from the summary statistics (still trained)
   std::uint64_t seed = 1234;
   double lr = 1e-3;
   double grad_clip = 1.0;  // global-norm clipping; 0 = off

@@ -41,22 +41,22 @@ struct ModelSpec {
 enum class UnitKind { embedding, block, head };
 
 struct TensorInfo {
-  std::string name;          // e.g. "block3.qkv_w"
-  int id = 0;                // global tensor id: the init hash key, independent of sharding
+  std::string name;  // e.g. "block3.qkv_w"
+  int id = 0;        // global tensor id: the init hash key, independent of sharding
   int unit = 0;
-  std::size_t offset = 0;    // in the flat parameter index space
+  std::size_t offset = 0;  // in the flat parameter index space
   std::size_t count = 0;
   std::vector<int> shape;
-  bool decay = false;        // AdamW weight decay applies (2-D weights only, as in GPT-2)
-  float init_std = 0.0f;     // normal(0, init_std) when > 0, otherwise the constant init_value
+  bool decay = false;     // AdamW weight decay applies (2-D weights only, as in GPT-2)
+  float init_std = 0.0f;  // normal(0, init_std) when > 0, otherwise the constant init_value
   float init_value = 0.0f;
 };
 
 struct UnitInfo {
   std::string name;
   UnitKind kind;
-  int block = -1;            // block index for UnitKind::block
-  std::size_t offset = 0;    // first element in the flat parameter index space
+  int block = -1;          // block index for UnitKind::block
+  std::size_t offset = 0;  // first element in the flat parameter index space
   std::size_t count = 0;
   int first_tensor = 0;
   int num_tensors = 0;

@@ -96,10 +96,10 @@ using CreateFn = std::unique_ptr<Strategy>(const std::string& strategy, const Op
 //   const strata::PluginDescriptor& descriptor_function();
 //   std::unique_ptr<strata::Strategy> create_function(const std::string&, const strata::Options&);
 #include <boost/dll/alias.hpp>
-#define STRATA_PLUGIN(descriptor_fn, create_fn)                                     \
-  namespace strata_plugin_exports {                                                 \
-  const std::uint32_t strata_abi_version_value = strata::kPluginAbiVersion;         \
+#define STRATA_PLUGIN(descriptor_fn, create_fn)                                        \
+  namespace strata_plugin_exports {                                                    \
+  const std::uint32_t strata_abi_version_value = strata::kPluginAbiVersion;            \
   BOOST_DLL_ALIAS(strata_plugin_exports::strata_abi_version_value, strata_abi_version) \
-  BOOST_DLL_ALIAS(descriptor_fn, strata_descriptor)                                 \
-  BOOST_DLL_ALIAS(create_fn, strata_create)                                         \
+  BOOST_DLL_ALIAS(descriptor_fn, strata_descriptor)                                    \
+  BOOST_DLL_ALIAS(create_fn, strata_create)                                            \
   }

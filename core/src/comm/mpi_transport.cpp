@@ -34,11 +34,16 @@ void check(int code, const char* call, const char* file, int line) {
 
 MPI_Datatype to_mpi(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
   }
   return MPI_BYTE;
 }
@@ -87,8 +92,8 @@ class MpiGroup final : public Group {
     STRATA_MPI_CHECK(MPI_Send(b.data, as_int(b.count), to_mpi(b.dtype), peer, 0, comm_));
   }
   void do_recv(BufferView b, int peer) override {
-    STRATA_MPI_CHECK(MPI_Recv(b.data, as_int(b.count), to_mpi(b.dtype), peer, 0, comm_,
-                              MPI_STATUS_IGNORE));
+    STRATA_MPI_CHECK(
+        MPI_Recv(b.data, as_int(b.count), to_mpi(b.dtype), peer, 0, comm_, MPI_STATUS_IGNORE));
   }
   void do_barrier() override { STRATA_MPI_CHECK(MPI_Barrier(comm_)); }
 
@@ -208,8 +213,8 @@ std::vector<std::string> control_gather_strings(const std::string& local) {
     for (int r = 0; r < ranks; ++r) displs[r] = total, total += lens[r];
     all.resize(total);
   }
-  STRATA_MPI_CHECK(MPI_Gatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(),
-                               displs.data(), MPI_CHAR, 0, g_control));
+  STRATA_MPI_CHECK(MPI_Gatherv(local.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                               MPI_CHAR, 0, g_control));
   std::vector<std::string> out;
   for (int r = 0; root && r < ranks; ++r) out.push_back(all.substr(displs[r], lens[r]));
   return out;

@@ -25,7 +25,7 @@ std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLe
 // Control plane, on a private duplicate of the world communicator.
 void control_allreduce_sum(double* values, int n);
 void control_allreduce_max(double* values, int n);
-std::vector<double> control_gather(const std::vector<double>& local);  // root: [ranks x n]
+std::vector<double> control_gather(const std::vector<double>& local);       // root: [ranks x n]
 std::vector<std::string> control_gather_strings(const std::string& local);  // root: [ranks]
 void control_barrier();
 

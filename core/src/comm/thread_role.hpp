@@ -1,5 +1,5 @@
-// Which thread is which: comm-stream workers set this, so that blocking calls and event waits on the
-// compute thread (and only there) are recorded as compute idle time.
+// Which thread is which: comm-stream workers set this, so that blocking calls and event waits on
+// the compute thread (and only there) are recorded as compute idle time.
 #pragma once
 
 namespace strata {

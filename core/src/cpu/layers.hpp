@@ -19,15 +19,15 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::in
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null). BLAS sgemm.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC);
 // dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp; dbias[OC] += sum_n dout (if non-null)
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC);
 
 // Causal multi-head attention. qkv[B,T,3C] holds q | k | v, head h at columns h*hs.
 // out[B,T,C]; att[B,NH,T,T] saves the softmax probabilities for backward.
@@ -47,8 +47,8 @@ void residual_forward(float* out, const float* a, const float* b, std::int64_t n
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                   const std::int32_t* targets, int N, int V);
 // dlogits[N,V] += (probs - onehot(targets)) * grad_scale
-void crossentropy_softmax_backward(float* dlogits, const float* probs,
-                                   const std::int32_t* targets, float grad_scale, int N, int V);
+void crossentropy_softmax_backward(float* dlogits, const float* probs, const std::int32_t* targets,
+                                   float grad_scale, int N, int V);
 
 // One AdamW update over n elements; decay is the weight decay (0 for no decay). t is 1-based.
 void adamw_update(float* params, const float* grads, float* m, float* v, std::int64_t n, float lr,

@@ -19,12 +19,12 @@ struct Measure {
 };
 
 struct CommSeries {
-  std::vector<double> calls;   // [ranks x steps], count
-  std::vector<double> bytes;   // [ranks x steps], bytes (nccl-tests size convention)
-  std::vector<double> time_s;  // [ranks x steps], s
+  std::vector<double> calls;            // [ranks x steps], count
+  std::vector<double> bytes;            // [ranks x steps], bytes (nccl-tests size convention)
+  std::vector<double> time_s;           // [ranks x steps], s
   double predicted_bytes_per_step = 0;  // per rank, bytes
-  std::vector<double> algbw;   // [ranks x steps], bytes/s: bytes / time_s
-  std::vector<double> busbw;   // [ranks x steps], bytes/s: sum(bytes x bus factor) / time_s
+  std::vector<double> algbw;            // [ranks x steps], bytes/s: bytes / time_s
+  std::vector<double> busbw;  // [ranks x steps], bytes/s: sum(bytes x bus factor) / time_s
 };
 
 struct RunRecord {
@@ -32,7 +32,7 @@ struct RunRecord {
   std::string run_id;
   std::string status = "ok";  // ok | oom | failed | timeout
   std::string error;
-  std::string created_utc;    // ISO 8601, e.g. 2026-11-22T02:48:53Z
+  std::string created_utc;  // ISO 8601, e.g. 2026-11-22T02:48:53Z
   std::string command_line;
 
   std::vector<std::pair<std::string, std::string>> config;      // /config attrs, in order
@@ -42,8 +42,8 @@ struct RunRecord {
   int ranks = 0;
   int steps = 0;
   // /steps/<metric>: [ranks x steps] float64, with the unit of each metric.
-  std::vector<std::string> step_metrics;               // in order: step_s, forward_s, ...
-  std::map<std::string, std::string> step_units;       // metric -> unit
+  std::vector<std::string> step_metrics;                   // in order: step_s, forward_s, ...
+  std::map<std::string, std::string> step_units;           // metric -> unit
   std::map<std::string, std::vector<double>> step_values;  // metric -> [ranks x steps]
 
   std::map<std::string, CommSeries> comm;  // op name -> series

@@ -6,16 +6,16 @@
 
 #include <array>
 #include <chrono>
-#include <map>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <new>
 #include <thread>
 
 #include "comm/mpi_transport.hpp"
 #include "config.hpp"
-#include "format.hpp"
 #include "cpu/layers.hpp"
+#include "format.hpp"
 #include "launch.hpp"
 #include "plugin_loader.hpp"
 #include "provenance.hpp"
@@ -69,14 +69,16 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
     for (const auto& [op, b] : p.comm_bytes_per_step) comm[op] = std::max(comm[op], b);
     if (r == 0) notes = p.notes;
   }
-  std::printf("dry run: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
-              "(%lld params), micro-batch %d, global batch %d (%d micro-step(s))\n",
-              c.plugin.c_str(), world, c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp, c.mesh.tp,
-              c.mesh.pp, c.model.preset.c_str(), (long long)c.model.total_params(),
-              c.train.micro_batch, c.train.global_batch, c.train.micro_steps(c.mesh));
+  std::printf(
+      "dry run: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
+      "(%lld params), micro-batch %d, global batch %d (%d micro-step(s))\n",
+      c.plugin.c_str(), world, c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp, c.mesh.tp, c.mesh.pp,
+      c.model.preset.c_str(), (long long)c.model.total_params(), c.train.micro_batch,
+      c.train.global_batch, c.train.micro_steps(c.mesh));
   std::printf("predicted memory per rank (largest rank per tag)\n");
   for (int t = 0; t < kNumMemTags; ++t)
-    std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t], human_bytes(peak[t]).c_str());
+    std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t],
+                human_bytes(peak[t]).c_str());
   std::printf("  %-13s %14.0f bytes  %12s  (rank %d)\n", "total", worst_total,
               human_bytes(worst_total).c_str(), worst_rank);
   std::printf("predicted comm per rank per step (nccl-tests sizes)\n");
@@ -113,8 +115,8 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     const StrategySpec* spec = nullptr;
     const LoadedPlugin* p = registry.find(config.describe, &spec);
     if (!p)
-      throw ConfigError("--describe " + config.describe + ": no such strategy (found: " +
-                        known_strategies(registry) + ")");
+      throw ConfigError("--describe " + config.describe +
+                        ": no such strategy (found: " + known_strategies(registry) + ")");
     std::printf("%s", describe(*p, *spec).c_str());
     return false;
   }
@@ -122,14 +124,17 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     throw ConfigError("--plugin: required, one of: " + known_strategies(registry));
   const StrategySpec* spec = nullptr;
   if (!registry.find(config.plugin, &spec))
-    throw ConfigError("--plugin " + config.plugin + ": no such strategy (found: " +
-                      known_strategies(registry) + ")");
+    throw ConfigError("--plugin " + config.plugin +
+                      ": no such strategy (found: " + known_strategies(registry) + ")");
   Options options = validate_options(*spec, config.plugin_opts);
 
   int world = 1;
-  if (env.under_launcher) world = env.world;
-  else if (config.nodes_given || config.ranks_per_node_given) world = config.mesh.nodes * config.mesh.ranks_per_node;
-  else if (config.mesh_given) world = config.mesh.world();
+  if (env.under_launcher)
+    world = env.world;
+  else if (config.nodes_given || config.ranks_per_node_given)
+    world = config.mesh.nodes * config.mesh.ranks_per_node;
+  else if (config.mesh_given)
+    world = config.mesh.world();
   resolve_mesh(config, world, env.under_launcher ? env.local_size : world);
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
   strategy->validate(config.mesh, config.train, config.model);

@@ -1,0 +1,417 @@
+// CUDA layer passes against the CPU reference (strata::cpu, itself checked against finite
+// differences in test_layers.cpp): the same random inputs through both, every output compared.
+// Gradient outputs start from random non-zero values on both sides, so the += convention is
+// checked too.
+//
+// Tolerances, per element |gpu - cpu| <= atol + rtol |cpu| (fp32 on both sides, no TF32):
+//   elementwise passes (encoder forward, residual, GELU, AdamW, cross-entropy backward):
+//     rtol 1e-5, atol 1e-6 -- different exp/tanh/sqrt implementations (CPU: vecmath.hpp
+//     approximations within 2-3 ulp; GPU: CUDA's expf/tanhf/sqrtf), a few ulp apart.
+//   reductions (LayerNorm, softmax, cross-entropy loss, encoder backward with atomics):
+//     rtol 1e-4, atol 1e-5 -- summation order differs (warp trees vs sequential SIMD lanes).
+//   GEMM-derived outputs (matmul, attention): rtol 1e-4, atol 1e-5 on K <= 80-long dot products
+//     of O(1) values, whose reordering error is ~ sqrt(K) * 6e-8 * |terms| ~ 1e-6.
+// A wrong transposition, index or missing term gives O(1) errors, far outside these.
+//
+// Every GPU test skips (visibly, by name) on a machine without a CUDA device. The peak-FLOP table
+// and cuda_device_count() are checked everywhere.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/layers.hpp"
+#include "cuda/device.hpp"
+#include "cuda/layers.cuh"
+#include "strata/types.hpp"
+
+namespace cpu = strata::cpu;
+namespace gpu = strata::cuda;
+
+// Skip the current test, by name, when there is no GPU.
+#define STRATA_REQUIRE_GPU()                                                                  \
+  if (strata::cuda::cuda_device_count() == 0)                                                 \
+  GTEST_SKIP() << "no CUDA device: "                                                          \
+               << ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name() \
+               << "." << ::testing::UnitTest::GetInstance()->current_test_info()->name()     \
+               << " needs a GPU"
+
+namespace {
+
+constexpr double kElemRtol = 1e-5, kElemAtol = 1e-6;
+constexpr double kReduceRtol = 1e-4, kReduceAtol = 1e-5;
+constexpr double kGemmRtol = 1e-4, kGemmAtol = 1e-5;
+
+std::vector<float> random_vec(std::size_t n, std::uint32_t seed, float lo = -1.0f,
+                              float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<std::int32_t> random_tokens(std::size_t n, int V, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(0, V - 1);
+  std::vector<std::int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A device copy of a host vector (or n zeros); freed on scope exit.
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes()));
+    STRATA_CUDA_CHECK(cudaMemcpy(p_, host.data(), bytes(), cudaMemcpyHostToDevice));
+  }
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes()));
+    STRATA_CUDA_CHECK(cudaMemset(p_, 0, bytes()));
+  }
+  ~DeviceBuffer() { cudaFree(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return p_; }
+  // Waits for all device work, then copies back.
+  std::vector<T> host() const {
+    STRATA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> h(n_);
+    STRATA_CUDA_CHECK(cudaMemcpy(h.data(), p_, bytes(), cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// Every element within atol + rtol |want|; reports the count and the worst element.
+void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want,
+                  double rtol, double atol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, worst = 0;
+  double worst_excess = -1.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    const double lim = atol + rtol * std::fabs(double(want[i]));
+    if (!(err <= lim)) ++bad;  // NaN counts as bad
+    const double excess = std::isnan(err) ? 1e300 : err - lim;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " elements out of tolerance (rtol " << rtol << ", atol " << atol
+                     << "); worst at " << worst << ": gpu " << got[worst] << " cpu " << want[worst];
+}
+
+// Shapes shared by the tests: not multiples of 32, so every partial warp / block path runs.
+constexpr int B = 3, T = 37, C = 48, NH = 4, V = 101;
+constexpr int N = B * T;
+
+class CudaLayers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    STRATA_REQUIRE_GPU();
+    ctx_ = std::make_unique<gpu::CudaContext>(0);
+  }
+  const gpu::CudaContext& ctx() const { return *ctx_; }
+
+ private:
+  std::unique_ptr<gpu::CudaContext> ctx_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaLayers, EncoderForward) {
+  const auto tokens = random_tokens(N, V, 1);
+  const auto wte = random_vec(std::size_t(V) * C, 2), wpe = random_vec(std::size_t(T) * C, 3);
+  std::vector<float> want(std::size_t(N) * C);
+  cpu::encoder_forward(want.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+
+  DeviceBuffer<std::int32_t> d_tokens(tokens);
+  DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(want.size());
+  gpu::encoder_forward(ctx(), d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), B, T, C);
+  expect_close("out", d_out.host(), want, kElemRtol, kElemAtol);
+}
+
+TEST_F(CudaLayers, EncoderBackward) {
+  // A small vocabulary so that tokens repeat and their gradients collide.
+  const int Vs = 7;
+  const auto tokens = random_tokens(N, Vs, 4);
+  const auto dout = random_vec(std::size_t(N) * C, 5);
+  auto dwte = random_vec(std::size_t(Vs) * C, 6), dwpe = random_vec(std::size_t(T) * C, 7);
+  DeviceBuffer<std::int32_t> d_tokens(tokens);
+  DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  gpu::encoder_backward(ctx(), d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), B, T, C);
+  expect_close("dwte", d_dwte.host(), dwte, kReduceRtol, kReduceAtol);
+  expect_close("dwpe", d_dwpe.host(), dwpe, kReduceRtol, kReduceAtol);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// LayerNorm forward and backward at a width below and above one warp's stride, and at a width
+// whose backward needs more than 48 KiB of shared memory (the opt-in path).
+class CudaLayerNorm : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(CudaLayerNorm, ForwardAndBackward) {
+  STRATA_REQUIRE_GPU();
+  gpu::CudaContext ctx(0);
+  const auto [Nr, Cw] = GetParam();
+  const std::size_t n = std::size_t(Nr) * Cw;
+  const auto x = random_vec(n, 10, -2.0f, 3.0f), w = random_vec(Cw, 11), b = random_vec(Cw, 12);
+  std::vector<float> out(n), mean(Nr), rstd(Nr);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), Nr,
+                         Cw);
+  DeviceBuffer<float> d_x(x), d_w(w), d_b(b), d_out(n), d_mean(Nr), d_rstd(Nr);
+  gpu::layernorm_forward(ctx, d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
+                         d_b.get(), Nr, Cw);
+  expect_close("out", d_out.host(), out, kReduceRtol, kReduceAtol);
+  expect_close("mean", d_mean.host(), mean, kReduceRtol, kReduceAtol);
+  expect_close("rstd", d_rstd.host(), rstd, kReduceRtol, kReduceAtol);
+
+  const auto dout = random_vec(n, 13);
+  auto dx = random_vec(n, 14), dw = random_vec(Cw, 15), db = random_vec(Cw, 16);
+  DeviceBuffer<float> d_dout(dout), d_dx(dx), d_dw(dw), d_db(db);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), Nr, Cw);
+  gpu::layernorm_backward(ctx, d_dx.get(), d_dw.get(), d_db.get(), d_dout.get(), d_x.get(),
+                          d_w.get(), d_mean.get(), d_rstd.get(), Nr, Cw);
+  expect_close("dinp", d_dx.host(), dx, kReduceRtol, kReduceAtol);
+  expect_close("dweight", d_dw.host(), dw, kReduceRtol, kReduceAtol);
+  expect_close("dbias", d_db.host(), db, kReduceRtol, kReduceAtol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, CudaLayerNorm,
+                         ::testing::Values(std::pair{N, 20}, std::pair{N, 80},
+                                           std::pair{16, 8192}),
+                         [](const auto& info) {
+                           return "N" + std::to_string(info.param.first) + "_C" +
+                                  std::to_string(info.param.second);
+                         });
+
+// ---------------------------------------------------------------------------------------------
+
+class CudaMatmul : public ::testing::TestWithParam<bool> {};  // with / without bias
+
+TEST_P(CudaMatmul, ForwardAndBackward) {
+  STRATA_REQUIRE_GPU();
+  gpu::CudaContext ctx(0);
+  const bool with_bias = GetParam();
+  const int Cin = 80, OC = 72;
+  const auto x = random_vec(std::size_t(N) * Cin, 20), w = random_vec(std::size_t(OC) * Cin, 21),
+             bias = random_vec(OC, 22);
+  std::vector<float> out(std::size_t(N) * OC);
+  cpu::matmul_forward(out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, N, Cin,
+                      OC);
+  DeviceBuffer<float> d_x(x), d_w(w), d_bias(bias), d_out(out.size());
+  gpu::matmul_forward(ctx, d_out.get(), d_x.get(), d_w.get(), with_bias ? d_bias.get() : nullptr,
+                      N, Cin, OC);
+  expect_close("out", d_out.host(), out, kGemmRtol, kGemmAtol);
+
+  const auto dout = random_vec(out.size(), 23);
+  auto dx = random_vec(x.size(), 24), dw = random_vec(w.size(), 25), db = random_vec(OC, 26);
+  DeviceBuffer<float> d_dout(dout), d_dx(dx), d_dw(dw), d_db(db);
+  cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
+                       x.data(), w.data(), N, Cin, OC);
+  gpu::matmul_backward(ctx, d_dx.get(), d_dw.get(), with_bias ? d_db.get() : nullptr, d_dout.get(),
+                       d_x.get(), d_w.get(), N, Cin, OC);
+  expect_close("dinp", d_dx.host(), dx, kGemmRtol, kGemmAtol);
+  expect_close("dweight", d_dw.host(), dw, kGemmRtol, kGemmAtol);
+  expect_close("dbias", d_db.host(), db, kReduceRtol, kReduceAtol);  // untouched without bias
+}
+
+INSTANTIATE_TEST_SUITE_P(Bias, CudaMatmul, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Bias" : "NoBias"; });
+
+TEST_F(CudaLayers, MatmulBackwardSkipsNullGradients) {
+  // Only dweight requested: dinp and dbias stay null (the first layer's input needs no gradient).
+  const int Cin = 40, OC = 24;
+  const auto x = random_vec(std::size_t(N) * Cin, 27), w = random_vec(std::size_t(OC) * Cin, 28),
+             dout = random_vec(std::size_t(N) * OC, 29);
+  auto dw = random_vec(w.size(), 30);
+  DeviceBuffer<float> d_x(x), d_w(w), d_dout(dout), d_dw(dw);
+  cpu::matmul_backward(nullptr, dw.data(), nullptr, dout.data(), x.data(), w.data(), N, Cin, OC);
+  gpu::matmul_backward(ctx(), nullptr, d_dw.get(), nullptr, d_dout.get(), d_x.get(), d_w.get(), N,
+                       Cin, OC);
+  expect_close("dweight", d_dw.host(), dw, kGemmRtol, kGemmAtol);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaLayers, AttentionForwardAndBackward) {
+  const std::size_t nqkv = std::size_t(N) * 3 * C, natt = std::size_t(B) * NH * T * T;
+  const auto qkv = random_vec(nqkv, 40, -2.0f, 2.0f);
+  std::vector<float> out(std::size_t(N) * C), att(natt);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), d_att(natt);
+  gpu::attention_forward(ctx(), d_out.get(), d_att.get(), d_qkv.get(), B, T, C, NH);
+  expect_close("out", d_out.host(), out, kGemmRtol, kGemmAtol);
+  expect_close("att", d_att.host(), att, kReduceRtol, kReduceAtol);  // includes the zero triangle
+
+  const auto dout = random_vec(out.size(), 41);
+  auto dqkv = random_vec(nqkv, 42);
+  std::vector<float> datt(natt);
+  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv), d_datt(random_vec(natt, 43));  // scratch
+  cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                          NH);
+  gpu::attention_backward(ctx(), d_dqkv.get(), d_datt.get(), d_dout.get(), d_qkv.get(),
+                          d_att.get(), B, T, C, NH);
+  expect_close("dqkv", d_dqkv.host(), dqkv, kGemmRtol, kGemmAtol);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaLayers, GeluForwardAndBackward) {
+  const std::int64_t n = 100003;
+  const auto x = random_vec(n, 50, -6.0f, 6.0f), dout = random_vec(n, 51);
+  auto dx = random_vec(n, 52);
+  DeviceBuffer<float> d_x(x), d_out(n), d_dout(dout), d_dx(dx);
+  std::vector<float> out(n);
+  cpu::gelu_forward(out.data(), x.data(), n);
+  cpu::gelu_backward(dx.data(), x.data(), dout.data(), n);
+  gpu::gelu_forward(ctx(), d_out.get(), d_x.get(), n);
+  gpu::gelu_backward(ctx(), d_dx.get(), d_x.get(), d_dout.get(), n);
+  expect_close("out", d_out.host(), out, kElemRtol, kElemAtol);
+  expect_close("dinp", d_dx.host(), dx, kElemRtol, kElemAtol);
+}
+
+TEST_F(CudaLayers, ResidualForward) {
+  const std::int64_t n = 100003;
+  const auto a = random_vec(n, 60), b = random_vec(n, 61);
+  std::vector<float> out(n);
+  cpu::residual_forward(out.data(), a.data(), b.data(), n);
+  DeviceBuffer<float> d_a(a), d_b(b), d_out(n);
+  gpu::residual_forward(ctx(), d_out.get(), d_a.get(), d_b.get(), n);
+  expect_close("out", d_out.host(), out, 0.0, 0.0);  // one rounding, the same on both sides
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// Cross-entropy over a vocabulary smaller than, and several times larger than, one block.
+class CudaCrossEntropy : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaCrossEntropy, ForwardAndBackward) {
+  STRATA_REQUIRE_GPU();
+  gpu::CudaContext ctx(0);
+  const int Vv = GetParam();
+  const std::size_t n = std::size_t(N) * Vv;
+  const auto logits = random_vec(n, 70, -8.0f, 8.0f);
+  const auto targets = random_tokens(N, Vv, 71);
+  std::vector<float> probs(n), losses(N);
+  cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N,
+                                    Vv);
+  DeviceBuffer<std::int32_t> d_targets(targets);
+  DeviceBuffer<float> d_logits(logits), d_probs(n), d_losses(N);
+  gpu::softmax_crossentropy_forward(ctx, d_probs.get(), d_losses.get(), d_logits.get(),
+                                    d_targets.get(), N, Vv);
+  expect_close("probs", d_probs.host(), probs, kReduceRtol, kReduceAtol);
+  expect_close("losses", d_losses.host(), losses, kReduceRtol, kReduceAtol);
+
+  // In place (probs aliasing logits), as the model calls it.
+  DeviceBuffer<float> d_inplace(logits), d_losses2(N);
+  gpu::softmax_crossentropy_forward(ctx, d_inplace.get(), d_losses2.get(), d_inplace.get(),
+                                    d_targets.get(), N, Vv);
+  expect_close("probs (in place)", d_inplace.host(), probs, kReduceRtol, kReduceAtol);
+  expect_close("losses (in place)", d_losses2.host(), losses, kReduceRtol, kReduceAtol);
+
+  const float grad_scale = 1.0f / float(N);
+  auto dlogits = random_vec(n, 72);
+  DeviceBuffer<float> d_dlogits(dlogits);
+  cpu::crossentropy_softmax_backward(dlogits.data(), probs.data(), targets.data(), grad_scale, N,
+                                     Vv);
+  // The GPU backward reads the CPU's probs, so it is checked on its own.
+  DeviceBuffer<float> d_cpu_probs(probs);
+  gpu::crossentropy_softmax_backward(ctx, d_dlogits.get(), d_cpu_probs.get(), d_targets.get(),
+                                     grad_scale, N, Vv);
+  expect_close("dlogits", d_dlogits.host(), dlogits, kElemRtol, kElemAtol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocab, CudaCrossEntropy, ::testing::Values(V, 5003),
+                         [](const auto& info) { return "V" + std::to_string(info.param); });
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaLayers, AdamW) {
+  const std::int64_t n = 100003;
+  auto p = random_vec(n, 80), m = random_vec(n, 81, -0.1f, 0.1f), v = random_vec(n, 82, 0.0f, 0.01f);
+  const auto g = random_vec(n, 83);
+  DeviceBuffer<float> d_p(p), d_m(m), d_v(v), d_g(g);
+  for (int t = 1; t <= 3; ++t) {
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                      0.5f);
+    gpu::adamw_update(ctx(), d_p.get(), d_g.get(), d_m.get(), d_v.get(), n, 1e-3f, 0.9f, 0.95f,
+                      1e-8f, 0.1f, t, 0.5f);
+  }
+  expect_close("params", d_p.host(), p, kElemRtol, kElemAtol);
+  expect_close("m", d_m.host(), m, kElemRtol, kElemAtol);
+  expect_close("v", d_v.host(), v, kElemRtol, kElemAtol);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaLayers, ErrorsNameTheCallAndCarryAHint) {
+  // A device index past the last one: the checking macro must throw strata::Error with file:line,
+  // CUDA's error name and a hint.
+  const int n = gpu::cuda_device_count();
+  try {
+    gpu::CudaContext bad(n);
+    FAIL() << "CudaContext(" << n << ") did not throw";
+  } catch (const strata::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("layers.cu:"), std::string::npos) << what;
+    EXPECT_NE(what.find("cudaErrorInvalidDevice"), std::string::npos) << what;
+    EXPECT_FALSE(e.hint().empty());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// No GPU needed.
+
+TEST(CudaDevice, CountDoesNotThrowWithoutAGpu) {
+  int n = -1;
+  EXPECT_NO_THROW(n = gpu::cuda_device_count());
+  EXPECT_GE(n, 0);
+  // Asking twice gives the same answer (no sticky error left behind by the first call).
+  EXPECT_EQ(gpu::cuda_device_count(), n);
+  if (n > 0) {
+    EXPECT_FALSE(gpu::cuda_device_name(0).empty());
+  }
+}
+
+TEST(CudaDevice, PeakTable) {
+  // H100 SXM5 and H200: 67 TFLOP/s fp32, 989.4 TFLOP/s dense bf16.
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA H100 80GB HBM3", true), 989.4e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA H100 80GB HBM3", false), 67.0e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA H200", true), 989.4e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA H200", false), 67.0e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA H100 PCIe", true), 756.0e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA A100-SXM4-80GB", true), 312.0e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA A100 80GB PCIe", false), 19.5e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA L40S", true), 362.05e12);
+  // Whole-token matching: "A10" is not a prefix match of "A100", "L40" is not "L40S".
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA A10", true), 125.0e12);
+  EXPECT_DOUBLE_EQ(gpu::peak_dense_flops("NVIDIA A10", false), 31.2e12);
+  EXPECT_EQ(gpu::peak_dense_flops("NVIDIA L40", true), 0.0);
+  EXPECT_EQ(gpu::peak_dense_flops("NVIDIA A10G", true), 0.0);
+  // Unknown names: 0, so no MFU is reported rather than a wrong one.
+  EXPECT_EQ(gpu::peak_dense_flops("NVIDIA GeForce GTX 1080", true), 0.0);
+  EXPECT_EQ(gpu::peak_dense_flops("", false), 0.0);
+}
+
+}  // namespace
