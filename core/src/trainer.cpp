@@ -41,7 +41,6 @@ class CoreContext final : public Context {
     const MeshSpec& m = config.mesh;
     const MeshCoord& c = coord_;
     // MPI_Comm_split is collective over the world: every rank creates every group, same order.
-    groups_[Axis::world] = mpi::split("world", 0, c.rank, &ledger);
     groups_[Axis::dp] = mpi::split("dp", c.pp * m.tp + c.tp, c.dp, &ledger);
     groups_[Axis::tp] = mpi::split("tp", c.pp * m.dp + c.dp, c.tp, &ledger);
     groups_[Axis::pp] = mpi::split("pp", c.dp * m.tp + c.tp, c.pp, &ledger);

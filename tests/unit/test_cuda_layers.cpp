@@ -15,9 +15,8 @@
 //
 // Every GPU test skips (visibly, by name) on a machine without a CUDA device. The peak-FLOP table
 // and cuda_device_count() are checked everywhere.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -37,9 +36,9 @@ namespace cpu = strata::cpu;
 namespace gpu = strata::cuda;
 
 // Skip the current test, by name, when there is no GPU.
-#define STRATA_REQUIRE_GPU()                                                                  \
-  if (strata::cuda::cuda_device_count() == 0)                                                 \
-  GTEST_SKIP() << "no CUDA device: "                                                          \
+#define STRATA_REQUIRE_GPU()                                                                 \
+  if (strata::cuda::cuda_device_count() == 0)                                                \
+  GTEST_SKIP() << "no CUDA device: "                                                         \
                << ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name() \
                << "." << ::testing::UnitTest::GetInstance()->current_test_info()->name()     \
                << " needs a GPU"
@@ -198,8 +197,7 @@ TEST_P(CudaLayerNorm, ForwardAndBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, CudaLayerNorm,
-                         ::testing::Values(std::pair{N, 20}, std::pair{N, 80},
-                                           std::pair{16, 8192}),
+                         ::testing::Values(std::pair{N, 20}, std::pair{N, 80}, std::pair{16, 8192}),
                          [](const auto& info) {
                            return "N" + std::to_string(info.param.first) + "_C" +
                                   std::to_string(info.param.second);
@@ -220,15 +218,15 @@ TEST_P(CudaMatmul, ForwardAndBackward) {
   cpu::matmul_forward(out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, N, Cin,
                       OC);
   DeviceBuffer<float> d_x(x), d_w(w), d_bias(bias), d_out(out.size());
-  gpu::matmul_forward(ctx, d_out.get(), d_x.get(), d_w.get(), with_bias ? d_bias.get() : nullptr,
-                      N, Cin, OC);
+  gpu::matmul_forward(ctx, d_out.get(), d_x.get(), d_w.get(), with_bias ? d_bias.get() : nullptr, N,
+                      Cin, OC);
   expect_close("out", d_out.host(), out, kGemmRtol, kGemmAtol);
 
   const auto dout = random_vec(out.size(), 23);
   auto dx = random_vec(x.size(), 24), dw = random_vec(w.size(), 25), db = random_vec(OC, 26);
   DeviceBuffer<float> d_dout(dout), d_dx(dx), d_dw(dw), d_db(db);
-  cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
-                       x.data(), w.data(), N, Cin, OC);
+  cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(), x.data(),
+                       w.data(), N, Cin, OC);
   gpu::matmul_backward(ctx, d_dx.get(), d_dw.get(), with_bias ? d_db.get() : nullptr, d_dout.get(),
                        d_x.get(), d_w.get(), N, Cin, OC);
   expect_close("dinp", d_dx.host(), dx, kGemmRtol, kGemmAtol);
@@ -270,8 +268,8 @@ TEST_F(CudaLayers, AttentionForwardAndBackward) {
   DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv), d_datt(random_vec(natt, 43));  // scratch
   cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
                           NH);
-  gpu::attention_backward(ctx(), d_dqkv.get(), d_datt.get(), d_dout.get(), d_qkv.get(),
-                          d_att.get(), B, T, C, NH);
+  gpu::attention_backward(ctx(), d_dqkv.get(), d_datt.get(), d_dout.get(), d_qkv.get(), d_att.get(),
+                          B, T, C, NH);
   expect_close("dqkv", d_dqkv.host(), dqkv, kGemmRtol, kGemmAtol);
 }
 
@@ -349,7 +347,8 @@ INSTANTIATE_TEST_SUITE_P(Vocab, CudaCrossEntropy, ::testing::Values(V, 5003),
 
 TEST_F(CudaLayers, AdamW) {
   const std::int64_t n = 100003;
-  auto p = random_vec(n, 80), m = random_vec(n, 81, -0.1f, 0.1f), v = random_vec(n, 82, 0.0f, 0.01f);
+  auto p = random_vec(n, 80), m = random_vec(n, 81, -0.1f, 0.1f),
+       v = random_vec(n, 82, 0.0f, 0.01f);
   const auto g = random_vec(n, 83);
   DeviceBuffer<float> d_p(p), d_m(m), d_v(v), d_g(g);
   for (int t = 1; t <= 3; ++t) {

@@ -53,7 +53,8 @@ enum class Phase { forward, backward, optimizer };
 
 // Communicators a strategy can ask for. dp_intra_node: the dp peers on this (virtual) node;
 // dp_inter_node: the dp peers with the same position on every other node.
-enum class Axis { world, dp, tp, pp, dp_intra_node, dp_inter_node };
+// There is deliberately no world communicator: a strategy talks on its own axes.
+enum class Axis { dp, tp, pp, dp_intra_node, dp_inter_node };
 
 class Context {
  public:
