@@ -73,10 +73,14 @@ class DeviceBuffer {
   explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
     STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes()));
     STRATA_CUDA_CHECK(cudaMemcpy(p_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    // A pageable upload may still be in flight when cudaMemcpy returns, and the layers run on a
+    // non-blocking stream that does not wait for the legacy default stream: finish it here.
+    STRATA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   explicit DeviceBuffer(std::size_t n) : n_(n) {
     STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes()));
     STRATA_CUDA_CHECK(cudaMemset(p_, 0, bytes()));
+    STRATA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;

@@ -1,12 +1,11 @@
 // CUDA device queries, GPU peak table, error reporting (see device.hpp).
-#include "cuda/device.hpp"
-
 #include <algorithm>
 #include <cctype>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cuda/device.hpp"
 #include "strata/types.hpp"
 
 namespace strata::cuda {
@@ -28,7 +27,7 @@ std::string cuda_hint(cudaError_t err) {
              "check `nvidia-smi` and the driver version";
     case cudaErrorNoKernelImageForDevice:
       return "strata was not compiled for this GPU's architecture: rebuild with "
-             "-DCMAKE_CUDA_ARCHITECTURES=<this GPU's sm>";
+             "-DSTRATA_CUDA_ARCHITECTURES=<this GPU's sm, e.g. 100>";
     default:
       return "rerun with CUDA_LAUNCH_BLOCKING=1 (and compute-sanitizer) to find the failing kernel";
   }
@@ -37,6 +36,9 @@ std::string cuda_hint(cudaError_t err) {
 }  // namespace
 
 void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
+  // Reset the runtime's last-error slot (a no-op for sticky device faults): this error is reported
+  // now, and must not resurface at the next STRATA_CUDA_CHECK_LAUNCH() as a kernel's failure.
+  (void)cudaGetLastError();
   std::ostringstream os;
   os << file << ':' << line << ": CUDA error " << cudaGetErrorName(err) << " ("
      << cudaGetErrorString(err) << ") in " << call;

@@ -30,18 +30,18 @@ double peak_dense_flops(const std::string& device_name, bool bf16);
 }  // namespace strata::cuda
 
 // Check a CUDA runtime call; throws strata::Error on failure.
-#define STRATA_CUDA_CHECK(call)                                                   \
-  do {                                                                            \
-    const cudaError_t strata_cuda_err_ = (call);                                  \
-    if (strata_cuda_err_ != cudaSuccess)                                          \
+#define STRATA_CUDA_CHECK(call)                                                      \
+  do {                                                                               \
+    const cudaError_t strata_cuda_err_ = (call);                                     \
+    if (strata_cuda_err_ != cudaSuccess)                                             \
       ::strata::cuda::throw_cuda_error(strata_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // Check a cuBLAS call; throws strata::Error on failure.
-#define STRATA_CUBLAS_CHECK(call)                                                    \
-  do {                                                                               \
-    const cublasStatus_t strata_cublas_st_ = (call);                                 \
-    if (strata_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                  \
+#define STRATA_CUBLAS_CHECK(call)                                                       \
+  do {                                                                                  \
+    const cublasStatus_t strata_cublas_st_ = (call);                                    \
+    if (strata_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                     \
       ::strata::cuda::throw_cublas_error(strata_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
 

@@ -39,6 +39,9 @@ struct CudaContext {
   cublasHandle_t cublas = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+
+ private:
+  void release() noexcept;
 };
 
 // out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]
@@ -53,8 +56,8 @@ void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const fl
 void layernorm_forward(const CudaContext& ctx, float* out, float* mean, float* rstd,
                        const float* inp, const float* weight, const float* bias, int N, int C);
 void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
-                        const float* dout, const float* inp, const float* weight,
-                        const float* mean, const float* rstd, int N, int C);
+                        const float* dout, const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null). cuBLAS sgemm.
 void matmul_forward(const CudaContext& ctx, float* out, const float* inp, const float* weight,
