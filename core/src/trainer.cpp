@@ -11,11 +11,13 @@
 
 #include "comm/intervals.hpp"
 #include "comm/mpi_transport.hpp"
+#include "core_context.hpp"
 #include "cpu/layers.hpp"
 #include "data.hpp"
 #include "format.hpp"
 #include "provenance.hpp"
 #include "strata/data_parallel.hpp"
+#include "summary.hpp"
 
 namespace strata {
 namespace {
@@ -32,101 +34,6 @@ struct StepRow {  // one rank, one step
   std::map<std::string, double> metric;
   std::array<double, kNumCommOps> calls{}, bytes{}, time_s{}, bus_bytes{};
 };
-
-// The core's side of the plugin Context.
-class CoreContext final : public Context {
- public:
-  CoreContext(const RunConfig& config, CommLedger& ledger)
-      : config_(config), coord_(mesh_coord(config.mesh, mpi::world_rank())), ledger_(ledger) {
-    const MeshSpec& m = config.mesh;
-    const MeshCoord& c = coord_;
-    // MPI_Comm_split is collective over the world: every rank creates every group, same order.
-    groups_[Axis::dp] = mpi::split("dp", c.pp * m.tp + c.tp, c.dp, &ledger);
-    groups_[Axis::tp] = mpi::split("tp", c.pp * m.dp + c.dp, c.tp, &ledger);
-    groups_[Axis::pp] = mpi::split("pp", c.dp * m.tp + c.tp, c.pp, &ledger);
-    int intra_index = 0;  // position among the dp peers on this node
-    for (int d = 0; d < c.dp; ++d)
-      if ((c.tp + m.tp * (d + m.dp * c.pp)) / m.ranks_per_node == c.node) ++intra_index;
-    groups_[Axis::dp_intra_node] =
-        mpi::split("dp_intra_node", (c.pp * m.tp + c.tp) * m.nodes + c.node, c.dp, &ledger);
-    groups_[Axis::dp_inter_node] =
-        mpi::split("dp_inter_node", (c.pp * m.tp + c.tp) * m.dp + intra_index, c.node, &ledger);
-
-    data_ = config.data_file.empty()
-                ? make_synthetic_source(config.train.seed, config.model.seq, config.model.vocab)
-                : make_token_file_source(config.data_file, config.train.seed, config.model.seq,
-                                         config.model.vocab);
-    const std::size_t tokens = std::size_t(config.train.micro_batch) * config.model.seq;
-    inputs_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
-    targets_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
-    model_ = std::make_unique<Model>(config.model, config.train.micro_batch, memory_,
-                                     config.train.recompute);
-  }
-
-  const MeshSpec& mesh() const override { return config_.mesh; }
-  const MeshCoord& coord() const override { return coord_; }
-  const ModelSpec& model_spec() const override { return config_.model; }
-  const TrainSpec& train() const override { return config_.train; }
-  Model& model() override { return *model_; }
-  MemoryLedger& memory() override { return memory_; }
-  Group& group(Axis axis) override { return *groups_.at(axis); }
-  CommStream& comm_stream(int index) override {
-    if (index < 0 || index > 7) throw Error("comm_stream(" + std::to_string(index) + "): 0..7");
-    while (int(streams_.size()) <= index)
-      streams_.push_back(std::make_unique<CommStream>(ledger_, "comm" + std::to_string(index)));
-    return *streams_[index];
-  }
-  MicroBatch micro_batch(int step, int micro) override {
-    const TrainSpec& t = config_.train;
-    const int B = t.micro_batch, T = config_.model.seq;
-    // Global sample index: micro-batches first, then dp ranks, so any split sees the same batch.
-    std::int64_t first = std::int64_t(micro) * B * config_.mesh.dp + std::int64_t(coord_.dp) * B;
-    for (int b = 0; b < B; ++b)
-      data_->fill(step, first + b, inputs_.data() + b * T, targets_.data() + b * T);
-    return MicroBatch{inputs_.data(), targets_.data(), B, T};
-  }
-  void add_phase_time(Phase phase, double seconds) override {
-    phase_s_[static_cast<int>(phase)] += seconds;
-  }
-  void report_loss(double loss_sum, double tokens) override {
-    loss_sum_ += loss_sum;
-    loss_tokens_ += tokens;
-  }
-
-  void begin_step() {
-    phase_s_.fill(0);
-    loss_sum_ = loss_tokens_ = 0;
-  }
-  void synchronize_streams() {
-    for (auto& s : streams_) s->synchronize();
-  }
-  double phase_s(Phase p) const { return phase_s_[static_cast<int>(p)]; }
-  double loss_sum() const { return loss_sum_; }
-  double loss_tokens() const { return loss_tokens_; }
-  const DataSource& data() const { return *data_; }
-
- private:
-  const RunConfig& config_;
-  MeshCoord coord_;
-  CommLedger& ledger_;
-  MemoryLedger memory_;
-  std::map<Axis, std::unique_ptr<Group>> groups_;
-  std::vector<std::unique_ptr<CommStream>> streams_;
-  std::unique_ptr<DataSource> data_;
-  Buffer<std::int32_t> inputs_, targets_;
-  std::unique_ptr<Model> model_;
-  std::array<double, 3> phase_s_{};
-  double loss_sum_ = 0, loss_tokens_ = 0;
-};
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return kNaN;
-  std::sort(v.begin(), v.end());
-  double pos = q * double(v.size() - 1);
-  std::size_t lo = std::size_t(pos);
-  std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
-}
 
 // Per-step comm figures of one rank from the ledger records of that step.
 void comm_of_step(const std::vector<CommRecord>& records, const Intervals& waits, StepRow& row) {
@@ -348,72 +255,10 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     peaks.push_back(at(r, peak_off));
   }
 
-  // Summary over the timed steps (after warm-up). A step's time is the slowest rank's.
-  std::vector<double> timed;
-  double comm_total = 0, exposed_total = 0, step_total = 0;
-  for (int s = t.warmup; s < steps; ++s) {
-    timed.push_back(step_max[s]);
-    for (int r = 0; r < world; ++r) {
-      std::size_t i = std::size_t(r) * steps + s;
-      comm_total += rec.step_values["comm_s"][i];
-      exposed_total += rec.step_values["exposed_comm_s"][i];
-      step_total += rec.step_values["step_s"][i];
-    }
-  }
-  const double p50 = percentile(timed, 0.5);
-  const double tokens_per_s = global_tokens / p50;
-  const double flops_per_token = config.model.flops_per_token();
-  const double flops_per_rank = tokens_per_s * flops_per_token / world;
-  const double peak = percentile(peaks, 0.5);
-  double peak_tracked = 0;
-  for (int r = 0; r < world; ++r) {
-    double sum = 0;
-    for (int tag = 0; tag < kNumMemTags; ++tag)
-      sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
-    peak_tracked = std::max(peak_tracked, sum);
-  }
-  rec.summary = {
-      {"tokens_per_s", tokens_per_s, "tokens/s"},
-      {"step_s_p50", p50, "s"},
-      {"step_s_p95", percentile(timed, 0.95), "s"},
-      {"tflops_per_rank", flops_per_rank / 1e12, "TFLOP/s"},
-      {"mfu", flops_per_rank / peak, "1"},
-      {"peak_flops_per_rank", peak, "FLOP/s"},
-      {"flops_per_token", flops_per_token, "FLOP"},
-      {"global_tokens_per_step", global_tokens, "tokens"},
-      {"peak_bytes_max", peak_tracked, "bytes"},
-      {"comm_fraction", step_total > 0 ? comm_total / step_total : 0, "1"},
-      {"exposed_comm_fraction", step_total > 0 ? exposed_total / step_total : 0, "1"},
-      {"bubble_fraction", 0, "1"},
-      {"loss_first", global_loss.front(), "nats"},
-      {"loss_last", global_loss.back(), "nats"},
-      {"timed_steps", double(timed.size()), "count"},
-  };
-  rec.status = "ok";
+  summarize(config, rec, step_max, global_loss, peaks);
   write_run_file(rec, state.path);
   state.written = true;
-
-  std::printf("\nsummary  %s, %d rank(s), %d timed step(s)\n", config.plugin.c_str(), world,
-              int(timed.size()));
-  std::printf("  throughput   %.0f tokens/s  (step p50 %.1f ms, p95 %.1f ms)\n", tokens_per_s,
-              p50 * 1e3, percentile(timed, 0.95) * 1e3);
-  std::printf(
-      "  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (calibrated SGEMM)\n",
-      flops_per_rank / 1e12, 100 * flops_per_rank / peak, peak / 1e9);
-  std::printf("  loss         %.4f -> %.4f\n", global_loss.front(), global_loss.back());
-  std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n",
-              100 * (step_total > 0 ? comm_total / step_total : 0),
-              100 * (step_total > 0 ? exposed_total / step_total : 0));
-  std::printf("  memory (max over ranks: measured / predicted)\n");
-  for (int tag = 0; tag < kNumMemTags; ++tag) {
-    double m = 0;
-    for (int r = 0; r < world; ++r)
-      m = std::max(m, rec.peak_bytes[std::size_t(r) * kNumMemTags + tag]);
-    std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
-                human_bytes(rec.predicted_bytes[tag]).c_str());
-  }
-  std::printf("  run file     %s\n", state.path.c_str());
-  std::fflush(stdout);
+  print_summary(config, rec, state.path);
 }
 
 }  // namespace strata

@@ -1,0 +1,102 @@
+// The core's side of the plugin Context: mesh groups, data, the model, the memory ledger, phase
+// times and the loss of the current step.
+#pragma once
+#include <array>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "comm/mpi_transport.hpp"
+#include "config.hpp"
+#include "data.hpp"
+#include "strata/context.hpp"
+
+namespace strata {
+
+// The core's side of the plugin Context.
+class CoreContext final : public Context {
+ public:
+  CoreContext(const RunConfig& config, CommLedger& ledger)
+      : config_(config), coord_(mesh_coord(config.mesh, mpi::world_rank())), ledger_(ledger) {
+    const MeshSpec& m = config.mesh;
+    const MeshCoord& c = coord_;
+    // MPI_Comm_split is collective over the world: every rank creates every group, same order.
+    groups_[Axis::dp] = mpi::split("dp", c.pp * m.tp + c.tp, c.dp, &ledger);
+    groups_[Axis::tp] = mpi::split("tp", c.pp * m.dp + c.dp, c.tp, &ledger);
+    groups_[Axis::pp] = mpi::split("pp", c.dp * m.tp + c.tp, c.pp, &ledger);
+    int intra_index = 0;  // position among the dp peers on this node
+    for (int d = 0; d < c.dp; ++d)
+      if ((c.tp + m.tp * (d + m.dp * c.pp)) / m.ranks_per_node == c.node) ++intra_index;
+    groups_[Axis::dp_intra_node] =
+        mpi::split("dp_intra_node", (c.pp * m.tp + c.tp) * m.nodes + c.node, c.dp, &ledger);
+    groups_[Axis::dp_inter_node] =
+        mpi::split("dp_inter_node", (c.pp * m.tp + c.tp) * m.dp + intra_index, c.node, &ledger);
+
+    data_ = config.data_file.empty()
+                ? make_synthetic_source(config.train.seed, config.model.seq, config.model.vocab)
+                : make_token_file_source(config.data_file, config.train.seed, config.model.seq,
+                                         config.model.vocab);
+    const std::size_t tokens = std::size_t(config.train.micro_batch) * config.model.seq;
+    inputs_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
+    targets_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
+    model_ = std::make_unique<Model>(config.model, config.train.micro_batch, memory_,
+                                     config.train.recompute);
+  }
+
+  const MeshSpec& mesh() const override { return config_.mesh; }
+  const MeshCoord& coord() const override { return coord_; }
+  const ModelSpec& model_spec() const override { return config_.model; }
+  const TrainSpec& train() const override { return config_.train; }
+  Model& model() override { return *model_; }
+  MemoryLedger& memory() override { return memory_; }
+  Group& group(Axis axis) override { return *groups_.at(axis); }
+  CommStream& comm_stream(int index) override {
+    if (index < 0 || index > 7) throw Error("comm_stream(" + std::to_string(index) + "): 0..7");
+    while (int(streams_.size()) <= index)
+      streams_.push_back(std::make_unique<CommStream>(ledger_, "comm" + std::to_string(index)));
+    return *streams_[index];
+  }
+  MicroBatch micro_batch(int step, int micro) override {
+    const TrainSpec& t = config_.train;
+    const int B = t.micro_batch, T = config_.model.seq;
+    // Global sample index: micro-batches first, then dp ranks, so any split sees the same batch.
+    std::int64_t first = std::int64_t(micro) * B * config_.mesh.dp + std::int64_t(coord_.dp) * B;
+    for (int b = 0; b < B; ++b)
+      data_->fill(step, first + b, inputs_.data() + b * T, targets_.data() + b * T);
+    return MicroBatch{inputs_.data(), targets_.data(), B, T};
+  }
+  void add_phase_time(Phase phase, double seconds) override {
+    phase_s_[static_cast<int>(phase)] += seconds;
+  }
+  void report_loss(double loss_sum, double tokens) override {
+    loss_sum_ += loss_sum;
+    loss_tokens_ += tokens;
+  }
+
+  void begin_step() {
+    phase_s_.fill(0);
+    loss_sum_ = loss_tokens_ = 0;
+  }
+  void synchronize_streams() {
+    for (auto& s : streams_) s->synchronize();
+  }
+  double phase_s(Phase p) const { return phase_s_[static_cast<int>(p)]; }
+  double loss_sum() const { return loss_sum_; }
+  double loss_tokens() const { return loss_tokens_; }
+  const DataSource& data() const { return *data_; }
+
+ private:
+  const RunConfig& config_;
+  MeshCoord coord_;
+  CommLedger& ledger_;
+  MemoryLedger memory_;
+  std::map<Axis, std::unique_ptr<Group>> groups_;
+  std::vector<std::unique_ptr<CommStream>> streams_;
+  std::unique_ptr<DataSource> data_;
+  Buffer<std::int32_t> inputs_, targets_;
+  std::unique_ptr<Model> model_;
+  std::array<double, 3> phase_s_{};
+  double loss_sum_ = 0, loss_tokens_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,97 @@
+#include "summary.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "format.hpp"
+#include "strata/memory.hpp"
+
+namespace strata {
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  double pos = q * double(v.size() - 1);
+  std::size_t lo = std::size_t(pos);
+  std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
+}
+
+void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double>& step_max,
+               const std::vector<double>& loss, const std::vector<double>& peaks) {
+  const int world = rec.ranks, steps = rec.steps;
+  const double global_tokens = double(config.train.global_batch) * config.model.seq;
+  // Over the timed steps (after warm-up). A step's time is the slowest rank's.
+  std::vector<double> timed;
+  double comm_total = 0, exposed_total = 0, step_total = 0;
+  for (int s = config.train.warmup; s < steps; ++s) {
+    timed.push_back(step_max[s]);
+    for (int r = 0; r < world; ++r) {
+      std::size_t i = std::size_t(r) * steps + s;
+      comm_total += rec.step_values["comm_s"][i];
+      exposed_total += rec.step_values["exposed_comm_s"][i];
+      step_total += rec.step_values["step_s"][i];
+    }
+  }
+  const double p50 = percentile(timed, 0.5);
+  const double tokens_per_s = global_tokens / p50;
+  const double flops_per_token = config.model.flops_per_token();
+  const double flops_per_rank = tokens_per_s * flops_per_token / world;
+  const double peak = percentile(peaks, 0.5);
+  double peak_tracked = 0;  // largest per-rank sum of the tag peaks
+  for (int r = 0; r < world; ++r) {
+    double sum = 0;
+    for (int tag = 0; tag < kNumMemTags; ++tag)
+      sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
+    peak_tracked = std::max(peak_tracked, sum);
+  }
+  rec.summary = {
+      {"tokens_per_s", tokens_per_s, "tokens/s"},
+      {"step_s_p50", p50, "s"},
+      {"step_s_p95", percentile(timed, 0.95), "s"},
+      {"tflops_per_rank", flops_per_rank / 1e12, "TFLOP/s"},
+      {"mfu", flops_per_rank / peak, "1"},
+      {"peak_flops_per_rank", peak, "FLOP/s"},
+      {"flops_per_token", flops_per_token, "FLOP"},
+      {"global_tokens_per_step", global_tokens, "tokens"},
+      {"peak_bytes_max", peak_tracked, "bytes"},
+      {"comm_fraction", step_total > 0 ? comm_total / step_total : 0, "1"},
+      {"exposed_comm_fraction", step_total > 0 ? exposed_total / step_total : 0, "1"},
+      {"bubble_fraction", 0, "1"},
+      {"loss_first", loss.front(), "nats"},
+      {"loss_last", loss.back(), "nats"},
+      {"timed_steps", double(timed.size()), "count"},
+  };
+  rec.status = "ok";
+}
+
+void print_summary(const RunConfig& config, const RunRecord& rec, const std::string& path) {
+  auto get = [&](const char* name) {
+    for (const Measure& m : rec.summary)
+      if (m.name == name) return m.value;
+    return std::numeric_limits<double>::quiet_NaN();
+  };
+  std::printf("\nsummary  %s, %d rank(s), %d timed step(s)\n", config.plugin.c_str(), rec.ranks,
+              int(get("timed_steps")));
+  std::printf("  throughput   %.0f tokens/s  (step p50 %.1f ms, p95 %.1f ms)\n",
+              get("tokens_per_s"), get("step_s_p50") * 1e3, get("step_s_p95") * 1e3);
+  std::printf(
+      "  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (calibrated SGEMM)\n",
+      get("tflops_per_rank"), 100 * get("mfu"), get("peak_flops_per_rank") / 1e9);
+  std::printf("  loss         %.4f -> %.4f\n", get("loss_first"), get("loss_last"));
+  std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
+              100 * get("exposed_comm_fraction"));
+  std::printf("  memory (max over ranks: measured / predicted)\n");
+  for (int tag = 0; tag < kNumMemTags; ++tag) {
+    double m = 0;
+    for (int r = 0; r < rec.ranks; ++r)
+      m = std::max(m, rec.peak_bytes[std::size_t(r) * kNumMemTags + tag]);
+    std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
+                human_bytes(rec.predicted_bytes[tag]).c_str());
+  }
+  std::printf("  run file     %s\n", path.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace strata
