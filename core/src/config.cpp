@@ -72,62 +72,55 @@ RunConfig parse_cli(int argc, char** argv) {
   int global_batch = 0;
   long long seed = 1234;
 
+  // clang-format off
   po::options_description what("What to run");
-  what.add_options()("plugin", po::value(&c.plugin), "strategy to run (see --list-plugins)")(
-      "plugin-opt", po::value(&c.plugin_opts)->composing(),
-      "KEY=VALUE strategy option (repeatable)")("plugin-path",
-                                                po::value(&c.plugin_paths)->composing(),
-                                                "extra directory with plugins (repeatable)")(
-      "list-plugins", po::bool_switch(&c.list_plugins), "list the strategies found and exit")(
-      "describe", po::value(&c.describe), "describe a strategy and its options and exit")(
-      "dry-run", po::bool_switch(&c.dry_run),
-      "print the predicted memory and comm per step and exit")(
-      "memory-limit", po::value(&memory_limit),
-      "with --dry-run: bytes per rank to fit in (e.g. 80GiB, 512MiB)")(
-      "transport", po::value(&c.transport)->default_value("mpi"), "communication backend: mpi")(
-      "device", po::value(&c.device)->default_value("cpu"), "compute backend: cpu")(
-      "config", po::value(&config_file), "INI file of options (same names as the CLI)")(
-      "help,h", po::bool_switch(&c.help), "this help");
+  what.add_options()
+      ("plugin", po::value(&c.plugin), "strategy to run (see --list-plugins)")
+      ("plugin-opt", po::value(&c.plugin_opts)->composing(), "KEY=VALUE strategy option (repeatable)")
+      ("plugin-path", po::value(&c.plugin_paths)->composing(), "extra directory with plugins (repeatable)")
+      ("list-plugins", po::bool_switch(&c.list_plugins), "list the strategies found and exit")
+      ("describe", po::value(&c.describe), "describe a strategy and its options and exit")
+      ("dry-run", po::bool_switch(&c.dry_run), "print the predicted memory and comm per step and exit")
+      ("memory-limit", po::value(&memory_limit), "with --dry-run: bytes per rank to fit in (e.g. 80GiB, 512MiB)")
+      ("transport", po::value(&c.transport)->default_value("mpi"), "communication backend: mpi")
+      ("device", po::value(&c.device)->default_value("cpu"), "compute backend: cpu")
+      ("config", po::value(&config_file), "INI file of options (same names as the CLI)")
+      ("help,h", po::bool_switch(&c.help), "this help");
   po::options_description model("Model");
-  model.add_options()("model", po::value(&model_preset)->default_value("tiny"),
-                      "preset: tiny, small, gpt2-124m")(
-      "layers", po::value(&layers), "transformer blocks (overrides the preset)")(
-      "hidden", po::value(&hidden), "hidden size")("heads", po::value(&heads),
-                                                   "attention heads (must divide hidden)")(
-      "seq", po::value(&seq), "sequence length")("vocab", po::value(&vocab), "vocabulary size");
+  model.add_options()
+      ("model", po::value(&model_preset)->default_value("tiny"), "preset: tiny, small, gpt2-124m")
+      ("layers", po::value(&layers), "transformer blocks (overrides the preset)")
+      ("hidden", po::value(&hidden), "hidden size")
+      ("heads", po::value(&heads), "attention heads (must divide hidden)")
+      ("seq", po::value(&seq), "sequence length")
+      ("vocab", po::value(&vocab), "vocabulary size");
   po::options_description train("Training");
-  train.add_options()("micro-batch", po::value(&c.train.micro_batch)->default_value(8),
-                      "sequences per micro-batch per rank")(
-      "global-batch", po::value(&global_batch),
-      "sequences per step over all ranks (default micro-batch x dp); more means gradient "
-      "accumulation")("steps", po::value(&c.train.steps)->default_value(20), "optimizer steps")(
-      "warmup", po::value(&c.train.warmup)->default_value(2),
-      "first steps left out of the summary statistics")(
-      "seed", po::value(&seed)->default_value(1234), "seed of initialisation and synthetic data")(
-      "lr", po::value(&c.train.lr),
-      "AdamW learning rate, constant (default by preset: tiny 3e-3, small 1e-3, gpt2-124m 6e-4)")(
-      "weight-decay", po::value(&c.train.weight_decay)->default_value(0.1),
-      "AdamW weight decay on 2-D weights")("grad-clip",
-                                           po::value(&c.train.grad_clip)->default_value(1.0),
-                                           "global gradient-norm clip (0 = off)")(
-      "recompute", po::value(&recompute)->default_value("none"),
-      "activation recomputation: none, full (keep block inputs), selective (attention core)")(
-      "data", po::value(&c.data_file),
-      "flat binary file of uint16 tokens (default: synthetic data)");
+  train.add_options()
+      ("micro-batch", po::value(&c.train.micro_batch)->default_value(8), "sequences per micro-batch per rank")
+      ("global-batch", po::value(&global_batch), "sequences per step over all ranks (default micro-batch x dp); more means gradient accumulation")
+      ("steps", po::value(&c.train.steps)->default_value(20), "optimizer steps")
+      ("warmup", po::value(&c.train.warmup)->default_value(2), "first steps left out of the summary statistics")
+      ("seed", po::value(&seed)->default_value(1234), "seed of initialisation and synthetic data")
+      ("lr", po::value(&c.train.lr), "AdamW learning rate, constant (default by preset: tiny 3e-3, small 1e-3, gpt2-124m 6e-4)")
+      ("weight-decay", po::value(&c.train.weight_decay)->default_value(0.1), "AdamW weight decay on 2-D weights")
+      ("grad-clip", po::value(&c.train.grad_clip)->default_value(1.0), "global gradient-norm clip (0 = off)")
+      ("recompute", po::value(&recompute)->default_value("none"), "activation recomputation: none, full (keep block inputs), selective (attention core)")
+      ("data", po::value(&c.data_file), "flat binary file of uint16 tokens (default: synthetic data)");
   po::options_description mesh("Mesh and launch");
-  mesh.add_options()("nodes", po::value(&c.mesh.nodes), "nodes (virtual nodes on one machine)")(
-      "ranks-per-node", po::value(&c.mesh.ranks_per_node), "ranks per node")(
-      "mesh", po::value(&mesh_text), "dp=D,tp=T,pp=P (default dp = world)")(
-      "blas-threads", po::value(&c.blas_threads)->default_value(0),
-      "BLAS threads per rank (0 = cores / ranks on the host)");
+  mesh.add_options()
+      ("nodes", po::value(&c.mesh.nodes), "nodes (virtual nodes on one machine)")
+      ("ranks-per-node", po::value(&c.mesh.ranks_per_node), "ranks per node")
+      ("mesh", po::value(&mesh_text), "dp=D,tp=T,pp=P (default dp = world)")
+      ("blas-threads", po::value(&c.blas_threads)->default_value(0), "BLAS threads per rank (0 = cores / ranks on the host)");
   po::options_description out("Results");
-  out.add_options()("out", po::value(&c.out_dir)->default_value("results/local"),
-                    "directory for the run file")(
-      "run-id", po::value(&c.run_id), "name of the run file (default: time, strategy, mesh)")(
-      "watchdog", po::value(&c.watchdog_s)->default_value(300),
-      "seconds a collective may take before the job is ended")("quiet", po::bool_switch(&c.quiet),
-                                                               "no per-step lines");
+  out.add_options()
+      ("out", po::value(&c.out_dir)->default_value("results/local"), "directory for the run file")
+      ("run-id", po::value(&c.run_id), "name of the run file (default: time, strategy, mesh)")
+      ("peak-tflops", po::value(&c.peak_tflops)->default_value(0), "peak TFLOP/s per rank for MFU (0 = measure the best SGEMM rate at start-up)")
+      ("watchdog", po::value(&c.watchdog_s)->default_value(300), "seconds a collective may take before the job is ended")
+      ("quiet", po::bool_switch(&c.quiet), "no per-step lines");
   po::options_description all("runner: run one strategy on the standard GPT workload");
+  // clang-format on
   all.add(what).add(model).add(train).add(mesh).add(out);
 
   po::variables_map vm;
@@ -203,6 +196,7 @@ RunConfig parse_cli(int argc, char** argv) {
   if (c.train.lr <= 0) throw ConfigError("--lr: must be > 0");
   if (c.train.grad_clip < 0) throw ConfigError("--grad-clip: must be >= 0 (0 = off)");
   if (c.watchdog_s <= 0) throw ConfigError("--watchdog: must be > 0 seconds");
+  if (c.peak_tflops < 0) throw ConfigError("--peak-tflops: must be >= 0 (0 = measure)");
   if (c.blas_threads < 0) throw ConfigError("--blas-threads: must be >= 0 (0 = auto)");
   if (c.transport != "mpi")
     throw ConfigError("--transport " + c.transport +
@@ -290,6 +284,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   add("pp", mesh.pp);
   add("blas_threads", blas_threads);
   add("watchdog_s", watchdog_s);
+  add("peak_tflops", peak_tflops);
   add("out", out_dir);
   return r;
 }

@@ -29,6 +29,7 @@ struct RunConfig {
   std::string run_id;    // empty: generated
   int blas_threads = 0;  // 0: auto (cores / ranks on this host)
   double watchdog_s = 300;
+  double peak_tflops = 0;  // > 0: the peak per rank for MFU instead of the calibrated one
   bool quiet = false;
   // Actions instead of a run
   bool list_plugins = false;

@@ -101,8 +101,10 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   Options options = validate_options(*spec, config.plugin_opts);
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
 
-  // The CPU peak for MFU: this process's best SGEMM rate on its BLAS threads.
-  const double peak_flops = cpu::calibrate_sgemm_flops(0.3);
+  // The CPU peak for MFU: this process's best SGEMM rate on its BLAS threads, or the user's
+  // figure (--peak-tflops), e.g. a data-sheet peak to compare machines.
+  const double peak_flops =
+      config.peak_tflops > 0 ? config.peak_tflops * 1e12 : cpu::calibrate_sgemm_flops(0.3);
 
   CommLedger ledger;
   watchdog.attach(&ledger);
@@ -121,7 +123,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
         config.mesh.tp, config.mesh.pp, config.model.preset.c_str(),
         (long long)config.model.total_params(), t.global_batch, config.model.seq, t.micro_batch,
         micro_steps, ctx.data().describe().c_str());
-    std::printf("strata: calibrated SGEMM peak %.1f GFLOP/s per rank (%d BLAS thread(s))\n",
+    std::printf("strata: %s peak %.1f GFLOP/s per rank (%d BLAS thread(s))\n",
+                config.peak_tflops > 0 ? "given (--peak-tflops)" : "calibrated SGEMM",
                 peak_flops / 1e9, cpu::blas_threads());
     std::fflush(stdout);
   }

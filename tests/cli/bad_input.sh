@@ -36,7 +36,8 @@ check "unrecognised option '--bogus'" --plugin ddp --bogus
 check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexistent
 check "--recompute some: must be one of none, full, selective" --plugin ddp --recompute some
 check "--memory-limit lots: expected a size such as 80GiB" --plugin ddp --dry-run --memory-limit lots
+check "--peak-tflops: must be >= 0" --plugin ddp --peak-tflops -1
 left=$(find "$out" -type f | wc -l)
 if [[ $left -ne 0 ]]; then echo "FAIL: $left file(s) left in $out"; fails=$((fails+1)); fi
-echo "$((17 - fails)) passed, $fails failed"
+echo "$((18 - fails)) passed, $fails failed"
 [[ $fails -eq 0 ]]

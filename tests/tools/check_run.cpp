@@ -7,6 +7,7 @@
 //   check_run status FILE STATUS TEXT        status and a substring of the error
 //   check_run calls FILE OP N                every rank makes N calls of OP in every step
 //   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
+//   check_run summary FILE NAME VALUE        a /summary measure equals VALUE (relative 1e-12)
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
 // Prints what it compared; exits 1 on the first mismatch.
 #include <cmath>
@@ -172,6 +173,12 @@ int main(int argc, char** argv) {
       EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", argv[4], peak(a),
              peak(b));
       std::printf("%s: %.0f < %.0f bytes\n", argv[4], peak(a), peak(b));
+    } else if (cmd == "summary" && argc == 5) {
+      RunRecord r = read_run_file(argv[2]);
+      double got = summary(r, argv[3]), want = std::atof(argv[4]);
+      EXPECT(std::fabs(got - want) <= 1e-12 * std::fabs(want), "%s = %.17g, want %.17g\n", argv[3],
+             got, want);
+      std::printf("%s = %.6g\n", argv[3], got);
     } else if (cmd == "make-tokens" && argc == 5) {
       // Token t+1 = (5 * token t + 3) mod V, with every 7th token random-ish: learnable.
       std::filesystem::create_directories(std::filesystem::path(argv[2]).parent_path());

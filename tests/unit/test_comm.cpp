@@ -85,6 +85,30 @@ TEST(CommLedger, RecordsNcclTestsSizes) {
   EXPECT_TRUE(ledger.waits(3).empty());
 }
 
+// A transport error must not leave the call "in flight" (the watchdog would report a hang).
+class FailingGroup final : public Group {
+ public:
+  explicit FailingGroup(CommLedger* l) : Group("failing", 0, 2, l) {}
+
+ protected:
+  void do_all_reduce(BufferView, Reduction) override { throw Error("transport failed"); }
+  void do_reduce_scatter(BufferView, BufferView) override {}
+  void do_all_gather(BufferView, BufferView) override {}
+  void do_broadcast(BufferView, int) override {}
+  void do_reduce(BufferView, int) override {}
+  void do_send(BufferView, int) override {}
+  void do_recv(BufferView, int) override {}
+  void do_barrier() override {}
+};
+
+TEST(CommLedger, FailedCallIsNotLeftInFlight) {
+  CommLedger ledger;
+  FailingGroup g(&ledger);
+  float x = 0;
+  EXPECT_THROW(g.all_reduce(view(&x, 1)), Error);
+  EXPECT_TRUE(ledger.in_flight().empty());
+}
+
 TEST(CommStream, RunsInOrderOffTheCallingThread) {
   CommLedger ledger;
   CommStream stream(ledger);

@@ -85,7 +85,12 @@ template <class F>
 void Group::recorded(CommOp op, std::uint64_t bytes, F&& f) {
   int token = ledger_ ? ledger_->begin_call(op, name_, bytes) : -1;
   double t0 = now();
-  f();
+  try {
+    f();
+  } catch (...) {
+    if (ledger_) ledger_->end_call(token, size_);  // not in flight any more: it failed
+    throw;
+  }
   if (ledger_) {
     ledger_->end_call(token, size_);
     // A blocking call on the compute thread leaves compute idle for its whole duration.

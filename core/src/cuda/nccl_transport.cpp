@@ -1,0 +1,295 @@
+// NCCL backend of the Comm interface (see nccl_transport.hpp).
+#include "cuda/nccl_transport.hpp"
+
+#include <mpi.h>
+
+#include <string>
+
+#include "cuda/device.hpp"
+#include "strata/types.hpp"
+
+namespace strata::nccl {
+namespace {
+
+int world_rank_or_minus_one() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int rank = -1;
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+std::string nccl_hint(ncclResult_t result) {
+  switch (result) {
+    case ncclUnhandledCudaError:
+      return "a CUDA call inside NCCL failed: check the GPU selection (CUDA_VISIBLE_DEVICES, one "
+             "GPU per rank) and `nvidia-smi`; set NCCL_DEBUG=INFO for details";
+    case ncclSystemError:
+      return "a system call inside NCCL failed (network, shared memory): check NCCL_SOCKET_IFNAME, "
+             "the size of /dev/shm and the network between the nodes; set NCCL_DEBUG=INFO for "
+             "details";
+    case ncclRemoteError:
+      return "a peer rank failed or went away: look at the other ranks' errors; set "
+             "NCCL_DEBUG=INFO for details";
+    default:
+      return "set NCCL_DEBUG=INFO for details; check that every rank runs the same collectives in "
+             "the same order with the same counts";
+  }
+}
+
+void check_mpi(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw Error("rank " + std::to_string(world_rank_or_minus_one()) + ": " + call + " failed at " +
+                  file + ":" + std::to_string(line) + ": " + std::string(text, len),
+              "check that every rank runs the same configuration and the launcher's MPI matches "
+              "the one strata was built with");
+}
+
+#define STRATA_NCCL_MPI_CHECK(call) check_mpi((call), #call, __FILE__, __LINE__)
+
+ncclDataType_t to_nccl(DType t) {
+  switch (t) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+  }
+  throw Error("NCCL transport: unknown dtype " + std::to_string(static_cast<int>(t)),
+              "this is a bug in strata");
+}
+
+// Makes the communicator's device current on this thread for the scope (comm-stream workers
+// start on device 0).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    STRATA_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) STRATA_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_)
+      (void)cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
+void throw_nccl_error(ncclResult_t result, const char* call, const char* file, int line) {
+  // ncclGetLastError ignores its argument in current NCCL releases: the last error of the process.
+  const char* last = ncclGetLastError(nullptr);
+  std::string what = "rank " + std::to_string(world_rank_or_minus_one()) + ": " + call +
+                     " failed at " + file + ":" + std::to_string(line) + ": " +
+                     ncclGetErrorString(result);
+  if (last != nullptr && *last != '\0') what += std::string(" (") + last + ")";
+  throw Error(what, nccl_hint(result));
+}
+
+std::string nccl_version() {
+  int code = 0;
+  STRATA_NCCL_CHECK(ncclGetVersion(&code));
+  // NCCL_VERSION(X,Y,Z): X*10000 + Y*100 + Z since 2.9, X*1000 + Y*100 + Z before.
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? (code % 10000) / 100 : (code % 1000) / 100;
+  const int patch = code % 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger,
+                             cudaStream_t stream) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    throw Error("NCCL transport: split(\"" + name + "\") before MPI_Init",
+                "the NCCL bootstrap runs over MPI: initialise MPI first");
+  MPI_Comm sub = MPI_COMM_NULL;
+  STRATA_NCCL_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &sub));
+  int rank = 0, size = 1;
+  ncclUniqueId id{};
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclSuccess;
+  int mpi_code = MPI_SUCCESS;
+  // Every rank of `sub` must reach MPI_Comm_free, so errors are thrown only after it.
+  if ((mpi_code = MPI_Comm_rank(sub, &rank)) == MPI_SUCCESS &&
+      (mpi_code = MPI_Comm_size(sub, &size)) == MPI_SUCCESS) {
+    if (rank == 0) result = ncclGetUniqueId(&id);
+    // Rank 0 broadcasts even when ncclGetUniqueId failed, so that it can throw (and the job end
+    // through the error channel) instead of leaving the others in MPI_Bcast.
+    mpi_code = MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, sub);
+  }
+  MPI_Comm_free(&sub);
+  STRATA_NCCL_MPI_CHECK(mpi_code);
+  if (result != ncclSuccess) throw_nccl_error(result, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
+  STRATA_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
+  return std::make_unique<NcclGroup>(name, comm, stream, ledger);
+}
+
+// ---- NcclGroup ----------------------------------------------------------------------------------
+
+namespace {
+
+int comm_rank(ncclComm_t comm) {
+  int r = 0;
+  const ncclResult_t res = ncclCommUserRank(comm, &r);
+  if (res != ncclSuccess) {
+    ncclCommDestroy(comm);  // the group owns it from here on, and never exists
+    throw_nccl_error(res, "ncclCommUserRank(comm, &r)", __FILE__, __LINE__);
+  }
+  return r;
+}
+
+int comm_size(ncclComm_t comm) {
+  int n = 0;
+  const ncclResult_t res = ncclCommCount(comm, &n);
+  if (res != ncclSuccess) {
+    ncclCommDestroy(comm);
+    throw_nccl_error(res, "ncclCommCount(comm, &n)", __FILE__, __LINE__);
+  }
+  return n;
+}
+
+}  // namespace
+
+NcclGroup::NcclGroup(std::string name, ncclComm_t comm, cudaStream_t stream, CommLedger* ledger)
+    : Group(std::move(name), comm_rank(comm), comm_size(comm), ledger),
+      comm_(comm),
+      stream_(stream) {
+  try {
+    STRATA_NCCL_CHECK(ncclCommCuDevice(comm_, &device_));
+    DeviceScope scope(device_);
+    STRATA_CUDA_CHECK(cudaEventCreate(&start_));
+    STRATA_CUDA_CHECK(cudaEventCreate(&stop_));
+    STRATA_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(float), stream_));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+NcclGroup::~NcclGroup() { release(); }
+
+void NcclGroup::release() noexcept {
+  int previous = -1;
+  const bool switch_device = device_ >= 0 && cudaGetDevice(&previous) == cudaSuccess &&
+                             previous != device_ && cudaSetDevice(device_) == cudaSuccess;
+  if (comm_ != nullptr) {
+    // After an asynchronous error (a failed peer) ncclCommDestroy can hang: abort instead.
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess || async != ncclSuccess)
+      (void)ncclCommAbort(comm_);
+    else
+      (void)ncclCommDestroy(comm_);
+    comm_ = nullptr;
+  }
+  if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
+  if (start_ != nullptr) (void)cudaEventDestroy(start_);
+  if (stop_ != nullptr) (void)cudaEventDestroy(stop_);
+  barrier_word_ = nullptr;
+  start_ = stop_ = nullptr;
+  if (switch_device) (void)cudaSetDevice(previous);
+}
+
+// Enqueue one NCCL call between the event pair, wait for the stream, keep the GPU time.
+template <class F>
+void NcclGroup::timed(F&& enqueue) {
+  DeviceScope scope(device_);
+  STRATA_CUDA_CHECK(cudaEventRecord(start_, stream_));
+  enqueue();
+  STRATA_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ncclResult_t async = ncclSuccess;
+  STRATA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+  if (async != ncclSuccess)
+    throw_nccl_error(async, "ncclCommGetAsyncError(comm_, &async)", __FILE__, __LINE__);
+  float ms = 0.0f;
+  STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+  last_gpu_seconds_ = double(ms) * 1e-3;
+}
+
+void NcclGroup::check_peer(int peer, const char* op) const {
+  if (peer < 0 || peer >= size())
+    throw Error("NCCL " + std::string(op) + " on group " + name() + ": peer " +
+                    std::to_string(peer) + " is not in 0.." + std::to_string(size() - 1),
+                "this is a bug in the strategy");
+  if (peer == rank())
+    throw Error("NCCL " + std::string(op) + " on group " + name() + ": rank " +
+                    std::to_string(peer) + " to itself would never complete",
+                "a blocking send/recv needs another rank; copy the buffer instead");
+}
+
+void NcclGroup::do_all_reduce(BufferView b, Reduction r) {
+  timed([&] {
+    STRATA_NCCL_CHECK(ncclAllReduce(b.data, b.data, b.count, to_nccl(b.dtype),
+                                    r == Reduction::sum ? ncclSum : ncclMax, comm_, stream_));
+  });
+}
+
+void NcclGroup::do_reduce_scatter(BufferView in, BufferView out) {
+  // NCCL's count is the per-rank output count; in place when out sits at this rank's slot of in.
+  timed([&] {
+    STRATA_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.dtype), ncclSum,
+                                        comm_, stream_));
+  });
+}
+
+void NcclGroup::do_all_gather(BufferView in, BufferView out) {
+  // NCCL's count is the per-rank input count; in place when in sits at this rank's slot of out.
+  timed([&] {
+    STRATA_NCCL_CHECK(
+        ncclAllGather(in.data, out.data, in.count, to_nccl(in.dtype), comm_, stream_));
+  });
+}
+
+void NcclGroup::do_broadcast(BufferView b, int root) {
+  timed([&] {
+    STRATA_NCCL_CHECK(
+        ncclBroadcast(b.data, b.data, b.count, to_nccl(b.dtype), root, comm_, stream_));
+  });
+}
+
+void NcclGroup::do_reduce(BufferView b, int root) {
+  // recvbuff matters only on the root; elsewhere b is left as it was.
+  timed([&] {
+    STRATA_NCCL_CHECK(
+        ncclReduce(b.data, b.data, b.count, to_nccl(b.dtype), ncclSum, root, comm_, stream_));
+  });
+}
+
+void NcclGroup::do_send(BufferView b, int peer) {
+  check_peer(peer, "send");
+  timed([&] {
+    STRATA_NCCL_CHECK(ncclSend(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));
+  });
+}
+
+void NcclGroup::do_recv(BufferView b, int peer) {
+  check_peer(peer, "recv");
+  timed([&] {
+    STRATA_NCCL_CHECK(ncclRecv(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));
+  });
+}
+
+void NcclGroup::do_barrier() {
+  timed([&] {
+    STRATA_NCCL_CHECK(
+        ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream_));
+  });
+}
+
+}  // namespace strata::nccl
