@@ -35,15 +35,14 @@ TEST(BusFactor, MatchesNcclTests) {
   EXPECT_DOUBLE_EQ(bus_factor(CommOp::broadcast, 8), 1.0);
 }
 
-// A one-rank-looking group of `size` that only copies: enough to exercise the recording wrapper.
-class LoopbackGroup final : public Group {
+// A group whose transport does nothing: enough to exercise the recording wrapper. Tests override
+// the one call they need.
+class NullGroup : public Group {
  public:
-  LoopbackGroup(int size, CommLedger* l) : Group("test", 0, size, l) {}
+  NullGroup(const char* name, int size, CommLedger* l) : Group(name, 0, size, l) {}
 
  protected:
-  void do_all_reduce(BufferView, Reduction) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  void do_all_reduce(BufferView, Reduction) override {}
   void do_reduce_scatter(BufferView, BufferView) override {}
   void do_all_gather(BufferView, BufferView) override {}
   void do_broadcast(BufferView, int) override {}
@@ -51,6 +50,16 @@ class LoopbackGroup final : public Group {
   void do_send(BufferView, int) override {}
   void do_recv(BufferView, int) override {}
   void do_barrier() override {}
+};
+
+class LoopbackGroup final : public NullGroup {  // an all-reduce takes 20 ms
+ public:
+  LoopbackGroup(int size, CommLedger* l) : NullGroup("test", size, l) {}
+
+ protected:
+  void do_all_reduce(BufferView, Reduction) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 };
 
 TEST(CommLedger, RecordsNcclTestsSizes) {
@@ -86,19 +95,12 @@ TEST(CommLedger, RecordsNcclTestsSizes) {
 }
 
 // A transport error must not leave the call "in flight" (the watchdog would report a hang).
-class FailingGroup final : public Group {
+class FailingGroup final : public NullGroup {
  public:
-  explicit FailingGroup(CommLedger* l) : Group("failing", 0, 2, l) {}
+  explicit FailingGroup(CommLedger* l) : NullGroup("failing", 2, l) {}
 
  protected:
   void do_all_reduce(BufferView, Reduction) override { throw Error("transport failed"); }
-  void do_reduce_scatter(BufferView, BufferView) override {}
-  void do_all_gather(BufferView, BufferView) override {}
-  void do_broadcast(BufferView, int) override {}
-  void do_reduce(BufferView, int) override {}
-  void do_send(BufferView, int) override {}
-  void do_recv(BufferView, int) override {}
-  void do_barrier() override {}
 };
 
 TEST(CommLedger, FailedCallIsNotLeftInFlight) {
