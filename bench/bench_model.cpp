@@ -30,16 +30,7 @@ namespace {
 
 using strata::ModelSpec;
 
-ModelSpec small_spec() {
-  ModelSpec s;
-  s.preset = "small";
-  s.layers = 4;
-  s.hidden = 256;
-  s.heads = 4;
-  s.seq = 128;
-  s.vocab = 4096;
-  return s;
-}
+ModelSpec small_spec() { return strata::model_preset("small"); }
 
 void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
   using clock = std::chrono::steady_clock;

@@ -11,18 +11,6 @@ namespace po = boost::program_options;
 
 namespace strata {
 
-bool apply_preset(const std::string& name, ModelSpec& m) {
-  if (name == "tiny")
-    m = {"tiny", 2, 64, 4, 64, 256};
-  else if (name == "small")
-    m = {"small", 4, 256, 4, 128, 4096};
-  else if (name == "gpt2-124m")
-    m = {"gpt2-124m", 12, 768, 12, 1024, 50257};
-  else
-    return false;
-  return true;
-}
-
 static void parse_mesh(const std::string& text, MeshSpec& mesh) {
   std::stringstream ss(text);
   std::string item;
@@ -160,8 +148,9 @@ RunConfig parse_cli(int argc, char** argv) {
   if (c.mesh_given) parse_mesh(mesh_text, c.mesh);
   c.train.seed = std::uint64_t(seed);
 
-  if (!apply_preset(model_preset, c.model))
+  if (!is_model_preset(model_preset))
     throw ConfigError("--model " + model_preset + ": must be one of tiny, small, gpt2-124m");
+  c.model = strata::model_preset(model_preset);
   if (layers) c.model.layers = layers, c.model.preset = "custom";
   if (hidden) c.model.hidden = hidden, c.model.preset = "custom";
   if (heads) c.model.heads = heads, c.model.preset = "custom";

@@ -54,7 +54,4 @@ void resolve_mesh(RunConfig& config, int world_size, int ranks_per_host);
 // "80GiB", "512MiB", "1e9" -> bytes; ConfigError naming `option` otherwise.
 double parse_bytes(const std::string& option, const std::string& text);
 
-// The model presets: tiny, small, gpt2-124m.
-bool apply_preset(const std::string& name, ModelSpec& model);
-
 }  // namespace strata

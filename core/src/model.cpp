@@ -12,6 +12,17 @@
 
 namespace strata {
 
+bool is_model_preset(const std::string& name) {
+  return name == "tiny" || name == "small" || name == "gpt2-124m";
+}
+
+ModelSpec model_preset(const std::string& name) {
+  if (name == "tiny") return {"tiny", 2, 64, 4, 64, 256};
+  if (name == "small") return {"small", 4, 256, 4, 128, 4096};
+  if (name == "gpt2-124m") return {"gpt2-124m", 12, 768, 12, 1024, 50257};
+  throw ConfigError("model preset " + name + ": must be one of tiny, small, gpt2-124m");
+}
+
 namespace {
 
 void validate(const ModelSpec& s) {

@@ -31,16 +31,7 @@ ModelSpec tiny_spec() {
   return s;
 }
 
-ModelSpec small_spec() {
-  ModelSpec s;
-  s.preset = "small";
-  s.layers = 4;
-  s.hidden = 256;
-  s.heads = 4;
-  s.seq = 128;
-  s.vocab = 4096;
-  return s;
-}
+ModelSpec small_spec() { return model_preset("small"); }
 
 std::vector<std::int32_t> random_tokens(std::size_t n, int vocab, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -499,16 +490,7 @@ ModelSpec logit_heavy_spec() {
   return s;
 }
 
-ModelSpec gpt2_124m_spec() {
-  ModelSpec s;
-  s.preset = "gpt2-124m";
-  s.layers = 12;
-  s.hidden = 768;
-  s.heads = 12;
-  s.seq = 1024;
-  s.vocab = 50257;
-  return s;
-}
+ModelSpec gpt2_124m_spec() { return model_preset("gpt2-124m"); }
 
 // The activation layout as documented in model.cpp, counted independently, for shapes where
 // N = B*T is a multiple of 16 (then every piece is already 64-byte aligned: no padding).

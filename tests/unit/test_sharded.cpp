@@ -12,7 +12,7 @@ using namespace strata::sharded;
 
 namespace {
 
-ModelSpec small() { return ModelSpec{"small", 4, 256, 4, 128, 4096}; }
+ModelSpec small() { return model_preset("small"); }
 
 PredictInput input(int dp, int rank, int nodes = 1) {
   PredictInput in;

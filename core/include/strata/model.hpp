@@ -38,6 +38,12 @@ struct ModelSpec {
   }
 };
 
+// The model presets, one definition for the CLI, tests and benchmarks: "tiny" (2 layers, h 64,
+// 4 heads, seq 64, vocab 256), "small" (4, 256, 4, 128, 4096), "gpt2-124m" (12, 768, 12, 1024,
+// 50257). Throws ConfigError for another name.
+ModelSpec model_preset(const std::string& name);
+bool is_model_preset(const std::string& name);
+
 enum class UnitKind { embedding, block, head };
 
 struct TensorInfo {
