@@ -106,7 +106,10 @@ RunConfig parse_cli(int argc, char** argv) {
       ("run-id", po::value(&c.run_id), "name of the run file (default: time, strategy, mesh)")
       ("peak-tflops", po::value(&c.peak_tflops)->default_value(0), "peak TFLOP/s per rank for MFU (0 = measure the best SGEMM rate at start-up)")
       ("watchdog", po::value(&c.watchdog_s)->default_value(300), "seconds a collective may take before the job is ended")
-      ("quiet", po::bool_switch(&c.quiet), "no per-step lines");
+      ("quiet", po::bool_switch(&c.quiet), "no per-step lines")
+      ("trace", po::bool_switch(&c.trace),
+       "record every compute and comm interval of every rank: /trace in the run file and "
+       "<run-id>.trace.json (Chrome/Perfetto timeline)");
   po::options_description all("runner: run one strategy on the standard GPT workload");
   // clang-format on
   all.add(what).add(model).add(train).add(mesh).add(out);
@@ -274,6 +277,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   add("blas_threads", blas_threads);
   add("watchdog_s", watchdog_s);
   add("peak_tflops", peak_tflops);
+  add("trace", trace ? "true" : "false");
   add("out", out_dir);
   return r;
 }

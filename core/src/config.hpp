@@ -31,6 +31,7 @@ struct RunConfig {
   double watchdog_s = 300;
   double peak_tflops = 0;  // > 0: the peak per rank for MFU instead of the calibrated one
   bool quiet = false;
+  bool trace = false;  // --trace: every compute and comm interval into /trace and a JSON timeline
   // Actions instead of a run
   bool list_plugins = false;
   bool dry_run = false;

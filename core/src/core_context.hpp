@@ -4,6 +4,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/mpi_transport.hpp"
@@ -39,15 +40,20 @@ class CoreContext final : public Context {
     const std::size_t tokens = std::size_t(config.train.micro_batch) * config.model.seq;
     inputs_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
     targets_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
-    model_ = std::make_unique<Model>(config.model, config.train.micro_batch, memory_,
-                                     config.train.recompute);
   }
 
   const MeshSpec& mesh() const override { return config_.mesh; }
   const MeshCoord& coord() const override { return coord_; }
   const ModelSpec& model_spec() const override { return config_.model; }
   const TrainSpec& train() const override { return config_.train; }
-  Model& model() override { return *model_; }
+  // Built on first use: model-parallel strategies build their own StageModels instead, and must
+  // not pay for a whole model's activations.
+  Model& model() override {
+    if (!model_)
+      model_ = std::make_unique<Model>(config_.model, config_.train.micro_batch, memory_,
+                                       config_.train.recompute);
+    return *model_;
+  }
   MemoryLedger& memory() override { return memory_; }
   Group& group(Axis axis) override { return *groups_.at(axis); }
   CommStream& comm_stream(int index) override {
@@ -68,6 +74,10 @@ class CoreContext final : public Context {
   void add_phase_time(Phase phase, double seconds) override {
     phase_s_[static_cast<int>(phase)] += seconds;
   }
+  void add_phase_interval(Phase phase, double t0, double t1) override {
+    phase_s_[static_cast<int>(phase)] += t1 - t0;
+    if (config_.trace) intervals_.push_back({phase, t0, t1});
+  }
   void report_loss(double loss_sum, double tokens) override {
     loss_sum_ += loss_sum;
     loss_tokens_ += tokens;
@@ -84,6 +94,12 @@ class CoreContext final : public Context {
   double loss_sum() const { return loss_sum_; }
   double loss_tokens() const { return loss_tokens_; }
   const DataSource& data() const { return *data_; }
+  struct Interval {
+    Phase phase;
+    double t0, t1;
+  };
+  // Phase intervals recorded since the last call (--trace only).
+  std::vector<Interval> take_intervals() { return std::exchange(intervals_, {}); }
 
  private:
   const RunConfig& config_;
@@ -95,8 +111,9 @@ class CoreContext final : public Context {
   std::unique_ptr<DataSource> data_;
   Buffer<std::int32_t> inputs_, targets_;
   std::unique_ptr<Model> model_;
-  std::array<double, 3> phase_s_{};
+  std::array<double, 4> phase_s_{};
   double loss_sum_ = 0, loss_tokens_ = 0;
+  std::vector<Interval> intervals_;
 };
 
 }  // namespace strata

@@ -11,8 +11,7 @@ namespace strata {
 
 AdamW::AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count,
              const AdamWConfig& config, MemoryLedger& memory)
-    : layout_(layout),
-      begin_(begin),
+    : begin_(begin),
       count_(count),
       config_(config),
       m_(memory, MemTag::optimizer, count),
@@ -21,22 +20,32 @@ AdamW::AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count,
     throw Error("AdamW: range [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
                 ") exceeds the " + std::to_string(layout.total()) + " parameters");
   }
+  // Weight decay is per tensor: one segment per tensor the range touches.
+  const std::size_t end = begin + count;
+  for (std::size_t j = begin; j < end;) {
+    const TensorInfo& ti = layout.tensor_at(j);
+    const std::size_t seg_end = std::min(ti.offset + ti.count, end);
+    segments_.push_back({seg_end - j, ti.decay});
+    j = seg_end;
+  }
+}
+
+AdamW::AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory)
+    : segments_(std::move(segments)), config_(config) {
+  for (const AdamWSegment& s : segments_) count_ += s.count;
+  m_ = Buffer<float>(memory, MemTag::optimizer, count_);
+  v_ = Buffer<float>(memory, MemTag::optimizer, count_);
 }
 
 void AdamW::step(float* params, const float* grads, int t, float grad_scale) {
   if (t < 1)
     throw Error("AdamW::step: step t must be >= 1 (bias correction), got " + std::to_string(t));
-  // One update call per tensor segment of the range: weight decay is per tensor.
-  const std::size_t end = begin_ + count_;
-  std::size_t j = begin_;
-  while (j < end) {
-    const TensorInfo& ti = layout_.tensor_at(j);
-    const std::size_t seg_end = std::min(ti.offset + ti.count, end);
-    const std::size_t k = j - begin_;
-    cpu::adamw_update(params + k, grads + k, m_.data() + k, v_.data() + k,
-                      std::int64_t(seg_end - j), config_.lr, config_.beta1, config_.beta2,
-                      config_.eps, ti.decay ? config_.weight_decay : 0.0f, t, grad_scale);
-    j = seg_end;
+  std::size_t k = 0;
+  for (const AdamWSegment& s : segments_) {
+    cpu::adamw_update(params + k, grads + k, m_.data() + k, v_.data() + k, std::int64_t(s.count),
+                      config_.lr, config_.beta1, config_.beta2, config_.eps,
+                      s.decay ? config_.weight_decay : 0.0f, t, grad_scale);
+    k += s.count;
   }
 }
 

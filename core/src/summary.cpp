@@ -1,6 +1,7 @@
 #include "summary.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -19,12 +20,13 @@ double percentile(std::vector<double> v, double q) {
 }
 
 void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double>& step_max,
-               const std::vector<double>& loss, const std::vector<double>& peaks) {
+               const std::vector<double>& loss, const std::vector<double>& peaks,
+               double predicted_bubble) {
   const int world = rec.ranks, steps = rec.steps;
   const double global_tokens = double(config.train.global_batch) * config.model.seq;
   // Over the timed steps (after warm-up). A step's time is the slowest rank's.
   std::vector<double> timed;
-  double comm_total = 0, exposed_total = 0, step_total = 0;
+  double comm_total = 0, exposed_total = 0, step_total = 0, bubble_total = 0;
   for (int s = config.train.warmup; s < steps; ++s) {
     timed.push_back(step_max[s]);
     for (int r = 0; r < world; ++r) {
@@ -32,6 +34,7 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
       comm_total += rec.step_values["comm_s"][i];
       exposed_total += rec.step_values["exposed_comm_s"][i];
       step_total += rec.step_values["step_s"][i];
+      bubble_total += rec.step_values["bubble_s"][i];
     }
   }
   const double p50 = percentile(timed, 0.5);
@@ -58,11 +61,14 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
       {"peak_bytes_max", peak_tracked, "bytes"},
       {"comm_fraction", step_total > 0 ? comm_total / step_total : 0, "1"},
       {"exposed_comm_fraction", step_total > 0 ? exposed_total / step_total : 0, "1"},
-      {"bubble_fraction", 0, "1"},
+      // Idle time of pipeline stages over all ranks' step time (0 without a pipeline).
+      {"bubble_fraction", step_total > 0 ? bubble_total / step_total : 0, "1"},
       {"loss_first", loss.front(), "nats"},
       {"loss_last", loss.back(), "nats"},
       {"timed_steps", double(timed.size()), "count"},
   };
+  if (predicted_bubble >= 0)
+    rec.summary.push_back({"bubble_fraction_predicted", predicted_bubble, "1"});
   rec.status = "ok";
 }
 
@@ -82,6 +88,9 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
   std::printf("  loss         %.4f -> %.4f\n", get("loss_first"), get("loss_last"));
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));
+  if (!std::isnan(get("bubble_fraction_predicted")))
+    std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%)\n",
+                100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));
   std::printf("  memory (max over ranks: measured / predicted)\n");
   for (int tag = 0; tag < kNumMemTags; ++tag) {
     double m = 0;

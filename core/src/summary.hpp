@@ -11,7 +11,8 @@ namespace strata {
 // Fill record.summary from the gathered per-step values. step_max: the slowest rank's step time
 // per step; loss: the global loss per step; peaks: each rank's calibrated FLOP/s.
 void summarize(const RunConfig& config, RunRecord& record, const std::vector<double>& step_max,
-               const std::vector<double>& loss, const std::vector<double>& peaks);
+               const std::vector<double>& loss, const std::vector<double>& peaks,
+               double predicted_bubble);
 
 void print_summary(const RunConfig& config, const RunRecord& record, const std::string& path);
 

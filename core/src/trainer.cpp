@@ -50,6 +50,58 @@ void comm_of_step(const std::vector<CommRecord>& records, const Intervals& waits
   row.metric["exposed_comm_s"] = intersection_length(busy, waits);
 }
 
+// --trace: events travel to rank 0 as 6 doubles each, strings as indices into fixed tables.
+const std::vector<std::string> kTraceStreams = {"compute", "comm0", "comm1", "comm2", "comm3",
+                                                "comm4",   "comm5", "comm6", "comm7"};
+const std::vector<std::string> kTraceKinds = {
+    "forward",    "backward",  "optimizer", "bubble", "all_reduce", "reduce_scatter",
+    "all_gather", "broadcast", "reduce",    "send",   "recv",       "barrier"};
+const std::vector<std::string> kTraceNames = {
+    "", "dp", "tp", "pp", "dp_intra_node", "dp_inter_node"};
+const std::array<const char*, 4> kPhaseNames = {"forward", "backward", "optimizer", "bubble"};
+
+double index_of(const std::vector<std::string>& table, const std::string& s) {
+  auto it = std::find(table.begin(), table.end(), s);
+  return it == table.end() ? 0 : double(it - table.begin());
+}
+
+void add_trace(std::vector<double>& out, const std::string& stream, const std::string& kind,
+               const std::string& name, double t0, double t1, double bytes) {
+  const double e[6] = {index_of(kTraceStreams, stream),
+                       index_of(kTraceKinds, kind),
+                       index_of(kTraceNames, name),
+                       t0,
+                       t1,
+                       bytes};
+  out.insert(out.end(), e, e + 6);
+}
+
+// The gathered events on rank 0, and the timeline as Chrome trace JSON (chrome://tracing,
+// ui.perfetto.dev): one process per rank, one thread per stream.
+void collect_trace(const std::vector<std::vector<double>>& per_rank, RunRecord& rec,
+                   const std::string& json_path) {
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    for (std::size_t i = 0; i + 6 <= per_rank[r].size(); i += 6) {
+      const double* e = per_rank[r].data() + i;
+      rec.trace.push_back({int(r), kTraceStreams[std::size_t(e[0])], kTraceKinds[std::size_t(e[1])],
+                           kTraceNames[std::size_t(e[2])], e[3], e[4], e[5]});
+    }
+  std::FILE* f = std::fopen(json_path.c_str(), "w");
+  if (!f) throw Error("--trace: cannot write " + json_path, "check --out");
+  std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+  for (std::size_t i = 0; i < rec.trace.size(); ++i) {
+    const TraceEvent& e = rec.trace[i];
+    const std::string label = e.name.empty() ? e.kind : e.kind + " " + e.name;
+    std::fprintf(f,
+                 "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
+                 "\"dur\": %.3f, \"pid\": %d, \"tid\": \"%s\", \"args\": {\"bytes\": %.0f}}%s\n",
+                 label.c_str(), e.kind.c_str(), e.t0 * 1e6, (e.t1 - e.t0) * 1e6, e.rank,
+                 e.stream.c_str(), e.bytes, i + 1 < rec.trace.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  if (std::fclose(f) != 0) throw Error("--trace: cannot write " + json_path, "check --out");
+}
+
 }  // namespace
 
 void begin_record(const RunConfig& config, RunState& state) {
@@ -129,6 +181,11 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     std::fflush(stdout);
   }
 
+  // A common time base for --trace: every rank's clock at the same barrier.
+  mpi::control_barrier();
+  const double t_base = now();
+  std::vector<double> trace;
+
   std::vector<StepRow> rows;
   std::vector<double> global_loss, step_max;
   for (int step = 0; step < steps; ++step) {
@@ -145,12 +202,21 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     row.metric["forward_s"] = ctx.phase_s(Phase::forward);
     row.metric["backward_s"] = ctx.phase_s(Phase::backward);
     row.metric["optimizer_s"] = ctx.phase_s(Phase::optimizer);
-    row.metric["bubble_s"] = 0;
+    row.metric["bubble_s"] = ctx.phase_s(Phase::bubble);
     row.metric["tokens"] = ctx.loss_tokens();
     std::vector<CommRecord> records;
     Intervals waits;
     ledger.drain(&records, &waits);  // streams are synchronised: all of this step, nothing else
     comm_of_step(records, waits, row);
+    if (config.trace) {
+      for (const CommRecord& r : records)
+        add_trace(trace, r.stream, op_name(r.op), r.group, r.t0 - t_base, r.t1 - t_base,
+                  double(r.bytes));
+      for (const CoreContext::Interval& i : ctx.take_intervals()) {
+        const char* phase = kPhaseNames[static_cast<int>(i.phase)];
+        add_trace(trace, "compute", phase, "", i.t0 - t_base, i.t1 - t_base, 0);
+      }
+    }
 
     double sums[2] = {ctx.loss_sum(), ctx.loss_tokens()};
     mpi::control_allreduce_sum(sums, 2);
@@ -202,6 +268,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   local.push_back(peak_flops);
   const std::size_t per_rank = local.size();
   std::vector<double> all = mpi::control_gather(local);
+  std::vector<std::vector<double>> traces;
+  if (config.trace) traces = mpi::control_gather_varying(trace);
   if (!root) return;
 
   std::lock_guard lock(state.mu);
@@ -229,6 +297,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     for (int r = 0; r < world; ++r) predicted = std::max(predicted, at(r, pcomm_off + op));
     CommSeries cs;
     cs.predicted_bytes_per_step = predicted;
+    for (int r = 0; r < world; ++r) cs.predicted_bytes_per_rank.push_back(at(r, pcomm_off + op));
     for (int r = 0; r < world; ++r)
       for (int s = 0; s < steps; ++s) {
         std::size_t base = comm_off + (std::size_t(op) * steps + s) * 4;
@@ -258,7 +327,14 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     peaks.push_back(at(r, peak_off));
   }
 
-  summarize(config, rec, step_max, global_loss, peaks);
+  summarize(config, rec, step_max, global_loss, peaks, pred.bubble_fraction);
+  if (config.trace) {
+    const std::string json =
+        (std::filesystem::path(config.out_dir) / (rec.run_id + ".trace.json")).string();
+    collect_trace(traces, rec, json);
+    std::printf("strata: trace of %zu intervals in /trace and %s\n", rec.trace.size(),
+                json.c_str());
+  }
   write_run_file(rec, state.path);
   state.written = true;
   print_summary(config, rec, state.path);

@@ -37,6 +37,15 @@ check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexiste
 check "--recompute some: must be one of none, full, selective" --plugin ddp --recompute some
 check "--memory-limit lots: expected a size such as 80GiB" --plugin ddp --dry-run --memory-limit lots
 check "--peak-tflops: must be >= 0" --plugin ddp --peak-tflops -1
+# Model-parallel meshes (checked by the strategy before any rank starts).
+check "--mesh tp=3: must divide the model's heads (4)" --plugin tp --mesh tp=3 --nodes 1 --ranks-per-node 3
+check "--mesh tp=2: must divide the model's vocabulary" --plugin tp --mesh tp=2 --nodes 1 --ranks-per-node 2 --vocab 255
+check "--mesh pp=2: tp has no pipeline" --plugin tp --mesh tp=2,pp=2 --nodes 1 --ranks-per-node 4
+check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4
+check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch x dp)) must be a multiple of pp (2)" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --layers 4
+check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3
+check "--plugin-opt microbatches=4: the batch gives 1" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt microbatches=4
+check "--recompute full: 1f1b supports only none" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --recompute full
 left=$(find "$out" -type f | wc -l)
 if [[ $left -ne 0 ]]; then echo "FAIL: $left file(s) left in $out"; fails=$((fails+1)); fi
 echo "$((18 - fails)) passed, $fails failed"

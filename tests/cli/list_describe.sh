@@ -3,15 +3,22 @@
 set -eu
 runner=$1
 list=$("$runner" --list-plugins)
-for s in dp ddp allreduce zero1 zero2 zero3 fsdp fsdp-grad-op fsdp-hybrid; do grep -qE "^$s +" <<<"$list" || { echo "FAIL: $s not listed"; echo "$list"; exit 1; }; done
+for s in dp ddp allreduce zero1 zero2 zero3 fsdp fsdp-grad-op fsdp-hybrid tp gpipe 1f1b interleaved; do grep -qE "^$s +" <<<"$list" || { echo "FAIL: $s not listed"; echo "$list"; exit 1; }; done
 desc=$("$runner" --describe ddp)
 grep -q "bucket_mb <real>  default 25" <<<"$desc" || { echo "FAIL: describe ddp"; echo "$desc"; exit 1; }
-grep -q "plugin  .*/libstrata_ddp.so (ABI 1)" <<<"$desc" || { echo "FAIL: describe path"; exit 1; }
+grep -q "plugin  .*/libstrata_ddp.so (ABI 2)" <<<"$desc" || { echo "FAIL: describe path"; exit 1; }
 echo "$list"; echo "$desc"
 # --dry-run answers for any strategy and preset without starting a rank; exit 4 when it won't fit.
 for s in dp ddp zero1 zero2 zero3 fsdp fsdp-grad-op fsdp-hybrid; do
   out=$("$runner" --dry-run --plugin "$s" --nodes 2 --ranks-per-node 4 --model gpt2-124m)
   grep -q "^  total  " <<<"$out" || { echo "FAIL: dry run $s"; echo "$out"; exit 1; }
+done
+for args in "--plugin 1f1b --mesh dp=2,pp=4 --model gpt2-124m --global-batch 64" \
+            "--plugin interleaved --mesh dp=2,tp=2,pp=2 --model small --global-batch 32 --micro-batch 4" \
+            "--plugin tp --mesh dp=2,tp=4 --model small --plugin-opt sp=on"; do
+  # shellcheck disable=SC2086
+  out=$("$runner" --dry-run --nodes 2 --ranks-per-node 4 $args)
+  grep -q "^  total  " <<<"$out" || { echo "FAIL: dry run $args"; echo "$out"; exit 1; }
 done
 set +e
 "$runner" --dry-run --plugin zero3 --nodes 4 --model gpt2-124m --memory-limit 1GiB >/dev/null; code=$?

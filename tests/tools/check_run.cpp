@@ -8,6 +8,9 @@
 //   check_run calls FILE OP N                every rank makes N calls of OP in every step
 //   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
 //   check_run summary FILE NAME VALUE        a /summary measure equals VALUE (relative 1e-12)
+//   check_run trace FILE                     /trace: forward and backward intervals on every rank,
+//                                            comm events whose bytes add up to /comm per rank and
+//                                            op, and the JSON timeline next to the file
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
 // Prints what it compared; exits 1 on the first mismatch.
 #include <cmath>
@@ -15,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "results/run_record.hpp"
@@ -110,12 +114,43 @@ static void trajectory(const RunRecord& ref, const RunRecord& r, double tol) {
               r.steps, tol);
 }
 
+static void trace(const RunRecord& r, const std::string& path) {
+  EXPECT(!r.trace.empty(), "no /trace\n");
+  std::map<std::pair<int, std::string>, double> bytes;  // (rank, op) -> bytes in the trace
+  std::vector<int> forward(r.ranks, 0), backward(r.ranks, 0);
+  for (const TraceEvent& e : r.trace) {
+    EXPECT(e.rank >= 0 && e.rank < r.ranks && e.t1 >= e.t0, "bad event rank %d [%g, %g]\n", e.rank,
+           e.t0, e.t1);
+    if (e.stream == "compute" && e.kind == "forward") ++forward.at(e.rank);
+    if (e.stream == "compute" && e.kind == "backward") ++backward.at(e.rank);
+    if (r.comm.count(e.kind)) bytes[{e.rank, e.kind}] += e.bytes;
+  }
+  for (int k = 0; k < r.ranks; ++k)
+    EXPECT(forward[k] > 0 && backward[k] > 0, "rank %d: %d forward, %d backward intervals\n", k,
+           forward[k], backward[k]);
+  for (const auto& [op, cs] : r.comm)
+    for (int k = 0; k < r.ranks; ++k) {
+      double ledger = 0;
+      for (int s = 0; s < r.steps; ++s) ledger += cs.bytes[std::size_t(k) * r.steps + s];
+      const double traced = bytes[std::make_pair(k, op)];
+      EXPECT(traced == ledger, "rank %d %s: trace %.0f bytes, ledger %.0f\n", k, op.c_str(), traced,
+             ledger);
+    }
+  const std::string json = path.substr(0, path.size() - 3) + ".trace.json";
+  EXPECT(std::filesystem::file_size(json) > 0, "%s is empty\n", json.c_str());
+  std::printf("trace: %zu intervals on %d ranks; comm bytes equal the ledger; %s\n", r.trace.size(),
+              r.ranks, json.c_str());
+}
+
 static void predicted(const RunRecord& r) {
   for (const auto& [op, cs] : r.comm) {
-    for (std::size_t i = 0; i < cs.bytes.size(); ++i)
-      EXPECT(cs.bytes[i] == cs.predicted_bytes_per_step,
-             "%s: rank %zu step %zu moved %.0f bytes, predicted %.0f\n", op.c_str(), i / r.steps,
-             i % r.steps, cs.bytes[i], cs.predicted_bytes_per_step);
+    for (std::size_t i = 0; i < cs.bytes.size(); ++i) {
+      const std::size_t rank = i / r.steps;
+      const double p = cs.predicted_bytes_per_rank.empty() ? cs.predicted_bytes_per_step
+                                                           : cs.predicted_bytes_per_rank.at(rank);
+      EXPECT(cs.bytes[i] == p, "%s: rank %zu step %zu moved %.0f bytes, predicted %.0f\n",
+             op.c_str(), rank, i % r.steps, cs.bytes[i], p);
+    }
     for (std::size_t i = 0; i < cs.bytes.size(); ++i)
       if (cs.bytes[i] > 0 && cs.time_s[i] > 0) {
         EXPECT(std::fabs(cs.algbw[i] - cs.bytes[i] / cs.time_s[i]) <= 1e-9 * cs.algbw[i],
@@ -123,8 +158,8 @@ static void predicted(const RunRecord& r) {
         EXPECT(cs.busbw[i] > 0 && cs.busbw[i] <= 2 * cs.algbw[i], "%s busbw %g algbw %g\n",
                op.c_str(), cs.busbw[i], cs.algbw[i]);
       }
-    std::printf("comm %-14s %.0f bytes per rank per step = predicted\n", op.c_str(),
-                cs.predicted_bytes_per_step);
+    std::printf("comm %-14s %.0f bytes per step on the busiest rank = predicted, every rank\n",
+                op.c_str(), cs.predicted_bytes_per_step);
   }
   for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
     for (int k = 0; k < r.ranks; ++k) {
@@ -143,6 +178,8 @@ int main(int argc, char** argv) {
       layout(read_run_file(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
     else if (cmd == "trajectory" && argc == 5)
       trajectory(read_run_file(argv[2]), read_run_file(argv[3]), std::atof(argv[4]));
+    else if (cmd == "trace" && argc == 3)
+      trace(read_run_file(argv[2]), argv[2]);
     else if (cmd == "predicted" && argc == 3)
       predicted(read_run_file(argv[2]));
     else if (cmd == "status" && argc == 5) {

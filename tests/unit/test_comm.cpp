@@ -47,8 +47,8 @@ class NullGroup : public Group {
   void do_all_gather(BufferView, BufferView) override {}
   void do_broadcast(BufferView, int) override {}
   void do_reduce(BufferView, int) override {}
-  void do_send(BufferView, int) override {}
-  void do_recv(BufferView, int) override {}
+  void do_send(BufferView, int, int) override {}
+  void do_recv(BufferView, int, int) override {}
   void do_barrier() override {}
 };
 

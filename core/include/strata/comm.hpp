@@ -54,8 +54,9 @@ struct CommRecord {
   std::string group;
   int group_size;
   std::uint64_t bytes;
-  double t0, t1;  // seconds on the process clock (strata::now())
-  int step;       // the training step it belongs to (-1: outside any step)
+  double t0, t1;                   // seconds on the process clock (strata::now())
+  int step;                        // the training step it belongs to (-1: outside any step)
+  std::string stream = "compute";  // the thread that ran it: "compute" or a comm stream's name
   double seconds() const { return t1 - t0; }
   double algbw() const { return t1 > t0 ? bytes / (t1 - t0) : 0.0; }  // bytes/s
   double busbw() const { return algbw() * bus_factor(op, group_size); }
@@ -67,6 +68,7 @@ struct InFlight {
   std::string group;
   std::uint64_t bytes;
   double t0;
+  std::string stream;
 };
 
 // Seconds since process start on a monotonic clock. All intervals in strata use it.
@@ -118,8 +120,10 @@ class Group {
   void all_gather(BufferView in, BufferView out);      // out.count == in.count * size()
   void broadcast(BufferView buf, int root);
   void reduce(BufferView buf, int root);  // sum into root's buf, in place
-  void send(BufferView buf, int peer);
-  void recv(BufferView buf, int peer);
+  // Point to point. `tag` keeps message streams between the same two ranks apart (e.g. pipeline
+  // activations and gradients); messages of one tag arrive in the order they were sent.
+  void send(BufferView buf, int peer, int tag = 0);
+  void recv(BufferView buf, int peer, int tag = 0);
   void barrier();
 
  protected:
@@ -129,8 +133,8 @@ class Group {
   virtual void do_all_gather(BufferView in, BufferView out) = 0;
   virtual void do_broadcast(BufferView buf, int root) = 0;
   virtual void do_reduce(BufferView buf, int root) = 0;
-  virtual void do_send(BufferView buf, int peer) = 0;
-  virtual void do_recv(BufferView buf, int peer) = 0;
+  virtual void do_send(BufferView buf, int peer, int tag) = 0;
+  virtual void do_recv(BufferView buf, int peer, int tag) = 0;
   virtual void do_barrier() = 0;
 
  private:

@@ -49,7 +49,9 @@ struct TrainSpec {
   int micro_steps(const MeshSpec& m) const { return global_batch / (micro_batch * m.dp); }
 };
 
-enum class Phase { forward, backward, optimizer };
+// bubble: time a pipeline stage sits idle waiting for its neighbours (blocked in the receive of an
+// activation or gradient, or in the completion of its own send before reusing a buffer).
+enum class Phase { forward, backward, optimizer, bubble };
 
 // Communicators a strategy can ask for. dp_intra_node: the dp peers on this (virtual) node;
 // dp_inter_node: the dp peers with the same position on every other node.
@@ -70,6 +72,11 @@ class Context {
   // This rank's micro-batch `micro` of step `step` (data parallel rank coord().dp).
   virtual MicroBatch micro_batch(int step, int micro) = 0;
   virtual void add_phase_time(Phase phase, double seconds) = 0;
+  // The same for a known interval [t0, t1) on strata::now()'s clock: it also appears on the
+  // --trace timeline. PhaseTimer uses this.
+  virtual void add_phase_interval(Phase phase, double t0, double t1) {
+    add_phase_time(phase, t1 - t0);
+  }
   // Sum of per-token losses over `tokens` tokens seen by this rank in this step. Ranks that do not
   // compute the loss (e.g. early pipeline stages) report nothing.
   virtual void report_loss(double loss_sum, double tokens) = 0;
@@ -79,7 +86,7 @@ class Context {
 class PhaseTimer {
  public:
   PhaseTimer(Context& ctx, Phase phase) : ctx_(ctx), phase_(phase), t0_(now()) {}
-  ~PhaseTimer() { ctx_.add_phase_time(phase_, now() - t0_); }
+  ~PhaseTimer() { ctx_.add_phase_interval(phase_, t0_, now()); }
   PhaseTimer(const PhaseTimer&) = delete;
   PhaseTimer& operator=(const PhaseTimer&) = delete;
 

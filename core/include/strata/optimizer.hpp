@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
@@ -18,11 +19,20 @@ struct AdamWConfig {
   float weight_decay = 0.1f;  // applied to 2-D weights only (TensorInfo::decay)
 };
 
+// A run of consecutive elements that share the weight-decay rule (one tensor, or a shard of one).
+struct AdamWSegment {
+  std::size_t count = 0;
+  bool decay = false;
+};
+
 class AdamW {
  public:
   // State (m, v: MemTag::optimizer) for flat elements [begin, begin + count).
   AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count, const AdamWConfig& config,
         MemoryLedger& memory);
+  // State for a local buffer made of `segments` in order (e.g. a tensor-parallel shard of a model
+  // partition, whose elements are not a range of the flat index space).
+  AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory);
 
   // One update of params[0..count) from grads[0..count) (both indexed from `begin`). `t` is the
   // 1-based step for bias correction; grads are multiplied by grad_scale first (clipping).
@@ -33,8 +43,8 @@ class AdamW {
   std::uint64_t state_bytes() const { return m_.bytes() + v_.bytes(); }
 
  private:
-  const ParamLayout& layout_;
-  std::size_t begin_, count_;
+  std::vector<AdamWSegment> segments_;
+  std::size_t begin_ = 0, count_ = 0;
   AdamWConfig config_;
   Buffer<float> m_, v_;
 };

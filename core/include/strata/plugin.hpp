@@ -19,7 +19,7 @@
 namespace strata {
 
 // Bump when any SDK type crossing the plugin boundary changes layout or meaning.
-inline constexpr std::uint32_t kPluginAbiVersion = 1;
+inline constexpr std::uint32_t kPluginAbiVersion = 2;
 
 enum class OptionType { integer, real, boolean, string, choice };
 const char* option_type_name(OptionType t);
@@ -73,6 +73,9 @@ struct Prediction {
   std::array<double, kNumMemTags> memory_bytes{};     // bytes per tag on this rank
   std::map<std::string, double> comm_bytes_per_step;  // op name -> bytes on this rank per step
   std::string notes;                                  // assumptions, padding, ...
+  // Pipeline strategies: the fraction of the step a stage idles in an ideal pipeline
+  // ((p-1)/(m+p-1) for GPipe and 1F1B). Negative: not a pipeline.
+  double bubble_fraction = -1;
 };
 
 class Strategy {

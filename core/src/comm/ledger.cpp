@@ -12,6 +12,7 @@ double now() {
 }
 
 thread_local bool t_on_comm_worker = false;
+thread_local const std::string* t_stream_name = nullptr;
 
 void CommLedger::set_step(int step) {
   std::lock_guard lock(mu_);
@@ -26,7 +27,7 @@ int CommLedger::step() const {
 int CommLedger::begin_call(CommOp op, const std::string& group, std::uint64_t bytes) {
   std::lock_guard lock(mu_);
   int token = next_token_++;
-  in_flight_[token] = InFlight{op, group, bytes, now()};
+  in_flight_[token] = InFlight{op, group, bytes, now(), t_stream_name ? *t_stream_name : "compute"};
   return token;
 }
 
@@ -36,7 +37,7 @@ void CommLedger::end_call(int token, int group_size) {
   auto it = in_flight_.find(token);
   if (it == in_flight_.end()) return;
   const InFlight& f = it->second;
-  records_.push_back(CommRecord{f.op, f.group, group_size, f.bytes, f.t0, t1, step_});
+  records_.push_back(CommRecord{f.op, f.group, group_size, f.bytes, f.t0, t1, step_, f.stream});
   in_flight_.erase(it);
 }
 
@@ -124,11 +125,11 @@ void Group::broadcast(BufferView b, int root) {
 void Group::reduce(BufferView b, int root) {
   recorded(CommOp::reduce, b.bytes(), [&] { do_reduce(b, root); });
 }
-void Group::send(BufferView b, int peer) {
-  recorded(CommOp::send, b.bytes(), [&] { do_send(b, peer); });
+void Group::send(BufferView b, int peer, int tag) {
+  recorded(CommOp::send, b.bytes(), [&] { do_send(b, peer, tag); });
 }
-void Group::recv(BufferView b, int peer) {
-  recorded(CommOp::recv, b.bytes(), [&] { do_recv(b, peer); });
+void Group::recv(BufferView b, int peer, int tag) {
+  recorded(CommOp::recv, b.bytes(), [&] { do_recv(b, peer, tag); });
 }
 void Group::barrier() {
   recorded(CommOp::barrier, 0, [&] { do_barrier(); });

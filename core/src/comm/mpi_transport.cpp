@@ -88,12 +88,12 @@ class MpiGroup final : public Group {
     STRATA_MPI_CHECK(
         MPI_Reduce(send, b.data, as_int(b.count), to_mpi(b.dtype), MPI_SUM, root, comm_));
   }
-  void do_send(BufferView b, int peer) override {
-    STRATA_MPI_CHECK(MPI_Send(b.data, as_int(b.count), to_mpi(b.dtype), peer, 0, comm_));
+  void do_send(BufferView b, int peer, int tag) override {
+    STRATA_MPI_CHECK(MPI_Send(b.data, as_int(b.count), to_mpi(b.dtype), peer, tag, comm_));
   }
-  void do_recv(BufferView b, int peer) override {
+  void do_recv(BufferView b, int peer, int tag) override {
     STRATA_MPI_CHECK(
-        MPI_Recv(b.data, as_int(b.count), to_mpi(b.dtype), peer, 0, comm_, MPI_STATUS_IGNORE));
+        MPI_Recv(b.data, as_int(b.count), to_mpi(b.dtype), peer, tag, comm_, MPI_STATUS_IGNORE));
   }
   void do_barrier() override { STRATA_MPI_CHECK(MPI_Barrier(comm_)); }
 
@@ -217,6 +217,26 @@ std::vector<std::string> control_gather_strings(const std::string& local) {
                                MPI_CHAR, 0, g_control));
   std::vector<std::string> out;
   for (int r = 0; root && r < ranks; ++r) out.push_back(all.substr(displs[r], lens[r]));
+  return out;
+}
+
+std::vector<std::vector<double>> control_gather_varying(const std::vector<double>& local) {
+  int n = int(local.size());
+  const int ranks = world_size();
+  const bool root = world_rank() == 0;
+  std::vector<int> counts(root ? ranks : 0), displs(root ? ranks : 0);
+  STRATA_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, g_control));
+  std::vector<double> all;
+  if (root) {
+    int total = 0;
+    for (int r = 0; r < ranks; ++r) displs[r] = total, total += counts[r];
+    all.resize(total);
+  }
+  STRATA_MPI_CHECK(MPI_Gatherv(local.data(), n, MPI_DOUBLE, all.data(), counts.data(),
+                               displs.data(), MPI_DOUBLE, 0, g_control));
+  std::vector<std::vector<double>> out;
+  for (int r = 0; root && r < ranks; ++r)
+    out.emplace_back(all.begin() + displs[r], all.begin() + displs[r] + counts[r]);
   return out;
 }
 

@@ -27,6 +27,7 @@ void control_allreduce_sum(double* values, int n);
 void control_allreduce_max(double* values, int n);
 std::vector<double> control_gather(const std::vector<double>& local);       // root: [ranks x n]
 std::vector<std::string> control_gather_strings(const std::string& local);  // root: [ranks]
+std::vector<std::vector<double>> control_gather_varying(const std::vector<double>& local);  // root
 void control_barrier();
 
 // Error channel: a failing rank tells rank 0, which records it in the run file before the job ends.

@@ -51,6 +51,7 @@ void CommStream::synchronize() {
 
 void CommStream::run() {
   t_on_comm_worker = true;
+  t_stream_name = &name_;
   std::size_t next = 0;
   for (;;) {
     std::function<void()> work;

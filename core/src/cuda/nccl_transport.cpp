@@ -271,14 +271,14 @@ void NcclGroup::do_reduce(BufferView b, int root) {
   });
 }
 
-void NcclGroup::do_send(BufferView b, int peer) {
+void NcclGroup::do_send(BufferView b, int peer, int /*tag*/) {
   check_peer(peer, "send");
   timed([&] {
     STRATA_NCCL_CHECK(ncclSend(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));
   });
 }
 
-void NcclGroup::do_recv(BufferView b, int peer) {
+void NcclGroup::do_recv(BufferView b, int peer, int /*tag*/) {
   check_peer(peer, "recv");
   timed([&] {
     STRATA_NCCL_CHECK(ncclRecv(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));

@@ -52,8 +52,9 @@ class NcclGroup final : public Group {
   void do_reduce(BufferView buf, int root) override;
   // A blocking send or recv completes only once the peer posts the matching call; a rank cannot
   // send to itself (that needs the send and the recv in one ncclGroupStart/End).
-  void do_send(BufferView buf, int peer) override;
-  void do_recv(BufferView buf, int peer) override;
+  // NCCL has no tags: messages between two ranks match in issue order, which the plugins keep.
+  void do_send(BufferView buf, int peer, int tag) override;
+  void do_recv(BufferView buf, int peer, int tag) override;
   void do_barrier() override;  // a 1-element all-reduce
 
  private:

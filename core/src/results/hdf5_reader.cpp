@@ -239,6 +239,9 @@ void read_steps_and_comm(hid_t file, RunRecord& r) {
     c.busbw = dataset_doubles(file, path + "/busbw", &dims);
     expect_shape(dims, r, known, path + "/busbw");
     c.predicted_bytes_per_step = attr_double(g, path, "predicted_bytes_per_step");
+    const std::string per_rank = path + "/predicted_bytes_per_rank";
+    if (check(H5Lexists(file, per_rank.c_str(), H5P_DEFAULT), "look up '" + per_rank + "'") > 0)
+      c.predicted_bytes_per_rank = dataset_doubles(file, per_rank, &dims);
   }
 }
 
@@ -281,6 +284,25 @@ RunRecord read_contents(hid_t file) {
   r.hostnames = read_strings({hosts, false, "dataset '/provenance/hostnames'"});
   read_steps_and_comm(file, r);
   read_memory_and_summary(file, r);
+  if (check(H5Lexists(file, "/trace", H5P_DEFAULT), "look up '/trace'") > 0) {
+    std::vector<hsize_t> dims;
+    auto strings = [&](const std::string& path) {
+      Dataset d = open_dataset(file, path);
+      return read_strings({d, false, "dataset '" + path + "'"});
+    };
+    const auto rank = dataset_doubles(file, "/trace/rank", &dims);
+    const auto t0 = dataset_doubles(file, "/trace/t0", &dims);
+    const auto t1 = dataset_doubles(file, "/trace/t1", &dims);
+    const auto bytes = dataset_doubles(file, "/trace/bytes", &dims);
+    const auto stream = strings("/trace/stream"), kind = strings("/trace/kind"),
+               name = strings("/trace/name");
+    const std::size_t n = rank.size();
+    if (t0.size() != n || t1.size() != n || bytes.size() != n || stream.size() != n ||
+        kind.size() != n || name.size() != n)
+      throw Error("/trace: datasets of different lengths", kDamagedHint);
+    for (std::size_t i = 0; i < n; ++i)
+      r.trace.push_back({int(rank[i]), stream[i], kind[i], name[i], t0[i], t1[i], bytes[i]});
+  }
   return r;
 }
 

@@ -186,6 +186,31 @@ void write_contents(hid_t file, const RunRecord& r) {
     dataset_doubles(file, path + "/busbw", series.busbw, {ranks, steps}, "bytes/s");
     attr_double(g, path, "predicted_bytes_per_step", series.predicted_bytes_per_step);
     attr_string(g, path, "predicted_bytes_per_step.unit", "bytes");
+    dataset_doubles(file, path + "/predicted_bytes_per_rank", series.predicted_bytes_per_rank,
+                    {rows(series.predicted_bytes_per_rank, ranks)}, "bytes");
+  }
+
+  if (!r.trace.empty()) {
+    Group trace = make_group(file, "/trace");
+    std::vector<double> rank, t0, t1, bytes;
+    std::vector<std::string> stream, kind, name;
+    for (const TraceEvent& e : r.trace) {
+      rank.push_back(e.rank);
+      t0.push_back(e.t0);
+      t1.push_back(e.t1);
+      bytes.push_back(e.bytes);
+      stream.push_back(e.stream);
+      kind.push_back(e.kind);
+      name.push_back(e.name);
+    }
+    const hsize_t n = r.trace.size();
+    dataset_doubles(file, "/trace/rank", rank, {n}, "rank");
+    dataset_strings(file, "/trace/stream", stream, "");
+    dataset_strings(file, "/trace/kind", kind, "");
+    dataset_strings(file, "/trace/name", name, "");
+    dataset_doubles(file, "/trace/t0", t0, {n}, "s");
+    dataset_doubles(file, "/trace/t1", t1, {n}, "s");
+    dataset_doubles(file, "/trace/bytes", bytes, {n}, "bytes");
   }
 
   // Memory matrices may be left empty (not measured): they are then written with 0 rows.

@@ -22,9 +22,20 @@ struct CommSeries {
   std::vector<double> calls;            // [ranks x steps], count
   std::vector<double> bytes;            // [ranks x steps], bytes (nccl-tests size convention)
   std::vector<double> time_s;           // [ranks x steps], s
-  double predicted_bytes_per_step = 0;  // per rank, bytes
+  double predicted_bytes_per_step = 0;  // per rank, bytes: max over ranks
   std::vector<double> algbw;            // [ranks x steps], bytes/s: bytes / time_s
   std::vector<double> busbw;  // [ranks x steps], bytes/s: sum(bytes x bus factor) / time_s
+  std::vector<double> predicted_bytes_per_rank;  // [ranks], bytes (stages of a pipeline differ)
+};
+
+// One interval of the --trace timeline. Times in s since the ranks' common start of training.
+struct TraceEvent {
+  int rank = 0;
+  std::string stream;  // "compute", "comm0", "comm1", ...
+  std::string kind;    // a phase (forward, backward, optimizer, bubble) or a comm op
+  std::string name;    // the comm group (dp, tp, pp, ...), or the phase again
+  double t0 = 0, t1 = 0;
+  double bytes = 0;
 };
 
 struct RunRecord {
@@ -47,6 +58,7 @@ struct RunRecord {
   std::map<std::string, std::vector<double>> step_values;  // metric -> [ranks x steps]
 
   std::map<std::string, CommSeries> comm;  // op name -> series
+  std::vector<TraceEvent> trace;           // /trace, --trace only
 
   // /memory
   std::vector<std::string> memory_tags;

@@ -1,0 +1,139 @@
+// strata SDK: the workload split for model parallelism (Megatron-LM style).
+//
+// A StageModel holds a contiguous range of units (a pipeline stage, or one virtual chunk of an
+// interleaved stage) with every tensor split across the tensor-parallel group:
+//   QKV, FC1       column-parallel: this rank's attention heads / its slice of the 4h MLP rows
+//   proj, FC2      row-parallel: the matching input columns; the partial outputs are all-reduced
+//   wte            vocab-parallel: rows [r V/t, (r+1) V/t) of the tied embedding / LM head, with a
+//                  vocab-parallel cross-entropy (max and sum-of-exp all-reduced, never the logits)
+//   LayerNorms, biases of row-parallel layers, wpe: replicated.
+// One all-reduce in forward and one in backward per sub-block (attention, MLP). With sequence
+// parallelism the residual stream between those sub-blocks is sharded by token rows (N/t rows of
+// the micro-batch's N = B*T tokens; LayerNorm, residual, bias and dropout are per token, so any row
+// split is Megatron's sequence split) and every all-reduce becomes an all-gather before the
+// column-parallel matmul and a reduce-scatter after the row-parallel one.
+//
+// Activations live in *slots*, one per micro-batch in flight (a pipeline schedule decides how
+// many); gradient scratch is shared, since one backward runs at a time. All buffers are tagged
+// MemTag::activations (token copies MemTag::workspace); slot_bytes()/scratch_bytes() predict them
+// exactly.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm.hpp"
+#include "strata/memory.hpp"
+#include "strata/model.hpp"
+#include "strata/optimizer.hpp"
+
+namespace strata {
+
+struct Partition {
+  int first_unit = 0;  // units [first_unit, last_unit]: 0 embedding, 1..L blocks, L+1 head
+  int last_unit = 0;
+  int tp_size = 1;
+  int tp_rank = 0;
+  bool sequence_parallel = false;
+};
+
+// Throws ConfigError (one line, naming the option) if the model cannot be split tp ways:
+// heads, hidden, vocab (and micro-batch x seq with sequence parallelism) must divide.
+void validate_tensor_parallel(const ModelSpec& spec, int micro_batch, int tp,
+                              bool sequence_parallel);
+
+// How a local tensor is cut from the global one.
+enum class ShardKind {
+  replicated,  // whole tensor on every tp rank
+  rows,        // a contiguous block of rows (wte, fc_w, fc_b)
+  qkv_rows,    // this rank's heads from each of q, k, v (qkv_w, qkv_b)
+  columns      // a block of input columns (proj_w, fcproj_w)
+};
+
+struct LocalTensor {
+  int global = 0;          // index into ParamLayout::tensors()
+  std::size_t offset = 0;  // in the partition's local flat buffer
+  std::size_t count = 0;
+  ShardKind shard = ShardKind::replicated;
+  bool decay = false;
+  // The LM head's copy of the tied wte on a partition without the embedding: its gradient must be
+  // exchanged with the embedding's stage, and it is counted once in the gradient norm.
+  bool tied_copy = false;
+};
+
+class StageModel {
+ public:
+  StageModel(const ModelSpec& spec, int micro_batch, const Partition& part, MemoryLedger& memory);
+  ~StageModel();
+  StageModel(const StageModel&) = delete;
+  StageModel& operator=(const StageModel&) = delete;
+
+  const Partition& partition() const;
+  bool has_embedding() const;
+  bool has_head() const;
+  // This partition's parameters, in local flat order.
+  const std::vector<LocalTensor>& tensors() const;
+  std::size_t param_count() const;
+  // Fill params[0, param_count()) with exactly the values the full model's init_params gives the
+  // elements this rank holds.
+  void init_params(std::uint64_t seed, float* params) const;
+  // The local wte (vocab shard; the tied copy on a head-only partition); null if none.
+  std::size_t wte_offset() const;
+  std::size_t wte_count() const;
+  // Optimizer segments of the local buffer (weight decay per tensor).
+  std::vector<AdamWSegment> adamw_segments() const;
+  // Gradients that differ across tp ranks although the tensor is replicated (sequence parallel:
+  // LayerNorms, row-parallel biases, wpe see only this rank's token rows): these must be
+  // all-reduced over tp before the update. Empty without sequence parallelism.
+  std::vector<const LocalTensor*> tp_partial_grads() const;
+  // This rank's share of the squared gradient norm: sharded tensors fully, replicated ones on tp
+  // rank 0 only, the tied copy never (the embedding's stage counts wte).
+  double grad_sum_of_squares(const float* grads) const;
+
+  // Floats of the residual stream at a partition boundary for one micro-batch: rows x C, with rows
+  // = B*T, or B*T/tp under sequence parallelism. What a pipeline stage sends and receives.
+  std::size_t boundary_count() const;
+
+  // Activation slots. acquire_slot() returns a free slot, allocating one if all are in use;
+  // release_slot() returns it (memory is kept for reuse, so the peak is the most in flight).
+  int acquire_slot();
+  void release_slot(int slot);
+  int slots_allocated() const;
+  // Where a stage without the embedding receives its input (boundary_count() floats).
+  float* input(int slot);
+  // The partition's output after forward (what a stage without the head sends on).
+  const float* output(int slot) const;
+  // Where a stage without the head receives d(output) before backward (shared scratch).
+  float* output_grad();
+  // d(input) after backward, on a stage without the embedding (kept in the slot until released).
+  const float* input_grad(int slot) const;
+
+  // Forward of the partition for micro-batch mb (its tokens are copied into the slot). `tp` may be
+  // null when tp_size == 1. A partition with the head also computes the loss.
+  void forward(int slot, const float* params, const MicroBatch& mb, Group* tp);
+  // Backward; on a partition without the head, output_grad() must hold d(output). Gradients
+  // accumulate into grads (local flat order). grad_scale: d(loss)/d(per-token loss).
+  void backward(int slot, const float* params, float* grads, Group* tp, float grad_scale);
+  // Sum of per-token losses of the slot's micro-batch (partitions with the head).
+  double loss_sum(int slot) const;
+
+  // Exact bytes of one slot (activations, and the token copies) and of the shared scratch.
+  static std::uint64_t slot_bytes(const ModelSpec& spec, int micro_batch, const Partition& part);
+  static std::uint64_t slot_token_bytes(const ModelSpec& spec, int micro_batch);
+  static std::uint64_t scratch_bytes(const ModelSpec& spec, int micro_batch, const Partition& part);
+  // The tensor table of a partition without building it (for predictions).
+  static std::vector<LocalTensor> local_tensors(const ModelSpec& spec, const Partition& part);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Bytes of tensor-parallel collectives one micro-batch's forward + backward of `part` moves, per
+// op name (nccl-tests size convention), as StageModel issues them. Zero for tp_size 1.
+void add_tensor_parallel_bytes(const ModelSpec& spec, int micro_batch, const Partition& part,
+                               std::map<std::string, double>& bytes);
+
+}  // namespace strata

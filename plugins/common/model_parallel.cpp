@@ -1,0 +1,397 @@
+// Model-parallel engine (see model_parallel.hpp): plan, prediction and the step.
+#include "model_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+
+#include "strata/data_parallel.hpp"
+
+namespace strata::mp {
+namespace {
+
+// Message tags on the pp group: activations forward, gradients backward, the tied-wte exchange.
+constexpr int kTagActivation = 1, kTagGradient = 2, kTagTied = 3;
+// Comm streams: sends to the next stage, sends to the previous stage, the rest.
+constexpr int kStreamNext = 1, kStreamPrev = 2;
+
+// What one rank holds and does, from the configuration alone (setup and predict share it).
+struct Plan {
+  int P = 1, stage = 0, v = 1, K = 1, m = 1;
+  std::vector<Partition> parts;  // local chunk c
+  std::vector<int> global;       // global chunk index of local chunk c
+  std::vector<pp::PipeAction> actions;
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == P - 1; }
+  // The first and the last stage each hold a copy of the tied wte when they are different ranks.
+  bool tied_exchange() const { return P > 1 && (first_stage() || last_stage()); }
+};
+
+int micro_batches(const MeshSpec& mesh, const TrainSpec& t) { return t.micro_steps(mesh); }
+
+Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
+               const TrainSpec& t, const MpConfig& cfg) {
+  Plan p;
+  p.P = mesh.pp;
+  p.stage = coord.pp;
+  p.v = cfg.virtual_stages;
+  p.K = p.P * p.v;
+  p.m = micro_batches(mesh, t);
+  const auto units = chunk_units(model, p.K, cfg.stage_layers);
+  for (int c = 0; c < p.v; ++c) {
+    const int k = pp::global_chunk(p.P, p.stage, c);
+    Partition part;
+    part.first_unit = units[k].first;
+    part.last_unit = units[k].second;
+    part.tp_size = mesh.tp;
+    part.tp_rank = coord.tp;
+    part.sequence_parallel = cfg.sequence_parallel;
+    p.parts.push_back(part);
+    p.global.push_back(k);
+  }
+  p.actions = pp::pipeline_schedule(cfg.schedule, p.P, p.stage, p.m, p.v);
+  return p;
+}
+
+std::string join(const std::vector<std::pair<int, int>>& r) {
+  std::ostringstream s;
+  for (std::size_t i = 0; i < r.size(); ++i)
+    s << (i ? " | " : "") << "units " << r[i].first << "-" << r[i].second;
+  return s.str();
+}
+
+}  // namespace
+
+std::vector<int> parse_stage_layers(const std::string& text) {
+  std::vector<int> r;
+  if (text.empty()) return r;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const int n = std::stoi(item, &used);
+      if (used != item.size() || n < 1) throw std::invalid_argument(item);
+      r.push_back(n);
+    } catch (const std::exception&) {
+      throw ConfigError("--plugin-opt stage_layers=" + text +
+                        ": must be a comma list of block counts >= 1, one per pipeline chunk");
+    }
+  }
+  return r;
+}
+
+std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
+                                             const std::vector<int>& stage_layers) {
+  const int L = model.layers;
+  std::vector<int> blocks = stage_layers;
+  if (blocks.empty())
+    for (int k = 0; k < chunks; ++k) blocks.push_back(L / chunks + (k < L % chunks ? 1 : 0));
+  std::vector<std::pair<int, int>> r;
+  int next = 1;  // first block unit
+  for (int k = 0; k < chunks; ++k) {
+    const int first = k == 0 ? 0 : next;
+    next += blocks[k];
+    const int last = k == chunks - 1 ? L + 1 : next - 1;
+    r.emplace_back(first, last);
+  }
+  return r;
+}
+
+void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
+              const MpConfig& cfg) {
+  const std::string who = cfg.strategy;
+  if (t.recompute != Recompute::none)
+    throw ConfigError("--recompute " + std::string(recompute_name(t.recompute)) + ": " + who +
+                      " supports only none");
+  validate_tensor_parallel(model, t.micro_batch, mesh.tp, cfg.sequence_parallel);
+  if (!cfg.pipeline) {
+    if (mesh.pp != 1)
+      throw ConfigError("--mesh pp=" + std::to_string(mesh.pp) + ": " + who +
+                        " has no pipeline; use gpipe, 1f1b or interleaved (which take tp too)");
+    return;
+  }
+  const int P = mesh.pp, v = cfg.virtual_stages, K = P * v, m = micro_batches(mesh, t);
+  if (v < 1)
+    throw ConfigError("--plugin-opt virtual_stages=" + std::to_string(v) + ": must be >= 1");
+  if (cfg.schedule != pp::PipeSchedule::interleaved && v != 1)
+    throw ConfigError("--plugin-opt virtual_stages=" + std::to_string(v) + ": only interleaved " +
+                      "has virtual stages (" + who + " needs 1)");
+  if (cfg.schedule == pp::PipeSchedule::interleaved) {
+    if (P < 2) throw ConfigError("--mesh pp=1: interleaved needs pp >= 2");
+    if (m % P != 0)
+      throw ConfigError("interleaved: micro-batches per step (" + std::to_string(m) +
+                        " = --global-batch / (--micro-batch x dp)) must be a multiple of pp (" +
+                        std::to_string(P) + ")");
+  }
+  if (model.layers < K)
+    throw ConfigError("--mesh pp=" + std::to_string(P) +
+                      (v > 1 ? " x virtual_stages=" + std::to_string(v) : "") + ": the model has " +
+                      std::to_string(model.layers) + " layers, fewer than the " +
+                      std::to_string(K) + " pipeline chunks");
+  if (!cfg.stage_layers.empty()) {
+    int sum = 0;
+    for (int n : cfg.stage_layers) sum += n;
+    if (int(cfg.stage_layers.size()) != K || sum != model.layers)
+      throw ConfigError("--plugin-opt stage_layers: needs " + std::to_string(K) +
+                        " entries (pp x virtual_stages) summing to the " +
+                        std::to_string(model.layers) + " layers");
+  }
+  if (cfg.microbatches != 0 && cfg.microbatches != m)
+    throw ConfigError("--plugin-opt microbatches=" + std::to_string(cfg.microbatches) +
+                      ": the batch gives " + std::to_string(m) +
+                      " (--global-batch / (--micro-batch x dp)); set --global-batch " +
+                      std::to_string(cfg.microbatches * t.micro_batch * mesh.dp));
+}
+
+Prediction predict(const PredictInput& in, const MpConfig& cfg) {
+  const MeshCoord coord = mesh_coord(in.mesh, in.rank);
+  const Plan plan = make_plan(in.mesh, coord, in.model, in.train, cfg);
+  const int B = in.train.micro_batch;
+  Prediction p;
+  auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
+  auto& comm = p.comm_bytes_per_step;
+  double params = 0, partial = 0;
+  mem(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
+  for (int c = 0; c < plan.v; ++c) {
+    const Partition& part = plan.parts[c];
+    for (const LocalTensor& t : StageModel::local_tensors(in.model, part)) {
+      params += double(t.count);
+      // Replicated tensors see only this rank's token rows under sequence parallelism.
+      if (part.sequence_parallel && part.tp_size > 1 && t.shard == ShardKind::replicated)
+        partial += double(t.count);
+    }
+    const double in_flight = pp::max_in_flight(plan.actions, c);
+    mem(MemTag::activations) += in_flight * double(StageModel::slot_bytes(in.model, B, part)) +
+                                double(StageModel::scratch_bytes(in.model, B, part));
+    mem(MemTag::workspace) += in_flight * double(StageModel::slot_token_bytes(in.model, B));
+    // Tensor parallel collectives, per micro-batch.
+    std::map<std::string, double> tp_bytes;
+    add_tensor_parallel_bytes(in.model, B, part, tp_bytes);
+    for (const auto& [op, bytes] : tp_bytes) comm[op] += bytes * plan.m;
+    // Pipeline sends and receives, per micro-batch.
+    const std::size_t rows =
+        std::size_t(B) * in.model.seq / (part.sequence_parallel ? part.tp_size : 1);
+    const double boundary = double(rows) * in.model.hidden * sizeof(float);
+    const int k = plan.global[c];
+    if (k > 0) {  // receive the activation, send its gradient
+      comm["recv"] += boundary * plan.m;
+      comm["send"] += boundary * plan.m;
+    }
+    if (k < plan.K - 1) {  // send the output, receive its gradient
+      comm["send"] += boundary * plan.m;
+      comm["recv"] += boundary * plan.m;
+    }
+  }
+  mem(MemTag::params) = 4 * params;
+  mem(MemTag::grads) = 4 * params;
+  mem(MemTag::optimizer) = 8 * params;
+  const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * sizeof(float);
+  if (plan.tied_exchange()) {
+    comm["send"] += wte;
+    comm["recv"] += wte;
+    mem(MemTag::comm_buffers) += wte;
+  }
+  if (partial > 0) {
+    comm["all_reduce"] += 4 * partial;
+    mem(MemTag::comm_buffers) += 4 * partial;
+  }
+  if (in.mesh.dp > 1) comm["all_reduce"] += 4 * params;
+  if (in.mesh.tp > 1) comm["all_reduce"] += sizeof(double);
+  if (in.mesh.pp > 1) comm["all_reduce"] += sizeof(double);
+  if (cfg.pipeline)
+    p.bubble_fraction = pp::predicted_bubble_fraction(cfg.schedule, plan.P, plan.m, plan.v);
+  std::ostringstream notes;
+  notes << cfg.strategy << ": stage " << plan.stage << " of " << plan.P << " holds " << join([&] {
+    std::vector<std::pair<int, int>> r;
+    for (const Partition& part : plan.parts) r.emplace_back(part.first_unit, part.last_unit);
+    return r;
+  }()) << "; "
+        << plan.m << " micro-batches; tp=" << in.mesh.tp
+        << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "");
+  p.notes = notes.str();
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class Engine {
+ public:
+  Engine(Context& ctx, const MpConfig& cfg)
+      : cfg_(cfg), plan_(make_plan(ctx.mesh(), ctx.coord(), ctx.model_spec(), ctx.train(), cfg)) {
+    MemoryLedger& mem = ctx.memory();
+    std::vector<AdamWSegment> segments;
+    std::size_t total = 0;
+    for (const Partition& part : plan_.parts) {
+      chunks_.push_back(
+          std::make_unique<StageModel>(ctx.model_spec(), ctx.train().micro_batch, part, mem));
+      offset_.push_back(total);
+      total += chunks_.back()->param_count();
+      for (const AdamWSegment& s : chunks_.back()->adamw_segments()) segments.push_back(s);
+    }
+    params_ = Buffer<float>(mem, MemTag::params, total);
+    grads_ = Buffer<float>(mem, MemTag::grads, total);
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      chunks_[c]->init_params(ctx.train().seed, params_.data() + offset_[c]);
+    optimizer_.emplace(std::move(segments), adamw_config(ctx), mem);
+    if (plan_.tied_exchange())
+      tied_recv_ = Buffer<float>(mem, MemTag::comm_buffers, tied_chunk().wte_count());
+    std::size_t partial = 0;
+    for (auto& ch : chunks_)
+      for (const LocalTensor* t : ch->tp_partial_grads()) partial += t->count;
+    partial_pack_ = Buffer<float>(mem, MemTag::comm_buffers, partial);
+    pending_.resize(chunks_.size());
+  }
+
+  void train_step(Context& ctx, int step) {
+    grads_.zero();
+    Group* tp = ctx.mesh().tp > 1 ? &ctx.group(Axis::tp) : nullptr;
+    Group& pp = ctx.group(Axis::pp);
+    const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
+    const float scale = float(grad_scale(ctx));
+    const double tokens = double(ctx.train().micro_batch) * ctx.model_spec().seq;
+    std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
+    for (const pp::PipeAction& a : plan_.actions) {
+      StageModel& sm = *chunks_[a.chunk];
+      const int k = plan_.global[a.chunk];
+      float* params = params_.data() + offset_[a.chunk];
+      const std::size_t n = sm.boundary_count();
+      if (a.forward) {
+        const int slot = sm.acquire_slot();
+        slot_of[a.chunk][a.micro] = slot;
+        wait_sends(ctx, a.chunk, slot);
+        const MicroBatch mb = ctx.micro_batch(step, a.micro);
+        if (k > 0) {
+          PhaseTimer idle(ctx, Phase::bubble);
+          pp.recv(view(sm.input(slot), n), prev, kTagActivation);
+        }
+        {
+          PhaseTimer t(ctx, Phase::forward);
+          sm.forward(slot, params, mb, tp);
+        }
+        if (sm.has_head()) ctx.report_loss(sm.loss_sum(slot), tokens);
+        if (k < plan_.K - 1) {
+          float* out = const_cast<float*>(sm.output(slot));
+          pending(a.chunk, slot)
+              .push_back(ctx.comm_stream(kStreamNext).enqueue([&pp, out, n, next] {
+                pp.send(view(out, n), next, kTagActivation);
+              }));
+        }
+      } else {
+        const int slot = slot_of[a.chunk][a.micro];
+        if (k < plan_.K - 1) {
+          PhaseTimer idle(ctx, Phase::bubble);
+          pp.recv(view(sm.output_grad(), n), next, kTagGradient);
+        }
+        {
+          PhaseTimer t(ctx, Phase::backward);
+          sm.backward(slot, params, grads_.data() + offset_[a.chunk], tp, scale);
+        }
+        if (k > 0) {
+          float* din = const_cast<float*>(sm.input_grad(slot));
+          pending(a.chunk, slot)
+              .push_back(ctx.comm_stream(kStreamPrev).enqueue([&pp, din, n, prev] {
+                pp.send(view(din, n), prev, kTagGradient);
+              }));
+        }
+        sm.release_slot(slot);
+      }
+    }
+    {
+      // The stage's own sends, then the end-of-step meeting with the other stages: both are the
+      // pipeline draining (the last stage waits here for the first to finish its backward).
+      PhaseTimer idle(ctx, Phase::bubble);
+      for (std::size_t c = 0; c < chunks_.size(); ++c)
+        for (std::size_t s = 0; s < pending_[c].size(); ++s) wait_sends(ctx, int(c), int(s));
+      exchange_tied_grads(ctx, pp);
+    }
+    reduce_partial_grads(tp);
+    Group& dp = ctx.group(Axis::dp);
+    if (dp.size() > 1) dp.all_reduce(view(grads_.data(), grads_.size()));
+
+    double sq = 0;
+    {
+      PhaseTimer t(ctx, Phase::optimizer);
+      for (std::size_t c = 0; c < chunks_.size(); ++c)
+        sq += chunks_[c]->grad_sum_of_squares(grads_.data() + offset_[c]);
+      if (tp) tp->all_reduce(view(&sq, 1));
+    }
+    if (plan_.P > 1) {  // waits for the slowest stage: bubble, not optimizer time
+      PhaseTimer idle(ctx, Phase::bubble);
+      pp.all_reduce(view(&sq, 1));
+    }
+    PhaseTimer t(ctx, Phase::optimizer);
+    optimizer_->step(params_.data(), grads_.data(), step + 1,
+                     clip_scale(std::sqrt(sq), ctx.train().grad_clip));
+    // The tied copies stay equal: same initial values, same summed gradient, same update.
+  }
+
+ private:
+  std::vector<Event>& pending(int chunk, int slot) {
+    auto& p = pending_[chunk];
+    if (int(p.size()) <= slot) p.resize(slot + 1);
+    return p[slot];
+  }
+
+  // Before a slot's buffers are reused, the sends reading them must have completed.
+  void wait_sends(Context& ctx, int chunk, int slot) {
+    std::vector<Event>& events = pending(chunk, slot);
+    if (events.empty()) return;
+    PhaseTimer idle(ctx, Phase::bubble);
+    for (const Event& e : events) e.wait();
+    events.clear();
+  }
+
+  StageModel& tied_chunk() { return plan_.first_stage() ? *chunks_.front() : *chunks_.back(); }
+  std::size_t tied_offset() { return plan_.first_stage() ? offset_.front() : offset_.back(); }
+
+  // First and last stage hold the tied wte (embedding / LM head): each sends its gradient to the
+  // other and adds what it receives, so both copies see the same sum (a + b == b + a exactly).
+  void exchange_tied_grads(Context& ctx, Group& pp) {
+    if (!plan_.tied_exchange()) return;
+    StageModel& sm = tied_chunk();
+    float* g = grads_.data() + tied_offset() + sm.wte_offset();
+    const std::size_t n = sm.wte_count();
+    const int peer = plan_.first_stage() ? plan_.P - 1 : 0;
+    Event sent = ctx.comm_stream(kStreamNext).enqueue([&pp, g, n, peer] {
+      pp.send(view(g, n), peer, kTagTied);
+    });
+    pp.recv(view(tied_recv_.data(), n), peer, kTagTied);
+    sent.wait();
+    for (std::size_t i = 0; i < n; ++i) g[i] += tied_recv_[i];
+  }
+
+  // Sequence parallelism leaves replicated tensors with per-rank partial gradients: one packed
+  // all-reduce over tp makes them whole (Megatron's sequence-parallel gradient all-reduce).
+  void reduce_partial_grads(Group* tp) {
+    if (partial_pack_.size() == 0) return;
+    float* pack = partial_pack_.data();
+    auto each = [&](auto&& f) {
+      std::size_t at = 0;
+      for (std::size_t c = 0; c < chunks_.size(); ++c)
+        for (const LocalTensor* t : chunks_[c]->tp_partial_grads()) {
+          f(grads_.data() + offset_[c] + t->offset, pack + at, t->count);
+          at += t->count;
+        }
+    };
+    each([](float* g, float* p, std::size_t n) { std::copy_n(g, n, p); });
+    tp->all_reduce(view(pack, partial_pack_.size()));
+    each([](float* g, float* p, std::size_t n) { std::copy_n(p, n, g); });
+  }
+
+  MpConfig cfg_;
+  Plan plan_;
+  std::vector<std::unique_ptr<StageModel>> chunks_;
+  std::vector<std::size_t> offset_;
+  Buffer<float> params_, grads_, tied_recv_, partial_pack_;
+  std::optional<AdamW> optimizer_;
+  std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
+};
+
+MpStrategy::MpStrategy(MpConfig c) : config_(std::move(c)) {}
+MpStrategy::~MpStrategy() = default;
+void MpStrategy::setup(Context& ctx) { engine_ = std::make_unique<Engine>(ctx, config_); }
+void MpStrategy::train_step(Context& ctx, int step) { engine_->train_step(ctx, step); }
+
+}  // namespace strata::mp

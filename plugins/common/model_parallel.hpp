@@ -1,0 +1,65 @@
+// Model parallelism shared by the tp and pp plugins: Megatron tensor parallelism inside each
+// partition (StageModel), a pipeline schedule over partitions, data parallelism outside.
+//
+// One step on a rank: run the schedule's actions (forward / backward of one micro-batch through one
+// local chunk). Activations go to the next stage and gradients to the previous one as sends on two
+// comm streams (one per direction, so a send never waits behind the other direction), received on
+// the compute thread where they are needed; waiting there is the pipeline bubble. Then the tied
+// embedding gradient is exchanged between the first and last stage, sequence-parallel gradients are
+// all-reduced over tp, all gradients over dp, the norm over tp and pp, and AdamW updates the
+// rank's shard.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipe_schedule.hpp"
+#include "strata/plugin.hpp"
+#include "strata/stage_model.hpp"
+
+namespace strata::mp {
+
+struct MpConfig {
+  std::string strategy;   // "tp", "gpipe", "1f1b", "interleaved"
+  bool pipeline = false;  // false: the tp plugin (pp must be 1)
+  pp::PipeSchedule schedule = pp::PipeSchedule::one_f_one_b;
+  int virtual_stages = 1;
+  bool sequence_parallel = false;
+  std::vector<int> stage_layers;  // blocks per global chunk (pp x virtual_stages); empty: balanced
+  int microbatches = 0;           // 0: global_batch / (micro_batch x dp); else must equal that
+};
+
+// Parses "2,2,3,1" (the stage_layers option); empty string: balanced. Throws ConfigError.
+std::vector<int> parse_stage_layers(const std::string& text);
+
+// Unit ranges [first, last] of the pp x virtual_stages global chunks, in pipeline order: blocks
+// split as stage_layers says or evenly (earlier chunks take the remainder), the embedding joins
+// chunk 0 and the head the last chunk.
+std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
+                                             const std::vector<int>& stage_layers);
+
+// One clear ConfigError line for a configuration the strategy cannot run.
+void validate(const MeshSpec& mesh, const TrainSpec& train, const ModelSpec& model,
+              const MpConfig& config);
+Prediction predict(const PredictInput& in, const MpConfig& config);
+
+class Engine;
+
+class MpStrategy final : public Strategy {
+ public:
+  explicit MpStrategy(MpConfig c);
+  ~MpStrategy() override;
+  void validate(const MeshSpec& mesh, const TrainSpec& train,
+                const ModelSpec& model) const override {
+    mp::validate(mesh, train, model, config_);
+  }
+  Prediction predict(const PredictInput& in) const override { return mp::predict(in, config_); }
+  void setup(Context& ctx) override;
+  void train_step(Context& ctx, int step) override;
+
+ private:
+  MpConfig config_;
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace strata::mp

@@ -1,0 +1,258 @@
+// Pipeline schedules and their simulation (see pipe_schedule.hpp).
+#include "pipe_schedule.hpp"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace strata::pp {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
+
+std::string prefix(PipeSchedule schedule) {
+  return std::string(schedule_name(schedule)) + " schedule: ";
+}
+
+// The checks every entry point shares; the stage index is checked where one is given.
+void check_shape(PipeSchedule schedule, int stages, int micro_batches, int virtual_stages) {
+  const std::string at = prefix(schedule);
+  if (stages < 1) fail(at + "stages must be >= 1 (got " + std::to_string(stages) + ")");
+  if (micro_batches < 1)
+    fail(at + "micro_batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
+  if (virtual_stages < 1)
+    fail(at + "virtual_stages must be >= 1 (got " + std::to_string(virtual_stages) + ")");
+  if (schedule != PipeSchedule::interleaved && virtual_stages != 1)
+    fail(at + "virtual_stages must be 1 (got " + std::to_string(virtual_stages) + ")");
+  // Megatron's interleaved order walks micro-batches in groups of `stages`.
+  if (schedule == PipeSchedule::interleaved && micro_batches % stages != 0)
+    fail(at + "micro-batches (" + std::to_string(micro_batches) +
+         ") must be a multiple of pipeline stages (" + std::to_string(stages) + ")");
+}
+
+void check_stage(const std::string& at, int stages, int stage) {
+  if (stage < 0 || stage >= stages)
+    fail(at + "stage (" + std::to_string(stage) + ") must be in [0, " + std::to_string(stages) +
+         ")");
+}
+
+// The shape 1f1b and interleaved share: `warmup` forwards, then (total - warmup) pairs of one
+// forward and one backward, then the remaining backwards. action(k, forward) is the k-th forward
+// or backward of the rank.
+template <typename ActionOf>
+std::vector<PipeAction> flush_schedule(int total, int warmup, ActionOf action) {
+  std::vector<PipeAction> actions;
+  actions.reserve(2 * static_cast<std::size_t>(total));
+  int forwards = 0, backwards = 0;
+  while (forwards < warmup) actions.push_back(action(forwards++, true));
+  while (forwards < total) {
+    actions.push_back(action(forwards++, true));
+    actions.push_back(action(backwards++, false));
+  }
+  while (backwards < total) actions.push_back(action(backwards++, false));
+  return actions;
+}
+
+std::vector<PipeAction> gpipe(int micro_batches) {
+  std::vector<PipeAction> actions;
+  for (int m = 0; m < micro_batches; ++m) actions.push_back({true, m, 0});
+  // Backwards in micro-batch order, as Megatron's "all forward, all backward" mode runs them.
+  for (int m = 0; m < micro_batches; ++m) actions.push_back({false, m, 0});
+  return actions;
+}
+
+std::vector<PipeAction> one_f_one_b(int stages, int stage, int micro_batches) {
+  // Later stages need fewer forwards in flight before their first backward can arrive.
+  const int warmup = std::min(stages - stage - 1, micro_batches);
+  return flush_schedule(micro_batches, warmup, [](int k, bool forward) {
+    return PipeAction{forward, k, 0};
+  });
+}
+
+// Megatron's warm-up length: (v - 1) * p forwards fill every chunk but the last, and
+// 2 * (p - stage - 1) more cover the round trip to the last stage and back. With exactly p
+// micro-batches Megatron runs all forwards first.
+int interleaved_warmup(int stages, int stage, int micro_batches, int virtual_stages) {
+  const int total = micro_batches * virtual_stages;
+  if (micro_batches == stages) return total;
+  return std::min((stages - stage - 1) * 2 + (virtual_stages - 1) * stages, total);
+}
+
+std::vector<PipeAction> interleaved(int stages, int stage, int micro_batches, int virtual_stages) {
+  const int group = stages * virtual_stages;
+  // Each group of `stages` micro-batches runs through chunk 0, then chunk 1, ... (backwards from
+  // the last chunk down), so every rank has work while the group travels around the ring.
+  auto action = [=](int k, bool forward) {
+    const int in_group = k % group;
+    const int chunk = in_group / stages;
+    const int micro = (k / group) * stages + in_group % stages;
+    return PipeAction{forward, micro, forward ? chunk : virtual_stages - 1 - chunk};
+  };
+  return flush_schedule(micro_batches * virtual_stages,
+                        interleaved_warmup(stages, stage, micro_batches, virtual_stages), action);
+}
+
+int max_in_flight_where(const std::vector<PipeAction>& actions, int chunk, bool all_chunks) {
+  std::set<std::pair<int, int>> open;
+  std::size_t peak = 0;
+  for (const PipeAction& a : actions) {
+    if (!all_chunks && a.chunk != chunk) continue;
+    if (a.forward) {
+      open.insert({a.micro, a.chunk});
+      peak = std::max(peak, open.size());
+    } else {
+      open.erase({a.micro, a.chunk});
+    }
+  }
+  return static_cast<int>(peak);
+}
+
+// Finish times of every forward and backward, indexed by (global chunk, micro); negative: not run.
+class Timeline {
+ public:
+  Timeline(int chunks, int micro_batches)
+      : chunks_(chunks),
+        micro_batches_(micro_batches),
+        forward_(static_cast<std::size_t>(chunks) * micro_batches, -1.0),
+        backward_(forward_.size(), -1.0) {}
+
+  // The time when all dependencies of the action on global chunk k are done; negative if one is
+  // not done yet.
+  double ready_time(const PipeAction& a, int k) const {
+    if (a.forward) return k == 0 ? 0.0 : forward_[slot(k - 1, a.micro)];
+    const double own_forward = forward_[slot(k, a.micro)];
+    if (k == chunks_ - 1 || own_forward < 0) return own_forward;
+    const double next_backward = backward_[slot(k + 1, a.micro)];
+    return next_backward < 0 ? next_backward : std::max(own_forward, next_backward);
+  }
+
+  void finish(const PipeAction& a, int k, double time) {
+    (a.forward ? forward_ : backward_)[slot(k, a.micro)] = time;
+  }
+
+ private:
+  std::size_t slot(int k, int micro) const {
+    return static_cast<std::size_t>(k) * micro_batches_ + micro;
+  }
+
+  int chunks_, micro_batches_;
+  std::vector<double> forward_, backward_;
+};
+
+void check_actions(const std::vector<std::vector<PipeAction>>& rank_actions, int micro_batches,
+                   int virtual_stages) {
+  const std::string at = "pipeline simulation: ";
+  if (rank_actions.empty()) fail(at + "needs at least one rank");
+  if (micro_batches < 1)
+    fail(at + "micro_batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
+  if (virtual_stages < 1)
+    fail(at + "virtual_stages must be >= 1 (got " + std::to_string(virtual_stages) + ")");
+  for (const auto& actions : rank_actions)
+    for (const PipeAction& a : actions)
+      if (a.micro < 0 || a.micro >= micro_batches || a.chunk < 0 || a.chunk >= virtual_stages)
+        fail(at + "action (micro " + std::to_string(a.micro) + ", chunk " +
+             std::to_string(a.chunk) + ") out of range");
+}
+
+}  // namespace
+
+const char* schedule_name(PipeSchedule schedule) {
+  switch (schedule) {
+    case PipeSchedule::gpipe:
+      return "gpipe";
+    case PipeSchedule::one_f_one_b:
+      return "1f1b";
+    case PipeSchedule::interleaved:
+      return "interleaved";
+  }
+  return "unknown";
+}
+
+std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int stage,
+                                          int micro_batches, int virtual_stages) {
+  check_shape(schedule, stages, micro_batches, virtual_stages);
+  check_stage(prefix(schedule), stages, stage);
+  switch (schedule) {
+    case PipeSchedule::gpipe:
+      return gpipe(micro_batches);
+    case PipeSchedule::one_f_one_b:
+      return one_f_one_b(stages, stage, micro_batches);
+    case PipeSchedule::interleaved:
+      return interleaved(stages, stage, micro_batches, virtual_stages);
+  }
+  fail("pipeline schedule: unknown schedule");
+}
+
+int global_chunk(int stages, int stage, int chunk) {
+  if (stages < 1) fail("global_chunk: stages must be >= 1 (got " + std::to_string(stages) + ")");
+  check_stage("global_chunk: ", stages, stage);
+  if (chunk < 0) fail("global_chunk: chunk must be >= 0 (got " + std::to_string(chunk) + ")");
+  return chunk * stages + stage;
+}
+
+int max_in_flight(const std::vector<PipeAction>& actions) {
+  return max_in_flight_where(actions, 0, true);
+}
+
+int max_in_flight(const std::vector<PipeAction>& actions, int chunk) {
+  return max_in_flight_where(actions, chunk, false);
+}
+
+PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank_actions,
+                                int micro_batches, int virtual_stages, double forward_cost,
+                                double backward_cost) {
+  check_actions(rank_actions, micro_batches, virtual_stages);
+  if (forward_cost < 0 || backward_cost < 0) fail("pipeline simulation: costs must be >= 0");
+  const int stages = static_cast<int>(rank_actions.size());
+  Timeline timeline(stages * virtual_stages, micro_batches);
+  std::vector<std::size_t> next(stages, 0);
+  std::vector<double> clock(stages, 0.0);
+  PipeSimulation sim;
+  sim.busy.assign(stages, 0.0);
+  // An action starts when its rank is free and its dependencies are done, so its time depends only
+  // on those; relaxing ranks in any order until none can progress gives the times an event queue
+  // would, and a rank left with actions is deadlocked.
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int s = 0; s < stages; ++s) {
+      while (next[s] < rank_actions[s].size()) {
+        const PipeAction& a = rank_actions[s][next[s]];
+        const int k = global_chunk(stages, s, a.chunk);
+        const double ready = timeline.ready_time(a, k);
+        if (ready < 0) break;
+        const double cost = (a.forward ? forward_cost : backward_cost) / virtual_stages;
+        clock[s] = std::max(clock[s], ready) + cost;
+        sim.busy[s] += cost;
+        timeline.finish(a, k, clock[s]);
+        ++next[s];
+        progressed = true;
+      }
+    }
+  }
+  for (int s = 0; s < stages; ++s) sim.deadlock = sim.deadlock || next[s] < rank_actions[s].size();
+  sim.makespan = *std::max_element(clock.begin(), clock.end());
+  for (int s = 0; s < stages; ++s) sim.idle.push_back(sim.makespan - sim.busy[s]);
+  return sim;
+}
+
+PipeSimulation simulate_pipeline(PipeSchedule schedule, int stages, int micro_batches,
+                                 int virtual_stages, double forward_cost, double backward_cost) {
+  check_shape(schedule, stages, micro_batches, virtual_stages);
+  std::vector<std::vector<PipeAction>> rank_actions;
+  for (int s = 0; s < stages; ++s)
+    rank_actions.push_back(pipeline_schedule(schedule, stages, s, micro_batches, virtual_stages));
+  return simulate_actions(rank_actions, micro_batches, virtual_stages, forward_cost, backward_cost);
+}
+
+double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_batches,
+                                 int virtual_stages) {
+  check_shape(schedule, stages, micro_batches, virtual_stages);
+  // Ramp-up plus ramp-down of the ideal pipeline lasts (p - 1) chunk slots of f + b; a chunk slot
+  // is 1 / v of a full stage, and the step's useful work is v * m chunk slots.
+  const double p = stages, work = double(virtual_stages) * micro_batches;
+  return (p - 1) / (work + p - 1);
+}
+
+}  // namespace strata::pp

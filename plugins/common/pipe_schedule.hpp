@@ -1,0 +1,81 @@
+// Pipeline-parallel schedules as Megatron-LM defines them, and a simulator that replays them.
+//
+// Pure and dependency-free, so the planner, the engine and the unit tests share one definition of
+// the order in which each pipeline rank runs its forwards and backwards:
+//   gpipe        all forwards, then all backwards (GPipe); a rank holds every micro-batch
+//   1f1b         PipeDream-Flush (Megatron forward_backward_pipelining_without_interleaving):
+//                warm-up forwards, then one forward / one backward, then cool-down backwards
+//   interleaved  Megatron forward_backward_pipelining_with_interleaving: each rank holds
+//                virtual_stages model chunks (global chunk k on rank k % stages), which divides
+//                the bubble by virtual_stages
+//
+// All functions throw std::invalid_argument with one line naming the bad argument.
+#pragma once
+#include <vector>
+
+namespace strata::pp {
+
+enum class PipeSchedule { gpipe, one_f_one_b, interleaved };
+
+// One compute action of one pipeline rank: forward or backward of micro-batch `micro` through the
+// rank's local model chunk `chunk` (0..virtual_stages-1; always 0 unless interleaved).
+struct PipeAction {
+  bool forward = true;
+  int micro = 0;
+  int chunk = 0;
+  bool operator==(const PipeAction&) const = default;
+};
+
+// Returns the ordered list of actions that pipeline rank `stage` (0..stages-1) executes in one
+// training step: every (micro, chunk) forward and backward exactly once, each forward before its
+// backward. virtual_stages must be 1 for gpipe and 1f1b; interleaved needs micro_batches to be a
+// multiple of stages (as Megatron-LM requires).
+std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int stage,
+                                          int micro_batches, int virtual_stages = 1);
+
+// Returns the global model chunk index of local chunk `chunk` on rank `stage`:
+// chunk * stages + stage. Forward data flows from global chunk k to k + 1 (on rank
+// (k + 1) % stages); gradients flow the other way.
+int global_chunk(int stages, int stage, int chunk);
+
+// Returns the maximum, over the step, of the number of (micro, chunk) pairs whose forward has run
+// and whose backward has not, on one rank's action list: the activations it holds at once.
+int max_in_flight(const std::vector<PipeAction>& actions);
+
+// The same as max_in_flight(actions), counting only the pairs of local chunk `chunk`.
+int max_in_flight(const std::vector<PipeAction>& actions, int chunk);
+
+struct PipeSimulation {
+  double makespan = 0;       // time when the last action of any rank ends
+  std::vector<double> busy;  // per rank: total compute time
+  std::vector<double> idle;  // per rank: makespan - busy (the bubble)
+  bool deadlock = false;     // true if some rank can never run its next action
+};
+
+// Returns the simulation of all ranks executing their lists from pipeline_schedule in order, with
+// sends that never block (as with asynchronous sends) and zero transfer time. One forward of one
+// chunk costs forward_cost / virtual_stages, one backward backward_cost / virtual_stages.
+// Dependencies (k = global chunk): F(m, k) needs F(m, k - 1) done (k = 0 needs nothing);
+// B(m, k) needs F(m, k) done on the same rank and B(m, k + 1) done (the last global chunk needs
+// only its own forward). Costs must be >= 0.
+PipeSimulation simulate_pipeline(PipeSchedule schedule, int stages, int micro_batches,
+                                 int virtual_stages = 1, double forward_cost = 1.0,
+                                 double backward_cost = 2.0);
+
+// Returns the same simulation for arbitrary per-rank action lists (rank_actions[s] is rank s's
+// list; rank_actions.size() is the number of stages), e.g. to check a hand-made order for
+// deadlock. Every action's micro must be in [0, micro_batches) and chunk in [0, virtual_stages).
+PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank_actions,
+                                int micro_batches, int virtual_stages = 1,
+                                double forward_cost = 1.0, double backward_cost = 2.0);
+
+// Returns the predicted bubble fraction (idle time / step time) of the ideal pipeline with uniform
+// chunk costs: (p - 1) / (m + p - 1) for gpipe and 1f1b, (p - 1) / (v * m + p - 1) for
+// interleaved (Megatron-LM paper: bubble time (p - 1) * (f + b) / v).
+double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_batches,
+                                 int virtual_stages = 1);
+
+// Returns "gpipe", "1f1b" or "interleaved".
+const char* schedule_name(PipeSchedule schedule);
+
+}  // namespace strata::pp

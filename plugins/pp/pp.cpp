@@ -1,0 +1,73 @@
+// pp: pipeline parallelism, Megatron-LM's schedules over contiguous stage ranges of units, with
+// data parallelism outside (--mesh dp=D,pp=P) and tensor parallelism inside each stage
+// (--mesh dp=D,tp=T,pp=P).
+//   gpipe        all forwards, then all backwards: holds every micro-batch's activations
+//   1f1b         PipeDream-Flush: warm-up forwards, then one forward / one backward; stage s holds
+//                at most pp - s micro-batches
+//   interleaved  1f1b over virtual_stages chunks per rank (chunk k on rank k mod pp): the bubble
+//                shrinks by the number of virtual stages, at the price of more sends
+// Activations and their gradients go point to point; the tied embedding / LM-head gradient is
+// exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
+#include "../common/model_parallel.hpp"
+
+namespace {
+
+using namespace strata;
+
+std::vector<OptionSpec> options(bool interleaved) {
+  std::vector<OptionSpec> o = {
+      {"microbatches",
+       OptionType::integer,
+       "0",
+       "micro-batches per step; 0 = --global-batch / (--micro-batch x dp), which it must equal",
+       {}},
+      {"stage_layers",
+       OptionType::string,
+       "",
+       "blocks per pipeline chunk in order, e.g. 3,3,3,3 (pp x virtual_stages entries); empty = "
+       "balanced",
+       {}},
+      {"sp",
+       OptionType::choice,
+       "off",
+       "sequence parallelism inside each stage's tensor-parallel group",
+       {"on", "off"}}};
+  if (interleaved)
+    o.push_back({"virtual_stages",
+                 OptionType::integer,
+                 "2",
+                 "model chunks per rank (Megatron's virtual pipeline size)",
+                 {}});
+  return o;
+}
+
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "pp",
+      "pipeline parallelism: GPipe, 1F1B and interleaved 1F1B schedules",
+      {{"gpipe", "all forwards then all backwards (GPipe); holds m micro-batches", options(false)},
+       {"1f1b", "one forward, one backward (PipeDream-Flush); holds at most pp micro-batches",
+        options(false)},
+       {"interleaved", "1F1B over virtual stages (Megatron-LM interleaved schedule)",
+        options(true)}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
+  mp::MpConfig c;
+  c.strategy = name;
+  c.pipeline = true;
+  c.schedule = name == "gpipe"  ? pp::PipeSchedule::gpipe
+               : name == "1f1b" ? pp::PipeSchedule::one_f_one_b
+                                : pp::PipeSchedule::interleaved;
+  c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages")) : 1;
+  c.sequence_parallel = o.get("sp") == "on";
+  c.stage_layers = mp::parse_stage_layers(o.get("stage_layers"));
+  c.microbatches = int(o.get_int("microbatches"));
+  return std::make_unique<mp::MpStrategy>(c);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)

@@ -1,0 +1,39 @@
+// tp: Megatron-LM tensor parallelism, with data parallelism outside it (--mesh dp=D,tp=T).
+// QKV and FC1 column-parallel (attention heads split across ranks), proj and FC2 row-parallel,
+// vocab-parallel embedding and cross-entropy for the tied embedding / LM head; one all-reduce in
+// forward and one in backward per sub-block. sp=on: sequence parallelism (all-gather and
+// reduce-scatter in place of each all-reduce, LayerNorm and residual on token-row shards).
+// The model and the step live in plugins/common/model_parallel and core's StageModel.
+#include "../common/model_parallel.hpp"
+
+namespace {
+
+using namespace strata;
+
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "tp",
+      "Megatron-LM tensor parallelism (optionally sequence parallel), data parallel outside",
+      {{"tp",
+        "column/row-parallel blocks, vocab-parallel embedding and loss; --mesh dp=D,tp=T",
+        {{"sp",
+          OptionType::choice,
+          "off",
+          "sequence parallelism: all-gather / reduce-scatter instead of all-reduce, LayerNorm on "
+          "token-row shards",
+          {"on", "off"}}}}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
+  mp::MpConfig c;
+  c.strategy = name;
+  c.pipeline = false;
+  c.sequence_parallel = o.get("sp") == "on";
+  return std::make_unique<mp::MpStrategy>(c);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)

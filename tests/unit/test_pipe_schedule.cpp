@@ -1,0 +1,239 @@
+// Megatron-LM's pipeline schedules, checked without running: every rank runs each forward and
+// backward once, activations in flight follow the schedule's warm-up, and the simulated step
+// (non-blocking sends, zero transfer time) never deadlocks and has exactly the bubble the
+// Megatron-LM paper predicts: (p - 1) / (m + p - 1), or (p - 1) / (v * m + p - 1) interleaved.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipe_schedule.hpp"
+
+using namespace strata::pp;
+
+namespace {
+
+struct Shape {
+  PipeSchedule schedule;
+  int stages, micro_batches, virtual_stages;
+};
+
+std::string describe(const Shape& s) {
+  return std::string(schedule_name(s.schedule)) + " p=" + std::to_string(s.stages) +
+         " m=" + std::to_string(s.micro_batches) + " v=" + std::to_string(s.virtual_stages);
+}
+
+// stages {1, 2, 4} x m {1, 2, 4, 8}; interleaved where m is a multiple of stages, v {2, 3}.
+std::vector<Shape> all_shapes() {
+  std::vector<Shape> shapes;
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 4, 8}) {
+      shapes.push_back({PipeSchedule::gpipe, p, m, 1});
+      shapes.push_back({PipeSchedule::one_f_one_b, p, m, 1});
+      if (m % p == 0)
+        for (int v : {2, 3}) shapes.push_back({PipeSchedule::interleaved, p, m, v});
+    }
+  return shapes;
+}
+
+std::vector<PipeAction> schedule_of(const Shape& s, int stage) {
+  return pipeline_schedule(s.schedule, s.stages, stage, s.micro_batches, s.virtual_stages);
+}
+
+// Compact spelling for expected lists: F(micro) / B(micro) on chunk 0, or with a chunk.
+PipeAction F(int micro, int chunk = 0) { return {true, micro, chunk}; }
+PipeAction B(int micro, int chunk = 0) { return {false, micro, chunk}; }
+
+// Megatron's interleaved warm-up, restated for the in-flight check.
+int interleaved_warmup(int p, int stage, int m, int v) {
+  if (m == p) return m * v;
+  return std::min((p - stage - 1) * 2 + (v - 1) * p, m * v);
+}
+
+}  // namespace
+
+TEST(PipeSchedule, Names) {
+  EXPECT_STREQ(schedule_name(PipeSchedule::gpipe), "gpipe");
+  EXPECT_STREQ(schedule_name(PipeSchedule::one_f_one_b), "1f1b");
+  EXPECT_STREQ(schedule_name(PipeSchedule::interleaved), "interleaved");
+}
+
+TEST(PipeSchedule, GlobalChunkIsChunkTimesStagesPlusStage) {
+  EXPECT_EQ(global_chunk(1, 0, 0), 0);
+  EXPECT_EQ(global_chunk(4, 0, 0), 0);
+  EXPECT_EQ(global_chunk(4, 3, 0), 3);
+  EXPECT_EQ(global_chunk(4, 0, 1), 4);
+  EXPECT_EQ(global_chunk(4, 2, 2), 10);
+  EXPECT_THROW(global_chunk(4, 4, 0), std::invalid_argument);
+  EXPECT_THROW(global_chunk(4, 0, -1), std::invalid_argument);
+}
+
+TEST(PipeSchedule, EveryPairOnceForwardBeforeBackward) {
+  for (const Shape& s : all_shapes())
+    for (int stage = 0; stage < s.stages; ++stage) {
+      SCOPED_TRACE(describe(s) + " stage " + std::to_string(stage));
+      const std::vector<PipeAction> actions = schedule_of(s, stage);
+      ASSERT_EQ(actions.size(), std::size_t(2 * s.micro_batches * s.virtual_stages));
+      std::map<std::pair<int, int>, int> forward_at, backward_at;
+      for (int i = 0; i < int(actions.size()); ++i) {
+        const PipeAction& a = actions[i];
+        ASSERT_GE(a.micro, 0);
+        ASSERT_LT(a.micro, s.micro_batches);
+        ASSERT_GE(a.chunk, 0);
+        ASSERT_LT(a.chunk, s.virtual_stages);
+        auto& seen = a.forward ? forward_at : backward_at;
+        ASSERT_TRUE(seen.emplace(std::pair(a.micro, a.chunk), i).second) << "repeated action";
+      }
+      ASSERT_EQ(forward_at.size(), std::size_t(s.micro_batches * s.virtual_stages));
+      ASSERT_EQ(backward_at.size(), forward_at.size());
+      for (const auto& [pair, at] : forward_at) EXPECT_LT(at, backward_at.at(pair));
+    }
+}
+
+TEST(PipeSchedule, GpipeHoldsEveryMicroBatch) {
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 4, 8})
+      for (int stage = 0; stage < p; ++stage) {
+        const auto actions = pipeline_schedule(PipeSchedule::gpipe, p, stage, m);
+        EXPECT_EQ(max_in_flight(actions), m);
+        EXPECT_EQ(max_in_flight(actions, 0), m);
+      }
+}
+
+TEST(PipeSchedule, OneFOneBHoldsAtMostStagesMinusStage) {
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 4, 8})
+      for (int stage = 0; stage < p; ++stage) {
+        const auto actions = pipeline_schedule(PipeSchedule::one_f_one_b, p, stage, m);
+        EXPECT_EQ(max_in_flight(actions), std::min(p - stage, m)) << p << " " << m << " " << stage;
+        EXPECT_LE(max_in_flight(actions), p);
+      }
+}
+
+TEST(PipeSchedule, InterleavedHoldsWarmupPlusOne) {
+  for (int p : {1, 2, 4})
+    for (int m : {4, 8})
+      for (int v : {2, 3})
+        for (int stage = 0; stage < p; ++stage) {
+          const auto actions = pipeline_schedule(PipeSchedule::interleaved, p, stage, m, v);
+          // Steady state runs one forward before each backward, so it adds one to the warm-up.
+          const int expected = std::min(interleaved_warmup(p, stage, m, v) + 1, m * v);
+          EXPECT_EQ(max_in_flight(actions), expected) << p << " " << m << " " << v << " " << stage;
+        }
+  // Per chunk, stage 0 of p=4, m=8, v=2: the warm-up of 10 runs chunk 0 micros 0-3, chunk 1
+  // micros 0-3, chunk 0 micros 4-5; steady state adds chunk 0 micro 6 before the first backward
+  // (chunk 1 micro 0), and chunk 0 fills to all 8 micros before its first backward.
+  const auto stage0 = pipeline_schedule(PipeSchedule::interleaved, 4, 0, 8, 2);
+  EXPECT_EQ(max_in_flight(stage0), 11);
+  EXPECT_EQ(max_in_flight(stage0, 0), 8);
+  EXPECT_EQ(max_in_flight(stage0, 1), 4);
+}
+
+TEST(PipeSchedule, HandWrittenLists) {
+  using List = std::vector<PipeAction>;
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::gpipe, 4, 2, 3),
+            (List{F(0), F(1), F(2), B(0), B(1), B(2)}));
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::one_f_one_b, 4, 0, 8),
+            (List{F(0), F(1), F(2), F(3), B(0), F(4), B(1), F(5), B(2), F(6), B(3), F(7), B(4),
+                  B(5), B(6), B(7)}));
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::one_f_one_b, 4, 3, 8),
+            (List{F(0), B(0), F(1), B(1), F(2), B(2), F(3), B(3), F(4), B(4), F(5), B(5), F(6),
+                  B(6), F(7), B(7)}));
+  // Fewer micro-batches than the warm-up: all forwards, then all backwards.
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::one_f_one_b, 4, 0, 2), (List{F(0), F(1), B(0), B(1)}));
+  // Interleaved p=2, v=2, m=4: groups of 2 micro-batches through chunk 0 then chunk 1; backwards
+  // from chunk 1 down. Stage 0 warms up 2 * 1 + 1 * 2 = 4 forwards, stage 1 warms up 2.
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::interleaved, 2, 0, 4, 2),
+            (List{F(0, 0), F(1, 0), F(0, 1), F(1, 1), F(2, 0), B(0, 1), F(3, 0), B(1, 1), F(2, 1),
+                  B(0, 0), F(3, 1), B(1, 0), B(2, 1), B(3, 1), B(2, 0), B(3, 0)}));
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::interleaved, 2, 1, 4, 2),
+            (List{F(0, 0), F(1, 0), F(0, 1), B(0, 1), F(1, 1), B(1, 1), F(2, 0), B(0, 0), F(3, 0),
+                  B(1, 0), F(2, 1), B(2, 1), F(3, 1), B(3, 1), B(2, 0), B(3, 0)}));
+  // m == p: Megatron runs all forwards, then all backwards.
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::interleaved, 2, 1, 2, 2),
+            (List{F(0, 0), F(1, 0), F(0, 1), F(1, 1), B(0, 1), B(1, 1), B(0, 0), B(1, 0)}));
+}
+
+TEST(PipeSchedule, SimulationNeverDeadlocks) {
+  for (const Shape& s : all_shapes()) {
+    const PipeSimulation sim =
+        simulate_pipeline(s.schedule, s.stages, s.micro_batches, s.virtual_stages);
+    EXPECT_FALSE(sim.deadlock) << describe(s);
+    ASSERT_EQ(sim.busy.size(), std::size_t(s.stages));
+    ASSERT_EQ(sim.idle.size(), std::size_t(s.stages));
+  }
+}
+
+TEST(PipeSchedule, SimulatedBubbleMatchesPaper) {
+  const double f = 1.0, b = 2.0;
+  for (const Shape& s : all_shapes()) {
+    SCOPED_TRACE(describe(s));
+    const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
+    const PipeSimulation sim = simulate_pipeline(s.schedule, p, m, v, f, b);
+    // Useful work m * (f + b) per rank, plus the ramp of (p - 1) chunk slots of (f + b) / v.
+    EXPECT_NEAR(sim.makespan, m * (f + b) + (p - 1) * (f + b) / v, 1e-12);
+    const double expected = double(p - 1) / (v * m + p - 1);
+    EXPECT_NEAR(predicted_bubble_fraction(s.schedule, p, m, v), expected, 1e-15);
+    for (int r = 0; r < p; ++r) {
+      EXPECT_NEAR(sim.busy[r], m * (f + b), 1e-12) << "rank " << r;
+      EXPECT_NEAR(sim.idle[r] / sim.makespan, expected, 1e-12) << "rank " << r;
+    }
+  }
+}
+
+TEST(PipeSchedule, SimulatedBubbleStages4Micro8) {
+  const auto fraction = [](PipeSchedule schedule, int v) {
+    const PipeSimulation sim = simulate_pipeline(schedule, 4, 8, v);
+    return sim.idle[0] / sim.makespan;
+  };
+  EXPECT_NEAR(fraction(PipeSchedule::gpipe, 1), 3.0 / 11, 1e-12);
+  EXPECT_NEAR(fraction(PipeSchedule::one_f_one_b, 1), 3.0 / 11, 1e-12);
+  EXPECT_NEAR(fraction(PipeSchedule::interleaved, 2), 3.0 / 19, 1e-12);
+  EXPECT_NEAR(simulate_pipeline(PipeSchedule::interleaved, 4, 8, 2).makespan, 28.5, 1e-12);
+}
+
+TEST(PipeSchedule, SimulationDetectsDeadlock) {
+  // Rank 0's backward of micro 0 waits for rank 1's, which runs after rank 1's forward of micro 1,
+  // which waits for rank 0's forward of micro 1, which runs after rank 0's backward of micro 0.
+  const std::vector<std::vector<PipeAction>> lists = {{F(0), B(0), F(1), B(1)},
+                                                      {F(1), B(1), F(0), B(0)}};
+  EXPECT_TRUE(simulate_actions(lists, 2).deadlock);
+  // The 1f1b order of the same two ranks runs.
+  const std::vector<std::vector<PipeAction>> good = {{F(0), F(1), B(0), B(1)},
+                                                     {F(0), B(0), F(1), B(1)}};
+  const PipeSimulation sim = simulate_actions(good, 2);
+  EXPECT_FALSE(sim.deadlock);
+  EXPECT_DOUBLE_EQ(sim.makespan, 9.0);
+  EXPECT_THROW(simulate_actions(lists, 1), std::invalid_argument);  // micro 1 out of range
+}
+
+TEST(PipeSchedule, InvalidArgumentsThrow) {
+  const auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no throw");
+  };
+  EXPECT_EQ(message([] { pipeline_schedule(PipeSchedule::interleaved, 4, 0, 6, 2); }),
+            "interleaved schedule: micro-batches (6) must be a multiple of pipeline stages (4)");
+  EXPECT_EQ(message([] { pipeline_schedule(PipeSchedule::interleaved, 4, 0, 8, 0); }),
+            "interleaved schedule: virtual_stages must be >= 1 (got 0)");
+  EXPECT_EQ(message([] { pipeline_schedule(PipeSchedule::one_f_one_b, 4, 4, 8); }),
+            "1f1b schedule: stage (4) must be in [0, 4)");
+  EXPECT_EQ(message([] { pipeline_schedule(PipeSchedule::gpipe, 4, 0, 0); }),
+            "gpipe schedule: micro_batches must be >= 1 (got 0)");
+  EXPECT_EQ(message([] { pipeline_schedule(PipeSchedule::gpipe, 4, 0, 8, 2); }),
+            "gpipe schedule: virtual_stages must be 1 (got 2)");
+  EXPECT_THROW(pipeline_schedule(PipeSchedule::one_f_one_b, 4, -1, 8), std::invalid_argument);
+  EXPECT_THROW(pipeline_schedule(PipeSchedule::one_f_one_b, 0, 0, 8), std::invalid_argument);
+  EXPECT_THROW(simulate_pipeline(PipeSchedule::interleaved, 4, 6, 2), std::invalid_argument);
+  EXPECT_THROW(simulate_pipeline(PipeSchedule::gpipe, 4, 8, 1, -1.0), std::invalid_argument);
+  EXPECT_THROW(predicted_bubble_fraction(PipeSchedule::interleaved, 4, 6, 2),
+               std::invalid_argument);
+}
