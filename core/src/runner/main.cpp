@@ -58,6 +58,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   double worst_total = 0;
   int worst_rank = 0;
   std::string notes;
+  double bubble = -1;
   for (int r = 0; r < world; ++r) {
     Prediction p = strategy.predict(PredictInput{c.mesh, c.model, c.train, r});
     double total = 0;
@@ -67,7 +68,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
     }
     if (total > worst_total) worst_total = total, worst_rank = r;
     for (const auto& [op, b] : p.comm_bytes_per_step) comm[op] = std::max(comm[op], b);
-    if (r == 0) notes = p.notes;
+    if (r == 0) notes = p.notes, bubble = p.bubble_fraction;
   }
   std::printf(
       "dry run: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
@@ -85,6 +86,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   if (comm.empty()) std::printf("  none\n");
   for (const auto& [op, b] : comm)
     std::printf("  %-13s %14.0f bytes  %12s\n", op.c_str(), b, human_bytes(b).c_str());
+  if (bubble >= 0) std::printf("predicted pipeline bubble: %.1f%% of a step\n", 100 * bubble);
   if (!notes.empty()) std::printf("notes: %s\n", notes.c_str());
   if (c.memory_limit > 0) {
     bool fits = worst_total <= c.memory_limit;
