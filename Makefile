@@ -5,7 +5,8 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 RUNNER = $(BUILD)/bin/runner
 OUT   ?= results/local
-# The main job: ddp and dp on 4 local ranks (2 virtual nodes x 2), tiny model.
+# The main job: ddp, dp, tp (dp2 x tp2) and 1f1b (dp2 x pp2) on 4 local ranks (2 virtual nodes x 2),
+# tiny model.
 RUN_ARGS ?= --nodes 2 --ranks-per-node 2 --model tiny --steps 30 --out $(OUT)
 
 .PHONY: all deps configure build run test install clean
@@ -27,6 +28,8 @@ run: build
 	$(RUNNER) --list-plugins
 	$(RUNNER) --plugin ddp $(RUN_ARGS)
 	$(RUNNER) --plugin dp $(RUN_ARGS)
+	$(RUNNER) --plugin tp --mesh dp=2,tp=2 --plugin-opt sp=on $(RUN_ARGS)
+	$(RUNNER) --plugin 1f1b --mesh dp=2,pp=2 --micro-batch 2 --global-batch 16 $(RUN_ARGS)
 	@echo "run files in $(OUT)/"
 
 test: build
