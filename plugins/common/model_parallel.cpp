@@ -301,7 +301,8 @@ class Engine {
     {
       // The stage's own sends, then the end-of-step meeting with the other stages: both are the
       // pipeline draining (the last stage waits here for the first to finish its backward).
-      PhaseTimer idle(ctx, Phase::bubble);
+      std::optional<PhaseTimer> idle;
+      if (plan_.P > 1) idle.emplace(ctx, Phase::bubble);
       for (std::size_t c = 0; c < chunks_.size(); ++c)
         for (std::size_t s = 0; s < pending_[c].size(); ++s) wait_sends(ctx, int(c), int(s));
       exchange_tied_grads(ctx, pp);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# results/summary on a generated study: three good runs, a failed run, a truncated file and a file
+# of another schema. The good runs are rows (values as in the files), the others are listed on
+# stderr with their reason, and nothing crashes.
+# usage: summary.sh RESULTS_DIR E2E_DIR WORK_DIR
+set -eu
+tools=$1 e2e=$2 work=$3
+py=/usr/bin/python3
+rm -rf "$work" && mkdir -p "$work/study/sub"
+cp "$e2e/reference.h5" "$e2e/ddp.np2.h5" "$work/study/"
+cp "$e2e/tp.np2.h5" "$work/study/sub/"        # directories are searched recursively
+cp "$e2e/fail.throw.h5" "$work/study/"
+head -c 4096 "$e2e/ddp.np4.h5" > "$work/study/truncated.h5"
+"$py" -c "import h5py; h5py.File('$work/study/other.h5', 'w').attrs['schema'] = 'other/9'"
+
+fail() { echo "FAIL: $*"; exit 1; }
+"$tools/summary" "$work/study" > "$work/out.txt" 2> "$work/err.txt" || fail "exit code $?"
+cat "$work/out.txt" "$work/err.txt"
+[[ $(wc -l < "$work/out.txt") -eq 4 ]] || fail "expected a header and 3 rows"
+for id in reference ddp.np2 tp.np2; do grep -q "^$id " "$work/out.txt" || fail "no row for $id"; done
+grep -q "fail.throw.h5: status failed: rank 1: faulty plugin" "$work/err.txt" || fail "failed run not listed"
+grep -q "truncated.h5: unreadable or partial" "$work/err.txt" || fail "truncated file not listed"
+grep -q "other.h5: schema 'other/9'" "$work/err.txt" || fail "other schema not listed"
+
+# --csv carries the file's own numbers.
+"$tools/summary" --csv "$work/study/ddp.np2.h5" > "$work/out.csv"
+"$py" - "$work/out.csv" "$work/study/ddp.np2.h5" <<'PY' || fail "csv values differ from the file"
+import csv, sys, h5py
+row = next(csv.DictReader(open(sys.argv[1])))
+s = h5py.File(sys.argv[2])["summary"].attrs
+assert row["strategy"] == "ddp" and row["ranks"] == "2", row
+for k in ("tokens_per_s", "mfu", "loss_first", "loss_last"):
+    assert float(row[k]) == float(s[k]), (k, row[k], s[k])
+print("csv: values equal the run file's /summary")
+PY
+# Nothing usable: exit 1, but still no crash.
+if "$tools/summary" "$work/study/truncated.h5" 2>/dev/null; then fail "exit 0 with no usable run"; fi
+echo "summary: 3 runs, 3 files skipped with their reasons"
