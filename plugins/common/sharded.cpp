@@ -107,7 +107,6 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
   Model& model = ctx.model();
   const ParamLayout& layout = model.layout();
   const float scale = float(grad_scale(ctx));
-  double t_forward = 0, t_backward = 0;
   for (const Action& a : schedule_) {
     const int g = a.index;
     switch (a.act) {
@@ -119,17 +118,15 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         gather_done_[g].reset();
         break;
       case Act::forward: {
-        double t0 = now();
+        PhaseTimer t(ctx, Phase::forward);  // one interval per unit: the --trace timeline
         model.forward(g, param_ptrs_, mb);
-        t_forward += now() - t0;
         if (g == layout.num_units() - 1)
           ctx.report_loss(model.loss_sum(), double(mb.batch) * mb.seq);
         break;
       }
       case Act::backward: {
-        double t0 = now();
+        PhaseTimer t(ctx, Phase::backward);
         model.backward(g, param_ptrs_, grad_ptrs_, mb, scale);
-        t_backward += now() - t0;
         break;
       }
       case Act::free_params:
@@ -150,8 +147,6 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         break;
     }
   }
-  ctx.add_phase_time(Phase::forward, t_forward);
-  ctx.add_phase_time(Phase::backward, t_backward);
 }
 
 void Engine::update(Context& ctx, int step) {
