@@ -7,6 +7,7 @@ reason and skipped: a study with a failed configuration is still a study.
 import os
 
 import h5py
+import numpy as np
 
 SCHEMA = "strata-run/1"
 
@@ -25,6 +26,19 @@ class Run:
         self.config = {k: _text(v) for k, v in f["config"].attrs.items()}
         self.summary = {k: float(v) for k, v in f["summary"].attrs.items()
                         if not k.endswith(".unit")}
+        # Arrays for the figures: [ranks x steps] per metric, timed steps only where it matters.
+        self.steps = {k: np.asarray(f["steps"][k]) for k in f["steps"].keys()}
+        self.warmup = int(self.config.get("warmup", "0"))
+        self.comm_time = {op: np.asarray(f["comm"][op]["time_s"]) for op in f["comm"].keys()}
+        self.memory_tags = [_text(t) for t in f["memory"].attrs["tags"]]
+        self.memory_peak = np.asarray(f["memory"]["peak_bytes"])            # [ranks x tags]
+        self.memory_predicted = np.asarray(f["memory"]["predicted_bytes"])  # [tags]
+        self.trace = None
+        if "trace" in f:
+            t = f["trace"]
+            self.trace = {k: np.asarray(t[k]) for k in ("rank", "t0", "t1", "bytes")}
+            for k in ("stream", "kind", "name"):
+                self.trace[k] = [_text(v) for v in t[k][...]]
 
     @property
     def strategy(self):
@@ -33,6 +47,14 @@ class Run:
     @property
     def ranks(self):
         return int(self.config.get("world", "0"))
+
+    @property
+    def label(self):
+        return "%s@%d" % (self.strategy, self.ranks)
+
+    def timed(self, metric):
+        """Per-step mean over ranks of a /steps metric, timed steps only."""
+        return self.steps[metric][:, self.warmup:].mean(axis=0)
 
     @property
     def mesh(self):

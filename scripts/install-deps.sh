@@ -8,7 +8,8 @@ packages=(
   libboost-dev libboost-program-options-dev libboost-filesystem-dev  # CLI, Boost.DLL
   libopenblas-dev                       # CBLAS for the CPU backend
   libgtest-dev libbenchmark-dev         # tests and micro-benchmarks
-  python3-h5py python3-numpy            # results/ archive tools (Debian's /usr/bin/python3)
+  python3-h5py python3-numpy python3-matplotlib  # results/ tools (Debian's /usr/bin/python3)
+  file                                  # tests check figure file types
 )
 missing=()
 for p in "${packages[@]}"; do
