@@ -30,7 +30,8 @@ run: build
 	$(RUNNER) --plugin dp $(RUN_ARGS)
 	$(RUNNER) --plugin tp --mesh dp=2,tp=2 --plugin-opt sp=on $(RUN_ARGS)
 	$(RUNNER) --plugin 1f1b --mesh dp=2,pp=2 --micro-batch 2 --global-batch 16 $(RUN_ARGS)
-	@echo "run files in $(OUT)/"
+	results/plot $(OUT)
+	@echo "run files in $(OUT)/, figures and report.html in $(OUT)/figures/"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
