@@ -8,6 +8,7 @@
 #include <numbers>
 
 #include "cpu/layers.hpp"
+#include "model_parts.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -43,23 +44,6 @@ void validate(const ModelSpec& s) {
   }
 }
 
-// Tensors of one block, in flat order. Model relies on this order (kBlock* indices below).
-enum BlockTensor {
-  kLn1W,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kProjW,
-  kProjB,
-  kLn2W,
-  kLn2B,
-  kFcW,
-  kFcB,
-  kFcprojW,
-  kFcprojB,
-  kBlockTensors
-};
-
 // --- Deterministic initialisation: a counter-based generator keyed by (seed, tensor id, index).
 
 std::uint64_t splitmix64(std::uint64_t x) {
@@ -87,18 +71,7 @@ std::uint64_t tensor_key(std::uint64_t seed, int tensor_id) {
   return splitmix64(seed ^ splitmix64(0xD1B54A32D192ED03ull * std::uint64_t(tensor_id + 1)));
 }
 
-// --- Activation memory plan. One buffer is carved into 64-byte aligned pieces; running the same
-// carve with a null base counts the floats, so activation_bytes() is exact by construction.
-
-struct Carver {
-  float* base = nullptr;
-  std::size_t used = 0;  // floats
-  float* take(std::size_t n) {
-    float* p = base ? base + used : nullptr;
-    used += (n + 15) / 16 * 16;
-    return p;
-  }
-};
+// --- Activation memory plan: one buffer carved into pieces (Carver, model_parts.hpp).
 
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd;  // [N,C], [N], [N]

@@ -10,27 +10,11 @@
 
 #include "cpu/layers.hpp"
 #include "cpu/vecmath.hpp"
+#include "model_parts.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
 namespace {
-
-// Tensors of a block in ParamLayout order (as in model.cpp).
-enum BlockTensor {
-  kLn1W,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kProjW,
-  kProjB,
-  kLn2W,
-  kLn2B,
-  kFcW,
-  kFcB,
-  kFcprojW,
-  kFcprojB,
-  kBlockTensors
-};
 
 ShardKind block_shard(int k) {
   switch (k) {
@@ -47,17 +31,6 @@ ShardKind block_shard(int k) {
       return ShardKind::replicated;
   }
 }
-
-// Carves 64-byte aligned pieces from one buffer; with a null base it only counts.
-struct Carver {
-  float* base = nullptr;
-  std::size_t used = 0;
-  float* take(std::size_t n) {
-    float* p = base ? base + used : nullptr;
-    used += (n + 15) / 16 * 16;
-    return p;
-  }
-};
 
 // Sizes of one partition. N = B*T token rows; Nl the rows of the residual stream on this rank.
 struct Dims {
@@ -549,11 +522,16 @@ StageModel::~StageModel() = default;
 const Partition& StageModel::partition() const { return impl_->part; }
 bool StageModel::has_embedding() const { return impl_->d.embedding; }
 bool StageModel::has_head() const { return impl_->d.head; }
+bool StageModel::needs_tokens() const { return impl_->d.embedding || impl_->d.head; }
 const std::vector<LocalTensor>& StageModel::tensors() const { return impl_->tensors; }
 std::size_t StageModel::param_count() const { return impl_->count; }
 std::size_t StageModel::wte_offset() const { return impl_->wte_off; }
 std::size_t StageModel::wte_count() const { return impl_->have_wte ? impl_->d.Vl * impl_->d.C : 0; }
 std::size_t StageModel::boundary_count() const { return impl_->d.Nl * impl_->d.C; }
+std::size_t StageModel::boundary_count(const ModelSpec& spec, int B, const Partition& part) {
+  const Dims d(spec, B, part);
+  return d.Nl * d.C;
+}
 
 void StageModel::init_params(std::uint64_t seed, float* params) const {
   for (const LocalTensor& lt : impl_->tensors) impl_->init_tensor(lt, seed, params + lt.offset);
@@ -617,15 +595,18 @@ void StageModel::forward(int slot, const float* params, const MicroBatch& mb, Gr
   const Dims& d = m.d;
   if (d.tp > 1 && (!tp || tp->size() != d.tp))
     throw Error("StageModel: needs the tp group of size " + std::to_string(d.tp));
-  if (mb.batch != d.B || mb.seq != d.T || !mb.inputs || !mb.targets)
+  const bool tokens = needs_tokens();
+  if (mb.batch != d.B || mb.seq != d.T || (tokens && (!mb.inputs || !mb.targets)))
     throw Error("StageModel: micro-batch " + std::to_string(mb.batch) + "x" +
                 std::to_string(mb.seq) + " does not match " + std::to_string(d.B) + "x" +
-                std::to_string(d.T));
+                std::to_string(d.T) + (tokens ? " with tokens" : ""));
   Impl::Slot& s = m.slot(slot);
   std::int32_t* inputs = s.tokens.data();
   std::int32_t* targets = inputs + d.N;
-  std::copy_n(mb.inputs, d.N, inputs);
-  std::copy_n(mb.targets, d.N, targets);
+  if (tokens) {
+    std::copy_n(mb.inputs, d.N, inputs);
+    std::copy_n(mb.targets, d.N, targets);
+  }
   if (d.embedding) {
     check_tokens(inputs, d.N, d.V, "input");
     m.forward_embedding(params, inputs, s.a.x[0], tp);

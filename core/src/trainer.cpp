@@ -182,7 +182,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   }
 
   // A common time base for --trace: every rank's clock at the same barrier.
-  mpi::control_barrier();
+  if (config.trace) mpi::control_barrier();
   const double t_base = now();
   std::vector<double> trace;
 

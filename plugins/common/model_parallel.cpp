@@ -171,9 +171,7 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
     add_tensor_parallel_bytes(in.model, B, part, tp_bytes);
     for (const auto& [op, bytes] : tp_bytes) comm[op] += bytes * plan.m;
     // Pipeline sends and receives, per micro-batch.
-    const std::size_t rows =
-        std::size_t(B) * in.model.seq / (part.sequence_parallel ? part.tp_size : 1);
-    const double boundary = double(rows) * in.model.hidden * sizeof(float);
+    const double boundary = double(StageModel::boundary_count(in.model, B, part)) * sizeof(float);
     const int k = plan.global[c];
     if (k > 0) {  // receive the activation, send its gradient
       comm["recv"] += boundary * plan.m;
@@ -261,7 +259,11 @@ class Engine {
         const int slot = sm.acquire_slot();
         slot_of[a.chunk][a.micro] = slot;
         wait_sends(ctx, a.chunk, slot);
-        const MicroBatch mb = ctx.micro_batch(step, a.micro);
+        // Middle stages do not read tokens: no data is generated for them.
+        const MicroBatch mb =
+            sm.needs_tokens()
+                ? ctx.micro_batch(step, a.micro)
+                : MicroBatch{nullptr, nullptr, ctx.train().micro_batch, ctx.model_spec().seq};
         if (k > 0) {
           PhaseTimer idle(ctx, Phase::bubble);
           pp.recv(view(sm.input(slot), n), prev, kTagActivation);

@@ -73,6 +73,9 @@ class StageModel {
   const Partition& partition() const;
   bool has_embedding() const;
   bool has_head() const;
+  // Only the embedding and the head read the micro-batch's tokens; forward() of a partition with
+  // neither accepts a MicroBatch without token pointers.
+  bool needs_tokens() const;
   // This partition's parameters, in local flat order.
   const std::vector<LocalTensor>& tensors() const;
   std::size_t param_count() const;
@@ -95,6 +98,7 @@ class StageModel {
   // Floats of the residual stream at a partition boundary for one micro-batch: rows x C, with rows
   // = B*T, or B*T/tp under sequence parallelism. What a pipeline stage sends and receives.
   std::size_t boundary_count() const;
+  static std::size_t boundary_count(const ModelSpec& spec, int micro_batch, const Partition& part);
 
   // Activation slots. acquire_slot() returns a free slot, allocating one if all are in use;
   // release_slot() returns it (memory is kept for reuse, so the peak is the most in flight).
@@ -110,8 +114,8 @@ class StageModel {
   // d(input) after backward, on a stage without the embedding (kept in the slot until released).
   const float* input_grad(int slot) const;
 
-  // Forward of the partition for micro-batch mb (its tokens are copied into the slot). `tp` may be
-  // null when tp_size == 1. A partition with the head also computes the loss.
+  // Forward of the partition for micro-batch mb (its tokens, if needed, are copied into the slot).
+  // `tp` may be null when tp_size == 1. A partition with the head also computes the loss.
   void forward(int slot, const float* params, const MicroBatch& mb, Group* tp);
   // Backward; on a partition without the head, output_grad() must hold d(output). Gradients
   // accumulate into grads (local flat order). grad_scale: d(loss)/d(per-token loss).
