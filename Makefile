@@ -5,9 +5,9 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 RUNNER = $(BUILD)/bin/runner
 OUT   ?= results/local
-# The main job: ddp, dp, tp (dp2 x tp2) and 1f1b (dp2 x pp2) on 4 local ranks (2 virtual nodes x 2),
-# tiny model.
-RUN_ARGS ?= --nodes 2 --ranks-per-node 2 --model tiny --steps 30 --out $(OUT)
+# The main job: a local scaling study (slurm/studies/local.study): every installed strategy at 1, 2
+# and 4 ranks (4 = 2 virtual nodes x 2), then its tables, figures and report.html under $(OUT).
+STUDY ?= slurm/studies/local.study
 
 .PHONY: all deps configure build run test install clean
 
@@ -26,12 +26,10 @@ build: configure
 
 run: build
 	$(RUNNER) --list-plugins
-	$(RUNNER) --plugin ddp $(RUN_ARGS)
-	$(RUNNER) --plugin dp $(RUN_ARGS)
-	$(RUNNER) --plugin tp --mesh dp=2,tp=2 --plugin-opt sp=on $(RUN_ARGS)
-	$(RUNNER) --plugin 1f1b --mesh dp=2,pp=2 --micro-batch 2 --global-batch 16 $(RUN_ARGS)
-	results/plot $(OUT)
-	@echo "run files in $(OUT)/, figures and report.html in $(OUT)/figures/"
+	rm -rf $(OUT)
+	STRATA_RESULTS=$(abspath $(dir $(OUT))) STRATA_STUDY=$(notdir $(OUT)) STRATA_RUNNER=$(abspath $(RUNNER)) \
+	  bash slurm/scale.sbatch $(STUDY)
+	@echo "run files in $(OUT)/, summary.txt, figures and report.html in $(OUT)/figures/"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2

@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libbenchmark-dev         # tests and micro-benchmarks
   python3-h5py python3-numpy python3-matplotlib  # results/ tools (Debian's /usr/bin/python3)
   file                                  # tests check figure file types
+  slurmctld slurmd slurm-client munge libpmix-dev  # slurm/local-cluster, srun --mpi=pmix
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -15,7 +15,7 @@ cp "$work/study/truncated.h5" "$work/empty/"
 fail() { echo "FAIL: $*"; exit 1; }
 "$tools/plot" "$work/study" || fail "exit $?"
 figs="$work/study/figures"
-for name in throughput memory comm loss bubble timeline-gpipe.pp4; do
+for name in throughput efficiency memory comm loss bubble timeline-gpipe.pp4; do
   for ext in png pdf; do
     [[ -s $figs/$name.$ext ]] || fail "missing $name.$ext"
   done

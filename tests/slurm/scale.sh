@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# End to end on a real Slurm: start a local cluster of 4 virtual nodes, submit
+# `sbatch slurm/scale.sbatch slurm/studies/tiny.study`, wait, check every run file and the
+# figures, submit again and check that nothing is re-run, submit a study with too little time
+# left and check that it starts nothing, let the runner relaunch itself with srun inside an
+# allocation, stop the cluster and check that its processes are gone.
+# usage: scale.sh SOURCE_DIR RUNNER CHECK_RUN WORK_DIR PORT
+set -euo pipefail
+src=$1 runner=$2 check_run=$3 work=$4 port=$5
+fail() { echo "FAIL: $*"; exit 1; }
+[[ $(id -u) -eq 0 ]] || fail "needs root to start slurmd (run the tests as root, as CI does)"
+for t in slurmctld slurmd munged sbatch squeue scontrol; do
+  command -v "$t" >/dev/null || fail "$t missing: scripts/install-deps.sh installs Slurm and munge"
+done
+
+cluster="$src/slurm/local-cluster --dir $work/cluster --port $port"
+rm -rf "$work" && mkdir -p "$work"
+$cluster stop >/dev/null 2>&1 || true
+trap '$cluster stop' EXIT
+$cluster start --nodes 4 --cpus 2
+eval "$($cluster env)"
+export STRATA_RESULTS=$work/results STRATA_RUNNER=$runner
+cd "$src"
+
+# submit FLAGS... : runs one job to its end; prints its id; the job's output in $work/job-ID.out
+submit() {
+  local id state
+  id=$(sbatch --parsable -N 4 --ntasks-per-node 1 -o "$work/job-%j.out" "$@") || fail "sbatch refused"
+  for ((t = 0; t < 600; t++)); do
+    state=$(squeue -h -j "$id" -o %T 2>/dev/null || true)
+    [[ -z $state ]] && break
+    sleep 1
+  done
+  [[ -z $state ]] || { scancel "$id"; fail "job $id still $state after 10 minutes"; }
+  echo "$id"
+}
+job_state() { scontrol show job "$1" | grep -o -E 'JobState=[A-Z]+|ExitCode=[0-9:]+' | tr '\n' ' '; }
+
+study=$work/results/tiny
+strategies=(ddp zero3 fsdp 1f1b)
+nodes=(1 2 4)
+
+# 1. The study runs: 12 configurations, each with its run file, log and ok file.
+id=$(submit slurm/scale.sbatch slurm/studies/tiny.study)
+cat "$work/job-$id.out"
+[[ $(job_state "$id") == "JobState=COMPLETED ExitCode=0:0 " ]] || fail "job $id: $(job_state "$id")"
+for s in "${strategies[@]}"; do
+  for n in "${nodes[@]}"; do
+    run=tiny_${s}_n${n}x1_weak_r1
+    for ext in h5 log ok; do [[ -s $study/$run.$ext ]] || fail "$run.$ext missing"; done
+    "$check_run" layout "$study/$run.h5" "$n" 10 >/dev/null || fail "$run.h5 layout"
+    "$check_run" predicted "$study/$run.h5" >/dev/null || fail "$run.h5 bytes or memory differ from predicted"
+  done
+done
+# The virtual nodes are real Slurm nodes: rank r of the 4-node runs ran on n(r+1).
+h5dump -d /provenance/hostnames "$study/tiny_ddp_n4x1_weak_r1.h5" | grep -q '"n1", "n2", "n3", "n4"' \
+  || fail "4-node run did not run on n1..n4"
+# Equivalence: the sharded strategies follow ddp's loss trajectory at every node count.
+for s in zero3 fsdp; do
+  for n in "${nodes[@]}"; do
+    "$check_run" trajectory "$study/tiny_ddp_n${n}x1_weak_r1.h5" "$study/tiny_${s}_n${n}x1_weak_r1.h5" 1e-5 \
+      >/dev/null || fail "$s on $n nodes left ddp's trajectory"
+  done
+done
+[[ $(wc -l < "$study/summary.txt") -eq 13 ]] || fail "summary.txt: expected a header and 12 rows"
+[[ $(wc -l < "$study/summary.csv") -eq 13 ]] || fail "summary.csv: expected a header and 12 rows"
+for fig in throughput efficiency memory comm bubble loss; do
+  file "$study/figures/$fig.png" | grep -q 'PNG image' || fail "figures/$fig.png missing"
+  file "$study/figures/$fig.pdf" | grep -q 'PDF document' || fail "figures/$fig.pdf missing"
+  grep -q "data:image/png;base64" "$study/figures/report.html" || fail "report.html has no figures"
+done
+[[ $(wc -l < "$study/runs.tsv") -eq 12 ]] || fail "runs.tsv: expected 12 runs"
+
+# 2. Submitted again: every configuration has its ok file, so nothing runs and no file changes.
+(cd "$study" && md5sum ./*.h5 ./*.ok > "$work/before.md5")
+id=$(submit slurm/scale.sbatch slurm/studies/tiny.study)
+cat "$work/job-$id.out"
+[[ $(job_state "$id") == "JobState=COMPLETED ExitCode=0:0 " ]] || fail "resubmitted job $id: $(job_state "$id")"
+grep -q "done: 0 run (0 failed), 12 already done" "$work/job-$id.out" || fail "resubmission re-ran configurations"
+(cd "$study" && md5sum --quiet -c "$work/before.md5") || fail "resubmission changed run files"
+[[ $(wc -l < "$study/runs.tsv") -eq 12 ]] || fail "runs.tsv grew on resubmission"
+
+# 3. Too little time left in the job (5 minutes, 400 s wanted per run): no run starts, the job
+#    says how many are left and fails so that the user sees it.
+id=$(submit -t 5 --export=ALL,STRATA_STUDY=short,STRATA_RESERVE_S=400 slurm/scale.sbatch slurm/studies/tiny.study)
+cat "$work/job-$id.out"
+[[ $(job_state "$id") == "JobState=FAILED ExitCode=1:0 " ]] || fail "short job $id: $(job_state "$id")"
+grep -q "stopping: .* s left in the job, a run needs 400 s" "$work/job-$id.out" || fail "no stop message"
+grep -q "0 run (0 failed), 0 already done, 0 invalid, 12 left" "$work/job-$id.out" || fail "short job ran something"
+! compgen -G "$work/results/short/*.h5" >/dev/null || fail "short job left run files"
+
+# 4. `runner --plugin zero3 --nodes 4` inside an allocation launches its ranks itself with srun.
+id=$(submit --wrap "$runner --plugin zero3 --nodes 4 --model tiny --steps 4 --blas-threads 1 --out $work/relaunch --run-id zero3 --quiet")
+cat "$work/job-$id.out"
+[[ $(job_state "$id") == "JobState=COMPLETED ExitCode=0:0 " ]] || fail "relaunch job $id: $(job_state "$id")"
+grep -q "srun --mpi=pmix --nodes=4" "$work/job-$id.out" || fail "runner did not relaunch itself with srun"
+"$check_run" layout "$work/relaunch/zero3.h5" 4 4 >/dev/null || fail "relaunched run file layout"
+h5dump -d /provenance/hostnames "$work/relaunch/zero3.h5" | grep -q '"n1", "n2", "n3", "n4"' \
+  || fail "relaunched run did not span n1..n4"
+
+# 5. Stop: the daemons it started are gone.
+pids=$(cat "$work"/cluster/ctld/slurmctld.pid "$work"/cluster/nodes/*/slurmd.pid "$work"/cluster/munge/munged.pid)
+trap - EXIT
+$cluster stop
+for p in $pids; do
+  if [[ -r /proc/$p/stat ]] && ! grep -q ') Z' "/proc/$p/stat"; then fail "process $p still running after stop"; fi
+done
+echo "PASS: study of 12 runs on 4 Slurm nodes, resubmission re-ran nothing, time limit respected, runner relaunched itself with srun"
