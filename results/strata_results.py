@@ -30,9 +30,21 @@ class Run:
         self.steps = {k: np.asarray(f["steps"][k]) for k in f["steps"].keys()}
         self.warmup = int(self.config.get("warmup", "0"))
         self.comm_time = {op: np.asarray(f["comm"][op]["time_s"]) for op in f["comm"].keys()}
+        # Training's achieved busbw and bytes per call, per op: [ranks x steps] each.
+        self.comm_busbw = {op: np.asarray(f["comm"][op]["busbw"]) for op in f["comm"].keys()}
+        self.comm_bytes = {op: np.asarray(f["comm"][op]["bytes"]) for op in f["comm"].keys()}
+        self.comm_calls = {op: np.asarray(f["comm"][op]["calls"]) for op in f["comm"].keys()}
         self.memory_tags = [_text(t) for t in f["memory"].attrs["tags"]]
         self.memory_peak = np.asarray(f["memory"]["peak_bytes"])            # [ranks x tags]
         self.memory_predicted = np.asarray(f["memory"]["predicted_bytes"])  # [tags]
+        # --calibrate-comm: rows of group, op, ranks, bytes, time_s, algbw, busbw.
+        self.calibration = None
+        if "calibration" in f:
+            c = f["calibration"]
+            self.calibration = {k: np.asarray(c[k]) for k in
+                                ("ranks", "bytes", "time_s", "algbw", "busbw")}
+            for k in ("group", "op"):
+                self.calibration[k] = [_text(v) for v in c[k][...]]
         self.trace = None
         if "trace" in f:
             t = f["trace"]

@@ -5,11 +5,18 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/transport.hpp"
 #include "strata/types.hpp"
 
 namespace po = boost::program_options;
 
 namespace strata {
+
+static std::string transport_help() {
+  std::string built;
+  for (const auto& t : transports_built()) built += (built.empty() ? "" : ", ") + t;
+  return "communication backend of the mesh groups: " + built + " (in this build)";
+}
 
 static void parse_mesh(const std::string& text, MeshSpec& mesh) {
   std::stringstream ss(text);
@@ -67,10 +74,11 @@ RunConfig parse_cli(int argc, char** argv) {
       ("plugin-opt", po::value(&c.plugin_opts)->composing(), "KEY=VALUE strategy option (repeatable)")
       ("plugin-path", po::value(&c.plugin_paths)->composing(), "extra directory with plugins (repeatable)")
       ("list-plugins", po::bool_switch(&c.list_plugins), "list the strategies found and exit")
+      ("list-transports", po::bool_switch(&c.list_transports), "list the transports of this build (one per line) and exit")
       ("describe", po::value(&c.describe), "describe a strategy and its options and exit")
       ("dry-run", po::bool_switch(&c.dry_run), "print the predicted memory and comm per step and exit")
       ("memory-limit", po::value(&memory_limit), "with --dry-run: bytes per rank to fit in (e.g. 80GiB, 512MiB)")
-      ("transport", po::value(&c.transport)->default_value("mpi"), "communication backend: mpi")
+      ("transport", po::value(&c.transport)->default_value("mpi"), transport_help().c_str())
       ("device", po::value(&c.device)->default_value("cpu"), "compute backend: cpu")
       ("config", po::value(&config_file), "INI file of options (same names as the CLI)")
       ("help,h", po::bool_switch(&c.help), "this help");
@@ -109,7 +117,10 @@ RunConfig parse_cli(int argc, char** argv) {
       ("quiet", po::bool_switch(&c.quiet), "no per-step lines")
       ("trace", po::bool_switch(&c.trace),
        "record every compute and comm interval of every rank: /trace in the run file and "
-       "<run-id>.trace.json (Chrome/Perfetto timeline)");
+       "<run-id>.trace.json (Chrome/Perfetto timeline)")
+      ("calibrate-comm", po::bool_switch(&c.calibrate_comm),
+       "before the timed steps, measure busbw of all_reduce, reduce_scatter and all_gather at "
+       "64 KiB, 1 MiB and 16 MiB on every mesh group of the run's transport: /calibration");
   po::options_description all("runner: run one strategy on the standard GPT workload");
   // clang-format on
   all.add(what).add(model).add(train).add(mesh).add(out);
@@ -190,9 +201,12 @@ RunConfig parse_cli(int argc, char** argv) {
   if (c.watchdog_s <= 0) throw ConfigError("--watchdog: must be > 0 seconds");
   if (c.peak_tflops < 0) throw ConfigError("--peak-tflops: must be >= 0 (0 = measure)");
   if (c.blas_threads < 0) throw ConfigError("--blas-threads: must be >= 0 (0 = auto)");
-  if (c.transport != "mpi")
-    throw ConfigError("--transport " + c.transport +
-                      ": must be mpi (the only transport in this build)");
+  if (!transport_built(c.transport)) {
+    std::string allowed;
+    for (const auto& t : transports_built()) allowed += (allowed.empty() ? "" : ", ") + t;
+    throw ConfigError("--transport " + c.transport + ": must be one of " + allowed +
+                      " (the transports in this build)");
+  }
   if (c.device != "cpu")
     throw ConfigError("--device " + c.device + ": must be cpu (the only device in this build)");
   if (!c.data_file.empty() && !std::ifstream(c.data_file))
@@ -278,6 +292,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   add("watchdog_s", watchdog_s);
   add("peak_tflops", peak_tflops);
   add("trace", trace ? "true" : "false");
+  add("calibrate_comm", calibrate_comm ? "true" : "false");
   add("out", out_dir);
   return r;
 }

@@ -32,8 +32,10 @@ struct RunConfig {
   double peak_tflops = 0;  // > 0: the peak per rank for MFU instead of the calibrated one
   bool quiet = false;
   bool trace = false;  // --trace: every compute and comm interval into /trace and a JSON timeline
+  bool calibrate_comm = false;  // --calibrate-comm: busbw per op, size and group into /calibration
   // Actions instead of a run
   bool list_plugins = false;
+  bool list_transports = false;
   bool dry_run = false;
   double memory_limit = 0;  // bytes per rank, 0 = none (--dry-run)
   std::string describe;

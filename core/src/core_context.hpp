@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/mpi_transport.hpp"
+#include "comm/transport.hpp"
 #include "config.hpp"
 #include "data.hpp"
 #include "strata/context.hpp"
@@ -21,17 +22,20 @@ class CoreContext final : public Context {
       : config_(config), coord_(mesh_coord(config.mesh, mpi::world_rank())), ledger_(ledger) {
     const MeshSpec& m = config.mesh;
     const MeshCoord& c = coord_;
-    // MPI_Comm_split is collective over the world: every rank creates every group, same order.
-    groups_[Axis::dp] = mpi::split("dp", c.pp * m.tp + c.tp, c.dp, &ledger);
-    groups_[Axis::tp] = mpi::split("tp", c.pp * m.dp + c.dp, c.tp, &ledger);
-    groups_[Axis::pp] = mpi::split("pp", c.dp * m.tp + c.tp, c.pp, &ledger);
+    // A split is collective over the world: every rank creates every group, in the same order.
+    auto split = [&](const char* name, int color, int key) {
+      return split_group(config.transport, name, color, key, &ledger);
+    };
+    groups_[Axis::dp] = split("dp", c.pp * m.tp + c.tp, c.dp);
+    groups_[Axis::tp] = split("tp", c.pp * m.dp + c.dp, c.tp);
+    groups_[Axis::pp] = split("pp", c.dp * m.tp + c.tp, c.pp);
     int intra_index = 0;  // position among the dp peers on this node
     for (int d = 0; d < c.dp; ++d)
       if ((c.tp + m.tp * (d + m.dp * c.pp)) / m.ranks_per_node == c.node) ++intra_index;
     groups_[Axis::dp_intra_node] =
-        mpi::split("dp_intra_node", (c.pp * m.tp + c.tp) * m.nodes + c.node, c.dp, &ledger);
+        split("dp_intra_node", (c.pp * m.tp + c.tp) * m.nodes + c.node, c.dp);
     groups_[Axis::dp_inter_node] =
-        mpi::split("dp_inter_node", (c.pp * m.tp + c.tp) * m.dp + intra_index, c.node, &ledger);
+        split("dp_inter_node", (c.pp * m.tp + c.tp) * m.dp + intra_index, c.node);
 
     data_ = config.data_file.empty()
                 ? make_synthetic_source(config.train.seed, config.model.seq, config.model.vocab)

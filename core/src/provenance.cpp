@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "comm/mpi_transport.hpp"
+#include "comm/transport.hpp"
 #include "cpu/layers.hpp"
 
 extern char** environ;
@@ -52,7 +53,7 @@ std::vector<std::pair<std::string, std::string>> collect_provenance() {
   p.emplace_back("mpi_version", mpi::library_version());
   p.emplace_back("hdf5_version",
                  std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel));
-  p.emplace_back("ucx_version", "not built");
+  p.emplace_back("ucx_version", transport_version("ucx"));
   p.emplace_back("nccl_version", "not built");
   p.emplace_back("cuda_version", "not built");
   p.emplace_back("blas_threads", std::to_string(cpu::blas_threads()));

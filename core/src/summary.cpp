@@ -5,10 +5,34 @@
 #include <cstdio>
 #include <limits>
 
+#include "calibrate.hpp"
 #include "format.hpp"
 #include "strata/memory.hpp"
 
 namespace strata {
+
+void print_calibration(const std::vector<CalibrationPoint>& points, const std::string& transport) {
+  std::vector<double> sizes;
+  for (const CalibrationPoint& p : points)
+    if (std::find(sizes.begin(), sizes.end(), p.bytes) == sizes.end()) sizes.push_back(p.bytes);
+  std::printf("strata: comm calibration over %s (busbw GB/s; slowest rank, median of %d)\n",
+              transport.c_str(), kCalibrationIterations);
+  if (points.empty()) {
+    std::printf("  no mesh group has more than one rank: nothing to calibrate\n");
+    return;
+  }
+  std::printf("  %-14s %5s %-15s", "group", "ranks", "op");
+  for (double s : sizes) std::printf(" %10s", human_bytes(s).c_str());
+  std::printf("\n");
+  for (std::size_t i = 0; i < points.size(); i += sizes.size()) {
+    std::printf("  %-14s %5.0f %-15s", points[i].group.c_str(), points[i].ranks,
+                points[i].op.c_str());
+    for (std::size_t j = i; j < i + sizes.size() && j < points.size(); ++j)
+      std::printf(" %10.3f", points[j].busbw / 1e9);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -91,6 +115,21 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
   if (!std::isnan(get("bubble_fraction_predicted")))
     std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%)\n",
                 100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));
+  // Training busbw per op next to the best the transport reached in calibration (same op).
+  for (const auto& [op, series] : rec.comm) {
+    double best = 0, best_bytes = 0;
+    std::string best_group;
+    for (const CalibrationPoint& p : rec.calibration)
+      if (p.op == op && p.busbw > best) best = p.busbw, best_bytes = p.bytes, best_group = p.group;
+    if (best <= 0) continue;
+    double sum = 0;
+    int n = 0;
+    for (double b : series.busbw)
+      if (b > 0) sum += b, ++n;
+    std::printf("  %-14s busbw %.2f GB/s in training, %.2f GB/s calibrated (%s, %s)\n", op.c_str(),
+                n ? sum / n / 1e9 : 0.0, best / 1e9, best_group.c_str(),
+                human_bytes(best_bytes).c_str());
+  }
   std::printf("  memory (max over ranks: measured / predicted)\n");
   for (int tag = 0; tag < kNumMemTags; ++tag) {
     double m = 0;

@@ -16,6 +16,9 @@ void summarize(const RunConfig& config, RunRecord& record, const std::vector<dou
 
 void print_summary(const RunConfig& config, const RunRecord& record, const std::string& path);
 
+// The --calibrate-comm table: busbw per group and op (rows) and size (columns).
+void print_calibration(const std::vector<CalibrationPoint>& points, const std::string& transport);
+
 double percentile(std::vector<double> v, double q);  // linear interpolation, q in [0, 1]
 
 }  // namespace strata

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 
+#include "calibrate.hpp"
 #include "comm/intervals.hpp"
 #include "comm/mpi_transport.hpp"
 #include "core_context.hpp"
@@ -179,6 +180,15 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
                 config.peak_tflops > 0 ? "given (--peak-tflops)" : "calibrated SGEMM",
                 peak_flops / 1e9, cpu::blas_threads());
     std::fflush(stdout);
+  }
+
+  if (config.calibrate_comm) {
+    const std::vector<CalibrationRow> cal =
+        calibrate_comm(ctx, ledger, default_calibration_sizes(), kCalibrationIterations);
+    for (const CalibrationRow& c : cal)
+      state.record.calibration.push_back(
+          {c.group, c.op, double(c.ranks), c.bytes, c.time_s, c.algbw, c.busbw});
+    if (root) print_calibration(state.record.calibration, config.transport);
   }
 
   // A common time base for --trace: every rank's clock at the same barrier.

@@ -30,7 +30,7 @@ check "--heads 5: must divide --hidden 64" --plugin ddp --hidden 64 --heads 5
 check "--steps 0: must be >= 1" --plugin ddp --steps 0
 check "--model huge: must be one of tiny, small, gpt2-124m" --plugin ddp --model huge
 check "--global-batch 12: must be a multiple of --micro-batch x dp = 8" --plugin ddp --global-batch 12
-check "--transport ucx: must be mpi" --plugin ddp --transport ucx
+check "--transport infiniband: must be one of mpi" --plugin ddp --transport infiniband
 check "--mesh: ddp is data parallel only" --plugin ddp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2
 check "unrecognised option '--bogus'" --plugin ddp --bogus
 check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexistent

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# results/plot on a generated study: data-parallel runs at 1, 2 and 4 ranks, tp, two pipelines
-# (one with --trace), a failed run and a truncated file. Every figure exists as PNG and PDF, the
+# results/plot on a generated study: data-parallel runs at 1, 2 and 4 ranks (the 4-rank one with
+# --calibrate-comm), tp, two pipelines (one with --trace), a failed run and a truncated file. Every figure exists as PNG and PDF, the
 # report embeds them and lists the skipped files; a directory with nothing usable exits 1.
 # usage: plot.sh RESULTS_DIR E2E_DIR WORK_DIR
 set -eu
 tools=$1 e2e=$2 work=$3
 rm -rf "$work" && mkdir -p "$work/study" "$work/empty"
-for id in reference ddp.np2 ddp.np4 tp.np2 gpipe.pp4 1f1b.pp4 fail.throw; do
+for id in reference ddp.np2 ddp.calibrate.np4 tp.np2 gpipe.pp4 1f1b.pp4 fail.throw; do
   cp "$e2e/$id.h5" "$work/study/"
 done
 head -c 4096 "$e2e/ddp.np4.h5" > "$work/study/truncated.h5"
@@ -15,7 +15,7 @@ cp "$work/study/truncated.h5" "$work/empty/"
 fail() { echo "FAIL: $*"; exit 1; }
 "$tools/plot" "$work/study" || fail "exit $?"
 figs="$work/study/figures"
-for name in throughput efficiency memory comm loss bubble timeline-gpipe.pp4; do
+for name in throughput efficiency memory comm loss bubble transport timeline-gpipe.pp4; do
   for ext in png pdf; do
     [[ -s $figs/$name.$ext ]] || fail "missing $name.$ext"
   done

@@ -11,6 +11,8 @@
 //   check_run trace FILE                     /trace: forward and backward intervals on every rank,
 //                                            comm events whose bytes add up to /comm per rank and
 //                                            op, and the JSON timeline next to the file
+//   check_run calibration FILE GROUPS        /calibration: a row per listed group (dp,tp,...), op
+//                                            and size; sizes, times and busbw consistent
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
 // Prints what it compared; exits 1 on the first mismatch.
 #include <cmath>
@@ -20,6 +22,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "results/run_record.hpp"
 #include "strata/types.hpp"
@@ -171,6 +174,42 @@ static void predicted(const RunRecord& r) {
   std::printf("memory: every tag on every rank equals its prediction\n");
 }
 
+// --calibrate-comm: one row per (group, op, size) for each listed group, in the core's order, with
+// nccl-tests sizes divisible by the group, positive times and busbw = algbw x the bus factor.
+static void calibration(const RunRecord& r, const std::string& groups_csv) {
+  std::vector<std::string> groups;
+  for (std::size_t a = 0, b; a <= groups_csv.size(); a = b + 1) {
+    b = groups_csv.find(',', a);
+    if (b == std::string::npos) b = groups_csv.size();
+    groups.push_back(groups_csv.substr(a, b - a));
+  }
+  const char* ops[] = {"all_reduce", "reduce_scatter", "all_gather"};
+  const double sizes[] = {64 << 10, 1 << 20, 16 << 20};
+  EXPECT(r.calibration.size() == groups.size() * 9, "%zu calibration rows, want %zu\n",
+         r.calibration.size(), groups.size() * 9);
+  std::size_t i = 0;
+  for (const std::string& g : groups)
+    for (const char* op : ops)
+      for (double size : sizes) {
+        if (i >= r.calibration.size()) return;
+        const CalibrationPoint& p = r.calibration[i++];
+        EXPECT(p.group == g && p.op == op, "row %zu is %s/%s, want %s/%s\n", i - 1,
+               p.group.c_str(), p.op.c_str(), g.c_str(), op);
+        const double elems = p.bytes / 4;
+        EXPECT(p.ranks >= 2 && p.bytes <= size && p.bytes > size - 4 * p.ranks &&
+                   std::fmod(elems, p.ranks) == 0,
+               "row %zu: %.0f bytes on %.0f ranks for size %.0f\n", i - 1, p.bytes, p.ranks, size);
+        const double factor = std::string(op) == "all_reduce" ? 2.0 * (p.ranks - 1) / p.ranks
+                                                              : (p.ranks - 1) / p.ranks;
+        EXPECT(p.time_s > 0 && std::fabs(p.algbw - p.bytes / p.time_s) <= 1e-9 * p.algbw &&
+                   std::fabs(p.busbw - p.algbw * factor) <= 1e-9 * p.busbw,
+               "row %zu: time %g algbw %g busbw %g\n", i - 1, p.time_s, p.algbw, p.busbw);
+      }
+  std::printf("calibration: %zu rows over %s, busbw %.3f..%.3f GB/s\n", r.calibration.size(),
+              groups_csv.c_str(), r.calibration.empty() ? 0.0 : r.calibration.front().busbw / 1e9,
+              r.calibration.empty() ? 0.0 : r.calibration.back().busbw / 1e9);
+}
+
 int main(int argc, char** argv) {
   try {
     std::string cmd = argc > 1 ? argv[1] : "";
@@ -180,6 +219,8 @@ int main(int argc, char** argv) {
       trajectory(read_run_file(argv[2]), read_run_file(argv[3]), std::atof(argv[4]));
     else if (cmd == "trace" && argc == 3)
       trace(read_run_file(argv[2]), argv[2]);
+    else if (cmd == "calibration" && argc == 4)
+      calibration(read_run_file(argv[2]), argv[3]);
     else if (cmd == "predicted" && argc == 3)
       predicted(read_run_file(argv[2]));
     else if (cmd == "status" && argc == 5) {

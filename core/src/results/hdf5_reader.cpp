@@ -303,6 +303,26 @@ RunRecord read_contents(hid_t file) {
     for (std::size_t i = 0; i < n; ++i)
       r.trace.push_back({int(rank[i]), stream[i], kind[i], name[i], t0[i], t1[i], bytes[i]});
   }
+  if (check(H5Lexists(file, "/calibration", H5P_DEFAULT), "look up '/calibration'") > 0) {
+    std::vector<hsize_t> dims;
+    auto strings = [&](const std::string& path) {
+      Dataset d = open_dataset(file, path);
+      return read_strings({d, false, "dataset '" + path + "'"});
+    };
+    const auto group = strings("/calibration/group"), op = strings("/calibration/op");
+    const auto ranks_of = dataset_doubles(file, "/calibration/ranks", &dims);
+    const auto bytes = dataset_doubles(file, "/calibration/bytes", &dims);
+    const auto time_s = dataset_doubles(file, "/calibration/time_s", &dims);
+    const auto algbw = dataset_doubles(file, "/calibration/algbw", &dims);
+    const auto busbw = dataset_doubles(file, "/calibration/busbw", &dims);
+    const std::size_t n = group.size();
+    if (op.size() != n || ranks_of.size() != n || bytes.size() != n || time_s.size() != n ||
+        algbw.size() != n || busbw.size() != n)
+      throw Error("/calibration: datasets of different lengths", kDamagedHint);
+    for (std::size_t i = 0; i < n; ++i)
+      r.calibration.push_back(
+          {group[i], op[i], ranks_of[i], bytes[i], time_s[i], algbw[i], busbw[i]});
+  }
   return r;
 }
 

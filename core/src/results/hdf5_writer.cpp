@@ -213,6 +213,29 @@ void write_contents(hid_t file, const RunRecord& r) {
     dataset_doubles(file, "/trace/bytes", bytes, {n}, "bytes");
   }
 
+  if (!r.calibration.empty()) {
+    Group cal = make_group(file, "/calibration");
+    std::vector<std::string> group, op;
+    std::vector<double> ranks_of, bytes, time_s, algbw, busbw;
+    for (const CalibrationPoint& p : r.calibration) {
+      group.push_back(p.group);
+      op.push_back(p.op);
+      ranks_of.push_back(p.ranks);
+      bytes.push_back(p.bytes);
+      time_s.push_back(p.time_s);
+      algbw.push_back(p.algbw);
+      busbw.push_back(p.busbw);
+    }
+    const hsize_t n = r.calibration.size();
+    dataset_strings(file, "/calibration/group", group, "");
+    dataset_strings(file, "/calibration/op", op, "");
+    dataset_doubles(file, "/calibration/ranks", ranks_of, {n}, "ranks");
+    dataset_doubles(file, "/calibration/bytes", bytes, {n}, "bytes");
+    dataset_doubles(file, "/calibration/time_s", time_s, {n}, "s");
+    dataset_doubles(file, "/calibration/algbw", algbw, {n}, "bytes/s");
+    dataset_doubles(file, "/calibration/busbw", busbw, {n}, "bytes/s");
+  }
+
   // Memory matrices may be left empty (not measured): they are then written with 0 rows.
   Group memory = make_group(file, "/memory");
   attr_strings(memory, "/memory", "tags", r.memory_tags);

@@ -38,6 +38,12 @@ struct TraceEvent {
   double bytes = 0;
 };
 
+// One point of --calibrate-comm (see calibrate.hpp): bytes, s, bytes/s.
+struct CalibrationPoint {
+  std::string group, op;
+  double ranks = 0, bytes = 0, time_s = 0, algbw = 0, busbw = 0;
+};
+
 struct RunRecord {
   // "/" attributes
   std::string run_id;
@@ -57,8 +63,9 @@ struct RunRecord {
   std::map<std::string, std::string> step_units;           // metric -> unit
   std::map<std::string, std::vector<double>> step_values;  // metric -> [ranks x steps]
 
-  std::map<std::string, CommSeries> comm;  // op name -> series
-  std::vector<TraceEvent> trace;           // /trace, --trace only
+  std::map<std::string, CommSeries> comm;     // op name -> series
+  std::vector<TraceEvent> trace;              // /trace, --trace only
+  std::vector<CalibrationPoint> calibration;  // /calibration, --calibrate-comm only
 
   // /memory
   std::vector<std::string> memory_tags;

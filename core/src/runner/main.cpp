@@ -1,5 +1,5 @@
 // runner: run one strategy plugin on the standard GPT workload and write its run file.
-//   runner --list-plugins | --describe NAME
+//   runner --list-plugins | --list-transports | --describe NAME
 //   runner --plugin ddp --nodes 2 --ranks-per-node 2 --model tiny --steps 30
 // Started alone with more than one rank requested, it re-launches itself under mpirun or srun.
 #include <unistd.h>
@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "comm/mpi_transport.hpp"
+#include "comm/transport.hpp"
 #include "config.hpp"
 #include "cpu/layers.hpp"
 #include "format.hpp"
@@ -104,6 +105,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   config = parse_cli(argc, argv);
   if (config.help) {
     if (env.rank == 0) std::printf("%s", config.help_text.c_str());
+    return false;
+  }
+  if (config.list_transports) {
+    for (const std::string& t : transports_built()) std::printf("%s\n", t.c_str());
     return false;
   }
   std::vector<std::string> dirs{default_plugin_dir()};

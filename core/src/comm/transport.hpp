@@ -1,0 +1,26 @@
+// The transports of the training data plane, behind one factory. MPI is the bootstrap and control
+// plane of every run; a transport only decides what carries the Group calls of the mesh groups.
+//   mpi  MPI collectives and MPI_Send/Recv on a split communicator (always built)
+//   ucx  UCP tagged messages between the group's ranks, collectives built on them (STRATA_HAVE_UCX)
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm.hpp"
+
+namespace strata {
+
+// The CPU-side transports built into this binary, in a stable order ("mpi" first).
+std::vector<std::string> transports_built();
+bool transport_built(const std::string& transport);
+
+// Collective over MPI_COMM_WORLD (MPI must be initialised): the ranks that pass the same color
+// form one group of `transport`, ordered by key. Every rank must call it in the same order.
+std::unique_ptr<Group> split_group(const std::string& transport, const std::string& name, int color,
+                                   int key, CommLedger* ledger);
+
+// Version string of the transport's library ("Open MPI v4.1.4", "UCX 1.13.1"), or "not built".
+std::string transport_version(const std::string& transport);
+
+}  // namespace strata

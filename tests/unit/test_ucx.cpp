@@ -1,0 +1,443 @@
+// The UCX transport against the MPI transport, as an MPI program (mpirun -np 1..5): every
+// collective and dtype on the same data through both groups, results compared bit for bit; point to
+// point across threads and tags; subgroups; bad arguments.
+//
+// Data are small integers, exact in every dtype (u8 sums wrap the same way on both), so the order
+// in which a transport adds them cannot change a result. STRATA_UCX_SMALL_BYTES is lowered to 4 KiB
+// (unless set) so that the odd sizes below hit both the latency algorithms (recursive doubling,
+// binomial trees) and the bandwidth ones (ring, chain) on every world size; the largest size is
+// over the ring's segment size, so segmentation with a partial last segment is covered too.
+//
+// Only rank 0 prints gtest's output; other ranks print their failures, prefixed by their rank. Each
+// rank exits non-zero when a test failed on it (or, through a final all-reduce, on any rank).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/mpi_transport.hpp"
+#include "comm/ucx_transport.hpp"
+#include "strata/comm.hpp"
+#include "strata/types.hpp"
+
+namespace {
+
+using strata::BufferView;
+using strata::CommLedger;
+using strata::DType;
+using strata::Group;
+
+constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::i32, DType::i64, DType::u8};
+constexpr std::size_t kLarge = (std::size_t(3) << 20) / 4 + 13;  // odd, over every switch
+constexpr std::size_t kSizes[] = {1, 7, 1000, 1023, 4099, kLarge};
+
+const char* dtype_name(DType t) {
+  static const char* names[] = {"f32", "f64", "i32", "i64", "u8"};
+  return names[int(t)];
+}
+
+// `count` elements of a dtype chosen at run time, set from integers.
+class Buf {
+ public:
+  Buf(DType t, std::size_t count) : t_(t), count_(count), data_(count * strata::dtype_size(t)) {}
+  Buf(DType t, std::size_t count, const std::function<long long(std::size_t)>& value)
+      : Buf(t, count) {
+    for (std::size_t i = 0; i < count; ++i) set(i, value(i));
+  }
+  void set(std::size_t i, long long v) {
+    switch (t_) {
+      case DType::f32:
+        return put(i, float(v));
+      case DType::f64:
+        return put(i, double(v));
+      case DType::i32:
+        return put(i, std::int32_t(v));
+      case DType::i64:
+        return put(i, std::int64_t(v));
+      case DType::u8:
+        return put(i, std::uint8_t(v));
+    }
+  }
+  std::string text(std::size_t i) const {  // element i, printed
+    switch (t_) {
+      case DType::f32:
+        return std::to_string(get<float>(i));
+      case DType::f64:
+        return std::to_string(get<double>(i));
+      case DType::i32:
+        return std::to_string(get<std::int32_t>(i));
+      case DType::i64:
+        return std::to_string(get<std::int64_t>(i));
+      case DType::u8:
+        return std::to_string(int(get<std::uint8_t>(i)));
+    }
+    return "?";
+  }
+  BufferView view(std::size_t offset = 0, std::size_t count = SIZE_MAX) {
+    return {data_.data() + offset * esize(), count == SIZE_MAX ? count_ - offset : count, t_};
+  }
+  std::size_t count() const { return count_; }
+  std::size_t esize() const { return strata::dtype_size(t_); }
+  const unsigned char* bytes() const { return data_.data(); }
+  unsigned char* bytes() { return data_.data(); }
+
+ private:
+  template <class T>
+  void put(std::size_t i, T v) {
+    std::memcpy(data_.data() + i * sizeof(T), &v, sizeof(T));
+  }
+  template <class T>
+  T get(std::size_t i) const {
+    T v;
+    std::memcpy(&v, data_.data() + i * sizeof(T), sizeof(T));
+    return v;
+  }
+  DType t_;
+  std::size_t count_;
+  std::vector<unsigned char> data_;
+};
+
+// Bit-for-bit equality, reporting the first element that differs.
+void expect_same(const Buf& got, const Buf& want, const std::string& what) {
+  ASSERT_EQ(got.count(), want.count()) << what;
+  const std::size_t es = got.esize();
+  for (std::size_t i = 0; i < got.count(); ++i)
+    if (std::memcmp(got.bytes() + i * es, want.bytes() + i * es, es) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " of " << got.count() << " is " << got.text(i)
+                    << ", MPI has " << want.text(i);
+      return;
+    }
+}
+
+int world_rank() { return strata::mpi::world_rank(); }
+int world_size() { return strata::mpi::world_size(); }
+
+// Values for sums (small, sign-mixed; u8 non-negative and at most 22, so 5 ranks' sum fits: Open
+// MPI 4.1's AVX MPI_SUM saturates u8 where C wraps) and for max (spread out, so the maximum moves).
+long long sum_value(DType t, int rank, std::size_t i, int salt) {
+  const long long v = (long long)((i * 7 + std::size_t(rank) * 13 + std::size_t(salt)) % 23);
+  return t == DType::u8 ? v : v - 11;
+}
+long long max_value(int rank, std::size_t i, int salt) {
+  return (long long)((i * 31 + std::size_t(rank) * 17 + std::size_t(salt) * 5) % 101) - 50;
+}
+
+std::string label(const char* op, DType t, std::size_t count, int extra = -1) {
+  std::string s = std::string(op) + " " + dtype_name(t) + " x" + std::to_string(count);
+  if (extra >= 0) s += " root " + std::to_string(extra);
+  return s + " on " + std::to_string(world_size()) + " ranks";
+}
+
+// The groups every test uses: the world over UCX and over MPI, each with its own ledger.
+struct World {
+  CommLedger ucx_ledger, mpi_ledger;
+  std::unique_ptr<Group> ucx, mpi;
+};
+World* g_world = nullptr;
+
+class UcxVsMpi : public ::testing::Test {
+ protected:
+  Group& ucx() { return *g_world->ucx; }
+  Group& mpi() { return *g_world->mpi; }
+  int rank() const { return g_world->ucx->rank(); }
+  int size() const { return g_world->ucx->size(); }
+};
+
+TEST_F(UcxVsMpi, GroupShapeAndVersion) {
+  EXPECT_EQ(ucx().rank(), mpi().rank());
+  EXPECT_EQ(ucx().size(), mpi().size());
+  EXPECT_EQ(ucx().size(), world_size());
+  const std::string v = strata::ucx::library_version();
+  EXPECT_EQ(v.rfind("UCX 1.", 0), 0u) << v;
+}
+
+TEST_F(UcxVsMpi, AllReduceSumAndMax) {
+  for (DType t : kDtypes)
+    for (std::size_t n : kSizes) {
+      Buf a(t, n, [&](std::size_t i) { return sum_value(t, rank(), i, 1); }), b = a;
+      mpi().all_reduce(a.view());
+      ucx().all_reduce(b.view());
+      expect_same(b, a, label("all_reduce", t, n));
+
+      Buf c(t, n, [&](std::size_t i) { return max_value(rank(), i, 2); }), d = c;
+      mpi().all_reduce_max(c.view());
+      ucx().all_reduce_max(d.view());
+      expect_same(d, c, label("all_reduce_max", t, n));
+    }
+}
+
+TEST_F(UcxVsMpi, ReduceScatterOutOfPlaceAndInPlace) {
+  for (DType t : kDtypes)
+    for (std::size_t shard : kSizes) {
+      if (shard == kLarge) shard = kLarge / std::size_t(size()) + 3;
+      const std::size_t n = shard * std::size_t(size());
+      Buf in(t, n, [&](std::size_t i) { return sum_value(t, rank(), i, 3); }), keep = in;
+      Buf want(t, shard), got(t, shard);
+      mpi().reduce_scatter(in.view(), want.view());
+      ucx().reduce_scatter(in.view(), got.view());
+      expect_same(got, want, label("reduce_scatter", t, n));
+      expect_same(in, keep, label("reduce_scatter leaves its input", t, n));
+
+      // ZeRO's layout: the output is this rank's shard of the input.
+      const std::size_t slot = std::size_t(rank()) * shard;
+      ucx().reduce_scatter(in.view(), in.view(slot, shard));
+      Buf in_shard(t, shard);
+      std::memcpy(in_shard.bytes(), in.bytes() + slot * in.esize(), shard * in.esize());
+      expect_same(in_shard, want, label("reduce_scatter in place", t, n));
+    }
+}
+
+TEST_F(UcxVsMpi, AllGatherOutOfPlaceAndInPlace) {
+  for (DType t : kDtypes)
+    for (std::size_t shard : kSizes) {
+      if (shard == kLarge) shard = kLarge / std::size_t(size()) + 3;
+      const std::size_t n = shard * std::size_t(size());
+      Buf in(t, shard, [&](std::size_t i) { return sum_value(t, rank(), i, 4); });
+      Buf want(t, n), got(t, n);
+      mpi().all_gather(in.view(), want.view());
+      ucx().all_gather(in.view(), got.view());
+      expect_same(got, want, label("all_gather", t, n));
+
+      Buf full(t, n);
+      const std::size_t slot = std::size_t(rank()) * shard;
+      std::memcpy(full.bytes() + slot * in.esize(), in.bytes(), shard * in.esize());
+      ucx().all_gather(full.view(slot, shard), full.view());
+      expect_same(full, want, label("all_gather in place", t, n));
+    }
+}
+
+TEST_F(UcxVsMpi, BroadcastEveryRoot) {
+  for (int root = 0; root < size(); ++root)
+    for (DType t : kDtypes)
+      for (std::size_t n : kSizes) {
+        Buf a(t, n, [&](std::size_t i) { return sum_value(t, rank(), i, 5 + root); }), b = a;
+        mpi().broadcast(a.view(), root);
+        ucx().broadcast(b.view(), root);
+        expect_same(b, a, label("broadcast", t, n, root));
+      }
+}
+
+TEST_F(UcxVsMpi, ReduceEveryRoot) {
+  for (int root = 0; root < size(); ++root)
+    for (DType t : kDtypes)
+      for (std::size_t n : kSizes) {
+        // The whole buffer on every rank: the root's sum, the others' data untouched.
+        Buf a(t, n, [&](std::size_t i) { return sum_value(t, rank(), i, 6 + root); }), b = a;
+        mpi().reduce(a.view(), root);
+        ucx().reduce(b.view(), root);
+        expect_same(b, a, label("reduce", t, n, root));
+      }
+}
+
+TEST_F(UcxVsMpi, EmptyBuffersAndBarrier) {
+  Buf empty(DType::f32, 0);
+  ucx().all_reduce(empty.view());
+  ucx().all_gather(empty.view(), empty.view());
+  ucx().reduce_scatter(empty.view(), empty.view());
+  ucx().broadcast(empty.view(), size() - 1);
+  ucx().reduce(empty.view(), 0);
+  for (int i = 0; i < 5; ++i) ucx().barrier();
+
+  // Nobody leaves the barrier before rank 0 enters it.
+  mpi().barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ucx().barrier();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.15) << "rank " << rank() << " left the barrier early";
+
+  const auto records = g_world->ucx_ledger.records();
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(records.back().op, strata::CommOp::barrier);
+  EXPECT_EQ(records.back().group, "ucx-world");
+  EXPECT_EQ(records.back().group_size, size());
+}
+
+// Bit-identical all_reduce results on every rank, also where the order of summation matters
+// (random reals): rank 0's result, broadcast over MPI, against each rank's.
+TEST_F(UcxVsMpi, AllReduceIsIdenticalOnEveryRank) {
+  std::mt19937 rng(1234 + rank());
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (std::size_t n : {std::size_t(1000), kLarge}) {  // recursive doubling, ring
+    for (int max : {0, 1}) {
+      std::vector<float> v(n);
+      for (float& x : v) x = dist(rng);
+      if (max)
+        ucx().all_reduce_max(strata::view(v.data(), n));
+      else
+        ucx().all_reduce(strata::view(v.data(), n));
+      std::vector<float> root = v;
+      MPI_Bcast(root.data(), int(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
+      EXPECT_EQ(std::memcmp(root.data(), v.data(), n * sizeof(float)), 0)
+          << (max ? "all_reduce_max" : "all_reduce") << " x" << n << " differs from rank 0's";
+    }
+  }
+}
+
+// Runs f on a thread; join() rethrows what it threw.
+class Thread {
+ public:
+  explicit Thread(std::function<void()> f)
+      : t_([this, f = std::move(f)] {
+          try {
+            f();
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+        }) {}
+  void join() {
+    t_.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::exception_ptr error_;
+  std::thread t_;
+};
+
+// A ring exchange: two messages with tags 1 and 2 to the right neighbour, sent from two threads,
+// received from the left in the other order (tag 2 first). Small (eager) and large (rendezvous)
+// messages; on one rank the neighbour is the rank itself.
+TEST_F(UcxVsMpi, PointToPointTagsKeepStreamsApart) {
+  const int right = (rank() + 1) % size(), left = (rank() + size() - 1) % size();
+  for (std::size_t n : {std::size_t(5), std::size_t(300000)}) {
+    Buf one(DType::i32, n, [&](std::size_t i) { return rank() * 1000 + 1 + i % 7; });
+    Buf two(DType::i32, n, [&](std::size_t i) { return rank() * 1000 + 2 + i % 5; });
+    Thread a([&] { ucx().send(one.view(), right, 1); });
+    Thread b([&] { ucx().send(two.view(), right, 2); });
+    Buf got2(DType::i32, n), got1(DType::i32, n);
+    ucx().recv(got2.view(), left, 2);
+    ucx().recv(got1.view(), left, 1);
+    a.join();
+    b.join();
+    expect_same(got1, Buf(DType::i32, n, [&](std::size_t i) { return left * 1000 + 1 + i % 7; }),
+                "tag 1 x" + std::to_string(n));
+    expect_same(got2, Buf(DType::i32, n, [&](std::size_t i) { return left * 1000 + 2 + i % 5; }),
+                "tag 2 x" + std::to_string(n));
+  }
+}
+
+// Messages of one tag arrive in the order they were sent.
+TEST_F(UcxVsMpi, PointToPointSameTagInOrder) {
+  const int right = (rank() + 1) % size(), left = (rank() + size() - 1) % size();
+  constexpr int kMessages = 4;
+  for (std::size_t n : {std::size_t(100), std::size_t(200000)}) {
+    std::vector<Buf> out;
+    for (int k = 0; k < kMessages; ++k)
+      out.emplace_back(DType::f64, n, [&](std::size_t i) { return k * 100000 + long(i); });
+    Thread sender([&] {
+      for (auto& m : out) ucx().send(m.view(), right, 7);
+    });
+    for (int k = 0; k < kMessages; ++k) {
+      Buf got(DType::f64, n);
+      ucx().recv(got.view(), left, 7);
+      expect_same(got, out[k], "message " + std::to_string(k) + " of tag 7, x" + std::to_string(n));
+    }
+    sender.join();
+  }
+}
+
+// Two groups (even and odd world ranks) at once, against MPI's split.
+TEST_F(UcxVsMpi, SubgroupsAllReduce) {
+  const int color = world_rank() % 2;
+  CommLedger ucx_ledger, mpi_ledger;
+  auto ucx_half = strata::ucx::split("half", color, world_rank(), &ucx_ledger);
+  auto mpi_half = strata::mpi::split("half", color, world_rank(), &mpi_ledger);
+  ASSERT_EQ(ucx_half->size(), mpi_half->size());
+  ASSERT_EQ(ucx_half->rank(), mpi_half->rank());
+  EXPECT_EQ(ucx_half->size(), (world_size() + 1 - color) / 2);
+  for (DType t : {DType::f32, DType::i64, DType::u8})
+    for (std::size_t n : {std::size_t(7), std::size_t(4099), kLarge}) {
+      Buf a(t, n, [&](std::size_t i) { return sum_value(t, world_rank(), i, 8); }), b = a;
+      mpi_half->all_reduce(a.view());
+      ucx_half->all_reduce(b.view());
+      expect_same(b, a, "half " + std::to_string(color) + ": " + label("all_reduce", t, n));
+    }
+  // Both halves talk at once on the world group too: their tags are the world group's own.
+  Buf c(DType::i32, 1000, [&](std::size_t i) { return sum_value(DType::i32, world_rank(), i, 9); }),
+      d = c;
+  mpi().all_reduce(c.view());
+  ucx().all_reduce(d.view());
+  expect_same(d, c, label("all_reduce after split", DType::i32, 1000));
+}
+
+TEST_F(UcxVsMpi, BadArgumentsThrow) {
+  Buf buf(DType::f32, 8);
+  try {
+    ucx().send(buf.view(), size());
+    ADD_FAILURE() << "a send to peer == size did not throw";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    EXPECT_FALSE(e.hint().empty());
+  }
+  EXPECT_THROW(ucx().recv(buf.view(), -1), strata::Error);
+  EXPECT_THROW(ucx().broadcast(buf.view(), size()), strata::Error);
+  EXPECT_THROW(ucx().reduce(buf.view(), -1), strata::Error);
+  Buf wrong(DType::f32, 8 * std::size_t(size()) + 1);
+  EXPECT_THROW(ucx().all_gather(buf.view(), wrong.view()), strata::Error);
+  EXPECT_THROW(ucx().reduce_scatter(wrong.view(), buf.view()), strata::Error);
+  // The group is still usable afterwards.
+  ucx().barrier();
+}
+
+// Non-zero ranks: only failures, with the rank in front.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("STRATA_UCX_SMALL_BYTES", "4096", /*overwrite=*/0);
+  try {
+    strata::mpi::init(&argc, &argv);
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rank = world_rank();
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));
+  }
+  int rc = 1;
+  try {
+    World world;
+    world.ucx = strata::ucx::split("ucx-world", 0, rank, &world.ucx_ledger);
+    world.mpi = strata::mpi::split("world", 0, rank, &world.mpi_ledger);
+    g_world = &world;
+    rc = RUN_ALL_TESTS();
+    g_world = nullptr;
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "rank %d: %s (%s)\n", rank, e.what(), e.hint().c_str());
+    strata::mpi::abort_job(1);
+  }
+  int any = rc;
+  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && any != 0 && rc == 0) std::fprintf(stderr, "a test failed on another rank\n");
+  strata::mpi::finalize();
+  return any != 0 ? 1 : 0;
+}
