@@ -193,8 +193,8 @@ static void calibration(const RunRecord& r, const std::string& groups_csv) {
       for (double size : sizes) {
         if (i >= r.calibration.size()) return;
         const CalibrationPoint& p = r.calibration[i++];
-        EXPECT(p.group == g && p.op == op, "row %zu is %s/%s, want %s/%s\n", i - 1,
-               p.group.c_str(), p.op.c_str(), g.c_str(), op);
+        EXPECT(p.group == g && p.op == op, "row %zu is %s/%s, want %s/%s\n", i - 1, p.group.c_str(),
+               p.op.c_str(), g.c_str(), op);
         const double elems = p.bytes / 4;
         EXPECT(p.ranks >= 2 && p.bytes <= size && p.bytes > size - 4 * p.ranks &&
                    std::fmod(elems, p.ranks) == 0,
