@@ -3,7 +3,8 @@
 # `sbatch slurm/scale.sbatch slurm/studies/tiny.study`, wait, check every run file and the
 # figures, submit again and check that nothing is re-run, submit a study with too little time
 # left and check that it starts nothing, let the runner relaunch itself with srun inside an
-# allocation, stop the cluster and check that its processes are gone.
+# allocation, run a transport A/B study (mpi vs ucx), stop the cluster and check that its
+# processes are gone.
 # usage: scale.sh SOURCE_DIR RUNNER CHECK_RUN WORK_DIR PORT
 set -euo pipefail
 src=$1 runner=$2 check_run=$3 work=$4 port=$5
@@ -98,11 +99,36 @@ grep -q "srun --mpi=pmix --nodes=4" "$work/job-$id.out" || fail "runner did not 
 h5dump -d /provenance/hostnames "$work/relaunch/zero3.h5" | grep -q '"n1", "n2", "n3", "n4"' \
   || fail "relaunched run did not span n1..n4"
 
-# 5. Stop: the daemons it started are gone.
+# 5. A transport A/B inside one study (when UCX is built, as in CI): ddp and zero3 on 2 and 4
+#    nodes over mpi and ucx; each UCX run follows its MPI twin's loss trajectory, and
+#    results/compare pairs the twins.
+if "$runner" --list-transports | grep -qx ucx; then
+  # Comma lists cannot go through sbatch --export: the job inherits them from this environment.
+  id=$(export STRATA_STUDY=ab STRATA_STRATEGIES=ddp,zero3 STRATA_NODES=2,4 STRATA_TRANSPORTS=mpi,ucx
+    submit slurm/scale.sbatch slurm/studies/tiny.study)
+  cat "$work/job-$id.out"
+  [[ $(job_state "$id") == "JobState=COMPLETED ExitCode=0:0 " ]] || fail "A/B job $id: $(job_state "$id")"
+  for s in ddp zero3; do
+    for n in 2 4; do
+      mpi=$work/results/ab/tiny_${s}_n${n}x1_weak_r1.h5 ucx=$work/results/ab/tiny_${s}_n${n}x1_weak_ucx_r1.h5
+      h5dump -a /config/transport "$ucx" | grep -q '"ucx"' || fail "$ucx did not run over ucx"
+      "$check_run" trajectory "$mpi" "$ucx" 1e-5 >/dev/null || fail "$s on $n nodes: ucx left mpi's trajectory"
+    done
+  done
+  "$src/results/compare" --ignore transport --where-a transport=mpi --where-b transport=ucx \
+    "$work/results/ab" "$work/results/ab" > "$work/ab.txt"
+  cat "$work/ab.txt"
+  grep -q "^4 configuration(s)" "$work/ab.txt" && ! grep -q "only in" "$work/ab.txt" \
+    || fail "results/compare did not pair the mpi and ucx runs"
+else
+  echo "note: this build has no UCX transport; the transport A/B part did not run"
+fi
+
+# 6. Stop: the daemons it started are gone.
 pids=$(cat "$work"/cluster/ctld/slurmctld.pid "$work"/cluster/nodes/*/slurmd.pid "$work"/cluster/munge/munged.pid)
 trap - EXIT
 $cluster stop
 for p in $pids; do
   if [[ -r /proc/$p/stat ]] && ! grep -q ') Z' "/proc/$p/stat"; then fail "process $p still running after stop"; fi
 done
-echo "PASS: study of 12 runs on 4 Slurm nodes, resubmission re-ran nothing, time limit respected, runner relaunched itself with srun"
+echo "PASS: study of 12 runs on 4 Slurm nodes, resubmission re-ran nothing, time limit respected, runner relaunched itself with srun, transport A/B"
