@@ -24,15 +24,18 @@ export STRATA_RESULTS=$work/results STRATA_RUNNER=$runner
 cd "$src"
 
 # submit FLAGS... : runs one job to its end; prints its id; the job's output in $work/job-ID.out
+final_states='^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED)$'
 submit() {
   local id state
   id=$(sbatch --parsable -N 4 --ntasks-per-node 1 -o "$work/job-%j.out" "$@") || fail "sbatch refused"
+  # Wait for a final state. scontrol keeps the record after the job ends (MinJobAge), and a
+  # query that fails (a busy controller) is retried rather than taken for "gone".
   for ((t = 0; t < 600; t++)); do
-    state=$(squeue -h -j "$id" -o %T 2>/dev/null || true)
-    [[ -z $state ]] && break
+    state=$(scontrol -o show job "$id" 2>/dev/null | grep -o -E 'JobState=[A-Z_]+' | cut -d= -f2)
+    [[ $state =~ $final_states ]] && break
     sleep 1
   done
-  [[ -z $state ]] || { scancel "$id"; fail "job $id still $state after 10 minutes"; }
+  [[ $state =~ $final_states ]] || { scancel "$id"; fail "job $id still '$state' after 10 minutes"; }
   echo "$id"
 }
 job_state() { scontrol show job "$1" | grep -o -E 'JobState=[A-Z]+|ExitCode=[0-9:]+' | tr '\n' ' '; }
