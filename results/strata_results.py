@@ -29,11 +29,11 @@ class Run:
         # Arrays for the figures: [ranks x steps] per metric, timed steps only where it matters.
         self.steps = {k: np.asarray(f["steps"][k]) for k in f["steps"].keys()}
         self.warmup = int(self.config.get("warmup", "0"))
-        self.comm_time = {op: np.asarray(f["comm"][op]["time_s"]) for op in f["comm"].keys()}
-        # Training's achieved busbw and bytes per call, per op: [ranks x steps] each.
-        self.comm_busbw = {op: np.asarray(f["comm"][op]["busbw"]) for op in f["comm"].keys()}
-        self.comm_bytes = {op: np.asarray(f["comm"][op]["bytes"]) for op in f["comm"].keys()}
-        self.comm_calls = {op: np.asarray(f["comm"][op]["calls"]) for op in f["comm"].keys()}
+        # /comm per op, [ranks x steps] each: time, calls, bytes and the achieved busbw.
+        comm = {field: {op: np.asarray(f["comm"][op][field]) for op in f["comm"].keys()}
+                for field in ("time_s", "calls", "bytes", "busbw")}
+        self.comm_time, self.comm_calls = comm["time_s"], comm["calls"]
+        self.comm_bytes, self.comm_busbw = comm["bytes"], comm["busbw"]
         self.memory_tags = [_text(t) for t in f["memory"].attrs["tags"]]
         self.memory_peak = np.asarray(f["memory"]["peak_bytes"])            # [ranks x tags]
         self.memory_predicted = np.asarray(f["memory"]["predicted_bytes"])  # [tags]

@@ -53,10 +53,13 @@ void check_result(const Group& g, CommOp op, const std::vector<float>& in,
 
 }  // namespace
 
-std::vector<CalibrationRow> calibrate_comm(Context& ctx, CommLedger& ledger,
-                                           const std::vector<std::size_t>& sizes, int iterations) {
-  std::vector<CalibrationRow> rows;
-  std::vector<double> medians;  // this rank's, one per row; the max over ranks is taken at the end
+std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
+                                             const std::vector<std::size_t>& sizes,
+                                             int iterations) {
+  std::vector<CalibrationPoint> points;
+  std::vector<double>
+      medians;  // this rank's, one per point; the max over ranks is taken at the end
+  std::vector<double> factors;  // bus factor per point
   for (const auto& [axis, axis_name] : kAxes) {
     Group& g = ctx.group(axis);
     double size = g.size();
@@ -80,26 +83,24 @@ std::vector<CalibrationRow> calibrate_comm(Context& ctx, CommLedger& ledger,
         check_result(g, op, in, out);
         std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
         medians.push_back(times[times.size() / 2]);
-        CalibrationRow row;
-        row.group = axis_name;
-        row.op = op_name(op);
-        row.ranks = g.size();
-        row.bytes = double(n * sizeof(float));
-        rows.push_back(row);
+        CalibrationPoint p;
+        p.group = axis_name;
+        p.op = op_name(op);
+        p.ranks = g.size();
+        p.bytes = double(n * sizeof(float));
+        points.push_back(p);
+        factors.push_back(bus_factor(op, g.size()));
       }
   }
   if (!medians.empty()) mpi::control_allreduce_max(medians.data(), int(medians.size()));
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    CalibrationRow& r = rows[i];
-    r.time_s = medians[i];
-    r.algbw = r.time_s > 0 ? r.bytes / r.time_s : 0.0;
-    r.busbw = r.algbw * bus_factor(r.op == "all_reduce"       ? CommOp::all_reduce
-                                   : r.op == "reduce_scatter" ? CommOp::reduce_scatter
-                                                              : CommOp::all_gather,
-                                   r.ranks);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    CalibrationPoint& p = points[i];
+    p.time_s = medians[i];
+    p.algbw = p.time_s > 0 ? p.bytes / p.time_s : 0.0;
+    p.busbw = p.algbw * factors[i];
   }
   ledger.clear();
-  return rows;
+  return points;
 }
 
 }  // namespace strata

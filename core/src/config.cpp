@@ -12,10 +12,15 @@ namespace po = boost::program_options;
 
 namespace strata {
 
-static std::string transport_help() {
+// "mpi, ucx": the transports of this build, for help and errors.
+static std::string built_transports() {
   std::string built;
   for (const auto& t : transports_built()) built += (built.empty() ? "" : ", ") + t;
-  return "communication backend of the mesh groups: " + built + " (in this build)";
+  return built;
+}
+
+static std::string transport_help() {
+  return "communication backend of the mesh groups: " + built_transports() + " (in this build)";
 }
 
 static void parse_mesh(const std::string& text, MeshSpec& mesh) {
@@ -201,12 +206,9 @@ RunConfig parse_cli(int argc, char** argv) {
   if (c.watchdog_s <= 0) throw ConfigError("--watchdog: must be > 0 seconds");
   if (c.peak_tflops < 0) throw ConfigError("--peak-tflops: must be >= 0 (0 = measure)");
   if (c.blas_threads < 0) throw ConfigError("--blas-threads: must be >= 0 (0 = auto)");
-  if (!transport_built(c.transport)) {
-    std::string allowed;
-    for (const auto& t : transports_built()) allowed += (allowed.empty() ? "" : ", ") + t;
-    throw ConfigError("--transport " + c.transport + ": must be one of " + allowed +
+  if (!transport_built(c.transport))
+    throw ConfigError("--transport " + c.transport + ": must be one of " + built_transports() +
                       " (the transports in this build)");
-  }
   if (c.device != "cpu")
     throw ConfigError("--device " + c.device + ": must be cpu (the only device in this build)");
   if (!c.data_file.empty() && !std::ifstream(c.data_file))

@@ -183,11 +183,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   }
 
   if (config.calibrate_comm) {
-    const std::vector<CalibrationRow> cal =
+    state.record.calibration =
         calibrate_comm(ctx, ledger, default_calibration_sizes(), kCalibrationIterations);
-    for (const CalibrationRow& c : cal)
-      state.record.calibration.push_back(
-          {c.group, c.op, double(c.ranks), c.bytes, c.time_s, c.algbw, c.busbw});
     if (root) print_calibration(state.record.calibration, config.transport);
   }
 

@@ -2,6 +2,7 @@
 // Strings may be variable-length or fixed-length; attribute order is creation order when the file
 // tracks it (files written by strata do), else name order.
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -128,9 +129,12 @@ double attr_double(hid_t obj, const std::string& obj_path, const std::string& na
   return v[0];
 }
 
+bool has_link(hid_t file, const std::string& path) {
+  return check(H5Lexists(file, path.c_str(), H5P_DEFAULT), "look up '" + path + "'") > 0;
+}
+
 Dataset open_dataset(hid_t file, const std::string& path) {
-  if (check(H5Lexists(file, path.c_str(), H5P_DEFAULT), "look up '" + path + "'") <= 0)
-    throw Error("missing dataset '" + path + "'", kDamagedHint);
+  if (!has_link(file, path)) throw Error("missing dataset '" + path + "'", kDamagedHint);
   return Dataset(check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open dataset '" + path + "'"));
 }
 
@@ -142,9 +146,21 @@ std::vector<double> dataset_doubles(hid_t file, const std::string& path, std::ve
   return read_doubles({d, false, "dataset '" + path + "'"}, dims);
 }
 
+std::vector<std::string> dataset_strings(hid_t file, const std::string& path) {
+  Dataset d = open_dataset(file, path);
+  return read_strings({d, false, "dataset '" + path + "'"});
+}
+
+// The row count of a table (/trace, /calibration) whose columns have these lengths.
+std::size_t table_rows(const std::string& table, std::initializer_list<std::size_t> lengths) {
+  const std::size_t n = *lengths.begin();
+  for (std::size_t length : lengths)
+    if (length != n) throw Error(table + ": datasets of different lengths", kDamagedHint);
+  return n;
+}
+
 Group open_group(hid_t file, const std::string& path) {
-  if (check(H5Lexists(file, path.c_str(), H5P_DEFAULT), "look up '" + path + "'") <= 0)
-    throw Error("missing group '" + path + "'", kDamagedHint);
+  if (!has_link(file, path)) throw Error("missing group '" + path + "'", kDamagedHint);
   return Group(check(H5Gopen2(file, path.c_str(), H5P_DEFAULT), "open group '" + path + "'"));
 }
 
@@ -240,7 +256,7 @@ void read_steps_and_comm(hid_t file, RunRecord& r) {
     expect_shape(dims, r, known, path + "/busbw");
     c.predicted_bytes_per_step = attr_double(g, path, "predicted_bytes_per_step");
     const std::string per_rank = path + "/predicted_bytes_per_rank";
-    if (check(H5Lexists(file, per_rank.c_str(), H5P_DEFAULT), "look up '" + per_rank + "'") > 0)
+    if (has_link(file, per_rank))
       c.predicted_bytes_per_rank = dataset_doubles(file, per_rank, &dims);
   }
 }
@@ -280,45 +296,35 @@ RunRecord read_contents(hid_t file) {
   r.command_line = attr_string(file, "/", "command_line");
   r.config = string_attrs(file, "/config");
   r.provenance = string_attrs(file, "/provenance");
-  Dataset hosts = open_dataset(file, "/provenance/hostnames");
-  r.hostnames = read_strings({hosts, false, "dataset '/provenance/hostnames'"});
+  r.hostnames = dataset_strings(file, "/provenance/hostnames");
   read_steps_and_comm(file, r);
   read_memory_and_summary(file, r);
-  if (check(H5Lexists(file, "/trace", H5P_DEFAULT), "look up '/trace'") > 0) {
+  if (has_link(file, "/trace")) {
     std::vector<hsize_t> dims;
-    auto strings = [&](const std::string& path) {
-      Dataset d = open_dataset(file, path);
-      return read_strings({d, false, "dataset '" + path + "'"});
-    };
     const auto rank = dataset_doubles(file, "/trace/rank", &dims);
     const auto t0 = dataset_doubles(file, "/trace/t0", &dims);
     const auto t1 = dataset_doubles(file, "/trace/t1", &dims);
     const auto bytes = dataset_doubles(file, "/trace/bytes", &dims);
-    const auto stream = strings("/trace/stream"), kind = strings("/trace/kind"),
-               name = strings("/trace/name");
-    const std::size_t n = rank.size();
-    if (t0.size() != n || t1.size() != n || bytes.size() != n || stream.size() != n ||
-        kind.size() != n || name.size() != n)
-      throw Error("/trace: datasets of different lengths", kDamagedHint);
+    const auto stream = dataset_strings(file, "/trace/stream"),
+               kind = dataset_strings(file, "/trace/kind"),
+               name = dataset_strings(file, "/trace/name");
+    const std::size_t n = table_rows("/trace", {rank.size(), t0.size(), t1.size(), bytes.size(),
+                                                stream.size(), kind.size(), name.size()});
     for (std::size_t i = 0; i < n; ++i)
       r.trace.push_back({int(rank[i]), stream[i], kind[i], name[i], t0[i], t1[i], bytes[i]});
   }
-  if (check(H5Lexists(file, "/calibration", H5P_DEFAULT), "look up '/calibration'") > 0) {
+  if (has_link(file, "/calibration")) {
     std::vector<hsize_t> dims;
-    auto strings = [&](const std::string& path) {
-      Dataset d = open_dataset(file, path);
-      return read_strings({d, false, "dataset '" + path + "'"});
-    };
-    const auto group = strings("/calibration/group"), op = strings("/calibration/op");
+    const auto group = dataset_strings(file, "/calibration/group"),
+               op = dataset_strings(file, "/calibration/op");
     const auto ranks_of = dataset_doubles(file, "/calibration/ranks", &dims);
     const auto bytes = dataset_doubles(file, "/calibration/bytes", &dims);
     const auto time_s = dataset_doubles(file, "/calibration/time_s", &dims);
     const auto algbw = dataset_doubles(file, "/calibration/algbw", &dims);
     const auto busbw = dataset_doubles(file, "/calibration/busbw", &dims);
-    const std::size_t n = group.size();
-    if (op.size() != n || ranks_of.size() != n || bytes.size() != n || time_s.size() != n ||
-        algbw.size() != n || busbw.size() != n)
-      throw Error("/calibration: datasets of different lengths", kDamagedHint);
+    const std::size_t n =
+        table_rows("/calibration", {group.size(), op.size(), ranks_of.size(), bytes.size(),
+                                    time_s.size(), algbw.size(), busbw.size()});
     for (std::size_t i = 0; i < n; ++i)
       r.calibration.push_back(
           {group[i], op[i], ranks_of[i], bytes[i], time_s[i], algbw[i], busbw[i]});

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "results/hdf5_util.hpp"
@@ -133,6 +134,15 @@ void dataset_strings(hid_t file, const std::string& path, const std::vector<std:
   put_dataset(file, path, {p.size()}, t, t, p.data(), p.size(), unit);
 }
 
+// One field of every row of a table (/trace, /calibration), as a column to write.
+template <class Row, class Field>
+auto column(const std::vector<Row>& rows, Field field) {
+  std::vector<std::decay_t<decltype(field(rows.front()))>> out;
+  out.reserve(rows.size());
+  for (const Row& row : rows) out.push_back(field(row));
+  return out;
+}
+
 // Rows of an optional per-rank matrix: 0 when the record left it empty.
 hsize_t rows(const std::vector<double>& v, hsize_t ranks) { return v.empty() ? 0 : ranks; }
 
@@ -190,50 +200,36 @@ void write_contents(hid_t file, const RunRecord& r) {
                     {rows(series.predicted_bytes_per_rank, ranks)}, "bytes");
   }
 
+  // Event tables: one 1-D dataset per field, one row per event.
   if (!r.trace.empty()) {
     Group trace = make_group(file, "/trace");
-    std::vector<double> rank, t0, t1, bytes;
-    std::vector<std::string> stream, kind, name;
-    for (const TraceEvent& e : r.trace) {
-      rank.push_back(e.rank);
-      t0.push_back(e.t0);
-      t1.push_back(e.t1);
-      bytes.push_back(e.bytes);
-      stream.push_back(e.stream);
-      kind.push_back(e.kind);
-      name.push_back(e.name);
-    }
     const hsize_t n = r.trace.size();
-    dataset_doubles(file, "/trace/rank", rank, {n}, "rank");
-    dataset_strings(file, "/trace/stream", stream, "");
-    dataset_strings(file, "/trace/kind", kind, "");
-    dataset_strings(file, "/trace/name", name, "");
-    dataset_doubles(file, "/trace/t0", t0, {n}, "s");
-    dataset_doubles(file, "/trace/t1", t1, {n}, "s");
-    dataset_doubles(file, "/trace/bytes", bytes, {n}, "bytes");
+    const auto& t = r.trace;
+    dataset_doubles(file, "/trace/rank", column(t, [](auto& e) { return double(e.rank); }), {n},
+                    "rank");
+    dataset_strings(file, "/trace/stream", column(t, [](auto& e) { return e.stream; }), "");
+    dataset_strings(file, "/trace/kind", column(t, [](auto& e) { return e.kind; }), "");
+    dataset_strings(file, "/trace/name", column(t, [](auto& e) { return e.name; }), "");
+    dataset_doubles(file, "/trace/t0", column(t, [](auto& e) { return e.t0; }), {n}, "s");
+    dataset_doubles(file, "/trace/t1", column(t, [](auto& e) { return e.t1; }), {n}, "s");
+    dataset_doubles(file, "/trace/bytes", column(t, [](auto& e) { return e.bytes; }), {n}, "bytes");
   }
-
   if (!r.calibration.empty()) {
     Group cal = make_group(file, "/calibration");
-    std::vector<std::string> group, op;
-    std::vector<double> ranks_of, bytes, time_s, algbw, busbw;
-    for (const CalibrationPoint& p : r.calibration) {
-      group.push_back(p.group);
-      op.push_back(p.op);
-      ranks_of.push_back(p.ranks);
-      bytes.push_back(p.bytes);
-      time_s.push_back(p.time_s);
-      algbw.push_back(p.algbw);
-      busbw.push_back(p.busbw);
-    }
     const hsize_t n = r.calibration.size();
-    dataset_strings(file, "/calibration/group", group, "");
-    dataset_strings(file, "/calibration/op", op, "");
-    dataset_doubles(file, "/calibration/ranks", ranks_of, {n}, "ranks");
-    dataset_doubles(file, "/calibration/bytes", bytes, {n}, "bytes");
-    dataset_doubles(file, "/calibration/time_s", time_s, {n}, "s");
-    dataset_doubles(file, "/calibration/algbw", algbw, {n}, "bytes/s");
-    dataset_doubles(file, "/calibration/busbw", busbw, {n}, "bytes/s");
+    const auto& c = r.calibration;
+    dataset_strings(file, "/calibration/group", column(c, [](auto& p) { return p.group; }), "");
+    dataset_strings(file, "/calibration/op", column(c, [](auto& p) { return p.op; }), "");
+    dataset_doubles(file, "/calibration/ranks", column(c, [](auto& p) { return p.ranks; }), {n},
+                    "ranks");
+    dataset_doubles(file, "/calibration/bytes", column(c, [](auto& p) { return p.bytes; }), {n},
+                    "bytes");
+    dataset_doubles(file, "/calibration/time_s", column(c, [](auto& p) { return p.time_s; }), {n},
+                    "s");
+    dataset_doubles(file, "/calibration/algbw", column(c, [](auto& p) { return p.algbw; }), {n},
+                    "bytes/s");
+    dataset_doubles(file, "/calibration/busbw", column(c, [](auto& p) { return p.busbw; }), {n},
+                    "bytes/s");
   }
 
   // Memory matrices may be left empty (not measured): they are then written with 0 rows.

@@ -38,7 +38,10 @@ struct TraceEvent {
   double bytes = 0;
 };
 
-// One point of --calibrate-comm (see calibrate.hpp): bytes, s, bytes/s.
+// One (group, op, size) point of --calibrate-comm (calibrate.hpp). group: dp, tp, pp,
+// dp_intra_node or dp_inter_node; op: all_reduce, reduce_scatter or all_gather; bytes in the
+// nccl-tests size convention; algbw = bytes / time_s and busbw = algbw x bus_factor(op, ranks),
+// in bytes/s.
 struct CalibrationPoint {
   std::string group, op;
   double ranks = 0, bytes = 0, time_s = 0, algbw = 0, busbw = 0;
