@@ -127,6 +127,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     std::printf("%s", describe(*p, *spec).c_str());
     return false;
   }
+  if (env.rank ==
+      0)  // a library in a named directory that did not load is worth a line in a run too
+    for (const std::string& problem : registry.problems())
+      std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
   if (config.plugin.empty())
     throw ConfigError("--plugin: required, one of: " + known_strategies(registry));
   const StrategySpec* spec = nullptr;
@@ -156,7 +160,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     if (ec || ::access(config.out_dir.c_str(), W_OK) != 0)
       throw ConfigError("--out " + config.out_dir + ": cannot create or write the directory");
   }
-  if (!env.under_launcher && world > 1) relaunch(config, world, argc, argv);
+  if (!env.under_launcher && world > 1) {
+    check_local_world(config, world);
+    relaunch(config, world, argc, argv);
+  }
   return true;
 }
 
