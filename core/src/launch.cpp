@@ -93,9 +93,10 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
     cmd = {mpirun, "-np", std::to_string(world), "--bind-to", "none",
            // Open MPI's UCX layer here needs these to use shared memory/loopback between ranks.
            "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
-           // On SIGTERM/SIGINT mpirun gives the ranks this long before SIGKILL (default 1 s): time
-           // for rank 0 to hear the others and write the run file that says why the job ended.
-           "--mca", "odls_base_sigkill_timeout", "10", "-x",
+           // When a rank dies or mpirun is signalled, it sends SIGTERM after this many seconds and
+           // SIGKILL as many later (default 1 s each): time for rank 0 to hear the others and write
+           // the run file.
+           "--mca", "odls_base_sigkill_timeout", "3", "-x",
            "OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
     if (world > cores) cmd.push_back("--oversubscribe");
     if (::geteuid() == 0) {
