@@ -286,7 +286,7 @@ std::vector<Row> make_rows() {
               [](RunConfig& c, long long v) { c.train.steps = int(v); }),
       integer("warmup", T, "2", 0, 1e9, "first steps left out of the summary statistics",
               [](RunConfig& c, long long v) { c.train.warmup = int(v); }),
-      integer("seed", T, "1234", 0, 9007199254740992.0, "seed of initialisation and data",
+      integer("seed", T, "1234", 0, 9007199254740991.0, "seed of initialisation and data",
               [](RunConfig& c, long long v) { c.train.seed = std::uint64_t(v); }),
       real("lr", T, "", 0, 10, true,
            "AdamW learning rate, constant (default by preset: tiny 3e-3, small 1e-3, gpt2-124m "
@@ -646,7 +646,8 @@ std::string RunnerOption::valid_example() const {
     case OptionKind::flag:
       return "true";
     case OptionKind::integer:
-      return default_value.empty() ? integer_text(min) : default_value;
+      // 64: within every range here, and a size the others divide (heads into hidden)
+      return default_value.empty() ? integer_text(std::clamp(64.0, min, max)) : default_value;
     case OptionKind::real:
       return default_value.empty() ? number_text(max) : default_value;
     case OptionKind::size:
