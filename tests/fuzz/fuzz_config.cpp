@@ -12,9 +12,9 @@
 //   %env      NAME=VALUE lines, set as environment variables for the call (STRATA_ is prefixed
 //             when missing) and unset after it
 //   %world W R  (one line) resolve_mesh with world size W and R ranks per host (default 1 1)
-// Hermetic: the harness works in a temporary directory (relative paths resolve there), clears every
-// STRATA_* variable of its own environment at start, and refuses inputs naming /dev, /proc or /sys
-// (a --config /dev/zero would read forever: not the parser's business).
+// Hermetic: the harness writes only in its temporary directory, clears every STRATA_* variable of
+// its own environment at start, and refuses inputs naming /dev, /proc or /sys (a --config /dev/zero
+// would read forever: not the parser's business). parse_cli itself only reads (--config, --data).
 // FUZZ_VERBOSE=1 prints each call's outcome (to check what a seed or a reproducer reaches).
 #include <unistd.h>
 
@@ -133,7 +133,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::exit(1);
   }
   work_dir = templ;
-  fs::current_path(work_dir);
   std::vector<std::string> inherited;
   for (char** e = environ; *e; ++e)
     if (std::string_view(*e).rfind("STRATA_", 0) == 0) {

@@ -101,8 +101,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::perror("fuzz_run_file: mkdtemp");
     std::exit(1);
   }
-  work_dir = templ;
-  fs::current_path(work_dir);  // external links the edits add resolve here
+  work_dir = templ;  // external links the edits add resolve here, beside the run file
   run_file = work_dir / "run.h5";
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // failed edits are expected: no error stacks
   strata::write_run_file(base_record(), run_file.string());
