@@ -1,6 +1,7 @@
 # strata quick start:
 #   make run    install missing packages, configure, build, run the main job
 #   make test   the same set-up, then every test (unit, CLI, multi-rank end-to-end)
+#   make fuzz   the libFuzzer targets (clang, ASan + UBSan) in build-fuzz, FUZZ_SECONDS each
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 RUNNER = $(BUILD)/bin/runner
@@ -8,8 +9,11 @@ OUT   ?= results/local
 # The main job: a local scaling study (slurm/studies/local.study): every installed strategy at 1, 2
 # and 4 ranks (4 = 2 virtual nodes x 2), then its tables, figures and report.html under $(OUT).
 STUDY ?= slurm/studies/local.study
+# Fuzzing (tests/fuzz, README "Fuzzing"): its own clang build with sanitizers, then run.sh.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
 
-.PHONY: all deps configure build run test install clean
+.PHONY: all deps configure build run test install clean fuzz
 
 all: build
 
@@ -34,8 +38,16 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
 
+fuzz: deps
+	@cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSTRATA_BUILD_FUZZ=ON \
+	  -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TESTS=OFF \
+	  > $(FUZZ_BUILD).configure.log 2>&1 || { cat $(FUZZ_BUILD).configure.log; exit 1; }
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_config fuzz_run_file
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
 
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(FUZZ_BUILD) $(FUZZ_BUILD).configure.log
