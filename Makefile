@@ -2,6 +2,7 @@
 #   make run    install missing packages, configure, build, run the main job
 #   make test   the same set-up, then every test (unit, CLI, multi-rank end-to-end)
 #   make fuzz   the libFuzzer targets (clang, ASan + UBSan) in build-fuzz, FUZZ_SECONDS each
+#   make sanitize  ASan+UBSan build (build-asan/) and its tests; make tsan: TSan build (build-tsan/)
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 RUNNER = $(BUILD)/bin/runner
@@ -13,7 +14,13 @@ STUDY ?= slurm/studies/local.study
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps configure build run test install clean fuzz
+# Sanitizer builds (README "Sanitizers"): each configures its own build directory with
+# STRATA_SANITIZE and runs the tests labelled `sanitize` there (tests/sanitize/sanitize.cmake).
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+comma := ,
+
+.PHONY: all deps configure build run test install clean fuzz sanitize tsan
 
 all: build
 
@@ -46,8 +53,27 @@ fuzz: deps
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_config fuzz_run_file
 	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
+# $(call sanitizer_tests,BUILD_DIR,SANITIZERS): configure, build, run the `sanitize` tests.
+define sanitizer_tests
+	@cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=$(2) \
+	  -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF > $(1).configure.log 2>&1 \
+	  || { cat $(1).configure.log; exit 1; }
+	@grep -E '^-- strata' $(1).configure.log || true
+	@cmake --build $(1) -j $(JOBS)
+	cd $(1) && ctest -L sanitize --output-on-failure -j 2
+endef
+
+# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (about 8 min on 2 cores).
+sanitize: deps
+	$(call sanitizer_tests,$(ASAN_BUILD),address$(comma)undefined)
+
+# TSan: the comm streams and ledger, the UCX transport on 2 and 3 ranks, short ddp/zero3 runs.
+tsan: deps
+	$(call sanitizer_tests,$(TSAN_BUILD),thread)
+
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
 
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log $(FUZZ_BUILD) $(FUZZ_BUILD).configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(FUZZ_BUILD) $(FUZZ_BUILD).configure.log \
+	  $(ASAN_BUILD) $(ASAN_BUILD).configure.log $(TSAN_BUILD) $(TSAN_BUILD).configure.log

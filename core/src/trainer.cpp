@@ -203,9 +203,11 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   }
 
   if (config.calibrate_comm) {
-    state.record.calibration =
+    std::vector<CalibrationPoint> calibration =
         calibrate_comm(ctx, ledger, default_calibration_sizes(), kCalibrationIterations);
-    if (root) print_calibration(state.record.calibration, config.transport);
+    if (root) print_calibration(calibration, config.transport);
+    std::lock_guard lock(state.mu);  // rank 0's watchdog may be writing a failure file from it
+    state.record.calibration = std::move(calibration);
   }
 
   // A common time base for --trace: every rank's clock at the same barrier.
