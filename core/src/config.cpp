@@ -460,7 +460,18 @@ po::options_description make_description(bool with_help_text) {
   return all;
 }
 
+// Boost 1.74's error_with_option_name::what() loops for ever when a substituted name holds one of
+// its own placeholders ("%canonical_option%"): such a name is refused before Boost sees it.
+void refuse_percent_in_name(const std::string& where, const std::string& name) {
+  if (name.find('%') != std::string::npos)
+    throw ConfigError(where + "'" + name.substr(0, 64) + "': no such option (see runner --help)");
+}
+
 void collect_cli(int argc, char** argv, std::vector<Given>& given) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.rfind('-', 0) == 0) refuse_percent_in_name("", word.substr(0, word.find('=')));
+  }
   const po::options_description desc = make_description(false);
   const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
   po::parsed_options parsed(&desc);
@@ -488,6 +499,11 @@ void collect_config_file(const std::string& where, const std::string& path,
                          std::vector<Given>& given) {
   if (std::string why = readable_file_rule(path); !why.empty())
     throw ConfigError(where + " " + (path.empty() ? "''" : path) + ": " + why);
+  {
+    std::ifstream lines(path);
+    for (std::string line; std::getline(lines, line);)
+      refuse_percent_in_name(where + " " + path + ": ", line.substr(0, line.find('=')));
+  }
   std::ifstream f(path);
   const po::options_description desc = make_description(false);
   po::parsed_options parsed(&desc);

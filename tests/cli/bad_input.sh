@@ -13,7 +13,7 @@ check() {  # check "<expected text>" [VAR=value...] args...
   local err code
   local envs=(env)
   while [[ $1 == *=* && $1 != -* ]]; do envs+=("$1"); shift; done
-  err=$("${envs[@]}" "$runner" --out "$out" "$@" 2>&1 >/dev/null); code=$?
+  err=$(timeout 20 "${envs[@]}" "$runner" --out "$out" "$@" 2>&1 >/dev/null); code=$?
   local lines; lines=$(printf '%s\n' "$err" | grep -c .)
   if [[ $code -ne 2 || $lines -ne 1 || $err != *"$want"* ]]; then
     echo "FAIL: runner $* -> exit $code, $lines stderr line(s): $err (wanted: $want)"; fails=$((fails+1))
@@ -79,6 +79,9 @@ check "--data $tmp/big-tokens.bin: token 65535 at 0 is not below --vocab 256" --
 check "--steps 6: --steps is given twice" --plugin ddp --steps 5 --steps 6
 check "--memory-limit: only with --dry-run" --plugin ddp --memory-limit 1GiB
 check "--warmup 5: must be below --steps 5" --plugin ddp --steps 5 --warmup 5
+# Found by fuzzing (tests/fuzz/regressions/fuzz_config): Boost's error text looped for ever.
+check "'--x%canonical_option%': no such option" --plugin ddp '--x%canonical_option%'
+check "--steps x%value%: must be a whole number" --plugin ddp --steps 'x%value%'
 left=$(find "$out" -type f | wc -l)
 if [[ $left -ne 0 ]]; then echo "FAIL: $left file(s) left in $out"; fails=$((fails+1)); fi
 echo "$((cases - fails)) passed, $fails failed"
