@@ -121,7 +121,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fuzz::edit_run_file(run_file.string(), targets, input);
   try {
     check_shapes(strata::read_run_file(run_file.string()));
-  } catch (const strata::Error&) {
+  } catch (const strata::Error& e) {
+    if (std::getenv("FUZZ_VERBOSE")) std::fprintf(stderr, "read_run_file: %s\n", e.what());
   } catch (const std::exception& e) {
     contract_broken(std::string("read_run_file threw ") + typeid(e).name() +
                     ", not strata::Error: " + e.what());
