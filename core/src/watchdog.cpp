@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,7 +60,10 @@ struct Watchdog::Impl {
   Impl(double timeout, RunState& run) : timeout_s(timeout), state(run) {}
   double timeout_s;
   RunState& state;
-  std::atomic<CommLedger*> ledger{nullptr};
+  // Held while the ledger is read, so that attach(nullptr) returns only once this thread has let
+  // go of it: train() detaches and then destroys its ledger (also when it unwinds on an error).
+  mutable std::mutex ledger_mu;
+  CommLedger* ledger = nullptr;
   std::atomic<bool> stop{false};
   std::thread thread;
   int rank = 0, world = 1;
@@ -76,9 +80,12 @@ struct Watchdog::Impl {
   // The oldest blocking call of this rank, with its start time; false when not blocked.
   bool oldest_call(InFlight* out) const {
     std::vector<InFlight> calls = mpi::control_in_flight();
-    if (CommLedger* l = ledger.load()) {
-      std::vector<InFlight> more = l->in_flight();
-      calls.insert(calls.end(), more.begin(), more.end());
+    {
+      std::lock_guard lock(ledger_mu);
+      if (ledger) {
+        std::vector<InFlight> more = ledger->in_flight();
+        calls.insert(calls.end(), more.begin(), more.end());
+      }
     }
     if (calls.empty()) return false;
     *out = *std::min_element(calls.begin(), calls.end(),
@@ -301,6 +308,9 @@ Watchdog::~Watchdog() {
   impl_->thread.join();
 }
 
-void Watchdog::attach(CommLedger* ledger) { impl_->ledger = ledger; }
+void Watchdog::attach(CommLedger* ledger) {
+  std::lock_guard lock(impl_->ledger_mu);
+  impl_->ledger = ledger;
+}
 
 }  // namespace strata
