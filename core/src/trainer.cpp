@@ -302,6 +302,9 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   if (!root) return;
 
   std::lock_guard lock(state.mu);
+  // The watchdog wrote a failure file while the gathers above were in flight (a signal, a
+  // timeout): that file stands, and the watchdog ends the process.
+  if (state.written) return;
   RunRecord& rec = state.record;
   rec.steps = steps;
   rec.step_metrics.clear();

@@ -16,7 +16,7 @@ STRATA_STRATEGIES=ddp,zero1
 STRATA_NODES=1
 STRATA_RANKS_PER_NODE=1
 STRATA_MODEL=tiny
-STRATA_STEPS=400
+STRATA_STEPS=1500
 STRATA_RUNNER_ARGS=--blas-threads 1
 STUDY
 study() { STRATA_RESULTS=$work STRATA_RUNNER=$runner exec bash "$src/slurm/scale.sbatch" "$work/two.study"; }
@@ -30,7 +30,7 @@ until grep -q "run $id" "$work/first.log" 2>/dev/null && [[ -s $out/$id.log ]]; 
   ((SECONDS < deadline)) || { fail "the first run never started"; break; }
   sleep 0.2
 done
-sleep 1.5
+sleep 1
 kill -TERM "$script"
 t0=$SECONDS
 wait "$script"
