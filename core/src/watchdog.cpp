@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "comm/mpi_transport.hpp"
@@ -14,7 +15,10 @@ namespace strata {
 struct Watchdog::Impl {
   double timeout_s;
   RunState& state;
-  std::atomic<CommLedger*> ledger{nullptr};
+  // Held while the ledger is read, so that attach(nullptr) returns only once the watchdog has let
+  // go of it: train() detaches and then destroys its ledger (also when it unwinds on an error).
+  std::mutex ledger_mu;
+  CommLedger* ledger = nullptr;
   std::atomic<bool> stop{false};
   std::thread thread;
 
@@ -42,24 +46,27 @@ struct Watchdog::Impl {
         write_failure(state, status, text);
         mpi::abort_job(1);
       }
-      if (CommLedger* l = ledger.load()) {
-        for (const InFlight& f : l->in_flight())
-          if (now() - f.t0 > timeout_s) {
-            char buf[256];
-            std::snprintf(buf, sizeof buf,
-                          "rank %d: %s on group %s (%llu bytes) has not finished after %.0f s "
-                          "(--watchdog)",
-                          rank, op_name(f.op), f.group.c_str(), (unsigned long long)f.bytes,
-                          now() - f.t0);
-            fail("timeout", buf);
-          }
+      std::vector<InFlight> in_flight;
+      {
+        std::lock_guard lock(ledger_mu);
+        if (ledger) in_flight = ledger->in_flight();
       }
+      for (const InFlight& f : in_flight)
+        if (now() - f.t0 > timeout_s) {
+          char buf[256];
+          std::snprintf(buf, sizeof buf,
+                        "rank %d: %s on group %s (%llu bytes) has not finished after %.0f s "
+                        "(--watchdog)",
+                        rank, op_name(f.op), f.group.c_str(), (unsigned long long)f.bytes,
+                        now() - f.t0);
+          fail("timeout", buf);
+        }
     }
   }
 };
 
 Watchdog::Watchdog(double timeout_s, RunState& state)
-    : impl_(new Impl{timeout_s, state, {}, {}, {}}) {
+    : impl_(new Impl{timeout_s, state, {}, nullptr, {}, {}}) {
   impl_->thread = std::thread([this] { impl_->run(); });
 }
 
@@ -68,6 +75,9 @@ Watchdog::~Watchdog() {
   impl_->thread.join();
 }
 
-void Watchdog::attach(CommLedger* ledger) { impl_->ledger = ledger; }
+void Watchdog::attach(CommLedger* ledger) {
+  std::lock_guard lock(impl_->ledger_mu);
+  impl_->ledger = ledger;
+}
 
 }  // namespace strata
