@@ -55,11 +55,11 @@ if(STRATA_SANITIZE MATCHES "thread")
   # The threads: comm streams and the ledger (test_comm), the UCX transport's worker shared by
   # threads (2 and 3 ranks), and short e2e runs whose collectives run on comm streams: ddp's
   # buckets, zero3's prefetched gathers over MPI and UCX, gpipe's sends with --trace, and the
-  # watchdog ending a hung run.
+  # failure runs (the watchdog thread beside a run that throws, runs out of memory or hangs).
   set(SANITIZE_UNIT_EXECUTABLES test_comm)
   set(SANITIZE_UNIT_TESTS ucx.collectives.np2 ucx.collectives.np3)
   set(SANITIZE_FIXTURES run.reference run.reference.l8 run.ddp.np4 run.zero3.np2 run.zero3.np4
-                        run.zero3.np4.ucx run.gpipe.pp4 fail.hang)
+                        run.zero3.np4.ucx run.gpipe.pp4 fail.throw fail.oom fail.hang)
 endif()
 # GoogleTest executables run through this, also when gtest_discover_tests lists their tests at build
 # time (the UCX switches are needed before main).
