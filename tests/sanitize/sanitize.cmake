@@ -22,14 +22,14 @@ if(STRATA_SANITIZE MATCHES "address")
   #   slow unwinder gives whole allocation stacks, which the leak suppressions match against.
   # intercept_tls_get_addr=0: GCC 12's LeakSanitizer misreads a dynamic TLS block that glibc
   #   malloc()ed at a page offset of 16 as glibc 2.19's header layout and its leak check crashes
-  #   ("Tracer caught signal 11", "DTLS 15 at 0x3f56-0x400005058", seen on a dlopen()ed Open MPI
-  #   module in e2e.run.interleaved.tp2.pp2). Off, dynamic TLS is not a root of the leak check:
+  #   ("Tracer caught signal 11", "DTLS 15 at 0x3f56-0x400005058": the block of an Open MPI or UCX
+  #   module loaded with dlopen, in e2e.run.interleaved.tp2.pp2). Off, dynamic TLS is not a root of the leak check:
   #   nothing of strata's lives there (its thread_locals are in libstrata_core's static TLS).
   list(APPEND SANITIZE_ENV
        "ASAN_OPTIONS=fast_unwind_on_malloc=0:intercept_tls_get_addr=0:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
        "LSAN_OPTIONS=suppressions=${SANITIZE_DIR}/lsan.supp:print_suppressions=0")
   set(SANITIZE_TIMEOUT_SCALE 3)
-  # Which tests (about 3 minutes on 2 cores): every unit and CLI test but the UCX collectives on 4
+  # Which tests (about 2 minutes on 2 cores): every unit and CLI test but the UCX collectives on 4
   # and 5 ranks (np2 and np3 already take the power-of-two and the folding paths; np4/np5
   # oversubscribe 2 cores for a minute), and these e2e runs with every check that needs only them:
   # each strategy family at 2 and 4 ranks, the pipelines with tp and --trace, the failure paths
