@@ -63,11 +63,11 @@ define sanitizer_tests
 	cd $(1) && ctest -L sanitize --output-on-failure -j 2
 endef
 
-# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (about 8 min on 2 cores).
+# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (about 7 min on 2 cores).
 sanitize: deps
 	$(call sanitizer_tests,$(ASAN_BUILD),address$(comma)undefined)
 
-# TSan: the comm streams and ledger, the UCX transport on 2 and 3 ranks, short ddp/zero3 runs.
+# TSan: comm streams and ledger, the UCX transport on 2-3 ranks, short ddp/zero3/gpipe and failure runs.
 tsan: deps
 	$(call sanitizer_tests,$(TSAN_BUILD),thread)
 
