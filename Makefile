@@ -1,6 +1,7 @@
 # strata quick start:
 #   make run    install missing packages, configure, build, run the main job
-#   make test   the same set-up, then every test (unit, CLI, multi-rank end-to-end)
+#   make test   the same set-up, then every test (unit, CLI, multi-rank end-to-end, faults, Slurm
+#               scripts, archive tools), the ASan + UBSan set and a bounded fuzz run
 #   make fuzz   the libFuzzer targets (clang, ASan + UBSan) in build-fuzz, FUZZ_SECONDS each
 #   make sanitize  ASan+UBSan build (build-asan/) and its tests; make tsan: TSan build (build-tsan/)
 BUILD ?= build
@@ -42,8 +43,13 @@ run: build
 	  bash slurm/scale.sbatch $(STUDY)
 	@echo "run files in $(OUT)/, summary.txt, figures and report.html in $(OUT)/figures/"
 
+# Every test: the main build's, then the ASan + UBSan set, then a bounded fuzz run (TEST_FUZZ_SECONDS
+# per target). About 20 minutes from a fresh clone on 2 cores.
+TEST_FUZZ_SECONDS ?= 30
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
+	@$(MAKE) --no-print-directory sanitize
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
 fuzz: deps
 	@cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -26,7 +26,7 @@ if(STRATA_SANITIZE MATCHES "address")
   #   module loaded with dlopen, in e2e.run.interleaved.tp2.pp2). Off, dynamic TLS is not a root of the leak check:
   #   nothing of strata's lives there (its thread_locals are in libstrata_core's static TLS).
   list(APPEND SANITIZE_ENV
-       "ASAN_OPTIONS=fast_unwind_on_malloc=0:intercept_tls_get_addr=0:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
+       "ASAN_OPTIONS=fast_unwind_on_malloc=0:intercept_tls_get_addr=0:allocator_may_return_null=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
        "LSAN_OPTIONS=suppressions=${SANITIZE_DIR}/lsan.supp:print_suppressions=0")
   set(SANITIZE_TIMEOUT_SCALE 3)
   # Which tests (about 2 minutes on 2 cores): every unit and CLI test but the UCX collectives on 4
