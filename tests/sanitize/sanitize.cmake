@@ -50,7 +50,7 @@ if(STRATA_SANITIZE MATCHES "undefined")
 endif()
 if(STRATA_SANITIZE MATCHES "thread")
   list(APPEND SANITIZE_ENV
-       "TSAN_OPTIONS=suppressions=${SANITIZE_DIR}/tsan.supp:halt_on_error=1:second_deadlock_stack=1")
+       "TSAN_OPTIONS=suppressions=${SANITIZE_DIR}/tsan.supp:halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1")
   set(SANITIZE_TIMEOUT_SCALE 5)
   # The threads: comm streams and the ledger (test_comm), the UCX transport's worker shared by
   # threads (2 and 3 ranks), and short e2e runs whose collectives run on comm streams: ddp's
