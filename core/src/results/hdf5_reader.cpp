@@ -269,6 +269,11 @@ void read_memory_and_summary(hid_t file, RunRecord& r) {
   r.predicted_bytes = dataset_doubles(file, "/memory/predicted_bytes", &dims);
   r.predicted_bytes_per_rank = dataset_doubles(file, "/memory/predicted_bytes_per_rank", &dims);
   r.process_peak_bytes = dataset_doubles(file, "/memory/process_peak_bytes", &dims);
+  // Absent in files written before they existed: left empty (unknown).
+  if (has_link(file, "/memory/baseline_bytes"))
+    r.baseline_bytes = dataset_doubles(file, "/memory/baseline_bytes", &dims);
+  if (has_link(file, "/memory/tracked_peak_bytes"))
+    r.tracked_peak_bytes = dataset_doubles(file, "/memory/tracked_peak_bytes", &dims);
 
   // Numeric attributes are the measures; each has a string "<name>.unit" beside it.
   Group summary = open_group(file, "/summary");
