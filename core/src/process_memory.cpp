@@ -1,6 +1,7 @@
 #include "process_memory.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -42,6 +43,12 @@ ProcessMemory read_process_memory() {
     if (line.rfind("RssShmem:", 0) == 0) m.rss_shmem = bytes(line);
   }
   return m;
+}
+
+void configure_allocator() {
+  // Setting either threshold turns glibc's dynamic adjustment of both off.
+  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+  mallopt(M_TRIM_THRESHOLD, 2 * kMmapThresholdBytes);
 }
 
 std::uint64_t mark_runtime_baseline(const MemoryLedger& ledger) {

@@ -19,6 +19,21 @@ struct ProcessMemory {
 };
 ProcessMemory read_process_memory();
 
+// Makes the process's resident memory follow its live allocations; call first in main, before any
+// thread starts. glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB,
+// the trim threshold to twice that), after which large blocks come from the heap, where freed
+// memory stays resident and fragments: once the start-up SGEMM calibration freed its 4 MiB
+// matrices and zero2 its 16 MiB gradient buffers, each step took two new 16 MiB blocks from the
+// heap and kept the freed ones (+32 MiB of RSS per step, 273-435 MiB for 205 MiB tracked). Fixed
+// thresholds end that: every block of kMmapThresholdBytes or more is mapped on its own and
+// unmapped when freed. 1 MiB rather than glibc's initial 128 KiB keeps OpenBLAS's 512 KiB job
+// array, allocated and freed by every threaded GEMM call, in the heap: at 128 KiB each call paid
+// an mmap, munmap and page faults (~830 pairs per small-model step at 2 BLAS threads, 13-24 us
+// each: 11-20 ms of a ~400 ms step). The trim threshold is twice it, as glibc's own rule keeps
+// it.
+inline constexpr int kMmapThresholdBytes = 1 << 20;
+void configure_allocator();
+
 // The runtime's share of the process, taken once the runtime is up (MPI initialised, groups
 // created, BLAS warmed up by the SGEMM calibration) and before the strategy allocates: the
 // resident bytes minus the bytes the ledger already tracks (the micro-batch's token buffers). It
