@@ -19,6 +19,7 @@
 #include "format.hpp"
 #include "launch.hpp"
 #include "plugin_loader.hpp"
+#include "process_memory.hpp"
 #include "provenance.hpp"
 #include "trainer.hpp"
 
@@ -168,6 +169,7 @@ std::string status_of(const std::exception& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  configure_allocator();  // process_memory.hpp: before any thread starts
   const LaunchEnv env = detect_launch_env();
   RunConfig config;
   PluginRegistry registry;
