@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "cpu/layers.hpp"
+
 namespace strata {
 namespace {
 
@@ -52,6 +54,7 @@ void configure_allocator() {
 }
 
 std::uint64_t mark_runtime_baseline(const MemoryLedger& ledger) {
+  cpu::warm_up_gemm();
   const std::uint64_t rss = read_process_memory().rss;
   if (restart_kernel_peak()) g_carried_peak = 0;
   return rss > ledger.total() ? rss - ledger.total() : 0;

@@ -35,9 +35,9 @@ inline constexpr int kMmapThresholdBytes = 1 << 20;
 void configure_allocator();
 
 // The runtime's share of the process, taken once the runtime is up (MPI initialised, groups
-// created, BLAS warmed up by the SGEMM calibration) and before the strategy allocates: the
-// resident bytes minus the bytes the ledger already tracks (the micro-batch's token buffers). It
-// also restarts the kernel's peak (VmHWM), so
+// created) and before the strategy allocates: it warms BLAS up (cpu::warm_up_gemm: one GEMM of
+// the largest block the layers issue), then takes the resident bytes minus the bytes the ledger
+// already tracks (the micro-batch's token buffers). It also restarts the kernel's peak (VmHWM), so
 // that the process peak covers the run from here on and not start-up transients (the SGEMM
 // calibration's 12 MiB of matrices); where the kernel refuses the reset, the peak stays the
 // lifetime peak.

@@ -66,8 +66,9 @@ TEST(ProcessMemory, BaselineExcludesTrackedBytesAndRestartsThePeak) {
   Buffer<float> params(ledger, MemTag::params, 2 * kMiB);  // 8 MiB, tracked
   const std::uint64_t rss = strata::read_process_memory().rss;
   const std::uint64_t baseline = strata::mark_runtime_baseline(ledger);
+  // mark_runtime_baseline() warms the GEMM workspace (a few MiB of BLAS buffers) first.
   EXPECT_GE(baseline + 8 * kMiB, rss - 256 * 1024);
-  EXPECT_LE(baseline + 8 * kMiB, rss + 256 * 1024);
+  EXPECT_LE(baseline + 8 * kMiB, rss + 16 * kMiB);
   const std::uint64_t peak = strata::peak_rss_bytes();
   EXPECT_LT(peak, baseline + 8 * kMiB + 8 * kMiB) << "the 64 MiB transient is still in the peak";
   EXPECT_GE(peak, strata::read_process_memory().rss);
