@@ -1,6 +1,8 @@
 # strata quick start:
 #   make run    install missing packages, configure, build, run the main job
 #   make test   the same set-up, then every test (unit, CLI, multi-rank end-to-end)
+#   make fuzz   the libFuzzer targets (clang, ASan + UBSan) in build-fuzz, FUZZ_SECONDS each
+#   make sanitize  ASan+UBSan build (build-asan/) and its tests; make tsan: TSan build (build-tsan/)
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 RUNNER = $(BUILD)/bin/runner
@@ -8,8 +10,17 @@ OUT   ?= results/local
 # The main job: a local scaling study (slurm/studies/local.study): every installed strategy at 1, 2
 # and 4 ranks (4 = 2 virtual nodes x 2), then its tables, figures and report.html under $(OUT).
 STUDY ?= slurm/studies/local.study
+# Fuzzing (tests/fuzz, README "Fuzzing"): its own clang build with sanitizers, then run.sh.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
 
-.PHONY: all deps configure build run test install clean
+# Sanitizer builds (README "Sanitizers"): each configures its own build directory with
+# STRATA_SANITIZE and runs the tests labelled `sanitize` there (tests/sanitize/sanitize.cmake).
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+comma := ,
+
+.PHONY: all deps configure build run test install clean fuzz sanitize tsan
 
 all: build
 
@@ -34,8 +45,35 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
 
+fuzz: deps
+	@cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSTRATA_BUILD_FUZZ=ON \
+	  -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TESTS=OFF \
+	  > $(FUZZ_BUILD).configure.log 2>&1 || { cat $(FUZZ_BUILD).configure.log; exit 1; }
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_config fuzz_run_file
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+# $(call sanitizer_tests,BUILD_DIR,SANITIZERS): configure, build, run the `sanitize` tests.
+define sanitizer_tests
+	@cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=$(2) \
+	  -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF > $(1).configure.log 2>&1 \
+	  || { cat $(1).configure.log; exit 1; }
+	@grep -E '^-- strata' $(1).configure.log || true
+	@cmake --build $(1) -j $(JOBS)
+	cd $(1) && ctest -L sanitize --output-on-failure -j 2
+endef
+
+# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (about 7 min on 2 cores).
+sanitize: deps
+	$(call sanitizer_tests,$(ASAN_BUILD),address$(comma)undefined)
+
+# TSan: comm streams and ledger, the UCX transport on 2-3 ranks, short ddp/zero3/gpipe and failure runs.
+tsan: deps
+	$(call sanitizer_tests,$(TSAN_BUILD),thread)
+
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
 
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(FUZZ_BUILD) $(FUZZ_BUILD).configure.log \
+	  $(ASAN_BUILD) $(ASAN_BUILD).configure.log $(TSAN_BUILD) $(TSAN_BUILD).configure.log

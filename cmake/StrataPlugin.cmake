@@ -9,7 +9,6 @@ function(strata_add_plugin family)
   set_target_properties(${target} PROPERTIES
     PREFIX "lib"
     LIBRARY_OUTPUT_DIRECTORY "${STRATA_PLUGIN_OUTPUT_DIR}"
-    BUILD_RPATH "$ORIGIN/../.."
     INSTALL_RPATH "$ORIGIN/../..")
   install(TARGETS ${target} LIBRARY DESTINATION "${STRATA_PLUGIN_RELDIR}")
 endfunction()

@@ -1,5 +1,10 @@
 // RunConfig: every resolved option of a run (CLI > --config FILE > STRATA_* environment > default),
 // validated before any rank allocates. Printed at start and stored verbatim in the run file.
+//
+// Every option is one row of a table (config.cpp): its name, what it accepts, its default and help.
+// Each value, from any source, is checked once by its row; the row also yields the values it must
+// refuse, which the bad-input suite (tests/unit/test_options.cpp) tries through every source, so a
+// new option cannot skip validation or its test.
 #pragma once
 #include <string>
 #include <utility>
@@ -47,14 +52,50 @@ struct RunConfig {
   std::vector<std::pair<std::string, std::string>> resolved() const;
 };
 
-// Parse argv. Throws ConfigError with one line naming the option and what is allowed.
+// What a runner option accepts.
+enum class OptionKind {
+  flag,     // no value on the command line; true/false/yes/no/on/off/1/0 in a file or variable
+  integer,  // decimal digits, in [min, max]
+  real,     // a finite number, in [min, max] (or (min, max] with min_exclusive)
+  size,     // bytes with an optional unit: 80GiB, 512MiB, 1e9; in (0, max]
+  choice,   // one of `choices`
+  name,     // a file-name-safe word: letters, digits, '.', '_', '+', '-'; not starting with '.'
+  text,     // anything non-empty (checked by the option's own rule)
+};
+
+struct RunnerOption {
+  std::string name;  // the long name, without "--"
+  std::string section;
+  OptionKind kind;
+  std::string default_value;  // empty: none
+  std::string help;
+  double min = 0, max = 0;
+  bool min_exclusive = false;
+  std::vector<std::string> choices;
+  bool repeatable = false;
+  std::vector<std::string> also_invalid;  // refused values beyond those the kind implies
+  // "an integer in 1..4096": the allowed values, as error messages and the help say them.
+  std::string accepts() const;
+  // Values this option must refuse (from its kind and range, plus also_invalid).
+  std::vector<std::string> invalid_examples() const;
+  // A value this option accepts.
+  std::string valid_example() const;
+};
+
+// Every runner option, in help order.
+const std::vector<RunnerOption>& runner_options();
+
+// Parse argv, then --config FILE (or STRATA_CONFIG), then STRATA_<OPTION> variables of the
+// environment. Throws ConfigError with one line naming the option, where its value came from and
+// what is allowed.
 RunConfig parse_cli(int argc, char** argv);
 
 // Checks that need the world size (known from the launcher's environment before MPI starts, or from
 // --nodes x --ranks-per-node): mesh shape, batch divisibility. Fills mesh.dp/nodes/ranks_per_node.
 void resolve_mesh(RunConfig& config, int world_size, int ranks_per_host);
 
-// "80GiB", "512MiB", "1e9" -> bytes; ConfigError naming `option` otherwise.
-double parse_bytes(const std::string& option, const std::string& text);
+// A run id names a file inside --out: letters, digits, '.', '_', '+', '-', at most 128, not
+// starting with '.'. ConfigError naming `source` otherwise.
+void check_run_id(const std::string& source, const std::string& run_id);
 
 }  // namespace strata

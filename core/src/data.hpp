@@ -27,4 +27,8 @@ std::unique_ptr<DataSource> make_synthetic_source(std::uint64_t seed, int seq, i
 std::unique_ptr<DataSource> make_token_file_source(const std::string& path, std::uint64_t seed,
                                                    int seq, int vocab);
 
+// Check a token file before any rank starts: a whole number of uint16 tokens, at least seq + 2 of
+// them, every one below `vocab`. Throws ConfigError naming --data and the first problem.
+void check_token_file(const std::string& path, int seq, int vocab);
+
 }  // namespace strata

@@ -15,4 +15,12 @@ inline std::string human_bytes(double b) {
   return buf;
 }
 
+// A message as one line: library errors (HDF5's among them) may carry newlines, and every error
+// strata prints or records is one line.
+inline std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
 }  // namespace strata

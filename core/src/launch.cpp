@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +58,16 @@ static std::string find_in_path(const std::string& name) {
   return "";
 }
 
+void check_local_world(const RunConfig& config, int world) {
+  if (std::getenv("SLURM_JOB_ID") && !find_in_path("srun").empty()) return;  // srun places ranks
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  if (world > 16 * cores)
+    throw ConfigError("--nodes " + std::to_string(config.mesh.nodes) + " x --ranks-per-node " +
+                      std::to_string(config.mesh.ranks_per_node) + " = " + std::to_string(world) +
+                      " ranks on this host: more than 16 per core (" + std::to_string(cores) +
+                      " cores); run them under your cluster's launcher");
+}
+
 void relaunch(const RunConfig& config, int world, int argc, char** argv) {
   std::vector<std::string> cmd;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -81,7 +92,11 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
     int threads = blas_threads_for(config, world);
     cmd = {mpirun, "-np", std::to_string(world), "--bind-to", "none",
            // Open MPI's UCX layer here needs these to use shared memory/loopback between ranks.
-           "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any", "-x",
+           "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
+           // When a rank dies or mpirun is signalled, it sends SIGTERM after this many seconds and
+           // SIGKILL as many later (default 1 s each): time for rank 0 to hear the others and write
+           // the run file.
+           "--mca", "odls_base_sigkill_timeout", "3", "-x",
            "OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
     if (world > cores) cmd.push_back("--oversubscribe");
     if (::geteuid() == 0) {

@@ -19,6 +19,10 @@ LaunchEnv detect_launch_env();
 // BLAS threads for each rank: the option, else OPENBLAS_NUM_THREADS, else cores / ranks on host.
 int blas_threads_for(const RunConfig& config, int ranks_on_host);
 
+// A launch on this host (no Slurm allocation) runs every rank here: refuse worlds beyond 16 ranks
+// per core (ConfigError naming --nodes and --ranks-per-node) before mpirun is asked for them.
+void check_local_world(const RunConfig& config, int world);
+
 // Replace this process with `srun` (inside a Slurm allocation) or `mpirun` (on this host) running
 // the same command line on `world` ranks. Returns only on failure (throws Error).
 [[noreturn]] void relaunch(const RunConfig& config, int world, int argc, char** argv);

@@ -20,6 +20,7 @@
 #include "provenance.hpp"
 #include "strata/data_parallel.hpp"
 #include "summary.hpp"
+#include "watchdog.hpp"
 
 namespace strata {
 namespace {
@@ -104,40 +105,59 @@ void collect_trace(const std::vector<std::vector<double>>& per_rank, RunRecord& 
   if (std::fclose(f) != 0) throw Error("--trace: cannot write " + json_path, "check --out");
 }
 
+// <out>/<id>.trace.json beside <out>/<id>.h5.
+std::string trace_json_path(const std::string& run_file) {
+  return std::filesystem::path(run_file).replace_extension(".trace.json").string();
+}
+
+std::string hidden_temporary(const std::string& path) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid())))
+      .string();
+}
+
 }  // namespace
 
 void begin_record(const RunConfig& config, RunState& state) {
+  {
+    std::lock_guard lock(state.mu);
+    RunRecord& r = state.record;
+    r.created_utc = utc_timestamp();
+    r.command_line = config.command_line;
+    r.config = config.resolved();
+    r.provenance = collect_provenance();
+    r.provenance.emplace_back("flops_per_token_formula",
+                              "6*N + 12*L*h*s; N = non-embedding params + tied LM head (V*h)");
+    r.ranks = mpi::world_size();
+    r.run_id = config.run_id;
+    for (const auto& [name, unit] : kStepMetrics) {
+      r.step_metrics.push_back(name);
+      r.step_units[name] = unit;
+      r.step_values[name] = {};  // [ranks x 0] until the first step ends
+    }
+    state.path = (std::filesystem::path(config.out_dir) / (r.run_id + ".h5")).string();
+  }
   std::vector<std::string> hosts = mpi::control_gather_strings(mpi::processor_name());
   if (mpi::world_rank() != 0) return;
   std::lock_guard lock(state.mu);
-  RunRecord& r = state.record;
-  r.created_utc = utc_timestamp();
-  r.command_line = config.command_line;
-  r.config = config.resolved();
-  r.provenance = collect_provenance();
-  r.provenance.emplace_back("flops_per_token_formula",
-                            "6*N + 12*L*h*s; N = non-embedding params + tied LM head (V*h)");
-  r.hostnames = hosts;
-  r.ranks = mpi::world_size();
-  r.run_id = config.run_id;
-  for (const auto& [name, unit] : kStepMetrics) {
-    r.step_metrics.push_back(name);
-    r.step_units[name] = unit;
-  }
-  state.path = (std::filesystem::path(config.out_dir) / (r.run_id + ".h5")).string();
+  state.record.hostnames = hosts;
 }
 
-void write_failure(RunState& state, const std::string& status, const std::string& error) {
+void write_failure(RunState& state, const std::string& status, const std::string& error,
+                   bool replace) {
   std::lock_guard lock(state.mu);
   if (state.written || state.path.empty()) return;
   state.record.status = status;
-  state.record.error = error;
+  state.record.error = one_line(error);
+  state.written = true;  // one attempt: a second would only repeat the first one's error
   try {
-    write_run_file(state.record, state.path);
-    state.written = true;
+    write_run_file(state.record, state.path, replace);
     std::fprintf(stderr, "runner: run file %s (status %s)\n", state.path.c_str(), status.c_str());
+    std::error_code ignored;  // an earlier run's timeline, under the same id, would not match
+    if (replace) std::filesystem::remove(trace_json_path(state.path), ignored);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "runner: could not write the failure file: %s\n", e.what());
+    std::fprintf(stderr, "runner: could not write the failure file: %s\n",
+                 one_line(e.what()).c_str());
   }
 }
 
@@ -185,9 +205,11 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   }
 
   if (config.calibrate_comm) {
-    state.record.calibration =
+    std::vector<CalibrationPoint> calibration =
         calibrate_comm(ctx, ledger, default_calibration_sizes(), kCalibrationIterations);
-    if (root) print_calibration(state.record.calibration, config.transport);
+    if (root) print_calibration(calibration, config.transport);
+    std::lock_guard lock(state.mu);  // rank 0's watchdog may be writing a failure file from it
+    state.record.calibration = std::move(calibration);
   }
 
   // A common time base for --trace: every rank's clock at the same barrier.
@@ -284,6 +306,9 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   if (!root) return;
 
   std::lock_guard lock(state.mu);
+  // The watchdog wrote a failure file while the gathers above were in flight (a signal, a
+  // timeout): that file stands, and the watchdog ends the process.
+  if (state.written) return;
   RunRecord& rec = state.record;
   rec.steps = steps;
   rec.step_metrics.clear();
@@ -343,15 +368,26 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   }
 
   summarize(config, rec, step_max, global_loss, peaks, pred.bubble_fraction);
+  // The timeline is written under a hidden name and put in place only once the run file it belongs
+  // to is: a failed run never leaves a truncated JSON, or one that no longer matches its .h5.
+  const std::string json = trace_json_path(state.path);
+  const std::string json_tmp = hidden_temporary(json);
+  try {
+    if (config.trace) collect_trace(traces, rec, json_tmp);
+    write_run_file(rec, state.path);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(json_tmp, ignored);
+    throw;
+  }
+  state.written = true;
   if (config.trace) {
-    const std::string json =
-        (std::filesystem::path(config.out_dir) / (rec.run_id + ".trace.json")).string();
-    collect_trace(traces, rec, json);
+    std::filesystem::rename(json_tmp, json);
     std::printf("strata: trace of %zu intervals in /trace and %s\n", rec.trace.size(),
                 json.c_str());
+  } else {
+    std::filesystem::remove(json);  // an earlier run's, under the same id
   }
-  write_run_file(rec, state.path);
-  state.written = true;
   print_summary(config, rec, state.path);
 }
 

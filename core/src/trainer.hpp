@@ -12,7 +12,8 @@
 
 namespace strata {
 
-// What rank 0 knows of the run so far; a failure anywhere is written into it before the job ends.
+// What this rank knows of the run so far: every rank holds the header (config, provenance) so that
+// another rank can write the failure file when rank 0 is gone; rank 0 also holds every step so far.
 struct RunState {
   std::mutex mu;
   RunRecord record;
@@ -26,23 +27,13 @@ class Watchdog;
 void train(const RunConfig& config, const PluginRegistry& registry, RunState& state,
            Watchdog& watchdog);
 
-// Start the run record: header, config, provenance (rank 0 fills it; every rank must call it
-// because hostnames are gathered).
+// Start the run record: header, config, provenance on every rank, then (collective) the hostnames
+// on rank 0.
 void begin_record(const RunConfig& config, RunState& state);
 
-// Write the run file with a failure status (rank 0). Safe to call from any thread, once.
-void write_failure(RunState& state, const std::string& status, const std::string& error);
-
-// The watchdog: ends the job when a collective hangs, and on rank 0 receives other ranks' errors.
-class Watchdog {
- public:
-  Watchdog(double timeout_s, RunState& state);
-  ~Watchdog();
-  void attach(CommLedger* ledger);  // nullptr: detach
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+// Write the run file with a failure status, once per process, from any thread. Rank 0 replaces a
+// file of the same name; a fallback writer (replace = false) never replaces one.
+void write_failure(RunState& state, const std::string& status, const std::string& error,
+                   bool replace = true);
 
 }  // namespace strata

@@ -1,8 +1,10 @@
 // Test-only plugin: a data-parallel strategy that fails on purpose, to test that a failure on any
 // rank ends the whole job and still leaves a run file that says why.
 //   mode=throw  rank R throws at step S           -> status failed
-//   mode=oom    rank R throws std::bad_alloc       -> status oom
+//   mode=oom    rank R cannot allocate (a real allocation of more than the address space can hold)
+//               -> status oom
 //   mode=hang   rank R skips a collective at step S -> the others wait; the watchdog ends the job
+//   at=setup    fail in setup instead (before the first step; mode throw or oom)
 #include <new>
 #include <optional>
 
@@ -15,22 +17,32 @@ using namespace strata;
 class Faulty final : public Strategy {
  public:
   explicit Faulty(const Options& o)
-      : mode_(o.get("mode")), rank_(int(o.get_int("rank"))), step_(int(o.get_int("step"))) {}
+      : mode_(o.get("mode")),
+        at_(o.get("at")),
+        rank_(int(o.get_int("rank"))),
+        step_(int(o.get_int("step"))) {}
   Prediction predict(const PredictInput& in) const override { return replicated_prediction(in); }
-  void setup(Context& ctx) override { replica_.emplace(ctx); }
+  void setup(Context& ctx) override {
+    if (at_ == "setup" && ctx.coord().rank == rank_) fail(ctx, "setup");
+    replica_.emplace(ctx);
+  }
   void train_step(Context& ctx, int step) override {
     Replica& r = *replica_;
     forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, 0));
-    bool me = ctx.coord().rank == rank_ && step == step_;
-    if (me && mode_ == "throw")
-      throw Error("faulty plugin: failing on purpose at step " + std::to_string(step));
-    if (me && mode_ == "oom") throw std::bad_alloc();
+    bool me = at_ == "step" && ctx.coord().rank == rank_ && step == step_;
     if (me && mode_ == "hang") return;  // the others block in the all-reduce below
+    if (me) fail(ctx, "step " + std::to_string(step));
     ctx.group(Axis::dp).all_reduce(view(r.grads(), r.size()));
   }
 
  private:
-  std::string mode_;
+  void fail(Context& ctx, const std::string& where) {
+    if (mode_ == "throw") throw Error("faulty plugin: failing on purpose at " + where);
+    if (mode_ == "oom") {  // an allocation the ledger is asked for and the system refuses
+      Buffer<float> huge(ctx.memory(), MemTag::workspace, std::size_t(1) << 60);
+    }
+  }
+  std::string mode_, at_;
   int rank_, step_;
   std::optional<Replica> replica_;
 };
@@ -43,6 +55,7 @@ const PluginDescriptor& descriptor() {
       {{"faulty",
         "fails on purpose (tests)",
         {{"mode", OptionType::choice, "throw", "how to fail", {"throw", "oom", "hang"}},
+         {"at", OptionType::choice, "step", "when to fail", {"setup", "step"}},
          {"rank", OptionType::integer, "0", "which rank fails", {}},
          {"step", OptionType::integer, "1", "at which step", {}}}}}};
   return d;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -213,6 +214,74 @@ void write_foreign_hdf5(const fs::path& path, const char* schema) {
   ASSERT_GE(H5Fclose(f), 0);
 }
 
+// --- edits of a valid run file, as the fuzzer (tests/fuzz/fuzz_run_file) makes them -------------
+
+// Replaces the object at `path` by a float64 dataset of `dims` whose values are never written
+// (its storage is not allocated: it reads back as fill values), with a "unit" attribute.
+void replace_by_unwritten_dataset(const fs::path& file, const char* path, std::vector<hsize_t> dims,
+                                  bool write_first_chunk = false) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Ldelete(f, path, H5P_DEFAULT), 0) << path;
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  std::vector<hsize_t> chunk(dims.size(), 4);
+  if (write_first_chunk) H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+  hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+  hid_t d = H5Dcreate2(f, path, H5T_IEEE_F64LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(d, 0) << path;
+  if (write_first_chunk) {  // one chunk of 4 x 4 values: the others stay unallocated
+    const std::vector<hsize_t> start(dims.size(), 0);
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, chunk.data(), nullptr);
+    hid_t mem = H5Screate_simple(int(chunk.size()), chunk.data(), nullptr);
+    const std::vector<double> values(16, 1.0);
+    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_DOUBLE, mem, space, H5P_DEFAULT, values.data()), 0);
+    H5Sclose(mem);
+  }
+  hid_t str = H5Tcopy(H5T_C_S1);
+  H5Tset_size(str, H5T_VARIABLE);
+  hid_t scalar = H5Screate(H5S_SCALAR);
+  hid_t unit = H5Acreate2(d, "unit", str, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  const char* s = "s";
+  EXPECT_GE(H5Awrite(unit, str, &s), 0);
+  H5Aclose(unit);
+  H5Sclose(scalar);
+  H5Tclose(str);
+  H5Sclose(space);
+  H5Pclose(dcpl);
+  H5Dclose(d);
+  ASSERT_GE(H5Fclose(f), 0);
+}
+
+// Replaces the object at `path` by a float64 dataset of `dims` holding `values`.
+void replace_by_dataset(const fs::path& file, const char* path, std::vector<hsize_t> dims,
+                        const std::vector<double>& values) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Ldelete(f, path, H5P_DEFAULT), 0) << path;
+  hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+  hid_t d = H5Dcreate2(f, path, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(d, 0) << path;
+  EXPECT_GE(H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  H5Sclose(space);
+  H5Dclose(d);
+  ASSERT_GE(H5Fclose(f), 0);
+}
+
+// Rewrites the (numeric) attribute `name` of `obj` as a float64 scalar `value`.
+void replace_double_attr(const fs::path& file, const char* obj, const char* name, double value) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Adelete_by_name(f, obj, name, H5P_DEFAULT), 0) << obj << " " << name;
+  hid_t scalar = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate_by_name(f, obj, name, H5T_IEEE_F64LE, scalar, H5P_DEFAULT, H5P_DEFAULT,
+                              H5P_DEFAULT);
+  ASSERT_GE(a, 0);
+  EXPECT_GE(H5Awrite(a, H5T_NATIVE_DOUBLE, &value), 0);
+  H5Aclose(a);
+  H5Sclose(scalar);
+  ASSERT_GE(H5Fclose(f), 0);
+}
+
 class Results : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -415,6 +484,99 @@ TEST_F(Results, ReadTruncatedFile) {
   const std::string msg = error_of([&] { strata::read_run_file(path); });
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
+}
+
+// Reproducers of what fuzz_run_file found. A count stored as NaN, a huge or a negative number was
+// converted to int (undefined behaviour; in practice a garbage shape or rank).
+TEST_F(Results, ShapeAttributeThatIsNotACountIsRefused) {
+  const std::string path = file("run.h5");
+  for (double bad : {std::nan(""), 1e300, -1.0, 2.5}) {
+    strata::write_run_file(full_record(), path);
+    replace_double_attr(path, "/steps", "ranks", bad);
+    const std::string msg = error_of([&] { strata::read_run_file(path); });
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("attribute 'ranks' of '/steps'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not a whole number"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(Results, TraceRankThatIsNotARankIsRefused) {
+  RunRecord in = full_record();
+  in.trace = {{0, "compute", "forward", "forward", 0.0, 1.0, 0},
+              {1, "comm0", "all_reduce", "dp", 1.0, 2.0, 64}};
+  const std::string path = file("run.h5");
+  strata::write_run_file(in, path);
+  EXPECT_EQ(strata::read_run_file(path).trace.at(1).rank, 1);
+  for (double bad : {std::nan(""), -1.7976931348623157e308, 3e9}) {
+    strata::write_run_file(in, path);
+    replace_by_dataset(path, "/trace/rank", {2}, {0, bad});
+    const std::string msg = error_of([&] { strata::read_run_file(path); });
+    EXPECT_NE(msg.find("'/trace/rank'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not a whole number"), std::string::npos) << msg;
+  }
+}
+
+// A dataset of 2^40 values that were never written costs the file a few bytes; the reader took
+// its dims on trust and asked for 8 TiB. Refused, naming the dataset, before allocating.
+TEST_F(Results, DatasetWhoseValuesAreNotStoredIsRefused) {
+  const std::string path = file("run.h5");
+  strata::write_run_file(full_record(), path);
+  replace_by_unwritten_dataset(path, "/steps/loss", {hsize_t(1) << 20, hsize_t(1) << 20});
+  std::string msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_NE(msg.find("'/steps/loss' has 1099511627776 elements but none of them are stored"),
+            std::string::npos)
+      << msg;
+
+  strata::write_run_file(full_record(), path);  // chunked, one chunk written
+  replace_by_unwritten_dataset(path, "/memory/peak_bytes", {hsize_t(1) << 30, 6}, true);
+  msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_NE(msg.find("'/memory/peak_bytes' has 6442450944 elements but not all"), std::string::npos)
+      << msg;
+}
+
+// The check tools index /memory, hostnames and predicted_bytes_per_rank by rank and tag; the reader
+// returned whatever shape the file had.
+TEST_F(Results, PerRankDatasetsOfTheWrongShapeAreRefused) {
+  const std::string path = file("run.h5");
+  const std::vector<double> values(18, 1.0);
+  const struct {
+    const char* dataset;
+    std::vector<hsize_t> dims;
+    const char* expected;
+  } cases[] = {
+      {"/memory/peak_bytes", {3, 6}, "'/memory/peak_bytes' is not [ranks x tags] = [2 x 6]"},
+      {"/memory/peak_bytes", {12}, "'/memory/peak_bytes' is not [ranks x tags]"},
+      {"/memory/predicted_bytes", {5}, "'/memory/predicted_bytes' is not [tags] = [6]"},
+      {"/memory/predicted_bytes_per_rank", {2, 5}, "'/memory/predicted_bytes_per_rank' is not"},
+      {"/memory/process_peak_bytes", {1}, "'/memory/process_peak_bytes' is not [ranks] = [2]"},
+      {"/comm/all_reduce/predicted_bytes_per_rank",
+       {3},
+       "'/comm/all_reduce/predicted_bytes_per_rank' is not [ranks] = [2]"},
+  };
+  for (const auto& c : cases) {
+    strata::write_run_file(full_record(), path);
+    replace_by_dataset(path, c.dataset, c.dims, values);
+    const std::string msg = error_of([&] { strata::read_run_file(path); });
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << c.dataset << ": " << msg;
+  }
+  RunRecord three;
+  three.hostnames = {"a", "b", "c"};
+  three.ranks = 3;
+  strata::write_run_file(three, file("three.h5"));
+  strata::write_run_file(full_record(), path);
+  {  // /provenance/hostnames of the 3-rank file in the 2-rank one
+    hid_t from = H5Fopen(file("three.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t to = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(H5Ldelete(to, "/provenance/hostnames", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ocopy(from, "/provenance/hostnames", to, "/provenance/hostnames", H5P_DEFAULT,
+                      H5P_DEFAULT),
+              0);
+    H5Fclose(to);
+    H5Fclose(from);
+  }
+  const std::string msg = error_of([&] { strata::read_run_file(path); });
+  EXPECT_NE(msg.find("'/provenance/hostnames' holds 3 names for 2 ranks"), std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -46,7 +46,9 @@ struct TrainSpec {
   double weight_decay = 0.1;
   Recompute recompute = Recompute::none;  // activation recomputation (Megatron's modes)
   // Micro-batches per rank per step (gradient accumulation) on this mesh.
-  int micro_steps(const MeshSpec& m) const { return global_batch / (micro_batch * m.dp); }
+  int micro_steps(const MeshSpec& m) const {
+    return int(global_batch / (std::int64_t(micro_batch) * m.dp));
+  }
 };
 
 // bubble: time a pipeline stage sits idle waiting for its neighbours (blocked in the receive of an

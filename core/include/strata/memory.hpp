@@ -55,6 +55,7 @@ class Buffer {
   Buffer(MemoryLedger& ledger, MemTag tag, std::size_t count)
       : ledger_(&ledger), tag_(tag), count_(count) {
     if (count_ == 0) return;
+    if (count_ > (SIZE_MAX - 63) / sizeof(T)) throw std::bad_alloc();
     std::size_t bytes = (count_ * sizeof(T) + 63) / 64 * 64;
     data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
     if (!data_) throw std::bad_alloc();

@@ -5,13 +5,47 @@
 
 #include <climits>
 #include <cstdio>
+#include <map>
+#include <mutex>
 
 namespace strata::mpi {
 namespace {
 
 MPI_Comm g_control = MPI_COMM_NULL;  // harness traffic
-MPI_Comm g_errors = MPI_COMM_NULL;   // error channel to rank 0
-constexpr int kErrorTag = 77;
+MPI_Comm g_notices = MPI_COMM_NULL;  // watchdog notices: errors, heartbeats, cancellation
+
+// Control-plane calls in flight, for the watchdog.
+std::mutex g_calls_mu;
+std::map<int, InFlight> g_calls;
+int g_next_call = 0;
+
+class ControlCall {
+ public:
+  ControlCall(CommOp op, std::uint64_t bytes) {
+    std::lock_guard lock(g_calls_mu);
+    token_ = g_next_call++;
+    g_calls[token_] = InFlight{op, "control", bytes, now(), "compute"};
+  }
+  ~ControlCall() {
+    std::lock_guard lock(g_calls_mu);
+    g_calls.erase(token_);
+  }
+  ControlCall(const ControlCall&) = delete;
+  ControlCall& operator=(const ControlCall&) = delete;
+
+ private:
+  int token_;
+};
+
+// Notices in flight: each send owns its buffer until MPI is done with it.
+struct PendingNotice {
+  MPI_Request request;
+  int to;
+  std::unique_ptr<std::string> payload;
+};
+std::mutex g_notices_mu;
+std::vector<PendingNotice> g_pending;
+constexpr int kMaxPendingPerPeer = 8;
 
 std::string error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -121,7 +155,7 @@ void init(int* argc, char*** argv) {
     throw Error("the MPI library does not provide MPI_THREAD_MULTIPLE",
                 "comm streams call MPI from worker threads; use an MPI built with thread support");
   STRATA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_control));
-  STRATA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_errors));
+  STRATA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_notices));
 }
 
 void finalize() {
@@ -129,8 +163,14 @@ void finalize() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  {
+    // Notices nobody will receive any more (the job is over): let MPI finish them on its own.
+    std::lock_guard lock(g_notices_mu);
+    for (PendingNotice& p : g_pending) MPI_Request_free(&p.request);
+    g_pending.clear();
+  }
   if (g_control != MPI_COMM_NULL) MPI_Comm_free(&g_control);
-  if (g_errors != MPI_COMM_NULL) MPI_Comm_free(&g_errors);
+  if (g_notices != MPI_COMM_NULL) MPI_Comm_free(&g_notices);
   MPI_Finalize();
 }
 
@@ -179,6 +219,7 @@ std::string library_version() {
 }
 
 std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger) {
+  ControlCall watched(CommOp::barrier, 0);  // a collective over the world, like any other
   MPI_Comm comm;
   STRATA_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -186,14 +227,17 @@ std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLe
 }
 
 void control_allreduce_sum(double* values, int n) {
+  ControlCall watched(CommOp::all_reduce, sizeof(double) * std::size_t(n));
   STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_SUM, g_control));
 }
 
 void control_allreduce_max(double* values, int n) {
+  ControlCall watched(CommOp::all_reduce, sizeof(double) * std::size_t(n));
   STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_MAX, g_control));
 }
 
 std::vector<double> control_gather(const std::vector<double>& local) {
+  ControlCall watched(CommOp::all_gather, sizeof(double) * local.size());
   int n = int(local.size());
   std::vector<double> all(world_rank() == 0 ? std::size_t(n) * world_size() : 0);
   STRATA_MPI_CHECK(
@@ -202,6 +246,7 @@ std::vector<double> control_gather(const std::vector<double>& local) {
 }
 
 std::vector<std::string> control_gather_strings(const std::string& local) {
+  ControlCall watched(CommOp::all_gather, local.size());
   int len = int(local.size());
   int ranks = world_size();
   bool root = world_rank() == 0;
@@ -221,6 +266,7 @@ std::vector<std::string> control_gather_strings(const std::string& local) {
 }
 
 std::vector<std::vector<double>> control_gather_varying(const std::vector<double>& local) {
+  ControlCall watched(CommOp::all_gather, sizeof(double) * local.size());
   int n = int(local.size());
   const int ranks = world_size();
   const bool root = world_rank() == 0;
@@ -240,34 +286,59 @@ std::vector<std::vector<double>> control_gather_varying(const std::vector<double
   return out;
 }
 
-void control_barrier() { STRATA_MPI_CHECK(MPI_Barrier(g_control)); }
-
-void send_error_to_root(const std::string& message) {
-  // Buffered-eager small message; rank 0's watchdog picks it up with MPI_Iprobe.
-  // The buffer must outlive the send: the job is ending, so one static copy is enough.
-  static std::string pending;
-  pending = message;
-  MPI_Request req;
-  MPI_Isend(pending.data(), int(pending.size()), MPI_CHAR, 0, kErrorTag, g_errors, &req);
-  MPI_Request_free(&req);
+void control_barrier() {
+  ControlCall watched(CommOp::barrier, 0);
+  STRATA_MPI_CHECK(MPI_Barrier(g_control));
 }
 
-bool poll_error(std::string* message) {
+std::vector<InFlight> control_in_flight() {
+  std::lock_guard lock(g_calls_mu);
+  std::vector<InFlight> out;
+  for (const auto& [token, f] : g_calls) out.push_back(f);
+  return out;
+}
+
+void post_notice(int to, Notice kind, const std::string& payload) {
+  std::lock_guard lock(g_notices_mu);
+  int pending_to_peer = 0;
+  for (auto it = g_pending.begin(); it != g_pending.end();) {
+    int done = 0;
+    MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+    if (done) {
+      it = g_pending.erase(it);
+    } else {
+      pending_to_peer += it->to == to;
+      ++it;
+    }
+  }
+  if (pending_to_peer >= kMaxPendingPerPeer) return;  // not listening: stopped, dead or finished
+  PendingNotice p{MPI_REQUEST_NULL, to, std::make_unique<std::string>(payload)};
+  if (MPI_Isend(p.payload->data(), int(p.payload->size()), MPI_CHAR, to, int(kind), g_notices,
+                &p.request) == MPI_SUCCESS)
+    g_pending.push_back(std::move(p));
+}
+
+bool poll_notice(Notice kind, int* from, std::string* payload) {
   int flag = 0;
   MPI_Status status;
-  if (MPI_Iprobe(MPI_ANY_SOURCE, kErrorTag, g_errors, &flag, &status) != MPI_SUCCESS || !flag)
+  if (g_notices == MPI_COMM_NULL ||
+      MPI_Iprobe(MPI_ANY_SOURCE, int(kind), g_notices, &flag, &status) != MPI_SUCCESS || !flag)
     return false;
   int len = 0;
   MPI_Get_count(&status, MPI_CHAR, &len);
-  message->assign(std::size_t(len), '\0');
-  MPI_Recv(message->data(), len, MPI_CHAR, status.MPI_SOURCE, kErrorTag, g_errors,
+  payload->assign(std::size_t(len), '\0');
+  MPI_Recv(payload->data(), len, MPI_CHAR, status.MPI_SOURCE, int(kind), g_notices,
            MPI_STATUS_IGNORE);
+  *from = status.MPI_SOURCE;
   return true;
 }
+
+void send_error_to_root(const std::string& message) { post_notice(0, Notice::error, message); }
 
 void abort_job(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
+  if (world_size() == 1) std::_Exit(code);  // nothing else to end: spare the user MPI's banner
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -30,9 +30,21 @@ std::vector<std::string> control_gather_strings(const std::string& local);  // r
 std::vector<std::vector<double>> control_gather_varying(const std::vector<double>& local);  // root
 void control_barrier();
 
-// Error channel: a failing rank tells rank 0, which records it in the run file before the job ends.
+// Control-plane calls in flight on this rank (the watchdog ends the job when one hangs).
+std::vector<InFlight> control_in_flight();
+
+// Notices: small messages between the ranks' watchdog threads on a private communicator, sent and
+// received without blocking, so a stopped or dead peer never holds up the sender.
+enum class Notice : int {
+  error = 77,      // to rank 0: "status|message" of a failure on the sender
+  heartbeat = 78,  // to rank 0: what the sender waits in ("" = not blocked); from rank 0: alive
+  cancel = 79,     // to rank 0: the sender got SIGTERM/SIGINT; from rank 0: I am handling it
+  ending = 80,     // from rank 0: the run file is written, the job ends; payload: the exit code
+};
+// Sends are dropped when `to` already has many unreceived notices of ours (it is not listening).
+void post_notice(int to, Notice kind, const std::string& payload);
+bool poll_notice(Notice kind, int* from, std::string* payload);  // non-blocking
 void send_error_to_root(const std::string& message);
-bool poll_error(std::string* message);  // rank 0, non-blocking
 [[noreturn]] void abort_job(int code);
 
 }  // namespace strata::mpi

@@ -15,7 +15,11 @@
 // multiversioning): the build itself targets baseline x86-64, i.e. 4-wide SSE2, which leaves
 // elementwise kernels instruction-bound. Put the attribute on the function that holds the loop:
 // a lambda body is a separate function and would not be cloned.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+// Not under TSan: the clones' IFUNC resolver runs while the dynamic loader relocates
+// libstrata_core, before the TSan runtime is initialised, and its instrumented code crashes there
+// (every TSan binary segfaulted at start-up). The baseline build of the same loops is checked.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__)
 #define STRATA_SIMD_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

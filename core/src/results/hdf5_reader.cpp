@@ -1,6 +1,9 @@
 // Reads a run file (schema strata-run/1, shared DESIGN.md "Results") back into a RunRecord.
 // Strings may be variable-length or fixed-length; attribute order is creation order when the file
 // tracks it (files written by strata do), else name order.
+#include <climits>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <initializer_list>
 #include <string>
@@ -45,12 +48,27 @@ std::vector<hsize_t> dims_of(const Source& src, hsize_t* count) {
   return dims;
 }
 
+// A dataset whose storage is not (fully) allocated reads back as fill values, whatever its dims:
+// a few bytes of file could make us allocate terabytes. strata writes every value of every dataset,
+// so such a dataset is damage, refused before anything is allocated for it.
+void expect_stored(const Source& src, hsize_t count) {
+  if (src.is_attr || count == 0) return;
+  H5D_space_status_t status{};
+  check(H5Dget_space_status(src.id, &status), "get storage status of " + src.what);
+  if (status != H5D_SPACE_STATUS_ALLOCATED)
+    throw Error(src.what + " has " + std::to_string(count) + " elements but " +
+                    (status == H5D_SPACE_STATUS_NOT_ALLOCATED ? "none" : "not all") +
+                    " of them are stored",
+                kDamagedHint);
+}
+
 std::vector<std::string> read_strings(const Source& src) {
   Type file_type(check(src.type(), "get type of " + src.what));
   if (H5Tget_class(file_type) != H5T_STRING)
     throw Error(src.what + " is not a string", kDamagedHint);
   hsize_t n = 0;
   dims_of(src, &n);
+  expect_stored(src, n);
   std::vector<std::string> out;
   if (n == 0) return out;
   if (check(H5Tis_variable_str(file_type), "inspect type of " + src.what) > 0) {
@@ -89,6 +107,7 @@ std::vector<double> read_doubles(const Source& src, std::vector<hsize_t>* dims) 
     throw Error(src.what + " is not numeric", kDamagedHint);
   hsize_t n = 0;
   *dims = dims_of(src, &n);
+  expect_stored(src, n);
   std::vector<double> out(n);
   if (n > 0) check(src.read(H5T_NATIVE_DOUBLE, out.data()), "read " + src.what);
   return out;
@@ -127,6 +146,17 @@ double attr_double(hid_t obj, const std::string& obj_path, const std::string& na
     throw Error("attribute '" + name + "' of '" + obj_path + "' is not a single number",
                 kDamagedHint);
   return v[0];
+}
+
+// A count or a rank stored as a number: a whole number in [0, INT_MAX] (converting anything else to
+// int would be undefined).
+int whole_number(double value, const char* what) {
+  if (!(value >= 0 && value <= INT_MAX && value == std::floor(value))) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", value);
+    throw Error(std::string(what) + " is " + text + ", not a whole number >= 0", kDamagedHint);
+  }
+  return static_cast<int>(value);
 }
 
 bool has_link(hid_t file, const std::string& path) {
@@ -225,12 +255,25 @@ void expect_shape(const std::vector<hsize_t>& dims, RunRecord& r, bool& known,
                 kDamagedHint);
 }
 
+// What was not measured is written with no rows, so a per-rank matrix is `want` ([ranks] or
+// [ranks x tags]) or `want` with 0 rows; `shape` names `want` for the message.
+void expect_rows(const std::vector<hsize_t>& dims, std::vector<hsize_t> want,
+                 const std::string& path, const std::string& shape) {
+  if (dims == want) return;
+  std::string text;
+  for (hsize_t d : want) text += (text.empty() ? "" : " x ") + std::to_string(d);
+  want[0] = 0;
+  if (dims != want)
+    throw Error("dataset '" + path + "' is not [" + shape + "] = [" + text + "] or empty",
+                kDamagedHint);
+}
+
 void read_steps_and_comm(hid_t file, RunRecord& r) {
   Group steps = open_group(file, "/steps");
   bool known = has_attr(steps, "/steps", "ranks") && has_attr(steps, "/steps", "steps");
   if (known) {
-    r.ranks = static_cast<int>(attr_double(steps, "/steps", "ranks"));
-    r.steps = static_cast<int>(attr_double(steps, "/steps", "steps"));
+    r.ranks = whole_number(attr_double(steps, "/steps", "ranks"), "attribute 'ranks' of '/steps'");
+    r.steps = whole_number(attr_double(steps, "/steps", "steps"), "attribute 'steps' of '/steps'");
   }
   std::vector<hsize_t> dims;
   for (const auto& m : link_names(steps, "/steps")) {
@@ -256,8 +299,10 @@ void read_steps_and_comm(hid_t file, RunRecord& r) {
     expect_shape(dims, r, known, path + "/busbw");
     c.predicted_bytes_per_step = attr_double(g, path, "predicted_bytes_per_step");
     const std::string per_rank = path + "/predicted_bytes_per_rank";
-    if (has_link(file, per_rank))
+    if (has_link(file, per_rank)) {
       c.predicted_bytes_per_rank = dataset_doubles(file, per_rank, &dims);
+      expect_rows(dims, {hsize_t(r.ranks)}, per_rank, "ranks");
+    }
   }
 }
 
@@ -265,15 +310,24 @@ void read_memory_and_summary(hid_t file, RunRecord& r) {
   Group memory = open_group(file, "/memory");
   r.memory_tags = attr_strings(memory, "/memory", "tags");
   std::vector<hsize_t> dims;
+  const hsize_t ranks = r.ranks, tags = r.memory_tags.size();
   r.peak_bytes = dataset_doubles(file, "/memory/peak_bytes", &dims);
+  expect_rows(dims, {ranks, tags}, "/memory/peak_bytes", "ranks x tags");
   r.predicted_bytes = dataset_doubles(file, "/memory/predicted_bytes", &dims);
+  expect_rows(dims, {tags}, "/memory/predicted_bytes", "tags");
   r.predicted_bytes_per_rank = dataset_doubles(file, "/memory/predicted_bytes_per_rank", &dims);
+  expect_rows(dims, {ranks, tags}, "/memory/predicted_bytes_per_rank", "ranks x tags");
   r.process_peak_bytes = dataset_doubles(file, "/memory/process_peak_bytes", &dims);
+  expect_rows(dims, {ranks}, "/memory/process_peak_bytes", "ranks");
   // Absent in files written before they existed: left empty (unknown).
-  if (has_link(file, "/memory/baseline_bytes"))
+  if (has_link(file, "/memory/baseline_bytes")) {
     r.baseline_bytes = dataset_doubles(file, "/memory/baseline_bytes", &dims);
-  if (has_link(file, "/memory/tracked_peak_bytes"))
+    expect_rows(dims, {ranks}, "/memory/baseline_bytes", "ranks");
+  }
+  if (has_link(file, "/memory/tracked_peak_bytes")) {
     r.tracked_peak_bytes = dataset_doubles(file, "/memory/tracked_peak_bytes", &dims);
+    expect_rows(dims, {ranks}, "/memory/tracked_peak_bytes", "ranks");
+  }
 
   // Numeric attributes are the measures; each has a string "<name>.unit" beside it.
   Group summary = open_group(file, "/summary");
@@ -303,6 +357,10 @@ RunRecord read_contents(hid_t file) {
   r.provenance = string_attrs(file, "/provenance");
   r.hostnames = dataset_strings(file, "/provenance/hostnames");
   read_steps_and_comm(file, r);
+  if (!r.hostnames.empty() && r.hostnames.size() != std::size_t(r.ranks))
+    throw Error("dataset '/provenance/hostnames' holds " + std::to_string(r.hostnames.size()) +
+                    " names for " + std::to_string(r.ranks) + " ranks",
+                kDamagedHint);
   read_memory_and_summary(file, r);
   if (has_link(file, "/trace")) {
     std::vector<hsize_t> dims;
@@ -316,7 +374,8 @@ RunRecord read_contents(hid_t file) {
     const std::size_t n = table_rows("/trace", {rank.size(), t0.size(), t1.size(), bytes.size(),
                                                 stream.size(), kind.size(), name.size()});
     for (std::size_t i = 0; i < n; ++i)
-      r.trace.push_back({int(rank[i]), stream[i], kind[i], name[i], t0[i], t1[i], bytes[i]});
+      r.trace.push_back({whole_number(rank[i], "a value of dataset '/trace/rank'"), stream[i],
+                         kind[i], name[i], t0[i], t1[i], bytes[i]});
   }
   if (has_link(file, "/calibration")) {
     std::vector<hsize_t> dims;

@@ -4,7 +4,6 @@
 #pragma once
 #include <hdf5.h>
 
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -88,16 +87,16 @@ inline std::string last_error() {
 
 // Throws strata::Error "<what>: <HDF5 reason> [source:line]" when an HDF5 call failed (< 0).
 // `what` names the operation and the HDF5 object, e.g. "create dataset '/steps/loss'"; the caller
-// adds the file path.
+// adds the file path. The caller's file and line come from __builtin_FILE/__builtin_LINE rather
+// than std::source_location, which clang 14 (the fuzz build) cannot compile with libstdc++ 12.
 template <typename T>
 T check(T status, std::string_view what, std::string_view hint = {},
-        std::source_location loc = std::source_location::current()) {
+        std::string_view source = __builtin_FILE(), int line = __builtin_LINE()) {
   if (status < 0) {
-    std::string file = loc.file_name();
-    file = file.substr(file.find_last_of('/') + 1);
-    throw Error(std::string(what) + ": " + last_error() + " [" + file + ":" +
-                    std::to_string(loc.line()) + "]",
-                std::string(hint));
+    const std::string file(source.substr(source.find_last_of('/') + 1));
+    throw Error(
+        std::string(what) + ": " + last_error() + " [" + file + ":" + std::to_string(line) + "]",
+        std::string(hint));
   }
   return status;
 }

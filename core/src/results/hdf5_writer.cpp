@@ -1,5 +1,6 @@
 // Writes one run file (schema strata-run/1, shared DESIGN.md "Results") atomically: the file is
 // built under a temporary name in the target directory, closed, then renamed onto the real name.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -256,21 +257,51 @@ void write_contents(hid_t file, const RunRecord& r) {
   }
 }
 
-void write_file(const RunRecord& record, const std::string& path) {
+// The whole file as bytes: HDF5 builds it in memory (the core driver without a backing store) and
+// never touches the disk, so a full disk or a lost mount fails our own write() below, not inside
+// the library (whose state after a failed close crashed the process at exit).
+std::vector<char> file_image(const RunRecord& record) {
   QuietErrors quiet;  // outlives every handle below
   PropList fcpl = ordered_plist(H5P_FILE_CREATE);
   PropList fapl(check(H5Pcreate(H5P_FILE_ACCESS), "create file access property list"));
+  check(H5Pset_fapl_core(fapl, 1 << 20, /*backing_store=*/0), "use the in-memory file driver");
   // SEMI: closing fails if an object is still open, so a successful close means a complete file.
   check(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI), "set file close degree");
-  File file(
-      check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl), "create HDF5 file '" + path + "'"));
+  File file(check(H5Fcreate(("strata-run-" + record.run_id).c_str(), H5F_ACC_TRUNC, fcpl, fapl),
+                  "create the in-memory HDF5 file"));
   write_contents(file, record);
-  check(file.close(), "close HDF5 file '" + path + "'");
+  check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush the in-memory HDF5 file");
+  const ssize_t size = H5Fget_file_image(file, nullptr, 0);
+  if (size <= 0) throw Error("cannot get the HDF5 file image", kRecordHint);
+  std::vector<char> image(std::size_t(size), 0);
+  if (H5Fget_file_image(file, image.data(), image.size()) != size)
+    throw Error("cannot get the HDF5 file image", kRecordHint);
+  check(file.close(), "close the in-memory HDF5 file");
+  return image;
+}
+
+// Write `bytes` to a new file at `path` and make them durable; throws naming the system error.
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("create '" + path + "': " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = n < 0 ? errno : EIO;
+      ::close(fd);
+      throw Error("write '" + path + "': " + std::strerror(e));
+    }
+    done += std::size_t(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw Error("write '" + path + "': " + std::strerror(errno));
 }
 
 }  // namespace
 
-void write_run_file(const RunRecord& record, const std::string& path) {
+void write_run_file(const RunRecord& record, const std::string& path, bool replace) {
   const fs::path target(path);
   const std::string prefix = "cannot write run file '" + path + "': ";
   if (!target.has_filename())
@@ -282,9 +313,15 @@ void write_run_file(const RunRecord& record, const std::string& path) {
   const fs::path tmp = dir / tmp_name;
   try {
     if (!dir.empty()) fs::create_directories(dir);
-    write_file(record, tmp.string());
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    write_bytes(tmp.string(), file_image(record));
+    if (!replace) {
+      // Only if no run file has that name yet: link() fails with EEXIST where rename() replaces.
+      if (::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST)
+        throw Error("link '" + tmp.string() + "' failed: " + std::strerror(errno));
+      fs::remove(tmp);
+    } else if (std::rename(tmp.c_str(), path.c_str()) != 0) {
       throw Error("rename '" + tmp.string() + "' failed: " + std::strerror(errno));
+    }
   } catch (const std::exception& e) {
     std::error_code ignored;
     fs::remove(tmp, ignored);

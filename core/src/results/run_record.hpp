@@ -50,7 +50,7 @@ struct CalibrationPoint {
 struct RunRecord {
   // "/" attributes
   std::string run_id;
-  std::string status = "ok";  // ok | oom | failed | timeout
+  std::string status = "ok";  // ok | oom | failed | timeout | cancelled
   std::string error;
   std::string created_utc;  // ISO 8601, e.g. 2026-11-22T02:48:53Z
   std::string command_line;
@@ -86,8 +86,10 @@ struct RunRecord {
   std::vector<Measure> summary;  // /summary attrs
 };
 
-// Write `record` to `path` atomically: a temporary file in the same directory, then rename.
-void write_run_file(const RunRecord& record, const std::string& path);
+// Write `record` to `path` atomically: a temporary file in the same directory, then rename. With
+// replace = false an existing file at `path` is left as it is (a fallback writer's file never
+// replaces the one rank 0 wrote).
+void write_run_file(const RunRecord& record, const std::string& path, bool replace = true);
 // Read a run file back (tests, tools). Throws strata::Error naming the file on any problem.
 RunRecord read_run_file(const std::string& path);
 

@@ -22,6 +22,7 @@
 #include "process_memory.hpp"
 #include "provenance.hpp"
 #include "trainer.hpp"
+#include "watchdog.hpp"
 
 using namespace strata;
 
@@ -128,6 +129,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     std::printf("%s", describe(*p, *spec).c_str());
     return false;
   }
+  if (env.rank ==
+      0)  // a library in a named directory that did not load is worth a line in a run too
+    for (const std::string& problem : registry.problems())
+      std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
   if (config.plugin.empty())
     throw ConfigError("--plugin: required, one of: " + known_strategies(registry));
   const StrategySpec* spec = nullptr;
@@ -157,13 +162,29 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     if (ec || ::access(config.out_dir.c_str(), W_OK) != 0)
       throw ConfigError("--out " + config.out_dir + ": cannot create or write the directory");
   }
-  if (!env.under_launcher && world > 1) relaunch(config, world, argc, argv);
+  if (!env.under_launcher && world > 1) {
+    check_local_world(config, world);
+    relaunch(config, world, argc, argv);
+  }
   return true;
 }
 
-std::string status_of(const std::exception& e) {
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return "oom";
-  return "failed";
+// A failure on this rank ends the job: rank 0 writes the run file; another rank tells rank 0, which
+// writes it and ends the job (or, should rank 0 not act, this rank ends it after a while).
+[[noreturn]] void end_after_failure(const std::exception& e, RunState& state) {
+  const int rank = mpi::world_rank();
+  const std::string status = dynamic_cast<const std::bad_alloc*>(&e) ? "oom" : "failed";
+  std::string message = "rank " + std::to_string(rank) + ": " + one_line(e.what());
+  if (auto* se = dynamic_cast<const Error*>(&e); se && !se->hint().empty())
+    message += " (hint: " + se->hint() + ")";
+  std::fprintf(stderr, "runner: error: %s\n", message.c_str());
+  if (rank == 0) {
+    write_failure(state, status, message);
+  } else {
+    mpi::send_error_to_root(status + "|" + message);
+    std::this_thread::sleep_for(std::chrono::seconds(10));  // rank 0 writes, then ends the job
+  }
+  mpi::abort_job(1);
 }
 
 }  // namespace
@@ -177,7 +198,7 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     if (!prepare(argc, argv, env, config, registry, exit_code)) return exit_code;
   } catch (const ConfigError& e) {
-    if (env.rank == 0) std::fprintf(stderr, "runner: error: %s\n", e.what());
+    if (env.rank == 0) std::fprintf(stderr, "runner: error: %s\n", one_line(e.what()).c_str());
     return 2;
   } catch (const Error& e) {
     if (env.rank == 0)
@@ -193,7 +214,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "runner: error: %s (hint: %s)\n", e.what(), e.hint().c_str());
     return 1;
   }
-  const int rank = mpi::world_rank(), world = mpi::world_size();
+  install_signal_handlers();
   RunState state;
   int code = 0;
   {
@@ -202,22 +223,9 @@ int main(int argc, char** argv) {
       begin_record(config, state);
       train(config, registry, state, watchdog);
     } catch (const std::exception& e) {
-      std::string status = status_of(e);
-      std::string message = "rank " + std::to_string(rank) + ": " + e.what();
-      if (auto* se = dynamic_cast<const Error*>(&e); se && !se->hint().empty())
-        message += " (hint: " + se->hint() + ")";
-      std::fprintf(stderr, "runner: error: %s\n", message.c_str());
-      if (rank == 0) write_failure(state, status, message);
-      if (world > 1) {
-        if (rank != 0) {
-          mpi::send_error_to_root(status + "|" + message);
-          std::this_thread::sleep_for(std::chrono::seconds(5));  // rank 0 writes, then ends the job
-        }
-        mpi::abort_job(1);
-      }
-      code = 1;
+      end_after_failure(e, state);
     }
-    if (code == 0) mpi::control_barrier();
+    mpi::control_barrier();
   }
   mpi::finalize();
   return code;

@@ -1,0 +1,26 @@
+# STRATA_SANITIZE: build every target of the project (core, runner, plugins, tests) with the
+# compiler's sanitizers. `address,undefined` (ASan + UBSan; any UBSan finding is fatal, so a test
+# cannot pass over one) or `thread` (TSan). Empty: a normal build. `make sanitize` / `make tsan`
+# configure build-asan / build-tsan with it; tests/CMakeLists.txt adds the runtime options and the
+# suppressions of tests/sanitize/ to every test's environment (STRATA_SANITIZE_ENV).
+set(STRATA_SANITIZE "" CACHE STRING "Sanitizers: address,undefined or thread (empty = none)")
+if(STRATA_SANITIZE)
+  if(STRATA_SANITIZE MATCHES "thread" AND STRATA_SANITIZE MATCHES "address")
+    message(FATAL_ERROR "STRATA_SANITIZE=${STRATA_SANITIZE}: thread cannot be combined with address")
+  endif()
+  if(STRATA_WITH_CUDA)
+    message(FATAL_ERROR "STRATA_SANITIZE needs STRATA_WITH_CUDA=OFF (host sanitizers only)")
+  endif()
+  # Frame pointers: whole stacks in the reports, also through the BLAS/MPI frames we call into.
+  set(_strata_sanitize_flags -fsanitize=${STRATA_SANITIZE} -fno-omit-frame-pointer)
+  if(STRATA_SANITIZE MATCHES "undefined")
+    list(APPEND _strata_sanitize_flags -fno-sanitize-recover=undefined)
+  endif()
+  if(STRATA_SANITIZE MATCHES "address")
+    # libstdc++'s bounds checks (vector/span/string operator[], front, back...): an index past
+    # size() but inside the allocation is invisible to ASan. No ABI change, unlike _GLIBCXX_DEBUG.
+    add_compile_definitions(_GLIBCXX_ASSERTIONS)
+  endif()
+  add_compile_options(${_strata_sanitize_flags})
+  add_link_options(-fsanitize=${STRATA_SANITIZE})
+endif()

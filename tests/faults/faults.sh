@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Fault injection: one case per call. Each case starts a real job, injects its fault, and asserts
+# what the design promises: the job ends (within a bound), nothing of it is left running, the run
+# file at <out>/<run-id>.h5 exists with the right status and a reason naming the culprit, an earlier
+# run file in the same directory is untouched, and no temporary file is left behind.
+# usage: faults.sh CASE RUNNER CHECK_RUN PLUGIN_DIR WORK_DIR MPIRUN [MPI flags...]
+set -u
+case_name=$1 runner=$2 check_run=$3 plugin_dir=$4 work=$5 mpirun=$6
+shift 6
+mpi_flags=("$@")
+out=$work/$case_name
+rm -rf "$out" && mkdir -p "$out"
+id=fault-$case_name-$$
+log=$out/job.log
+fails=0 checks=0
+fail() { echo "FAIL [$case_name]: $*"; fails=$((fails + 1)); }
+pass() { checks=$((checks + 1)); }
+
+# An earlier run file that must survive every fault (made by a short healthy run).
+OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --steps 2 --quiet --out "$out" --run-id earlier \
+  >/dev/null 2>&1 || { echo "FAIL: could not make the earlier run file"; exit 1; }
+earlier_sum=$(md5sum < "$out/earlier.h5")
+
+# The job under test: N ranks of the tiny model for a long time, one line per step.
+start_job() {  # start_job RANKS WATCHDOG [runner args...]
+  local ranks=$1 watchdog=$2
+  shift 2
+  OPENBLAS_NUM_THREADS=1 "$mpirun" -np "$ranks" "${mpi_flags[@]}" "$runner" --plugin ddp \
+    --steps 1000000 --micro-batch 2 --out "$out" --run-id "$id" --watchdog "$watchdog" "$@" \
+    >"$log" 2>&1 &
+  job=$!
+}
+wait_for() {  # wait_for REGEX SECONDS: until the job log matches
+  local deadline=$((SECONDS + $2))
+  until grep -qE "$1" "$log" 2>/dev/null; do
+    ((SECONDS < deadline)) || { fail "no '$1' in the log after $2 s"; return 1; }
+    sleep 0.2
+  done
+}
+rank_pid() {  # rank_pid R: the pid of rank R of this job
+  local p
+  for p in $(pgrep -f -- "--run-id $id"); do
+    [[ $(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p') == "$1" ]] \
+      && { echo "$p"; return; }
+  done
+}
+job_ends_within() {  # job_ends_within SECONDS
+  local deadline=$((SECONDS + $1)) t0=$SECONDS
+  while kill -0 "$job" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      fail "the job did not end within $1 s"
+      pkill -9 -f -- "--run-id $id"
+      break
+    fi
+    sleep 0.2
+  done
+  wait "$job" 2>/dev/null
+  echo "job ended after $((SECONDS - t0)) s"
+  pass
+}
+expect_file() {  # expect_file STATUS TEXT
+  if "$check_run" status "$out/$id.h5" "$1" "$2"; then pass; else fail "run file status/reason"; fi
+}
+finish() {
+  sleep 0.5
+  if pgrep -f -- "--run-id $id" >/dev/null; then
+    fail "processes left running: $(pgrep -f -- "--run-id $id" | tr '\n' ' ')"
+    pkill -9 -f -- "--run-id $id"
+  else
+    pass
+  fi
+  [[ $(md5sum < "$out/earlier.h5") == "$earlier_sum" ]] && pass || fail "earlier.h5 changed"
+  local tmp
+  tmp=$(find "$out" -name '.*.tmp-*')
+  [[ -z $tmp ]] && pass || fail "temporary files left: $tmp"
+  if ((fails > 0)); then
+    echo "--- job log ---"
+    tail -n 30 "$log"
+  fi
+  echo "$checks passed, $fails failed"
+  [[ $fails -eq 0 ]]
+  exit
+}
+
+case $case_name in
+  kill9-rank1)  # a rank dies without a word: named in the file written by rank 0
+    start_job 3 30
+    wait_for "step +3/" 60 && kill -9 "$(rank_pid 1)"
+    job_ends_within 20
+    expect_file failed "rank(s) 1 ended without a word"
+    ;;
+  kill9-rank0)  # rank 0 dies: rank 1 writes the file in its place
+    start_job 3 30
+    wait_for "step +3/" 60 && kill -9 "$(rank_pid 0)"
+    job_ends_within 20
+    expect_file failed "rank 0 ended without a word"
+    ;;
+  sigstop-rank1)  # a stopped rank is named, not the ranks waiting for it
+    start_job 3 4
+    wait_for "step +3/" 60 && kill -STOP "$(rank_pid 1)"
+    job_ends_within 20
+    expect_file timeout "rank 1 stopped responding"
+    ;;
+  sigstop-rank0)
+    start_job 3 4
+    wait_for "step +3/" 60 && kill -STOP "$(rank_pid 0)"
+    job_ends_within 25
+    expect_file timeout "rank 0 stopped responding"
+    ;;
+  sigterm-launcher)  # Slurm's time limit / scancel / the launcher ending the job
+    start_job 3 30
+    wait_for "step +3/" 60 && kill -TERM "$job"
+    job_ends_within 20
+    expect_file cancelled "cancelled: rank 0 got SIGTERM"
+    ;;
+  sigint-relaunch)  # Ctrl-C to the runner that re-launched itself (it became mpirun)
+    OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --nodes 1 --ranks-per-node 2 --steps 1000000 \
+      --micro-batch 2 --out "$out" --run-id "$id" >"$log" 2>&1 &
+    job=$!
+    wait_for "step +3/" 60 && kill -INT "$job"
+    job_ends_within 20
+    expect_file cancelled "cancelled: rank 0 got SIG"
+    ;;
+  sigterm-rank2)  # one rank alone gets SIGTERM: the job ends, cancelled, naming it
+    start_job 3 30
+    wait_for "step +3/" 60 && kill -TERM "$(rank_pid 2)"
+    job_ends_within 20
+    expect_file cancelled "cancelled: rank 2 got SIGTERM"
+    ;;
+  throw-setup | oom-setup | throw-step | oom-step)  # an exception or a refused allocation
+    mode=${case_name%-*} at=${case_name#*-}
+    OPENBLAS_NUM_THREADS=1 "$mpirun" -np 2 "${mpi_flags[@]}" "$runner" --plugin-path "$plugin_dir" \
+      --plugin faulty --plugin-opt mode="$mode" --plugin-opt at="$at" --plugin-opt rank=1 \
+      --plugin-opt step=3 --steps 10 --out "$out" --run-id "$id" >"$log" 2>&1 &
+    job=$!
+    job_ends_within 30
+    want=failed reason="rank 1: faulty plugin: failing on purpose at $at"
+    [[ $mode == oom ]] && want=oom reason="rank 1: std::bad_alloc"
+    expect_file "$want" "$reason"
+    [[ $(grep -c 'could not write' "$log") -eq 0 ]] && pass || fail "a second, failed write"
+    ;;
+  hang)  # a rank skips a collective: the watchdog names the call each rank waits in
+    OPENBLAS_NUM_THREADS=1 "$mpirun" -np 2 "${mpi_flags[@]}" "$runner" --plugin-path "$plugin_dir" \
+      --plugin faulty --plugin-opt mode=hang --plugin-opt rank=1 --steps 10 --watchdog 3 \
+      --out "$out" --run-id "$id" >"$log" 2>&1 &
+    job=$!
+    job_ends_within 20
+    expect_file timeout "rank 0 waits in all_reduce on group dp"
+    ;;
+  disk-full)  # --out on a full file system: a clear error, no crash, the earlier file intact
+    cp "$out/earlier.h5" "$work/disk-full-earlier.h5"
+    unshare -m bash -c "mount -t tmpfs -o size=160k tmpfs '$out' 2>/dev/null || exit 77
+      cp '$work/disk-full-earlier.h5' '$out/earlier.h5' || exit 78
+      head -c 400000 /dev/zero > '$out/fill' 2>/dev/null
+      OPENBLAS_NUM_THREADS=1 '$runner' --plugin ddp --steps 2 --quiet --trace --out '$out' \
+        --run-id '$id' >'$work/disk-full.log' 2>&1
+      code=\$?
+      ls '$out' | grep -q 'trace.json' && code=97
+      cmp -s '$work/disk-full-earlier.h5' '$out/earlier.h5' || code=99
+      ls -a '$out' | grep -q '\.tmp-' && code=98
+      exit \$code" 2>/dev/null
+    code=$?
+    log=$work/disk-full.log
+    [[ $code -ne 77 ]] || { echo "FAIL: cannot mount a tmpfs in a mount namespace here"; exit 1; }
+    [[ $code -eq 1 ]] && pass || fail "exit code $code (want 1; 97: a trace JSON without its run file, 98: temporary file left, 99: earlier file changed, >128: a crash)"
+    grep -q "No space left on device" "$log" && pass || fail "no clear disk-full error"
+    [[ $(grep -c "runner: error" "$log") -eq 1 ]] && pass || fail "want one error line: $(cat "$log")"
+    grep -q "MPI_ABORT\|Segmentation\|backtrace" "$log" && fail "a crash or an abort banner: $(cat "$log")" || pass
+    echo "$checks passed, $fails failed"
+    [[ $fails -eq 0 ]]
+    exit
+    ;;
+  trace-replaced)  # a failed run under the id of an earlier traced run leaves no stale timeline
+    OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --steps 3 --quiet --trace --out "$out" \
+      --run-id "$id" >"$log" 2>&1
+    [[ -s $out/$id.trace.json ]] && pass || fail "the healthy traced run wrote no timeline"
+    OPENBLAS_NUM_THREADS=1 "$mpirun" -np 2 "${mpi_flags[@]}" "$runner" --plugin-path "$plugin_dir" \
+      --plugin faulty --plugin-opt rank=1 --plugin-opt step=2 --steps 10 --trace --out "$out" \
+      --run-id "$id" >>"$log" 2>&1 &
+    job=$!
+    job_ends_within 30
+    expect_file failed "failing on purpose at step 2"
+    [[ ! -e $out/$id.trace.json ]] && pass || fail "a timeline that belongs to an earlier run"
+    ;;
+  bad-data)  # a corrupt token file: one line before any rank starts, even for 4 ranks
+    printf 'odd' > "$out/tokens.bin"
+    OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --nodes 1 --ranks-per-node 4 --data "$out/tokens.bin" \
+      --out "$out" --run-id "$id" >"$log" 2>&1
+    code=$?
+    [[ $code -eq 2 ]] && pass || fail "exit $code, want 2"
+    [[ $(grep -c . "$log") -eq 1 ]] && pass || fail "want one line, got: $(cat "$log")"
+    [[ ! -e $out/$id.h5 ]] && pass || fail "a run file for a run that never started"
+    ;;
+  *)
+    echo "unknown case $case_name"
+    exit 2
+    ;;
+esac
+finish

@@ -1,0 +1,133 @@
+# Sanitizer builds (STRATA_SANITIZE, see cmake/Sanitize.cmake). Included at the top of
+# tests/CMakeLists.txt; strata_sanitize_tests() runs at its end, once every test exists. Every test
+# gets the sanitizer's runtime options and the suppressions of this directory, longer time limits,
+# and the label `sanitize` when this build runs it (`make sanitize` / `make tsan`: ctest -L sanitize).
+#
+# A finding fails its test: ASan and TSan end the process at the first report (halt_on_error), UBSan
+# through -fno-sanitize-recover, and the report's text fails the test too (SANITIZE_REPORT). The suppression files cover only libraries that are not built
+# with sanitizers (Open MPI, libevent, UCX); strata's own code is never suppressed.
+if(NOT STRATA_SANITIZE)
+  return()
+endif()
+set(SANITIZE_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+# UCX's libucm (loaded with libstrata_core by every binary) patches mmap/munmap/madvise to keep its
+# memory registration cache right, and the sanitizers intercept the same functions: under TSan
+# every thread's exit crashed in ucm_madvise -> TSan's pthread_rwlock_rdlock. UCX's documented
+# switches turn its memory events and hooks off (this host's transports, shared memory, tcp and
+# cma, register no memory, so nothing depends on them here).
+set(SANITIZE_ENV UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none)
+if(STRATA_SANITIZE MATCHES "address")
+  # fast_unwind_on_malloc=0: Open MPI, UCX and OpenBLAS are built without frame pointers; only the
+  #   slow unwinder gives whole allocation stacks, which the leak suppressions match against.
+  # intercept_tls_get_addr=0: GCC 12's LeakSanitizer misreads a dynamic TLS block that glibc
+  #   malloc()ed at a page offset of 16 as glibc 2.19's header layout and its leak check crashes
+  #   ("Tracer caught signal 11", "DTLS 15 at 0x3f56-0x400005058": the block of an Open MPI or UCX
+  #   module loaded with dlopen, in e2e.run.interleaved.tp2.pp2). Off, dynamic TLS is not a root of the leak check:
+  #   nothing of strata's lives there (its thread_locals are in libstrata_core's static TLS).
+  list(APPEND SANITIZE_ENV
+       "ASAN_OPTIONS=fast_unwind_on_malloc=0:intercept_tls_get_addr=0:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
+       "LSAN_OPTIONS=suppressions=${SANITIZE_DIR}/lsan.supp:print_suppressions=0")
+  set(SANITIZE_TIMEOUT_SCALE 3)
+  # Which tests (about 2 minutes on 2 cores): every unit and CLI test but the UCX collectives on 4
+  # and 5 ranks (np2 and np3 already take the power-of-two and the folding paths; np4/np5
+  # oversubscribe 2 cores for a minute), and these e2e runs with every check that needs only them:
+  # each strategy family at 2 and 4 ranks, the pipelines with tp and --trace, the failure paths
+  # (throw, oom, watchdog), a token file, calibration, and UCX under two strategies.
+  set(SANITIZE_UNIT_SKIP ucx.collectives.np4 ucx.collectives.np5)
+  set(SANITIZE_FIXTURES
+      run.reference run.reference.l8
+      run.dp.np2 run.dp.np4 run.ddp.np2 run.ddp.np4
+      run.zero2.np2 run.zero3.np4 run.fsdp.np2 run.fsdp-hybrid.np4
+      run.tp.sp.np2 run.tp.dp2.np4
+      run.1f1b.pp2 run.gpipe.pp4 run.interleaved.tp2.pp2
+      fail.throw fail.oom fail.hang
+      tokens run.ddp.data.np2 run.ddp.calibrate.np4
+      run.ddp.np4.ucx run.zero3.np4.ucx)
+endif()
+if(STRATA_SANITIZE MATCHES "undefined")
+  list(APPEND SANITIZE_ENV "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endif()
+if(STRATA_SANITIZE MATCHES "thread")
+  list(APPEND SANITIZE_ENV
+       "TSAN_OPTIONS=suppressions=${SANITIZE_DIR}/tsan.supp:halt_on_error=1:second_deadlock_stack=1")
+  set(SANITIZE_TIMEOUT_SCALE 5)
+  # The threads: comm streams and the ledger (test_comm), the UCX transport's worker shared by
+  # threads (2 and 3 ranks), and short e2e runs whose collectives run on comm streams: ddp's
+  # buckets, zero3's prefetched gathers over MPI and UCX, gpipe's sends with --trace, and the
+  # failure runs (the watchdog thread beside a run that throws, runs out of memory or hangs).
+  set(SANITIZE_UNIT_EXECUTABLES test_comm)
+  set(SANITIZE_UNIT_TESTS ucx.collectives.np2 ucx.collectives.np3)
+  set(SANITIZE_FIXTURES run.reference run.reference.l8 run.ddp.np4 run.zero3.np2 run.zero3.np4
+                        run.zero3.np4.ucx run.gpipe.pp4 fail.throw fail.oom fail.hang)
+endif()
+# GoogleTest executables run through this, also when gtest_discover_tests lists their tests at build
+# time (the UCX switches are needed before main).
+set(SANITIZE_LAUNCHER ${CMAKE_COMMAND} -E env ${SANITIZE_ENV})
+
+# A report fails its test even when the exit code does not say so: a run expected to fail
+# (WILL_FAIL would pass it) or a rank whose exit status the launcher drops.
+set(SANITIZE_REPORT "ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error: |WARNING: ThreadSanitizer")
+
+function(strata_sanitize_tests)
+  # Tests added with add_test: environment, time limit, label.
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t ${tests})
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${SANITIZE_ENV})
+    set_property(TEST ${t} PROPERTY FAIL_REGULAR_EXPRESSION "${SANITIZE_REPORT}")
+    # The failure runs: the runner's error line instead of WILL_FAIL, which would turn a sanitizer
+    # report into a pass (their e2e.failfile check still reads the status from the run file).
+    get_property(will_fail TEST ${t} PROPERTY WILL_FAIL)
+    if(will_fail)
+      set_property(TEST ${t} PROPERTY WILL_FAIL FALSE)
+      set_property(TEST ${t} PROPERTY PASS_REGULAR_EXPRESSION "runner: error: ")
+    endif()
+    get_property(timeout TEST ${t} PROPERTY TIMEOUT)
+    if(timeout)
+      math(EXPR timeout "${timeout} * ${SANITIZE_TIMEOUT_SCALE}")
+      set_property(TEST ${t} PROPERTY TIMEOUT ${timeout})
+    endif()
+    get_property(labels TEST ${t} PROPERTY LABELS)
+    get_property(setup TEST ${t} PROPERTY FIXTURES_SETUP)
+    get_property(required TEST ${t} PROPERTY FIXTURES_REQUIRED)
+    set(chosen FALSE)
+    if(DEFINED SANITIZE_UNIT_TESTS)
+      if(t IN_LIST SANITIZE_UNIT_TESTS)
+        set(chosen TRUE)
+      endif()
+    elseif(("unit" IN_LIST labels OR "cli" IN_LIST labels) AND NOT t IN_LIST SANITIZE_UNIT_SKIP)
+      set(chosen TRUE)
+    endif()
+    # An e2e test is chosen when every run it sets up or needs is.
+    if("e2e" IN_LIST labels AND (setup OR required))
+      set(chosen TRUE)
+      foreach(f ${setup} ${required})
+        if(NOT f IN_LIST SANITIZE_FIXTURES)
+          set(chosen FALSE)
+        endif()
+      endforeach()
+    endif()
+    if(chosen)
+      set_property(TEST ${t} APPEND PROPERTY LABELS sanitize)
+    endif()
+  endforeach()
+
+  # GoogleTest's tests exist only once ctest has read the lists gtest_discover_tests wrote
+  # (<executable>_TESTS, in TEST_INCLUDE_FILES before this one): a script ctest reads after them
+  # labels the chosen executables' tests.
+  if(DEFINED SANITIZE_UNIT_EXECUTABLES)
+    set(executables ${SANITIZE_UNIT_EXECUTABLES})
+  else()
+    set(executables ${UNIT_TEST_EXECUTABLES})
+  endif()
+  set(lists)
+  foreach(e ${executables})
+    string(APPEND lists " ${e}_TESTS")
+  endforeach()
+  set(script ${CMAKE_CURRENT_BINARY_DIR}/sanitize_labels.cmake)
+  file(WRITE ${script} "foreach(t IN LISTS${lists})\n"
+                       "  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"unit;sanitize\"\n"
+                       "                       FAIL_REGULAR_EXPRESSION \"${SANITIZE_REPORT}\")\n"
+                       "endforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${script})
+endfunction()
