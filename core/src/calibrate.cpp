@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "comm/mpi_transport.hpp"
+#include "process_memory.hpp"
 
 namespace strata {
 
@@ -56,6 +57,7 @@ void check_result(const Group& g, CommOp op, const std::vector<float>& in,
 std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
                                              const std::vector<std::size_t>& sizes,
                                              int iterations) {
+  const OutsideProcessPeak outside_peak;  // its buffers are measurement, not training
   std::vector<CalibrationPoint> points;
   std::vector<double>
       medians;  // this rank's, one per point; the max over ranks is taken at the end

@@ -1,7 +1,6 @@
 #include "provenance.hpp"
 
 #include <hdf5.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -23,12 +22,6 @@ std::string utc_timestamp(bool compact) {
   char buf[32];
   std::strftime(buf, sizeof buf, compact ? "%Y%m%dT%H%M%SZ" : "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
-}
-
-std::uint64_t peak_rss_bytes() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return std::uint64_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 static std::string cpu_model() {

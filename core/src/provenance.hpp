@@ -7,5 +7,4 @@
 namespace strata {
 std::vector<std::pair<std::string, std::string>> collect_provenance();
 std::string utc_timestamp(bool compact = false);  // 2026-11-22T02:48:53Z or 20261122T024853Z
-std::uint64_t peak_rss_bytes();
 }  // namespace strata

@@ -138,6 +138,19 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
     std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
                 human_bytes(rec.predicted_bytes[tag]).c_str());
   }
+  // What the process held beyond the runtime and the ledger, on the rank with the largest peak.
+  if (rec.baseline_bytes.size() == std::size_t(rec.ranks) &&
+      rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) &&
+      rec.process_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
+    std::size_t k = 0;
+    for (std::size_t r = 1; r < rec.process_peak_bytes.size(); ++r)
+      if (rec.process_peak_bytes[r] > rec.process_peak_bytes[k]) k = r;
+    const double peak = rec.process_peak_bytes[k], base = rec.baseline_bytes[k],
+                 tracked = rec.tracked_peak_bytes[k], untracked = peak - base - tracked;
+    std::printf("    process peak %s = runtime %s + tracked %s + untracked %s%s (rank %zu)\n",
+                human_bytes(peak).c_str(), human_bytes(base).c_str(), human_bytes(tracked).c_str(),
+                untracked < 0 ? "-" : "", human_bytes(std::fabs(untracked)).c_str(), k);
+  }
   std::printf("  run file     %s\n", path.c_str());
   std::fflush(stdout);
 }

@@ -16,6 +16,7 @@
 #include "cpu/layers.hpp"
 #include "data.hpp"
 #include "format.hpp"
+#include "process_memory.hpp"
 #include "provenance.hpp"
 #include "strata/data_parallel.hpp"
 #include "summary.hpp"
@@ -186,6 +187,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     ~Detach() { w.attach(nullptr); }
   } detach{watchdog};
   CoreContext ctx(config, ledger);
+  const std::uint64_t baseline_bytes = mark_runtime_baseline(ctx.memory());  // process_memory.hpp
   strategy->setup(ctx);
 
   if (root) {
@@ -295,6 +297,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   }
   local.push_back(double(peak_rss_bytes()));
   local.push_back(peak_flops);
+  local.push_back(double(baseline_bytes));             // at peak_off + 1
+  local.push_back(double(ctx.memory().total_peak()));  // at peak_off + 2
   const std::size_t per_rank = local.size();
   std::vector<double> all = mpi::control_gather(local);
   std::vector<std::vector<double>> traces;
@@ -348,6 +352,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   rec.predicted_bytes.assign(kNumMemTags, 0);
   rec.predicted_bytes_per_rank.clear();
   rec.process_peak_bytes.clear();
+  rec.baseline_bytes.clear();
+  rec.tracked_peak_bytes.clear();
   std::vector<double> peaks;
   for (int r = 0; r < world; ++r) {
     for (int tag = 0; tag < kNumMemTags; ++tag) {
@@ -356,6 +362,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
       rec.predicted_bytes[tag] = std::max(rec.predicted_bytes[tag], at(r, pred_off + tag));
     }
     rec.process_peak_bytes.push_back(at(r, rss_off));
+    rec.baseline_bytes.push_back(at(r, peak_off + 1));
+    rec.tracked_peak_bytes.push_back(at(r, peak_off + 2));
     peaks.push_back(at(r, peak_off));
   }
 

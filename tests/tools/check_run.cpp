@@ -13,8 +13,12 @@
 //                                            op, and the JSON timeline next to the file
 //   check_run calibration FILE GROUPS        /calibration: a row per listed group (dp,tp,...), op
 //                                            and size; sizes, times and busbw consistent
+//   check_run untracked FILE BYTES           on every rank, process peak - runtime baseline -
+//                                            tracked peak within +-BYTES, plus the rank's largest
+//                                            reduction (MPI's scratch) above
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
 // Prints what it compared; exits 1 on the first mismatch.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -174,6 +178,53 @@ static void predicted(const RunRecord& r) {
   std::printf("memory: every tag on every rank equals its prediction\n");
 }
 
+// The most bytes one reduction (all_reduce, reduce_scatter, reduce) moved on rank k in one step: an
+// upper bound of any single call, and so of the scratch the MPI library takes inside one to
+// receive partial sums beside the caller's buffer (measured: Open MPI's ring all-reduce takes
+// bytes / ranks, its reduce-scatter on two ranks (a reduce, then a scatter) the whole input on
+// rank 0). all_gather, broadcast and point-to-point calls receive into the caller's buffer.
+static double largest_reduction_step_bytes(const RunRecord& r, std::size_t k) {
+  double largest = 0;
+  for (const auto& [op, cs] : r.comm) {
+    if (op != "all_reduce" && op != "reduce_scatter" && op != "reduce") continue;
+    for (int s = 0; s < r.steps; ++s)
+      largest = std::max(largest, cs.bytes.at(k * std::size_t(r.steps) + std::size_t(s)));
+  }
+  return largest;
+}
+
+// Memory the process used beyond its runtime baseline and the ledger's peak, per rank: what the
+// ledger does not see. The bound is max_bytes plus the rank's largest reduction (the MPI
+// library's scratch). Negative values must stay within max_bytes too: the baseline or the
+// ledger would then count something twice.
+static void untracked(const RunRecord& r, double max_bytes) {
+  const std::size_t ranks = std::size_t(r.ranks), tags = r.memory_tags.size();
+  EXPECT(r.baseline_bytes.size() == ranks && r.tracked_peak_bytes.size() == ranks &&
+             r.process_peak_bytes.size() == ranks && r.peak_bytes.size() == ranks * tags,
+         "/memory: %zu baseline, %zu tracked peak, %zu process peak values for %zu ranks\n",
+         r.baseline_bytes.size(), r.tracked_peak_bytes.size(), r.process_peak_bytes.size(), ranks);
+  if (failures) return;
+  const double mib = 1 << 20;
+  for (std::size_t k = 0; k < ranks; ++k) {
+    const double peak = r.process_peak_bytes[k], base = r.baseline_bytes[k];
+    const double tracked = r.tracked_peak_bytes[k];
+    double tag_sum = 0;
+    for (std::size_t t = 0; t < tags; ++t) tag_sum += r.peak_bytes[k * tags + t];
+    const double extra = peak - base - tracked, scratch = largest_reduction_step_bytes(r, k);
+    std::printf(
+        "rank %zu: process peak %.2f MiB = baseline %.2f + tracked peak %.2f (tag peaks %.2f) + "
+        "untracked %.2f MiB; bound %.2f + largest reduction %.2f MiB\n",
+        k, peak / mib, base / mib, tracked / mib, tag_sum / mib, extra / mib, max_bytes / mib,
+        scratch / mib);
+    EXPECT(base > 0 && tracked > 0 && tracked <= tag_sum,
+           "rank %zu: baseline %.0f, tracked peak %.0f, tag peaks %.0f bytes\n", k, base, tracked,
+           tag_sum);
+    EXPECT(extra <= max_bytes + scratch && extra >= -max_bytes,
+           "rank %zu: untracked %.2f MiB outside [-%.2f, %.2f + %.2f] MiB\n", k, extra / mib,
+           max_bytes / mib, max_bytes / mib, scratch / mib);
+  }
+}
+
 // --calibrate-comm: one row per (group, op, size) for each listed group, in the core's order, with
 // nccl-tests sizes divisible by the group, positive times and busbw = algbw x the bus factor.
 static void calibration(const RunRecord& r, const std::string& groups_csv) {
@@ -221,6 +272,8 @@ int main(int argc, char** argv) {
       trace(read_run_file(argv[2]), argv[2]);
     else if (cmd == "calibration" && argc == 4)
       calibration(read_run_file(argv[2]), argv[3]);
+    else if (cmd == "untracked" && argc == 4)
+      untracked(read_run_file(argv[2]), std::atof(argv[3]));
     else if (cmd == "predicted" && argc == 3)
       predicted(read_run_file(argv[2]));
     else if (cmd == "status" && argc == 5) {

@@ -184,6 +184,37 @@ TEST_P(Matmul, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// Shapes beyond one GEMM block (1024 rows of C, see kGemmBlock in layers.cpp): every block, the
+// partial last ones included, lands where it belongs, in forward and both gradients.
+TEST(MatmulBlocks, LargerThanOneGemmBlockMatchesReference) {
+  const int N = 2100, C = 9, OC = 1100;  // forward and dinp: 3 blocks of rows; dweight: 2
+  auto x = random_vec(std::size_t(N) * C, 21), w = random_vec(std::size_t(OC) * C, 22),
+       b = random_vec(OC, 23), R = random_vec(std::size_t(N) * OC, 24);
+  std::vector<float> out(std::size_t(N) * OC);
+  cpu::matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  std::vector<float> dx(std::size_t(N) * C, kPrefill), dw(std::size_t(OC) * C, kPrefill);
+  cpu::matmul_backward(dx.data(), dw.data(), nullptr, R.data(), x.data(), w.data(), N, C, OC);
+  std::vector<double> dx_ref(dx.size(), kPrefill), dw_ref(dw.size(), kPrefill);
+  int wrong = 0;
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      const std::size_t i = std::size_t(n) * OC + o;
+      double ref = b[o];
+      for (int c = 0; c < C; ++c) {
+        ref += double(x[std::size_t(n) * C + c]) * w[std::size_t(o) * C + c];
+        dx_ref[std::size_t(n) * C + c] += double(R[i]) * w[std::size_t(o) * C + c];
+        dw_ref[std::size_t(o) * C + c] += double(R[i]) * x[std::size_t(n) * C + c];
+      }
+      wrong += std::fabs(out[i] - ref) > 1e-5;
+    }
+  EXPECT_EQ(wrong, 0) << "forward elements off by more than 1e-5";
+  // Sums over N = 2100 or OC = 1100 products of O(1) terms: fp32 error ~ sqrt(K) * 6e-8 * O(1).
+  for (std::size_t i = 0; i < dx.size(); ++i) wrong += std::fabs(dx[i] - dx_ref[i]) > 1e-4;
+  EXPECT_EQ(wrong, 0) << "dinp elements off by more than 1e-4";
+  for (std::size_t i = 0; i < dw.size(); ++i) wrong += std::fabs(dw[i] - dw_ref[i]) > 1e-4;
+  EXPECT_EQ(wrong, 0) << "dweight elements off by more than 1e-4";
+}
+
 INSTANTIATE_TEST_SUITE_P(Bias, Matmul, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "WithBias" : "NoBias"; });
 

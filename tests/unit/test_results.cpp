@@ -61,6 +61,8 @@ RunRecord full_record() {
   r.predicted_bytes = matrix(1, 6, 2e9);
   r.predicted_bytes_per_rank = matrix(2, 6, 3e9);
   r.process_peak_bytes = {7.5e9, 7.25e9};
+  r.baseline_bytes = {3.25e7, 3.5e7};
+  r.tracked_peak_bytes = {7.4e9, 7.2e9};
   r.summary = {{"tokens_per_s", 12345.5, "tokens/s"},
                {"step_s_p50", 0.125, "s"},
                {"mfu", 0.41, "1"},
@@ -98,6 +100,8 @@ void expect_same(const RunRecord& a, const RunRecord& b) {
   EXPECT_EQ(a.predicted_bytes, b.predicted_bytes);
   EXPECT_EQ(a.predicted_bytes_per_rank, b.predicted_bytes_per_rank);
   EXPECT_EQ(a.process_peak_bytes, b.process_peak_bytes);
+  EXPECT_EQ(a.baseline_bytes, b.baseline_bytes);
+  EXPECT_EQ(a.tracked_peak_bytes, b.tracked_peak_bytes);
   ASSERT_EQ(a.summary.size(), b.summary.size());
   for (std::size_t i = 0; i < a.summary.size(); ++i) {
     EXPECT_EQ(a.summary[i].name, b.summary[i].name);
@@ -319,6 +323,10 @@ TEST_F(Results, LayoutOnDisk) {
   EXPECT_EQ(raw_dims(f, "/memory/peak_bytes"), (std::vector<hsize_t>{2, 6}));
   EXPECT_EQ(raw_dims(f, "/memory/predicted_bytes"), (std::vector<hsize_t>{6}));
   EXPECT_EQ(raw_dims(f, "/memory/process_peak_bytes"), (std::vector<hsize_t>{2}));
+  EXPECT_EQ(raw_dims(f, "/memory/baseline_bytes"), (std::vector<hsize_t>{2}));
+  EXPECT_EQ(raw_unit(f, "/memory/baseline_bytes"), "bytes");
+  EXPECT_EQ(raw_dims(f, "/memory/tracked_peak_bytes"), (std::vector<hsize_t>{2}));
+  EXPECT_EQ(raw_unit(f, "/memory/tracked_peak_bytes"), "bytes");
   EXPECT_EQ(raw_unit(f, "/memory/predicted_bytes_per_rank"), "bytes");
   EXPECT_EQ(raw_dims(f, "/provenance/hostnames"), (std::vector<hsize_t>{2}));
   hid_t memory = H5Gopen2(f, "/memory", H5P_DEFAULT);
@@ -358,6 +366,24 @@ TEST_F(Results, ZeroStepsRoundTrip) {
   EXPECT_EQ(raw_dims(f, "/steps/loss"), (std::vector<hsize_t>{2, 0}));
   EXPECT_EQ(raw_dims(f, "/memory/peak_bytes"), (std::vector<hsize_t>{0, 6}));
   H5Fclose(f);
+}
+
+// Files written before /memory/baseline_bytes and /memory/tracked_peak_bytes existed still read;
+// the two come back empty (unknown) and everything else as written.
+TEST_F(Results, FileWithoutBaselineReadsAsUnknown) {
+  strata::write_run_file(full_record(), file("old.h5"));
+  hid_t f = H5Fopen(file("old.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Ldelete(f, "/memory/baseline_bytes", H5P_DEFAULT), 0);
+  ASSERT_GE(H5Ldelete(f, "/memory/tracked_peak_bytes", H5P_DEFAULT), 0);
+  ASSERT_GE(H5Fclose(f), 0);
+  const RunRecord out = strata::read_run_file(file("old.h5"));
+  EXPECT_TRUE(out.baseline_bytes.empty());
+  EXPECT_TRUE(out.tracked_peak_bytes.empty());
+  RunRecord want = full_record();
+  want.baseline_bytes.clear();
+  want.tracked_peak_bytes.clear();
+  expect_same(want, out);
 }
 
 TEST_F(Results, EmptyRecordKeepsRanks) {

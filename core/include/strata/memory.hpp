@@ -17,8 +17,10 @@ inline constexpr std::array<const char*, kNumMemTags> kMemTagNames = {
     "params", "grads", "optimizer", "activations", "comm_buffers", "workspace"};
 inline const char* tag_name(MemTag t) { return kMemTagNames[static_cast<int>(t)]; }
 
-// Current and peak bytes per tag for this rank. Not thread-safe by design: allocations happen on
-// the compute thread (comm streams only use buffers allocated there).
+// Current and peak bytes per tag for this rank, and of their sum: the peak of the total is the most
+// tracked memory held at one moment, which is at most the sum of the per-tag peaks (tags peak at
+// different times). Not thread-safe by design: allocations happen on the compute thread (comm
+// streams only use buffers allocated there).
 class MemoryLedger {
  public:
   void on_alloc(MemTag t, std::uint64_t bytes) {
@@ -26,14 +28,23 @@ class MemoryLedger {
     c += bytes;
     auto& p = peak_[static_cast<int>(t)];
     if (c > p) p = c;
+    total_ += bytes;
+    if (total_ > total_peak_) total_peak_ = total_;
   }
-  void on_free(MemTag t, std::uint64_t bytes) { current_[static_cast<int>(t)] -= bytes; }
+  void on_free(MemTag t, std::uint64_t bytes) {
+    current_[static_cast<int>(t)] -= bytes;
+    total_ -= bytes;
+  }
   std::uint64_t current(MemTag t) const { return current_[static_cast<int>(t)]; }
   std::uint64_t peak(MemTag t) const { return peak_[static_cast<int>(t)]; }
+  std::uint64_t total() const { return total_; }
+  std::uint64_t total_peak() const { return total_peak_; }
 
  private:
   std::array<std::uint64_t, kNumMemTags> current_{};
   std::array<std::uint64_t, kNumMemTags> peak_{};
+  std::uint64_t total_ = 0;
+  std::uint64_t total_peak_ = 0;
 };
 
 // An owning, zero-initialised, 64-byte aligned array of T, accounted in a MemoryLedger under a tag.

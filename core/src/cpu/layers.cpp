@@ -1,8 +1,9 @@
 // CPU layer passes of the GPT-2 workload (see layers.hpp for shapes and the += convention).
 //
 // Threading: all parallelism comes from the BLAS library's own threads. Every matmul is one
-// cblas_sgemm; attention issues one sgemm per (batch, head) that reads q/k/v straight out of qkv
-// through leading dimensions (no copies). Elementwise kernels run on the calling thread.
+// sgemm (cut into blocks of at most kGemmBlock rows, see gemm() below); attention
+// issues one sgemm per (batch, head) that reads q/k/v straight out of qkv through leading
+// dimensions (no copies). Elementwise kernels run on the calling thread.
 // Measured on 2 cores (OpenBLAS pthreads, `small` preset, bench/bench_model.cpp): adding OpenMP
 // threads, for attention (one (b, h) per thread, BLAS set to 1 thread) or for elementwise
 // kernels, made the training step 10-40% slower, because OpenBLAS's workers keep spinning for a
@@ -14,11 +15,13 @@
 #include "cpu/layers.hpp"
 
 #include <cblas.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "cpu/vecmath.hpp"
@@ -39,6 +42,49 @@ inline float row_max(const float* x, int n) {
   for (int i = 1; i < n; ++i) k = std::max(k, vm::float_to_key(x[i]));
   return vm::key_to_float(k);
 }
+
+// The most rows of C that one cblas_sgemm call computes.
+//
+// OpenBLAS packs operands into a buffer per BLAS thread (128 MiB reserved, resident as touched).
+// Measured with /proc/self/status around single calls, the touched part grows with the rows of C
+// (times min(K, its K block)): on 2 threads a 1024^3 GEMM touched 2.6 MiB, the small model's
+// LM-head weight gradient (C of 4096 x 256, K = 1024) 7.4 MiB, 16384 rows 29 MiB, gpt2-124m's
+// (50257 x 768) 87 MiB: memory no ledger sees, growing with the model. Cut into blocks of at
+// most kGemmBlock rows, no call touches more than warm_up_gemm() does before the runtime baseline
+// (measured over every transpose, K up to 8192, N up to 50000, on 1, 2, 4 and 8 threads). The
+// blocks split M only, so every element is still one dot product over K in one call, and cost
+// within +-2% (single-thread CPU time, gpt2-124m's shapes at 8192 tokens); splitting the columns
+// too would have cost 7-10%, which is why the columns are covered by the warm-up instead.
+constexpr int kGemmBlock = 1024;
+
+// Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, kGemmBlock rows at a time.
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A,
+          int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  for (int m0 = 0; m0 < M; m0 += kGemmBlock) {
+    const float* a = ta == CblasNoTrans ? A + std::int64_t(m0) * lda : A + m0;
+    cblas_sgemm(CblasRowMajor, ta, tb, std::min(kGemmBlock, M - m0), N, K, alpha, a, lda, B, ldb,
+                beta, C + std::int64_t(m0) * ldc, ldc);
+  }
+}
+
+// Read-only anonymous memory: every page reads as zero and none becomes resident (the kernel maps
+// its shared zero page), so a warm-up GEMM can read large operands without holding them.
+class ZeroPages {
+ public:
+  explicit ZeroPages(std::size_t count)
+      : bytes_(count * sizeof(float)),
+        p_(::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)) {
+    if (p_ == MAP_FAILED) throw std::bad_alloc();
+  }
+  ~ZeroPages() { ::munmap(p_, bytes_); }
+  ZeroPages(const ZeroPages&) = delete;
+  ZeroPages& operator=(const ZeroPages&) = delete;
+  const float* data() const { return static_cast<const float*>(p_); }
+
+ private:
+  std::size_t bytes_;
+  void* p_;
+};
 
 // --- Vectorised kernels over a range of rows or elements.
 
@@ -271,19 +317,16 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     for (int n = 0; n < N; ++n) std::memcpy(out + std::int64_t(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
-              OC);
+  gemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
   if (dinp) {  // dinp[N,C] += dout[N,OC] @ weight[OC,C]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                1.0f, dinp, C);
+    gemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
   }
   if (dweight) {  // dweight[OC,C] += dout^T @ inp[N,C]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-                dweight, C);
+    gemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   }
   if (dbias) add_rows(dbias, dout, 0, N, OC);
 }
@@ -303,10 +346,10 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     const float* k = q + C;
     const float* v = q + 2 * C;
     float* p = att + std::int64_t(bh) * T * T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
+    gemm(CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
     causal_softmax(p, T);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
-                out + std::int64_t(b) * T * C + h * hs, C);
+    gemm(CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
+         out + std::int64_t(b) * T * C + h * hs, C);
   }
 }
 
@@ -323,16 +366,12 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
     float* ds = datt + std::int64_t(bh) * T * T;
     const float* dob = dout + std::int64_t(b) * T * C + h * hs;
     // dv += P^T dout; dP = dout v^T
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dob, C, 1.0f, dv,
-                C3);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob, C, v, C3, 0.0f, ds,
-                T);
+    gemm(CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dob, C, 1.0f, dv, C3);
+    gemm(CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob, C, v, C3, 0.0f, ds, T);
     causal_softmax_backward(ds, p, T);
     // S = scale q k^T: dq += scale dS k; dk += scale dS^T q
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, C3, 1.0f, dq,
-                C3);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, C3, 1.0f, dk,
-                C3);
+    gemm(CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, C3, 1.0f, dq, C3);
+    gemm(CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, C3, 1.0f, dk, C3);
   }
 }
 
@@ -380,9 +419,22 @@ void adamw_update(float* params, const float* grads, float* m, float* v, std::in
 // ---------------------------------------------------------------------------------------------
 // BLAS threads and the SGEMM peak
 
+void warm_up_gemm() {
+  // A kGemmBlock^3 GEMM touches what a block's rows need; a short one as wide as kGemmBlock
+  // columns per BLAS thread touches what any number of columns needs (OpenBLAS splits the columns
+  // among its threads; measured to saturate there on 2, 4 and 8 threads).
+  const int n = kGemmBlock, wide = kGemmBlock * std::max(1, blas_threads()), rows = 64;
+  const ZeroPages a(std::size_t(n) * n), b(std::size_t(n) * wide);
+  std::vector<float> c(std::size_t(n) * n), c_wide(std::size_t(rows) * wide);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), wide,
+              0.0f, c.data(), n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, wide, n, 1.0f, a.data(), n, b.data(),
+              wide, 0.0f, c_wide.data(), wide);
+}
+
 double calibrate_sgemm_flops(double seconds_budget) {
   using clock = std::chrono::steady_clock;
-  const int n = 1024;
+  const int n = kGemmBlock;
   std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
   for (std::size_t i = 0; i < a.size(); ++i) {
     a[i] = float(i % 13) * 0.01f;

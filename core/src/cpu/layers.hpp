@@ -57,6 +57,10 @@ void adamw_update(float* params, const float* grads, float* m, float* v, std::in
 // The best SGEMM rate (FLOP/s) this process reaches on its BLAS threads: the CPU peak for MFU.
 double calibrate_sgemm_flops(double seconds_budget = 0.5);
 
+// GEMMs of the largest block the layers issue, on the BLAS threads in use: afterwards BLAS's
+// packing buffers are as resident as training will make them (see kGemmBlock in layers.cpp).
+void warm_up_gemm();
+
 // BLAS threads in use (OpenBLAS's own count), and a setter used at start-up.
 int blas_threads();
 void set_blas_threads(int n);

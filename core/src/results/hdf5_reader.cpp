@@ -319,6 +319,15 @@ void read_memory_and_summary(hid_t file, RunRecord& r) {
   expect_rows(dims, {ranks, tags}, "/memory/predicted_bytes_per_rank", "ranks x tags");
   r.process_peak_bytes = dataset_doubles(file, "/memory/process_peak_bytes", &dims);
   expect_rows(dims, {ranks}, "/memory/process_peak_bytes", "ranks");
+  // Absent in files written before they existed: left empty (unknown).
+  if (has_link(file, "/memory/baseline_bytes")) {
+    r.baseline_bytes = dataset_doubles(file, "/memory/baseline_bytes", &dims);
+    expect_rows(dims, {ranks}, "/memory/baseline_bytes", "ranks");
+  }
+  if (has_link(file, "/memory/tracked_peak_bytes")) {
+    r.tracked_peak_bytes = dataset_doubles(file, "/memory/tracked_peak_bytes", &dims);
+    expect_rows(dims, {ranks}, "/memory/tracked_peak_bytes", "ranks");
+  }
 
   // Numeric attributes are the measures; each has a string "<name>.unit" beside it.
   Group summary = open_group(file, "/summary");

@@ -245,6 +245,10 @@ void write_contents(hid_t file, const RunRecord& r) {
                   {rows(r.predicted_bytes_per_rank, ranks), tags}, "bytes");
   dataset_doubles(file, "/memory/process_peak_bytes", r.process_peak_bytes,
                   {rows(r.process_peak_bytes, ranks)}, "bytes");
+  dataset_doubles(file, "/memory/baseline_bytes", r.baseline_bytes, {rows(r.baseline_bytes, ranks)},
+                  "bytes");
+  dataset_doubles(file, "/memory/tracked_peak_bytes", r.tracked_peak_bytes,
+                  {rows(r.tracked_peak_bytes, ranks)}, "bytes");
 
   Group summary = make_group(file, "/summary");
   for (const auto& m : r.summary) {

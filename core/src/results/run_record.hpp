@@ -76,6 +76,12 @@ struct RunRecord {
   std::vector<double> predicted_bytes;           // [tags]: max over ranks of the prediction
   std::vector<double> predicted_bytes_per_rank;  // [ranks x tags]
   std::vector<double> process_peak_bytes;        // [ranks]: peak RSS (CPU) or device peak
+  // [ranks]: the runtime's resident bytes before the strategy allocates (MPI, libraries, BLAS
+  // workspace); empty in files written before it existed (unknown).
+  std::vector<double> baseline_bytes;
+  // [ranks]: the ledger's peak of its total (all tags at one moment, <= the sum of the tag
+  // peaks); empty in older files. Untracked = process peak - baseline - tracked peak.
+  std::vector<double> tracked_peak_bytes;
 
   std::vector<Measure> summary;  // /summary attrs
 };

@@ -19,6 +19,7 @@
 #include "format.hpp"
 #include "launch.hpp"
 #include "plugin_loader.hpp"
+#include "process_memory.hpp"
 #include "provenance.hpp"
 #include "trainer.hpp"
 #include "watchdog.hpp"
@@ -189,6 +190,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
 }  // namespace
 
 int main(int argc, char** argv) {
+  configure_allocator();  // process_memory.hpp: before any thread starts
   const LaunchEnv env = detect_launch_env();
   RunConfig config;
   PluginRegistry registry;

@@ -1,0 +1,77 @@
+// The memory ledger's totals and what the process holds next to it (process_memory.hpp).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "process_memory.hpp"
+#include "strata/memory.hpp"
+
+namespace {
+
+using strata::Buffer;
+using strata::MemoryLedger;
+using strata::MemTag;
+
+constexpr std::uint64_t kMiB = 1 << 20;
+
+TEST(MemoryLedger, TotalPeakIsTheLargestSumAtOneMoment) {
+  MemoryLedger ledger;
+  {
+    Buffer<float> grads(ledger, MemTag::grads, 1000);
+    Buffer<float> act(ledger, MemTag::activations, 3000);
+  }                                                  // grads 4000 + activations 12000 bytes at once
+  Buffer<float> grads(ledger, MemTag::grads, 2000);  // grads peak 8000, alone
+  EXPECT_EQ(ledger.peak(MemTag::grads), 8000u);
+  EXPECT_EQ(ledger.peak(MemTag::activations), 12000u);
+  EXPECT_EQ(ledger.total(), 8000u);
+  EXPECT_EQ(ledger.total_peak(), 16000u);  // below the sum of the tag peaks, 20000
+}
+
+TEST(ProcessMemory, ReadsTheKernelsFigures) {
+  const strata::ProcessMemory m = strata::read_process_memory();
+  EXPECT_GT(m.rss, 0u);
+  EXPECT_GE(m.peak_rss, m.rss);
+  EXPECT_GT(m.rss_anon + m.rss_file, 0u);
+  EXPECT_LE(m.rss_anon + m.rss_file + m.rss_shmem, m.rss + 64 * 1024);
+}
+
+// glibc's dynamic mmap threshold keeps a large block freed after an earlier large free in the
+// heap, resident; with configure_allocator() a freed 16 MiB buffer leaves RSS at once, every time.
+TEST(ProcessMemory, FreedLargeBuffersLeaveResidentMemory) {
+  strata::configure_allocator();
+  MemoryLedger ledger;
+  const std::size_t count = 4 * kMiB;  // floats: 16 MiB
+  for (int round = 0; round < 3; ++round) {
+    const std::uint64_t before = strata::read_process_memory().rss;
+    {
+      Buffer<float> b(ledger, MemTag::comm_buffers, count);  // zeroed, so resident
+      EXPECT_GE(strata::read_process_memory().rss, before + 15 * kMiB) << "round " << round;
+      std::vector<char> pin(4096, 1);  // a small block allocated after it, as a step does
+    }
+    EXPECT_LE(strata::read_process_memory().rss, before + kMiB) << "round " << round;
+  }
+}
+
+// The baseline is the resident memory less what the ledger already holds, and the process peak
+// starts again from it: a transient before the mark is not in the peak.
+TEST(ProcessMemory, BaselineExcludesTrackedBytesAndRestartsThePeak) {
+  strata::configure_allocator();
+  {
+    std::vector<char> transient(64 * kMiB);
+    std::memset(transient.data(), 1, transient.size());
+  }
+  MemoryLedger ledger;
+  Buffer<float> params(ledger, MemTag::params, 2 * kMiB);  // 8 MiB, tracked
+  const std::uint64_t rss = strata::read_process_memory().rss;
+  const std::uint64_t baseline = strata::mark_runtime_baseline(ledger);
+  // mark_runtime_baseline() warms the GEMM workspace (a few MiB of BLAS buffers) first.
+  EXPECT_GE(baseline + 8 * kMiB, rss - 256 * 1024);
+  EXPECT_LE(baseline + 8 * kMiB, rss + 16 * kMiB);
+  const std::uint64_t peak = strata::peak_rss_bytes();
+  EXPECT_LT(peak, baseline + 8 * kMiB + 8 * kMiB) << "the 64 MiB transient is still in the peak";
+  EXPECT_GE(peak, strata::read_process_memory().rss);
+}
+
+}  // namespace
