@@ -4,9 +4,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "config.hpp"
 #include "plugin_loader.hpp"
+#include "rank_report.hpp"
 #include "results/run_record.hpp"
 #include "strata/comm.hpp"
 
@@ -19,6 +21,7 @@ struct RunState {
   RunRecord record;
   std::string path;  // final path of the run file
   bool written = false;
+  std::vector<StepRow> root_steps;  // rank 0: its steps so far, for the failure file's /steps
 };
 
 // Run the configured strategy (MPI already initialised). Throws on failure; `state` then holds

@@ -1,0 +1,79 @@
+#include "trace_timeline.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+
+#include "strata/types.hpp"
+
+namespace strata {
+namespace {
+
+const std::vector<std::string> kTraceStreams = {"compute", "comm0", "comm1", "comm2", "comm3",
+                                                "comm4",   "comm5", "comm6", "comm7"};
+const std::vector<std::string> kTraceKinds = {
+    "forward",    "backward",  "optimizer", "bubble", "all_reduce", "reduce_scatter",
+    "all_gather", "broadcast", "reduce",    "send",   "recv",       "barrier"};
+const std::vector<std::string> kTraceNames = {
+    "", "dp", "tp", "pp", "dp_intra_node", "dp_inter_node"};
+
+double index_of(const std::vector<std::string>& table, const std::string& s) {
+  auto it = std::find(table.begin(), table.end(), s);
+  return it == table.end() ? 0 : double(it - table.begin());
+}
+
+const std::array<const char*, 4> kPhaseNames = {"forward", "backward", "optimizer", "bubble"};
+
+}  // namespace
+
+const char* trace_phase_name(int phase) { return kPhaseNames.at(std::size_t(phase)); }
+
+void add_trace(std::vector<double>& out, const std::string& stream, const std::string& kind,
+               const std::string& name, double t0, double t1, double bytes) {
+  const double e[6] = {index_of(kTraceStreams, stream),
+                       index_of(kTraceKinds, kind),
+                       index_of(kTraceNames, name),
+                       t0,
+                       t1,
+                       bytes};
+  out.insert(out.end(), e, e + 6);
+}
+
+void collect_trace(const std::vector<std::vector<double>>& per_rank, RunRecord& rec,
+                   const std::string& json_path) {
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    for (std::size_t i = 0; i + 6 <= per_rank[r].size(); i += 6) {
+      const double* e = per_rank[r].data() + i;
+      rec.trace.push_back({int(r), kTraceStreams[std::size_t(e[0])], kTraceKinds[std::size_t(e[1])],
+                           kTraceNames[std::size_t(e[2])], e[3], e[4], e[5]});
+    }
+  std::FILE* f = std::fopen(json_path.c_str(), "w");
+  if (!f) throw Error("--trace: cannot write " + json_path, "check --out");
+  std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+  for (std::size_t i = 0; i < rec.trace.size(); ++i) {
+    const TraceEvent& e = rec.trace[i];
+    const std::string label = e.name.empty() ? e.kind : e.kind + " " + e.name;
+    std::fprintf(f,
+                 "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
+                 "\"dur\": %.3f, \"pid\": %d, \"tid\": \"%s\", \"args\": {\"bytes\": %.0f}}%s\n",
+                 label.c_str(), e.kind.c_str(), e.t0 * 1e6, (e.t1 - e.t0) * 1e6, e.rank,
+                 e.stream.c_str(), e.bytes, i + 1 < rec.trace.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  if (std::fclose(f) != 0) throw Error("--trace: cannot write " + json_path, "check --out");
+}
+
+std::string trace_json_path(const std::string& run_file) {
+  return std::filesystem::path(run_file).replace_extension(".trace.json").string();
+}
+
+std::string hidden_temporary(const std::string& path) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid())))
+      .string();
+}
+
+}  // namespace strata
