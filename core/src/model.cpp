@@ -13,15 +13,28 @@
 
 namespace strata {
 
-bool is_model_preset(const std::string& name) {
-  return name == "tiny" || name == "small" || name == "gpt2-124m";
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> presets = {
+      {{"tiny", 2, 64, 4, 64, 256}, 3e-3},
+      {{"small", 4, 256, 4, 128, 4096}, 1e-3},
+      {{"gpt2-124m", 12, 768, 12, 1024, 50257}, 6e-4},  // GPT-2 small; lr as in GPT-3's table
+  };
+  return presets;
 }
 
+const ModelPreset* find_model_preset(const std::string& name) {
+  for (const ModelPreset& p : model_presets())
+    if (p.spec.preset == name) return &p;
+  return nullptr;
+}
+
+bool is_model_preset(const std::string& name) { return find_model_preset(name) != nullptr; }
+
 ModelSpec model_preset(const std::string& name) {
-  if (name == "tiny") return {"tiny", 2, 64, 4, 64, 256};
-  if (name == "small") return {"small", 4, 256, 4, 128, 4096};
-  if (name == "gpt2-124m") return {"gpt2-124m", 12, 768, 12, 1024, 50257};
-  throw ConfigError("model preset " + name + ": must be one of tiny, small, gpt2-124m");
+  if (const ModelPreset* p = find_model_preset(name)) return p->spec;
+  std::string names;
+  for (const ModelPreset& p : model_presets()) names += (names.empty() ? "" : ", ") + p.spec.preset;
+  throw ConfigError("model preset " + name + ": must be one of " + names);
 }
 
 namespace {

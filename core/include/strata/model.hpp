@@ -38,9 +38,18 @@ struct ModelSpec {
   }
 };
 
-// The model presets, one definition for the CLI, tests and benchmarks: "tiny" (2 layers, h 64,
-// 4 heads, seq 64, vocab 256), "small" (4, 256, 4, 128, 4096), "gpt2-124m" (12, 768, 12, 1024,
-// 50257). Throws ConfigError for another name.
+// A named model size and the constant AdamW learning rate it trains with unless --lr is given.
+struct ModelPreset {
+  ModelSpec spec;  // spec.preset is the name
+  double lr = 0;
+};
+// The model presets, smallest first: the one table behind --model, its help, the default learning
+// rates, tests and benchmarks. "tiny" (2 layers, h 64, 4 heads, seq 64, vocab 256, lr 3e-3),
+// "small" (4, 256, 4, 128, 4096, 1e-3), "gpt2-124m" (12, 768, 12, 1024, 50257, 6e-4).
+const std::vector<ModelPreset>& model_presets();
+// The preset called `name`, or null.
+const ModelPreset* find_model_preset(const std::string& name);
+// The preset's sizes; throws ConfigError for another name.
 ModelSpec model_preset(const std::string& name);
 bool is_model_preset(const std::string& name);
 
