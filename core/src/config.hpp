@@ -2,9 +2,9 @@
 // validated before any rank allocates. Printed at start and stored verbatim in the run file.
 //
 // Every option is one row of a table (config_table.cpp): its name, what it accepts, its default
-// and help. Each value, from any source, is checked once by its row; the row also yields the values it must
-// refuse, which the bad-input suite (tests/unit/test_options.cpp) tries through every source, so a
-// new option cannot skip validation or its test.
+// and help. Each value, from any source, is checked once by its row; the row also yields the values
+// it must refuse, which the bad-input suite (tests/unit/test_options.cpp) tries through every
+// source, so a new option cannot skip validation or its test.
 #pragma once
 #include <string>
 #include <utility>

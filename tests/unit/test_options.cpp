@@ -1,7 +1,8 @@
-// The bad-input suite of the runner's options, driven by the option table itself (config_table.cpp):
-// every option accepts its valid example and refuses every value its row says it must refuse, from
-// the command line, a --config file and the STRATA_* environment, with one line that names the
-// option (or the variable it came from). A new option joins the table and so this suite.
+// The bad-input suite of the runner's options, driven by the option table itself
+// (config_table.cpp): every option accepts its valid example and refuses every value its row says
+// it must refuse, from the command line, a --config file and the STRATA_* environment, with one
+// line that names the option (or the variable it came from). A new option joins the table and so
+// this suite.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
