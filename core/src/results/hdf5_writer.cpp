@@ -147,13 +147,9 @@ auto column(const std::vector<Row>& rows, Field field) {
 // Rows of an optional per-rank matrix: 0 when the record left it empty.
 hsize_t rows(const std::vector<double>& v, hsize_t ranks) { return v.empty() ? 0 : ranks; }
 
-void write_contents(hid_t file, const RunRecord& r) {
-  if (r.ranks < 0 || r.steps < 0)
-    throw Error("negative shape: ranks = " + std::to_string(r.ranks) +
-                    ", steps = " + std::to_string(r.steps),
-                kRecordHint);
-  const hsize_t ranks = r.ranks, steps = r.steps;
-
+// /, /config, /provenance.
+void write_header(hid_t file, const RunRecord& r) {
+  const hsize_t ranks = r.ranks;
   attr_string(file, "/", "schema", kRunSchema);
   attr_string(file, "/", "run_id", r.run_id);
   attr_string(file, "/", "status", r.status);
@@ -171,7 +167,11 @@ void write_contents(hid_t file, const RunRecord& r) {
         std::to_string(r.hostnames.size()) + " hostnames for " + std::to_string(ranks) + " ranks",
         kRecordHint);
   dataset_strings(file, "/provenance/hostnames", r.hostnames, "");
+}
 
+// /steps: every metric [ranks x steps], with its shape also as attributes.
+void write_steps(hid_t file, const RunRecord& r) {
+  const hsize_t ranks = r.ranks, steps = r.steps;
   Group step_group = make_group(file, "/steps");
   // The shape, also for a run that recorded no metric (e.g. one that failed at start-up).
   attr_int(step_group, "/steps", "ranks", r.ranks);
@@ -185,8 +185,12 @@ void write_contents(hid_t file, const RunRecord& r) {
     const std::string path = "/steps/" + link_name(m, "step metric");
     dataset_doubles(file, path, values->second, {ranks, steps}, unit->second);
   }
+}
 
-  Group comm = make_group(file, "/comm");
+// /comm/<op>: the series of every collective used or predicted.
+void write_comm(hid_t file, const RunRecord& r) {
+  const hsize_t ranks = r.ranks, steps = r.steps;
+  const Group comm = make_group(file, "/comm");
   for (const auto& [op, series] : r.comm) {
     const std::string path = "/comm/" + link_name(op, "comm op");
     Group g = make_group(file, path);
@@ -200,8 +204,10 @@ void write_contents(hid_t file, const RunRecord& r) {
     dataset_doubles(file, path + "/predicted_bytes_per_rank", series.predicted_bytes_per_rank,
                     {rows(series.predicted_bytes_per_rank, ranks)}, "bytes");
   }
+}
 
-  // Event tables: one 1-D dataset per field, one row per event.
+// /trace and /calibration (only when recorded): one 1-D dataset per field, one row per event.
+void write_events(hid_t file, const RunRecord& r) {
   if (!r.trace.empty()) {
     Group trace = make_group(file, "/trace");
     const hsize_t n = r.trace.size();
@@ -232,8 +238,11 @@ void write_contents(hid_t file, const RunRecord& r) {
     dataset_doubles(file, "/calibration/busbw", column(c, [](auto& p) { return p.busbw; }), {n},
                     "bytes/s");
   }
+}
 
-  // Memory matrices may be left empty (not measured): they are then written with 0 rows.
+// /memory. Matrices may be left empty (not measured): they are then written with 0 rows.
+void write_memory(hid_t file, const RunRecord& r) {
+  const hsize_t ranks = r.ranks;
   Group memory = make_group(file, "/memory");
   attr_strings(memory, "/memory", "tags", r.memory_tags);
   const hsize_t tags = r.memory_tags.size();
@@ -249,7 +258,18 @@ void write_contents(hid_t file, const RunRecord& r) {
                   "bytes");
   dataset_doubles(file, "/memory/tracked_peak_bytes", r.tracked_peak_bytes,
                   {rows(r.tracked_peak_bytes, ranks)}, "bytes");
+}
 
+void write_contents(hid_t file, const RunRecord& r) {
+  if (r.ranks < 0 || r.steps < 0)
+    throw Error("negative shape: ranks = " + std::to_string(r.ranks) +
+                    ", steps = " + std::to_string(r.steps),
+                kRecordHint);
+  write_header(file, r);
+  write_steps(file, r);
+  write_comm(file, r);
+  write_events(file, r);
+  write_memory(file, r);
   Group summary = make_group(file, "/summary");
   for (const auto& m : r.summary) {
     attr_double(summary, "/summary", m.name, m.value);
