@@ -5,7 +5,7 @@
 //                 reduce-scattered in the node, then all-reduced across nodes)
 // The embedding's FSDP unit also holds the tied LM-head weight; like FSDP's root unit it is not
 // resharded between forward and backward.
-#include "../common/sharded.hpp"
+#include "strata/engines/sharded.hpp"
 
 namespace {
 

@@ -4,7 +4,7 @@
 // forward and one in backward per sub-block. sp=on: sequence parallelism (all-gather and
 // reduce-scatter in place of each all-reduce, LayerNorm and residual on token-row shards).
 // The model and the step live in plugins/common/model_parallel and core's StageModel.
-#include "../common/model_parallel.hpp"
+#include "strata/engines/model_parallel.hpp"
 
 namespace {
 

@@ -4,7 +4,7 @@
 //   zero2  + gradients reduce-scattered bucket by bucket during backward; only the shard is kept
 //   zero3  + parameters sharded: each unit all-gathered before its forward and again before its
 //          backward, freed after use, `prefetch` units ahead
-#include "../common/sharded.hpp"
+#include "strata/engines/sharded.hpp"
 
 namespace {
 

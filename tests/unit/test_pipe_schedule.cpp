@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "pipe_schedule.hpp"
+#include "strata/engines/pipe_schedule.hpp"
 
 using namespace strata::pp;
 

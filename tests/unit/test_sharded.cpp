@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "../../plugins/common/sharded.hpp"
+#include "strata/engines/sharded.hpp"
 
 using namespace strata;
 using namespace strata::sharded;

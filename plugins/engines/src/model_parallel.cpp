@@ -1,5 +1,5 @@
 // Model-parallel engine (see model_parallel.hpp): plan, prediction and the step.
-#include "model_parallel.hpp"
+#include "strata/engines/model_parallel.hpp"
 
 #include <algorithm>
 #include <cmath>

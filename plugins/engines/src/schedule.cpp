@@ -2,7 +2,7 @@
 // decided before running.
 #include <sstream>
 
-#include "sharded.hpp"
+#include "strata/engines/sharded.hpp"
 
 namespace strata::sharded {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "pipe_schedule.hpp"
+#include "strata/engines/pipe_schedule.hpp"
 #include "strata/plugin.hpp"
 #include "strata/stage_model.hpp"
 

@@ -1,5 +1,5 @@
 // Pipeline schedules and their simulation (see pipe_schedule.hpp).
-#include "pipe_schedule.hpp"
+#include "strata/engines/pipe_schedule.hpp"
 
 #include <algorithm>
 #include <set>

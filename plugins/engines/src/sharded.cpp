@@ -1,5 +1,5 @@
 // The sharded engine at run time: executes the schedule with real collectives on a comm stream.
-#include "sharded.hpp"
+#include "strata/engines/sharded.hpp"
 
 namespace strata::sharded {
 
