@@ -4,13 +4,12 @@
 #include "strata/stage_model.hpp"
 
 #include <algorithm>
-#include <array>
-#include <cstring>
 
 #include "model_passes.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
+
 struct StageModel::Impl {
   ModelSpec spec;
   ParamLayout layout;
