@@ -77,7 +77,8 @@ TEST(StageModel, TensorParallelCountsAndValidation) {
   EXPECT_NO_THROW(validate_tensor_parallel(spec, 2, 4, true));
 }
 
-// Two pipeline stages at tp = 1 equal the whole Model: losses and every gradient, bitwise.
+// Two pipeline stages at tp = 1 equal the whole Model: losses and every gradient, bitwise, in
+// every recompute mode of the stages (against Model without recompute).
 TEST(StageModel, PipelineChainEqualsModel) {
   const ModelSpec spec = tiny4();
   const int B = 2, N = B * spec.seq, L = spec.layers;
@@ -102,34 +103,38 @@ TEST(StageModel, PipelineChainEqualsModel) {
   for (int u = 0; u <= L + 1; ++u) model.forward(u, p, mb);
   for (int u = L + 1; u >= 0; --u) model.backward(u, p, g, mb, scale);
 
-  StageModel first(spec, B, {0, 2, 1, 0, false}, mem), last(spec, B, {3, L + 1, 1, 0, false}, mem);
-  std::vector<float> p0(first.param_count()), g0(first.param_count(), 0.0f);
-  std::vector<float> p1(last.param_count()), g1(last.param_count(), 0.0f);
-  first.init_params(3, p0.data());
-  last.init_params(3, p1.data());
-  const int s0 = first.acquire_slot(), s1 = last.acquire_slot();
-  first.forward(s0, p0.data(), mb, nullptr);
-  std::memcpy(last.input(s1), first.output(s0), first.boundary_count() * sizeof(float));
-  last.forward(s1, p1.data(), mb, nullptr);
-  EXPECT_EQ(last.loss_sum(s1), model.loss_sum());
-  last.backward(s1, p1.data(), g1.data(), nullptr, scale);
-  std::memcpy(first.output_grad(), last.input_grad(s1), first.boundary_count() * sizeof(float));
-  first.backward(s0, p0.data(), g0.data(), nullptr, scale);
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+    SCOPED_TRACE(recompute_name(r));
+    StageModel first(spec, B, {0, 2, 1, 0, false}, mem, r);
+    StageModel last(spec, B, {3, L + 1, 1, 0, false}, mem, r);
+    std::vector<float> p0(first.param_count()), g0(first.param_count(), 0.0f);
+    std::vector<float> p1(last.param_count()), g1(last.param_count(), 0.0f);
+    first.init_params(3, p0.data());
+    last.init_params(3, p1.data());
+    const int s0 = first.acquire_slot(), s1 = last.acquire_slot();
+    first.forward(s0, p0.data(), mb, nullptr);
+    std::memcpy(last.input(s1), first.output(s0), first.boundary_count() * sizeof(float));
+    last.forward(s1, p1.data(), mb, nullptr);
+    EXPECT_EQ(last.loss_sum(s1), model.loss_sum());
+    last.backward(s1, p1.data(), g1.data(), nullptr, scale);
+    std::memcpy(first.output_grad(), last.input_grad(s1), first.boundary_count() * sizeof(float));
+    first.backward(s0, p0.data(), g0.data(), nullptr, scale);
 
-  // The tied wte gradient is the sum of both stages' parts (the pipeline's exchange).
-  for (const auto* stage : {&first, &last}) {
-    const std::vector<float>& gl = stage == &first ? g0 : g1;
-    for (const LocalTensor& lt : stage->tensors()) {
-      const TensorInfo& t = layout.tensors()[lt.global];
-      if (t.name.ends_with("wte")) continue;
-      for (std::size_t i = 0; i < lt.count; ++i)
-        ASSERT_EQ(gl[lt.offset + i], grads[t.offset + i]) << t.name << " element " << i;
+    // The tied wte gradient is the sum of both stages' parts (the pipeline's exchange).
+    for (const auto* stage : {&first, &last}) {
+      const std::vector<float>& gl = stage == &first ? g0 : g1;
+      for (const LocalTensor& lt : stage->tensors()) {
+        const TensorInfo& t = layout.tensors()[lt.global];
+        if (t.name.ends_with("wte")) continue;
+        for (std::size_t i = 0; i < lt.count; ++i)
+          ASSERT_EQ(gl[lt.offset + i], grads[t.offset + i]) << t.name << " element " << i;
+      }
     }
+    for (std::size_t i = 0; i < first.wte_count(); ++i)
+      ASSERT_NEAR(g0[first.wte_offset() + i] + g1[last.wte_offset() + i], grads[i],
+                  1e-9 + 1e-5 * std::fabs(grads[i]))
+          << i;
   }
-  for (std::size_t i = 0; i < first.wte_count(); ++i)
-    ASSERT_NEAR(g0[first.wte_offset() + i] + g1[last.wte_offset() + i], grads[i],
-                1e-9 + 1e-5 * std::fabs(grads[i]))
-        << i;
 }
 
 // ---------------------------------------------------------------------------------------------
