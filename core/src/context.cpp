@@ -92,8 +92,9 @@ Prediction replicated_prediction(const PredictInput& in) {
   at(MemTag::params) = 4 * n;
   at(MemTag::grads) = 4 * n;
   at(MemTag::optimizer) = 8 * n;
-  at(MemTag::activations) =
-      double(Model::activation_bytes(in.model, in.train.micro_batch, in.train.recompute));
+  at(MemTag::activations) = double(
+      predict_activations(in.model, in.train.micro_batch, whole_model(in.model), in.train.recompute)
+          .total(1));
   at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
   return p;
 }

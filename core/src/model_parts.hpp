@@ -1,4 +1,4 @@
-// Pieces Model and StageModel share: the order of a block's tensors and the activation carver.
+// Pieces of the model implementation: the order of a block's tensors and the activation carver.
 #pragma once
 #include <cstddef>
 

@@ -48,7 +48,6 @@ check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --
 check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch x dp)) must be a multiple of pp (2)" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --layers 4
 check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3
 check "--plugin-opt microbatches=4: the batch gives 1" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt microbatches=4
-check "--recompute full: 1f1b supports only none" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --recompute full
 # Found by hand (issue 12): each was accepted before.
 check "--lr nan: must be a number in (0, 10]" --plugin ddp --lr nan
 check "--weight-decay nan: must be a number" --plugin ddp --weight-decay nan

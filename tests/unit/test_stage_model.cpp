@@ -1,9 +1,14 @@
-// StageModel: tensor-parallel shards are exact slices of the global initialisation, and a chain of
-// tp = 1 partitions (a pipeline) computes exactly what Model computes, bit for bit.
+// StageModel: tensor-parallel shards are exact slices of the global initialisation, a chain of
+// tp = 1 partitions (a pipeline) computes exactly what Model computes, bit for bit, and every
+// recompute mode under tensor (and sequence) parallelism gives the gradients of no recompute with
+// exactly the predicted activation memory and collective bytes.
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <thread>
 #include <vector>
 
 #include "strata/stage_model.hpp"
@@ -72,7 +77,8 @@ TEST(StageModel, TensorParallelCountsAndValidation) {
   EXPECT_NO_THROW(validate_tensor_parallel(spec, 2, 4, true));
 }
 
-// Two pipeline stages at tp = 1 equal the whole Model: losses and every gradient, bitwise.
+// Two pipeline stages at tp = 1 equal the whole Model: losses and every gradient, bitwise, in
+// every recompute mode of the stages (against Model without recompute).
 TEST(StageModel, PipelineChainEqualsModel) {
   const ModelSpec spec = tiny4();
   const int B = 2, N = B * spec.seq, L = spec.layers;
@@ -97,34 +103,225 @@ TEST(StageModel, PipelineChainEqualsModel) {
   for (int u = 0; u <= L + 1; ++u) model.forward(u, p, mb);
   for (int u = L + 1; u >= 0; --u) model.backward(u, p, g, mb, scale);
 
-  StageModel first(spec, B, {0, 2, 1, 0, false}, mem), last(spec, B, {3, L + 1, 1, 0, false}, mem);
-  std::vector<float> p0(first.param_count()), g0(first.param_count(), 0.0f);
-  std::vector<float> p1(last.param_count()), g1(last.param_count(), 0.0f);
-  first.init_params(3, p0.data());
-  last.init_params(3, p1.data());
-  const int s0 = first.acquire_slot(), s1 = last.acquire_slot();
-  first.forward(s0, p0.data(), mb, nullptr);
-  std::memcpy(last.input(s1), first.output(s0), first.boundary_count() * sizeof(float));
-  last.forward(s1, p1.data(), mb, nullptr);
-  EXPECT_EQ(last.loss_sum(s1), model.loss_sum());
-  last.backward(s1, p1.data(), g1.data(), nullptr, scale);
-  std::memcpy(first.output_grad(), last.input_grad(s1), first.boundary_count() * sizeof(float));
-  first.backward(s0, p0.data(), g0.data(), nullptr, scale);
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+    SCOPED_TRACE(recompute_name(r));
+    StageModel first(spec, B, {0, 2, 1, 0, false}, mem, r);
+    StageModel last(spec, B, {3, L + 1, 1, 0, false}, mem, r);
+    std::vector<float> p0(first.param_count()), g0(first.param_count(), 0.0f);
+    std::vector<float> p1(last.param_count()), g1(last.param_count(), 0.0f);
+    first.init_params(3, p0.data());
+    last.init_params(3, p1.data());
+    const int s0 = first.acquire_slot(), s1 = last.acquire_slot();
+    first.forward(s0, p0.data(), mb, nullptr);
+    std::memcpy(last.input(s1), first.output(s0), first.boundary_count() * sizeof(float));
+    last.forward(s1, p1.data(), mb, nullptr);
+    EXPECT_EQ(last.loss_sum(s1), model.loss_sum());
+    last.backward(s1, p1.data(), g1.data(), nullptr, scale);
+    std::memcpy(first.output_grad(), last.input_grad(s1), first.boundary_count() * sizeof(float));
+    first.backward(s0, p0.data(), g0.data(), nullptr, scale);
 
-  // The tied wte gradient is the sum of both stages' parts (the pipeline's exchange).
-  for (const auto* stage : {&first, &last}) {
-    const std::vector<float>& gl = stage == &first ? g0 : g1;
-    for (const LocalTensor& lt : stage->tensors()) {
-      const TensorInfo& t = layout.tensors()[lt.global];
-      if (t.name.ends_with("wte")) continue;
-      for (std::size_t i = 0; i < lt.count; ++i)
-        ASSERT_EQ(gl[lt.offset + i], grads[t.offset + i]) << t.name << " element " << i;
+    // The tied wte gradient is the sum of both stages' parts (the pipeline's exchange).
+    for (const auto* stage : {&first, &last}) {
+      const std::vector<float>& gl = stage == &first ? g0 : g1;
+      for (const LocalTensor& lt : stage->tensors()) {
+        const TensorInfo& t = layout.tensors()[lt.global];
+        if (t.name.ends_with("wte")) continue;
+        for (std::size_t i = 0; i < lt.count; ++i)
+          ASSERT_EQ(gl[lt.offset + i], grads[t.offset + i]) << t.name << " element " << i;
+      }
+    }
+    for (std::size_t i = 0; i < first.wte_count(); ++i)
+      ASSERT_NEAR(g0[first.wte_offset() + i] + g1[last.wte_offset() + i], grads[i],
+                  1e-9 + 1e-5 * std::fabs(grads[i]))
+          << i;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recompute under tensor parallelism: tp ranks as threads of this process.
+
+// One tp group member; the members meet at a barrier and read each other's buffers. Reductions sum
+// in rank order on every rank, so every rank gets bitwise the same result.
+class ThreadGroup final : public Group {
+ public:
+  struct Shared {
+    explicit Shared(int n) : sync(n), posted(n) {}
+    std::barrier<> sync;
+    std::vector<const float*> posted;
+  };
+  ThreadGroup(Shared& shared, int rank, int size, CommLedger* ledger)
+      : Group("tp", rank, size, ledger), shared_(shared) {}
+
+ protected:
+  void do_all_reduce(BufferView buf, Reduction r) override {
+    float* p = static_cast<float*>(buf.data);
+    const std::vector<float> mine(p, p + buf.count);
+    exchange(mine.data(), [&] {
+      for (std::size_t i = 0; i < buf.count; ++i) {
+        float v = shared_.posted[0][i];
+        for (int k = 1; k < size(); ++k)
+          v = r == Reduction::sum ? v + shared_.posted[k][i] : std::max(v, shared_.posted[k][i]);
+        p[i] = v;
+      }
+    });
+  }
+  void do_reduce_scatter(BufferView in, BufferView out) override {
+    float* o = static_cast<float*>(out.data);
+    exchange(static_cast<const float*>(in.data), [&] {
+      for (std::size_t i = 0; i < out.count; ++i) {
+        float v = 0;
+        for (int k = 0; k < size(); ++k) v += shared_.posted[k][rank() * out.count + i];
+        o[i] = v;
+      }
+    });
+  }
+  void do_all_gather(BufferView in, BufferView out) override {
+    float* o = static_cast<float*>(out.data);
+    exchange(static_cast<const float*>(in.data), [&] {
+      for (int k = 0; k < size(); ++k)
+        std::copy_n(shared_.posted[k], in.count, o + std::size_t(k) * in.count);
+    });
+  }
+  void do_broadcast(BufferView, int) override { FAIL() << "not used by the model"; }
+  void do_reduce(BufferView, int) override { FAIL() << "not used by the model"; }
+  void do_send(BufferView, int, int) override { FAIL() << "not used by the model"; }
+  void do_recv(BufferView, int, int) override { FAIL() << "not used by the model"; }
+  void do_barrier() override { shared_.sync.arrive_and_wait(); }
+
+ private:
+  template <class F>
+  void exchange(const float* mine, F&& combine) {
+    shared_.posted[rank()] = mine;
+    shared_.sync.arrive_and_wait();
+    combine();
+    shared_.sync.arrive_and_wait();  // nobody's input goes away before all have read it
+  }
+  Shared& shared_;
+};
+
+// A spec whose attention probabilities weigh: T = 16 with C = 32, 4 heads.
+ModelSpec att_heavy() {
+  ModelSpec s;
+  s.preset = "att-heavy";
+  s.layers = 2;
+  s.hidden = 32;
+  s.heads = 4;
+  s.seq = 16;
+  s.vocab = 64;
+  return s;
+}
+
+struct RankResult {
+  std::vector<double> losses;
+  std::vector<float> grads;
+  std::uint64_t activation_peak = 0;
+  std::map<CommOp, std::uint64_t> comm_bytes;
+};
+
+// One tp rank: two micro-batches in flight (two slots, as in a pipeline), forward both, then
+// backward both, gradients accumulating.
+RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompute r, Group& tp,
+                    CommLedger& ledger) {
+  MemoryLedger mem;
+  StageModel m(spec, B, part, mem, r);
+  EXPECT_EQ(m.recompute(), r);
+  std::vector<float> params(m.param_count());
+  RankResult out;
+  out.grads.assign(m.param_count(), 0.0f);
+  m.init_params(5, params.data());
+  const int N = B * spec.seq;
+  std::vector<std::vector<std::int32_t>> in(2, std::vector<std::int32_t>(N)), tg = in;
+  int slot[2];
+  for (int k = 0; k < 2; ++k) {
+    for (int i = 0; i < N; ++i) {
+      in[k][i] = (i * 37 + 11 * k + 3) % spec.vocab;
+      tg[k][i] = (i * 53 + 7 * k + 5) % spec.vocab;
+    }
+    slot[k] = m.acquire_slot();
+    if (!m.has_embedding()) {  // a pipeline chunk's input: the same global rows in every mode
+      const std::size_t n = m.boundary_count(),
+                        row0 = part.sequence_parallel ? part.tp_rank * n : 0;
+      for (std::size_t i = 0; i < n; ++i)
+        m.input(slot[k])[i] = float(std::sin(0.37 * double(row0 + i) + k));
+    }
+    m.forward(slot[k], params.data(), {in[k].data(), tg[k].data(), B, spec.seq}, &tp);
+    out.losses.push_back(m.loss_sum(slot[k]));
+  }
+  for (int k = 0; k < 2; ++k) {
+    m.backward(slot[k], params.data(), out.grads.data(), &tp, 1.0f / float(2 * N));
+    m.release_slot(slot[k]);
+  }
+  out.activation_peak = mem.peak(MemTag::activations);
+  for (const CommRecord& c : ledger.records()) out.comm_bytes[c.op] += c.bytes;
+  return out;
+}
+
+std::vector<RankResult> run_tp(const ModelSpec& spec, int B, Partition part, Recompute r) {
+  const int tp = part.tp_size;
+  ThreadGroup::Shared shared(tp);
+  std::vector<RankResult> results(tp);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < tp; ++rank)
+    threads.emplace_back([&, rank] {
+      CommLedger ledger;
+      ThreadGroup group(shared, rank, tp, &ledger);
+      Partition p = part;
+      p.tp_rank = rank;
+      results[rank] = run_rank(spec, B, p, r, group, ledger);
+    });
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+CommOp op_named(const std::string& name) {
+  for (int i = 0; i < kNumCommOps; ++i)
+    if (name == kCommOpNames[i]) return CommOp(i);
+  ADD_FAILURE() << name;
+  return CommOp::barrier;
+}
+
+// Full and selective recompute under tp = 2 (with and without sequence parallelism, the whole
+// model and a pipeline chunk without the embedding): the same losses and gradients as no
+// recompute on every rank (room only for a reordered reduction; a stale recompute is O(1)), the
+// activation peak equal to predict_activations() for two slots, less memory than none, and the
+// ledger's collective bytes equal to add_tensor_parallel_bytes() (a full recompute repeats the
+// block's forward collectives).
+TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMemory) {
+  const ModelSpec spec = att_heavy();
+  const int B = 2, L = spec.layers;
+  for (bool sp : {false, true}) {
+    for (Partition part : {Partition{0, L + 1, 2, 0, sp}, Partition{2, L + 1, 2, 0, sp}}) {
+      const std::vector<RankResult> ref = run_tp(spec, B, part, Recompute::none);
+      for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+        SCOPED_TRACE(std::string(sp ? "sp " : "") + "units " + std::to_string(part.first_unit) +
+                     "-" + std::to_string(part.last_unit) + " " + recompute_name(r));
+        const std::vector<RankResult> got = r == Recompute::none ? ref : run_tp(spec, B, part, r);
+        const ActivationBytes predicted = predict_activations(spec, B, part, r);
+        std::map<std::string, double> tp_bytes;
+        add_tensor_parallel_bytes(spec, B, part, r, tp_bytes);
+        for (int rank = 0; rank < 2; ++rank) {
+          const RankResult& a = ref[rank];
+          const RankResult& b = got[rank];
+          EXPECT_EQ(b.activation_peak, predicted.total(2)) << "rank " << rank;
+          if (r != Recompute::none) EXPECT_LT(b.activation_peak, a.activation_peak);
+          for (const auto& [op, bytes] : tp_bytes)
+            EXPECT_EQ(double(b.comm_bytes.at(op_named(op))), 2 * bytes) << op;
+          ASSERT_EQ(a.losses.size(), b.losses.size());
+          for (std::size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i]);
+          double max_g = 0;
+          for (float g : a.grads) max_g = std::max(max_g, double(std::fabs(g)));
+          ASSERT_GT(max_g, 1e-4);
+          std::size_t not_bitwise = 0;
+          for (std::size_t i = 0; i < a.grads.size(); ++i) {
+            ASSERT_NEAR(b.grads[i], a.grads[i], 1e-6 * std::fabs(a.grads[i]) + 1e-9 * max_g)
+                << "rank " << rank << " element " << i;
+            not_bitwise += b.grads[i] != a.grads[i];
+          }
+          EXPECT_EQ(not_bitwise, 0u) << "gradient elements not bit-for-bit equal (informative)";
+        }
+      }
     }
   }
-  for (std::size_t i = 0; i < first.wte_count(); ++i)
-    ASSERT_NEAR(g0[first.wte_offset() + i] + g1[last.wte_offset() + i], grads[i],
-                1e-9 + 1e-5 * std::fabs(grads[i]))
-        << i;
 }
 
 }  // namespace

@@ -110,7 +110,10 @@ struct MicroBatch {
 // element, laid out as in ParamLayout. A strategy that shards points these at gathered buffers.
 using UnitPtrs = std::vector<float*>;
 
-// Activation recomputation (Megatron-LM's definitions), chosen when the Model is built:
+// Activation recomputation (Megatron-LM's definitions), chosen when the model is built. Under
+// tensor parallelism each rank recomputes its own slice; with sequence parallelism a block's kept
+// input is the rank's token-row shard, and a full recompute repeats the block's forward
+// collectives (through the same tp group, so the comm ledger counts them).
 //   none       every activation of every block is kept from forward to backward.
 //   full       only each block's input (the residual stream entering it) is kept; backward of
 //              block l first recomputes block l's forward from that input into one set of block
@@ -126,8 +129,35 @@ const char* recompute_name(Recompute r);
 // name is not one of them.
 bool parse_recompute(const std::string& name, Recompute* out);
 
-// The model's computation for one micro-batch size. Owns the activations (MemTag::activations);
-// parameters and gradients are passed in, so strategies decide where they live.
+// Which part of the model one rank computes: a contiguous unit range (a pipeline stage or chunk,
+// or the whole model) with every tensor split across a tensor-parallel group of tp_size ranks
+// (strata/stage_model.hpp says how), optionally with sequence parallelism.
+struct Partition {
+  int first_unit = 0;  // units [first_unit, last_unit]: 0 embedding, 1..L blocks, L+1 head
+  int last_unit = 0;
+  int tp_size = 1;
+  int tp_rank = 0;
+  bool sequence_parallel = false;
+};
+// All units at tp 1: what Model computes.
+Partition whole_model(const ModelSpec& spec);
+
+// Activation bytes (MemTag::activations) of a partition for one micro-batch size and recompute
+// mode: `slot` for each micro-batch in flight (what its forward keeps for its backward) and
+// `scratch` once (gradients and recompute buffers, live only inside one pass). The one
+// activation prediction: Model and StageModel allocate exactly this, by running the same carve.
+struct ActivationBytes {
+  std::uint64_t slot = 0, scratch = 0;
+  std::uint64_t total(int slots) const { return std::uint64_t(slots) * slot + scratch; }
+};
+// Throws ConfigError for a spec, micro-batch, partition or recompute mode that cannot be built.
+ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, const Partition& part,
+                                    Recompute recompute);
+
+// The whole model's computation for one micro-batch size, unit by unit: the data-parallel front
+// end of the one implementation StageModel also uses (tp 1, all units, one activation slot).
+// Owns the activations (MemTag::activations); parameters and gradients are passed in per unit, so
+// strategies decide where they live.
 // Gradients always accumulate (+=): zero them before the first micro-batch of a step.
 class Model {
  public:
@@ -154,8 +184,9 @@ class Model {
   double loss_sum() const;
 
   // Bytes of activations (and their gradients) this model allocates for a micro-batch size and
-  // recompute mode: the activations prediction. Exact: all of it is allocated by the constructor
-  // (MemTag::activations), nothing during forward or backward.
+  // recompute mode: predict_activations(spec, micro_batch, whole_model(spec), recompute).total(1).
+  // Exact: all of it is allocated by the constructor (MemTag::activations), nothing during
+  // forward or backward.
   static std::uint64_t activation_bytes(const ModelSpec& spec, int micro_batch,
                                         Recompute recompute = Recompute::none);
 

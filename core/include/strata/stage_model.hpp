@@ -14,9 +14,10 @@
 // column-parallel matmul and a reduce-scatter after the row-parallel one.
 //
 // Activations live in *slots*, one per micro-batch in flight (a pipeline schedule decides how
-// many); gradient scratch is shared, since one backward runs at a time. All buffers are tagged
-// MemTag::activations (token copies MemTag::workspace); slot_bytes()/scratch_bytes() predict them
-// exactly.
+// many); gradient scratch (and the recompute buffers) is shared, since one pass runs at a time.
+// All buffers are tagged MemTag::activations (token copies MemTag::workspace);
+// predict_activations() (strata/model.hpp) and slot_token_bytes() predict them exactly. Every
+// recompute mode works in every configuration. The passes are the same code Model runs.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -30,14 +31,6 @@
 #include "strata/optimizer.hpp"
 
 namespace strata {
-
-struct Partition {
-  int first_unit = 0;  // units [first_unit, last_unit]: 0 embedding, 1..L blocks, L+1 head
-  int last_unit = 0;
-  int tp_size = 1;
-  int tp_rank = 0;
-  bool sequence_parallel = false;
-};
 
 // Throws ConfigError (one line, naming the option) if the model cannot be split tp ways:
 // heads, hidden, vocab (and micro-batch x seq with sequence parallelism) must divide.
@@ -65,12 +58,14 @@ struct LocalTensor {
 
 class StageModel {
  public:
-  StageModel(const ModelSpec& spec, int micro_batch, const Partition& part, MemoryLedger& memory);
+  StageModel(const ModelSpec& spec, int micro_batch, const Partition& part, MemoryLedger& memory,
+             Recompute recompute = Recompute::none);
   ~StageModel();
   StageModel(const StageModel&) = delete;
   StageModel& operator=(const StageModel&) = delete;
 
   const Partition& partition() const;
+  Recompute recompute() const;
   bool has_embedding() const;
   bool has_head() const;
   // Only the embedding and the head read the micro-batch's tokens; forward() of a partition with
@@ -123,10 +118,9 @@ class StageModel {
   // Sum of per-token losses of the slot's micro-batch (partitions with the head).
   double loss_sum(int slot) const;
 
-  // Exact bytes of one slot (activations, and the token copies) and of the shared scratch.
-  static std::uint64_t slot_bytes(const ModelSpec& spec, int micro_batch, const Partition& part);
+  // Exact bytes of one slot's token copies (MemTag::workspace; its activations:
+  // predict_activations()).
   static std::uint64_t slot_token_bytes(const ModelSpec& spec, int micro_batch);
-  static std::uint64_t scratch_bytes(const ModelSpec& spec, int micro_batch, const Partition& part);
   // The tensor table of a partition without building it (for predictions).
   static std::vector<LocalTensor> local_tensors(const ModelSpec& spec, const Partition& part);
 
@@ -136,8 +130,9 @@ class StageModel {
 };
 
 // Bytes of tensor-parallel collectives one micro-batch's forward + backward of `part` moves, per
-// op name (nccl-tests size convention), as StageModel issues them. Zero for tp_size 1.
+// op name (nccl-tests size convention), as StageModel issues them, the collectives a full
+// recompute repeats in backward included. Zero for tp_size 1.
 void add_tensor_parallel_bytes(const ModelSpec& spec, int micro_batch, const Partition& part,
-                               std::map<std::string, double>& bytes);
+                               Recompute recompute, std::map<std::string, double>& bytes);
 
 }  // namespace strata

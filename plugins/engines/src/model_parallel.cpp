@@ -102,9 +102,6 @@ std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
 void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
               const MpConfig& cfg) {
   const std::string who = cfg.strategy;
-  if (t.recompute != Recompute::none)
-    throw ConfigError("--recompute " + std::string(recompute_name(t.recompute)) + ": " + who +
-                      " supports only none");
   validate_tensor_parallel(model, t.micro_batch, mesh.tp, cfg.sequence_parallel);
   if (!cfg.pipeline) {
     if (mesh.pp != 1)
@@ -163,12 +160,12 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
         partial += double(t.count);
     }
     const double in_flight = pp::max_in_flight(plan.actions, c);
-    mem(MemTag::activations) += in_flight * double(StageModel::slot_bytes(in.model, B, part)) +
-                                double(StageModel::scratch_bytes(in.model, B, part));
+    const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute);
+    mem(MemTag::activations) += in_flight * double(acts.slot) + double(acts.scratch);
     mem(MemTag::workspace) += in_flight * double(StageModel::slot_token_bytes(in.model, B));
     // Tensor parallel collectives, per micro-batch.
     std::map<std::string, double> tp_bytes;
-    add_tensor_parallel_bytes(in.model, B, part, tp_bytes);
+    add_tensor_parallel_bytes(in.model, B, part, in.train.recompute, tp_bytes);
     for (const auto& [op, bytes] : tp_bytes) comm[op] += bytes * plan.m;
     // Pipeline sends and receives, per micro-batch.
     const double boundary = double(StageModel::boundary_count(in.model, B, part)) * sizeof(float);
@@ -207,7 +204,8 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
     return r;
   }()) << "; "
         << plan.m << " micro-batches; tp=" << in.mesh.tp
-        << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "");
+        << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
+        << "; recompute " << recompute_name(in.train.recompute);
   p.notes = notes.str();
   return p;
 }
@@ -222,8 +220,8 @@ class Engine {
     std::vector<AdamWSegment> segments;
     std::size_t total = 0;
     for (const Partition& part : plan_.parts) {
-      chunks_.push_back(
-          std::make_unique<StageModel>(ctx.model_spec(), ctx.train().micro_batch, part, mem));
+      chunks_.push_back(std::make_unique<StageModel>(ctx.model_spec(), ctx.train().micro_batch,
+                                                     part, mem, ctx.train().recompute));
       offset_.push_back(total);
       total += chunks_.back()->param_count();
       for (const AdamWSegment& s : chunks_.back()->adamw_segments()) segments.push_back(s);
