@@ -3,7 +3,7 @@
 // vocab-parallel embedding and cross-entropy for the tied embedding / LM head; one all-reduce in
 // forward and one in backward per sub-block. sp=on: sequence parallelism (all-gather and
 // reduce-scatter in place of each all-reduce, LayerNorm and residual on token-row shards).
-// The model and the step live in plugins/common/model_parallel and core's StageModel.
+// The model and the step live in strata/engines/model_parallel.hpp and core's StageModel.
 #include "strata/engines/model_parallel.hpp"
 
 namespace {

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# An out-of-tree plugin builds against an installed prefix and runs: install strata, build
+# tests/out_of_tree (its own hand-written CMake file, nothing from the source tree but its two
+# files), list it, run it on 2 ranks beside the installed zero3 and compare: the same losses
+# (the same algorithm), less or equal peak memory, exposed comm not below zero3's.
+# usage: build_and_run.sh SOURCE_DIR BUILD_DIR WORK_DIR CHECK_RUN
+set -eu
+src=$1 build=$2 work=$3 check_run=$4
+rm -rf "$work" && mkdir -p "$work"
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" >/dev/null
+cp "$src/tests/out_of_tree/CMakeLists.txt" "$src/tests/out_of_tree/zero_lean.cpp" "$work/"
+cmake -S "$work" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_PREFIX="$prefix" \
+  > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/build" > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+plugin_dir=$work/build
+"$prefix/bin/runner" --plugin-path "$plugin_dir" --list-plugins | grep -qE "^zero-lean +" \
+  || { echo "FAIL: zero-lean not listed"; exit 1; }
+exported=$(nm -D --defined-only "$plugin_dir/libstrata_zero_lean.so" | awk '{print $3}' | grep -c strata || true)
+[[ $exported -eq 3 ]] || { echo "FAIL: $exported strata symbols exported, want the 3 entry points"; exit 1; }
+run() {
+  "$prefix/bin/runner" --plugin-path "$plugin_dir" --plugin "$1" --nodes 1 --ranks-per-node 2 \
+    --steps 4 --blas-threads 1 --quiet --out "$work/runs" --run-id "$1" > "$work/$1.log" 2>&1 \
+    || { cat "$work/$1.log"; echo "FAIL: $1 did not run"; exit 1; }
+}
+run zero-lean
+run zero3
+"$check_run" layout "$work/runs/zero-lean.h5" 2 4
+"$check_run" trajectory "$work/runs/zero3.h5" "$work/runs/zero-lean.h5" 0
+"$check_run" predicted "$work/runs/zero-lean.h5"
+echo "out-of-tree zero-lean built against $prefix, ran on 2 ranks, the same losses as zero3"
