@@ -239,17 +239,19 @@ double ModelPasses::loss_sum(const SlotActs& s, std::size_t rows) {
 
 // --- tensor-parallel communication (never called at tp 1)
 
-void ModelPasses::gather(Group* tp, const float* shard, float* full) {  // [Nl,C] -> [N,C]
+void ModelPasses::gather(TensorParallelComm* tp, const float* shard,
+                         float* full) {  // [Nl,C] -> [N,C]
   tp->all_gather(view(const_cast<float*>(shard), run_.Nl * run_.C), view(full, run_.N * run_.C));
 }
 
-void ModelPasses::scatter(Group* tp, float* full, float* shard) {  // [N,C] partial -> [Nl,C]
+void ModelPasses::scatter(TensorParallelComm* tp, float* full,
+                          float* shard) {  // [N,C] partial -> [Nl,C]
   tp->reduce_scatter(view(full, run_.N * run_.C), view(shard, run_.Nl * run_.C));
 }
 
 // Row-parallel matmul (proj, FC2): out[Nl,C] = reduce(inp[N,ICl] @ W[C,ICl]^T) + bias. At tp 1
 // the bias goes into the GEMM call.
-void ModelPasses::row_parallel(Group* tp, float* out, const float* inp, const float* w,
+void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, const float* inp, const float* w,
                                const float* bias, int icl) {
   const Dims& d = run_;
   if (d.tp == 1) {
@@ -261,25 +263,26 @@ void ModelPasses::row_parallel(Group* tp, float* out, const float* inp, const fl
     scatter(tp, g_.partial, out);
   } else {
     cpu::matmul_forward(out, inp, w, nullptr, int(d.N), icl, d.C);
-    tp->all_reduce(view(out, d.N * d.C));
+    tp->all_reduce_sum(view(out, d.N * d.C));
   }
   add_bias(out, bias, d.Nl, d.C);
 }
 
 // d(input of a column-parallel matmul): partial [N,C] in g_.partial -> the rank's rows, summed.
-float* ModelPasses::reduce_input_grad(Group* tp) {
+float* ModelPasses::reduce_input_grad(TensorParallelComm* tp) {
   if (run_.tp == 1) return g_.partial;
   if (run_.sp) {
     scatter(tp, g_.partial, g_.shard);
     return g_.shard;
   }
-  tp->all_reduce(view(g_.partial, run_.N * run_.C));
+  tp->all_reduce_sum(view(g_.partial, run_.N * run_.C));
   return g_.partial;
 }
 
 // recomputing: Recompute::full's rerun in backward, which stops at fch_gelu: the block's output
 // (FC2, its reduction and the second residual) is not needed by the backward, x[l+1] is kept.
-void ModelPasses::forward_block(int l, SlotActs& s, const float* p, Group* tp, bool recomputing) {
+void ModelPasses::forward_block(int l, SlotActs& s, const float* p, TensorParallelComm* tp,
+                                bool recomputing) {
   const Dims& d = run_;
   const std::size_t* o = block_off_;
   BlockActs& a = s.block[l];
@@ -301,7 +304,8 @@ void ModelPasses::forward_block(int l, SlotActs& s, const float* p, Group* tp, b
   cpu::residual_forward(x_out, x_out, a.xmid, std::int64_t(Nl) * C);
 }
 
-void ModelPasses::backward_block(int l, SlotActs& s, const float* p, float* gr, Group* tp) {
+void ModelPasses::backward_block(int l, SlotActs& s, const float* p, float* gr,
+                                 TensorParallelComm* tp) {
   const Dims& d = run_;
   const std::size_t* o = block_off_;
   // Full recompute: rebuild this block's activations from its kept input x[l] into the shared
@@ -350,7 +354,7 @@ void ModelPasses::backward_block(int l, SlotActs& s, const float* p, float* gr, 
 // Vocab-parallel embedding: each rank looks up the tokens of its vocab rows, the partial rows
 // are summed across tp, then wpe is added per token row.
 void ModelPasses::forward_embedding(SlotActs& s, const float* wte, const float* wpe,
-                                    const std::int32_t* tok, Group* tp) {
+                                    const std::int32_t* tok, TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
   check_tokens(tok, d.N, d.V, "input");
@@ -371,14 +375,15 @@ void ModelPasses::forward_embedding(SlotActs& s, const float* wte, const float* 
   if (d.sp)
     scatter(tp, g_.partial, x0);
   else
-    tp->all_reduce(view(x0, d.N * C));
+    tp->all_reduce_sum(view(x0, d.N * C));
   for (std::size_t i = 0; i < d.Nl; ++i) {
     const float* pos = wpe + ((d.row0 + i) % d.T) * C;
     for (int c = 0; c < C; ++c) x0[i * C + c] += pos[c];
   }
 }
 
-void ModelPasses::backward_embedding(float* dwte, float* dwpe, const std::int32_t* tok, Group* tp) {
+void ModelPasses::backward_embedding(float* dwte, float* dwpe, const std::int32_t* tok,
+                                     TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
   if (d.tp == 1) {
@@ -400,7 +405,8 @@ void ModelPasses::backward_embedding(float* dwte, float* dwpe, const std::int32_
 
 // Vocab-parallel softmax cross-entropy over logits [N,Vl] (in probs): the row max and the
 // (sum of exp, target logit) pairs are all-reduced; the logits never leave the rank.
-void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, Group* tp) {
+void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
+                                      TensorParallelComm* tp) {
   const std::size_t N = run_.N, Vl = run_.Vl, v0 = Vl * part_.tp_rank;
   float* mx = g_.ce;         // [N]
   float* sum_t = g_.ce + N;  // [N] sums of exp | [N] target logit - max
@@ -422,7 +428,7 @@ void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, 
     }
     sum_t[n] = sum;
   }
-  tp->all_reduce(view(sum_t, 2 * N));
+  tp->all_reduce_sum(view(sum_t, 2 * N));
   for (std::size_t n = 0; n < N; ++n) {
     const float inv = 1.0f / sum_t[n];
     float* x = s.probs + n * Vl;
@@ -433,7 +439,7 @@ void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, 
 }
 
 void ModelPasses::forward_head(SlotActs& s, const float* lnf, const float* wte,
-                               const std::int32_t* targets, Group* tp) {
+                               const std::int32_t* targets, TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
   check_tokens(targets, d.N, d.V, "target");
@@ -447,7 +453,8 @@ void ModelPasses::forward_head(SlotActs& s, const float* lnf, const float* wte,
 }
 
 void ModelPasses::backward_head(SlotActs& s, const float* lnf, const float* wte, float* glnf,
-                                float* gwte, const std::int32_t* targets, Group* tp, float scale) {
+                                float* gwte, const std::int32_t* targets, TensorParallelComm* tp,
+                                float scale) {
   const Dims& d = run_;
   const int C = d.C;
   const std::size_t N = d.N, Vl = d.Vl;

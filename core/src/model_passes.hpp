@@ -14,6 +14,7 @@
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/stage_model.hpp"
+#include "strata/tensor_parallel.hpp"
 
 namespace strata {
 
@@ -108,25 +109,27 @@ class ModelPasses {
 
   // l: block index within the partition. forward_head also computes the per-token losses.
   void forward_embedding(SlotActs& s, const float* wte, const float* wpe,
-                         const std::int32_t* inputs, Group* tp);
-  void forward_block(int l, SlotActs& s, const float* p, Group* tp, bool recomputing = false);
+                         const std::int32_t* inputs, TensorParallelComm* tp);
+  void forward_block(int l, SlotActs& s, const float* p, TensorParallelComm* tp,
+                     bool recomputing = false);
   void forward_head(SlotActs& s, const float* lnf, const float* wte, const std::int32_t* targets,
-                    Group* tp);
+                    TensorParallelComm* tp);
   // dres() holds d(output) on entry of a block's backward and d(input) on return.
   void backward_head(SlotActs& s, const float* lnf, const float* wte, float* glnf, float* gwte,
-                     const std::int32_t* targets, Group* tp, float grad_scale);
-  void backward_block(int l, SlotActs& s, const float* p, float* g, Group* tp);
-  void backward_embedding(float* gwte, float* gwpe, const std::int32_t* inputs, Group* tp);
+                     const std::int32_t* targets, TensorParallelComm* tp, float grad_scale);
+  void backward_block(int l, SlotActs& s, const float* p, float* g, TensorParallelComm* tp);
+  void backward_embedding(float* gwte, float* gwpe, const std::int32_t* inputs,
+                          TensorParallelComm* tp);
   // Sum of the per-token losses of the first `rows` token rows (after forward_head).
   static double loss_sum(const SlotActs& s, std::size_t rows);
 
  private:
-  void gather(Group* tp, const float* shard, float* full);
-  void scatter(Group* tp, float* full, float* shard);
-  void row_parallel(Group* tp, float* out, const float* inp, const float* w, const float* bias,
-                    int icl);
-  float* reduce_input_grad(Group* tp);
-  void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, Group* tp);
+  void gather(TensorParallelComm* tp, const float* shard, float* full);
+  void scatter(TensorParallelComm* tp, float* full, float* shard);
+  void row_parallel(TensorParallelComm* tp, float* out, const float* inp, const float* w,
+                    const float* bias, int icl);
+  float* reduce_input_grad(TensorParallelComm* tp);
+  void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
 
   ModelSpec spec_;
   Partition part_;

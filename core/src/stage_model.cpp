@@ -180,11 +180,13 @@ const float* StageModel::output(int slot) const {
 float* StageModel::output_grad() { return impl_->passes->dres(); }
 const float* StageModel::input_grad(int slot) const { return impl_->slot(slot).acts->acts.grad_in; }
 
-void StageModel::forward(int slot, const float* params, const MicroBatch& mb, Group* tp) {
+void StageModel::forward(int slot, const float* params, const MicroBatch& mb,
+                         TensorParallelComm* tp) {
   Impl& m = *impl_;
   const Dims& d = m.d;
   if (d.tp > 1 && (!tp || tp->size() != d.tp))
-    throw Error("StageModel: needs the tp group of size " + std::to_string(d.tp));
+    throw Error("StageModel: needs tensor-parallel collectives over a group of size " +
+                std::to_string(d.tp));
   const bool tokens = needs_tokens();
   if (mb.batch != d.B || mb.seq != d.T || (tokens && (!mb.inputs || !mb.targets)))
     throw Error("StageModel: micro-batch " + std::to_string(mb.batch) + "x" +
@@ -205,7 +207,7 @@ void StageModel::forward(int slot, const float* params, const MicroBatch& mb, Gr
   if (d.head) passes.forward_head(acts, params + m.lnf_off, params + m.wte_off, targets, tp);
 }
 
-void StageModel::backward(int slot, const float* params, float* grads, Group* tp,
+void StageModel::backward(int slot, const float* params, float* grads, TensorParallelComm* tp,
                           float grad_scale) {
   Impl& m = *impl_;
   const Dims& d = m.d;

@@ -215,7 +215,38 @@ struct RankResult {
   std::vector<double> losses;
   std::vector<float> grads;
   std::uint64_t activation_peak = 0;
-  std::map<CommOp, std::uint64_t> comm_bytes;
+  std::map<CommOp, std::uint64_t> comm_bytes;  // as the ledger saw them
+  std::map<CommOp, std::uint64_t> tp_bytes;    // as they went through the TensorParallelComm
+};
+
+// What a tp strategy's own TensorParallelComm would be: here the default, counting what passes
+// through it, so the test knows every tensor-parallel collective goes through the interface.
+class CountingTensorParallelComm final : public TensorParallelComm {
+ public:
+  CountingTensorParallelComm(Group& g, std::map<CommOp, std::uint64_t>& bytes)
+      : sync_(g), bytes_(bytes) {}
+  int rank() const override { return sync_.rank(); }
+  int size() const override { return sync_.size(); }
+  void all_reduce_sum(BufferView d) override {
+    bytes_[CommOp::all_reduce] += d.bytes();
+    sync_.all_reduce_sum(d);
+  }
+  void all_reduce_max(BufferView d) override {
+    bytes_[CommOp::all_reduce] += d.bytes();
+    sync_.all_reduce_max(d);
+  }
+  void all_gather(BufferView shard, BufferView full) override {
+    bytes_[CommOp::all_gather] += full.bytes();
+    sync_.all_gather(shard, full);
+  }
+  void reduce_scatter(BufferView full, BufferView shard) override {
+    bytes_[CommOp::reduce_scatter] += full.bytes();
+    sync_.reduce_scatter(full, shard);
+  }
+
+ private:
+  SyncTensorParallelComm sync_;
+  std::map<CommOp, std::uint64_t>& bytes_;
 };
 
 // One tp rank: two micro-batches in flight (two slots, as in a pipeline), forward both, then
@@ -230,6 +261,7 @@ RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompu
   out.grads.assign(m.param_count(), 0.0f);
   m.init_params(5, params.data());
   const int N = B * spec.seq;
+  CountingTensorParallelComm tp_comm(tp, out.tp_bytes);
   std::vector<std::vector<std::int32_t>> in(2, std::vector<std::int32_t>(N)), tg = in;
   int slot[2];
   for (int k = 0; k < 2; ++k) {
@@ -244,11 +276,11 @@ RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompu
       for (std::size_t i = 0; i < n; ++i)
         m.input(slot[k])[i] = float(std::sin(0.37 * double(row0 + i) + k));
     }
-    m.forward(slot[k], params.data(), {in[k].data(), tg[k].data(), B, spec.seq}, &tp);
+    m.forward(slot[k], params.data(), {in[k].data(), tg[k].data(), B, spec.seq}, &tp_comm);
     out.losses.push_back(m.loss_sum(slot[k]));
   }
   for (int k = 0; k < 2; ++k) {
-    m.backward(slot[k], params.data(), out.grads.data(), &tp, 1.0f / float(2 * N));
+    m.backward(slot[k], params.data(), out.grads.data(), &tp_comm, 1.0f / float(2 * N));
     m.release_slot(slot[k]);
   }
   out.activation_peak = mem.peak(MemTag::activations);
@@ -306,6 +338,8 @@ TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMem
           if (r != Recompute::none) EXPECT_LT(b.activation_peak, a.activation_peak);
           for (const auto& [op, bytes] : tp_bytes)
             EXPECT_EQ(double(b.comm_bytes.at(op_named(op))), 2 * bytes) << op;
+          // Every collective the ledger saw went through the TensorParallelComm the caller gave.
+          EXPECT_EQ(b.tp_bytes, b.comm_bytes);
           ASSERT_EQ(a.losses.size(), b.losses.size());
           for (std::size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i]);
           double max_g = 0;

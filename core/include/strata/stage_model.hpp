@@ -29,6 +29,7 @@
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/optimizer.hpp"
+#include "strata/tensor_parallel.hpp"
 
 namespace strata {
 
@@ -110,11 +111,14 @@ class StageModel {
   const float* input_grad(int slot) const;
 
   // Forward of the partition for micro-batch mb (its tokens, if needed, are copied into the slot).
-  // `tp` may be null when tp_size == 1. A partition with the head also computes the loss.
-  void forward(int slot, const float* params, const MicroBatch& mb, Group* tp);
+  // `tp`: the tensor-parallel collectives (tensor_parallel.hpp; SyncTensorParallelComm over the tp
+  // group is the default); may be null when tp_size == 1. A partition with the head also computes
+  // the loss.
+  void forward(int slot, const float* params, const MicroBatch& mb, TensorParallelComm* tp);
   // Backward; on a partition without the head, output_grad() must hold d(output). Gradients
   // accumulate into grads (local flat order). grad_scale: d(loss)/d(per-token loss).
-  void backward(int slot, const float* params, float* grads, Group* tp, float grad_scale);
+  void backward(int slot, const float* params, float* grads, TensorParallelComm* tp,
+                float grad_scale);
   // Sum of per-token losses of the slot's micro-batch (partitions with the head).
   double loss_sum(int slot) const;
 

@@ -238,65 +238,21 @@ class Engine {
       for (const LocalTensor* t : ch->tp_partial_grads()) partial += t->count;
     partial_pack_ = Buffer<float>(mem, MemTag::comm_buffers, partial);
     pending_.resize(chunks_.size());
+    if (ctx.mesh().tp > 1)
+      tp_comm_ = cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
+                                  : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
   }
 
   void train_step(Context& ctx, int step) {
     grads_.zero();
     Group* tp = ctx.mesh().tp > 1 ? &ctx.group(Axis::tp) : nullptr;
     Group& pp = ctx.group(Axis::pp);
-    const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
-    const float scale = float(grad_scale(ctx));
-    const double tokens = double(ctx.train().micro_batch) * ctx.model_spec().seq;
     std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
     for (const pp::PipeAction& a : plan_.actions) {
-      StageModel& sm = *chunks_[a.chunk];
-      const int k = plan_.global[a.chunk];
-      float* params = params_.data() + offset_[a.chunk];
-      const std::size_t n = sm.boundary_count();
-      if (a.forward) {
-        const int slot = sm.acquire_slot();
-        slot_of[a.chunk][a.micro] = slot;
-        wait_sends(ctx, a.chunk, slot);
-        // Middle stages do not read tokens: no data is generated for them.
-        const MicroBatch mb =
-            sm.needs_tokens()
-                ? ctx.micro_batch(step, a.micro)
-                : MicroBatch{nullptr, nullptr, ctx.train().micro_batch, ctx.model_spec().seq};
-        if (k > 0) {
-          PhaseTimer idle(ctx, Phase::bubble);
-          pp.recv(view(sm.input(slot), n), prev, kTagActivation);
-        }
-        {
-          PhaseTimer t(ctx, Phase::forward);
-          sm.forward(slot, params, mb, tp);
-        }
-        if (sm.has_head()) ctx.report_loss(sm.loss_sum(slot), tokens);
-        if (k < plan_.K - 1) {
-          float* out = const_cast<float*>(sm.output(slot));
-          pending(a.chunk, slot)
-              .push_back(ctx.comm_stream(kStreamNext).enqueue([&pp, out, n, next] {
-                pp.send(view(out, n), next, kTagActivation);
-              }));
-        }
-      } else {
-        const int slot = slot_of[a.chunk][a.micro];
-        if (k < plan_.K - 1) {
-          PhaseTimer idle(ctx, Phase::bubble);
-          pp.recv(view(sm.output_grad(), n), next, kTagGradient);
-        }
-        {
-          PhaseTimer t(ctx, Phase::backward);
-          sm.backward(slot, params, grads_.data() + offset_[a.chunk], tp, scale);
-        }
-        if (k > 0) {
-          float* din = const_cast<float*>(sm.input_grad(slot));
-          pending(a.chunk, slot)
-              .push_back(ctx.comm_stream(kStreamPrev).enqueue([&pp, din, n, prev] {
-                pp.send(view(din, n), prev, kTagGradient);
-              }));
-        }
-        sm.release_slot(slot);
-      }
+      if (a.forward)
+        slot_of[a.chunk][a.micro] = forward_action(ctx, step, a, pp);
+      else
+        backward_action(ctx, a, slot_of[a.chunk][a.micro], pp);
     }
     {
       // The stage's own sends, then the end-of-step meeting with the other stages: both are the
@@ -363,6 +319,61 @@ class Engine {
     for (std::size_t i = 0; i < n; ++i) g[i] += tied_recv_[i];
   }
 
+  // One micro-batch forward through one local chunk: receive its input (the bubble when it is
+  // late), compute, send the output on. Returns the activation slot it holds until backward.
+  int forward_action(Context& ctx, int step, const pp::PipeAction& a, Group& pp) {
+    StageModel& sm = *chunks_[a.chunk];
+    const int k = plan_.global[a.chunk], slot = sm.acquire_slot();
+    const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
+    const std::size_t n = sm.boundary_count();
+    wait_sends(ctx, a.chunk, slot);
+    // Middle stages do not read tokens: no data is generated for them.
+    const MicroBatch mb = sm.needs_tokens() ? ctx.micro_batch(step, a.micro)
+                                            : MicroBatch{nullptr, nullptr, ctx.train().micro_batch,
+                                                         ctx.model_spec().seq};
+    if (k > 0) {
+      PhaseTimer idle(ctx, Phase::bubble);
+      pp.recv(view(sm.input(slot), n), prev, kTagActivation);
+    }
+    {
+      PhaseTimer t(ctx, Phase::forward);
+      sm.forward(slot, params_.data() + offset_[a.chunk], mb, tp_comm_.get());
+    }
+    if (sm.has_head())
+      ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
+    if (k < plan_.K - 1) {
+      float* out = const_cast<float*>(sm.output(slot));
+      pending(a.chunk, slot).push_back(ctx.comm_stream(kStreamNext).enqueue([&pp, out, n, next] {
+        pp.send(view(out, n), next, kTagActivation);
+      }));
+    }
+    return slot;
+  }
+
+  // Its backward: receive d(output), compute, send d(input) back, free the slot.
+  void backward_action(Context& ctx, const pp::PipeAction& a, int slot, Group& pp) {
+    StageModel& sm = *chunks_[a.chunk];
+    const int k = plan_.global[a.chunk];
+    const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
+    const std::size_t n = sm.boundary_count();
+    if (k < plan_.K - 1) {
+      PhaseTimer idle(ctx, Phase::bubble);
+      pp.recv(view(sm.output_grad(), n), next, kTagGradient);
+    }
+    {
+      PhaseTimer t(ctx, Phase::backward);
+      sm.backward(slot, params_.data() + offset_[a.chunk], grads_.data() + offset_[a.chunk],
+                  tp_comm_.get(), float(grad_scale(ctx)));
+    }
+    if (k > 0) {
+      float* din = const_cast<float*>(sm.input_grad(slot));
+      pending(a.chunk, slot).push_back(ctx.comm_stream(kStreamPrev).enqueue([&pp, din, n, prev] {
+        pp.send(view(din, n), prev, kTagGradient);
+      }));
+    }
+    sm.release_slot(slot);
+  }
+
   // Sequence parallelism leaves replicated tensors with per-rank partial gradients: one packed
   // all-reduce over tp makes them whole (Megatron's sequence-parallel gradient all-reduce).
   void reduce_partial_grads(Group* tp) {
@@ -388,6 +399,7 @@ class Engine {
   Buffer<float> params_, grads_, tied_recv_, partial_pack_;
   std::optional<AdamW> optimizer_;
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
+  std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
 };
 
 MpStrategy::MpStrategy(MpConfig c) : config_(std::move(c)) {}

@@ -9,6 +9,7 @@
 // all-reduced over tp, all gradients over dp, the norm over tp and pp, and AdamW updates the
 // rank's shard.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "strata/engines/pipe_schedule.hpp"
 #include "strata/plugin.hpp"
 #include "strata/stage_model.hpp"
+#include "strata/tensor_parallel.hpp"
 
 namespace strata::mp {
 
@@ -27,6 +29,10 @@ struct MpConfig {
   bool sequence_parallel = false;
   std::vector<int> stage_layers;  // blocks per global chunk (pp x virtual_stages); empty: balanced
   int microbatches = 0;           // 0: global_batch / (micro_batch x dp); else must equal that
+  // The tensor-parallel collectives inside the layers (strata/tensor_parallel.hpp), made once per
+  // run from the tp group; empty: SyncTensorParallelComm (one blocking collective per call). A tp
+  // strategy that overlaps them supplies its own here.
+  std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
 };
 
 // Parses "2,2,3,1" (the stage_layers option); empty string: balanced. Throws ConfigError.
