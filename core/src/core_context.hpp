@@ -20,22 +20,18 @@ class CoreContext final : public Context {
  public:
   CoreContext(const RunConfig& config, CommLedger& ledger)
       : config_(config), coord_(mesh_coord(config.mesh, mpi::world_rank())), ledger_(ledger) {
-    const MeshSpec& m = config.mesh;
-    const MeshCoord& c = coord_;
     // A split is collective over the world: every rank creates every group, in the same order.
-    auto split = [&](const char* name, int color, int key) {
-      return split_group(config.transport, name, color, key, &ledger);
-    };
-    groups_[Axis::dp] = split("dp", c.pp * m.tp + c.tp, c.dp);
-    groups_[Axis::tp] = split("tp", c.pp * m.dp + c.dp, c.tp);
-    groups_[Axis::pp] = split("pp", c.dp * m.tp + c.tp, c.pp);
-    int intra_index = 0;  // position among the dp peers on this node
-    for (int d = 0; d < c.dp; ++d)
-      if ((c.tp + m.tp * (d + m.dp * c.pp)) / m.ranks_per_node == c.node) ++intra_index;
-    groups_[Axis::dp_intra_node] =
-        split("dp_intra_node", (c.pp * m.tp + c.tp) * m.nodes + c.node, c.dp);
-    groups_[Axis::dp_inter_node] =
-        split("dp_inter_node", (c.pp * m.tp + c.tp) * m.dp + intra_index, c.node);
+    // The groups of an axis partition the world, so a group's first rank names it.
+    const Mesh mesh(config.mesh);
+    const int rank = mpi::world_rank();
+    const std::pair<Axis, const char*> axes[] = {{Axis::dp, "dp"},
+                                                 {Axis::tp, "tp"},
+                                                 {Axis::pp, "pp"},
+                                                 {Axis::dp_intra_node, "dp_intra_node"},
+                                                 {Axis::dp_inter_node, "dp_inter_node"}};
+    for (const auto& [axis, name] : axes)
+      groups_[axis] = split_group(config.transport, name, mesh.group(axis, rank).front(),
+                                  mesh.index_in_group(axis, rank), &ledger);
 
     data_ = config.data_file.empty()
                 ? make_synthetic_source(config.train.seed, config.model.seq, config.model.vocab)

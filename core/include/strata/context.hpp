@@ -7,33 +7,10 @@
 
 #include "strata/comm.hpp"
 #include "strata/memory.hpp"
+#include "strata/mesh.hpp"
 #include "strata/model.hpp"
 
 namespace strata {
-
-// dp x tp x pp = world. Rank order: tp fastest, then dp, then pp (Megatron's order), so that tensor
-// parallel peers are neighbours on a node. `nodes` may be virtual: node = rank / ranks_per_node.
-struct MeshSpec {
-  int dp = 1, tp = 1, pp = 1;
-  int nodes = 1, ranks_per_node = 1;
-  int world() const { return dp * tp * pp; }
-};
-
-struct MeshCoord {
-  int rank = 0, dp = 0, tp = 0, pp = 0;
-  int node = 0, local_rank = 0;
-};
-
-inline MeshCoord mesh_coord(const MeshSpec& m, int rank) {
-  MeshCoord c;
-  c.rank = rank;
-  c.tp = rank % m.tp;
-  c.dp = (rank / m.tp) % m.dp;
-  c.pp = rank / (m.tp * m.dp);
-  c.node = rank / m.ranks_per_node;
-  c.local_rank = rank % m.ranks_per_node;
-  return c;
-}
 
 struct TrainSpec {
   int micro_batch = 8;   // sequences per micro-batch per rank
@@ -54,11 +31,6 @@ struct TrainSpec {
 // bubble: time a pipeline stage sits idle waiting for its neighbours (blocked in the receive of an
 // activation or gradient, or in the completion of its own send before reusing a buffer).
 enum class Phase { forward, backward, optimizer, bubble };
-
-// Communicators a strategy can ask for. dp_intra_node: the dp peers on this (virtual) node;
-// dp_inter_node: the dp peers with the same position on every other node.
-// There is deliberately no world communicator: a strategy talks on its own axes.
-enum class Axis { dp, tp, pp, dp_intra_node, dp_inter_node };
 
 class Context {
  public:

@@ -153,26 +153,19 @@ std::string describe_schedule(const std::vector<Action>& actions) {
 }
 
 // Which chunk this rank owns and how many ranks share a group, for a mesh.
-static void shard_position(const MeshSpec& m, const MeshCoord& c, bool hybrid, int* shards,
-                           int* index, int* replicas) {
-  if (!hybrid) {
-    *shards = m.dp, *index = c.dp, *replicas = 1;
-    return;
-  }
-  int same_node = 0, before = 0;
-  for (int d = 0; d < m.dp; ++d)
-    if ((c.tp + m.tp * (d + m.dp * c.pp)) / m.ranks_per_node == c.node) {
-      ++same_node;
-      if (d < c.dp) ++before;
-    }
-  *shards = same_node, *index = before, *replicas = m.dp / same_node;
+static void shard_position(const MeshSpec& m, int rank, bool hybrid, int* shards, int* index,
+                           int* replicas) {
+  const Mesh mesh(m);
+  const Axis axis = hybrid ? Axis::dp_intra_node : Axis::dp;
+  *shards = int(mesh.group(axis, rank).size());
+  *index = mesh.index_in_group(axis, rank);
+  *replicas = m.dp / *shards;
 }
 
 Prediction predict(const PredictInput& in, const EngineConfig& c) {
   Prediction p = replicated_prediction(in);
-  const MeshCoord coord = mesh_coord(in.mesh, in.rank);
   int n = 1, i = 0, replicas = 1;
-  shard_position(in.mesh, coord, c.hybrid, &n, &i, &replicas);
+  shard_position(in.mesh, in.rank, c.hybrid, &n, &i, &replicas);
   const ParamLayout layout(in.model);
   const auto groups = make_groups(layout, n, c);
   const int micro_steps = in.train.micro_steps(in.mesh);

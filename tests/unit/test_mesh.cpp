@@ -1,0 +1,93 @@
+// The mesh's rank arithmetic (strata/mesh.hpp) against the definitions written out by brute force:
+// every axis partitions the world into groups of the right size, a group's ranks share what they
+// must share, and ranks sit in each group by their index on the axis.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "strata/mesh.hpp"
+
+namespace {
+
+using strata::Axis;
+using strata::Mesh;
+using strata::MeshSpec;
+
+std::vector<MeshSpec> shapes() {
+  std::vector<MeshSpec> v;
+  for (int dp : {1, 2, 3, 4})
+    for (int tp : {1, 2})
+      for (int pp : {1, 2, 3})
+        for (int rpn : {1, 2, 4, 6, 8}) {
+          const int world = dp * tp * pp;
+          if (world % rpn != 0) continue;
+          v.push_back({dp, tp, pp, world / rpn, rpn});
+        }
+  return v;
+}
+
+// Whether rank a and b belong to the same `axis` group, by the definitions.
+bool same_group(const Mesh& m, Axis axis, int a, int b) {
+  const auto x = m.coord(a), y = m.coord(b);
+  switch (axis) {
+    case Axis::tp:
+      return x.dp == y.dp && x.pp == y.pp;
+    case Axis::pp:
+      return x.dp == y.dp && x.tp == y.tp;
+    case Axis::dp:
+      return x.tp == y.tp && x.pp == y.pp;
+    case Axis::dp_intra_node:
+      return x.tp == y.tp && x.pp == y.pp && x.node == y.node;
+    case Axis::dp_inter_node:
+      return x.tp == y.tp && x.pp == y.pp &&
+             m.index_in_group(Axis::dp_intra_node, a) == m.index_in_group(Axis::dp_intra_node, b);
+  }
+  return false;
+}
+
+TEST(Mesh, CoordinatesAndRanksAreInverse) {
+  for (const MeshSpec& s : shapes()) {
+    const Mesh m(s);
+    for (int r = 0; r < m.world(); ++r) {
+      const auto c = m.coord(r);
+      EXPECT_EQ(m.rank_of(c.dp, c.tp, c.pp), r);
+      EXPECT_EQ(c.node, r / s.ranks_per_node);
+      EXPECT_EQ(c.local_rank, r % s.ranks_per_node);
+      EXPECT_EQ(c.tp, r % s.tp);  // tp fastest (Megatron's order)
+    }
+  }
+}
+
+TEST(Mesh, EveryAxisPartitionsTheWorldByItsDefinition) {
+  const Axis axes[] = {Axis::dp, Axis::tp, Axis::pp, Axis::dp_intra_node, Axis::dp_inter_node};
+  for (const MeshSpec& s : shapes()) {
+    const Mesh m(s);
+    for (Axis axis : axes) {
+      for (int r = 0; r < m.world(); ++r) {
+        const std::vector<int> g = m.group(axis, r);
+        std::set<int> members(g.begin(), g.end());
+        ASSERT_EQ(members.size(), g.size());
+        for (int o = 0; o < m.world(); ++o)
+          EXPECT_EQ(members.count(o) == 1, same_group(m, axis, r, o))
+              << "axis " << int(axis) << " rank " << r << " other " << o;
+        EXPECT_EQ(g[m.index_in_group(axis, r)], r);
+        for (int o : g) EXPECT_EQ(m.group(axis, o), g);  // every member sees the same group
+      }
+    }
+  }
+}
+
+TEST(Mesh, GroupSizesAndOrder) {
+  const Mesh m({4, 2, 3, 6, 4});  // 24 ranks, 4 per node: a node holds 2 dp peers of each tp rank
+  const int r = m.rank_of(3, 1, 2);
+  EXPECT_EQ(m.group(Axis::tp, r).size(), 2u);
+  EXPECT_EQ(m.group(Axis::pp, r).size(), 3u);
+  EXPECT_EQ(m.group(Axis::dp, r), (std::vector<int>{17, 19, 21, 23}));
+  EXPECT_EQ(m.index_in_group(Axis::dp, r), 3);
+  EXPECT_EQ(m.group(Axis::dp_intra_node, r), (std::vector<int>{21, 23}));
+  EXPECT_EQ(m.group(Axis::dp_inter_node, r), (std::vector<int>{19, 23}));
+  EXPECT_EQ(m.index_in_group(Axis::dp_inter_node, r), 1);
+}
+
+}  // namespace
