@@ -43,6 +43,7 @@ class CoreContext final : public Context {
   }
 
   const MeshSpec& mesh() const override { return config_.mesh; }
+  DeviceOps& ops() override { return cpu_ops(); }  // --device cpu, the only backend so far
   const MeshCoord& coord() const override { return coord_; }
   const ModelSpec& model_spec() const override { return config_.model; }
   const TrainSpec& train() const override { return config_.train; }

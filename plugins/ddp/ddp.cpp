@@ -50,7 +50,7 @@ class BucketedDdp final : public Strategy {
 
   void train_step(Context& ctx, int step) override {
     Replica& r = *replica_;
-    std::fill_n(r.grads(), r.size(), 0.0f);
+    ctx.ops().fill(view(r.grads(), r.size()), 0);
     Group& dp = ctx.group(Axis::dp);
     CommStream& stream = ctx.comm_stream();
     std::vector<Event> pending;
@@ -71,7 +71,8 @@ class BucketedDdp final : public Strategy {
     for (const Event& e : pending) e.wait();
 
     PhaseTimer t(ctx, Phase::optimizer);
-    double norm = std::sqrt(sum_of_squares(r.grads(), r.size()));  // replicated: no reduction
+    double norm =
+        std::sqrt(ctx.ops().sum_of_squares(view(r.grads(), r.size())));  // replicated: no reduction
     optimizer_->step(r.params(), r.grads(), step + 1, clip_scale(norm, ctx.train().grad_clip));
   }
 

@@ -38,7 +38,7 @@ class SingleMaster final : public Strategy {
 
   void train_step(Context& ctx, int step) override {
     Replica& r = *replica_;
-    std::fill_n(r.grads(), r.size(), 0.0f);
+    ctx.ops().fill(view(r.grads(), r.size()), 0);
     for (int micro = 0; micro < ctx.train().micro_steps(ctx.mesh()); ++micro)
       forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, micro));
 
@@ -46,7 +46,7 @@ class SingleMaster final : public Strategy {
     if (dp.size() > 1) dp.reduce(view(r.grads(), r.size()), 0);
     if (optimizer_) {
       PhaseTimer t(ctx, Phase::optimizer);
-      double norm = std::sqrt(sum_of_squares(r.grads(), r.size()));
+      double norm = std::sqrt(ctx.ops().sum_of_squares(view(r.grads(), r.size())));
       optimizer_->step(r.params(), r.grads(), step + 1, clip_scale(norm, ctx.train().grad_clip));
     }
     if (dp.size() > 1) dp.broadcast(view(r.params(), r.size()), 0);

@@ -40,7 +40,7 @@ class SyncAllReduce final : public Strategy {
   // train_step(): one optimizer step. The core times the whole call and reads the comm ledger.
   void train_step(Context& ctx, int step) override {
     Replica& r = *replica_;
-    std::fill_n(r.grads(), r.size(), 0.0f);
+    ctx.ops().fill(view(r.grads(), r.size()), 0);
     for (int micro = 0; micro < ctx.train().micro_steps(ctx.mesh()); ++micro)
       forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, micro));
 
@@ -48,7 +48,7 @@ class SyncAllReduce final : public Strategy {
     if (dp.size() > 1) dp.all_reduce(view(r.grads(), r.size()));
 
     PhaseTimer t(ctx, Phase::optimizer);
-    double norm = std::sqrt(sum_of_squares(r.grads(), r.size()));
+    double norm = std::sqrt(ctx.ops().sum_of_squares(view(r.grads(), r.size())));
     float scale = clip_ ? clip_scale(norm, ctx.train().grad_clip) : 1.0f;
     optimizer_->step(r.params(), r.grads(), step + 1, scale);
   }

@@ -1,4 +1,5 @@
-// zero1, zero2, zero3: the ZeRO stages (DeepSpeed) on the sharded engine (strata/engines/sharded.hpp).
+// zero1, zero2, zero3: the ZeRO stages (DeepSpeed) on the sharded engine
+// (strata/engines/sharded.hpp).
 //   zero1  optimizer state sharded; gradients reduce-scattered once per step, each rank updates its
 //          shard, then the parameters are all-gathered
 //   zero2  + gradients reduce-scattered bucket by bucket during backward; only the shard is kept

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "strata/comm.hpp"
+#include "strata/device.hpp"
 #include "strata/memory.hpp"
 #include "strata/mesh.hpp"
 #include "strata/model.hpp"
@@ -43,6 +44,9 @@ class Context {
   virtual MemoryLedger& memory() = 0;
   virtual Group& group(Axis axis) = 0;
   virtual CommStream& comm_stream(int index = 0) = 0;
+  // The run's backend for elementwise work on buffers (device.hpp): copy, cast, fill, scale,
+  // axpy, sum of squares. Plugins use it instead of touching buffer memory themselves.
+  virtual DeviceOps& ops() = 0;
   // This rank's micro-batch `micro` of step `step` (data parallel rank coord().dp).
   virtual MicroBatch micro_batch(int step, int micro) = 0;
   virtual void add_phase_time(Phase phase, double seconds) = 0;

@@ -263,7 +263,7 @@ class Engine {
         for (std::size_t s = 0; s < pending_[c].size(); ++s) wait_sends(ctx, int(c), int(s));
       exchange_tied_grads(ctx, pp);
     }
-    reduce_partial_grads(tp);
+    reduce_partial_grads(ctx, tp);
     Group& dp = ctx.group(Axis::dp);
     if (dp.size() > 1) dp.all_reduce(view(grads_.data(), grads_.size()));
 
@@ -316,7 +316,7 @@ class Engine {
     });
     pp.recv(view(tied_recv_.data(), n), peer, kTagTied);
     sent.wait();
-    for (std::size_t i = 0; i < n; ++i) g[i] += tied_recv_[i];
+    ctx.ops().axpy(view(g, n), 1.0, view(tied_recv_.data(), n));
   }
 
   // One micro-batch forward through one local chunk: receive its input (the bubble when it is
@@ -376,7 +376,7 @@ class Engine {
 
   // Sequence parallelism leaves replicated tensors with per-rank partial gradients: one packed
   // all-reduce over tp makes them whole (Megatron's sequence-parallel gradient all-reduce).
-  void reduce_partial_grads(Group* tp) {
+  void reduce_partial_grads(Context& ctx, Group* tp) {
     if (partial_pack_.size() == 0) return;
     float* pack = partial_pack_.data();
     auto each = [&](auto&& f) {
@@ -387,9 +387,10 @@ class Engine {
           at += t->count;
         }
     };
-    each([](float* g, float* p, std::size_t n) { std::copy_n(g, n, p); });
+    DeviceOps& ops = ctx.ops();
+    each([&](float* g, float* p, std::size_t n) { ops.copy(view(p, n), view(g, n)); });
     tp->all_reduce(view(pack, partial_pack_.size()));
-    each([](float* g, float* p, std::size_t n) { std::copy_n(p, n, g); });
+    each([&](float* g, float* p, std::size_t n) { ops.copy(view(g, n), view(p, n)); });
   }
 
   MpConfig cfg_;

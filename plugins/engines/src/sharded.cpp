@@ -67,7 +67,7 @@ void Engine::issue_gather(Context& ctx, int g) {
     gather_done_[g] =
         ctx.comm_stream().all_gather(*sg, view(shard, grp.chunk), view(full, grp.padded()));
   else
-    std::copy_n(shard, grp.chunk, full);
+    ctx.ops().copy(view(full, grp.chunk), view(shard, grp.chunk));
   const ParamLayout& layout = ctx.model().layout();
   for (int u = grp.first_unit; u <= grp.last_unit; ++u)
     param_ptrs_[u] = full + (layout.units()[u].offset - grp.offset);
@@ -80,25 +80,25 @@ void Engine::reduce_grads(Context& ctx, int g) {
   float* out = reduced_[g].data();
   Group* sg = shard_group_;
   Group* rg = replica_group_ && replica_group_->size() > 1 ? replica_group_ : nullptr;
+  DeviceOps* ops = &ctx.ops();
   if (sg->size() == 1 && !rg) {
-    std::copy_n(in, grp.chunk, out);
+    ops->copy(view(out, grp.chunk), view(in, grp.chunk));
     return;
   }
-  reduce_done_[g] = ctx.comm_stream().enqueue([sg, rg, in, out, grp] {
+  reduce_done_[g] = ctx.comm_stream().enqueue([sg, rg, in, out, grp, ops] {
     if (sg->size() > 1)
       sg->reduce_scatter(view(in, grp.padded()), view(out, grp.chunk));
     else
-      std::copy_n(in, grp.chunk, out);
+      ops->copy(view(out, grp.chunk), view(in, grp.chunk));
     if (rg) rg->all_reduce(view(out, grp.chunk));  // hybrid: replicas across nodes
   });
 }
 
-void Engine::finish_grads(int g) {
+void Engine::finish_grads(Context& ctx, int g) {
   if (reduce_done_[g]) reduce_done_[g]->wait();
   reduce_done_[g].reset();
-  float* acc = shard_grads_[g].data();
-  const float* r = reduced_[g].data();
-  for (std::size_t k = 0; k < groups_[g].chunk; ++k) acc[k] += r[k];
+  const std::size_t n = groups_[g].chunk;
+  ctx.ops().axpy(view(shard_grads_[g].data(), n), 1.0, view(reduced_[g].data(), n));
   reduced_[g] = Buffer<float>();
   group_grads_[g] = Buffer<float>();
 }
@@ -143,7 +143,7 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         reduce_grads(ctx, g);
         break;
       case Act::finish_grads:
-        finish_grads(g);
+        finish_grads(ctx, g);
         break;
     }
   }
@@ -161,13 +161,15 @@ void Engine::update(Context& ctx, int step) {
         done.push_back(ctx.comm_stream().reduce_scatter(
             sg, view(full, groups_[g].padded()), view(shard_grads_[g].data(), groups_[g].chunk)));
       else
-        std::copy_n(full, groups_[g].chunk, shard_grads_[g].data());
+        ctx.ops().copy(view(shard_grads_[g].data(), groups_[g].chunk),
+                       view(full, groups_[g].chunk));
     }
     for (Event& e : done) e.wait();
   }
   PhaseTimer timer(ctx, Phase::optimizer);
   double sumsq = 0;
-  for (int g = 0; g < G; ++g) sumsq += sum_of_squares(shard_grads_[g].data(), groups_[g].valid(i));
+  for (int g = 0; g < G; ++g)
+    sumsq += ctx.ops().sum_of_squares(view(shard_grads_[g].data(), groups_[g].valid(i)));
   if (ctx.train().grad_clip > 0 && sg.size() > 1) sg.all_reduce({&sumsq, 1, DType::f64});
   const float clip = clip_scale(std::sqrt(sumsq), ctx.train().grad_clip);
   for (int g = 0; g < G; ++g) {

@@ -83,7 +83,7 @@ class Engine {
   void run_micro_batch(Context& ctx, const MicroBatch& mb);
   void issue_gather(Context& ctx, int g);
   void reduce_grads(Context& ctx, int g);
-  void finish_grads(int g);
+  void finish_grads(Context& ctx, int g);
   void update(Context& ctx, int step);
 
   EngineConfig config_;
