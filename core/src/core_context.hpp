@@ -43,7 +43,8 @@ class CoreContext final : public Context {
   }
 
   const MeshSpec& mesh() const override { return config_.mesh; }
-  DeviceOps& ops() override { return cpu_ops(); }  // --device cpu, the only backend so far
+  DeviceOps& ops() override { return cpu_ops(); }     // --device cpu, the only backend so far
+  Event compute_event() override { return Event{}; }  // CPU compute is done when it returns
   const MeshCoord& coord() const override { return coord_; }
   const ModelSpec& model_spec() const override { return config_.model; }
   const TrainSpec& train() const override { return config_.train; }

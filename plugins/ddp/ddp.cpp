@@ -59,7 +59,8 @@ class BucketedDdp final : public Strategy {
       // Buckets are ordered from the end of the buffer, as backward fills them.
       while (next_bucket < buckets_.size() && buckets_[next_bucket].ready_unit >= unit) {
         const Bucket& b = buckets_[next_bucket++];
-        pending.push_back(stream.all_reduce(dp, view(r.grads() + b.begin, b.end - b.begin)));
+        pending.push_back(
+            stream.all_reduce(dp, view(r.grads() + b.begin, b.end - b.begin), ctx.compute_event()));
       }
     };
     const int micro_steps = ctx.train().micro_steps(ctx.mesh());

@@ -2,6 +2,7 @@
 // stream ordering, event errors and wait accounting.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -151,4 +152,30 @@ TEST(CommStream, ErrorsReachTheWaiter) {
   EXPECT_THROW(e.wait(), Error);
   Event ok = stream.enqueue([] {});  // the stream survives
   EXPECT_NO_THROW(ok.wait());
+}
+
+TEST(CommStream, WorkAfterAnEventOfAnotherStreamSeesItsResult) {
+  CommLedger ledger;
+  CommStream producer(ledger, "producer"), consumer(ledger, "consumer");
+  std::atomic<int> value{0};
+  int seen = -1;
+  Event made = producer.enqueue([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    value = 42;
+  });
+  Event used = consumer.enqueue([&] { seen = value; }, made);
+  EXPECT_FALSE(used.done());  // the caller was not blocked: the consumer stream waits
+  used.wait();
+  EXPECT_EQ(seen, 42);
+}
+
+TEST(CommStream, AFailedEventFailsTheWorkAfterIt) {
+  CommLedger ledger;
+  CommStream a(ledger, "a"), b(ledger, "b");
+  Event bad = a.enqueue([] { throw Error("producer failed"); });
+  bool ran = false;
+  Event after = b.enqueue([&] { ran = true; }, bad);
+  EXPECT_THROW(after.wait(), Error);
+  EXPECT_FALSE(ran);
+  EXPECT_NO_THROW(b.enqueue([] {}, Event{}).wait());  // a default Event: no dependency
 }

@@ -175,17 +175,22 @@ class CommStream {
   CommStream& operator=(const CommStream&) = delete;
 
   Event enqueue(std::function<void()> work);
+  // `work` starts only once `after` is done (an event of another stream, or
+  // Context::compute_event(): the data it reads is computed), without blocking the caller: the
+  // stream waits, not the compute thread (on a GPU, cudaStreamWaitEvent). An error of `after`
+  // becomes this work's error. A default Event is done: no wait.
+  Event enqueue(std::function<void()> work, const Event& after);
   void synchronize();  // wait for everything enqueued so far
 
-  // Conveniences: the collective, enqueued.
-  Event all_reduce(Group& g, BufferView buf) {
-    return enqueue([&g, buf] { g.all_reduce(buf); });
+  // Conveniences: the collective, enqueued after `after`.
+  Event all_reduce(Group& g, BufferView buf, const Event& after = {}) {
+    return enqueue([&g, buf] { g.all_reduce(buf); }, after);
   }
-  Event reduce_scatter(Group& g, BufferView in, BufferView out) {
-    return enqueue([&g, in, out] { g.reduce_scatter(in, out); });
+  Event reduce_scatter(Group& g, BufferView in, BufferView out, const Event& after = {}) {
+    return enqueue([&g, in, out] { g.reduce_scatter(in, out); }, after);
   }
-  Event all_gather(Group& g, BufferView in, BufferView out) {
-    return enqueue([&g, in, out] { g.all_gather(in, out); });
+  Event all_gather(Group& g, BufferView in, BufferView out, const Event& after = {}) {
+    return enqueue([&g, in, out] { g.all_gather(in, out); }, after);
   }
 
  private:

@@ -44,6 +44,11 @@ class Context {
   virtual MemoryLedger& memory() = 0;
   virtual Group& group(Axis axis) = 0;
   virtual CommStream& comm_stream(int index = 0) = 0;
+  // An event at the compute stream's current position: work enqueued on a comm stream after it
+  // (CommStream::enqueue(work, after), the collectives' `after`) starts once everything computed
+  // so far is in memory. On the CPU compute runs on the calling thread, so it is already done; on
+  // a GPU it is recorded on the compute stream and the comm stream waits for it on the device.
+  virtual Event compute_event() = 0;
   // The run's backend for elementwise work on buffers (device.hpp): copy, cast, fill, scale,
   // axpy, sum of squares. Plugins use it instead of touching buffer memory themselves.
   virtual DeviceOps& ops() = 0;

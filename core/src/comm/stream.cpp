@@ -45,6 +45,15 @@ Event CommStream::enqueue(std::function<void()> work) {
   return ev;
 }
 
+Event CommStream::enqueue(std::function<void()> work, const Event& after) {
+  if (!after.state_) return enqueue(std::move(work));
+  // On the CPU the stream's worker thread waits; Event::wait() records no idle time there.
+  return enqueue([after, work = std::move(work)] {
+    after.wait();
+    work();
+  });
+}
+
 void CommStream::synchronize() {
   enqueue([] {}).wait();
 }

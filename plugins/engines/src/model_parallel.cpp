@@ -311,9 +311,9 @@ class Engine {
     float* g = grads_.data() + tied_offset() + sm.wte_offset();
     const std::size_t n = sm.wte_count();
     const int peer = plan_.first_stage() ? plan_.P - 1 : 0;
-    Event sent = ctx.comm_stream(kStreamNext).enqueue([&pp, g, n, peer] {
-      pp.send(view(g, n), peer, kTagTied);
-    });
+    Event sent = ctx.comm_stream(kStreamNext)
+                     .enqueue([&pp, g, n, peer] { pp.send(view(g, n), peer, kTagTied); },
+                              ctx.compute_event());
     pp.recv(view(tied_recv_.data(), n), peer, kTagTied);
     sent.wait();
     ctx.ops().axpy(view(g, n), 1.0, view(tied_recv_.data(), n));
@@ -343,9 +343,11 @@ class Engine {
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
     if (k < plan_.K - 1) {
       float* out = const_cast<float*>(sm.output(slot));
-      pending(a.chunk, slot).push_back(ctx.comm_stream(kStreamNext).enqueue([&pp, out, n, next] {
-        pp.send(view(out, n), next, kTagActivation);
-      }));
+      pending(a.chunk, slot)
+          .push_back(
+              ctx.comm_stream(kStreamNext)
+                  .enqueue([&pp, out, n, next] { pp.send(view(out, n), next, kTagActivation); },
+                           ctx.compute_event()));
     }
     return slot;
   }
@@ -367,9 +369,11 @@ class Engine {
     }
     if (k > 0) {
       float* din = const_cast<float*>(sm.input_grad(slot));
-      pending(a.chunk, slot).push_back(ctx.comm_stream(kStreamPrev).enqueue([&pp, din, n, prev] {
-        pp.send(view(din, n), prev, kTagGradient);
-      }));
+      pending(a.chunk, slot)
+          .push_back(
+              ctx.comm_stream(kStreamPrev)
+                  .enqueue([&pp, din, n, prev] { pp.send(view(din, n), prev, kTagGradient); },
+                           ctx.compute_event()));
     }
     sm.release_slot(slot);
   }

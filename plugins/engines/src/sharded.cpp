@@ -64,8 +64,8 @@ void Engine::issue_gather(Context& ctx, int g) {
   float* shard = shard_params_[g].data();
   Group* sg = shard_group_;
   if (sg->size() > 1)
-    gather_done_[g] =
-        ctx.comm_stream().all_gather(*sg, view(shard, grp.chunk), view(full, grp.padded()));
+    gather_done_[g] = ctx.comm_stream().all_gather(*sg, view(shard, grp.chunk),
+                                                   view(full, grp.padded()), ctx.compute_event());
   else
     ctx.ops().copy(view(full, grp.chunk), view(shard, grp.chunk));
   const ParamLayout& layout = ctx.model().layout();
@@ -85,13 +85,15 @@ void Engine::reduce_grads(Context& ctx, int g) {
     ops->copy(view(out, grp.chunk), view(in, grp.chunk));
     return;
   }
-  reduce_done_[g] = ctx.comm_stream().enqueue([sg, rg, in, out, grp, ops] {
-    if (sg->size() > 1)
-      sg->reduce_scatter(view(in, grp.padded()), view(out, grp.chunk));
-    else
-      ops->copy(view(out, grp.chunk), view(in, grp.chunk));
-    if (rg) rg->all_reduce(view(out, grp.chunk));  // hybrid: replicas across nodes
-  });
+  reduce_done_[g] = ctx.comm_stream().enqueue(
+      [sg, rg, in, out, grp, ops] {
+        if (sg->size() > 1)
+          sg->reduce_scatter(view(in, grp.padded()), view(out, grp.chunk));
+        else
+          ops->copy(view(out, grp.chunk), view(in, grp.chunk));
+        if (rg) rg->all_reduce(view(out, grp.chunk));  // hybrid: replicas across nodes
+      },
+      ctx.compute_event());
 }
 
 void Engine::finish_grads(Context& ctx, int g) {
@@ -159,7 +161,8 @@ void Engine::update(Context& ctx, int step) {
       float* full = replica_grads_.data() + base_[g];
       if (sg.size() > 1)
         done.push_back(ctx.comm_stream().reduce_scatter(
-            sg, view(full, groups_[g].padded()), view(shard_grads_[g].data(), groups_[g].chunk)));
+            sg, view(full, groups_[g].padded()), view(shard_grads_[g].data(), groups_[g].chunk),
+            ctx.compute_event()));
       else
         ctx.ops().copy(view(shard_grads_[g].data(), groups_[g].chunk),
                        view(full, groups_[g].chunk));
@@ -184,7 +187,7 @@ void Engine::update(Context& ctx, int step) {
       float* full = replica_params_.data() + base_[g];
       done.push_back(ctx.comm_stream().all_gather(
           sg, view(full + std::size_t(i) * groups_[g].chunk, groups_[g].chunk),
-          view(full, groups_[g].padded())));
+          view(full, groups_[g].padded()), ctx.compute_event()));
     }
     for (Event& e : done) e.wait();
   }
