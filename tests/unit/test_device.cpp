@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "strata/device.hpp"
@@ -53,6 +54,49 @@ TEST(CpuOps, MismatchedViewsAreRefused) {
   const BufferView ints{i.data(), 4, strata::DType::i32};
   EXPECT_THROW(ops.fill(ints, 0), strata::Error);
   EXPECT_THROW(ops.sum_of_squares(ints), strata::Error);
+}
+
+}  // namespace
+
+namespace {
+
+float bits_to_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+TEST(Bf16, RoundsToNearestEvenKeepsNaNAndOverflowsToInfinity) {
+  using strata::to_bf16;
+  using strata::to_float;
+  EXPECT_EQ(to_bf16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(to_float(to_bf16(-2.5f)), -2.5f);
+  const float ulp = std::ldexp(1.0f, -7);                           // bf16's spacing just above 1
+  EXPECT_EQ(to_float(to_bf16(1.0f + ulp / 2)), 1.0f);               // a tie: to the even mantissa
+  EXPECT_EQ(to_float(to_bf16(1.0f + 1.5f * ulp)), 1.0f + 2 * ulp);  // a tie: to the even one
+  EXPECT_EQ(to_float(to_bf16(1.0f + 0.75f * ulp)), 1.0f + ulp);     // nearer the upper one
+  EXPECT_TRUE(std::isnan(to_float(to_bf16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(to_float(to_bf16(bits_to_float(0x7f800001u)))));  // a NaN that
+  // truncation would have turned into infinity
+  EXPECT_TRUE(std::isinf(to_float(to_bf16(3.4e38f))));
+  strata::bf16 b[3];
+  EXPECT_EQ(strata::view(b, 3).bytes(), 6u);  // half of f32 on the wire
+}
+
+TEST(Bf16, CastToAndFromF32ThroughTheBackend) {
+  strata::DeviceOps& ops = strata::cpu_ops();
+  std::vector<float> f = {1.0f, 3.14159265f, -1e-3f, 65504.0f}, back(4);
+  std::vector<strata::bf16> b(4);
+  ops.cast(view(b.data(), 4), view(f.data(), 4));
+  ops.cast(view(back.data(), 4), view(b.data(), 4));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(back[i], strata::to_float(strata::to_bf16(f[i])));
+    EXPECT_NEAR(back[i], f[i], std::fabs(f[i]) * std::ldexp(1.0, -8));  // half a bf16 ulp
+  }
+  std::vector<strata::bf16> copy(4);
+  ops.copy(view(copy.data(), 4), view(b.data(), 4));
+  EXPECT_EQ(copy[1].bits, b[1].bits);
+  EXPECT_THROW(ops.axpy(view(copy.data(), 4), 1.0, view(b.data(), 4)), strata::Error);
 }
 
 }  // namespace

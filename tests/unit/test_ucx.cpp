@@ -38,12 +38,13 @@ using strata::CommLedger;
 using strata::DType;
 using strata::Group;
 
-constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::i32, DType::i64, DType::u8};
+constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::i32,
+                             DType::i64, DType::u8,  DType::bf16};
 constexpr std::size_t kLarge = (std::size_t(3) << 20) / 4 + 13;  // odd, over every switch
 constexpr std::size_t kSizes[] = {1, 7, 1000, 1023, 4099, kLarge};
 
 const char* dtype_name(DType t) {
-  static const char* names[] = {"f32", "f64", "i32", "i64", "u8"};
+  static const char* names[] = {"f32", "f64", "i32", "i64", "u8", "bf16"};
   return names[int(t)];
 }
 
@@ -67,6 +68,8 @@ class Buf {
         return put(i, std::int64_t(v));
       case DType::u8:
         return put(i, std::uint8_t(v));
+      case DType::bf16:  // small integers stay exact in bf16 (8 significant bits) and in its sums
+        return put(i, strata::to_bf16(float(v % 16)));
     }
   }
   std::string text(std::size_t i) const {  // element i, printed
@@ -81,6 +84,8 @@ class Buf {
         return std::to_string(get<std::int64_t>(i));
       case DType::u8:
         return std::to_string(int(get<std::uint8_t>(i)));
+      case DType::bf16:
+        return std::to_string(strata::to_float(get<strata::bf16>(i)));
     }
     return "?";
   }

@@ -2,14 +2,15 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <stdexcept>
 #include <string>
 
 namespace strata {
 
-// Element types a collective can move. f32 is the training dtype on the CPU.
-enum class DType : std::uint8_t { f32, f64, i32, i64, u8 };
+// Element types a collective can move. f32 is the training dtype on the CPU; bf16 is bfloat16.
+enum class DType : std::uint8_t { f32, f64, i32, i64, u8, bf16 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -23,8 +24,31 @@ constexpr std::size_t dtype_size(DType t) {
       return 8;
     case DType::u8:
       return 1;
+    case DType::bf16:
+      return 2;
   }
   return 0;
+}
+
+// bfloat16: the upper 16 bits of an IEEE-754 float (sign, 8 exponent bits, 7 mantissa bits), so
+// the range of f32 at 2-3 significant digits. Arithmetic on it goes through float: every
+// transport reduces bf16 as to_bf16(to_float(a) + to_float(b)), element by element.
+struct bf16 {
+  std::uint16_t bits = 0;
+};
+inline float to_float(bf16 v) {
+  const std::uint32_t u = std::uint32_t(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+// Round to nearest, ties to even; NaN stays a (quiet) NaN, overflow becomes infinity.
+inline bf16 to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {std::uint16_t((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {std::uint16_t(u >> 16)};
 }
 
 // A typed, non-owning view of a buffer: what every collective takes.
@@ -39,6 +63,7 @@ inline BufferView view(std::span<float> s) { return {s.data(), s.size(), DType::
 inline BufferView view(std::span<double> s) { return {s.data(), s.size(), DType::f64}; }
 inline BufferView view(float* p, std::size_t n) { return {p, n, DType::f32}; }
 inline BufferView view(double* p, std::size_t n) { return {p, n, DType::f64}; }
+inline BufferView view(bf16* p, std::size_t n) { return {p, n, DType::bf16}; }
 
 // Any failure inside strata. `hint` tells the user what to try next.
 class Error : public std::runtime_error {

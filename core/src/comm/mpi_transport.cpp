@@ -78,8 +78,36 @@ MPI_Datatype to_mpi(DType t) {
       return MPI_INT64_T;
     case DType::u8:
       return MPI_UINT8_T;
+    case DType::bf16:
+      return MPI_UINT16_T;  // MPI has no bfloat16: moved as 16-bit words, reduced by bf16_op()
   }
   return MPI_BYTE;
+}
+
+// bf16 reductions as MPI user operations on MPI_UINT16_T words (types.hpp's arithmetic).
+extern "C" void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = to_bf16(to_float(a[i]) + to_float(b[i]));
+}
+extern "C" void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i)
+    if (to_float(b[i]) < to_float(a[i])) b[i] = a[i];
+}
+
+// The MPI operation for a reduction of `t`: MPI's own, or the bf16 user operations (created on
+// first use, commutative; MPI_Finalize frees them).
+MPI_Op mpi_op(DType t, bool max) {
+  if (t != DType::bf16) return max ? MPI_MAX : MPI_SUM;
+  static MPI_Op sum = MPI_OP_NULL, maximum = MPI_OP_NULL;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    STRATA_MPI_CHECK(MPI_Op_create(bf16_sum, 1, &sum));
+    STRATA_MPI_CHECK(MPI_Op_create(bf16_max, 1, &maximum));
+  });
+  return max ? maximum : sum;
 }
 
 int as_int(std::size_t count) {
@@ -100,11 +128,11 @@ class MpiGroup final : public Group {
  protected:
   void do_all_reduce(BufferView b, Reduction r) override {
     STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b.data, as_int(b.count), to_mpi(b.dtype),
-                                   r == Reduction::sum ? MPI_SUM : MPI_MAX, comm_));
+                                   mpi_op(b.dtype, r == Reduction::max), comm_));
   }
   void do_reduce_scatter(BufferView in, BufferView out) override {
     STRATA_MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, as_int(out.count),
-                                              to_mpi(in.dtype), MPI_SUM, comm_));
+                                              to_mpi(in.dtype), mpi_op(in.dtype, false), comm_));
   }
   void do_all_gather(BufferView in, BufferView out) override {
     // In place when this rank's input already sits at its slot of the output (ZeRO's layout).
@@ -119,8 +147,8 @@ class MpiGroup final : public Group {
   }
   void do_reduce(BufferView b, int root) override {
     const void* send = rank() == root ? MPI_IN_PLACE : b.data;
-    STRATA_MPI_CHECK(
-        MPI_Reduce(send, b.data, as_int(b.count), to_mpi(b.dtype), MPI_SUM, root, comm_));
+    STRATA_MPI_CHECK(MPI_Reduce(send, b.data, as_int(b.count), to_mpi(b.dtype),
+                                mpi_op(b.dtype, false), root, comm_));
   }
   void do_send(BufferView b, int peer, int tag) override {
     STRATA_MPI_CHECK(MPI_Send(b.data, as_int(b.count), to_mpi(b.dtype), peer, tag, comm_));

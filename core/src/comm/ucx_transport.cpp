@@ -144,6 +144,14 @@ template <class T>
 struct Max {
   T operator()(T a, T b) const { return a < b ? b : a; }
 };
+template <>
+struct Sum<bf16> {
+  bf16 operator()(bf16 a, bf16 b) const { return to_bf16(to_float(a) + to_float(b)); }
+};
+template <>
+struct Max<bf16> {
+  bf16 operator()(bf16 a, bf16 b) const { return to_float(a) < to_float(b) ? b : a; }
+};
 
 template <class T, class F>
 void zip3(T* __restrict d, const T* __restrict a, const T* __restrict b, std::size_t n, F f) {
@@ -189,6 +197,8 @@ void combine(void* dst, const void* a, const void* b, std::size_t n, DType t, Op
       return combine_as<std::int64_t>(dst, a, b, n, op);
     case DType::u8:
       return combine_as<std::uint8_t>(dst, a, b, n, op);
+    case DType::bf16:
+      return combine_as<bf16>(dst, a, b, n, op);
   }
 }
 

@@ -9,7 +9,7 @@
 namespace strata {
 namespace {
 
-bool floating(DType t) { return t == DType::f32 || t == DType::f64; }
+bool floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
 
 void check(const char* op, BufferView a, BufferView b, bool same_dtype) {
   if (a.count != b.count)
@@ -23,7 +23,8 @@ void check(const char* op, BufferView a, BufferView b, bool same_dtype) {
 // f(p, n) with p the view's elements as float* or double*.
 template <class F>
 void with_floats(BufferView x, F&& f) {
-  if (!floating(x.dtype)) throw Error("device op: unsupported dtype", "f32 or f64");
+  if (x.dtype != DType::f32 && x.dtype != DType::f64)
+    throw Error("device op: unsupported dtype", "f32 or f64 (bf16: copy and cast only)");
   if (x.dtype == DType::f32)
     f(static_cast<float*>(x.data), x.count);
   else
@@ -32,6 +33,21 @@ void with_floats(BufferView x, F&& f) {
 
 template <class T>
 using Elem = std::remove_pointer_t<T>;
+
+// One element as double, and back, for any floating dtype (bf16 through float).
+double load(const void* p, DType t, std::size_t i) {
+  if (t == DType::f32) return static_cast<const float*>(p)[i];
+  if (t == DType::f64) return static_cast<const double*>(p)[i];
+  return to_float(static_cast<const bf16*>(p)[i]);
+}
+void store(void* p, DType t, std::size_t i, double v) {
+  if (t == DType::f32)
+    static_cast<float*>(p)[i] = float(v);
+  else if (t == DType::f64)
+    static_cast<double*>(p)[i] = v;
+  else  // via float: a double rounded twice could differ from one rounding in the last bf16 bit
+    static_cast<bf16*>(p)[i] = to_bf16(float(v));
+}
 
 class CpuOps final : public DeviceOps {
  public:
@@ -42,6 +58,11 @@ class CpuOps final : public DeviceOps {
   }
   void cast(BufferView dst, BufferView src) override {
     check("cast", dst, src, false);
+    if (dst.dtype == DType::bf16 || src.dtype == DType::bf16) {
+      for (std::size_t i = 0; i < dst.count; ++i)
+        store(dst.data, dst.dtype, i, load(src.data, src.dtype, i));
+      return;
+    }
     with_floats(dst, [&](auto* d, std::size_t n) {
       with_floats(src, [&](auto* s, std::size_t) {
         for (std::size_t i = 0; i < n; ++i) d[i] = Elem<decltype(d)>(s[i]);

@@ -63,6 +63,8 @@ ncclDataType_t to_nccl(DType t) {
       return ncclInt64;
     case DType::u8:
       return ncclUint8;
+    case DType::bf16:
+      return ncclBfloat16;
   }
   throw Error("NCCL transport: unknown dtype " + std::to_string(static_cast<int>(t)),
               "this is a bug in strata");
