@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "strata/device.hpp"
+#include "strata/memory.hpp"
 
 namespace {
 
@@ -97,6 +98,27 @@ TEST(Bf16, CastToAndFromF32ThroughTheBackend) {
   ops.copy(view(copy.data(), 4), view(b.data(), 4));
   EXPECT_EQ(copy[1].bits, b[1].bits);
   EXPECT_THROW(ops.axpy(view(copy.data(), 4), 1.0, view(b.data(), 4)), strata::Error);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CpuOps, ABufferViewCarriesItsDtypeAndDeviceAndOtherDevicesAreRefused) {
+  strata::MemoryLedger ledger;
+  strata::Buffer<float> b(ledger, strata::MemTag::workspace, 5);
+  const BufferView v = b.view();
+  EXPECT_EQ(v.data, b.data());
+  EXPECT_EQ(v.count, 5u);
+  EXPECT_EQ(v.dtype, strata::DType::f32);
+  EXPECT_EQ(v.device, strata::Device::cpu);
+  strata::cpu_ops().fill(v, 2.0);
+  EXPECT_EQ(b[4], 2.0f);
+  BufferView on_gpu = v;
+  on_gpu.device = strata::Device::cuda;
+  EXPECT_THROW(strata::cpu_ops().fill(on_gpu, 0), strata::Error);
+  EXPECT_THROW(strata::cpu_ops().copy(v, on_gpu), strata::Error);
+  EXPECT_EQ(b[0], 2.0f);  // untouched
 }
 
 }  // namespace

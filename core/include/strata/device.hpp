@@ -11,8 +11,7 @@
 
 namespace strata {
 
-enum class Device { cpu };
-const char* device_name(Device d);
+const char* device_name(Device d);  // "cpu", "cuda"
 
 class DeviceOps {
  public:

@@ -9,6 +9,8 @@
 #include <span>
 #include <utility>
 
+#include "strata/types.hpp"
+
 namespace strata {
 
 enum class MemTag : int { params, grads, optimizer, activations, comm_buffers, workspace };
@@ -84,6 +86,9 @@ class Buffer {
   T& operator[](std::size_t i) { return data_[i]; }
   const T& operator[](std::size_t i) const { return data_[i]; }
   std::span<T> span() { return {data_, count_}; }
+  // The whole buffer as a view that carries its dtype and its device (host memory: cpu).
+  BufferView view() { return {data_, count_, dtype_of<T>(), device()}; }
+  Device device() const { return Device::cpu; }
   std::span<const T> span() const { return {data_, count_}; }
   void zero() {
     if (data_) std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));

@@ -51,11 +51,16 @@ inline bf16 to_bf16(float f) {
   return {std::uint16_t(u >> 16)};
 }
 
-// A typed, non-owning view of a buffer: what every collective takes.
+// Where a buffer's memory lives. Only the backend of that device reads or writes it
+// (device.hpp); on a GPU a plugin never dereferences it.
+enum class Device : std::uint8_t { cpu, cuda };
+
+// A typed, non-owning view of a buffer: what every collective and device operation takes.
 struct BufferView {
   void* data = nullptr;
   std::size_t count = 0;  // elements, not bytes
   DType dtype = DType::f32;
+  Device device = Device::cpu;
   std::size_t bytes() const { return count * dtype_size(dtype); }
 };
 
@@ -64,6 +69,34 @@ inline BufferView view(std::span<double> s) { return {s.data(), s.size(), DType:
 inline BufferView view(float* p, std::size_t n) { return {p, n, DType::f32}; }
 inline BufferView view(double* p, std::size_t n) { return {p, n, DType::f64}; }
 inline BufferView view(bf16* p, std::size_t n) { return {p, n, DType::bf16}; }
+
+// The DType of a C++ element type.
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<std::uint8_t>() {
+  return DType::u8;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
 
 // Any failure inside strata. `hint` tells the user what to try next.
 class Error : public std::runtime_error {

@@ -11,7 +11,16 @@ namespace {
 
 bool floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
 
+void check_on_cpu(const char* op, BufferView x) {
+  if (x.device != Device::cpu)
+    throw Error(std::string(op) + ": a view of " + device_name(x.device) +
+                    " memory given to the cpu backend",
+                "use the run's backend (Context::ops()) for its own buffers");
+}
+
 void check(const char* op, BufferView a, BufferView b, bool same_dtype) {
+  check_on_cpu(op, a);
+  check_on_cpu(op, b);
   if (a.count != b.count)
     throw Error(std::string(op) + ": " + std::to_string(a.count) + " elements vs " +
                     std::to_string(b.count),
@@ -23,6 +32,7 @@ void check(const char* op, BufferView a, BufferView b, bool same_dtype) {
 // f(p, n) with p the view's elements as float* or double*.
 template <class F>
 void with_floats(BufferView x, F&& f) {
+  check_on_cpu("device op", x);
   if (x.dtype != DType::f32 && x.dtype != DType::f64)
     throw Error("device op: unsupported dtype", "f32 or f64 (bf16: copy and cast only)");
   if (x.dtype == DType::f32)
@@ -96,7 +106,7 @@ class CpuOps final : public DeviceOps {
 
 }  // namespace
 
-const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "?"; }
+const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
 DeviceOps& cpu_ops() {
   static CpuOps ops;
