@@ -20,16 +20,7 @@ using namespace strata;
 
 namespace {
 
-ModelSpec tiny_spec() {
-  ModelSpec s;
-  s.preset = "tiny";
-  s.layers = 2;
-  s.hidden = 16;
-  s.heads = 2;
-  s.seq = 8;
-  s.vocab = 32;
-  return s;
-}
+ModelSpec tiny_spec() { return {"tiny", 2, 16, 2, 8, 32}; }
 
 ModelSpec small_spec() { return model_preset("small"); }
 

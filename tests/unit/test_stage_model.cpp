@@ -200,16 +200,7 @@ class ThreadGroup final : public Group {
 };
 
 // A spec whose attention probabilities weigh: T = 16 with C = 32, 4 heads.
-ModelSpec att_heavy() {
-  ModelSpec s;
-  s.preset = "att-heavy";
-  s.layers = 2;
-  s.hidden = 32;
-  s.heads = 4;
-  s.seq = 16;
-  s.vocab = 64;
-  return s;
-}
+ModelSpec att_heavy() { return {"att-heavy", 2, 32, 4, 16, 64}; }
 
 struct RankResult {
   std::vector<double> losses;

@@ -68,16 +68,8 @@ class CpuOps final : public DeviceOps {
   }
   void cast(BufferView dst, BufferView src) override {
     check("cast", dst, src, false);
-    if (dst.dtype == DType::bf16 || src.dtype == DType::bf16) {
-      for (std::size_t i = 0; i < dst.count; ++i)
-        store(dst.data, dst.dtype, i, load(src.data, src.dtype, i));
-      return;
-    }
-    with_floats(dst, [&](auto* d, std::size_t n) {
-      with_floats(src, [&](auto* s, std::size_t) {
-        for (std::size_t i = 0; i < n; ++i) d[i] = Elem<decltype(d)>(s[i]);
-      });
-    });
+    for (std::size_t i = 0; i < dst.count; ++i)
+      store(dst.data, dst.dtype, i, load(src.data, src.dtype, i));
   }
   void fill(BufferView dst, double value) override {
     with_floats(dst, [&](auto* d, std::size_t n) { std::fill_n(d, n, Elem<decltype(d)>(value)); });
