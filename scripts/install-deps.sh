@@ -8,6 +8,7 @@ packages=(
   libhdf5-dev hdf5-tools                # run files
   libboost-dev libboost-program-options-dev libboost-filesystem-dev  # CLI, Boost.DLL
   libopenblas-dev                       # CBLAS for the CPU backend
+  libdnnl-dev                           # oneDNN: bf16 GEMMs for --precision bf16 on the CPU
   libgtest-dev libbenchmark-dev         # tests and micro-benchmarks
   clang libclang-rt-14-dev libomp-dev   # make fuzz: libFuzzer + sanitizer runtimes, clang's OpenMP
   python3-h5py python3-numpy python3-matplotlib  # results/ tools (Debian's /usr/bin/python3)

@@ -15,6 +15,7 @@
 #include "cpu/layers.hpp"
 
 #include <cblas.h>
+#include <omp.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -460,12 +461,19 @@ double calibrate_sgemm_flops(double seconds_budget) {
   return best;
 }
 
+// OpenMP gets the same count: oneDNN's bf16 GEMMs (gemm_bf16.cpp) run on OpenMP threads, and
+// OpenBLAS here is its pthreads build, which leaves OpenMP alone. (omp_set_num_threads sets the
+// calling thread's count; gemm_bf16 brings the count of any other calling thread to
+// blas_threads().)
 #if defined(STRATA_HAVE_OPENBLAS)
 int blas_threads() { return openblas_get_num_threads(); }
-void set_blas_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
+void set_blas_threads(int n) {
+  openblas_set_num_threads(std::max(1, n));
+  omp_set_num_threads(std::max(1, n));
+}
 #else
 int blas_threads() { return 1; }
-void set_blas_threads(int) {}
+void set_blas_threads(int) { omp_set_num_threads(1); }
 #endif
 
 }  // namespace strata::cpu

@@ -1,0 +1,255 @@
+// bf16 GEMMs on oneDNN's matmul primitive (see gemm_bf16.hpp).
+//
+// oneDNN 2.6 has no bf16 BLAS-like call, so each GEMM is a matmul primitive: transposes are
+// memory formats (ab = row-major, ba = its transpose), accumulation is a `sum` post-op (oneDNN
+// reads C, adds it to the fp32 accumulator and converts once). Creating a primitive costs
+// milliseconds (JIT), executing one microseconds, hence the cache.
+//
+// Thread safety (oneDNN's rules): an engine and primitives may be shared by threads; a stream is
+// kept per thread; the library-managed scratchpad of Debian's build (DNNL_ENABLE_CONCURRENT_EXEC
+// off) is shared by all primitives and forbids executing a primitive on another thread than the
+// one that created it, so the scratchpad is ours (scratchpad_mode::user), one buffer per thread.
+#include "cpu/gemm_bf16.hpp"
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/layers.hpp"
+#include "cpu/vecmath.hpp"
+
+#if STRATA_HAVE_ONEDNN
+#include <omp.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <unordered_map>
+#endif
+
+namespace strata::cpu {
+
+namespace {
+
+// What a call was, for error messages: "gemm_bf16(M=7, N=13, K=5, trans_a=0, ...)".
+std::string describe_call(bool trans_a, bool trans_b, int M, int N, int K, DType c_dtype,
+                          bool accumulate) {
+  const char* c = c_dtype == DType::f32 ? "f32" : c_dtype == DType::bf16 ? "bf16" : "other";
+  return "gemm_bf16(M=" + std::to_string(M) + ", N=" + std::to_string(N) +
+         ", K=" + std::to_string(K) + ", trans_a=" + std::to_string(int(trans_a)) +
+         ", trans_b=" + std::to_string(int(trans_b)) + ", C=" + c +
+         ", accumulate=" + std::to_string(int(accumulate)) + ")";
+}
+
+STRATA_SIMD_CLONES void round_range(bf16* out, const float* in, std::size_t n) {
+  // strata::to_bf16 as branch-free integer arithmetic, so it vectorises. Not vcvtneps2bf16: that
+  // instruction flushes denormal inputs to zero, to_bf16 rounds them.
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(in[i]);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (u >> 16) | 0x40u;
+    out[i].bits = std::uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+
+STRATA_SIMD_CLONES void widen_range(float* out, const bf16* in, std::size_t n) {
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = std::bit_cast<float>(std::uint32_t(in[i].bits) << 16);
+}
+
+// The empty products (M, N or K of 0) BLAS defines, which oneDNN does not take.
+void empty_product(int M, int N, void* C, DType c_dtype, bool accumulate) {
+  if (accumulate || M == 0 || N == 0) return;
+  std::memset(C, 0, std::size_t(M) * std::size_t(N) * dtype_size(c_dtype));
+}
+
+void check_call(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
+                const void* C, DType c_dtype, bool accumulate) {
+  const auto fail = [&](const std::string& why) {
+    throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) + ": " + why);
+  };
+  if (M < 0 || N < 0 || K < 0) fail("M, N and K must be >= 0");
+  if (c_dtype != DType::f32 && c_dtype != DType::bf16) fail("C must be f32 or bf16");
+  const bool has_c = M > 0 && N > 0;
+  if ((has_c && C == nullptr) || (has_c && K > 0 && (A == nullptr || B == nullptr)))
+    fail("null operand");
+}
+
+#if STRATA_HAVE_ONEDNN
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+// (M, N, K, trans_a, trans_b, c dtype, accumulate, OpenMP threads): oneDNN's brgemm matmul fixes
+// its split of the work among threads when the primitive is created, so the count is part of it.
+using GemmKey = std::tuple<int, int, int, bool, bool, DType, bool, int>;
+
+struct CachedGemm {
+  dnnl::matmul::primitive_desc desc;
+  dnnl::matmul primitive;
+  std::size_t scratchpad_bytes;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::matmul::primitive_desc make_desc(const GemmKey& key) {
+  const auto [M, N, K, trans_a, trans_b, c_dtype, accumulate, threads] = key;
+  const memory::desc a({M, K}, memory::data_type::bf16, trans_a ? Tag::ba : Tag::ab);
+  const memory::desc b({K, N}, memory::data_type::bf16, trans_b ? Tag::ba : Tag::ab);
+  const auto c_type = c_dtype == DType::f32 ? memory::data_type::f32 : memory::data_type::bf16;
+  const memory::desc c({M, N}, c_type, Tag::ab);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+}
+
+// Every primitive of this process, created under the lock (creation is rare: a model issues a
+// handful of shapes) so that two threads never JIT the same one.
+class GemmCache {
+ public:
+  std::shared_ptr<const CachedGemm> get(const GemmKey& key) {
+    std::lock_guard lock(mutex_);
+    auto& slot = gemms_[key];
+    if (!slot) {
+      auto desc = make_desc(key);
+      const std::size_t scratch = desc.scratchpad_desc().get_size();
+      slot = std::make_shared<const CachedGemm>(CachedGemm{desc, dnnl::matmul(desc), scratch});
+    }
+    return slot;
+  }
+  std::size_t size() {
+    std::lock_guard lock(mutex_);
+    return gemms_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<GemmKey, std::shared_ptr<const CachedGemm>> gemms_;
+};
+
+GemmCache& gemm_cache() {
+  static GemmCache cache;
+  return cache;
+}
+
+// This thread's scratchpad: grown to the largest a primitive asked for, 64-byte aligned as oneDNN
+// wants its buffers.
+class Scratchpad {
+ public:
+  ~Scratchpad() { std::free(data_); }
+  void* get(std::size_t bytes) {
+    if (bytes > bytes_) {
+      std::free(data_);
+      bytes_ = (bytes + 63) / 64 * 64;
+      data_ = std::aligned_alloc(64, bytes_);
+      if (data_ == nullptr) {
+        bytes_ = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// oneDNN sizes its OpenMP regions by the calling thread's omp_get_max_threads(), an OpenMP ICV of
+// each thread: set_blas_threads() sets it on its own thread only, so every calling thread is
+// brought to the BLAS count here.
+int match_blas_threads() {
+  const int n = std::max(1, blas_threads());
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+  return n;
+}
+
+void run_gemm(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C) {
+  thread_local dnnl::stream stream(cpu_engine());
+  thread_local Scratchpad scratchpad;
+  dnnl::engine& engine = cpu_engine();
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(gemm.desc.src_desc(), engine, const_cast<bf16*>(A))},
+      {DNNL_ARG_WEIGHTS, memory(gemm.desc.weights_desc(), engine, const_cast<bf16*>(B))},
+      {DNNL_ARG_DST, memory(gemm.desc.dst_desc(), engine, C)}};
+  if (gemm.scratchpad_bytes > 0)
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(gemm.desc.scratchpad_desc(), engine,
+                                             scratchpad.get(gemm.scratchpad_bytes)));
+  gemm.primitive.execute(stream, args);
+  stream.wait();
+}
+
+#endif  // STRATA_HAVE_ONEDNN
+
+}  // namespace
+
+#if STRATA_HAVE_ONEDNN
+
+std::string bf16_gemm_impl() {
+  // The implementation for a GEMM of the model's size (a tiny or odd shape may get another one).
+  static const std::string impl = [] {
+    try {
+      return std::string(
+          make_desc({1024, 768, 256, false, false, DType::f32, false, 1}).impl_info_str());
+    } catch (const dnnl::error&) {
+      return std::string();  // no bf16 matmul on this CPU
+    }
+  }();
+  return impl;
+}
+
+bool have_bf16_gemm() { return !bf16_gemm_impl().empty(); }
+
+std::size_t gemm_bf16_cached_primitives() { return gemm_cache().size(); }
+
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
+               void* C, DType c_dtype, bool accumulate) {
+  check_call(trans_a, trans_b, M, N, K, A, B, C, c_dtype, accumulate);
+  if (M == 0 || N == 0 || K == 0) return empty_product(M, N, C, c_dtype, accumulate);
+  try {
+    const int threads = match_blas_threads();
+    const auto gemm = gemm_cache().get({M, N, K, trans_a, trans_b, c_dtype, accumulate, threads});
+    run_gemm(*gemm, A, B, C);
+  } catch (const dnnl::error& e) {
+    throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) + ": oneDNN " +
+                dnnl_status2str(e.status) + ": " + e.what());
+  }
+}
+
+#else  // no oneDNN: the same interface, refusing GEMMs
+
+std::string bf16_gemm_impl() { return {}; }
+bool have_bf16_gemm() { return false; }
+std::size_t gemm_bf16_cached_primitives() { return 0; }
+
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
+               void* C, DType c_dtype, bool accumulate) {
+  check_call(trans_a, trans_b, M, N, K, A, B, C, c_dtype, accumulate);
+  throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) +
+                  ": bf16 GEMM: this build has no oneDNN",
+              "install libdnnl-dev (scripts/install-deps.sh) and rebuild");
+}
+
+#endif
+
+void round_to_bf16(bf16* out, const float* in, std::size_t n) { round_range(out, in, n); }
+
+void widen_bf16(float* out, const bf16* in, std::size_t n) { widen_range(out, in, n); }
+
+}  // namespace strata::cpu

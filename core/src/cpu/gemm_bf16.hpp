@@ -1,0 +1,37 @@
+// bf16 GEMMs of the CPU backend (--precision bf16), on oneDNN's matmul primitive: Debian's
+// OpenBLAS has no bf16 GEMM, oneDNN picks AMX / AVX512-BF16 kernels where the CPU has them.
+// Without oneDNN (STRATA_WITH_ONEDNN=OFF) the module still builds: have_bf16_gemm() is false and
+// gemm_bf16 throws. The conversions (round_to_bf16, widen_bf16) never need oneDNN.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "strata/types.hpp"
+
+namespace strata::cpu {
+
+// True when this build has oneDNN (STRATA_HAVE_ONEDNN) and oneDNN has a bf16 matmul for this CPU:
+// the CPU backend can run bf16 GEMMs.
+bool have_bf16_gemm();
+// The implementation oneDNN picks for a bf16 GEMM on this CPU, e.g. "brg:avx512_core_amx_bf16"
+// (empty without oneDNN). For the run file / --version and the bench report.
+std::string bf16_gemm_impl();
+// C[M,N] = op(A) @ op(B)  (accumulate: C += ...), with op(A) [M,K] and op(B) [K,N]. A and B are
+// bf16, row-major: trans_a means A is stored [K,M], trans_b means B is stored [N,K]. C is f32 or
+// bf16 (c_dtype), row-major [M,N]; products accumulate in fp32 (with a bf16 C and accumulate, C is
+// read as fp32, added, rounded once). Primitives are created once per (shape, transposes, c dtype,
+// accumulate, OpenMP thread count) and cached; safe to call from several threads. oneDNN runs on
+// blas_threads() OpenMP threads. M, N or K of 0 is BLAS's empty product (C unchanged, or zeroed
+// when K = 0 without accumulate). Throws strata::Error naming the call without oneDNN or for a bad
+// shape / dtype.
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
+               void* C, DType c_dtype, bool accumulate);
+// Primitives in gemm_bf16's cache (tests check that a repeated shape creates none).
+std::size_t gemm_bf16_cached_primitives();
+// out[i] = round-to-nearest-even bf16 of in[i] (NaN stays NaN), bit for bit strata::to_bf16,
+// denormals included, vectorised (AVX-512 / AVX2 clones).
+void round_to_bf16(bf16* out, const float* in, std::size_t n);
+// out[i] = float(in[i])
+void widen_bf16(float* out, const bf16* in, std::size_t n);
+
+}  // namespace strata::cpu
