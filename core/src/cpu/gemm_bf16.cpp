@@ -65,12 +65,6 @@ STRATA_SIMD_CLONES void widen_range(float* out, const bf16* in, std::size_t n) {
     out[i] = std::bit_cast<float>(std::uint32_t(in[i].bits) << 16);
 }
 
-// The empty products (M, N or K of 0) BLAS defines, which oneDNN does not take.
-void empty_product(int M, int N, void* C, DType c_dtype, bool accumulate) {
-  if (accumulate || M == 0 || N == 0) return;
-  std::memset(C, 0, std::size_t(M) * std::size_t(N) * dtype_size(c_dtype));
-}
-
 void check_call(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
                 const void* C, DType c_dtype, bool accumulate) {
   const auto fail = [&](const std::string& why) {
@@ -84,6 +78,12 @@ void check_call(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, 
 }
 
 #if STRATA_HAVE_ONEDNN
+
+// The empty products (M, N or K of 0) BLAS defines, which oneDNN does not take.
+void empty_product(int M, int N, void* C, DType c_dtype, bool accumulate) {
+  if (accumulate || M == 0 || N == 0) return;
+  std::memset(C, 0, std::size_t(M) * std::size_t(N) * dtype_size(c_dtype));
+}
 
 using dnnl::memory;
 using Tag = memory::format_tag;
