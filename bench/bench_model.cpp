@@ -47,8 +47,8 @@ void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
   strata::AdamW opt(layout, 0, layout.total(), strata::AdamWConfig{}, memory);
   strata::UnitPtrs pp, gg;
   for (const strata::UnitInfo& u : layout.units()) {
-    pp.push_back(params.data() + u.offset);
-    gg.push_back(grads.data() + u.offset);
+    pp.push_back(strata::view(params.data() + u.offset, u.count));
+    gg.push_back(strata::view(grads.data() + u.offset, u.count));
   }
   std::mt19937 rng(99);
   std::uniform_int_distribution<int> tok(0, spec.vocab - 1);
@@ -65,7 +65,8 @@ void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
     grads.zero();
     for (int u = 0; u < units; ++u) model.forward(u, pp, mb);
     for (int u = units - 1; u >= 0; --u) model.backward(u, pp, gg, mb, grad_scale);
-    opt.step(params.data(), grads.data(), ++t);
+    opt.step(strata::view(params.data(), params.size()), strata::view(grads.data(), grads.size()),
+             ++t);
   };
 
   const double peak = strata::cpu::calibrate_sgemm_flops(0.5);

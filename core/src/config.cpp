@@ -15,6 +15,7 @@
 
 #include "comm/transport.hpp"
 #include "config_table.hpp"
+#include "cpu/gemm_bf16.hpp"
 #include "data.hpp"
 #include "strata/types.hpp"
 
@@ -203,6 +204,13 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
     throw ConfigError("--mesh: dp x tp x pp is more than 16777216 ranks");
   if (c.device != "cpu")
     throw ConfigError("--device " + c.device + ": must be cpu (the only device in this build)");
+  const MixedPrecision& mp = c.train.precision;
+  if (mp.reduce == DType::bf16 && mp.param != DType::bf16)
+    throw ConfigError("--reduce-dtype bf16: needs --precision bf16 (fp32 parameters reduce fp32)");
+  if (mp.param == DType::bf16 && !cpu::have_bf16_gemm())
+    throw ConfigError(
+        "--precision bf16: this build's CPU backend has no bf16 matmul (built without oneDNN); "
+        "install libdnnl-dev (scripts/install-deps.sh) and rebuild, or use --precision fp32");
   if (!c.data_file.empty()) check_token_file(c.data_file, m.seq, m.vocab);
 }
 
@@ -288,6 +296,11 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
   if (t.warmup >= t.steps) t.warmup = t.steps > 1 ? 1 : 0;  // only the default can get here
 }
 
+const char* peak_flops_source(const RunConfig& c) {
+  if (c.peak_tflops > 0) return "given (--peak-tflops)";
+  return c.train.precision.mixed() ? "calibrated bf16 GEMM" : "calibrated SGEMM";
+}
+
 std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   std::vector<std::pair<std::string, std::string>> r;
   auto add = [&](const std::string& k, const auto& v) {
@@ -316,6 +329,8 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   add("weight_decay", train.weight_decay);
   add("grad_clip", train.grad_clip);
   add("recompute", recompute_name(train.recompute));
+  add("precision", dtype_name(train.precision.param));
+  add("reduce_dtype", dtype_name(train.precision.reduce));
   add("data", data_file.empty() ? "synthetic" : data_file);
   add("nodes", mesh.nodes);
   add("ranks_per_node", mesh.ranks_per_node);

@@ -304,6 +304,19 @@ std::vector<Row> training_rows() {
                "(attention core)",
                [](RunConfig& c, const std::string& s) { parse_recompute(s, &c.train.recompute); }),
           {"none", "full", "selective"}),
+      choice(text("precision", T, K::choice, "fp32",
+                  "parameter and matmul dtype: fp32, or bf16 (bf16 parameters and matmul "
+                  "operands, fp32 master weights, AdamW state, LayerNorm, softmax and loss)",
+                  [](RunConfig& c, const std::string& s) {
+                    c.train.precision.param = s == "bf16" ? DType::bf16 : DType::f32;
+                  }),
+             {"fp32", "bf16"}),
+      choice(text("reduce-dtype", T, K::choice, "fp32",
+                  "dtype gradients are accumulated and reduced in; bf16 needs --precision bf16",
+                  [](RunConfig& c, const std::string& s) {
+                    c.train.precision.reduce = s == "bf16" ? DType::bf16 : DType::f32;
+                  }),
+             {"fp32", "bf16"}),
       with_rule(text("data", T, K::text, "",
                      "flat binary file of uint16 tokens (default: synthetic data)",
                      [](RunConfig& c, const std::string& s) { c.data_file = s; }),

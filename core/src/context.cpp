@@ -36,14 +36,27 @@ bool Options::get_bool(const std::string& name) const {
 }
 
 Replica::Replica(Context& ctx)
-    : params_(ctx.memory(), MemTag::params, ctx.model().layout().total()),
-      grads_(ctx.memory(), MemTag::grads, ctx.model().layout().total()) {
+    : params_(ctx.memory(), MemTag::params, ctx.train().precision.param,
+              ctx.model().layout().total()),
+      grads_(ctx.memory(), MemTag::grads, ctx.train().precision.reduce,
+             ctx.model().layout().total()) {
   const ParamLayout& layout = ctx.model().layout();
-  init_params(layout, ctx.train().seed, 0, params_.span());
+  init_params(layout, ctx.train().seed, 0, params_.view());
   for (const UnitInfo& u : layout.units()) {
-    param_ptrs_.push_back(params_.data() + u.offset);
-    grad_ptrs_.push_back(grads_.data() + u.offset);
+    param_ptrs_.push_back(params_.view(u.offset, u.count));
+    grad_ptrs_.push_back(grads_.view(u.offset, u.count));
   }
+}
+
+AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count) {
+  const ParamLayout& layout = ctx.model().layout();
+  AdamW opt(layout, begin, count, adamw_config(ctx), ctx.memory(), ctx.train().precision.param);
+  if (opt.master().data) init_params(layout, ctx.train().seed, begin, opt.master());
+  return opt;
+}
+
+StateBytes state_bytes_per_param(const MixedPrecision& mp) {
+  return {double(dtype_size(mp.param)), double(dtype_size(mp.reduce)), mp.mixed() ? 12.0 : 8.0};
 }
 
 double grad_scale(const Context& ctx) {
@@ -88,13 +101,15 @@ std::uint64_t batch_workspace_bytes(const TrainSpec& train, const ModelSpec& mod
 Prediction replicated_prediction(const PredictInput& in) {
   Prediction p;
   const double n = double(in.model.total_params());
+  const StateBytes per = state_bytes_per_param(in.train.precision);
   auto at = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  at(MemTag::params) = 4 * n;
-  at(MemTag::grads) = 4 * n;
-  at(MemTag::optimizer) = 8 * n;
-  at(MemTag::activations) = double(
-      predict_activations(in.model, in.train.micro_batch, whole_model(in.model), in.train.recompute)
-          .total(1));
+  at(MemTag::params) = per.params * n;
+  at(MemTag::grads) = per.grads * n;
+  at(MemTag::optimizer) = per.optimizer * n;
+  at(MemTag::activations) =
+      double(predict_activations(in.model, in.train.micro_batch, whole_model(in.model),
+                                 in.train.recompute, in.train.precision.param)
+                 .total(1));
   at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
   return p;
 }

@@ -53,7 +53,7 @@ class CoreContext final : public Context {
   Model& model() override {
     if (!model_)
       model_ = std::make_unique<Model>(config_.model, config_.train.micro_batch, memory_,
-                                       config_.train.recompute);
+                                       config_.train.recompute, config_.train.precision.param);
     return *model_;
   }
   MemoryLedger& memory() override { return memory_; }

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <numbers>
 
+#include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "model_passes.hpp"
+#include "strata/device.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -194,6 +196,24 @@ void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begi
   }
 }
 
+void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begin, BufferView out) {
+  if (out.device != Device::cpu || (out.dtype != DType::f32 && out.dtype != DType::bf16))
+    throw Error(std::string("init_params: a view of ") + dtype_name(out.dtype) + " on " +
+                device_name(out.device) + ", need fp32 or bf16 host memory");
+  if (out.dtype == DType::f32) {
+    init_params(layout, seed, begin, std::span<float>(static_cast<float*>(out.data), out.count));
+    return;
+  }
+  constexpr std::size_t kChunk = 4096;  // fp32 values of a chunk, then rounded
+  float values[kChunk];
+  bf16* dst = static_cast<bf16*>(out.data);
+  for (std::size_t done = 0; done < out.count; done += kChunk) {
+    const std::size_t n = std::min(kChunk, out.count - done);
+    init_params(layout, seed, begin + done, std::span<float>(values, n));
+    cpu::round_to_bf16(dst + done, values, n);
+  }
+}
+
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::none:
@@ -228,23 +248,19 @@ struct Model::Impl {
   std::size_t wpe_off;  // wpe's offset in the embedding unit
   int last_batch = 0;   // micro-batch size of the last head forward, for loss_sum()
 
-  Impl(const ModelSpec& s, int micro_batch, MemoryLedger& ledger, Recompute r)
+  Impl(const ModelSpec& s, int micro_batch, MemoryLedger& ledger, Recompute r, DType param_dtype)
       : spec(s),
         layout(s),
         B(micro_batch),
-        passes(s, micro_batch, whole_model(s), r, ledger),
+        passes(s, micro_batch, whole_model(s), r, param_dtype, ledger),
         slot(passes.make_slot()),
         wpe_off(layout.tensors()[1].offset) {}
 
-  void check(int unit, const UnitPtrs& params, const MicroBatch& mb) const {
+  void check(int unit, const MicroBatch& mb) const {
     const int units = spec.layers + 2;
     if (unit < 0 || unit >= units) {
       throw Error("Model: unit " + std::to_string(unit) + " out of range [0, " +
                   std::to_string(units) + ")");
-    }
-    if (int(params.size()) < units) {
-      throw Error("Model: UnitPtrs has " + std::to_string(params.size()) + " entries, need " +
-                  std::to_string(units));
     }
     if (mb.batch <= 0 || mb.batch > B || mb.seq != spec.seq || !mb.inputs || !mb.targets) {
       throw Error("Model: micro-batch " + std::to_string(mb.batch) + "x" + std::to_string(mb.seq) +
@@ -252,29 +268,57 @@ struct Model::Impl {
                   std::to_string(spec.seq) + ", non-null tokens)");
     }
   }
+  // Unit u's view from ptrs, checked: all of the unit, in the dtype the passes expect.
+  BufferView unit_view(const UnitPtrs& ptrs, int u, bool grads) const {
+    const int units = spec.layers + 2;
+    if (int(ptrs.size()) < units) {
+      throw Error("Model: UnitPtrs has " + std::to_string(ptrs.size()) + " entries, need " +
+                  std::to_string(units));
+    }
+    const BufferView v = ptrs[u];
+    const DType want = passes.param_dtype();
+    const bool dtype_ok = v.dtype == want || (grads && v.dtype == DType::f32);
+    if (!v.data || v.count != layout.units()[u].count || !dtype_ok || v.device != Device::cpu)
+      throw Error("Model: " + std::string(grads ? "gradients" : "parameters") + " of unit " +
+                      std::to_string(u) + ": a view of " + std::to_string(v.count) + " " +
+                      dtype_name(v.dtype) + " elements, need " +
+                      std::to_string(layout.units()[u].count) + " " + dtype_name(want) +
+                      (grads && want != DType::f32 ? " (or fp32)" : ""),
+                  "point UnitPtrs at the unit's whole range, in the run's precision");
+    return v;
+  }
+  BufferView wte(BufferView unit0) const {
+    return slice(unit0, 0, std::size_t(spec.vocab) * spec.hidden);
+  }
+  BufferView wpe(BufferView unit0) const {
+    return slice(unit0, wpe_off, std::size_t(spec.seq) * spec.hidden);
+  }
 };
 
-Model::Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory, Recompute recompute)
-    : impl_(std::make_unique<Impl>(spec, micro_batch, memory, recompute)) {}
+Model::Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory, Recompute recompute,
+             DType param_dtype)
+    : impl_(std::make_unique<Impl>(spec, micro_batch, memory, recompute, param_dtype)) {}
 Model::~Model() = default;
 
 const ModelSpec& Model::spec() const { return impl_->spec; }
 const ParamLayout& Model::layout() const { return impl_->layout; }
 int Model::micro_batch() const { return impl_->B; }
 Recompute Model::recompute() const { return impl_->passes.recompute(); }
+DType Model::param_dtype() const { return impl_->passes.param_dtype(); }
 
 void Model::forward(int unit, const UnitPtrs& params, const MicroBatch& mb) {
   Impl& m = *impl_;
-  m.check(unit, params, mb);
+  m.check(unit, mb);
   m.passes.set_batch(mb.batch);
   SlotActs& acts = m.slot->acts;
   const int L = m.spec.layers;
+  const BufferView p = m.unit_view(params, unit, false);
   if (unit == 0) {
-    m.passes.forward_embedding(acts, params[0], params[0] + m.wpe_off, mb.inputs, nullptr);
+    m.passes.forward_embedding(acts, m.wte(p), m.wpe(p), mb.inputs, nullptr);
   } else if (unit <= L) {
-    m.passes.forward_block(unit - 1, acts, params[unit], nullptr);
+    m.passes.forward_block(unit - 1, acts, p, nullptr);
   } else {
-    m.passes.forward_head(acts, params[unit], params[0], mb.targets, nullptr);
+    m.passes.forward_head(acts, p, m.wte(m.unit_view(params, 0, false)), mb.targets, nullptr);
     m.last_batch = mb.batch;
   }
 }
@@ -282,18 +326,21 @@ void Model::forward(int unit, const UnitPtrs& params, const MicroBatch& mb) {
 void Model::backward(int unit, const UnitPtrs& params, const UnitPtrs& grads, const MicroBatch& mb,
                      float grad_scale) {
   Impl& m = *impl_;
-  m.check(unit, params, mb);
-  m.check(unit, grads, mb);
+  m.check(unit, mb);
   m.passes.set_batch(mb.batch);
   SlotActs& acts = m.slot->acts;
   const int L = m.spec.layers;
+  const BufferView g = m.unit_view(grads, unit, true);
   if (unit == 0) {
-    m.passes.backward_embedding(grads[0], grads[0] + m.wpe_off, mb.inputs, nullptr);
+    m.passes.backward_embedding(m.wte(g), m.wpe(g), mb.inputs, nullptr);
   } else if (unit <= L) {
-    m.passes.backward_block(unit - 1, acts, params[unit], grads[unit], nullptr);
+    m.passes.backward_block(unit - 1, acts, m.unit_view(params, unit, false), g, nullptr);
   } else {
-    m.passes.backward_head(acts, params[unit], params[0], grads[unit], grads[0], mb.targets,
-                           nullptr, grad_scale);
+    const BufferView g0 = m.unit_view(grads, 0, true);
+    if (g0.dtype != g.dtype) throw Error("Model: gradients of units 0 and L+1 in two dtypes");
+    m.passes.backward_head(acts, m.unit_view(params, unit, false),
+                           m.wte(m.unit_view(params, 0, false)), g, m.wte(g0), mb.targets, nullptr,
+                           grad_scale);
   }
 }
 
@@ -302,8 +349,9 @@ double Model::loss_sum() const {
   return ModelPasses::loss_sum(m.slot->acts, std::size_t(m.last_batch) * m.spec.seq);
 }
 
-std::uint64_t Model::activation_bytes(const ModelSpec& spec, int micro_batch, Recompute recompute) {
-  return predict_activations(spec, micro_batch, whole_model(spec), recompute).total(1);
+std::uint64_t Model::activation_bytes(const ModelSpec& spec, int micro_batch, Recompute recompute,
+                                      DType param_dtype) {
+  return predict_activations(spec, micro_batch, whole_model(spec), recompute, param_dtype).total(1);
 }
 
 }  // namespace strata

@@ -1,5 +1,5 @@
-// The one implementation of the workload's passes and activation plan (see model_passes.hpp),
-// Megatron-LM style tensor parallelism included:
+// The one implementation of the workload's passes (see model_passes.hpp; the activation plan:
+// model_plan.cpp), Megatron-LM style tensor parallelism included:
 //   QKV, FC1   column-parallel (this rank's heads / rows of the 4h MLP)
 //   proj, FC2  row-parallel; the partial outputs are all-reduced (reduce-scattered with sp)
 //   wte        vocab-parallel embedding and LM head, vocab-parallel cross-entropy
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "cpu/vecmath.hpp"
 #include "strata/stage_model.hpp"
@@ -44,159 +45,16 @@ void check_tokens(const std::int32_t* tok, std::size_t n, int V, const char* wha
 
 }  // namespace
 
-ShardKind block_shard(int k) {
-  switch (k) {
-    case kQkvW:
-    case kQkvB:
-      return ShardKind::qkv_rows;
-    case kFcW:
-    case kFcB:
-      return ShardKind::rows;
-    case kProjW:
-    case kFcprojW:
-      return ShardKind::columns;
-    default:
-      return ShardKind::replicated;
-  }
-}
-
-void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool sp) {
-  auto need = [&](int value, const char* what) {
-    if (value % tp != 0)
-      throw ConfigError("--mesh tp=" + std::to_string(tp) + ": must divide the model's " + what +
-                        " (" + std::to_string(value) + ")");
-  };
-  if (tp < 1) throw ConfigError("--mesh tp=" + std::to_string(tp) + ": must be >= 1");
-  need(s.heads, "heads");
-  need(s.hidden, "hidden size");
-  need(s.vocab, "vocabulary (the embedding is vocab-parallel)");
-  if (sp && (micro_batch * s.seq) % tp != 0)
-    throw ConfigError("--plugin-opt sp=on: tp=" + std::to_string(tp) +
-                      " must divide micro-batch x seq (" + std::to_string(micro_batch * s.seq) +
-                      " token rows)");
-}
-
-void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute r) {
-  validate_model_spec(s);
-  if (B <= 0) throw ConfigError("model: micro-batch must be positive, got " + std::to_string(B));
-  const int L = s.layers;
-  if (p.first_unit < 0 || p.last_unit > L + 1 || p.first_unit > p.last_unit)
-    throw Error("model: unit range [" + std::to_string(p.first_unit) + ", " +
-                std::to_string(p.last_unit) + "] outside [0, " + std::to_string(L + 1) + "]");
-  if (p.tp_rank < 0 || p.tp_rank >= p.tp_size)
-    throw Error("model: tp rank " + std::to_string(p.tp_rank) + " of " + std::to_string(p.tp_size));
-  validate_tensor_parallel(s, B, p.tp_size, p.sequence_parallel);
-  if (r != Recompute::none && r != Recompute::full && r != Recompute::selective)
-    throw ConfigError("model: recompute must be one of none, full, selective; got value " +
-                      std::to_string(int(r)));
-}
-
-Partition whole_model(const ModelSpec& spec) { return {0, spec.layers + 1, 1, 0, false}; }
-
-Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p)
-    : B(micro_batch), T(s.seq), C(s.hidden), NH(s.heads), V(s.vocab), tp(p.tp_size) {
-  const int L = s.layers;
-  blocks = std::max(0, std::min(p.last_unit, L) - std::max(p.first_unit, 1) + 1);
-  embedding = p.first_unit == 0;
-  head = p.last_unit == L + 1;
-  sp = p.sequence_parallel && tp > 1;
-  N = std::size_t(B) * T;
-  Nl = sp ? N / tp : N;
-  Cl = std::size_t(C) / tp;
-  NHl = std::size_t(NH) / tp;
-  Vl = std::size_t(V) / tp;
-  row0 = sp ? Nl * p.tp_rank : 0;
-  att = std::size_t(B) * NHl * T * T;
-}
-
 // ---------------------------------------------------------------------------------------------
-// The activation plan: the same carve sizes the buffers (null base) and lays them out.
-
-void BlockActs::carve(const Dims& d, bool with_att, Carver& c) {
-  const std::size_t N = d.N, Nl = d.Nl, C = d.C;
-  ln1 = c.take(Nl * C);
-  ln1_mean = c.take(Nl);
-  ln1_rstd = c.take(Nl);
-  ln1_full = d.sp ? c.take(N * C) : ln1;
-  qkv = c.take(3 * N * d.Cl);
-  atty = c.take(N * d.Cl);
-  att = with_att ? c.take(d.att) : nullptr;
-  xmid = c.take(Nl * C);
-  ln2 = c.take(Nl * C);
-  ln2_mean = c.take(Nl);
-  ln2_rstd = c.take(Nl);
-  ln2_full = d.sp ? c.take(N * C) : ln2;
-  fch = c.take(4 * N * d.Cl);
-  fch_gelu = c.take(4 * N * d.Cl);
-}
-
-void Scratch::carve(const Dims& d, Recompute r, Carver& c) {
-  const std::size_t N = d.N, C = d.C;
-  dres = c.take(d.Nl * C);
-  partial = c.take(N * C);
-  full = d.sp ? c.take(N * C) : dres;
-  shard = d.sp ? c.take(d.Nl * C) : partial;
-  Carver head{c.base, c.used}, block{c.base, c.used};
-  logits = ce = a = b = nullptr;
-  shared = BlockActs{};
-  if (d.head) {
-    logits = head.take(N * d.Vl);
-    if (d.tp > 1) ce = head.take(3 * N);
-  }
-  if (d.blocks > 0) {
-    a = block.take(4 * N * d.Cl);
-    b = block.take(std::max(4 * N * d.Cl, d.att));
-    if (r == Recompute::full) shared.carve(d, true, block);
-    if (r == Recompute::selective) shared.att = block.take(d.att);
-  }
-  c.used = std::max(head.used, block.used);
-}
-
-void SlotActs::carve(const Dims& d, Recompute r, const Scratch& scratch, Carver& c) {
-  const std::size_t N = d.N, Nl = d.Nl, C = d.C;
-  x.resize(d.blocks + 1);
-  for (auto& p : x) p = c.take(Nl * C);
-  block.resize(d.blocks);
-  for (BlockActs& b : block) {
-    if (r == Recompute::full) {
-      b = scratch.shared;
-      continue;
-    }
-    b.carve(d, r == Recompute::none, c);
-    if (r == Recompute::selective) b.att = scratch.shared.att;
-  }
-  lnf = lnf_mean = lnf_rstd = lnf_full = probs = losses = nullptr;
-  if (d.head) {
-    lnf = c.take(Nl * C);
-    lnf_mean = c.take(Nl);
-    lnf_rstd = c.take(Nl);
-    lnf_full = d.sp ? c.take(N * C) : lnf;
-    probs = c.take(N * d.Vl);
-    losses = c.take(N);
-  }
-  grad_in = d.embedding ? nullptr : c.take(Nl * C);
-}
-
-ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partition& part,
-                                    Recompute r) {
-  validate_partition(spec, B, part, r);
-  const Dims d(spec, B, part);
-  Carver scratch, slot;
-  Scratch g;
-  g.carve(d, r, scratch);
-  SlotActs().carve(d, r, g, slot);
-  return {slot.used * sizeof(float), scratch.used * sizeof(float)};
-}
-
-// ---------------------------------------------------------------------------------------------
-// ModelPasses
+// ModelPasses (the plan they run on, Dims and the carves: model_plan.cpp)
 
 ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                         MemoryLedger& memory)
+                         DType param_dtype, MemoryLedger& memory)
     : spec_(spec),
       part_(part),
       recompute_(r),
-      alloc_((validate_partition(spec, B, part, r), Dims(spec, B, part))),
+      param_dtype_(param_dtype),
+      alloc_((validate_partition(spec, B, part, r, param_dtype), Dims(spec, B, part))),
       run_(alloc_),
       memory_(memory) {
   const ParamLayout layout(spec);
@@ -208,10 +66,10 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
     at += block_shard(k) == ShardKind::replicated ? n : n / part.tp_size;
   }
   Carver count;
-  g_.carve(alloc_, r, count);
+  g_.carve(alloc_, r, param_dtype, count);
   scratch_memory_ = Buffer<float>(memory, MemTag::activations, count.used);
   Carver c{scratch_memory_.data(), 0};
-  g_.carve(alloc_, r, c);
+  g_.carve(alloc_, r, param_dtype, c);
 }
 
 std::unique_ptr<ModelPasses::Slot> ModelPasses::make_slot() {
@@ -249,20 +107,78 @@ void ModelPasses::scatter(TensorParallelComm* tp, float* full,
   tp->reduce_scatter(view(full, run_.N * run_.C), view(shard, run_.Nl * run_.C));
 }
 
+// --- dtype-aware pieces: the GEMMs and a unit's small tensors
+
+void ModelPasses::matmul_forward(float* out, const float* inp, BufferView w, const float* bias,
+                                 int N, int C, int OC) {
+  if (w.dtype == DType::f32) {
+    cpu::matmul_forward(out, inp, static_cast<const float*>(w.data), bias, N, C, OC);
+    return;
+  }
+  cpu::round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
+  cpu::gemm_bf16(false, true, N, OC, C, g_.op_in, static_cast<const bf16*>(w.data), out, DType::f32,
+                 false, pad());
+  if (bias) add_bias(out, bias, std::size_t(N), OC);
+}
+
+void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
+                                  const float* inp, BufferView w, int N, int C, int OC) {
+  if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
+    cpu::matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp,
+                         static_cast<const float*>(w.data), N, C, OC);
+    return;
+  }
+  const bf16* wb = static_cast<const bf16*>(w.data);
+  cpu::round_to_bf16(g_.op_out, dout, std::size_t(N) * OC);
+  cpu::gemm_bf16(false, false, N, C, OC, g_.op_out, wb, dinp, DType::f32, true, pad());  // dout@W
+  cpu::round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
+  cpu::gemm_bf16(true, false, OC, C, N, g_.op_out, g_.op_in, dw.data, dw.dtype, true,
+                 pad());  // dout^T @ inp
+  if (dbias) bias_grad(dbias, dout, std::size_t(N), OC);
+}
+
+const float* SmallTensors::param(std::size_t offset, std::size_t count) {
+  if (unit_.dtype == DType::f32) return static_cast<const float*>(unit_.data) + offset;
+  float* out = scratch_ + used_;
+  used_ += count;
+  cpu::widen_bf16(out, static_cast<const bf16*>(unit_.data) + offset, count);
+  return out;
+}
+
+float* SmallTensors::grad(std::size_t offset, std::size_t count) {
+  if (unit_.dtype == DType::f32) return static_cast<float*>(unit_.data) + offset;
+  float* out = scratch_ + used_;
+  used_ += count;
+  zero(out, count);
+  grads_.emplace_back(offset, count);
+  return out;
+}
+
+void SmallTensors::flush() {
+  const float* src = scratch_;
+  for (auto [offset, count] : grads_) {
+    bf16* dst = static_cast<bf16*>(unit_.data) + offset;
+    for (std::size_t i = 0; i < count; ++i) dst[i] = to_bf16(to_float(dst[i]) + src[i]);
+    src += count;
+  }
+  grads_.clear();
+  used_ = 0;
+}
+
 // Row-parallel matmul (proj, FC2): out[Nl,C] = reduce(inp[N,ICl] @ W[C,ICl]^T) + bias. At tp 1
 // the bias goes into the GEMM call.
-void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, const float* inp, const float* w,
+void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
                                const float* bias, int icl) {
   const Dims& d = run_;
   if (d.tp == 1) {
-    cpu::matmul_forward(out, inp, w, bias, int(d.N), icl, d.C);
+    matmul_forward(out, inp, w, bias, int(d.N), icl, d.C);
     return;
   }
   if (d.sp) {
-    cpu::matmul_forward(g_.partial, inp, w, nullptr, int(d.N), icl, d.C);
+    matmul_forward(g_.partial, inp, w, nullptr, int(d.N), icl, d.C);
     scatter(tp, g_.partial, out);
   } else {
-    cpu::matmul_forward(out, inp, w, nullptr, int(d.N), icl, d.C);
+    matmul_forward(out, inp, w, nullptr, int(d.N), icl, d.C);
     tp->all_reduce_sum(view(out, d.N * d.C));
   }
   add_bias(out, bias, d.Nl, d.C);
@@ -279,32 +195,42 @@ float* ModelPasses::reduce_input_grad(TensorParallelComm* tp) {
   return g_.partial;
 }
 
+namespace {
+// Unit view from element `offset` on (a GEMM weight or its gradient).
+BufferView at(BufferView unit, std::size_t offset) {
+  return slice(unit, offset, unit.count - offset);
+}
+}  // namespace
+
 // recomputing: Recompute::full's rerun in backward, which stops at fch_gelu: the block's output
 // (FC2, its reduction and the second residual) is not needed by the backward, x[l+1] is kept.
-void ModelPasses::forward_block(int l, SlotActs& s, const float* p, TensorParallelComm* tp,
+void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallelComm* tp,
                                 bool recomputing) {
   const Dims& d = run_;
   const std::size_t* o = block_off_;
   BlockActs& a = s.block[l];
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
+  SmallTensors small(p, g_.small_params);
   const float* x_in = s.x[l];
-  cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p + o[kLn1W], p + o[kLn1B], Nl, C);
+  cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C),
+                         small.param(o[kLn1B], C), Nl, C);
   if (d.sp) gather(tp, a.ln1, a.ln1_full);
-  cpu::matmul_forward(a.qkv, a.ln1_full, p + o[kQkvW], p + o[kQkvB], N, C, 3 * Cl);
+  matmul_forward(a.qkv, a.ln1_full, at(p, o[kQkvW]), small.param(o[kQkvB], 3 * d.Cl), N, C, 3 * Cl);
   cpu::attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
-  row_parallel(tp, a.xmid, a.atty, p + o[kProjW], p + o[kProjB], Cl);
+  row_parallel(tp, a.xmid, a.atty, at(p, o[kProjW]), small.param(o[kProjB], C), Cl);
   cpu::residual_forward(a.xmid, a.xmid, x_in, std::int64_t(Nl) * C);
-  cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, p + o[kLn2W], p + o[kLn2B], Nl, C);
+  cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, small.param(o[kLn2W], C),
+                         small.param(o[kLn2B], C), Nl, C);
   if (d.sp) gather(tp, a.ln2, a.ln2_full);
-  cpu::matmul_forward(a.fch, a.ln2_full, p + o[kFcW], p + o[kFcB], N, C, 4 * Cl);
+  matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl);
   cpu::gelu_forward(a.fch_gelu, a.fch, std::int64_t(N) * 4 * Cl);
   if (recomputing) return;
   float* x_out = s.x[l + 1];
-  row_parallel(tp, x_out, a.fch_gelu, p + o[kFcprojW], p + o[kFcprojB], 4 * Cl);
+  row_parallel(tp, x_out, a.fch_gelu, at(p, o[kFcprojW]), small.param(o[kFcprojB], C), 4 * Cl);
   cpu::residual_forward(x_out, x_out, a.xmid, std::int64_t(Nl) * C);
 }
 
-void ModelPasses::backward_block(int l, SlotActs& s, const float* p, float* gr,
+void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr,
                                  TensorParallelComm* tp) {
   const Dims& d = run_;
   const std::size_t* o = block_off_;
@@ -315,27 +241,30 @@ void ModelPasses::backward_block(int l, SlotActs& s, const float* p, float* gr,
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
   const std::size_t NC = d.N * C, NCl = d.N * d.Cl;
   const bool tp1 = d.tp == 1;
+  SmallTensors small(p, g_.small_params), gsmall(gr, g_.small_grads);
   // MLP: x_out = xmid + fcproj(gelu(fc(ln2(xmid)))). d(x_out) is all-gathered with sp.
   if (d.sp) gather(tp, g_.dres, g_.full);
-  if (!tp1) bias_grad(gr + o[kFcprojB], g_.dres, d.Nl, C);
+  float* g_fcproj_b = gsmall.grad(o[kFcprojB], C);
+  if (!tp1) bias_grad(g_fcproj_b, g_.dres, d.Nl, C);
   zero(g_.a, 4 * NCl);
-  cpu::matmul_backward(g_.a, gr + o[kFcprojW], tp1 ? gr + o[kFcprojB] : nullptr, g_.full,
-                       a.fch_gelu, p + o[kFcprojW], N, 4 * Cl, C);
+  matmul_backward(g_.a, at(gr, o[kFcprojW]), tp1 ? g_fcproj_b : nullptr, g_.full, a.fch_gelu,
+                  at(p, o[kFcprojW]), N, 4 * Cl, C);
   zero(g_.b, 4 * NCl);
   cpu::gelu_backward(g_.b, a.fch, g_.a, std::int64_t(N) * 4 * Cl);
   zero(g_.partial, NC);
-  cpu::matmul_backward(g_.partial, gr + o[kFcW], gr + o[kFcB], g_.b, a.ln2_full, p + o[kFcW], N, C,
-                       4 * Cl);
+  matmul_backward(g_.partial, at(gr, o[kFcW]), gsmall.grad(o[kFcB], 4 * d.Cl), g_.b, a.ln2_full,
+                  at(p, o[kFcW]), N, C, 4 * Cl);
   const float* dln2 = reduce_input_grad(tp);
-  cpu::layernorm_backward(g_.dres, gr + o[kLn2W], gr + o[kLn2B], dln2, a.xmid, p + o[kLn2W],
-                          a.ln2_mean, a.ln2_rstd, Nl, C);
+  cpu::layernorm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gsmall.grad(o[kLn2B], C), dln2, a.xmid,
+                          small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl, C);
   // Attention: xmid = x_in + proj(attention(qkv(ln1(x_in)))); d(atty) goes to partial (free).
   if (d.sp) gather(tp, g_.dres, g_.full);
-  if (!tp1) bias_grad(gr + o[kProjB], g_.dres, d.Nl, C);
+  float* g_proj_b = gsmall.grad(o[kProjB], C);
+  if (!tp1) bias_grad(g_proj_b, g_.dres, d.Nl, C);
   float* datty = g_.partial;
   zero(datty, NCl);
-  cpu::matmul_backward(datty, gr + o[kProjW], tp1 ? gr + o[kProjB] : nullptr, g_.full, a.atty,
-                       p + o[kProjW], N, Cl, C);
+  matmul_backward(datty, at(gr, o[kProjW]), tp1 ? g_proj_b : nullptr, g_.full, a.atty,
+                  at(p, o[kProjW]), N, Cl, C);
   // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
   // shared att. The attention output it also produces (atty is kept) goes to a, free until d(qkv).
   if (recompute_ == Recompute::selective)
@@ -344,62 +273,84 @@ void ModelPasses::backward_block(int l, SlotActs& s, const float* p, float* gr,
   zero(dqkv, 3 * NCl);
   cpu::attention_backward(dqkv, g_.b, datty, a.qkv, a.att, d.B, d.T, Cl, int(d.NHl));
   zero(g_.partial, NC);
-  cpu::matmul_backward(g_.partial, gr + o[kQkvW], gr + o[kQkvB], dqkv, a.ln1_full, p + o[kQkvW], N,
-                       C, 3 * Cl);
+  matmul_backward(g_.partial, at(gr, o[kQkvW]), gsmall.grad(o[kQkvB], 3 * d.Cl), dqkv, a.ln1_full,
+                  at(p, o[kQkvW]), N, C, 3 * Cl);
   const float* dln1 = reduce_input_grad(tp);
-  cpu::layernorm_backward(g_.dres, gr + o[kLn1W], gr + o[kLn1B], dln1, s.x[l], p + o[kLn1W],
-                          a.ln1_mean, a.ln1_rstd, Nl, C);
+  cpu::layernorm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gsmall.grad(o[kLn1B], C), dln1, s.x[l],
+                          small.param(o[kLn1W], C), a.ln1_mean, a.ln1_rstd, Nl, C);
+  gsmall.flush();
 }
+
+namespace {
+// Row `row` of a [rows, C] table as fp32: the table's own memory, or (bf16) widened into scratch.
+const float* row_f32(BufferView table, std::size_t row, int C, float* scratch) {
+  if (table.dtype == DType::f32) return static_cast<const float*>(table.data) + row * C;
+  cpu::widen_bf16(scratch, static_cast<const bf16*>(table.data) + row * C, std::size_t(C));
+  return scratch;
+}
+// Row `row` of a [rows, C] gradient table += src[0, C) (bf16: each element rounded once).
+void add_row(BufferView table, std::size_t row, const float* src, int C) {
+  if (table.dtype == DType::f32) {
+    float* dst = static_cast<float*>(table.data) + row * C;
+    for (int c = 0; c < C; ++c) dst[c] += src[c];
+    return;
+  }
+  bf16* dst = static_cast<bf16*>(table.data) + row * C;
+  for (int c = 0; c < C; ++c) dst[c] = to_bf16(to_float(dst[c]) + src[c]);
+}
+}  // namespace
 
 // Vocab-parallel embedding: each rank looks up the tokens of its vocab rows, the partial rows
 // are summed across tp, then wpe is added per token row.
-void ModelPasses::forward_embedding(SlotActs& s, const float* wte, const float* wpe,
+void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
                                     const std::int32_t* tok, TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
   check_tokens(tok, d.N, d.V, "input");
   float* x0 = s.x[0];
-  if (d.tp == 1) {
-    cpu::encoder_forward(x0, tok, wte, wpe, d.B, d.T, C);
+  if (d.tp == 1 && wte.dtype == DType::f32) {
+    cpu::encoder_forward(x0, tok, static_cast<const float*>(wte.data),
+                         static_cast<const float*>(wpe.data), d.B, d.T, C);
     return;
   }
   const std::size_t v0 = d.Vl * part_.tp_rank;
   float* rows = d.sp ? g_.partial : x0;
   for (std::size_t n = 0; n < d.N; ++n) {
     const std::size_t v = std::size_t(tok[n]) - v0;  // wraps for tokens below v0
-    if (v < d.Vl)
-      std::copy_n(wte + v * C, C, rows + n * C);
-    else
-      std::fill_n(rows + n * C, C, 0.0f);
+    float* row = rows + n * C;
+    const float* src = v < d.Vl ? row_f32(wte, v, C, row) : nullptr;  // bf16: widened into row
+    if (!src)
+      std::fill_n(row, C, 0.0f);
+    else if (src != row)
+      std::copy_n(src, C, row);
   }
   if (d.sp)
     scatter(tp, g_.partial, x0);
-  else
+  else if (d.tp > 1)
     tp->all_reduce_sum(view(x0, d.N * C));
   for (std::size_t i = 0; i < d.Nl; ++i) {
-    const float* pos = wpe + ((d.row0 + i) % d.T) * C;
+    // g_.small_params: free outside a block's or the head's passes (null, and unused, for fp32)
+    const float* pos = row_f32(wpe, (d.row0 + i) % d.T, C, g_.small_params);
     for (int c = 0; c < C; ++c) x0[i * C + c] += pos[c];
   }
 }
 
-void ModelPasses::backward_embedding(float* dwte, float* dwpe, const std::int32_t* tok,
+void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* tok,
                                      TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
-  if (d.tp == 1) {
-    cpu::encoder_backward(dwte, dwpe, g_.dres, tok, d.B, d.T, C);
+  if (d.tp == 1 && gwte.dtype == DType::f32) {
+    cpu::encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data), g_.dres,
+                          tok, d.B, d.T, C);
     return;
   }
-  for (std::size_t i = 0; i < d.Nl; ++i) {
-    float* pos = dwpe + ((d.row0 + i) % d.T) * C;
-    for (int c = 0; c < C; ++c) pos[c] += g_.dres[i * C + c];
-  }
+  for (std::size_t i = 0; i < d.Nl; ++i) add_row(gwpe, (d.row0 + i) % d.T, g_.dres + i * C, C);
   if (d.sp) gather(tp, g_.dres, g_.full);
+  const float* full = d.sp ? g_.full : g_.dres;
   const std::size_t v0 = d.Vl * part_.tp_rank;
   for (std::size_t n = 0; n < d.N; ++n) {
     const std::size_t v = std::size_t(tok[n]) - v0;
-    if (v < d.Vl)
-      for (int c = 0; c < C; ++c) dwte[v * C + c] += g_.full[n * C + c];
+    if (v < d.Vl) add_row(gwte, v, full + n * C, C);
   }
 }
 
@@ -438,23 +389,25 @@ void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
   }
 }
 
-void ModelPasses::forward_head(SlotActs& s, const float* lnf, const float* wte,
+void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
                                const std::int32_t* targets, TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
   check_tokens(targets, d.N, d.V, "target");
-  cpu::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], lnf, lnf + C, int(d.Nl), C);
+  SmallTensors small(lnf, g_.small_params);
+  cpu::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
+                         small.param(C, C), int(d.Nl), C);
   if (d.sp) gather(tp, s.lnf, s.lnf_full);
-  cpu::matmul_forward(s.probs, s.lnf_full, wte, nullptr, int(d.N), C, int(d.Vl));
+  matmul_forward(s.probs, s.lnf_full, wte, nullptr, int(d.N), C, int(d.Vl));
   if (d.tp == 1)
     cpu::softmax_crossentropy_forward(s.probs, s.losses, s.probs, targets, int(d.N), d.V);
   else
     vocab_parallel_xent(s, targets, tp);
 }
 
-void ModelPasses::backward_head(SlotActs& s, const float* lnf, const float* wte, float* glnf,
-                                float* gwte, const std::int32_t* targets, TensorParallelComm* tp,
-                                float scale) {
+void ModelPasses::backward_head(SlotActs& s, BufferView lnf, BufferView wte, BufferView glnf,
+                                BufferView gwte, const std::int32_t* targets,
+                                TensorParallelComm* tp, float scale) {
   const Dims& d = run_;
   const int C = d.C;
   const std::size_t N = d.N, Vl = d.Vl;
@@ -474,36 +427,13 @@ void ModelPasses::backward_head(SlotActs& s, const float* lnf, const float* wte,
   }
   // Tied LM head: logits = lnf @ wte^T, so wte's gradient lands in the embedding's tensor.
   zero(g_.partial, N * C);
-  cpu::matmul_backward(g_.partial, gwte, nullptr, g_.logits, s.lnf_full, wte, int(N), C, int(Vl));
+  matmul_backward(g_.partial, gwte, nullptr, g_.logits, s.lnf_full, wte, int(N), C, int(Vl));
   const float* dlnf = reduce_input_grad(tp);
   zero(g_.dres, d.Nl * C);
-  cpu::layernorm_backward(g_.dres, glnf, glnf + C, dlnf, s.x[d.blocks], lnf, s.lnf_mean, s.lnf_rstd,
-                          int(d.Nl), C);
-}
-
-// ---------------------------------------------------------------------------------------------
-
-void add_tensor_parallel_bytes(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                               std::map<std::string, double>& bytes) {
-  const Dims d(spec, B, part);
-  if (d.tp == 1) return;
-  const double E = double(d.N) * d.C * sizeof(float);  // one [N,C] activation
-  const double ce = double(d.N) * sizeof(float) * 3;   // row max, then (sum of exp, target)
-  // A full recompute repeats a block's forward up to FC1 in backward: the attention's reduction
-  // and, with sp, the two LayerNorm gathers.
-  const double again = r == Recompute::full ? d.blocks : 0;
-  if (d.sp) {
-    // Per block: forward 2 all-gathers + 2 reduce-scatters, backward the same.
-    const double ends = (d.embedding ? E : 0) + (d.head ? E : 0);
-    bytes["all_gather"] += 4 * E * d.blocks + ends + 2 * E * again;
-    bytes["reduce_scatter"] += 4 * E * d.blocks + ends + E * again;
-    if (d.head) bytes["all_reduce"] += ce;
-  } else {
-    // Per block 2 all-reduces forward, 2 backward; embedding forward; head: backward and the
-    // cross-entropy reductions.
-    bytes["all_reduce"] +=
-        4 * E * d.blocks + (d.embedding ? E : 0) + (d.head ? E + ce : 0) + E * again;
-  }
+  SmallTensors small(lnf, g_.small_params), gsmall(glnf, g_.small_grads);
+  cpu::layernorm_backward(g_.dres, gsmall.grad(0, C), gsmall.grad(C, C), dlnf, s.x[d.blocks],
+                          small.param(0, C), s.lnf_mean, s.lnf_rstd, int(d.Nl), C);
+  gsmall.flush();
 }
 
 }  // namespace strata

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/gemm_bf16.hpp"
 #include "model_parts.hpp"
 #include "strata/comm.hpp"
 #include "strata/memory.hpp"
@@ -24,9 +25,9 @@ ShardKind block_shard(int k);
 // Throws ConfigError for a spec the model cannot be built from (defined in model.cpp).
 void validate_model_spec(const ModelSpec& spec);
 // Every check a partition needs before anything is allocated: the spec, micro-batch > 0, the unit
-// range, the tp rank, the tensor-parallel split and the recompute mode.
+// range, the tp rank, the tensor-parallel split, the recompute mode and the parameter dtype.
 void validate_partition(const ModelSpec& spec, int micro_batch, const Partition& part,
-                        Recompute recompute);
+                        Recompute recompute, DType param_dtype = DType::f32);
 
 // Sizes of one partition for a micro-batch of B sequences. N = B*T token rows; Nl the rows of the
 // residual stream on this rank (N/tp with sequence parallelism).
@@ -60,6 +61,15 @@ struct BlockActs {
 // backward recomputes them), and the head's view is dead outside the head's passes, so the two
 // views can overlap.
 struct Scratch {
+  // bf16 parameters only (null otherwise): the matmuls' operands rounded to bf16, op_in for the
+  // input [N, max(C, 4Cl)], op_out for d(output) [N, max(C, 4Cl, Vl)]; fp32 copies of a unit's
+  // small tensors (LayerNorm weights, biases) and of their gradients, small [6C + 7Cl] each.
+  // gemm_pad: the bf16 GEMMs' scratchpad, the largest any of this partition's needs (oneDNN's
+  // own figure, gemm_bf16_scratchpad_bytes), so that it is in the ledger and in predictions.
+  bf16 *op_in, *op_out;
+  float *small_params, *small_grads;
+  float* gemm_pad;
+  std::size_t gemm_pad_bytes;
   float* dres;     // [Nl,C] d(residual stream), carried from the head down to the embedding
   float* partial;  // [N,C] partial sums before a tp reduction (d(ln) inputs, d(atty), forward sp)
   float* full;     // [N,C] all-gathered d(residual) (sequence parallel; else = dres)
@@ -67,7 +77,24 @@ struct Scratch {
   float *logits, *ce;
   float *a, *b;
   BlockActs shared;
-  void carve(const Dims& d, Recompute r, Carver& c);
+  void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);
+};
+
+// fp32 access to a unit's small tensors (LayerNorm weights, biases) whatever the unit's dtype:
+// its own memory when fp32; when bf16, parameters widened into the scratch and gradients summed
+// in the scratch, then added into the unit by flush() (rounded once per pass).
+class SmallTensors {
+ public:
+  SmallTensors(BufferView unit, float* scratch) : unit_(unit), scratch_(scratch) {}
+  const float* param(std::size_t offset, std::size_t count);
+  float* grad(std::size_t offset, std::size_t count);  // accumulate into it
+  void flush();
+
+ private:
+  BufferView unit_;
+  float* scratch_;
+  std::size_t used_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> grads_;  // (offset in unit, count)
 };
 
 // What one micro-batch in flight keeps from its forward to its backward.
@@ -93,12 +120,15 @@ class ModelPasses {
   };
 
   // Validates, then allocates the shared scratch (MemTag::activations).
+  // param_dtype f32 or bf16 (MixedPrecision::param): the dtype of the parameter views the passes
+  // get; gradient views are f32, or bf16 with bf16 parameters.
   ModelPasses(const ModelSpec& spec, int micro_batch, const Partition& part, Recompute recompute,
-              MemoryLedger& memory);
+              DType param_dtype, MemoryLedger& memory);
   std::unique_ptr<Slot> make_slot();
 
   const Dims& dims() const { return alloc_; }
   Recompute recompute() const { return recompute_; }
+  DType param_dtype() const { return param_dtype_; }
   // Offset of block tensor k (BlockTensor) from the block's first local element.
   std::size_t block_offset(int k) const { return block_off_[k]; }
   // Run the following passes on a micro-batch of `batch` sequences (at most the allocated one;
@@ -107,18 +137,20 @@ class ModelPasses {
   int batch() const { return run_.B; }
   float* dres() { return g_.dres; }
 
-  // l: block index within the partition. forward_head also computes the per-token losses.
-  void forward_embedding(SlotActs& s, const float* wte, const float* wpe,
-                         const std::int32_t* inputs, TensorParallelComm* tp);
-  void forward_block(int l, SlotActs& s, const float* p, TensorParallelComm* tp,
+  // Parameters and gradients are views of a unit's elements (the embedding: wte and wpe; the
+  // head: lnf weight | bias, and wte). l: block index within the partition. forward_head also
+  // computes the per-token losses.
+  void forward_embedding(SlotActs& s, BufferView wte, BufferView wpe, const std::int32_t* inputs,
+                         TensorParallelComm* tp);
+  void forward_block(int l, SlotActs& s, BufferView p, TensorParallelComm* tp,
                      bool recomputing = false);
-  void forward_head(SlotActs& s, const float* lnf, const float* wte, const std::int32_t* targets,
+  void forward_head(SlotActs& s, BufferView lnf, BufferView wte, const std::int32_t* targets,
                     TensorParallelComm* tp);
   // dres() holds d(output) on entry of a block's backward and d(input) on return.
-  void backward_head(SlotActs& s, const float* lnf, const float* wte, float* glnf, float* gwte,
+  void backward_head(SlotActs& s, BufferView lnf, BufferView wte, BufferView glnf, BufferView gwte,
                      const std::int32_t* targets, TensorParallelComm* tp, float grad_scale);
-  void backward_block(int l, SlotActs& s, const float* p, float* g, TensorParallelComm* tp);
-  void backward_embedding(float* gwte, float* gwpe, const std::int32_t* inputs,
+  void backward_block(int l, SlotActs& s, BufferView p, BufferView g, TensorParallelComm* tp);
+  void backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* inputs,
                           TensorParallelComm* tp);
   // Sum of the per-token losses of the first `rows` token rows (after forward_head).
   static double loss_sum(const SlotActs& s, std::size_t rows);
@@ -126,14 +158,23 @@ class ModelPasses {
  private:
   void gather(TensorParallelComm* tp, const float* shard, float* full);
   void scatter(TensorParallelComm* tp, float* full, float* shard);
-  void row_parallel(TensorParallelComm* tp, float* out, const float* inp, const float* w,
+  void row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
                     const float* bias, int icl);
+  // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias): sgemm for f32 weights, oneDNN with bf16 operands
+  // and fp32 accumulation for bf16 ones.
+  void matmul_forward(float* out, const float* inp, BufferView w, const float* bias, int N, int C,
+                      int OC);
+  // dinp[N,C] += dout @ w; dw[OC,C] += dout^T @ inp (dw f32 or bf16); dbias += sum_n dout.
+  void matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
+                       const float* inp, BufferView w, int N, int C, int OC);
   float* reduce_input_grad(TensorParallelComm* tp);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
+  cpu::GemmScratchpad pad() const { return {g_.gemm_pad, g_.gemm_pad_bytes}; }
 
   ModelSpec spec_;
   Partition part_;
   Recompute recompute_;
+  DType param_dtype_;
   Dims alloc_, run_;
   MemoryLedger& memory_;
   std::size_t block_off_[kBlockTensors] = {};

@@ -4,18 +4,15 @@
 #include <algorithm>
 #include <string>
 
+#include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
 
 AdamW::AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count,
-             const AdamWConfig& config, MemoryLedger& memory)
-    : begin_(begin),
-      count_(count),
-      config_(config),
-      m_(memory, MemTag::optimizer, count),
-      v_(memory, MemTag::optimizer, count) {
+             const AdamWConfig& config, MemoryLedger& memory, DType param_dtype)
+    : begin_(begin), count_(count), config_(config), param_dtype_(param_dtype) {
   if (begin + count > layout.total() || begin + count < begin) {
     throw Error("AdamW: range [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
                 ") exceeds the " + std::to_string(layout.total()) + " parameters");
@@ -28,24 +25,69 @@ AdamW::AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count,
     segments_.push_back({seg_end - j, ti.decay});
     j = seg_end;
   }
+  allocate(memory);
 }
 
-AdamW::AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory)
-    : segments_(std::move(segments)), config_(config) {
+AdamW::AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory,
+             DType param_dtype)
+    : segments_(std::move(segments)), config_(config), param_dtype_(param_dtype) {
   for (const AdamWSegment& s : segments_) count_ += s.count;
+  allocate(memory);
+}
+
+void AdamW::allocate(MemoryLedger& memory) {
+  if (param_dtype_ != DType::f32 && param_dtype_ != DType::bf16)
+    throw Error(std::string("AdamW: parameters in ") + dtype_name(param_dtype_),
+                "f32, or bf16 with an fp32 master copy");
   m_ = Buffer<float>(memory, MemTag::optimizer, count_);
   v_ = Buffer<float>(memory, MemTag::optimizer, count_);
+  if (param_dtype_ == DType::bf16) master_ = Buffer<float>(memory, MemTag::optimizer, count_);
 }
 
-void AdamW::step(float* params, const float* grads, int t, float grad_scale) {
+namespace {
+
+void check_view(const char* what, BufferView v, std::size_t count, bool bf16_ok) {
+  if (v.count != count || v.device != Device::cpu ||
+      !(v.dtype == DType::f32 || (bf16_ok && v.dtype == DType::bf16)))
+    throw Error(std::string("AdamW::step: ") + what + " view of " + std::to_string(v.count) + " " +
+                    dtype_name(v.dtype) + " elements, the optimizer holds " + std::to_string(count),
+                "pass the range this AdamW was built for, in the run's dtypes");
+}
+
+}  // namespace
+
+void AdamW::step(BufferView params, BufferView grads, int t, float grad_scale) {
   if (t < 1)
     throw Error("AdamW::step: step t must be >= 1 (bias correction), got " + std::to_string(t));
+  check_view("parameter", params, count_, param_dtype_ == DType::bf16);
+  check_view("gradient", grads, count_, true);
+  if (params.dtype != param_dtype_)
+    throw Error(std::string("AdamW::step: ") + dtype_name(params.dtype) +
+                " parameters, built for " + dtype_name(param_dtype_));
+  float* p32 = param_dtype_ == DType::f32 ? static_cast<float*>(params.data) : master_.data();
+  // bf16 gradients are widened, and the master rounded into the bf16 parameters, in chunks: the
+  // fp32 copies stay in cache and no full-size temporary exists.
+  constexpr std::size_t kChunk = 4096;
+  float wide[kChunk];
   std::size_t k = 0;
   for (const AdamWSegment& s : segments_) {
-    cpu::adamw_update(params + k, grads + k, m_.data() + k, v_.data() + k, std::int64_t(s.count),
-                      config_.lr, config_.beta1, config_.beta2, config_.eps,
-                      s.decay ? config_.weight_decay : 0.0f, t, grad_scale);
-    k += s.count;
+    const float decay = s.decay ? config_.weight_decay : 0.0f;
+    for (std::size_t done = 0; done < s.count;) {
+      const std::size_t n = grads.dtype == DType::f32 && param_dtype_ == DType::f32
+                                ? s.count - done
+                                : std::min(kChunk, s.count - done);
+      const float* g = static_cast<const float*>(grads.data) + k;
+      if (grads.dtype == DType::bf16) {
+        cpu::widen_bf16(wide, static_cast<const bf16*>(grads.data) + k, n);
+        g = wide;
+      }
+      cpu::adamw_update(p32 + k, g, m_.data() + k, v_.data() + k, std::int64_t(n), config_.lr,
+                        config_.beta1, config_.beta2, config_.eps, decay, t, grad_scale);
+      if (param_dtype_ == DType::bf16)
+        cpu::round_to_bf16(static_cast<bf16*>(params.data) + k, p32 + k, n);
+      k += n;
+      done += n;
+    }
   }
 }
 

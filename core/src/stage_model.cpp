@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "model_passes.hpp"
+#include "strata/device.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -30,10 +31,14 @@ struct StageModel::Impl {
   std::vector<std::unique_ptr<Slot>> slots;
 
   // memory = null builds only the tensor table (for predictions).
-  Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r)
-      : spec(s), layout(s), part(p), d((validate_partition(s, B, p, r), Dims(s, B, p))), memory(m) {
+  Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r, DType dt)
+      : spec(s),
+        layout(s),
+        part(p),
+        d((validate_partition(s, B, p, r, dt), Dims(s, B, p))),
+        memory(m) {
     build_tensors();
-    if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, *m);
+    if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, *m);
   }
 
   std::size_t local_count(const TensorInfo& t, ShardKind k) const {
@@ -82,23 +87,42 @@ struct StageModel::Impl {
   // The global elements of one local tensor, in local order. Each slice is initialised in place
   // (init_params of any range equals that range of a full initialisation), so no temporary of
   // the full tensor is needed (gpt2-124m's wte would be 154 MiB outside the ledger).
-  void init_tensor(const LocalTensor& lt, std::uint64_t seed, float* out) const {
+  void init_tensor(const LocalTensor& lt, std::uint64_t seed, BufferView out) const {
     const TensorInfo& t = layout.tensors()[lt.global];
     const std::size_t r = part.tp_rank, tp = part.tp_size;
-    auto init = [&](std::size_t first, std::size_t n, float* dst) {  // t's elements [first, +n)
-      strata::init_params(layout, seed, t.offset + first, {dst, n});
+    auto init = [&](std::size_t first, std::size_t n, std::size_t at) {  // t's [first, +n) to at
+      strata::init_params(layout, seed, t.offset + first, slice(out, at, n));
     };
     if (lt.shard == ShardKind::replicated) {
-      init(0, t.count, out);
+      init(0, t.count, 0);
     } else if (lt.shard == ShardKind::rows) {  // contiguous
-      init(r * lt.count, lt.count, out);
+      init(r * lt.count, lt.count, 0);
     } else if (lt.shard == ShardKind::qkv_rows) {  // [3C(, C)]: rows r*Cl.. of each of q, k, v
       const std::size_t third = t.count / 3, part_n = third / tp;
-      for (std::size_t i = 0; i < 3; ++i) init(i * third + r * part_n, part_n, out + i * part_n);
+      for (std::size_t i = 0; i < 3; ++i) init(i * third + r * part_n, part_n, i * part_n);
     } else {  // columns of [OC, IC]: columns r*ICl.. of every row
       const std::size_t oc = t.shape[0], ic = t.shape[1], icl = ic / tp;
-      for (std::size_t o = 0; o < oc; ++o) init(o * ic + r * icl, icl, out + o * icl);
+      for (std::size_t o = 0; o < oc; ++o) init(o * ic + r * icl, icl, o * icl);
     }
+  }
+
+  // The local buffer's view, checked: param_count() elements, parameters in the passes' dtype,
+  // gradients also in fp32.
+  BufferView local(BufferView v, bool grads) const {
+    const DType want = passes->param_dtype();
+    if (!v.data || v.count != count || v.device != Device::cpu ||
+        !(v.dtype == want || (grads && v.dtype == DType::f32)))
+      throw Error("StageModel: " + std::string(grads ? "gradients" : "parameters") +
+                  ": a view of " + std::to_string(v.count) + " " + dtype_name(v.dtype) +
+                  " elements, need " + std::to_string(count) + " " + dtype_name(want));
+    return v;
+  }
+  BufferView wte(BufferView v) const { return slice(v, wte_off, d.Vl * d.C); }
+  BufferView wpe(BufferView v) const { return slice(v, wpe_off, std::size_t(d.T) * d.C); }
+  BufferView lnf(BufferView v) const { return slice(v, lnf_off, 2 * std::size_t(d.C)); }
+  BufferView block(BufferView v, int l) const {
+    const std::size_t end = l + 1 < int(block_start.size()) ? block_start[l + 1] : v.count;
+    return slice(v, block_start[l], end - block_start[l]);
   }
 
   Slot& slot(int i) {
@@ -109,12 +133,13 @@ struct StageModel::Impl {
 };
 
 StageModel::StageModel(const ModelSpec& spec, int micro_batch, const Partition& part,
-                       MemoryLedger& memory, Recompute recompute)
-    : impl_(std::make_unique<Impl>(spec, micro_batch, part, &memory, recompute)) {}
+                       MemoryLedger& memory, Recompute recompute, DType param_dtype)
+    : impl_(std::make_unique<Impl>(spec, micro_batch, part, &memory, recompute, param_dtype)) {}
 StageModel::~StageModel() = default;
 
 const Partition& StageModel::partition() const { return impl_->part; }
 Recompute StageModel::recompute() const { return impl_->passes->recompute(); }
+DType StageModel::param_dtype() const { return impl_->passes->param_dtype(); }
 bool StageModel::has_embedding() const { return impl_->d.embedding; }
 bool StageModel::has_head() const { return impl_->d.head; }
 bool StageModel::needs_tokens() const { return impl_->d.embedding || impl_->d.head; }
@@ -128,8 +153,12 @@ std::size_t StageModel::boundary_count(const ModelSpec& spec, int B, const Parti
   return d.Nl * d.C;
 }
 
-void StageModel::init_params(std::uint64_t seed, float* params) const {
-  for (const LocalTensor& lt : impl_->tensors) impl_->init_tensor(lt, seed, params + lt.offset);
+void StageModel::init_params(std::uint64_t seed, BufferView params) const {
+  if (params.count != impl_->count)
+    throw Error("StageModel::init_params: " + std::to_string(params.count) + " elements, need " +
+                std::to_string(impl_->count));
+  for (const LocalTensor& lt : impl_->tensors)
+    impl_->init_tensor(lt, seed, slice(params, lt.offset, lt.count));
 }
 
 std::vector<AdamWSegment> StageModel::adamw_segments() const {
@@ -146,12 +175,12 @@ std::vector<const LocalTensor*> StageModel::tp_partial_grads() const {
   return r;
 }
 
-double StageModel::grad_sum_of_squares(const float* grads) const {
+double StageModel::grad_sum_of_squares(BufferView grads) const {
   double s = 0;
   for (const LocalTensor& lt : impl_->tensors) {
     if (lt.tied_copy) continue;
     if (lt.shard == ShardKind::replicated && impl_->part.tp_rank != 0) continue;
-    s += sum_of_squares(grads + lt.offset, lt.count);
+    s += cpu_ops().sum_of_squares(slice(grads, lt.offset, lt.count));
   }
   return s;
 }
@@ -180,7 +209,7 @@ const float* StageModel::output(int slot) const {
 float* StageModel::output_grad() { return impl_->passes->dres(); }
 const float* StageModel::input_grad(int slot) const { return impl_->slot(slot).acts->acts.grad_in; }
 
-void StageModel::forward(int slot, const float* params, const MicroBatch& mb,
+void StageModel::forward(int slot, BufferView params, const MicroBatch& mb,
                          TensorParallelComm* tp) {
   Impl& m = *impl_;
   const Dims& d = m.d;
@@ -201,13 +230,13 @@ void StageModel::forward(int slot, const float* params, const MicroBatch& mb,
   }
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
-  if (d.embedding)
-    passes.forward_embedding(acts, params + m.wte_off, params + m.wpe_off, inputs, tp);
-  for (int l = 0; l < d.blocks; ++l) passes.forward_block(l, acts, params + m.block_start[l], tp);
-  if (d.head) passes.forward_head(acts, params + m.lnf_off, params + m.wte_off, targets, tp);
+  const BufferView p = m.local(params, false);
+  if (d.embedding) passes.forward_embedding(acts, m.wte(p), m.wpe(p), inputs, tp);
+  for (int l = 0; l < d.blocks; ++l) passes.forward_block(l, acts, m.block(p, l), tp);
+  if (d.head) passes.forward_head(acts, m.lnf(p), m.wte(p), targets, tp);
 }
 
-void StageModel::backward(int slot, const float* params, float* grads, TensorParallelComm* tp,
+void StageModel::backward(int slot, BufferView params, BufferView grads, TensorParallelComm* tp,
                           float grad_scale) {
   Impl& m = *impl_;
   const Dims& d = m.d;
@@ -216,13 +245,13 @@ void StageModel::backward(int slot, const float* params, float* grads, TensorPar
   const std::int32_t* targets = inputs + d.N;
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
+  const BufferView p = m.local(params, false), g = m.local(grads, true);
   if (d.head)
-    passes.backward_head(acts, params + m.lnf_off, params + m.wte_off, grads + m.lnf_off,
-                         grads + m.wte_off, targets, tp, grad_scale);
+    passes.backward_head(acts, m.lnf(p), m.wte(p), m.lnf(g), m.wte(g), targets, tp, grad_scale);
   for (int l = d.blocks - 1; l >= 0; --l)
-    passes.backward_block(l, acts, params + m.block_start[l], grads + m.block_start[l], tp);
+    passes.backward_block(l, acts, m.block(p, l), m.block(g, l), tp);
   if (d.embedding)
-    passes.backward_embedding(grads + m.wte_off, grads + m.wpe_off, inputs, tp);
+    passes.backward_embedding(m.wte(g), m.wpe(g), inputs, tp);
   else
     std::copy_n(passes.dres(), d.Nl * d.C, acts.grad_in);
 }
@@ -239,7 +268,7 @@ std::uint64_t StageModel::slot_token_bytes(const ModelSpec& spec, int B) {
 std::vector<LocalTensor> StageModel::local_tensors(const ModelSpec& spec, const Partition& part) {
   Partition p = part;
   p.sequence_parallel = false;  // the tensor table does not depend on it (or on the batch)
-  return Impl(spec, 1, p, nullptr, Recompute::none).tensors;
+  return Impl(spec, 1, p, nullptr, Recompute::none, DType::f32).tensors;
 }
 
 }  // namespace strata

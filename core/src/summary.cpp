@@ -108,7 +108,7 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
               get("tokens_per_s"), get("step_s_p50") * 1e3, get("step_s_p95") * 1e3);
   std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (%s)\n",
               get("tflops_per_rank"), 100 * get("mfu"), get("peak_flops_per_rank") / 1e9,
-              config.peak_tflops > 0 ? "--peak-tflops" : "calibrated SGEMM");
+              peak_flops_source(config));
   std::printf("  loss         %.4f -> %.4f\n", get("loss_first"), get("loss_last"));
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));

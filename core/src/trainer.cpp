@@ -9,6 +9,7 @@
 #include "comm/intervals.hpp"
 #include "comm/mpi_transport.hpp"
 #include "core_context.hpp"
+#include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "format.hpp"
 #include "process_memory.hpp"
@@ -55,9 +56,8 @@ void announce(const Run& run, double peak_flops) {
       c.mesh.tp, c.mesh.pp, c.model.preset.c_str(), (long long)c.model.total_params(),
       t.global_batch, c.model.seq, t.micro_batch, t.micro_steps(c.mesh),
       run.ctx.data().describe().c_str());
-  std::printf("strata: %s peak %.1f GFLOP/s per rank (%d BLAS thread(s))\n",
-              c.peak_tflops > 0 ? "given (--peak-tflops)" : "calibrated SGEMM", peak_flops / 1e9,
-              cpu::blas_threads());
+  std::printf("strata: %s peak %.1f GFLOP/s per rank (%d thread(s))\n", peak_flops_source(c),
+              peak_flops / 1e9, cpu::blas_threads());
   std::fflush(stdout);
 }
 
@@ -224,10 +224,11 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   Options options = validate_options(*spec, config.plugin_opts);
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
 
-  // The CPU peak for MFU: this process's best SGEMM rate on its BLAS threads, or the user's
-  // figure (--peak-tflops), e.g. a data-sheet peak to compare machines.
-  const double peak_flops =
-      config.peak_tflops > 0 ? config.peak_tflops * 1e12 : cpu::calibrate_sgemm_flops(0.3);
+  // The CPU peak for MFU: this process's best GEMM rate in the run's precision (SGEMM, or bf16 on
+  // oneDNN) on its threads, or the user's figure (--peak-tflops), e.g. a data-sheet peak.
+  const double peak_flops = config.peak_tflops > 0           ? config.peak_tflops * 1e12
+                            : config.train.precision.mixed() ? cpu::calibrate_bf16_gemm_flops(0.3)
+                                                             : cpu::calibrate_sgemm_flops(0.3);
 
   CommLedger ledger;
   watchdog.attach(&ledger);
@@ -235,6 +236,11 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     Watchdog& w;
     ~Detach() { w.attach(nullptr); }
   } detach{watchdog};
+  // bf16: predict() sizes the GEMM scratchpads by asking oneDNN, which JIT-compiles every GEMM
+  // this rank will issue. Compiled before the baseline, that code is runtime memory (like BLAS's
+  // warmed-up buffers) and the first step compiles nothing.
+  if (config.train.precision.mixed())
+    strategy->predict(PredictInput{config.mesh, config.model, config.train, mpi::world_rank()});
   CoreContext ctx(config, ledger);
   const std::uint64_t baseline_bytes = mark_runtime_baseline(ctx.memory());  // process_memory.hpp
   Run run{config, strategy, ledger, ctx, 0.0, {}};

@@ -30,17 +30,19 @@ class BucketedDdp final : public Strategy {
 
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);
-    if (in.mesh.dp > 1) p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
+    if (in.mesh.dp > 1)
+      p.comm_bytes_per_step["all_reduce"] =
+          state_bytes_per_param(in.train.precision).grads * double(in.model.total_params());
     p.notes = "buckets are views of the flat gradient buffer: no comm_buffers";
     return p;
   }
 
   void setup(Context& ctx) override {
     replica_.emplace(ctx);
-    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx), ctx.memory());
+    optimizer_.emplace(make_adamw(ctx, 0, replica_->size()));
     const ParamLayout& layout = ctx.model().layout();
-    const std::size_t per_bucket =
-        std::max<std::size_t>(1, std::size_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
+    const std::size_t per_bucket = std::max<std::size_t>(
+        1, std::size_t(bucket_mb_ * 1024 * 1024 / double(dtype_size(replica_->grads().dtype))));
     for (std::size_t end = layout.total(); end > 0;) {
       std::size_t begin = end > per_bucket ? end - per_bucket : 0;
       buckets_.push_back({begin, end, layout.tensor_at(begin).unit});
@@ -50,7 +52,7 @@ class BucketedDdp final : public Strategy {
 
   void train_step(Context& ctx, int step) override {
     Replica& r = *replica_;
-    ctx.ops().fill(view(r.grads(), r.size()), 0);
+    ctx.ops().fill(r.grads(), 0);
     Group& dp = ctx.group(Axis::dp);
     CommStream& stream = ctx.comm_stream();
     std::vector<Event> pending;
@@ -60,7 +62,7 @@ class BucketedDdp final : public Strategy {
       while (next_bucket < buckets_.size() && buckets_[next_bucket].ready_unit >= unit) {
         const Bucket& b = buckets_[next_bucket++];
         pending.push_back(
-            stream.all_reduce(dp, view(r.grads() + b.begin, b.end - b.begin), ctx.compute_event()));
+            stream.all_reduce(dp, slice(r.grads(), b.begin, b.end - b.begin), ctx.compute_event()));
       }
     };
     const int micro_steps = ctx.train().micro_steps(ctx.mesh());
@@ -72,8 +74,7 @@ class BucketedDdp final : public Strategy {
     for (const Event& e : pending) e.wait();
 
     PhaseTimer t(ctx, Phase::optimizer);
-    double norm =
-        std::sqrt(ctx.ops().sum_of_squares(view(r.grads(), r.size())));  // replicated: no reduction
+    double norm = std::sqrt(ctx.ops().sum_of_squares(r.grads()));  // replicated: no reduction
     optimizer_->step(r.params(), r.grads(), step + 1, clip_scale(norm, ctx.train().grad_clip));
   }
 

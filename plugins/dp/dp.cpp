@@ -20,10 +20,11 @@ class SingleMaster final : public Strategy {
     Prediction p = replicated_prediction(in);
     bool root = mesh_coord(in.mesh, in.rank).dp == 0;
     if (!root) p.memory_bytes[static_cast<int>(MemTag::optimizer)] = 0;
-    const double grad_bytes = 4.0 * double(in.model.total_params());
+    const StateBytes per = state_bytes_per_param(in.train.precision);
+    const double n = double(in.model.total_params());
     if (in.mesh.dp > 1) {
-      p.comm_bytes_per_step["reduce"] = grad_bytes;
-      p.comm_bytes_per_step["broadcast"] = grad_bytes;
+      p.comm_bytes_per_step["reduce"] = per.grads * n;
+      p.comm_bytes_per_step["broadcast"] = per.params * n;
     }
     p.notes = "optimizer state on dp rank 0 only; reduce + broadcast of all parameters per step";
     return p;
@@ -31,25 +32,23 @@ class SingleMaster final : public Strategy {
 
   void setup(Context& ctx) override {
     replica_.emplace(ctx);
-    if (ctx.coord().dp == 0)
-      optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx),
-                         ctx.memory());
+    if (ctx.coord().dp == 0) optimizer_.emplace(make_adamw(ctx, 0, replica_->size()));
   }
 
   void train_step(Context& ctx, int step) override {
     Replica& r = *replica_;
-    ctx.ops().fill(view(r.grads(), r.size()), 0);
+    ctx.ops().fill(r.grads(), 0);
     for (int micro = 0; micro < ctx.train().micro_steps(ctx.mesh()); ++micro)
       forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, micro));
 
     Group& dp = ctx.group(Axis::dp);
-    if (dp.size() > 1) dp.reduce(view(r.grads(), r.size()), 0);
+    if (dp.size() > 1) dp.reduce(r.grads(), 0);
     if (optimizer_) {
       PhaseTimer t(ctx, Phase::optimizer);
-      double norm = std::sqrt(ctx.ops().sum_of_squares(view(r.grads(), r.size())));
+      double norm = std::sqrt(ctx.ops().sum_of_squares(r.grads()));
       optimizer_->step(r.params(), r.grads(), step + 1, clip_scale(norm, ctx.train().grad_clip));
     }
-    if (dp.size() > 1) dp.broadcast(view(r.params(), r.size()), 0);
+    if (dp.size() > 1) dp.broadcast(r.params(), 0);
   }
 
  private:

@@ -27,28 +27,30 @@ class SyncAllReduce final : public Strategy {
   // stores it next to the measurement; tests check that they are equal.
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);  // params, grads, AdamW state, activations
-    if (in.mesh.dp > 1) p.comm_bytes_per_step["all_reduce"] = 4.0 * double(in.model.total_params());
+    const double grad_bytes = state_bytes_per_param(in.train.precision).grads;  // 4, or 2 in bf16
+    if (in.mesh.dp > 1)
+      p.comm_bytes_per_step["all_reduce"] = grad_bytes * double(in.model.total_params());
     return p;
   }
 
   // setup(): allocate through the context so the memory ledger sees every byte.
   void setup(Context& ctx) override {
     replica_.emplace(ctx);  // parameters initialised from the run's seed, zeroed gradients
-    optimizer_.emplace(ctx.model().layout(), 0, replica_->size(), adamw_config(ctx), ctx.memory());
+    optimizer_.emplace(make_adamw(ctx, 0, replica_->size()));  // run's precision, master copy
   }
 
   // train_step(): one optimizer step. The core times the whole call and reads the comm ledger.
   void train_step(Context& ctx, int step) override {
     Replica& r = *replica_;
-    ctx.ops().fill(view(r.grads(), r.size()), 0);
+    ctx.ops().fill(r.grads(), 0);
     for (int micro = 0; micro < ctx.train().micro_steps(ctx.mesh()); ++micro)
       forward_backward(ctx, r.param_ptrs(), r.grad_ptrs(), ctx.micro_batch(step, micro));
 
     Group& dp = ctx.group(Axis::dp);  // never the world: a plugin talks on its own axes
-    if (dp.size() > 1) dp.all_reduce(view(r.grads(), r.size()));
+    if (dp.size() > 1) dp.all_reduce(r.grads());
 
     PhaseTimer t(ctx, Phase::optimizer);
-    double norm = std::sqrt(ctx.ops().sum_of_squares(view(r.grads(), r.size())));
+    double norm = std::sqrt(ctx.ops().sum_of_squares(r.grads()));
     float scale = clip_ ? clip_scale(norm, ctx.train().grad_clip) : 1.0f;
     optimizer_->step(r.params(), r.grads(), step + 1, scale);
   }

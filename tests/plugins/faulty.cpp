@@ -32,7 +32,7 @@ class Faulty final : public Strategy {
     bool me = at_ == "step" && ctx.coord().rank == rank_ && step == step_;
     if (me && mode_ == "hang") return;  // the others block in the all-reduce below
     if (me) fail(ctx, "step " + std::to_string(step));
-    ctx.group(Axis::dp).all_reduce(view(r.grads(), r.size()));
+    ctx.group(Axis::dp).all_reduce(r.grads());
   }
 
  private:

@@ -7,6 +7,7 @@
 //   check_run status FILE STATUS TEXT        status and a substring of the error
 //   check_run calls FILE OP N                every rank makes N calls of OP in every step
 //   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
+//   check_run comm-ratio A B OP RATIO        A's bytes of OP = RATIO x B's, every rank and step
 //   check_run summary FILE NAME VALUE        a /summary measure equals VALUE (relative 1e-12)
 //   check_run trace FILE                     /trace: forward and backward intervals on every rank,
 //                                            comm events whose bytes add up to /comm per rank and
@@ -63,9 +64,9 @@ static void layout(const RunRecord& r, int ranks, int steps) {
   EXPECT(!r.run_id.empty() && r.created_utc.size() == 20, "run_id/created_utc\n");
   EXPECT(r.command_line.find("runner") != std::string::npos, "command_line %s\n",
          r.command_line.c_str());
-  for (const char* key :
-       {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab", "micro_batch",
-        "global_batch", "steps", "seed", "lr", "nodes", "ranks_per_node", "dp"})
+  for (const char* key : {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab",
+                          "micro_batch", "global_batch", "steps", "seed", "lr", "nodes",
+                          "ranks_per_node", "dp", "precision", "reduce_dtype"})
     EXPECT(!config(r, key).empty(), "/config missing %s\n", key);
   bool has_mpi = false;
   for (const auto& [k, v] : r.provenance) has_mpi |= k == "mpi_version" && !v.empty();
@@ -119,6 +120,23 @@ static void trajectory(const RunRecord& ref, const RunRecord& r, double tol) {
   }
   std::printf("trajectory: max |loss - reference| = %.3g over %d steps (tolerance %.3g)\n", worst,
               r.steps, tol);
+}
+
+// Bytes on the wire of one op in two runs of the same shape (e.g. gradients reduced in bf16 and
+// in fp32): ratio exact to rounding, on every rank and step, and not zero.
+static void comm_ratio(const RunRecord& a, const RunRecord& b, const std::string& op,
+                       double ratio) {
+  auto ia = a.comm.find(op), ib = b.comm.find(op);
+  EXPECT(ia != a.comm.end() && ib != b.comm.end(), "%s missing in /comm\n", op.c_str());
+  if (ia == a.comm.end() || ib == b.comm.end()) return;
+  const std::vector<double>&x = ia->second.bytes, &y = ib->second.bytes;
+  EXPECT(x.size() == y.size() && !x.empty(), "%s: shapes %zu vs %zu\n", op.c_str(), x.size(),
+         y.size());
+  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i)
+    EXPECT(y[i] > 0 && std::fabs(x[i] - ratio * y[i]) <= 1e-9 * y[i],
+           "%s at %zu: %.0f bytes vs %.0f (want ratio %g)\n", op.c_str(), i, x[i], y[i], ratio);
+  std::printf("%s: %.0f bytes per step vs %.0f (ratio %g)\n", op.c_str(), x.empty() ? 0 : x[0],
+              y.empty() ? 0 : y[0], ratio);
 }
 
 static void trace(const RunRecord& r, const std::string& path) {
@@ -304,6 +322,8 @@ int main(int argc, char** argv) {
       EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", argv[4], peak(a),
              peak(b));
       std::printf("%s: %.0f < %.0f bytes\n", argv[4], peak(a), peak(b));
+    } else if (cmd == "comm-ratio" && argc == 6) {
+      comm_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]));
     } else if (cmd == "summary" && argc == 5) {
       RunRecord r = read_run_file(argv[2]);
       double got = summary(r, argv[3]), want = std::atof(argv[4]);

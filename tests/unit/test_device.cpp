@@ -97,7 +97,29 @@ TEST(Bf16, CastToAndFromF32ThroughTheBackend) {
   std::vector<strata::bf16> copy(4);
   ops.copy(view(copy.data(), 4), view(b.data(), 4));
   EXPECT_EQ(copy[1].bits, b[1].bits);
-  EXPECT_THROW(ops.axpy(view(copy.data(), 4), 1.0, view(b.data(), 4)), strata::Error);
+  EXPECT_THROW(ops.axpy(view(copy.data(), 4), 1.0, view(f.data(), 4)), strata::Error);  // dtypes
+}
+
+// bf16 gradients and parameters: arithmetic goes through float and each result is rounded once.
+TEST(Bf16, ArithmeticThroughTheBackendRoundsOncePerElement) {
+  strata::DeviceOps& ops = strata::cpu_ops();
+  const std::vector<float> xs = {1.0f, 3.14159265f, -1e-3f, 300.5f, 1.0f + 1.0f / 256};
+  const std::size_t n = xs.size();
+  std::vector<strata::bf16> x(n), y(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = strata::to_bf16(xs[i]), y[i] = strata::to_bf16(0.5f);
+  ops.axpy(view(y.data(), n), 0.25, view(x.data(), n));  // y = 0.5 + 0.25 x
+  double want_sq = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float want = strata::to_float(strata::to_bf16(0.5f + 0.25f * strata::to_float(x[i])));
+    EXPECT_EQ(strata::to_float(y[i]), want) << i;
+    want_sq += double(strata::to_float(x[i])) * strata::to_float(x[i]);
+  }
+  EXPECT_DOUBLE_EQ(ops.sum_of_squares(view(x.data(), n)), want_sq);
+  ops.scale(view(x.data(), n), 3.0);
+  EXPECT_EQ(strata::to_float(x[1]),
+            strata::to_float(strata::to_bf16(3.0f * strata::to_float(strata::to_bf16(xs[1])))));
+  ops.fill(view(x.data(), n), 0.1);
+  for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(x[i].bits, strata::to_bf16(0.1f).bits);
 }
 
 }  // namespace

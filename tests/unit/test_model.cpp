@@ -48,8 +48,8 @@ struct Harness {
     grads.assign(layout.total(), 0.0f);
     init_params(layout, seed, 0, params);
     for (const UnitInfo& u : layout.units()) {
-      pp.push_back(params.data() + u.offset);
-      gg.push_back(grads.data() + u.offset);
+      pp.push_back(view(params.data() + u.offset, u.count));
+      gg.push_back(view(grads.data() + u.offset, u.count));
     }
   }
   int units() const { return spec.layers + 2; }
@@ -388,7 +388,7 @@ TEST(ModelLoss, AdamWStepsOnARepeatedBatchReduceTheLoss) {
   for (int t = 1; t <= 30; ++t) {
     std::fill(h.grads.begin(), h.grads.end(), 0.0f);
     losses.push_back(h.step(batch.mb, scale) * scale);
-    opt.step(h.params.data(), h.grads.data(), t);
+    opt.step(view(h.params.data(), h.params.size()), view(h.grads.data(), h.grads.size()), t);
   }
   EXPECT_NEAR(losses.front(), std::log(double(spec.vocab)), 0.1);
   EXPECT_LT(losses.back(), 0.5 * losses.front()) << "memorising 16 tokens should halve the loss";
@@ -536,7 +536,7 @@ Trajectory train(const ModelSpec& spec, int B, Recompute r, int steps, int micro
       out.losses.push_back(h.step(batch.mb, 1.0f / float(micro * B * spec.seq)));
     }
     out.grads.push_back(h.grads);
-    opt.step(h.params.data(), h.grads.data(), t);
+    opt.step(view(h.params.data(), h.params.size()), view(h.grads.data(), h.grads.size()), t);
   }
   return out;
 }
@@ -698,12 +698,12 @@ TEST(AdamWClass, DecaysOnlyDecayTensorsOverAnyRange) {
   EXPECT_EQ(opt.state_bytes(), 2 * count * sizeof(float));
   EXPECT_EQ(ledger.peak(MemTag::optimizer), 2 * count * sizeof(float));
   std::vector<float> p(count, 2.0f), g(count, 0.0f);
-  opt.step(p.data(), g.data(), 1);
+  opt.step(view(p.data(), p.size()), view(g.data(), g.size()), 1);
   for (std::size_t i = 0; i < count; ++i) {
     const bool decays = begin + i >= qkv_w.offset;
     EXPECT_FLOAT_EQ(p[i], decays ? 2.0f * (1.0f - 0.1f * 0.5f) : 2.0f) << i;
   }
-  EXPECT_THROW(opt.step(p.data(), g.data(), 0), Error);
+  EXPECT_THROW(opt.step(view(p.data(), p.size()), view(g.data(), g.size()), 0), Error);
   EXPECT_THROW(AdamW(layout, layout.total() - 1, 2, cfg, ledger), Error);
 }
 
@@ -717,8 +717,8 @@ TEST(AdamWClass, GradScaleActsLikeScaledGradients) {
     gs[i] = g[i] * 0.25f;
   }
   for (int t = 1; t <= 3; ++t) {
-    a.step(pa.data(), g.data(), t, 0.25f);
-    b.step(pb.data(), gs.data(), t);
+    a.step(view(pa.data(), pa.size()), view(g.data(), g.size()), t, 0.25f);
+    b.step(view(pb.data(), pb.size()), view(gs.data(), gs.size()), t);
   }
   for (int i = 0; i < 100; ++i) EXPECT_NEAR(pa[i], pb[i], 1e-6);
 }

@@ -36,7 +36,7 @@ TEST(StageModel, ShardsReassembleTheGlobalInit) {
       part.tp_rank = r;
       StageModel m(spec, 1, part, mem);
       local[r].resize(m.param_count());
-      m.init_params(7, local[r].data());
+      m.init_params(7, view(local[r].data(), local[r].size()));
       tensors = m.tensors();
     }
     for (const LocalTensor& lt : tensors) {
@@ -97,8 +97,8 @@ TEST(StageModel, PipelineChainEqualsModel) {
   init_params(layout, 3, 0, params);
   UnitPtrs p, g;
   for (const UnitInfo& u : layout.units()) {
-    p.push_back(params.data() + u.offset);
-    g.push_back(grads.data() + u.offset);
+    p.push_back(view(params.data() + u.offset, u.count));
+    g.push_back(view(grads.data() + u.offset, u.count));
   }
   for (int u = 0; u <= L + 1; ++u) model.forward(u, p, mb);
   for (int u = L + 1; u >= 0; --u) model.backward(u, p, g, mb, scale);
@@ -109,16 +109,16 @@ TEST(StageModel, PipelineChainEqualsModel) {
     StageModel last(spec, B, {3, L + 1, 1, 0, false}, mem, r);
     std::vector<float> p0(first.param_count()), g0(first.param_count(), 0.0f);
     std::vector<float> p1(last.param_count()), g1(last.param_count(), 0.0f);
-    first.init_params(3, p0.data());
-    last.init_params(3, p1.data());
+    first.init_params(3, view(p0.data(), p0.size()));
+    last.init_params(3, view(p1.data(), p1.size()));
     const int s0 = first.acquire_slot(), s1 = last.acquire_slot();
-    first.forward(s0, p0.data(), mb, nullptr);
+    first.forward(s0, view(p0.data(), p0.size()), mb, nullptr);
     std::memcpy(last.input(s1), first.output(s0), first.boundary_count() * sizeof(float));
-    last.forward(s1, p1.data(), mb, nullptr);
+    last.forward(s1, view(p1.data(), p1.size()), mb, nullptr);
     EXPECT_EQ(last.loss_sum(s1), model.loss_sum());
-    last.backward(s1, p1.data(), g1.data(), nullptr, scale);
+    last.backward(s1, view(p1.data(), p1.size()), view(g1.data(), g1.size()), nullptr, scale);
     std::memcpy(first.output_grad(), last.input_grad(s1), first.boundary_count() * sizeof(float));
-    first.backward(s0, p0.data(), g0.data(), nullptr, scale);
+    first.backward(s0, view(p0.data(), p0.size()), view(g0.data(), g0.size()), nullptr, scale);
 
     // The tied wte gradient is the sum of both stages' parts (the pipeline's exchange).
     for (const auto* stage : {&first, &last}) {
@@ -250,7 +250,7 @@ RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompu
   std::vector<float> params(m.param_count());
   RankResult out;
   out.grads.assign(m.param_count(), 0.0f);
-  m.init_params(5, params.data());
+  m.init_params(5, view(params.data(), params.size()));
   const int N = B * spec.seq;
   CountingTensorParallelComm tp_comm(tp, out.tp_bytes);
   std::vector<std::vector<std::int32_t>> in(2, std::vector<std::int32_t>(N)), tg = in;
@@ -267,11 +267,13 @@ RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompu
       for (std::size_t i = 0; i < n; ++i)
         m.input(slot[k])[i] = float(std::sin(0.37 * double(row0 + i) + k));
     }
-    m.forward(slot[k], params.data(), {in[k].data(), tg[k].data(), B, spec.seq}, &tp_comm);
+    m.forward(slot[k], view(params.data(), params.size()),
+              {in[k].data(), tg[k].data(), B, spec.seq}, &tp_comm);
     out.losses.push_back(m.loss_sum(slot[k]));
   }
   for (int k = 0; k < 2; ++k) {
-    m.backward(slot[k], params.data(), out.grads.data(), &tp_comm, 1.0f / float(2 * N));
+    m.backward(slot[k], view(params.data(), params.size()),
+               view(out.grads.data(), out.grads.size()), &tp_comm, 1.0f / float(2 * N));
     m.release_slot(slot[k]);
   }
   out.activation_peak = mem.peak(MemTag::activations);

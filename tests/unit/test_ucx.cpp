@@ -43,11 +43,6 @@ constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::i32,
 constexpr std::size_t kLarge = (std::size_t(3) << 20) / 4 + 13;  // odd, over every switch
 constexpr std::size_t kSizes[] = {1, 7, 1000, 1023, 4099, kLarge};
 
-const char* dtype_name(DType t) {
-  static const char* names[] = {"f32", "f64", "i32", "i64", "u8", "bf16"};
-  return names[int(t)];
-}
-
 // `count` elements of a dtype chosen at run time, set from integers.
 class Buf {
  public:

@@ -9,21 +9,26 @@
 
 namespace strata {
 
-// The whole model's parameters (MemTag::params, initialised from the run's seed) and gradients
-// (MemTag::grads), each one flat buffer, with per-unit pointers into them.
+// The whole model's parameters (MemTag::params, in the run's param dtype, initialised from the
+// run's seed) and gradients (MemTag::grads, in its reduce dtype), each one flat buffer, with
+// per-unit views into them.
 class Replica {
  public:
   explicit Replica(Context& ctx);
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  BufferView params() { return params_.view(); }
+  BufferView grads() { return grads_.view(); }
   std::size_t size() const { return params_.size(); }
   const UnitPtrs& param_ptrs() const { return param_ptrs_; }
   const UnitPtrs& grad_ptrs() const { return grad_ptrs_; }
 
  private:
-  Buffer<float> params_, grads_;
+  DeviceBuffer params_, grads_;
   UnitPtrs param_ptrs_, grad_ptrs_;
 };
+
+// AdamW over flat elements [begin, begin + count) with the run's settings and precision; with
+// bf16 parameters its fp32 master copy is initialised from the run's seed (exact fp32 values).
+AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count);
 
 // d(step loss)/d(per-token loss): the step loss is the mean over the global batch's tokens, so
 // summing every rank's gradients gives the exact gradient.
@@ -44,9 +49,17 @@ AdamWConfig adamw_config(const Context& ctx);
 // Bytes the core itself allocates on every rank: the micro-batch's tokens (MemTag::workspace).
 std::uint64_t batch_workspace_bytes(const TrainSpec& train, const ModelSpec& model);
 
+// Bytes per element of parameters, of gradients (the reduce dtype) and of optimizer state (m and
+// v in fp32, plus the fp32 master copy with bf16 parameters): 4 + 4 + 8, or the ZeRO paper's
+// 2 + 2 + 12 with --precision bf16 --reduce-dtype bf16 (2 + 4 + 12 reducing in fp32).
+struct StateBytes {
+  double params, grads, optimizer;
+};
+StateBytes state_bytes_per_param(const MixedPrecision& precision);
+
 // Prediction for a strategy that keeps a full replica of parameters and gradients on every rank:
-// params 4P, grads 4P, optimizer 8P (AdamW m and v in fp32), activations of one micro-batch,
-// the batch workspace. Strategies adjust what differs.
+// state_bytes_per_param() x P, activations of one micro-batch, the batch workspace. Strategies
+// adjust what differs.
 Prediction replicated_prediction(const PredictInput& in);
 
 }  // namespace strata

@@ -4,8 +4,8 @@
 // implements every operation now, the CUDA backend the same interface.
 //
 // Every operation takes BufferViews: counts must match (dst.count == src.count), dtypes must be
-// floating point (f32 or f64; bf16 for copy and cast); otherwise strata::Error naming the
-// operation and the mismatch.
+// floating point (f32, f64 or bf16; bf16 arithmetic goes through float, each result rounded once
+// to nearest even); otherwise strata::Error naming the operation and the mismatch.
 #pragma once
 #include "strata/types.hpp"
 

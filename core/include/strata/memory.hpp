@@ -107,4 +107,26 @@ class Buffer {
   T* data_ = nullptr;
 };
 
+// A Buffer whose element type is chosen at run time: parameters and gradients, whose dtype is the
+// run's precision (strata/model.hpp MixedPrecision). Plugins reach its memory only through views
+// (collectives, Context::ops(), the model's passes), never by dereferencing.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(MemoryLedger& ledger, MemTag tag, DType dtype, std::size_t count)
+      : dtype_(dtype), count_(count), bytes_(ledger, tag, count * dtype_size(dtype)) {}
+  DType dtype() const { return dtype_; }
+  std::size_t size() const { return count_; }
+  std::size_t bytes() const { return bytes_.size(); }
+  Device device() const { return bytes_.device(); }
+  BufferView view() { return {bytes_.data(), count_, dtype_, device()}; }
+  // Elements [offset, offset + count).
+  BufferView view(std::size_t offset, std::size_t count) { return slice(view(), offset, count); }
+
+ private:
+  DType dtype_ = DType::f32;
+  std::size_t count_ = 0;
+  Buffer<std::uint8_t> bytes_;
+};
+
 }  // namespace strata

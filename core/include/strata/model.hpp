@@ -97,6 +97,23 @@ class ParamLayout {
 // as a full initialisation would: every element hashes (seed, tensor id, index in tensor).
 void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begin,
                  std::span<float> out);
+// The same into a view of any floating dtype: bf16 elements are the fp32 values rounded to nearest
+// even (what a cast of a full fp32 initialisation gives), so a bf16 replica and its fp32 master
+// start consistent.
+void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begin, BufferView out);
+
+// Mixed precision, in PyTorch FSDP's MixedPrecision vocabulary, plugin independent:
+//   param   the dtype parameters are stored in for compute (and gathered in): f32, or bf16 with
+//           the fp32 master copy and the AdamW state kept by the optimizer (strata/optimizer.hpp)
+//   reduce  the dtype gradients are accumulated and reduced in (Megatron-LM keeps them in fp32 by
+//           default, accumulate_allreduce_grads_in_fp32): f32, or bf16 (bytes on the wire halve)
+// Matmuls then take bf16 operands and accumulate in fp32; LayerNorm, softmax, GELU, the residual
+// stream and the loss stay fp32. --precision bf16 sets param to bf16; --reduce-dtype sets reduce.
+struct MixedPrecision {
+  DType param = DType::f32;
+  DType reduce = DType::f32;
+  bool mixed() const { return param != DType::f32; }
+};
 
 // One rank's micro-batch: B sequences of T tokens and their next-token targets, row-major [B, T].
 struct MicroBatch {
@@ -106,9 +123,10 @@ struct MicroBatch {
   int seq = 0;
 };
 
-// Where each unit's parameters (or gradients) live right now: ptrs[u] points at unit u's first
-// element, laid out as in ParamLayout. A strategy that shards points these at gathered buffers.
-using UnitPtrs = std::vector<float*>;
+// Where each unit's parameters (or gradients) live right now: ptrs[u] views unit u's elements
+// (UnitInfo::count of them, in the run's param or reduce dtype), laid out as in ParamLayout. A
+// strategy that shards points these at gathered buffers.
+using UnitPtrs = std::vector<BufferView>;
 
 // Activation recomputation (Megatron-LM's definitions), chosen when the model is built. Under
 // tensor parallelism each rank recomputes its own slice; with sequence parallelism a block's kept
@@ -151,8 +169,10 @@ struct ActivationBytes {
   std::uint64_t total(int slots) const { return std::uint64_t(slots) * slot + scratch; }
 };
 // Throws ConfigError for a spec, micro-batch, partition or recompute mode that cannot be built.
+// With bf16 parameters the scratch also holds the matmuls' bf16 operands and fp32 copies of a
+// unit's small tensors (LayerNorm weights, biases) and of their gradients.
 ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, const Partition& part,
-                                    Recompute recompute);
+                                    Recompute recompute, DType param_dtype = DType::f32);
 
 // The whole model's computation for one micro-batch size, unit by unit: the data-parallel front
 // end of the one implementation StageModel also uses (tp 1, all units, one activation slot).
@@ -161,8 +181,9 @@ ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, cons
 // Gradients always accumulate (+=): zero them before the first micro-batch of a step.
 class Model {
  public:
+  // param_dtype: the dtype of the parameters the passes get (MixedPrecision::param).
   Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory,
-        Recompute recompute = Recompute::none);
+        Recompute recompute = Recompute::none, DType param_dtype = DType::f32);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -171,11 +192,13 @@ class Model {
   const ParamLayout& layout() const;
   int micro_batch() const;
   Recompute recompute() const;
+  DType param_dtype() const;
 
-  // Unit passes. The head's forward also computes the loss; the head reads the tied wte through
-  // params[0], and its backward accumulates into grads[0] as well as grads[L+1]. Under
-  // Recompute::full / selective a block's backward first recomputes what its forward did not keep
-  // (from params[unit], which must hold the same values as in its forward).
+  // Unit passes. params[u] must be in param_dtype(), grads[u] in f32 or (bf16 parameters) bf16. The
+  // head's forward also computes the loss; the head reads the tied wte through params[0], and its
+  // backward accumulates into grads[0] as well as grads[L+1]. Under Recompute::full / selective a
+  // block's backward first recomputes what its forward did not keep (from params[unit], which must
+  // hold the same values as in its forward).
   void forward(int unit, const UnitPtrs& params, const MicroBatch& mb);
   // grad_scale: d(loss)/d(per-token loss), e.g. 1 / (tokens in the global batch).
   void backward(int unit, const UnitPtrs& params, const UnitPtrs& grads, const MicroBatch& mb,
@@ -184,11 +207,13 @@ class Model {
   double loss_sum() const;
 
   // Bytes of activations (and their gradients) this model allocates for a micro-batch size and
-  // recompute mode: predict_activations(spec, micro_batch, whole_model(spec), recompute).total(1).
+  // recompute mode: predict_activations(spec, micro_batch, whole_model(spec), recompute,
+  // param_dtype).total(1).
   // Exact: all of it is allocated by the constructor (MemTag::activations), nothing during
   // forward or backward.
   static std::uint64_t activation_bytes(const ModelSpec& spec, int micro_batch,
-                                        Recompute recompute = Recompute::none);
+                                        Recompute recompute = Recompute::none,
+                                        DType param_dtype = DType::f32);
 
  private:
   struct Impl;

@@ -25,28 +25,40 @@ struct AdamWSegment {
   bool decay = false;
 };
 
+// Mixed precision (param_dtype bf16): the parameters step() updates are the bf16 compute copy;
+// AdamW keeps their fp32 master copy (MemTag::optimizer, 4 bytes per element next to m and v: the
+// ZeRO paper's 12 bytes of optimizer state), updates the master and rounds it into the bf16
+// parameters. The plugin fills master() once before the first step (init_params of its range).
 class AdamW {
  public:
-  // State (m, v: MemTag::optimizer) for flat elements [begin, begin + count).
+  // State (m, v, and the master copy for bf16: MemTag::optimizer) for flat elements
+  // [begin, begin + count).
   AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count, const AdamWConfig& config,
-        MemoryLedger& memory);
+        MemoryLedger& memory, DType param_dtype = DType::f32);
   // State for a local buffer made of `segments` in order (e.g. a tensor-parallel shard of a model
   // partition, whose elements are not a range of the flat index space).
-  AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory);
+  AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory,
+        DType param_dtype = DType::f32);
 
-  // One update of params[0..count) from grads[0..count) (both indexed from `begin`). `t` is the
-  // 1-based step for bias correction; grads are multiplied by grad_scale first (clipping).
-  void step(float* params, const float* grads, int t, float grad_scale = 1.0f);
+  // One update of params (count() elements, param_dtype) from grads (count() elements, f32 or
+  // bf16). `t` is the 1-based step for bias correction; grads are multiplied by grad_scale first
+  // (clipping).
+  void step(BufferView params, BufferView grads, int t, float grad_scale = 1.0f);
 
+  // The fp32 master copy of the parameters (bf16 param_dtype); an empty view for f32.
+  BufferView master() { return master_.view(); }
+  DType param_dtype() const { return param_dtype_; }
   std::size_t begin() const { return begin_; }
   std::size_t count() const { return count_; }
-  std::uint64_t state_bytes() const { return m_.bytes() + v_.bytes(); }
+  std::uint64_t state_bytes() const { return m_.bytes() + v_.bytes() + master_.bytes(); }
 
  private:
+  void allocate(MemoryLedger& memory);
   std::vector<AdamWSegment> segments_;
   std::size_t begin_ = 0, count_ = 0;
   AdamWConfig config_;
-  Buffer<float> m_, v_;
+  DType param_dtype_ = DType::f32;
+  Buffer<float> m_, v_, master_;
 };
 
 // Sum of squares of grads[0..n), in double: the local part of a global gradient norm.

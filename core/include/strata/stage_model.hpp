@@ -59,14 +59,16 @@ struct LocalTensor {
 
 class StageModel {
  public:
+  // param_dtype: fp32, or bf16 (MixedPrecision::param) for the parameter views the passes get.
   StageModel(const ModelSpec& spec, int micro_batch, const Partition& part, MemoryLedger& memory,
-             Recompute recompute = Recompute::none);
+             Recompute recompute = Recompute::none, DType param_dtype = DType::f32);
   ~StageModel();
   StageModel(const StageModel&) = delete;
   StageModel& operator=(const StageModel&) = delete;
 
   const Partition& partition() const;
   Recompute recompute() const;
+  DType param_dtype() const;
   bool has_embedding() const;
   bool has_head() const;
   // Only the embedding and the head read the micro-batch's tokens; forward() of a partition with
@@ -75,9 +77,9 @@ class StageModel {
   // This partition's parameters, in local flat order.
   const std::vector<LocalTensor>& tensors() const;
   std::size_t param_count() const;
-  // Fill params[0, param_count()) with exactly the values the full model's init_params gives the
-  // elements this rank holds.
-  void init_params(std::uint64_t seed, float* params) const;
+  // Fill params (param_count() elements, fp32 or bf16) with exactly the values the full model's
+  // init_params gives the elements this rank holds.
+  void init_params(std::uint64_t seed, BufferView params) const;
   // The local wte (vocab shard; the tied copy on a head-only partition); null if none.
   std::size_t wte_offset() const;
   std::size_t wte_count() const;
@@ -89,7 +91,7 @@ class StageModel {
   std::vector<const LocalTensor*> tp_partial_grads() const;
   // This rank's share of the squared gradient norm: sharded tensors fully, replicated ones on tp
   // rank 0 only, the tied copy never (the embedding's stage counts wte).
-  double grad_sum_of_squares(const float* grads) const;
+  double grad_sum_of_squares(BufferView grads) const;
 
   // Floats of the residual stream at a partition boundary for one micro-batch: rows x C, with rows
   // = B*T, or B*T/tp under sequence parallelism. What a pipeline stage sends and receives.
@@ -114,10 +116,12 @@ class StageModel {
   // `tp`: the tensor-parallel collectives (tensor_parallel.hpp; SyncTensorParallelComm over the tp
   // group is the default); may be null when tp_size == 1. A partition with the head also computes
   // the loss.
-  void forward(int slot, const float* params, const MicroBatch& mb, TensorParallelComm* tp);
+  // params: the local buffer (param_count() elements in param_dtype()).
+  void forward(int slot, BufferView params, const MicroBatch& mb, TensorParallelComm* tp);
   // Backward; on a partition without the head, output_grad() must hold d(output). Gradients
   // accumulate into grads (local flat order). grad_scale: d(loss)/d(per-token loss).
-  void backward(int slot, const float* params, float* grads, TensorParallelComm* tp,
+  // grads: fp32, or bf16 with bf16 parameters.
+  void backward(int slot, BufferView params, BufferView grads, TensorParallelComm* tp,
                 float grad_scale);
   // Sum of per-token losses of the slot's micro-batch (partitions with the head).
   double loss_sum(int slot) const;

@@ -70,6 +70,14 @@ inline BufferView view(float* p, std::size_t n) { return {p, n, DType::f32}; }
 inline BufferView view(double* p, std::size_t n) { return {p, n, DType::f64}; }
 inline BufferView view(bf16* p, std::size_t n) { return {p, n, DType::bf16}; }
 
+// Elements [offset, offset + count) of v, same dtype and device (no bounds check: callers own the
+// layout; the backend checks counts against each other).
+inline BufferView slice(BufferView v, std::size_t offset, std::size_t count) {
+  return {static_cast<char*>(v.data) + offset * dtype_size(v.dtype), count, v.dtype, v.device};
+}
+// The dtype's name as the CLI and run file spell it: "fp32", "fp64", "i32", "i64", "u8", "bf16".
+const char* dtype_name(DType t);
+
 // The DType of a C++ element type.
 template <class T>
 constexpr DType dtype_of();

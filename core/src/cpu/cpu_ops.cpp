@@ -26,23 +26,9 @@ void check(const char* op, BufferView a, BufferView b, bool same_dtype) {
                     std::to_string(b.count),
                 "the two views must have the same count");
   if (!floating(a.dtype) || !floating(b.dtype) || (same_dtype && a.dtype != b.dtype))
-    throw Error(std::string(op) + ": unsupported dtypes", "f32 or f64, the same for both");
+    throw Error(std::string(op) + ": unsupported dtypes",
+                "f32, f64 or bf16 (the same for both, except in cast)");
 }
-
-// f(p, n) with p the view's elements as float* or double*.
-template <class F>
-void with_floats(BufferView x, F&& f) {
-  check_on_cpu("device op", x);
-  if (x.dtype != DType::f32 && x.dtype != DType::f64)
-    throw Error("device op: unsupported dtype", "f32 or f64 (bf16: copy and cast only)");
-  if (x.dtype == DType::f32)
-    f(static_cast<float*>(x.data), x.count);
-  else
-    f(static_cast<double*>(x.data), x.count);
-}
-
-template <class T>
-using Elem = std::remove_pointer_t<T>;
 
 // One element as double, and back, for any floating dtype (bf16 through float).
 double load(const void* p, DType t, std::size_t i) {
@@ -59,6 +45,22 @@ void store(void* p, DType t, std::size_t i, double v) {
     static_cast<bf16*>(p)[i] = to_bf16(float(v));
 }
 
+template <class T>
+using Elem = std::remove_pointer_t<T>;
+
+// f(p, n) with p the view's elements as float* or double*; false for bf16, whose arithmetic goes
+// element by element through float (load/store: each result rounded once).
+template <class F>
+bool with_floats(const char* op, BufferView x, F&& f) {
+  check_on_cpu(op, x);
+  if (!floating(x.dtype)) throw Error(std::string(op) + ": unsupported dtype", "f32, f64 or bf16");
+  if (x.dtype == DType::f32)
+    f(static_cast<float*>(x.data), x.count);
+  else if (x.dtype == DType::f64)
+    f(static_cast<double*>(x.data), x.count);
+  return x.dtype != DType::bf16;
+}
+
 class CpuOps final : public DeviceOps {
  public:
   Device device() const override { return Device::cpu; }
@@ -72,26 +74,45 @@ class CpuOps final : public DeviceOps {
       store(dst.data, dst.dtype, i, load(src.data, src.dtype, i));
   }
   void fill(BufferView dst, double value) override {
-    with_floats(dst, [&](auto* d, std::size_t n) { std::fill_n(d, n, Elem<decltype(d)>(value)); });
+    if (with_floats("fill", dst,
+                    [&](auto* d, std::size_t n) { std::fill_n(d, n, Elem<decltype(d)>(value)); }))
+      return;
+    for (std::size_t i = 0; i < dst.count; ++i) store(dst.data, dst.dtype, i, value);
   }
   void scale(BufferView x, double a) override {
-    with_floats(x, [&](auto* p, std::size_t n) {
-      for (std::size_t i = 0; i < n; ++i) p[i] *= Elem<decltype(p)>(a);
-    });
+    if (with_floats("scale", x, [&](auto* p, std::size_t n) {
+          for (std::size_t i = 0; i < n; ++i) p[i] *= Elem<decltype(p)>(a);
+        }))
+      return;
+    for (std::size_t i = 0; i < x.count; ++i)
+      store(x.data, x.dtype, i, float(a) * float(load(x.data, x.dtype, i)));
   }
   void axpy(BufferView y, double a, BufferView x) override {
     check("axpy", y, x, true);
-    with_floats(y, [&](auto* py, std::size_t n) {
-      const auto* px = static_cast<const Elem<decltype(py)>*>(x.data);
-      const auto alpha = Elem<decltype(py)>(a);
-      for (std::size_t i = 0; i < n; ++i) py[i] += alpha * px[i];
-    });
+    if (with_floats("axpy", y, [&](auto* py, std::size_t n) {
+          const auto* px = static_cast<const Elem<decltype(py)>*>(x.data);
+          const auto alpha = Elem<decltype(py)>(a);
+          for (std::size_t i = 0; i < n; ++i) py[i] += alpha * px[i];
+        }))
+      return;
+    const float alpha = float(a);
+    for (std::size_t i = 0; i < y.count; ++i)
+      store(y.data, y.dtype, i,
+            float(load(y.data, y.dtype, i)) + alpha * float(load(x.data, x.dtype, i)));
   }
   double sum_of_squares(BufferView x) override {
     double s = 0;
-    with_floats(x, [&](auto* p, std::size_t n) {
-      for (std::size_t i = 0; i < n; ++i) s += double(p[i]) * double(p[i]);
-    });
+    if (with_floats("sum_of_squares", x, [&](auto* p, std::size_t n) {
+#pragma omp simd reduction(+ : s)
+          for (std::size_t i = 0; i < n; ++i) s += double(p[i]) * double(p[i]);
+        }))
+      return s;
+    const bf16* p = static_cast<const bf16*>(x.data);
+#pragma omp simd reduction(+ : s)
+    for (std::size_t i = 0; i < x.count; ++i) {
+      const double v = to_float(p[i]);
+      s += v * v;
+    }
     return s;
   }
 };
@@ -99,6 +120,24 @@ class CpuOps final : public DeviceOps {
 }  // namespace
 
 const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "fp32";
+    case DType::f64:
+      return "fp64";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
+    case DType::bf16:
+      return "bf16";
+  }
+  return "?";
+}
 
 DeviceOps& cpu_ops() {
   static CpuOps ops;

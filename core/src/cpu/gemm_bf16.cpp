@@ -11,9 +11,12 @@
 // one that created it, so the scratchpad is ours (scratchpad_mode::user), one buffer per thread.
 #include "cpu/gemm_bf16.hpp"
 
+#include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "cpu/layers.hpp"
 #include "cpu/vecmath.hpp"
@@ -22,7 +25,6 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -65,16 +67,20 @@ STRATA_SIMD_CLONES void widen_range(float* out, const bf16* in, std::size_t n) {
     out[i] = std::bit_cast<float>(std::uint32_t(in[i].bits) << 16);
 }
 
-void check_call(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
-                const void* C, DType c_dtype, bool accumulate) {
+void check_shape(bool trans_a, bool trans_b, int M, int N, int K, DType c_dtype, bool accumulate) {
   const auto fail = [&](const std::string& why) {
     throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) + ": " + why);
   };
   if (M < 0 || N < 0 || K < 0) fail("M, N and K must be >= 0");
   if (c_dtype != DType::f32 && c_dtype != DType::bf16) fail("C must be f32 or bf16");
+}
+
+void check_call(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
+                const void* C, DType c_dtype, bool accumulate) {
+  check_shape(trans_a, trans_b, M, N, K, c_dtype, accumulate);
   const bool has_c = M > 0 && N > 0;
   if ((has_c && C == nullptr) || (has_c && K > 0 && (A == nullptr || B == nullptr)))
-    fail("null operand");
+    throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) + ": null operand");
 }
 
 #if STRATA_HAVE_ONEDNN
@@ -180,7 +186,7 @@ int match_blas_threads() {
   return n;
 }
 
-void run_gemm(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C) {
+void run_gemm(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C, GemmScratchpad given) {
   thread_local dnnl::stream stream(cpu_engine());
   thread_local Scratchpad scratchpad;
   dnnl::engine& engine = cpu_engine();
@@ -188,9 +194,11 @@ void run_gemm(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C) {
       {DNNL_ARG_SRC, memory(gemm.desc.src_desc(), engine, const_cast<bf16*>(A))},
       {DNNL_ARG_WEIGHTS, memory(gemm.desc.weights_desc(), engine, const_cast<bf16*>(B))},
       {DNNL_ARG_DST, memory(gemm.desc.dst_desc(), engine, C)}};
-  if (gemm.scratchpad_bytes > 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(gemm.desc.scratchpad_desc(), engine,
-                                             scratchpad.get(gemm.scratchpad_bytes)));
+  if (gemm.scratchpad_bytes > 0) {
+    void* pad =
+        given.bytes >= gemm.scratchpad_bytes ? given.data : scratchpad.get(gemm.scratchpad_bytes);
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(gemm.desc.scratchpad_desc(), engine, pad));
+  }
   gemm.primitive.execute(stream, args);
   stream.wait();
 }
@@ -219,13 +227,28 @@ bool have_bf16_gemm() { return !bf16_gemm_impl().empty(); }
 std::size_t gemm_bf16_cached_primitives() { return gemm_cache().size(); }
 
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
-               void* C, DType c_dtype, bool accumulate) {
+               void* C, DType c_dtype, bool accumulate, GemmScratchpad scratchpad) {
   check_call(trans_a, trans_b, M, N, K, A, B, C, c_dtype, accumulate);
   if (M == 0 || N == 0 || K == 0) return empty_product(M, N, C, c_dtype, accumulate);
   try {
     const int threads = match_blas_threads();
     const auto gemm = gemm_cache().get({M, N, K, trans_a, trans_b, c_dtype, accumulate, threads});
-    run_gemm(*gemm, A, B, C);
+    run_gemm(*gemm, A, B, C, scratchpad);
+  } catch (const dnnl::error& e) {
+    throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) + ": oneDNN " +
+                dnnl_status2str(e.status) + ": " + e.what());
+  }
+}
+
+std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
+                                       DType c_dtype, bool accumulate) {
+  check_shape(trans_a, trans_b, M, N, K, c_dtype, accumulate);
+  if (M == 0 || N == 0 || K == 0) return 0;
+  try {
+    const int threads = match_blas_threads();
+    return gemm_cache()
+        .get({M, N, K, trans_a, trans_b, c_dtype, accumulate, threads})
+        ->scratchpad_bytes;
   } catch (const dnnl::error& e) {
     throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) + ": oneDNN " +
                 dnnl_status2str(e.status) + ": " + e.what());
@@ -238,8 +261,10 @@ std::string bf16_gemm_impl() { return {}; }
 bool have_bf16_gemm() { return false; }
 std::size_t gemm_bf16_cached_primitives() { return 0; }
 
+std::size_t gemm_bf16_scratchpad_bytes(bool, bool, int, int, int, DType, bool) { return 0; }
+
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
-               void* C, DType c_dtype, bool accumulate) {
+               void* C, DType c_dtype, bool accumulate, GemmScratchpad) {
   check_call(trans_a, trans_b, M, N, K, A, B, C, c_dtype, accumulate);
   throw Error(describe_call(trans_a, trans_b, M, N, K, c_dtype, accumulate) +
                   ": bf16 GEMM: this build has no oneDNN",
@@ -248,8 +273,54 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, c
 
 #endif
 
-void round_to_bf16(bf16* out, const float* in, std::size_t n) { round_range(out, in, n); }
+double calibrate_bf16_gemm_flops(double seconds_budget) {
+  using clock = std::chrono::steady_clock;
+  const int n = 1024;
+  std::vector<bf16> a(std::size_t(n) * n), b(std::size_t(n) * n);
+  std::vector<float> c(std::size_t(n) * n);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = to_bf16(float(i % 13) * 0.01f);
+    b[i] = to_bf16(float(i % 7) * 0.01f);
+  }
+  // As calibrate_sgemm_flops: the best rate sustained over blocks of calls, after one call that
+  // creates the primitive and wakes the threads.
+  const int calls_per_block = 4;
+  const double flop = 2.0 * n * n * n * calls_per_block;
+  double best = 0.0;
+  gemm_bf16(false, false, n, n, n, a.data(), b.data(), c.data(), DType::f32, false);
+  const auto start = clock::now();
+  for (int block = 0;; ++block) {
+    const auto t0 = clock::now();
+    for (int k = 0; k < calls_per_block; ++k)
+      gemm_bf16(false, false, n, n, n, a.data(), b.data(), c.data(), DType::f32, false);
+    const auto t1 = clock::now();
+    best = std::max(best, flop / std::chrono::duration<double>(t1 - t0).count());
+    if (block >= 2 && std::chrono::duration<double>(t1 - start).count() >= seconds_budget) break;
+  }
+  return best;
+}
 
-void widen_bf16(float* out, const bf16* in, std::size_t n) { widen_range(out, in, n); }
+namespace {
+// f(begin, end) over [0, n) in one contiguous piece per thread: the matmul operands (N x C and
+// more) are converted on all the GEMM's threads, not while those spin waiting for the next GEMM.
+template <class F>
+void split_over_threads(std::size_t n, F&& f) {
+  constexpr std::size_t kSerial = std::size_t(1) << 15;
+  const int threads = n < kSerial ? 1 : blas_threads();
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int t = 0; t < threads; ++t) {
+    const std::size_t begin = n * std::size_t(t) / threads, end = n * std::size_t(t + 1) / threads;
+    f(begin, end);
+  }
+}
+}  // namespace
+
+void round_to_bf16(bf16* out, const float* in, std::size_t n) {
+  split_over_threads(n, [&](std::size_t b, std::size_t e) { round_range(out + b, in + b, e - b); });
+}
+
+void widen_bf16(float* out, const bf16* in, std::size_t n) {
+  split_over_threads(n, [&](std::size_t b, std::size_t e) { widen_range(out + b, in + b, e - b); });
+}
 
 }  // namespace strata::cpu

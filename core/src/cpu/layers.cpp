@@ -341,6 +341,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hs));
+  // Heads are independent (each writes its own att block and output columns): in one-pool mode
+  // they run in parallel, each GEMM on one BLAS thread; otherwise one head at a time on all of
+  // them (the same arithmetic either way).
+#pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;
@@ -358,6 +362,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
                         const float* att, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hs));
+  // As in forward: each head accumulates into its own columns of dqkv and its own datt block.
+#pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     const std::int64_t qoff = std::int64_t(b) * T * C3 + h * hs;
@@ -466,14 +472,27 @@ double calibrate_sgemm_flops(double seconds_budget) {
 // calling thread's count; gemm_bf16 brings the count of any other calling thread to
 // blas_threads().)
 #if defined(STRATA_HAVE_OPENBLAS)
-int blas_threads() { return openblas_get_num_threads(); }
+namespace {
+int g_threads = 0;  // set_blas_threads(); 0: OpenBLAS's own default
+bool g_one_pool = false;
+}  // namespace
+int blas_threads() { return g_threads > 0 ? g_threads : openblas_get_num_threads(); }
 void set_blas_threads(int n) {
-  openblas_set_num_threads(std::max(1, n));
-  omp_set_num_threads(std::max(1, n));
+  g_threads = std::max(1, n);
+  openblas_set_num_threads(g_one_pool ? 1 : g_threads);
+  omp_set_num_threads(g_threads);
 }
+void set_one_thread_pool(bool on) {
+  const int n = blas_threads();
+  g_one_pool = on;
+  set_blas_threads(n);
+}
+bool one_thread_pool() { return g_one_pool; }
 #else
 int blas_threads() { return 1; }
 void set_blas_threads(int) { omp_set_num_threads(1); }
+void set_one_thread_pool(bool) {}
+bool one_thread_pool() { return false; }
 #endif
 
 }  // namespace strata::cpu

@@ -61,8 +61,14 @@ double calibrate_sgemm_flops(double seconds_budget = 0.5);
 // packing buffers are as resident as training will make them (see kGemmBlock in layers.cpp).
 void warm_up_gemm();
 
-// BLAS threads in use (OpenBLAS's own count), and a setter used at start-up.
+// Compute threads per rank (BLAS and OpenMP, oneDNN included), and a setter used at start-up.
 int blas_threads();
 void set_blas_threads(int n);
+// One thread pool (bf16 runs): their GEMMs run on oneDNN's OpenMP threads, and OpenBLAS's own
+// pthreads, spinning between calls, would fight those for the cores (measured: 2-3x slower steps
+// on 2 cores). On: OpenBLAS runs single-threaded and the fp32 GEMMs left (attention's, per head)
+// run in parallel over heads on the OpenMP threads. Off (default): OpenBLAS uses all threads.
+void set_one_thread_pool(bool on);
+bool one_thread_pool();
 
 }  // namespace strata::cpu

@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
   }
 
   cpu::set_blas_threads(blas_threads_for(config, env.local_size > 0 ? env.local_size : env.world));
+  cpu::set_one_thread_pool(config.train.precision.mixed());  // bf16: GEMMs on oneDNN's threads
   try {
     mpi::init(&argc, &argv);
   } catch (const Error& e) {

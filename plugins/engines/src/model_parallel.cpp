@@ -160,7 +160,8 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
         partial += double(t.count);
     }
     const double in_flight = pp::max_in_flight(plan.actions, c);
-    const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute);
+    const ActivationBytes acts =
+        predict_activations(in.model, B, part, in.train.recompute, in.train.precision.param);
     mem(MemTag::activations) += in_flight * double(acts.slot) + double(acts.scratch);
     mem(MemTag::workspace) += in_flight * double(StageModel::slot_token_bytes(in.model, B));
     // Tensor parallel collectives, per micro-batch.
@@ -179,20 +180,23 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
       comm["recv"] += boundary * plan.m;
     }
   }
-  mem(MemTag::params) = 4 * params;
-  mem(MemTag::grads) = 4 * params;
-  mem(MemTag::optimizer) = 8 * params;
-  const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * sizeof(float);
+  // Parameters, gradients and optimizer state by precision; activations and what crosses stage
+  // boundaries stay fp32 (the residual stream is fp32 in every precision).
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  mem(MemTag::params) = per.params * params;
+  mem(MemTag::grads) = per.grads * params;
+  mem(MemTag::optimizer) = per.optimizer * params;
+  const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
   if (plan.tied_exchange()) {
     comm["send"] += wte;
     comm["recv"] += wte;
     mem(MemTag::comm_buffers) += wte;
   }
   if (partial > 0) {
-    comm["all_reduce"] += 4 * partial;
-    mem(MemTag::comm_buffers) += 4 * partial;
+    comm["all_reduce"] += per.grads * partial;
+    mem(MemTag::comm_buffers) += per.grads * partial;
   }
-  if (in.mesh.dp > 1) comm["all_reduce"] += 4 * params;
+  if (in.mesh.dp > 1) comm["all_reduce"] += per.grads * params;
   if (in.mesh.tp > 1) comm["all_reduce"] += sizeof(double);
   if (in.mesh.pp > 1) comm["all_reduce"] += sizeof(double);
   if (cfg.pipeline)
@@ -221,22 +225,28 @@ class Engine {
     std::size_t total = 0;
     for (const Partition& part : plan_.parts) {
       chunks_.push_back(std::make_unique<StageModel>(ctx.model_spec(), ctx.train().micro_batch,
-                                                     part, mem, ctx.train().recompute));
+                                                     part, mem, ctx.train().recompute,
+                                                     ctx.train().precision.param));
       offset_.push_back(total);
       total += chunks_.back()->param_count();
       for (const AdamWSegment& s : chunks_.back()->adamw_segments()) segments.push_back(s);
     }
-    params_ = Buffer<float>(mem, MemTag::params, total);
-    grads_ = Buffer<float>(mem, MemTag::grads, total);
-    for (std::size_t c = 0; c < chunks_.size(); ++c)
-      chunks_[c]->init_params(ctx.train().seed, params_.data() + offset_[c]);
-    optimizer_.emplace(std::move(segments), adamw_config(ctx), mem);
+    const MixedPrecision& mp = ctx.train().precision;
+    params_ = DeviceBuffer(mem, MemTag::params, mp.param, total);
+    grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, total);
+    optimizer_.emplace(std::move(segments), adamw_config(ctx), mem, mp.param);
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const std::size_t n = chunks_[c]->param_count();
+      chunks_[c]->init_params(ctx.train().seed, params_.view(offset_[c], n));
+      if (mp.mixed())  // the fp32 master: the exact values the bf16 parameters round
+        chunks_[c]->init_params(ctx.train().seed, slice(optimizer_->master(), offset_[c], n));
+    }
     if (plan_.tied_exchange())
-      tied_recv_ = Buffer<float>(mem, MemTag::comm_buffers, tied_chunk().wte_count());
+      tied_recv_ = DeviceBuffer(mem, MemTag::comm_buffers, mp.reduce, tied_chunk().wte_count());
     std::size_t partial = 0;
     for (auto& ch : chunks_)
       for (const LocalTensor* t : ch->tp_partial_grads()) partial += t->count;
-    partial_pack_ = Buffer<float>(mem, MemTag::comm_buffers, partial);
+    partial_pack_ = DeviceBuffer(mem, MemTag::comm_buffers, mp.reduce, partial);
     pending_.resize(chunks_.size());
     if (ctx.mesh().tp > 1)
       tp_comm_ = cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
@@ -244,7 +254,7 @@ class Engine {
   }
 
   void train_step(Context& ctx, int step) {
-    grads_.zero();
+    ctx.ops().fill(grads_.view(), 0);
     Group* tp = ctx.mesh().tp > 1 ? &ctx.group(Axis::tp) : nullptr;
     Group& pp = ctx.group(Axis::pp);
     std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
@@ -265,13 +275,13 @@ class Engine {
     }
     reduce_partial_grads(ctx, tp);
     Group& dp = ctx.group(Axis::dp);
-    if (dp.size() > 1) dp.all_reduce(view(grads_.data(), grads_.size()));
+    if (dp.size() > 1) dp.all_reduce(grads_.view());
 
     double sq = 0;
     {
       PhaseTimer t(ctx, Phase::optimizer);
       for (std::size_t c = 0; c < chunks_.size(); ++c)
-        sq += chunks_[c]->grad_sum_of_squares(grads_.data() + offset_[c]);
+        sq += chunks_[c]->grad_sum_of_squares(grads_.view(offset_[c], chunks_[c]->param_count()));
       if (tp) tp->all_reduce(view(&sq, 1));
     }
     if (plan_.P > 1) {  // waits for the slowest stage: bubble, not optimizer time
@@ -279,7 +289,7 @@ class Engine {
       pp.all_reduce(view(&sq, 1));
     }
     PhaseTimer t(ctx, Phase::optimizer);
-    optimizer_->step(params_.data(), grads_.data(), step + 1,
+    optimizer_->step(params_.view(), grads_.view(), step + 1,
                      clip_scale(std::sqrt(sq), ctx.train().grad_clip));
     // The tied copies stay equal: same initial values, same summed gradient, same update.
   }
@@ -308,15 +318,13 @@ class Engine {
   void exchange_tied_grads(Context& ctx, Group& pp) {
     if (!plan_.tied_exchange()) return;
     StageModel& sm = tied_chunk();
-    float* g = grads_.data() + tied_offset() + sm.wte_offset();
-    const std::size_t n = sm.wte_count();
+    const BufferView g = grads_.view(tied_offset() + sm.wte_offset(), sm.wte_count());
     const int peer = plan_.first_stage() ? plan_.P - 1 : 0;
     Event sent = ctx.comm_stream(kStreamNext)
-                     .enqueue([&pp, g, n, peer] { pp.send(view(g, n), peer, kTagTied); },
-                              ctx.compute_event());
-    pp.recv(view(tied_recv_.data(), n), peer, kTagTied);
+                     .enqueue([&pp, g, peer] { pp.send(g, peer, kTagTied); }, ctx.compute_event());
+    pp.recv(tied_recv_.view(), peer, kTagTied);
     sent.wait();
-    ctx.ops().axpy(view(g, n), 1.0, view(tied_recv_.data(), n));
+    ctx.ops().axpy(g, 1.0, tied_recv_.view());
   }
 
   // One micro-batch forward through one local chunk: receive its input (the bubble when it is
@@ -337,7 +345,7 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::forward);
-      sm.forward(slot, params_.data() + offset_[a.chunk], mb, tp_comm_.get());
+      sm.forward(slot, chunk_view(params_, a.chunk), mb, tp_comm_.get());
     }
     if (sm.has_head())
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
@@ -364,8 +372,8 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::backward);
-      sm.backward(slot, params_.data() + offset_[a.chunk], grads_.data() + offset_[a.chunk],
-                  tp_comm_.get(), float(grad_scale(ctx)));
+      sm.backward(slot, chunk_view(params_, a.chunk), chunk_view(grads_, a.chunk), tp_comm_.get(),
+                  float(grad_scale(ctx)));
     }
     if (k > 0) {
       float* din = const_cast<float*>(sm.input_grad(slot));
@@ -382,26 +390,29 @@ class Engine {
   // all-reduce over tp makes them whole (Megatron's sequence-parallel gradient all-reduce).
   void reduce_partial_grads(Context& ctx, Group* tp) {
     if (partial_pack_.size() == 0) return;
-    float* pack = partial_pack_.data();
     auto each = [&](auto&& f) {
       std::size_t at = 0;
       for (std::size_t c = 0; c < chunks_.size(); ++c)
         for (const LocalTensor* t : chunks_[c]->tp_partial_grads()) {
-          f(grads_.data() + offset_[c] + t->offset, pack + at, t->count);
+          f(grads_.view(offset_[c] + t->offset, t->count), partial_pack_.view(at, t->count));
           at += t->count;
         }
     };
     DeviceOps& ops = ctx.ops();
-    each([&](float* g, float* p, std::size_t n) { ops.copy(view(p, n), view(g, n)); });
-    tp->all_reduce(view(pack, partial_pack_.size()));
-    each([&](float* g, float* p, std::size_t n) { ops.copy(view(g, n), view(p, n)); });
+    each([&](BufferView g, BufferView p) { ops.copy(p, g); });
+    tp->all_reduce(partial_pack_.view());
+    each([&](BufferView g, BufferView p) { ops.copy(g, p); });
   }
 
   MpConfig cfg_;
   Plan plan_;
   std::vector<std::unique_ptr<StageModel>> chunks_;
   std::vector<std::size_t> offset_;
-  Buffer<float> params_, grads_, tied_recv_, partial_pack_;
+  // Parameters in the run's param dtype; gradients and their exchange buffers in its reduce dtype.
+  DeviceBuffer params_, grads_, tied_recv_, partial_pack_;
+  BufferView chunk_view(DeviceBuffer& b, int chunk) {
+    return b.view(offset_[chunk], chunks_[chunk]->param_count());
+  }
   std::optional<AdamW> optimizer_;
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1

@@ -176,46 +176,51 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
     chunks += double(g.chunk);
     valid += double(g.valid(i));
   }
-  // Persistent state (bytes per element: fp32 parameters and gradients, AdamW m and v).
+  // Persistent state, bytes per element by precision (state_bytes_per_param): parameters,
+  // gradients, AdamW m and v (and the fp32 master with bf16 parameters).
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  const double P = per.params, Gr = per.grads;
+  auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };
   MemoryLedger sim;
-  sim.on_alloc(MemTag::params, std::uint64_t(4 * (c.shard_params ? chunks : padded)));
-  sim.on_alloc(MemTag::grads, std::uint64_t(4 * chunks));  // this rank's reduced gradients
-  if (!c.shard_grads) sim.on_alloc(MemTag::grads, std::uint64_t(4 * padded));  // zero1: full
-  sim.on_alloc(MemTag::optimizer, std::uint64_t(8 * valid));
+  sim.on_alloc(MemTag::params, bytes_of(P, c.shard_params ? chunks : padded));
+  sim.on_alloc(MemTag::grads, bytes_of(Gr, chunks));  // this rank's reduced gradients
+  if (!c.shard_grads) sim.on_alloc(MemTag::grads, bytes_of(Gr, padded));  // zero1: full
+  sim.on_alloc(MemTag::optimizer, bytes_of(per.optimizer, valid));
   // Working buffers, replayed from the schedule: gathered parameters and reduction outputs are
   // comm buffers, per-group gradients are grads.
   std::map<std::string, double>& bytes = p.comm_bytes_per_step;
   const auto schedule = micro_batch_schedule(groups, layout.num_units(), c);
   for (const Action& a : schedule) {
     const ShardGroup& g = groups[a.index < int(groups.size()) ? a.index : 0];
+    const double gp = double(g.padded()), gc = double(g.chunk);
     switch (a.act) {
       case Act::gather:
-        sim.on_alloc(MemTag::comm_buffers, 4 * g.padded());
-        if (n > 1) bytes["all_gather"] += 4.0 * double(g.padded()) * micro_steps;
+        sim.on_alloc(MemTag::comm_buffers, bytes_of(P, gp));
+        if (n > 1) bytes["all_gather"] += P * gp * micro_steps;
         break;
       case Act::free_params:
-        sim.on_free(MemTag::comm_buffers, 4 * g.padded());
+        sim.on_free(MemTag::comm_buffers, bytes_of(P, gp));
         break;
       case Act::alloc_grads:
-        sim.on_alloc(MemTag::grads, 4 * g.padded());
+        sim.on_alloc(MemTag::grads, bytes_of(Gr, gp));
         break;
       case Act::reduce_grads:
-        sim.on_alloc(MemTag::comm_buffers, 4 * g.chunk);
-        if (n > 1) bytes["reduce_scatter"] += 4.0 * double(g.padded()) * micro_steps;
-        if (replicas > 1) bytes["all_reduce"] += 4.0 * double(g.chunk) * micro_steps;
+        sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, gc));
+        if (n > 1) bytes["reduce_scatter"] += Gr * gp * micro_steps;
+        if (replicas > 1) bytes["all_reduce"] += Gr * gc * micro_steps;
         break;
       case Act::finish_grads:
-        sim.on_free(MemTag::grads, 4 * g.padded());
-        sim.on_free(MemTag::comm_buffers, 4 * g.chunk);
+        sim.on_free(MemTag::grads, bytes_of(Gr, gp));
+        sim.on_free(MemTag::comm_buffers, bytes_of(Gr, gc));
         break;
       default:
         break;
     }
   }
   if (n > 1) {
-    if (!c.shard_grads) bytes["reduce_scatter"] += 4 * padded;  // zero1: once per step
-    if (!c.shard_params) bytes["all_gather"] += 4 * padded;     // updated shards to everyone
-    if (in.train.grad_clip > 0) bytes["all_reduce"] += 8;       // the global gradient norm
+    if (!c.shard_grads) bytes["reduce_scatter"] += Gr * padded;  // zero1: once per step
+    if (!c.shard_params) bytes["all_gather"] += P * padded;      // updated shards to everyone
+    if (in.train.grad_clip > 0) bytes["all_reduce"] += 8;        // the global gradient norm
   }
   for (MemTag t : {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers})
     p.memory_bytes[static_cast<int>(t)] = double(sim.peak(t));

@@ -3,7 +3,11 @@
 
 namespace strata::sharded {
 
-Engine::Engine(Context& ctx, const EngineConfig& c) : config_(c), memory_(&ctx.memory()) {
+Engine::Engine(Context& ctx, const EngineConfig& c)
+    : config_(c),
+      param_dtype_(ctx.train().precision.param),
+      grad_dtype_(ctx.train().precision.reduce),
+      memory_(&ctx.memory()) {
   const ParamLayout& layout = ctx.model().layout();
   shard_group_ = &ctx.group(c.hybrid ? Axis::dp_intra_node : Axis::dp);
   if (c.hybrid) replica_group_ = &ctx.group(Axis::dp_inter_node);
@@ -14,8 +18,8 @@ Engine::Engine(Context& ctx, const EngineConfig& c) : config_(c), memory_(&ctx.m
   for (int g = 0; g < G; ++g)
     for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) group_of_unit_.push_back(g);
 
-  param_ptrs_.assign(layout.num_units(), nullptr);
-  grad_ptrs_.assign(layout.num_units(), nullptr);
+  param_ptrs_.assign(layout.num_units(), BufferView{});
+  grad_ptrs_.assign(layout.num_units(), BufferView{});
   gathered_.resize(G);
   group_grads_.resize(G);
   reduced_.resize(G);
@@ -29,69 +33,68 @@ Engine::Engine(Context& ctx, const EngineConfig& c) : config_(c), memory_(&ctx.m
   if (!c.shard_params) {
     // A full replica in a padded layout: group g starts at base_[g], so every group's shards can
     // be all-gathered in place.
-    replica_params_ = Buffer<float>(mem, MemTag::params, total_padded);
+    replica_params_ = DeviceBuffer(mem, MemTag::params, param_dtype_, total_padded);
     for (int g = 0; g < G; ++g) {
       init_params(layout, seed, groups_[g].offset,
-                  {replica_params_.data() + base_[g], groups_[g].count});
-      for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
-        param_ptrs_[u] =
-            replica_params_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
+                  replica_params_.view(base_[g], groups_[g].count));
+      point_units(layout, g, replica_params_.view(base_[g], groups_[g].padded()), param_ptrs_);
     }
   } else {
     for (const ShardGroup& g : groups_) {
-      shard_params_.emplace_back(mem, MemTag::params, g.chunk);
+      shard_params_.emplace_back(mem, MemTag::params, param_dtype_, g.chunk);
       init_params(layout, seed, g.offset + std::size_t(shard_index_) * g.chunk,
-                  {shard_params_.back().data(), g.valid(shard_index_)});
+                  shard_params_.back().view(0, g.valid(shard_index_)));
     }
   }
-  for (const ShardGroup& g : groups_) shard_grads_.emplace_back(mem, MemTag::grads, g.chunk);
+  for (const ShardGroup& g : groups_)
+    shard_grads_.emplace_back(mem, MemTag::grads, grad_dtype_, g.chunk);
   if (!c.shard_grads) {
-    replica_grads_ = Buffer<float>(mem, MemTag::grads, total_padded);
+    replica_grads_ = DeviceBuffer(mem, MemTag::grads, grad_dtype_, total_padded);
     for (int g = 0; g < G; ++g)
-      for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
-        grad_ptrs_[u] =
-            replica_grads_.data() + base_[g] + (layout.units()[u].offset - groups_[g].offset);
+      point_units(layout, g, replica_grads_.view(base_[g], groups_[g].padded()), grad_ptrs_);
   }
   for (const ShardGroup& g : groups_)
-    optimizers_.emplace_back(layout, g.offset + std::size_t(shard_index_) * g.chunk,
-                             g.valid(shard_index_), adamw_config(ctx), mem);
+    optimizers_.push_back(
+        make_adamw(ctx, g.offset + std::size_t(shard_index_) * g.chunk, g.valid(shard_index_)));
+}
+
+void Engine::point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const {
+  for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) {
+    const UnitInfo& unit = layout.units()[u];
+    ptrs[u] = slice(group, unit.offset - groups_[g].offset, unit.count);
+  }
 }
 
 void Engine::issue_gather(Context& ctx, int g) {
   const ShardGroup& grp = groups_[g];
-  gathered_[g] = Buffer<float>(*memory_, MemTag::comm_buffers, grp.padded());
-  float* full = gathered_[g].data();
-  float* shard = shard_params_[g].data();
+  gathered_[g] = DeviceBuffer(*memory_, MemTag::comm_buffers, param_dtype_, grp.padded());
+  const BufferView full = gathered_[g].view(), shard = shard_params_[g].view();
   Group* sg = shard_group_;
   if (sg->size() > 1)
-    gather_done_[g] = ctx.comm_stream().all_gather(*sg, view(shard, grp.chunk),
-                                                   view(full, grp.padded()), ctx.compute_event());
+    gather_done_[g] = ctx.comm_stream().all_gather(*sg, shard, full, ctx.compute_event());
   else
-    ctx.ops().copy(view(full, grp.chunk), view(shard, grp.chunk));
-  const ParamLayout& layout = ctx.model().layout();
-  for (int u = grp.first_unit; u <= grp.last_unit; ++u)
-    param_ptrs_[u] = full + (layout.units()[u].offset - grp.offset);
+    ctx.ops().copy(slice(full, 0, grp.chunk), shard);
+  point_units(ctx.model().layout(), g, full, param_ptrs_);
 }
 
 void Engine::reduce_grads(Context& ctx, int g) {
   const ShardGroup& grp = groups_[g];
-  reduced_[g] = Buffer<float>(*memory_, MemTag::comm_buffers, grp.chunk);
-  float* in = group_grads_[g].data();
-  float* out = reduced_[g].data();
+  reduced_[g] = DeviceBuffer(*memory_, MemTag::comm_buffers, grad_dtype_, grp.chunk);
+  const BufferView in = group_grads_[g].view(), out = reduced_[g].view();
   Group* sg = shard_group_;
   Group* rg = replica_group_ && replica_group_->size() > 1 ? replica_group_ : nullptr;
   DeviceOps* ops = &ctx.ops();
   if (sg->size() == 1 && !rg) {
-    ops->copy(view(out, grp.chunk), view(in, grp.chunk));
+    ops->copy(out, slice(in, 0, grp.chunk));
     return;
   }
   reduce_done_[g] = ctx.comm_stream().enqueue(
       [sg, rg, in, out, grp, ops] {
         if (sg->size() > 1)
-          sg->reduce_scatter(view(in, grp.padded()), view(out, grp.chunk));
+          sg->reduce_scatter(in, out);
         else
-          ops->copy(view(out, grp.chunk), view(in, grp.chunk));
-        if (rg) rg->all_reduce(view(out, grp.chunk));  // hybrid: replicas across nodes
+          ops->copy(out, slice(in, 0, grp.chunk));
+        if (rg) rg->all_reduce(out);  // hybrid: replicas across nodes
       },
       ctx.compute_event());
 }
@@ -99,10 +102,9 @@ void Engine::reduce_grads(Context& ctx, int g) {
 void Engine::finish_grads(Context& ctx, int g) {
   if (reduce_done_[g]) reduce_done_[g]->wait();
   reduce_done_[g].reset();
-  const std::size_t n = groups_[g].chunk;
-  ctx.ops().axpy(view(shard_grads_[g].data(), n), 1.0, view(reduced_[g].data(), n));
-  reduced_[g] = Buffer<float>();
-  group_grads_[g] = Buffer<float>();
+  ctx.ops().axpy(shard_grads_[g].view(), 1.0, reduced_[g].view());
+  reduced_[g] = DeviceBuffer();
+  group_grads_[g] = DeviceBuffer();
 }
 
 void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
@@ -132,14 +134,13 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         break;
       }
       case Act::free_params:
-        gathered_[g] = Buffer<float>();
+        gathered_[g] = DeviceBuffer();
         for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
-          param_ptrs_[u] = nullptr;
+          param_ptrs_[u] = BufferView{};
         break;
       case Act::alloc_grads:
-        group_grads_[g] = Buffer<float>(*memory_, MemTag::grads, groups_[g].padded());
-        for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
-          grad_ptrs_[u] = group_grads_[g].data() + (layout.units()[u].offset - groups_[g].offset);
+        group_grads_[g] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, groups_[g].padded());
+        point_units(layout, g, group_grads_[g].view(), grad_ptrs_);
         break;
       case Act::reduce_grads:
         reduce_grads(ctx, g);
@@ -158,36 +159,36 @@ void Engine::update(Context& ctx, int step) {
   if (!config_.shard_grads) {  // zero1: one reduce-scatter per group, straight into the shard
     std::vector<Event> done;
     for (int g = 0; g < G; ++g) {
-      float* full = replica_grads_.data() + base_[g];
+      const BufferView full = replica_grads_.view(base_[g], groups_[g].padded());
       if (sg.size() > 1)
-        done.push_back(ctx.comm_stream().reduce_scatter(
-            sg, view(full, groups_[g].padded()), view(shard_grads_[g].data(), groups_[g].chunk),
-            ctx.compute_event()));
+        done.push_back(ctx.comm_stream().reduce_scatter(sg, full, shard_grads_[g].view(),
+                                                        ctx.compute_event()));
       else
-        ctx.ops().copy(view(shard_grads_[g].data(), groups_[g].chunk),
-                       view(full, groups_[g].chunk));
+        ctx.ops().copy(shard_grads_[g].view(), slice(full, 0, groups_[g].chunk));
     }
     for (Event& e : done) e.wait();
   }
   PhaseTimer timer(ctx, Phase::optimizer);
   double sumsq = 0;
   for (int g = 0; g < G; ++g)
-    sumsq += ctx.ops().sum_of_squares(view(shard_grads_[g].data(), groups_[g].valid(i)));
+    sumsq += ctx.ops().sum_of_squares(shard_grads_[g].view(0, groups_[g].valid(i)));
   if (ctx.train().grad_clip > 0 && sg.size() > 1) sg.all_reduce({&sumsq, 1, DType::f64});
   const float clip = clip_scale(std::sqrt(sumsq), ctx.train().grad_clip);
   for (int g = 0; g < G; ++g) {
-    float* params = config_.shard_params
-                        ? shard_params_[g].data()
-                        : replica_params_.data() + base_[g] + std::size_t(i) * groups_[g].chunk;
-    optimizers_[g].step(params, shard_grads_[g].data(), step + 1, clip);
+    const std::size_t valid = groups_[g].valid(i);  // the optimizer holds the real elements only
+    const BufferView params =
+        config_.shard_params
+            ? shard_params_[g].view(0, valid)
+            : replica_params_.view(base_[g] + std::size_t(i) * groups_[g].chunk, valid);
+    optimizers_[g].step(params, shard_grads_[g].view(0, valid), step + 1, clip);
   }
   if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
     std::vector<Event> done;
     for (int g = 0; g < G; ++g) {
-      float* full = replica_params_.data() + base_[g];
+      const BufferView full = replica_params_.view(base_[g], groups_[g].padded());
       done.push_back(ctx.comm_stream().all_gather(
-          sg, view(full + std::size_t(i) * groups_[g].chunk, groups_[g].chunk),
-          view(full, groups_[g].padded()), ctx.compute_event()));
+          sg, slice(full, std::size_t(i) * groups_[g].chunk, groups_[g].chunk), full,
+          ctx.compute_event()));
     }
     for (Event& e : done) e.wait();
   }
@@ -202,8 +203,8 @@ void EngineStrategy::validate(const MeshSpec& mesh, const TrainSpec&, const Mode
 }
 
 void Engine::train_step(Context& ctx, int step) {
-  for (auto& b : shard_grads_) b.zero();
-  if (replica_grads_.size()) replica_grads_.zero();
+  for (auto& b : shard_grads_) ctx.ops().fill(b.view(), 0);
+  if (replica_grads_.size()) ctx.ops().fill(replica_grads_.view(), 0);
   const int micro_steps = ctx.train().micro_steps(ctx.mesh());
   for (int m = 0; m < micro_steps; ++m) run_micro_batch(ctx, ctx.micro_batch(step, m));
   update(ctx, step);

@@ -85,6 +85,9 @@ class Engine {
   void reduce_grads(Context& ctx, int g);
   void finish_grads(Context& ctx, int g);
   void update(Context& ctx, int step);
+  // ptrs[u] for the units of group g: their ranges in `group` (the group's elements from its
+  // start).
+  void point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const;
 
   EngineConfig config_;
   Group* shard_group_;              // dp, or dp_intra_node for hybrid
@@ -94,10 +97,13 @@ class Engine {
   std::vector<int> group_of_unit_;
   std::vector<Action> schedule_;
   // Parameters: a full padded replica (zero1/2) or this rank's shards plus gathered buffers.
-  Buffer<float> replica_params_, replica_grads_;
+  // Parameters (and gathered copies) in the run's param dtype, gradients (and their reduction
+  // buffers) in its reduce dtype; the fp32 master shards live in the optimizers.
+  DType param_dtype_, grad_dtype_;
+  DeviceBuffer replica_params_, replica_grads_;
   std::vector<std::size_t> base_;  // group g's start in the padded replica layout
-  std::vector<Buffer<float>> shard_params_, shard_grads_;
-  std::vector<Buffer<float>> gathered_, group_grads_, reduced_;
+  std::vector<DeviceBuffer> shard_params_, shard_grads_;
+  std::vector<DeviceBuffer> gathered_, group_grads_, reduced_;
   std::vector<std::optional<Event>> gather_done_, reduce_done_;
   UnitPtrs param_ptrs_, grad_ptrs_;
   std::vector<AdamW> optimizers_;

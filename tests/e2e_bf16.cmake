@@ -1,0 +1,90 @@
+# bf16 mixed precision (--precision bf16): every strategy at 2 and 4 ranks on the 1-rank bf16
+# trajectory, memory per tag and bytes per op equal to predict() (the checks of
+# strata_e2e_checks), gradients reduced in bf16 moving half the bytes of fp32, and bf16 against
+# fp32 on `small`.
+#
+# Tolerance: E2E_BF16_TOL = 2e-3 absolute on the per-step loss (the fp32 runs use 1e-5). bf16
+# parameters carry 8 significant bits: the fp32 summation-order differences between a split run
+# and the 1-rank reference (micro-batch size, reduction order, tensor-parallel partial sums), ~1e-7
+# relative in fp32, flip the rounding of a few parameters by one bf16 ulp each step, and the flips
+# compound. Measured over 20 steps of tiny: 8e-5 to 3.5e-4 for the data-parallel strategies,
+# pipelines and tp alone, 9.2e-4 for tp=2 x pp=2 on 8 layers; a wrong reduction or update moves the
+# loss by more than 1e-2 within a few steps.
+set(E2E_BF16_TOL 2e-3)
+
+# strata_e2e_bf16(<id> <ranks> <reference id> <runner args...>): the run (with --precision bf16
+# added) and its checks against the given bf16 reference.
+function(strata_e2e_bf16 id ranks ref)
+  strata_e2e_run(${id} ${ranks} ${ARGN} --precision bf16)
+  add_test(NAME e2e.layout.${id} COMMAND check_run layout ${E2E_DIR}/${id}.h5 ${ranks} ${E2E_STEPS})
+  add_test(NAME e2e.predicted.${id} COMMAND check_run predicted ${E2E_DIR}/${id}.h5)
+  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES
+                       FIXTURES_REQUIRED run.${id} LABELS e2e)
+  if(NOT id STREQUAL ref)
+    add_test(NAME e2e.trajectory.${id} COMMAND check_run trajectory ${E2E_DIR}/${ref}.h5
+                                               ${E2E_DIR}/${id}.h5 ${E2E_BF16_TOL})
+    set_tests_properties(e2e.trajectory.${id} PROPERTIES FIXTURES_REQUIRED "run.${id};run.${ref}"
+                         LABELS e2e)
+  endif()
+endfunction()
+
+# References: one rank, the whole batch in one micro-batch; gradients reduced in fp32 (the
+# default) and in bf16; 8 layers for the pipelines.
+strata_e2e_bf16(bf16.reference 1 bf16.reference --plugin dp --micro-batch 8)
+strata_e2e_bf16(bf16.reference.rbf16 1 bf16.reference.rbf16 --plugin dp --micro-batch 8
+                --reduce-dtype bf16)
+strata_e2e_bf16(bf16.reference.l8 1 bf16.reference.l8 --plugin dp --micro-batch 8 ${L8})
+
+foreach(n 2 4)
+  set(nodes --nodes 2)
+  if(n EQUAL 2)
+    set(nodes)
+  endif()
+  foreach(s dp ddp zero1 zero2 zero3 fsdp)
+    strata_e2e_bf16(bf16.${s}.np${n} ${n} bf16.reference --plugin ${s} --micro-batch 2 ${nodes})
+  endforeach()
+  strata_e2e_bf16(bf16.tp.np${n} ${n} bf16.reference --plugin tp --mesh tp=${n} --micro-batch 2
+                  --plugin-opt sp=on)
+  foreach(s gpipe 1f1b interleaved)
+    strata_e2e_bf16(bf16.${s}.pp${n} ${n} bf16.reference.l8 --plugin ${s} --mesh pp=${n}
+                    --micro-batch 2 ${L8})
+  endforeach()
+endforeach()
+strata_e2e_bf16(bf16.1f1b.tp2.pp2 4 bf16.reference.l8 --plugin 1f1b --mesh tp=2,pp=2
+                --micro-batch 2 ${L8})
+
+# Gradients reduced in bf16: on their own 1-rank reference, and every gradient collective moves
+# exactly half the bytes of the same run reducing in fp32 (predict() agrees: e2e.predicted).
+foreach(case "ddp;all_reduce" "zero2;reduce_scatter" "fsdp;reduce_scatter")
+  list(GET case 0 s)
+  list(GET case 1 op)
+  strata_e2e_bf16(bf16.${s}.rbf16.np2 2 bf16.reference.rbf16 --plugin ${s} --micro-batch 2
+                  --reduce-dtype bf16)
+  add_test(NAME e2e.halved.${s}.np2
+           COMMAND check_run comm-ratio ${E2E_DIR}/bf16.${s}.rbf16.np2.h5
+                   ${E2E_DIR}/bf16.${s}.np2.h5 ${op} 0.5)
+  set_tests_properties(e2e.halved.${s}.np2 PROPERTIES
+                       FIXTURES_REQUIRED "run.bf16.${s}.rbf16.np2;run.bf16.${s}.np2" LABELS e2e)
+endforeach()
+# bf16 parameters: zero3 / fsdp all-gather half the bytes of fp32 ones.
+add_test(NAME e2e.halved.fsdp.all_gather.np2
+         COMMAND check_run comm-ratio ${E2E_DIR}/bf16.fsdp.np2.h5 ${E2E_DIR}/fsdp.np2.h5 all_gather
+                 0.5)
+set_tests_properties(e2e.halved.fsdp.all_gather.np2 PROPERTIES
+                     FIXTURES_REQUIRED "run.bf16.fsdp.np2;run.fsdp.np2" LABELS e2e)
+
+# bf16 against fp32 on `small`, 1 rank, 50 steps (loss 8.36 -> 6.34): the per-step losses agree
+# within 1e-2 absolute (measured: 1.9e-3 at most; the gap grows slowly with the steps as the two
+# trajectories drift apart by bf16 rounding, never by a different algorithm).
+foreach(p fp32 bf16)
+  add_test(NAME e2e.run.small50.${p}
+           COMMAND runner --model small --steps 50 --plugin ddp --precision ${p} --out ${E2E_DIR}
+                   --quiet --run-id small50.${p})
+  set_tests_properties(e2e.run.small50.${p} PROPERTIES FIXTURES_SETUP run.small50.${p}
+                       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+                       LABELS e2e TIMEOUT 600 RESOURCE_LOCK cores)
+endforeach()
+add_test(NAME e2e.trajectory.small50.bf16-vs-fp32
+         COMMAND check_run trajectory ${E2E_DIR}/small50.fp32.h5 ${E2E_DIR}/small50.bf16.h5 1e-2)
+set_tests_properties(e2e.trajectory.small50.bf16-vs-fp32 PROPERTIES
+                     FIXTURES_REQUIRED "run.small50.fp32;run.small50.bf16" LABELS e2e)

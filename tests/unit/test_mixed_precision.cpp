@@ -1,0 +1,187 @@
+// bf16 mixed precision in the SDK: bf16 initialisation, the model's passes on bf16 parameters
+// against the same model in fp32, their activation account, and AdamW's fp32 master copy.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cpu/gemm_bf16.hpp"
+#include "strata/memory.hpp"
+#include "strata/model.hpp"
+#include "strata/optimizer.hpp"
+#include "strata/types.hpp"
+
+using namespace strata;
+
+namespace {
+
+ModelSpec tiny_spec() { return {"tiny", 2, 32, 2, 16, 64}; }
+
+// Parameters of one dtype, initialised from a seed, with per-unit views.
+struct Params {
+  std::vector<float> f32;
+  std::vector<bf16> b16;
+  UnitPtrs units;
+  Params(const ParamLayout& layout, DType dtype, std::uint64_t seed) {
+    f32.resize(layout.total());
+    init_params(layout, seed, 0, std::span<float>(f32));
+    if (dtype == DType::bf16) {
+      b16.resize(layout.total());
+      init_params(layout, seed, 0, view(b16.data(), b16.size()));
+    }
+    for (const UnitInfo& u : layout.units())
+      units.push_back(dtype == DType::f32 ? view(f32.data() + u.offset, u.count)
+                                          : view(b16.data() + u.offset, u.count));
+  }
+};
+
+struct Grads {
+  std::vector<float> f32;
+  std::vector<bf16> b16;
+  UnitPtrs units;
+  Grads(const ParamLayout& layout, DType dtype) {
+    f32.assign(layout.total(), 0.0f);
+    b16.assign(layout.total(), bf16{});
+    for (const UnitInfo& u : layout.units())
+      units.push_back(dtype == DType::f32 ? view(f32.data() + u.offset, u.count)
+                                          : view(b16.data() + u.offset, u.count));
+  }
+  double at(std::size_t i) const { return b16.empty() || f32[i] != 0 ? f32[i] : to_float(b16[i]); }
+};
+
+struct Batch {
+  std::vector<std::int32_t> inputs, targets;
+  MicroBatch mb;
+  Batch(int B, const ModelSpec& s, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> d(0, s.vocab - 1);
+    for (int i = 0; i < B * s.seq; ++i) inputs.push_back(d(rng)), targets.push_back(d(rng));
+    mb = {inputs.data(), targets.data(), B, s.seq};
+  }
+};
+
+// Loss and gradients of one micro-batch.
+double loss_and_grads(Model& m, const UnitPtrs& p, const UnitPtrs& g, const Batch& b) {
+  const int units = m.layout().num_units();
+  for (int u = 0; u < units; ++u) m.forward(u, p, b.mb);
+  const double loss = m.loss_sum() / (double(b.mb.batch) * b.mb.seq);
+  const float scale = 1.0f / float(b.mb.batch * b.mb.seq);
+  for (int u = units - 1; u >= 0; --u) m.backward(u, p, g, b.mb, scale);
+  return loss;
+}
+
+TEST(MixedPrecision, Bf16InitIsTheRoundedFp32Init) {
+  const ParamLayout layout(tiny_spec());
+  Params p(layout, DType::bf16, 11);
+  for (std::size_t i = 0; i < layout.total(); ++i)
+    ASSERT_EQ(p.b16[i].bits, to_bf16(p.f32[i]).bits) << i;
+  // A slice starting mid-tensor initialises as that range of the whole.
+  std::vector<bf16> part(1000);
+  init_params(layout, 11, 4321, view(part.data(), part.size()));
+  for (std::size_t i = 0; i < part.size(); ++i) ASSERT_EQ(part[i].bits, p.b16[4321 + i].bits);
+}
+
+// The bf16 passes compute what the fp32 passes compute, to bf16 accuracy: a wrong transpose,
+// dropped bias or gradient would be off by O(1), bf16 rounding is off by ~1%.
+TEST(MixedPrecision, Bf16PassesFollowFp32ForLossAndGradients) {
+  ASSERT_TRUE(cpu::have_bf16_gemm()) << "this build must have oneDNN";
+  const ModelSpec spec = tiny_spec();
+  MemoryLedger ledger;
+  Model m32(spec, 2, ledger), m16(spec, 2, ledger, Recompute::none, DType::bf16);
+  EXPECT_EQ(m16.param_dtype(), DType::bf16);
+  const ParamLayout& layout = m32.layout();
+  Params p32(layout, DType::f32, 5), p16(layout, DType::bf16, 5);
+  const Batch batch(2, spec, 9);
+  for (DType grad_dtype : {DType::f32, DType::bf16}) {
+    Grads g32(layout, DType::f32), g16(layout, grad_dtype);
+    const double l32 = loss_and_grads(m32, p32.units, g32.units, batch);
+    const double l16 = loss_and_grads(m16, p16.units, g16.units, batch);
+    EXPECT_NEAR(l16, l32, 5e-3 * l32);
+    for (const TensorInfo& t : layout.tensors()) {
+      double dot = 0, n32 = 0, diff = 0;
+      for (std::size_t i = t.offset; i < t.offset + t.count; ++i) {
+        const double a = g32.f32[i], b = g16.at(i);
+        dot += a * b, n32 += a * a, diff += (a - b) * (a - b);
+      }
+      EXPECT_GT(n32, 0) << t.name;
+      EXPECT_LT(std::sqrt(diff / n32), 0.05) << t.name << " grads " << dtype_name(grad_dtype);
+    }
+    // A second micro-batch accumulates: every tensor's gradient doubles, to rounding (bf16
+    // gradients round at each accumulation: per-tensor relative error below 1%).
+    std::vector<double> once(layout.total());
+    for (std::size_t i = 0; i < once.size(); ++i) once[i] = g16.at(i);
+    loss_and_grads(m16, p16.units, g16.units, batch);
+    const double tol = grad_dtype == DType::bf16 ? 1e-2 : 1e-5;
+    for (const TensorInfo& t : layout.tensors()) {
+      double err = 0, norm = 0;
+      for (std::size_t i = t.offset; i < t.offset + t.count; ++i)
+        err += std::pow(g16.at(i) - 2 * once[i], 2), norm += std::pow(2 * once[i], 2);
+      EXPECT_LE(std::sqrt(err), tol * std::sqrt(norm) + 1e-9)
+          << t.name << " " << dtype_name(grad_dtype);
+    }
+  }
+}
+
+TEST(MixedPrecision, ActivationBytesCountTheBf16ScratchExactly) {
+  const ModelSpec spec = tiny_spec();
+  for (Recompute r : {Recompute::none, Recompute::full}) {
+    MemoryLedger ledger;
+    Model m(spec, 3, ledger, r, DType::bf16);
+    EXPECT_EQ(ledger.peak(MemTag::activations), Model::activation_bytes(spec, 3, r, DType::bf16));
+    EXPECT_GT(Model::activation_bytes(spec, 3, r, DType::bf16),
+              Model::activation_bytes(spec, 3, r));
+  }
+}
+
+TEST(MixedPrecision, ModelRefusesViewsOfAnotherDtypeOrSize) {
+  const ModelSpec spec = tiny_spec();
+  MemoryLedger ledger;
+  Model m16(spec, 1, ledger, Recompute::none, DType::bf16), m32(spec, 1, ledger);
+  const ParamLayout& layout = m16.layout();
+  Params p32(layout, DType::f32, 1), p16(layout, DType::bf16, 1);
+  Grads g16(layout, DType::bf16);
+  const Batch batch(1, spec, 3);
+  EXPECT_THROW(m16.forward(0, p32.units, batch.mb), Error);  // fp32 parameters, bf16 model
+  m32.forward(0, p32.units, batch.mb);
+  EXPECT_THROW(m32.backward(0, p32.units, g16.units, batch.mb, 1.0f), Error);  // bf16 grads
+  UnitPtrs short_view = p16.units;
+  short_view[1].count -= 1;
+  EXPECT_THROW(m16.forward(1, short_view, batch.mb), Error);
+}
+
+// AdamW with bf16 parameters updates its fp32 master exactly as fp32 AdamW updates fp32
+// parameters, and the bf16 parameters are the master rounded once.
+TEST(MixedPrecision, AdamWMasterStepsAsFp32AndRoundsIntoTheParameters) {
+  const ParamLayout layout(tiny_spec());
+  const std::size_t begin = 100, n = 3000;
+  MemoryLedger l32, l16;
+  AdamW a32(layout, begin, n, AdamWConfig{}, l32);
+  AdamW a16(layout, begin, n, AdamWConfig{}, l16, DType::bf16);
+  EXPECT_EQ(a16.state_bytes(), 12 * n);
+  EXPECT_EQ(l16.peak(MemTag::optimizer), 12 * n);
+  std::vector<float> p(n);
+  init_params(layout, 3, begin, std::span<float>(p));
+  init_params(layout, 3, begin, a16.master());
+  std::vector<bf16> p16(n);
+  init_params(layout, 3, begin, view(p16.data(), n));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> noise(0.0f, 0.01f);
+  for (int t = 1; t <= 3; ++t) {
+    std::vector<bf16> g16(n);
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g16[i] = to_bf16(noise(rng)), g[i] = to_float(g16[i]);
+    a32.step(view(p.data(), n), view(g.data(), n), t, 0.5f);
+    a16.step(view(p16.data(), n), view(g16.data(), n), t, 0.5f);
+  }
+  const float* master = static_cast<const float*>(a16.master().data);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(master[i], p[i]) << i;
+    ASSERT_EQ(p16[i].bits, to_bf16(p[i]).bits) << i;
+  }
+  std::vector<float> wrong(n);
+  EXPECT_THROW(a16.step(view(wrong.data(), n), view(wrong.data(), n), 4), Error);  // fp32 params
+}
+
+}  // namespace
