@@ -15,13 +15,14 @@ new="$root/build/bin/runner"
 old_src="/tmp/strata-ab-$(git rev-parse --short "$rev")"
 [[ -x "$new" ]] || { echo "precision_ab: build this tree first (make build)" >&2; exit 1; }
 
-if [[ ! -x "$old_src/build/bin/runner" ]]; then
-  echo "precision_ab: building $rev in $old_src (runner only)"
-  rm -rf "$old_src"
+if [[ ! -e "$old_src/build/.ab-built" ]]; then
+  echo "precision_ab: building $rev in $old_src (runner and plugins)"
+  git -C "$root" worktree remove --force "$old_src" 2>/dev/null || rm -rf "$old_src"
   git -C "$root" worktree add --detach "$old_src" "$rev" >/dev/null
   cmake -S "$old_src" -B "$old_src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF >/dev/null
-  cmake --build "$old_src/build" -j 2 --target runner >/dev/null
+    -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_TESTS=OFF >/dev/null
+  cmake --build "$old_src/build" -j 2 >/dev/null
+  touch "$old_src/build/.ab-built"
 fi
 old="$old_src/build/bin/runner"
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <string>
 
-#include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
+#include "strata/device.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -47,8 +47,7 @@ void AdamW::allocate(MemoryLedger& memory) {
 namespace {
 
 void check_view(const char* what, BufferView v, std::size_t count, bool bf16_ok) {
-  if (v.count != count || v.device != Device::cpu ||
-      !(v.dtype == DType::f32 || (bf16_ok && v.dtype == DType::bf16)))
+  if (v.count != count || !(v.dtype == DType::f32 || (bf16_ok && v.dtype == DType::bf16)))
     throw Error(std::string("AdamW::step: ") + what + " view of " + std::to_string(v.count) + " " +
                     dtype_name(v.dtype) + " elements, the optimizer holds " + std::to_string(count),
                 "pass the range this AdamW was built for, in the run's dtypes");
@@ -64,30 +63,22 @@ void AdamW::step(BufferView params, BufferView grads, int t, float grad_scale) {
   if (params.dtype != param_dtype_)
     throw Error(std::string("AdamW::step: ") + dtype_name(params.dtype) +
                 " parameters, built for " + dtype_name(param_dtype_));
-  float* p32 = param_dtype_ == DType::f32 ? static_cast<float*>(params.data) : master_.data();
-  // bf16 gradients are widened, and the master rounded into the bf16 parameters, in chunks: the
-  // fp32 copies stay in cache and no full-size temporary exists.
-  constexpr std::size_t kChunk = 4096;
-  float wide[kChunk];
+  // The update runs where the parameters live, one segment (one weight decay) at a time.
+  DeviceOps& ops = device_ops(params.device);
+  const bool mixed = param_dtype_ == DType::bf16;
   std::size_t k = 0;
   for (const AdamWSegment& s : segments_) {
-    const float decay = s.decay ? config_.weight_decay : 0.0f;
-    for (std::size_t done = 0; done < s.count;) {
-      const std::size_t n = grads.dtype == DType::f32 && param_dtype_ == DType::f32
-                                ? s.count - done
-                                : std::min(kChunk, s.count - done);
-      const float* g = static_cast<const float*>(grads.data) + k;
-      if (grads.dtype == DType::bf16) {
-        cpu::widen_bf16(wide, static_cast<const bf16*>(grads.data) + k, n);
-        g = wide;
-      }
-      cpu::adamw_update(p32 + k, g, m_.data() + k, v_.data() + k, std::int64_t(n), config_.lr,
-                        config_.beta1, config_.beta2, config_.eps, decay, t, grad_scale);
-      if (param_dtype_ == DType::bf16)
-        cpu::round_to_bf16(static_cast<bf16*>(params.data) + k, p32 + k, n);
-      k += n;
-      done += n;
-    }
+    const DeviceOps::AdamWStep st{config_.lr,
+                                  config_.beta1,
+                                  config_.beta2,
+                                  config_.eps,
+                                  s.decay ? config_.weight_decay : 0.0f,
+                                  t,
+                                  grad_scale};
+    const BufferView master = mixed ? slice(master_.view(), k, s.count) : BufferView{};
+    ops.adamw(slice(params, k, s.count), master, slice(grads, k, s.count),
+              slice(m_.view(), k, s.count), slice(v_.view(), k, s.count), st);
+    k += s.count;
   }
 }
 

@@ -144,3 +144,21 @@ TEST(CpuOps, ABufferViewCarriesItsDtypeAndDeviceAndOtherDevicesAreRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// Work on a buffer goes to the backend of the buffer's device (AdamW included).
+TEST(DeviceOps, EachDeviceHasItsBackendOrARefusal) {
+  EXPECT_EQ(&strata::device_ops(strata::Device::cpu), &strata::cpu_ops());
+  EXPECT_THROW(strata::device_ops(strata::Device::cuda), strata::Error);
+  std::vector<float> p(3, 1.0f), g(3, 0.5f), m(3), v(3), short_m(2);
+  strata::DeviceOps::AdamWStep st{0.1f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f};
+  strata::cpu_ops().adamw(view(p.data(), 3), {}, view(g.data(), 3), view(m.data(), 3),
+                          view(v.data(), 3), st);
+  for (float x : p) EXPECT_FLOAT_EQ(x, 1.0f - 0.1f);  // first Adam step: lr x sign(g)
+  EXPECT_THROW(strata::cpu_ops().adamw(view(p.data(), 3), {}, view(g.data(), 3),
+                                       view(short_m.data(), 2), view(v.data(), 3), st),
+               strata::Error);
+}
+
+}  // namespace

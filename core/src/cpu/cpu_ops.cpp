@@ -4,6 +4,8 @@
 #include <string>
 #include <type_traits>
 
+#include "cpu/gemm_bf16.hpp"
+#include "cpu/layers.hpp"
 #include "strata/device.hpp"
 
 namespace strata {
@@ -115,7 +117,44 @@ class CpuOps final : public DeviceOps {
     }
     return s;
   }
+  void adamw(BufferView params, BufferView master, BufferView grads, BufferView m, BufferView v,
+             const AdamWStep& st) override;
 };
+
+void CpuOps::adamw(BufferView params, BufferView master, BufferView grads, BufferView m,
+                   BufferView v, const AdamWStep& st) {
+  const bool mixed = params.dtype == DType::bf16;
+  for (BufferView x : {params, master, grads, m, v}) check_on_cpu("adamw", x);
+  const std::size_t n = params.count;
+  BufferView p32 = mixed ? master : params;
+  if (p32.dtype != DType::f32 || m.dtype != DType::f32 || v.dtype != DType::f32 ||
+      (grads.dtype != DType::f32 && grads.dtype != DType::bf16) || p32.count != n ||
+      grads.count != n || m.count != n || v.count != n || (mixed && params.dtype != DType::bf16))
+    throw Error("adamw: " + std::to_string(n) + " " + dtype_name(params.dtype) +
+                    " parameters need fp32 m, v (and master for bf16) and f32 or bf16 gradients "
+                    "of the same count",
+                "pass one AdamW segment's views");
+  float* p = static_cast<float*>(p32.data);
+  float* mm = static_cast<float*>(m.data);
+  float* vv = static_cast<float*>(v.data);
+  // bf16 gradients are widened, and the master rounded into the bf16 parameters, in chunks: the
+  // fp32 copies stay in cache and no full-size temporary exists.
+  constexpr std::size_t kChunk = 4096;
+  float wide[kChunk];
+  const bool direct = grads.dtype == DType::f32 && !mixed;
+  for (std::size_t k = 0; k < n;) {
+    const std::size_t c = direct ? n : std::min(kChunk, n - k);
+    const float* g = static_cast<const float*>(grads.data) + k;
+    if (grads.dtype == DType::bf16) {
+      cpu::widen_bf16(wide, static_cast<const bf16*>(grads.data) + k, c);
+      g = wide;
+    }
+    cpu::adamw_update(p + k, g, mm + k, vv + k, std::int64_t(c), st.lr, st.beta1, st.beta2, st.eps,
+                      st.weight_decay, st.t, st.grad_scale);
+    if (mixed) cpu::round_to_bf16(static_cast<bf16*>(params.data) + k, p + k, c);
+    k += c;
+  }
+}
 
 }  // namespace
 
@@ -137,6 +176,12 @@ const char* dtype_name(DType t) {
       return "bf16";
   }
   return "?";
+}
+
+DeviceOps& device_ops(Device d) {
+  if (d == Device::cpu) return cpu_ops();
+  throw Error(std::string("no backend for ") + device_name(d) + " memory in this process",
+              "this build runs on --device cpu");
 }
 
 DeviceOps& cpu_ops() {
