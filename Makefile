@@ -73,7 +73,8 @@ endef
 sanitize: deps
 	$(call sanitizer_tests,$(ASAN_BUILD),address$(comma)undefined)
 
-# TSan: comm streams and ledger, the UCX transport on 2-3 ranks, short ddp/zero3/gpipe and failure runs.
+# TSan: comm streams and ledger, the UCX transport on 2-3 ranks, short ddp/zero3/gpipe and failure runs,
+# and the CUDA emulator's shared-memory kernels (tests/cuda_emu).
 tsan: deps
 	$(call sanitizer_tests,$(TSAN_BUILD),thread)
 

@@ -56,7 +56,12 @@ if(STRATA_SANITIZE MATCHES "thread")
   # threads (2 and 3 ranks), and short e2e runs whose collectives run on comm streams: ddp's
   # buckets, zero3's prefetched gathers over MPI and UCX, gpipe's sends with --trace, and the
   # failure runs (the watchdog thread beside a run that throws, runs out of memory or hangs).
-  set(SANITIZE_UNIT_EXECUTABLES test_comm)
+  # The CUDA emulator's block runner (every CUDA thread a host thread) with the kernels whose
+  # threads share memory through barriers: LayerNorm backward (dynamic shared memory), softmax +
+  # cross-entropy (block reductions in static shared memory) and the matmul bias gradient (a
+  # shared-memory column sum). A missing __syncthreads there is a race TSan reports.
+  set(SANITIZE_UNIT_EXECUTABLES test_comm test_cuda_layers_emu)
+  set(SANITIZE_EMU_TESTS "^emu[.].*(CudaLayerNorm|CudaCrossEntropy|CudaMatmul)[.]")
   set(SANITIZE_UNIT_TESTS ucx.collectives.np2 ucx.collectives.np3)
   set(SANITIZE_FIXTURES run.reference run.reference.l8 run.ddp.np4 run.zero3.np2 run.zero3.np4
                         run.zero3.np4.ucx run.gpipe.pp4 fail.throw fail.oom fail.hang)
@@ -132,8 +137,15 @@ function(strata_sanitize_tests)
     string(APPEND lists " ${e}_TESTS")
   endforeach()
   set(script ${CMAKE_CURRENT_BINARY_DIR}/sanitize_labels.cmake)
+  # The emulated CUDA tests (emu.*): all of them, or those SANITIZE_EMU_TESTS matches.
+  if(NOT DEFINED SANITIZE_EMU_TESTS)
+    set(SANITIZE_EMU_TESTS "^emu[.]")
+  endif()
   file(WRITE ${script} "foreach(t IN LISTS${lists})\n"
                        "  if(t MATCHES \"${SANITIZE_NEVER}\")\n"
+                       "    continue()\n"
+                       "  endif()\n"
+                       "  if(t MATCHES \"^emu[.]\" AND NOT t MATCHES \"${SANITIZE_EMU_TESTS}\")\n"
                        "    continue()\n"
                        "  endif()\n"
                        "  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"unit;sanitize\"\n"

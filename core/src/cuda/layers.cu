@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "cuda/device.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/layers.cuh"
 
 namespace strata::cuda {
@@ -143,7 +144,7 @@ __global__ void layernorm_backward_kernel(float* dinp,          // [N, C] +=
                                           const float* mean,    // [N]
                                           const float* rstd,    // [N]
                                           int N, int C) {
-  extern __shared__ float shared[];
+  STRATA_DYNAMIC_SHARED(float, shared);
   float* s_dweight = shared;    // [C]
   float* s_dbias = shared + C;  // [C]
   for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) shared[i] = 0.0f;
@@ -412,8 +413,8 @@ void encoder_forward(const CudaContext& ctx, float* out, const std::int32_t* tok
                      const float* wte, const float* wpe, int B, int T, int C) {
   const std::int64_t N = std::int64_t(B) * T;
   if (N == 0 || C == 0) return;
-  encoder_forward_kernel<<<grid_for(N * C), kBlock, 0, ctx.stream>>>(out, tokens, wte, wpe, N, T,
-                                                                     C);
+  STRATA_LAUNCH(encoder_forward_kernel, grid_for(N * C), kBlock, 0, ctx.stream)
+  (out, tokens, wte, wpe, N, T, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -421,8 +422,8 @@ void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const fl
                       const std::int32_t* tokens, int B, int T, int C) {
   const std::int64_t N = std::int64_t(B) * T;
   if (N == 0 || C == 0) return;
-  encoder_backward_kernel<<<grid_for(N * C), kBlock, 0, ctx.stream>>>(dwte, dwpe, dout, tokens, N,
-                                                                      T, C);
+  STRATA_LAUNCH(encoder_backward_kernel, grid_for(N * C), kBlock, 0, ctx.stream)
+  (dwte, dwpe, dout, tokens, N, T, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -432,8 +433,8 @@ void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const fl
 void layernorm_forward(const CudaContext& ctx, float* out, float* mean, float* rstd,
                        const float* inp, const float* weight, const float* bias, int N, int C) {
   if (N == 0) return;
-  layernorm_forward_kernel<<<grid_for_rows(N), kBlock, 0, ctx.stream>>>(out, mean, rstd, inp,
-                                                                        weight, bias, N, C);
+  STRATA_LAUNCH(layernorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
+  (out, mean, rstd, inp, weight, bias, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -448,8 +449,8 @@ void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, flo
   }
   // Enough blocks to fill the GPU; each block then sums dweight/dbias over many rows.
   const unsigned grid = std::min(grid_for_rows(N), 1024u);
-  layernorm_backward_kernel<<<grid, kBlock, smem, ctx.stream>>>(dinp, dweight, dbias, dout, inp,
-                                                                weight, mean, rstd, N, C);
+  STRATA_LAUNCH(layernorm_backward_kernel, grid, kBlock, smem, ctx.stream)
+  (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -461,8 +462,8 @@ void matmul_forward(const CudaContext& ctx, float* out, const float* inp, const 
   if (N == 0 || OC == 0) return;
   float beta = 0.0f;
   if (bias) {
-    broadcast_bias_kernel<<<grid_for(std::int64_t(N) * OC), kBlock, 0, ctx.stream>>>(out, bias, N,
-                                                                                     OC);
+    STRATA_LAUNCH(broadcast_bias_kernel, grid_for(std::int64_t(N) * OC), kBlock, 0, ctx.stream)
+    (out, bias, N, OC);
     STRATA_CUDA_CHECK_LAUNCH();
     beta = 1.0f;
   }
@@ -478,7 +479,8 @@ void matmul_backward(const CudaContext& ctx, float* dinp, float* dweight, float*
   if (dweight)
     sgemm(ctx, kN, kT, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);  // dout^T @ inp
   if (dbias) {
-    column_sum_kernel<<<unsigned((OC + 31) / 32), dim3(32, 8), 0, ctx.stream>>>(dbias, dout, N, OC);
+    STRATA_LAUNCH(column_sum_kernel, unsigned((OC + 31) / 32), dim3(32, 8), 0, ctx.stream)
+    (dbias, dout, N, OC);
     STRATA_CUDA_CHECK_LAUNCH();
   }
 }
@@ -500,7 +502,8 @@ void attention_forward(const CudaContext& ctx, float* out, float* att, const flo
     sgemm_batched(ctx, kT, kN, T, T, hs, scale, k, C3, hs, q, C3, hs, 0.0f, p, T, TT, NH);
   }
   const std::int64_t rows = std::int64_t(B) * NH * T;
-  causal_softmax_forward_kernel<<<grid_for_rows(rows), kBlock, 0, ctx.stream>>>(att, rows, T);
+  STRATA_LAUNCH(causal_softmax_forward_kernel, grid_for_rows(rows), kBlock, 0, ctx.stream)
+  (att, rows, T);
   STRATA_CUDA_CHECK_LAUNCH();
   for (int b = 0; b < B; ++b) {
     const float* v = qkv + std::int64_t(b) * T * C3 + 2 * C;
@@ -529,8 +532,8 @@ void attention_backward(const CudaContext& ctx, float* dqkv, float* datt, const 
     sgemm_batched(ctx, kT, kN, T, T, hs, 1.0f, v, C3, hs, dob, C, hs, 0.0f, ds, T, TT, NH);
   }
   const std::int64_t rows = std::int64_t(B) * NH * T;
-  causal_softmax_backward_kernel<<<grid_for_rows(rows), kBlock, 0, ctx.stream>>>(datt, att, rows,
-                                                                                 T);
+  STRATA_LAUNCH(causal_softmax_backward_kernel, grid_for_rows(rows), kBlock, 0, ctx.stream)
+  (datt, att, rows, T);
   STRATA_CUDA_CHECK_LAUNCH();
   for (int b = 0; b < B; ++b) {
     const float* q = qkv + std::int64_t(b) * T * C3;
@@ -549,21 +552,21 @@ void attention_backward(const CudaContext& ctx, float* dqkv, float* datt, const 
 
 void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n) {
   if (n == 0) return;
-  gelu_forward_kernel<<<grid_for(n), kBlock, 0, ctx.stream>>>(out, inp, n);
+  STRATA_LAUNCH(gelu_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)(out, inp, n);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
 void gelu_backward(const CudaContext& ctx, float* dinp, const float* inp, const float* dout,
                    std::int64_t n) {
   if (n == 0) return;
-  gelu_backward_kernel<<<grid_for(n), kBlock, 0, ctx.stream>>>(dinp, inp, dout, n);
+  STRATA_LAUNCH(gelu_backward_kernel, grid_for(n), kBlock, 0, ctx.stream)(dinp, inp, dout, n);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
 void residual_forward(const CudaContext& ctx, float* out, const float* a, const float* b,
                       std::int64_t n) {
   if (n == 0) return;
-  residual_forward_kernel<<<grid_for(n), kBlock, 0, ctx.stream>>>(out, a, b, n);
+  STRATA_LAUNCH(residual_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)(out, a, b, n);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -574,8 +577,8 @@ void softmax_crossentropy_forward(const CudaContext& ctx, float* probs, float* l
                                   const float* logits, const std::int32_t* targets, int N, int V) {
   if (N == 0) return;
   const unsigned grid = unsigned(std::min<std::int64_t>(N, kMaxGrid));
-  softmax_crossentropy_forward_kernel<<<grid, 512, 0, ctx.stream>>>(probs, losses, logits, targets,
-                                                                    N, V);
+  STRATA_LAUNCH(softmax_crossentropy_forward_kernel, grid, 512, 0, ctx.stream)
+  (probs, losses, logits, targets, N, V);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -583,8 +586,8 @@ void crossentropy_softmax_backward(const CudaContext& ctx, float* dlogits, const
                                    const std::int32_t* targets, float grad_scale, int N, int V) {
   const std::int64_t total = std::int64_t(N) * V;
   if (total == 0) return;
-  crossentropy_softmax_backward_kernel<<<grid_for(total), kBlock, 0, ctx.stream>>>(
-      dlogits, probs, targets, grad_scale, N, V);
+  STRATA_LAUNCH(crossentropy_softmax_backward_kernel, grid_for(total), kBlock, 0, ctx.stream)
+  (dlogits, probs, targets, grad_scale, N, V);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -599,8 +602,8 @@ void adamw_update(const CudaContext& ctx, float* params, const float* grads, flo
   if (n == 0) return;
   const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), t)));
   const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(beta2), t)));
-  adamw_kernel<<<grid_for(n), kBlock, 0, ctx.stream>>>(params, grads, m, v, n, lr, beta1, beta2,
-                                                       eps, decay, grad_scale, inv_bc1, inv_bc2);
+  STRATA_LAUNCH(adamw_kernel, grid_for(n), kBlock, 0, ctx.stream)
+  (params, grads, m, v, n, lr, beta1, beta2, eps, decay, grad_scale, inv_bc1, inv_bc2);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,270 @@
+// The CUDA emulator's reference cuBLAS (see cublas_v2.h for what it checks).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+
+#include "internal.hpp"
+
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+namespace strata_emu {
+namespace {
+
+struct Gemm {
+  cublasOperation_t transa, transb;
+  int m, n, k;
+  float alpha;
+  const float* a;
+  int lda;
+  long long stride_a;
+  const float* b;
+  int ldb;
+  long long stride_b;
+  float beta;
+  float* c;
+  int ldc;
+  long long stride_c;
+  int batch;
+};
+
+bool valid_op(cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T; }
+
+// cuBLAS's checks, in its order: the name of the first invalid parameter, or null. `why` gets the
+// rule it breaks.
+const char* invalid_parameter(const Gemm& g, char (&why)[128]) {
+  const int rows_a = g.transa == CUBLAS_OP_N ? g.m : g.k;
+  const int rows_b = g.transb == CUBLAS_OP_N ? g.k : g.n;
+  why[0] = '\0';
+  if (!valid_op(g.transa)) return "transa";
+  if (!valid_op(g.transb)) return "transb";
+  if (g.m < 0) return "m";
+  if (g.n < 0) return "n";
+  if (g.k < 0) return "k";
+  if (g.lda < std::max(1, rows_a)) {
+    std::snprintf(why, sizeof why, ": lda %d < max(1, rows of op(A) = %d)", g.lda, rows_a);
+    return "lda";
+  }
+  if (g.ldb < std::max(1, rows_b)) {
+    std::snprintf(why, sizeof why, ": ldb %d < max(1, rows of op(B) = %d)", g.ldb, rows_b);
+    return "ldb";
+  }
+  if (g.ldc < std::max(1, g.m)) {
+    std::snprintf(why, sizeof why, ": ldc %d < max(1, m = %d)", g.ldc, g.m);
+    return "ldc";
+  }
+  if (g.batch < 0) return "batchCount";
+  return nullptr;
+}
+
+// Whether every element the GEMM touches in one operand (rows x cols, column-major with ld, over
+// `batch` matrices `stride` apart) lies inside one device allocation.
+bool operand_inside(const float* p, int rows, int cols, int ld, long long stride, int batch,
+                    const char* what, const char* call) {
+  if (rows == 0 || cols == 0 || batch == 0) return true;
+  const long long lo = std::min(0LL, (batch - 1) * stride);
+  const long long hi = std::max(0LL, (batch - 1) * stride) + (cols - 1LL) * ld + rows;
+  if (in_device_memory(p + lo, std::size_t(hi - lo) * sizeof(float))) return true;
+  report(
+      "%s: operand %s (%d x %d, ld %d, stride %lld, batch %d at %p) reaches outside its device "
+      "allocation (a wrong leading dimension, stride or pointer)",
+      call, what, rows, cols, ld, stride, batch, static_cast<const void*>(p));
+  return false;
+}
+
+void run_gemm(const Gemm& g) {
+  for (int batch = 0; batch < g.batch; ++batch) {
+    const float* a = g.a + batch * g.stride_a;
+    const float* b = g.b + batch * g.stride_b;
+    float* c = g.c + batch * g.stride_c;
+    for (int j = 0; j < g.n; ++j) {
+      for (int i = 0; i < g.m; ++i) {
+        float sum = 0.0f;
+        if (g.alpha != 0.0f) {
+          for (int l = 0; l < g.k; ++l) {
+            const float x = g.transa == CUBLAS_OP_N ? a[i + std::int64_t(l) * g.lda]
+                                                    : a[l + std::int64_t(i) * g.lda];
+            const float y = g.transb == CUBLAS_OP_N ? b[l + std::int64_t(j) * g.ldb]
+                                                    : b[j + std::int64_t(l) * g.ldb];
+            sum += x * y;
+          }
+        }
+        float& out = c[i + std::int64_t(j) * g.ldc];
+        // beta == 0: C is output only (it may hold NaN), as cuBLAS documents.
+        out = g.alpha * sum + (g.beta == 0.0f ? 0.0f : g.beta * out);
+      }
+    }
+  }
+}
+
+cublasStatus_t gemm(cublasHandle_t handle, const Gemm& g, const char* call) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  char why[128];
+  if (const char* parameter = invalid_parameter(g, why)) {
+    // cuBLAS logs such a line to stderr before it returns.
+    std::fprintf(stderr, " ** On entry to %s parameter %s had an illegal value%s\n", call,
+                 parameter, why);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const bool reads_ab = g.alpha != 0.0f && g.k > 0;
+  const int rows_a = g.transa == CUBLAS_OP_N ? g.m : g.k,
+            cols_a = g.transa == CUBLAS_OP_N ? g.k : g.m;
+  const int rows_b = g.transb == CUBLAS_OP_N ? g.k : g.n,
+            cols_b = g.transb == CUBLAS_OP_N ? g.n : g.k;
+  if ((reads_ab && (!operand_inside(g.a, rows_a, cols_a, g.lda, g.stride_a, g.batch, "A", call) ||
+                    !operand_inside(g.b, rows_b, cols_b, g.ldb, g.stride_b, g.batch, "B", call))) ||
+      !operand_inside(g.c, g.m, g.n, g.ldc, g.stride_c, g.batch, "C", call))
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (enqueue(handle->stream, [g] { run_gemm(g); }) != cudaSuccess)
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+}  // namespace strata_emu
+
+extern "C" {
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// As cuBLAS: waits for the device first.
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  strata_emu::synchronize_all_streams();
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (version == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *version = CUBLAS_VERSION;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (stream == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *stream = handle->stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *mode = handle->math;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode != CUBLAS_POINTER_MODE_HOST) {
+    strata_emu::report("cublasSetPointerMode: only CUBLAS_POINTER_MODE_HOST is emulated");
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// cuBLAS wants the workspace in device memory, 256-byte aligned.
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, std::size_t bytes) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes > 0 &&
+      (workspace == nullptr || reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0 ||
+       !strata_emu::in_device_memory(workspace, bytes)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  handle->workspace = workspace;
+  handle->workspace_bytes = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the GPU program failed to execute";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the functionality requested is not supported";
+    default:
+      return "an internal operation failed";
+  }
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc) {
+  if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const strata_emu::Gemm g{transa, transb, m, n,     k, *alpha, A, lda, 0,
+                           B,      ldb,    0, *beta, C, ldc,    0, 1};
+  return strata_emu::gemm(handle, g, "cublasSgemm");
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* A, int lda,
+                                         long long stride_a, const float* B, int ldb,
+                                         long long stride_b, const float* beta, float* C, int ldc,
+                                         long long stride_c, int batch_count) {
+  if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const strata_emu::Gemm g{transa, transb,   m,     n, k,   *alpha,   A,          lda, stride_a, B,
+                           ldb,    stride_b, *beta, C, ldc, stride_c, batch_count};
+  return strata_emu::gemm(handle, g, "cublasSgemmStridedBatched");
+}
+
+}  // extern "C"

@@ -1,0 +1,37 @@
+// Shared by the CUDA emulator's sources; not part of the emulated API.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+
+#include "cuda_emu/launch.hpp"
+
+namespace strata_emu {
+
+// "strata CUDA emulator: <message>" on stderr, so a refused call says why beyond its error code.
+void report(const char* format, ...) __attribute__((format(printf, 1, 2)));
+// report(), then abort: misuse a GPU would answer with undefined behaviour (a partial-warp
+// shuffle, a read from an exited lane).
+[[noreturn]] void fatal(const char* format, ...) __attribute__((format(printf, 1, 2)));
+// Sets this host thread's last error (cudaGetLastError) and returns `error`.
+cudaError_t set_last_error(cudaError_t error);
+
+// --- memory.cpp
+// Whether [p, p + bytes) lies inside one device allocation (cudaMalloc or cudaMallocHost).
+bool in_device_memory(const void* p, std::size_t bytes);
+
+// --- streams.cpp
+// Runs `op` in order on `stream`: a created stream's thread, or, for the legacy default stream,
+// the calling thread once every blocking stream has drained. cudaErrorInvalidResourceHandle for
+// an unknown stream.
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> op);
+// Waits until every stream has drained.
+void synchronize_all_streams();
+
+// --- blocks.cpp
+// Runs every block of a checked launch, each CUDA thread on its own host thread; returns when the
+// grid has finished. One launch at a time (the caller holds the launch lock).
+void run_grid(const LaunchConfig& config, const std::function<void()>& body);
+
+}  // namespace strata_emu

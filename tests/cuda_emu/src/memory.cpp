@@ -1,0 +1,144 @@
+// The CUDA emulator's device memory: exact-size host blocks, filled with 0xFF (NaN as float) and
+// tracked, so a wrong size, offset or leading dimension is an AddressSanitizer report or a refused
+// call instead of a silent read of a neighbour.
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "internal.hpp"
+
+namespace strata_emu {
+namespace {
+
+constexpr std::size_t kDeviceBytes = std::size_t(16) << 30;  // cudaDeviceProp::totalGlobalMem
+constexpr std::align_val_t kAlignment{256};                  // cudaMalloc's alignment
+
+struct Allocation {
+  std::size_t bytes;
+  bool pinned;  // cudaMallocHost: host memory that kernels may read too
+};
+
+std::mutex mutex;
+std::map<std::uintptr_t, Allocation> allocations;
+std::size_t device_bytes_used = 0;
+
+cudaError_t allocate(void** ptr, std::size_t bytes, bool pinned) {
+  if (ptr == nullptr) return set_last_error(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  std::lock_guard lock(mutex);
+  if (!pinned && bytes > kDeviceBytes - device_bytes_used)
+    return set_last_error(cudaErrorMemoryAllocation);
+  void* p = ::operator new(bytes, kAlignment, std::nothrow);
+  if (p == nullptr) return set_last_error(cudaErrorMemoryAllocation);
+  std::memset(p, 0xFF, bytes);
+  allocations.emplace(reinterpret_cast<std::uintptr_t>(p), Allocation{bytes, pinned});
+  if (!pinned) device_bytes_used += bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t release(void* ptr, bool pinned) {
+  if (ptr == nullptr) return cudaSuccess;
+  // cudaFree waits for the device, so no queued work still uses the block.
+  synchronize_all_streams();
+  std::lock_guard lock(mutex);
+  const auto it = allocations.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocations.end() || it->second.pinned != pinned) {
+    report("%s(%p): not a pointer %s returned", pinned ? "cudaFreeHost" : "cudaFree", ptr,
+           pinned ? "cudaMallocHost" : "cudaMalloc");
+    return set_last_error(cudaErrorInvalidValue);
+  }
+  if (!pinned) device_bytes_used -= it->second.bytes;
+  allocations.erase(it);
+  ::operator delete(ptr, kAlignment);
+  return cudaSuccess;
+}
+
+// Whether a copy's sides are where its kind says, with a message naming the side that is not.
+bool check_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (dst_device && !in_device_memory(dst, bytes)) {
+    report("cudaMemcpy: destination [%p, +%zu) is not inside one device allocation", dst, bytes);
+    return false;
+  }
+  if (src_device && !in_device_memory(src, bytes)) {
+    report("cudaMemcpy: source [%p, +%zu) is not inside one device allocation", src, bytes);
+    return false;
+  }
+  return true;
+}
+
+cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                 cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
+    return set_last_error(cudaErrorInvalidMemcpyDirection);
+  if (dst == nullptr || src == nullptr || !check_copy(dst, src, bytes, kind))
+    return set_last_error(cudaErrorInvalidValue);
+  return set_last_error(enqueue(stream, [=] { std::memmove(dst, src, bytes); }));
+}
+
+cudaError_t fill(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  if (!in_device_memory(ptr, bytes)) {
+    report("cudaMemset: [%p, +%zu) is not inside one device allocation", ptr, bytes);
+    return set_last_error(cudaErrorInvalidValue);
+  }
+  return set_last_error(enqueue(stream, [=] { std::memset(ptr, value, bytes); }));
+}
+
+}  // namespace
+
+bool in_device_memory(const void* p, std::size_t bytes) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard lock(mutex);
+  auto it = allocations.upper_bound(address);
+  if (it == allocations.begin()) return false;
+  --it;
+  // A pointer one past the end is a valid kernel argument (an empty range) but reads nothing.
+  return address + bytes <= it->first + it->second.bytes;
+}
+
+}  // namespace strata_emu
+
+using strata_emu::set_last_error;
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
+  return strata_emu::allocate(ptr, bytes, false);
+}
+cudaError_t cudaFree(void* ptr) { return strata_emu::release(ptr, false); }
+cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
+  return strata_emu::allocate(ptr, bytes, true);
+}
+cudaError_t cudaFreeHost(void* ptr) { return strata_emu::release(ptr, true); }
+
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) return set_last_error(cudaErrorInvalidValue);
+  std::lock_guard lock(strata_emu::mutex);
+  *total_bytes = strata_emu::kDeviceBytes;
+  *free_bytes = strata_emu::kDeviceBytes - strata_emu::device_bytes_used;
+  return cudaSuccess;
+}
+
+// Synchronous copies and fills run on the legacy default stream: after the blocking streams' work.
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  return strata_emu::copy(dst, src, bytes, kind, nullptr);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  return strata_emu::copy(dst, src, bytes, kind, stream);
+}
+cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
+  return strata_emu::fill(ptr, value, bytes, nullptr);
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {
+  return strata_emu::fill(ptr, value, bytes, stream);
+}
+
+}  // extern "C"
