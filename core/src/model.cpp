@@ -346,7 +346,7 @@ void Model::backward(int unit, const UnitPtrs& params, const UnitPtrs& grads, co
 
 double Model::loss_sum() const {
   const Impl& m = *impl_;
-  return ModelPasses::loss_sum(m.slot->acts, std::size_t(m.last_batch) * m.spec.seq);
+  return m.passes.loss_sum(m.slot->acts, std::size_t(m.last_batch) * m.spec.seq);
 }
 
 std::uint64_t Model::activation_bytes(const ModelSpec& spec, int micro_batch, Recompute recompute,

@@ -11,30 +11,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "cpu/gemm_bf16.hpp"
-#include "cpu/layers.hpp"
-#include "cpu/vecmath.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
 namespace {
-
-void zero(float* p, std::size_t n) { std::memset(p, 0, n * sizeof(float)); }
-
-// out[n, :] += bias for each of n rows.
-void add_bias(float* out, const float* bias, std::size_t rows, int C) {
-  for (std::size_t n = 0; n < rows; ++n)
-#pragma omp simd
-    for (int c = 0; c < C; ++c) out[n * C + c] += bias[c];
-}
-
-// dbias += sum over rows of dout.
-void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) {
-  for (std::size_t n = 0; n < rows; ++n)
-#pragma omp simd
-    for (int c = 0; c < C; ++c) dbias[c] += dout[n * C + c];
-}
 
 void check_tokens(const std::int32_t* tok, std::size_t n, int V, const char* what) {
   for (std::size_t i = 0; i < n; ++i)
@@ -49,14 +30,15 @@ void check_tokens(const std::int32_t* tok, std::size_t n, int V, const char* wha
 // ModelPasses (the plan they run on, Dims and the carves: model_plan.cpp)
 
 ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                         DType param_dtype, MemoryLedger& memory)
+                         DType param_dtype, MemoryLedger& memory, Kernels& kernels)
     : spec_(spec),
       part_(part),
       recompute_(r),
       param_dtype_(param_dtype),
       alloc_((validate_partition(spec, B, part, r, param_dtype), Dims(spec, B, part))),
       run_(alloc_),
-      memory_(memory) {
+      memory_(memory),
+      k_(kernels) {
   const ParamLayout layout(spec);
   const int first = layout.units()[1].first_tensor;
   std::size_t at = 0;
@@ -89,10 +71,8 @@ void ModelPasses::set_batch(int batch) {
   if (batch != run_.B) run_ = Dims(spec_, batch, part_);
 }
 
-double ModelPasses::loss_sum(const SlotActs& s, std::size_t rows) {
-  double sum = 0.0;
-  for (std::size_t i = 0; i < rows; ++i) sum += s.losses[i];
-  return sum;
+double ModelPasses::loss_sum(const SlotActs& s, std::size_t rows) const {
+  return k_.sum(s.losses, rows);
 }
 
 // --- tensor-parallel communication (never called at tp 1)
@@ -112,36 +92,37 @@ void ModelPasses::scatter(TensorParallelComm* tp, float* full,
 void ModelPasses::matmul_forward(float* out, const float* inp, BufferView w, const float* bias,
                                  int N, int C, int OC) {
   if (w.dtype == DType::f32) {
-    cpu::matmul_forward(out, inp, static_cast<const float*>(w.data), bias, N, C, OC);
+    k_.matmul_forward(out, inp, static_cast<const float*>(w.data), bias, N, C, OC);
     return;
   }
-  cpu::round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
-  cpu::gemm_bf16(false, true, N, OC, C, g_.op_in, static_cast<const bf16*>(w.data), out, DType::f32,
-                 false, pad());
-  if (bias) add_bias(out, bias, std::size_t(N), OC);
+  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
+  k_.gemm_bf16(false, true, N, OC, C, g_.op_in, static_cast<const bf16*>(w.data), out, DType::f32,
+               false, g_.gemm_pad, g_.gemm_pad_bytes);
+  if (bias) k_.add_bias(out, bias, std::size_t(N), OC);
 }
 
 void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
                                   const float* inp, BufferView w, int N, int C, int OC) {
   if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
-    cpu::matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp,
-                         static_cast<const float*>(w.data), N, C, OC);
+    k_.matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp,
+                       static_cast<const float*>(w.data), N, C, OC);
     return;
   }
   const bf16* wb = static_cast<const bf16*>(w.data);
-  cpu::round_to_bf16(g_.op_out, dout, std::size_t(N) * OC);
-  cpu::gemm_bf16(false, false, N, C, OC, g_.op_out, wb, dinp, DType::f32, true, pad());  // dout@W
-  cpu::round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
-  cpu::gemm_bf16(true, false, OC, C, N, g_.op_out, g_.op_in, dw.data, dw.dtype, true,
-                 pad());  // dout^T @ inp
-  if (dbias) bias_grad(dbias, dout, std::size_t(N), OC);
+  k_.round_to_bf16(g_.op_out, dout, std::size_t(N) * OC);
+  k_.gemm_bf16(false, false, N, C, OC, g_.op_out, wb, dinp, DType::f32, true, g_.gemm_pad,
+               g_.gemm_pad_bytes);  // dout@W
+  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
+  k_.gemm_bf16(true, false, OC, C, N, g_.op_out, g_.op_in, dw.data, dw.dtype, true, g_.gemm_pad,
+               g_.gemm_pad_bytes);  // dout^T @ inp
+  if (dbias) k_.bias_grad(dbias, dout, std::size_t(N), OC);
 }
 
 const float* SmallTensors::param(std::size_t offset, std::size_t count) {
   if (unit_.dtype == DType::f32) return static_cast<const float*>(unit_.data) + offset;
   float* out = scratch_ + used_;
   used_ += count;
-  cpu::widen_bf16(out, static_cast<const bf16*>(unit_.data) + offset, count);
+  k_.widen_bf16(out, static_cast<const bf16*>(unit_.data) + offset, count);
   return out;
 }
 
@@ -149,7 +130,7 @@ float* SmallTensors::grad(std::size_t offset, std::size_t count) {
   if (unit_.dtype == DType::f32) return static_cast<float*>(unit_.data) + offset;
   float* out = scratch_ + used_;
   used_ += count;
-  zero(out, count);
+  k_.zero(out, count);
   grads_.emplace_back(offset, count);
   return out;
 }
@@ -157,8 +138,7 @@ float* SmallTensors::grad(std::size_t offset, std::size_t count) {
 void SmallTensors::flush() {
   const float* src = scratch_;
   for (auto [offset, count] : grads_) {
-    bf16* dst = static_cast<bf16*>(unit_.data) + offset;
-    for (std::size_t i = 0; i < count; ++i) dst[i] = to_bf16(to_float(dst[i]) + src[i]);
+    k_.add_into_bf16(static_cast<bf16*>(unit_.data) + offset, src, count);
     src += count;
   }
   grads_.clear();
@@ -181,7 +161,7 @@ void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, const float* 
     matmul_forward(out, inp, w, nullptr, int(d.N), icl, d.C);
     tp->all_reduce_sum(view(out, d.N * d.C));
   }
-  add_bias(out, bias, d.Nl, d.C);
+  k_.add_bias(out, bias, d.Nl, d.C);
 }
 
 // d(input of a column-parallel matmul): partial [N,C] in g_.partial -> the rank's rows, summed.
@@ -210,24 +190,24 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   const std::size_t* o = block_off_;
   BlockActs& a = s.block[l];
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
-  SmallTensors small(p, g_.small_params);
+  SmallTensors small(k_, p, g_.small_params);
   const float* x_in = s.x[l];
-  cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C),
-                         small.param(o[kLn1B], C), Nl, C);
+  k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C),
+                       small.param(o[kLn1B], C), Nl, C);
   if (d.sp) gather(tp, a.ln1, a.ln1_full);
   matmul_forward(a.qkv, a.ln1_full, at(p, o[kQkvW]), small.param(o[kQkvB], 3 * d.Cl), N, C, 3 * Cl);
-  cpu::attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
+  k_.attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
   row_parallel(tp, a.xmid, a.atty, at(p, o[kProjW]), small.param(o[kProjB], C), Cl);
-  cpu::residual_forward(a.xmid, a.xmid, x_in, std::int64_t(Nl) * C);
-  cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, small.param(o[kLn2W], C),
-                         small.param(o[kLn2B], C), Nl, C);
+  k_.residual_forward(a.xmid, a.xmid, x_in, std::int64_t(Nl) * C);
+  k_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, small.param(o[kLn2W], C),
+                       small.param(o[kLn2B], C), Nl, C);
   if (d.sp) gather(tp, a.ln2, a.ln2_full);
   matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl);
-  cpu::gelu_forward(a.fch_gelu, a.fch, std::int64_t(N) * 4 * Cl);
+  k_.gelu_forward(a.fch_gelu, a.fch, std::int64_t(N) * 4 * Cl);
   if (recomputing) return;
   float* x_out = s.x[l + 1];
   row_parallel(tp, x_out, a.fch_gelu, at(p, o[kFcprojW]), small.param(o[kFcprojB], C), 4 * Cl);
-  cpu::residual_forward(x_out, x_out, a.xmid, std::int64_t(Nl) * C);
+  k_.residual_forward(x_out, x_out, a.xmid, std::int64_t(Nl) * C);
 }
 
 void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr,
@@ -241,64 +221,45 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
   const std::size_t NC = d.N * C, NCl = d.N * d.Cl;
   const bool tp1 = d.tp == 1;
-  SmallTensors small(p, g_.small_params), gsmall(gr, g_.small_grads);
+  SmallTensors small(k_, p, g_.small_params), gsmall(k_, gr, g_.small_grads);
   // MLP: x_out = xmid + fcproj(gelu(fc(ln2(xmid)))). d(x_out) is all-gathered with sp.
   if (d.sp) gather(tp, g_.dres, g_.full);
   float* g_fcproj_b = gsmall.grad(o[kFcprojB], C);
-  if (!tp1) bias_grad(g_fcproj_b, g_.dres, d.Nl, C);
-  zero(g_.a, 4 * NCl);
+  if (!tp1) k_.bias_grad(g_fcproj_b, g_.dres, d.Nl, C);
+  k_.zero(g_.a, 4 * NCl);
   matmul_backward(g_.a, at(gr, o[kFcprojW]), tp1 ? g_fcproj_b : nullptr, g_.full, a.fch_gelu,
                   at(p, o[kFcprojW]), N, 4 * Cl, C);
-  zero(g_.b, 4 * NCl);
-  cpu::gelu_backward(g_.b, a.fch, g_.a, std::int64_t(N) * 4 * Cl);
-  zero(g_.partial, NC);
+  k_.zero(g_.b, 4 * NCl);
+  k_.gelu_backward(g_.b, a.fch, g_.a, std::int64_t(N) * 4 * Cl);
+  k_.zero(g_.partial, NC);
   matmul_backward(g_.partial, at(gr, o[kFcW]), gsmall.grad(o[kFcB], 4 * d.Cl), g_.b, a.ln2_full,
                   at(p, o[kFcW]), N, C, 4 * Cl);
   const float* dln2 = reduce_input_grad(tp);
-  cpu::layernorm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gsmall.grad(o[kLn2B], C), dln2, a.xmid,
-                          small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl, C);
+  k_.layernorm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gsmall.grad(o[kLn2B], C), dln2, a.xmid,
+                        small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl, C);
   // Attention: xmid = x_in + proj(attention(qkv(ln1(x_in)))); d(atty) goes to partial (free).
   if (d.sp) gather(tp, g_.dres, g_.full);
   float* g_proj_b = gsmall.grad(o[kProjB], C);
-  if (!tp1) bias_grad(g_proj_b, g_.dres, d.Nl, C);
+  if (!tp1) k_.bias_grad(g_proj_b, g_.dres, d.Nl, C);
   float* datty = g_.partial;
-  zero(datty, NCl);
+  k_.zero(datty, NCl);
   matmul_backward(datty, at(gr, o[kProjW]), tp1 ? g_proj_b : nullptr, g_.full, a.atty,
                   at(p, o[kProjW]), N, Cl, C);
   // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
   // shared att. The attention output it also produces (atty is kept) goes to a, free until d(qkv).
   if (recompute_ == Recompute::selective)
-    cpu::attention_forward(g_.a, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
+    k_.attention_forward(g_.a, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
   float* dqkv = g_.a;
-  zero(dqkv, 3 * NCl);
-  cpu::attention_backward(dqkv, g_.b, datty, a.qkv, a.att, d.B, d.T, Cl, int(d.NHl));
-  zero(g_.partial, NC);
+  k_.zero(dqkv, 3 * NCl);
+  k_.attention_backward(dqkv, g_.b, datty, a.qkv, a.att, d.B, d.T, Cl, int(d.NHl));
+  k_.zero(g_.partial, NC);
   matmul_backward(g_.partial, at(gr, o[kQkvW]), gsmall.grad(o[kQkvB], 3 * d.Cl), dqkv, a.ln1_full,
                   at(p, o[kQkvW]), N, C, 3 * Cl);
   const float* dln1 = reduce_input_grad(tp);
-  cpu::layernorm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gsmall.grad(o[kLn1B], C), dln1, s.x[l],
-                          small.param(o[kLn1W], C), a.ln1_mean, a.ln1_rstd, Nl, C);
+  k_.layernorm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gsmall.grad(o[kLn1B], C), dln1, s.x[l],
+                        small.param(o[kLn1W], C), a.ln1_mean, a.ln1_rstd, Nl, C);
   gsmall.flush();
 }
-
-namespace {
-// Row `row` of a [rows, C] table as fp32: the table's own memory, or (bf16) widened into scratch.
-const float* row_f32(BufferView table, std::size_t row, int C, float* scratch) {
-  if (table.dtype == DType::f32) return static_cast<const float*>(table.data) + row * C;
-  cpu::widen_bf16(scratch, static_cast<const bf16*>(table.data) + row * C, std::size_t(C));
-  return scratch;
-}
-// Row `row` of a [rows, C] gradient table += src[0, C) (bf16: each element rounded once).
-void add_row(BufferView table, std::size_t row, const float* src, int C) {
-  if (table.dtype == DType::f32) {
-    float* dst = static_cast<float*>(table.data) + row * C;
-    for (int c = 0; c < C; ++c) dst[c] += src[c];
-    return;
-  }
-  bf16* dst = static_cast<bf16*>(table.data) + row * C;
-  for (int c = 0; c < C; ++c) dst[c] = to_bf16(to_float(dst[c]) + src[c]);
-}
-}  // namespace
 
 // Vocab-parallel embedding: each rank looks up the tokens of its vocab rows, the partial rows
 // are summed across tp, then wpe is added per token row.
@@ -309,30 +270,17 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   check_tokens(tok, d.N, d.V, "input");
   float* x0 = s.x[0];
   if (d.tp == 1 && wte.dtype == DType::f32) {
-    cpu::encoder_forward(x0, tok, static_cast<const float*>(wte.data),
-                         static_cast<const float*>(wpe.data), d.B, d.T, C);
+    k_.encoder_forward(x0, tok, static_cast<const float*>(wte.data),
+                       static_cast<const float*>(wpe.data), d.B, d.T, C);
     return;
   }
-  const std::size_t v0 = d.Vl * part_.tp_rank;
   float* rows = d.sp ? g_.partial : x0;
-  for (std::size_t n = 0; n < d.N; ++n) {
-    const std::size_t v = std::size_t(tok[n]) - v0;  // wraps for tokens below v0
-    float* row = rows + n * C;
-    const float* src = v < d.Vl ? row_f32(wte, v, C, row) : nullptr;  // bf16: widened into row
-    if (!src)
-      std::fill_n(row, C, 0.0f);
-    else if (src != row)
-      std::copy_n(src, C, row);
-  }
+  k_.embedding_rows(rows, tok, d.N, wte, d.Vl * part_.tp_rank, d.Vl, C);
   if (d.sp)
     scatter(tp, g_.partial, x0);
   else if (d.tp > 1)
     tp->all_reduce_sum(view(x0, d.N * C));
-  for (std::size_t i = 0; i < d.Nl; ++i) {
-    // g_.small_params: free outside a block's or the head's passes (null, and unused, for fp32)
-    const float* pos = row_f32(wpe, (d.row0 + i) % d.T, C, g_.small_params);
-    for (int c = 0; c < C; ++c) x0[i * C + c] += pos[c];
-  }
+  k_.add_positions(x0, wpe, d.Nl, d.row0, d.T, C);
 }
 
 void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* tok,
@@ -340,53 +288,28 @@ void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std
   const Dims& d = run_;
   const int C = d.C;
   if (d.tp == 1 && gwte.dtype == DType::f32) {
-    cpu::encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data), g_.dres,
-                          tok, d.B, d.T, C);
+    k_.encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data), g_.dres,
+                        tok, d.B, d.T, C);
     return;
   }
-  for (std::size_t i = 0; i < d.Nl; ++i) add_row(gwpe, (d.row0 + i) % d.T, g_.dres + i * C, C);
+  k_.positions_backward(gwpe, g_.dres, d.Nl, d.row0, d.T, C);
   if (d.sp) gather(tp, g_.dres, g_.full);
   const float* full = d.sp ? g_.full : g_.dres;
-  const std::size_t v0 = d.Vl * part_.tp_rank;
-  for (std::size_t n = 0; n < d.N; ++n) {
-    const std::size_t v = std::size_t(tok[n]) - v0;
-    if (v < d.Vl) add_row(gwte, v, full + n * C, C);
-  }
+  k_.embedding_rows_backward(gwte, full, tok, d.N, d.Vl * part_.tp_rank, d.Vl, C);
 }
 
 // Vocab-parallel softmax cross-entropy over logits [N,Vl] (in probs): the row max and the
 // (sum of exp, target logit) pairs are all-reduced; the logits never leave the rank.
 void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
                                       TensorParallelComm* tp) {
-  const std::size_t N = run_.N, Vl = run_.Vl, v0 = Vl * part_.tp_rank;
+  const std::size_t N = run_.N, Vl = run_.Vl;
   float* mx = g_.ce;         // [N]
   float* sum_t = g_.ce + N;  // [N] sums of exp | [N] target logit - max
-  for (std::size_t n = 0; n < N; ++n) {
-    const float* x = s.probs + n * Vl;
-    mx[n] = *std::max_element(x, x + Vl);
-  }
+  k_.xent_row_max(mx, s.probs, N, Vl);
   tp->all_reduce_max(view(mx, N));
-  for (std::size_t n = 0; n < N; ++n) {
-    float* x = s.probs + n * Vl;
-    const std::size_t v = std::size_t(targets[n]) - v0;
-    sum_t[N + n] = v < Vl ? x[v] - mx[n] : 0.0f;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (std::size_t i = 0; i < Vl; ++i) {
-      const float e = cpu::vm::exp_approx(x[i] - mx[n]);
-      x[i] = e;
-      sum += e;
-    }
-    sum_t[n] = sum;
-  }
+  k_.xent_exp(s.probs, sum_t, sum_t + N, mx, targets, Vl * part_.tp_rank, N, Vl);
   tp->all_reduce_sum(view(sum_t, 2 * N));
-  for (std::size_t n = 0; n < N; ++n) {
-    const float inv = 1.0f / sum_t[n];
-    float* x = s.probs + n * Vl;
-#pragma omp simd
-    for (std::size_t i = 0; i < Vl; ++i) x[i] *= inv;
-    s.losses[n] = float(std::log(double(sum_t[n])) - double(sum_t[N + n]));
-  }
+  k_.xent_normalise(s.probs, s.losses, sum_t, sum_t + N, N, Vl);
 }
 
 void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
@@ -394,13 +317,13 @@ void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
   const Dims& d = run_;
   const int C = d.C;
   check_tokens(targets, d.N, d.V, "target");
-  SmallTensors small(lnf, g_.small_params);
-  cpu::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
-                         small.param(C, C), int(d.Nl), C);
+  SmallTensors small(k_, lnf, g_.small_params);
+  k_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
+                       small.param(C, C), int(d.Nl), C);
   if (d.sp) gather(tp, s.lnf, s.lnf_full);
   matmul_forward(s.probs, s.lnf_full, wte, nullptr, int(d.N), C, int(d.Vl));
   if (d.tp == 1)
-    cpu::softmax_crossentropy_forward(s.probs, s.losses, s.probs, targets, int(d.N), d.V);
+    k_.softmax_crossentropy_forward(s.probs, s.losses, s.probs, targets, int(d.N), d.V);
   else
     vocab_parallel_xent(s, targets, tp);
 }
@@ -411,28 +334,20 @@ void ModelPasses::backward_head(SlotActs& s, BufferView lnf, BufferView wte, Buf
   const Dims& d = run_;
   const int C = d.C;
   const std::size_t N = d.N, Vl = d.Vl;
-  zero(g_.logits, N * Vl);
+  k_.zero(g_.logits, N * Vl);
   if (d.tp == 1) {
-    cpu::crossentropy_softmax_backward(g_.logits, s.probs, targets, scale, int(N), d.V);
+    k_.crossentropy_softmax_backward(g_.logits, s.probs, targets, scale, int(N), d.V);
   } else {
-    const std::size_t v0 = Vl * part_.tp_rank;
-    for (std::size_t n = 0; n < N; ++n) {
-      float* dl = g_.logits + n * Vl;
-      const float* pr = s.probs + n * Vl;
-#pragma omp simd
-      for (std::size_t i = 0; i < Vl; ++i) dl[i] = pr[i] * scale;
-      const std::size_t v = std::size_t(targets[n]) - v0;
-      if (v < Vl) dl[v] -= scale;
-    }
+    k_.xent_backward_shard(g_.logits, s.probs, targets, Vl * part_.tp_rank, scale, N, Vl);
   }
   // Tied LM head: logits = lnf @ wte^T, so wte's gradient lands in the embedding's tensor.
-  zero(g_.partial, N * C);
+  k_.zero(g_.partial, N * C);
   matmul_backward(g_.partial, gwte, nullptr, g_.logits, s.lnf_full, wte, int(N), C, int(Vl));
   const float* dlnf = reduce_input_grad(tp);
-  zero(g_.dres, d.Nl * C);
-  SmallTensors small(lnf, g_.small_params), gsmall(glnf, g_.small_grads);
-  cpu::layernorm_backward(g_.dres, gsmall.grad(0, C), gsmall.grad(C, C), dlnf, s.x[d.blocks],
-                          small.param(0, C), s.lnf_mean, s.lnf_rstd, int(d.Nl), C);
+  k_.zero(g_.dres, d.Nl * C);
+  SmallTensors small(k_, lnf, g_.small_params), gsmall(k_, glnf, g_.small_grads);
+  k_.layernorm_backward(g_.dres, gsmall.grad(0, C), gsmall.grad(C, C), dlnf, s.x[d.blocks],
+                        small.param(0, C), s.lnf_mean, s.lnf_rstd, int(d.Nl), C);
   gsmall.flush();
 }
 

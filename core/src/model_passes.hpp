@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/gemm_bf16.hpp"
+#include "kernels.hpp"
 #include "model_parts.hpp"
 #include "strata/comm.hpp"
 #include "strata/memory.hpp"
@@ -85,12 +85,14 @@ struct Scratch {
 // in the scratch, then added into the unit by flush() (rounded once per pass).
 class SmallTensors {
  public:
-  SmallTensors(BufferView unit, float* scratch) : unit_(unit), scratch_(scratch) {}
+  SmallTensors(Kernels& k, BufferView unit, float* scratch)
+      : k_(k), unit_(unit), scratch_(scratch) {}
   const float* param(std::size_t offset, std::size_t count);
   float* grad(std::size_t offset, std::size_t count);  // accumulate into it
   void flush();
 
  private:
+  Kernels& k_;
   BufferView unit_;
   float* scratch_;
   std::size_t used_ = 0;
@@ -122,8 +124,9 @@ class ModelPasses {
   // Validates, then allocates the shared scratch (MemTag::activations).
   // param_dtype f32 or bf16 (MixedPrecision::param): the dtype of the parameter views the passes
   // get; gradient views are f32, or bf16 with bf16 parameters.
+  // kernels: the backend's compute, on the memory `memory` allocates.
   ModelPasses(const ModelSpec& spec, int micro_batch, const Partition& part, Recompute recompute,
-              DType param_dtype, MemoryLedger& memory);
+              DType param_dtype, MemoryLedger& memory, Kernels& kernels = cpu_kernels());
   std::unique_ptr<Slot> make_slot();
 
   const Dims& dims() const { return alloc_; }
@@ -153,7 +156,7 @@ class ModelPasses {
   void backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* inputs,
                           TensorParallelComm* tp);
   // Sum of the per-token losses of the first `rows` token rows (after forward_head).
-  static double loss_sum(const SlotActs& s, std::size_t rows);
+  double loss_sum(const SlotActs& s, std::size_t rows) const;
 
  private:
   void gather(TensorParallelComm* tp, const float* shard, float* full);
@@ -169,7 +172,6 @@ class ModelPasses {
                        const float* inp, BufferView w, int N, int C, int OC);
   float* reduce_input_grad(TensorParallelComm* tp);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
-  cpu::GemmScratchpad pad() const { return {g_.gemm_pad, g_.gemm_pad_bytes}; }
 
   ModelSpec spec_;
   Partition part_;
@@ -180,6 +182,7 @@ class ModelPasses {
   std::size_t block_off_[kBlockTensors] = {};
   Buffer<float> scratch_memory_;
   Scratch g_;
+  Kernels& k_;
 };
 
 }  // namespace strata

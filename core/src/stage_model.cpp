@@ -258,7 +258,7 @@ void StageModel::backward(int slot, BufferView params, BufferView grads, TensorP
 
 double StageModel::loss_sum(int slot) const {
   const Impl::Slot& s = impl_->slot(slot);
-  return impl_->d.head ? ModelPasses::loss_sum(s.acts->acts, impl_->d.N) : 0.0;
+  return impl_->d.head ? impl_->passes->loss_sum(s.acts->acts, impl_->d.N) : 0.0;
 }
 
 std::uint64_t StageModel::slot_token_bytes(const ModelSpec& spec, int B) {

@@ -1,0 +1,96 @@
+// The compute of the model's passes (model_passes.cpp), one function per layer pass or
+// elementwise step, on the memory of one device. The passes hold the order, the shapes and the
+// tensor-parallel collectives; a backend supplies these kernels: the CPU backend
+// (cpu/cpu_kernels.cpp, on cpu/layers.hpp and cpu/gemm_bf16.hpp) and, on a GPU, the CUDA one.
+// Every pointer is the backend's memory; shapes as in cpu/layers.hpp (B batch, T sequence, C
+// channels, N = B*T rows); gradients and input gradients ACCUMULATE (+=) unless noted.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/types.hpp"
+
+namespace strata {
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // --- layer passes (cpu/layers.hpp has the reference semantics of each)
+  virtual void encoder_forward(float* out, const std::int32_t* tokens, const float* wte,
+                               const float* wpe, int B, int T, int C) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                const std::int32_t* tokens, int B, int T, int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int C, int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int N, int C, int OC) = 0;
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                                 int NH) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                  const float* att, int B, int T, int C, int NH) = 0;
+  virtual void gelu_forward(float* out, const float* inp, std::int64_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, std::int64_t n) = 0;
+  virtual void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
+                                            const std::int32_t* targets, int N, int V) = 0;
+  virtual void crossentropy_softmax_backward(float* dlogits, const float* probs,
+                                             const std::int32_t* targets, float grad_scale, int N,
+                                             int V) = 0;
+
+  // --- bf16 matmuls: operands rounded to bf16, products accumulated in fp32
+  virtual void round_to_bf16(bf16* out, const float* in, std::size_t n) = 0;
+  virtual void widen_bf16(float* out, const bf16* in, std::size_t n) = 0;
+  // C[M,N] (=, or += with accumulate) = op(A) @ op(B), row-major, C f32 or bf16;
+  // scratchpad: at least gemm_bf16_scratchpad_bytes() of the same call, or null.
+  virtual void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+                         const bf16* B, void* C, DType c_dtype, bool accumulate, void* scratchpad,
+                         std::size_t scratchpad_bytes) = 0;
+  virtual std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
+                                                 DType c_dtype, bool accumulate) = 0;
+
+  // --- elementwise steps of the passes
+  virtual void zero(float* p, std::size_t n) = 0;  // p = 0
+  // out[n, :] += bias for each of `rows` rows; dbias += column sums of dout.
+  virtual void add_bias(float* out, const float* bias, std::size_t rows, int C) = 0;
+  virtual void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) = 0;
+  // dst[i] = bf16(float(dst[i]) + src[i]): fp32 partial gradients into bf16 ones.
+  virtual void add_into_bf16(bf16* dst, const float* src, std::size_t n) = 0;
+  // Vocab-parallel embedding: rows[n, :] = wte[tokens[n] - v0, :] (f32 or bf16 table) when the
+  // token is in [v0, v0 + Vl), else 0 (=, not +=); x[i, :] += wpe[(row0 + i) % T, :].
+  virtual void embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N,
+                              BufferView wte, std::size_t v0, std::size_t Vl, int C) = 0;
+  virtual void add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
+                             int C) = 0;
+  // Their backward: gwte[tokens[n] - v0, :] += d[n, :] for tokens in the shard;
+  // gwpe[(row0 + i) % T, :] += d[i, :] (f32 or bf16 gradients, bf16 rounded per addition).
+  virtual void embedding_rows_backward(BufferView gwte, const float* d, const std::int32_t* tokens,
+                                       std::size_t N, std::size_t v0, std::size_t Vl, int C) = 0;
+  virtual void positions_backward(BufferView gwpe, const float* d, std::size_t rows,
+                                  std::size_t row0, int T, int C) = 0;
+  // Vocab-parallel cross-entropy over logits [N, Vl] held in probs, in three steps around the
+  // all-reduces of the passes: mx[n] = max of row n; then probs = exp(logits - mx), sum[n] = row
+  // sums and target[n] = logit of the target - mx (0 when the target is outside the shard);
+  // then probs /= sum and losses[n] = log(sum[n]) - target[n].
+  virtual void xent_row_max(float* mx, const float* logits, std::size_t N, std::size_t Vl) = 0;
+  virtual void xent_exp(float* probs, float* sum, float* target, const float* mx,
+                        const std::int32_t* targets, std::size_t v0, std::size_t N,
+                        std::size_t Vl) = 0;
+  virtual void xent_normalise(float* probs, float* losses, const float* sum, const float* target,
+                              std::size_t N, std::size_t Vl) = 0;
+  // dlogits[n, :] = probs[n, :] * scale, minus scale at the target when it is in the shard (=).
+  virtual void xent_backward_shard(float* dlogits, const float* probs, const std::int32_t* targets,
+                                   std::size_t v0, float scale, std::size_t N, std::size_t Vl) = 0;
+  // Sum of x[0, n) in double, read back to the host (the loss).
+  virtual double sum(const float* x, std::size_t n) = 0;
+};
+
+// The CPU backend's kernels (stateless).
+Kernels& cpu_kernels();
+
+}  // namespace strata
