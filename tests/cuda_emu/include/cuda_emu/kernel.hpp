@@ -6,6 +6,7 @@
 // two barriers, std::atomic_ref. Blocks of a launch run one after another and launches one at a
 // time, so `__shared__` can be a function-local static (one instance per running block).
 #pragma once
+#include <bit>
 #include <math.h>
 
 #include <atomic>
@@ -124,3 +125,9 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Round-to-nearest arithmetic that the compiler never contracts into an FMA (host C++ without
+// -ffp-contract does not contract across these calls either).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }

@@ -1,0 +1,194 @@
+// The CUDA backend of strata/device.hpp (cuda/ops.hpp): elementwise work, norms and the AdamW
+// update on device memory, asynchronous on the backend's stream. fp32 and bf16 (stored as its 16
+// bits, converted exactly as strata::to_bf16 / to_float do); no double arithmetic on the device
+// (ptxas -warn-double-usage is an error in this build): a sum of squares is summed in fp32 per
+// block and the block sums in double on the host.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "cuda/launch.cuh"
+#include "cuda/ops.hpp"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 1024;
+
+unsigned blocks_for(std::size_t n) {
+  return unsigned(
+      std::max<std::size_t>(1, std::min<std::size_t>(kMaxBlocks, (n + kThreads - 1) / kThreads)));
+}
+
+__device__ __forceinline__ float bf16_to_float(std::uint16_t b) {
+  return __uint_as_float(std::uint32_t(b) << 16);
+}
+// Round to nearest even; NaN stays a quiet NaN (strata::to_bf16).
+__device__ __forceinline__ std::uint16_t float_to_bf16(float f) {
+  std::uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+__device__ __forceinline__ float load(const void* p, bool bf16, std::size_t i) {
+  return bf16 ? bf16_to_float(static_cast<const std::uint16_t*>(p)[i])
+              : static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void store(void* p, bool bf16, std::size_t i, float v) {
+  if (bf16)
+    static_cast<std::uint16_t*>(p)[i] = float_to_bf16(v);
+  else
+    static_cast<float*>(p)[i] = v;
+}
+
+#define STRATA_GRID_STRIDE(i, n)                                                    \
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += std::size_t(gridDim.x) * blockDim.x)
+
+// The elementwise ops, each result rounded once to y's dtype. __fmul_rn / __fadd_rn are never
+// contracted into an FMA, so the arithmetic is the CPU backend's, operation for operation.
+enum class Affine { fill, scale, axpy, cast };
+__global__ void affine_kernel(Affine op, void* y, bool y_bf16, const void* x, bool x_bf16,
+                              std::size_t n, float a) {
+  STRATA_GRID_STRIDE(i, n) {
+    float r = a;  // fill
+    if (op == Affine::scale) r = __fmul_rn(a, load(y, y_bf16, i));
+    if (op == Affine::axpy) r = __fadd_rn(load(y, y_bf16, i), __fmul_rn(a, load(x, x_bf16, i)));
+    if (op == Affine::cast) r = load(x, x_bf16, i);
+    store(y, y_bf16, i, r);
+  }
+}
+
+// partial[block] = sum of x[i]^2 over the block's elements (fp32).
+__global__ void sum_of_squares_kernel(const void* x, bool bf16, std::size_t n, float* partial) {
+  __shared__ float sums[kThreads];
+  float s = 0.0f;
+  STRATA_GRID_STRIDE(i, n) {
+    const float v = load(x, bf16, i);
+    s += v * v;
+  }
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
+// AdamW on fp32 p32 (the parameters, or the master of bf16 ones, then rounded into params).
+__global__ void adamw_kernel(void* params, bool params_bf16, float* p32, const void* grads,
+                             bool grads_bf16, float* m, float* v, std::size_t n, float lr,
+                             float beta1, float beta2, float eps, float decay, float grad_scale,
+                             float inv_bc1, float inv_bc2) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float g = load(grads, grads_bf16, i) * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float p = p32[i];
+    const float next = p - lr * (mi * inv_bc1 / (sqrtf(vi * inv_bc2) + eps) + decay * p);
+    p32[i] = next;
+    if (params_bf16) store(params, true, i, next);
+  }
+}
+
+}  // namespace
+
+CudaOps::CudaOps(cudaStream_t stream) : stream_(stream) {}
+CudaOps::~CudaOps() {
+  if (partial_) cudaFree(partial_);
+}
+
+void CudaOps::check(const char* op, std::initializer_list<BufferView> views) const {
+  std::size_t count = views.begin()->count;
+  for (const BufferView& x : views) {
+    if (x.device != Device::cuda)
+      throw Error(std::string(op) + ": a view of " + device_name(x.device) +
+                      " memory given to the cuda backend",
+                  "use the run's backend (Context::ops()) for its own buffers");
+    if (x.dtype != DType::f32 && x.dtype != DType::bf16)
+      throw Error(std::string(op) + ": " + dtype_name(x.dtype) + " on the cuda backend",
+                  "fp32 or bf16 device buffers");
+    if (x.count != count)
+      throw Error(std::string(op) + ": " + std::to_string(x.count) + " elements vs " +
+                      std::to_string(count),
+                  "the views must have the same count");
+  }
+}
+
+void CudaOps::affine(int op, BufferView y, const BufferView* x, float a) {
+  if (y.count == 0) return;
+  STRATA_LAUNCH(affine_kernel, blocks_for(y.count), kThreads, 0, stream_)
+  (Affine(op), y.data, y.dtype == DType::bf16, x ? x->data : nullptr, x && x->dtype == DType::bf16,
+   y.count, a);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void CudaOps::copy(BufferView dst, BufferView src) {
+  check("copy", {dst, src});
+  if (dst.dtype != src.dtype) throw Error("copy: dtypes differ", "cast converts between dtypes");
+  if (dst.count)
+    STRATA_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+void CudaOps::cast(BufferView dst, BufferView src) {
+  check("cast", {dst, src});
+  affine(int(Affine::cast), dst, &src, 0.0f);
+}
+void CudaOps::fill(BufferView dst, double value) {
+  check("fill", {dst});
+  affine(int(Affine::fill), dst, nullptr, float(value));
+}
+void CudaOps::scale(BufferView x, double a) {
+  check("scale", {x});
+  affine(int(Affine::scale), x, nullptr, float(a));
+}
+void CudaOps::axpy(BufferView y, double a, BufferView x) {
+  check("axpy", {y, x});
+  if (y.dtype != x.dtype) throw Error("axpy: dtypes differ", "the same dtype for both");
+  affine(int(Affine::axpy), y, &x, float(a));
+}
+
+double CudaOps::sum_of_squares(BufferView x) {
+  check("sum_of_squares", {x});
+  if (x.count == 0) return 0.0;
+  if (!partial_)
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), kMaxBlocks * sizeof(float)));
+  const unsigned blocks = blocks_for(x.count);
+  STRATA_LAUNCH(sum_of_squares_kernel, blocks, kThreads, 0, stream_)
+  (x.data, x.dtype == DType::bf16, x.count, partial_);
+  STRATA_CUDA_CHECK_LAUNCH();
+  std::vector<float> sums(blocks);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(sums.data(), partial_, blocks * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  double s = 0.0;
+  for (float v : sums) s += v;
+  return s;
+}
+
+void CudaOps::adamw(BufferView params, BufferView master, BufferView grads, BufferView m,
+                    BufferView v, const AdamWStep& st) {
+  const bool mixed = params.dtype == DType::bf16;
+  const BufferView p32 = mixed ? master : params;
+  check("adamw", {params, p32, grads, m, v});
+  if (p32.dtype != DType::f32 || m.dtype != DType::f32 || v.dtype != DType::f32)
+    throw Error("adamw: fp32 master (or parameters), m and v on the cuda backend");
+  if (params.count == 0) return;
+  // On the host, as the CPU backend computes them (cpu::adamw_update).
+  const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(st.beta1), st.t)));
+  const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(st.beta2), st.t)));
+  STRATA_LAUNCH(adamw_kernel, blocks_for(params.count), kThreads, 0, stream_)
+  (params.data, mixed, static_cast<float*>(p32.data), grads.data, grads.dtype == DType::bf16,
+   static_cast<float*>(m.data), static_cast<float*>(v.data), params.count, st.lr, st.beta1,
+   st.beta2, st.eps, st.weight_decay, st.grad_scale, inv_bc1, inv_bc2);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace strata::cuda
