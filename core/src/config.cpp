@@ -202,6 +202,9 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
     throw ConfigError("--memory-limit: only with --dry-run (a run measures its memory)");
   if (c.mesh_given && double(c.mesh.dp) * c.mesh.tp * c.mesh.pp > 16777216.0)
     throw ConfigError("--mesh: dp x tp x pp is more than 16777216 ranks");
+  // NCCL moves device buffers only: on the CPU backend it would be handed host memory.
+  if (c.transport == "nccl" && c.device != "cuda")
+    throw ConfigError("--transport nccl: moves device memory; needs --device cuda");
   if (c.device != "cpu")
     throw ConfigError("--device " + c.device + ": must be cpu (the only device in this build)");
   const MixedPrecision& mp = c.train.precision;

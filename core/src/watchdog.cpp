@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/mpi_transport.hpp"
+#include "comm/transport.hpp"
 #include "format.hpp"
 #include "trainer.hpp"
 
@@ -106,6 +107,7 @@ struct Watchdog::Impl {
   // take seconds to act on MPI_Abort, longer with a stopped rank), MPI_Abort covers the rest.
   [[noreturn]] void end_job(const std::string& status, const std::string& message, int code,
                             bool replace) {
+    request_comm_stop();  // a transport wait that polls (NCCL's) gives up instead of spinning
     std::fprintf(stderr, "runner: error: %s\n", one_line(message).c_str());
     write_failure(state, status, message, replace && may_replace);
     if (rank == 0)

@@ -34,6 +34,12 @@ check "--steps 0: must be a whole number in 1..1000000000" --plugin ddp --steps 
 check "--model huge: must be one of tiny, small, gpt2-124m" --plugin ddp --model huge
 check "--global-batch 12: must be a multiple of --micro-batch x dp = 8" --plugin ddp --global-batch 12
 check "--transport infiniband: must be one of mpi" --plugin ddp --transport infiniband
+if "$runner" --list-transports | cut -f1 | grep -qx nccl; then  # built with NCCL
+  check "--transport nccl: moves device memory; needs --device cuda" --plugin ddp --transport nccl
+else
+  check "--transport nccl: must be one of mpi" --plugin ddp --transport nccl
+fi
+check "--device cuda: must be one of cpu" --plugin ddp --device cuda
 check "--mesh: ddp is data parallel only" --plugin ddp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2
 check "unrecognised option '--bogus'" --plugin ddp --bogus
 check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexistent

@@ -1,18 +1,48 @@
 // Transport registry: which backends this build has, and the split that creates a group of one.
 #include "comm/transport.hpp"
 
+#include <atomic>
+#include <deque>
+#include <mutex>
+
 #include "comm/mpi_transport.hpp"
 #ifdef STRATA_HAVE_UCX
 #include "comm/ucx_transport.hpp"
 #endif
 
 namespace strata {
+namespace {
+
+std::mutex g_registered_mutex;
+std::deque<TransportEntry> g_registered;  // a deque: entries stay where they are
+std::atomic<bool> g_comm_stop{false};
+
+const TransportEntry* registered(const std::string& transport) {
+  std::lock_guard lock(g_registered_mutex);
+  for (const TransportEntry& e : g_registered)
+    if (e.name == transport) return &e;  // entries are never removed
+  return nullptr;
+}
+
+}  // namespace
+
+void register_transport(TransportEntry entry) {
+  std::lock_guard lock(g_registered_mutex);
+  for (TransportEntry& e : g_registered)
+    if (e.name == entry.name) return;  // registered once; a second call changes nothing
+  g_registered.push_back(std::move(entry));
+}
+
+void request_comm_stop() { g_comm_stop = true; }
+bool comm_stop_requested() { return g_comm_stop; }
 
 std::vector<std::string> transports_built() {
   std::vector<std::string> out = {"mpi"};
 #ifdef STRATA_HAVE_UCX
   out.push_back("ucx");
 #endif
+  std::lock_guard lock(g_registered_mutex);
+  for (const TransportEntry& e : g_registered) out.push_back(e.name);
   return out;
 }
 
@@ -28,6 +58,7 @@ std::unique_ptr<Group> split_group(const std::string& transport, const std::stri
 #ifdef STRATA_HAVE_UCX
   if (transport == "ucx") return ucx::split(name, color, key, ledger);
 #endif
+  if (const TransportEntry* e = registered(transport)) return e->split(name, color, key, ledger);
   throw Error("transport '" + transport + "' is not built into this binary",
               "runner --help lists the transports of this build");
 }
@@ -37,6 +68,7 @@ std::string transport_version(const std::string& transport) {
 #ifdef STRATA_HAVE_UCX
   if (transport == "ucx") return ucx::library_version();
 #endif
+  if (const TransportEntry* e = registered(transport)) return e->version();
   return "not built";
 }
 

@@ -2,7 +2,9 @@
 // plane of every run; a transport only decides what carries the Group calls of the mesh groups.
 //   mpi  MPI collectives and MPI_Send/Recv on a split communicator (always built)
 //   ucx  UCP tagged messages between the group's ranks, collectives built on them (STRATA_HAVE_UCX)
+//   nccl NCCL on device buffers (strata_cuda, registered by the runner when built with NCCL)
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,22 @@ bool transport_built(const std::string& transport);
 // form one group of `transport`, ordered by key. Every rank must call it in the same order.
 std::unique_ptr<Group> split_group(const std::string& transport, const std::string& name, int color,
                                    int key, CommLedger* ledger);
+
+// A transport built outside strata_core (NCCL's, in strata_cuda): the runner registers it at
+// start-up, before the options are parsed, and it is then built like the others.
+struct TransportEntry {
+  std::string name;
+  std::function<std::unique_ptr<Group>(const std::string& name, int color, int key,
+                                       CommLedger* ledger)>
+      split;
+  std::function<std::string()> version;
+};
+void register_transport(TransportEntry entry);
+
+// The job is ending (the watchdog gave up, a signal came): a transport whose waits poll (NCCL's)
+// stops waiting and throws instead of blocking the thread that the job's end needs.
+void request_comm_stop();
+bool comm_stop_requested();
 
 // Version string of the transport's library ("Open MPI v4.1.4", "UCX 1.13.1"), or "not built".
 std::string transport_version(const std::string& transport);

@@ -3,8 +3,12 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
 
+#include "comm/transport.hpp"
 #include "cuda/device.hpp"
 #include "strata/types.hpp"
 
@@ -112,18 +116,15 @@ std::string nccl_version() {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
-std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger,
-                             cudaStream_t stream) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized)
-    throw Error("NCCL transport: split(\"" + name + "\") before MPI_Init",
-                "the NCCL bootstrap runs over MPI: initialise MPI first");
+namespace {
+
+// A communicator of its own for the ranks of `color`: a unique id made by the group's first rank
+// and broadcast over an MPI split of the world.
+ncclComm_t init_from_unique_id(int color, int key) {
   MPI_Comm sub = MPI_COMM_NULL;
   STRATA_NCCL_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &sub));
   int rank = 0, size = 1;
   ncclUniqueId id{};
-  ncclComm_t comm = nullptr;
   ncclResult_t result = ncclSuccess;
   int mpi_code = MPI_SUCCESS;
   // Every rank of `sub` must reach MPI_Comm_free, so errors are thrown only after it.
@@ -137,8 +138,61 @@ std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLe
   MPI_Comm_free(&sub);
   STRATA_NCCL_MPI_CHECK(mpi_code);
   if (result != ncclSuccess) throw_nccl_error(result, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
+  ncclComm_t comm = nullptr;
   STRATA_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
-  return std::make_unique<NcclGroup>(name, comm, stream, ledger);
+  return comm;
+}
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+// The parent of every group: all world ranks, made at the first split and kept to the end of the
+// process (destroying it would be collective, and the groups split from it may outlive any one
+// owner). Only the split's caller thread uses it.
+ncclComm_t world_parent() {
+  static std::mutex mutex;
+  static ncclComm_t parent = nullptr;
+  std::lock_guard lock(mutex);
+  if (parent == nullptr) {
+    int rank = 0;
+    STRATA_NCCL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    parent = init_from_unique_id(0, rank);
+  }
+  return parent;
+}
+#endif
+
+}  // namespace
+
+std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger,
+                             cudaStream_t stream) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    throw Error("NCCL transport: split(\"" + name + "\") before MPI_Init",
+                "the NCCL bootstrap runs over MPI: initialise MPI first");
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  ncclComm_t comm = nullptr;
+  STRATA_NCCL_CHECK(ncclCommSplit(world_parent(), color, key, &comm, nullptr));
+#else
+  ncclComm_t comm = init_from_unique_id(color, key);
+#endif
+  const bool owns_stream = stream == nullptr;
+  if (owns_stream) {
+    const cudaError_t created = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (created != cudaSuccess) {
+      ncclCommDestroy(comm);
+      STRATA_CUDA_CHECK(created);
+    }
+  }
+  return std::make_unique<NcclGroup>(name, comm, stream, ledger, owns_stream);
+}
+
+void register_transport() {
+  strata::register_transport(
+      TransportEntry{"nccl",
+                     [](const std::string& name, int color, int key, CommLedger* ledger) {
+                       return split(name, color, key, ledger);
+                     },
+                     [] { return "NCCL " + nccl_version(); }});
 }
 
 // ---- NcclGroup ----------------------------------------------------------------------------------
@@ -167,17 +221,26 @@ int comm_size(ncclComm_t comm) {
 
 }  // namespace
 
-NcclGroup::NcclGroup(std::string name, ncclComm_t comm, cudaStream_t stream, CommLedger* ledger)
+NcclGroup::NcclGroup(std::string name, ncclComm_t comm, cudaStream_t stream, CommLedger* ledger,
+                     bool owns_stream)
     : Group(std::move(name), comm_rank(comm), comm_size(comm), ledger),
       comm_(comm),
-      stream_(stream) {
+      stream_(stream),
+      owns_stream_(owns_stream) {
   try {
     STRATA_NCCL_CHECK(ncclCommCuDevice(comm_, &device_));
     DeviceScope scope(device_);
     STRATA_CUDA_CHECK(cudaEventCreate(&start_));
     STRATA_CUDA_CHECK(cudaEventCreate(&stop_));
     STRATA_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
+    STRATA_CUDA_CHECK(
+        cudaMalloc(reinterpret_cast<void**>(&send_header_), 2 * sizeof(std::int64_t)));
+    STRATA_CUDA_CHECK(
+        cudaMalloc(reinterpret_cast<void**>(&recv_header_), 2 * sizeof(std::int64_t)));
+    STRATA_CUDA_CHECK(
+        cudaMallocHost(reinterpret_cast<void**>(&host_header_), 2 * sizeof(std::int64_t)));
     STRATA_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(float), stream_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
     release();
     throw;
@@ -199,32 +262,90 @@ void NcclGroup::release() noexcept {
       (void)ncclCommDestroy(comm_);
     comm_ = nullptr;
   }
+  // cudaFree waits for the device; after an abort the stream holds nothing that waits any more.
   if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
+  if (send_header_ != nullptr) (void)cudaFree(send_header_);
+  if (recv_header_ != nullptr) (void)cudaFree(recv_header_);
+  if (host_header_ != nullptr) (void)cudaFreeHost(host_header_);
   if (start_ != nullptr) (void)cudaEventDestroy(start_);
   if (stop_ != nullptr) (void)cudaEventDestroy(stop_);
+  if (owns_stream_ && stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   barrier_word_ = nullptr;
+  send_header_ = recv_header_ = host_header_ = nullptr;
   start_ = stop_ = nullptr;
+  stream_ = nullptr;
   if (switch_device) (void)cudaSetDevice(previous);
 }
 
-// Enqueue one NCCL call between the event pair, wait for the stream, keep the GPU time.
+void NcclGroup::set_compute_event(cudaEvent_t event) {
+  std::lock_guard lock(call_mutex_);
+  compute_event_ = event;
+}
+
+// NCCL's error handling: abort the communicator (the only call that cannot hang on a dead peer),
+// then throw. The group refuses every later call.
+void NcclGroup::abort_and_throw(ncclResult_t result, const std::string& what,
+                                const std::string& hint) {
+  (void)ncclCommAbort(comm_);
+  comm_ = nullptr;
+  aborted_ = true;
+  const char* last = ncclGetLastError(nullptr);
+  std::string message = "rank " + std::to_string(world_rank_or_minus_one()) + ": " + what +
+                        " on NCCL group " + name();
+  if (result != ncclSuccess) {
+    message += std::string(": ") + ncclGetErrorString(result);
+    if (last != nullptr && *last != '\0') message += std::string(" (") + last + ")";
+  }
+  throw Error(message + "; the communicator was aborted", hint.empty() ? nccl_hint(result) : hint);
+}
+
+// Waits for the group's stream, polling the communicator's asynchronous error and the stop flag.
+void NcclGroup::wait_for_stream(const char* what) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t state = cudaStreamQuery(stream_);
+    if (state == cudaSuccess) break;
+    if (state != cudaErrorNotReady) STRATA_CUDA_CHECK(state);
+    ncclResult_t async = ncclSuccess;
+    STRATA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess) abort_and_throw(async, what, "");
+    if (comm_stop_requested())
+      abort_and_throw(ncclSuccess, std::string(what) + " stopped",
+                      "the job is ending (the watchdog or a signal): see the run's first error");
+    // Spin briefly (a call of a few microseconds), then back off to leave the cores to others.
+    if (polls < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  ncclResult_t async = ncclSuccess;  // an operation that failed also leaves the stream idle
+  STRATA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+  if (async != ncclSuccess) abort_and_throw(async, what, "");
+}
+
+// Enqueue one NCCL call between the event pair (after the compute event), wait for the stream,
+// keep the GPU time. The caller holds call_mutex_.
 template <class F>
-void NcclGroup::timed(F&& enqueue) {
+void NcclGroup::timed(const char* what, F&& enqueue) {
   DeviceScope scope(device_);
+  if (compute_event_ != nullptr) STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_event_, 0));
   STRATA_CUDA_CHECK(cudaEventRecord(start_, stream_));
   enqueue();
   STRATA_CUDA_CHECK(cudaEventRecord(stop_, stream_));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  ncclResult_t async = ncclSuccess;
-  STRATA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-  if (async != ncclSuccess)
-    throw_nccl_error(async, "ncclCommGetAsyncError(comm_, &async)", __FILE__, __LINE__);
+  wait_for_stream(what);
   float ms = 0.0f;
   STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
   last_gpu_seconds_ = double(ms) * 1e-3;
 }
 
+void NcclGroup::check_usable(const char* op) const {
+  if (aborted_)
+    throw Error("NCCL " + std::string(op) + " on group " + name() +
+                    ": the group's communicator was aborted after an earlier error",
+                "the first error of this rank says why");
+}
+
 void NcclGroup::check_peer(int peer, const char* op) const {
+  check_usable(op);
   if (peer < 0 || peer >= size())
     throw Error("NCCL " + std::string(op) + " on group " + name() + ": peer " +
                     std::to_string(peer) + " is not in 0.." + std::to_string(size() - 1),
@@ -236,7 +357,9 @@ void NcclGroup::check_peer(int peer, const char* op) const {
 }
 
 void NcclGroup::do_all_reduce(BufferView b, Reduction r) {
-  timed([&] {
+  std::lock_guard lock(call_mutex_);
+  check_usable("all_reduce");
+  timed("all_reduce", [&] {
     STRATA_NCCL_CHECK(ncclAllReduce(b.data, b.data, b.count, to_nccl(b.dtype),
                                     r == Reduction::sum ? ncclSum : ncclMax, comm_, stream_));
   });
@@ -244,7 +367,9 @@ void NcclGroup::do_all_reduce(BufferView b, Reduction r) {
 
 void NcclGroup::do_reduce_scatter(BufferView in, BufferView out) {
   // NCCL's count is the per-rank output count; in place when out sits at this rank's slot of in.
-  timed([&] {
+  std::lock_guard lock(call_mutex_);
+  check_usable("reduce_scatter");
+  timed("reduce_scatter", [&] {
     STRATA_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.dtype), ncclSum,
                                         comm_, stream_));
   });
@@ -252,14 +377,18 @@ void NcclGroup::do_reduce_scatter(BufferView in, BufferView out) {
 
 void NcclGroup::do_all_gather(BufferView in, BufferView out) {
   // NCCL's count is the per-rank input count; in place when in sits at this rank's slot of out.
-  timed([&] {
+  std::lock_guard lock(call_mutex_);
+  check_usable("all_gather");
+  timed("all_gather", [&] {
     STRATA_NCCL_CHECK(
         ncclAllGather(in.data, out.data, in.count, to_nccl(in.dtype), comm_, stream_));
   });
 }
 
 void NcclGroup::do_broadcast(BufferView b, int root) {
-  timed([&] {
+  std::lock_guard lock(call_mutex_);
+  check_usable("broadcast");
+  timed("broadcast", [&] {
     STRATA_NCCL_CHECK(
         ncclBroadcast(b.data, b.data, b.count, to_nccl(b.dtype), root, comm_, stream_));
   });
@@ -267,28 +396,62 @@ void NcclGroup::do_broadcast(BufferView b, int root) {
 
 void NcclGroup::do_reduce(BufferView b, int root) {
   // recvbuff matters only on the root; elsewhere b is left as it was.
-  timed([&] {
+  std::lock_guard lock(call_mutex_);
+  check_usable("reduce");
+  timed("reduce", [&] {
     STRATA_NCCL_CHECK(
         ncclReduce(b.data, b.data, b.count, to_nccl(b.dtype), ncclSum, root, comm_, stream_));
   });
 }
 
-void NcclGroup::do_send(BufferView b, int peer, int /*tag*/) {
+// The header and the payload in one group: the receiver reads the header first.
+void NcclGroup::do_send(BufferView b, int peer, int tag) {
+  std::lock_guard lock(call_mutex_);
   check_peer(peer, "send");
-  timed([&] {
-    STRATA_NCCL_CHECK(ncclSend(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));
+  DeviceScope scope(device_);
+  host_header_[0] = tag;
+  host_header_[1] = std::int64_t(b.bytes());
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(send_header_, host_header_, 2 * sizeof(std::int64_t),
+                                    cudaMemcpyHostToDevice, stream_));
+  timed("send", [&] {
+    STRATA_NCCL_CHECK(ncclGroupStart());
+    const ncclResult_t header = ncclSend(send_header_, 2, ncclInt64, peer, comm_, stream_);
+    const ncclResult_t payload =
+        header == ncclSuccess ? ncclSend(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_)
+                              : header;
+    STRATA_NCCL_CHECK(ncclGroupEnd());
+    STRATA_NCCL_CHECK(payload);
   });
 }
 
-void NcclGroup::do_recv(BufferView b, int peer, int /*tag*/) {
+void NcclGroup::do_recv(BufferView b, int peer, int tag) {
+  std::lock_guard lock(call_mutex_);
   check_peer(peer, "recv");
-  timed([&] {
+  DeviceScope scope(device_);
+  timed("recv", [&] {
+    STRATA_NCCL_CHECK(ncclRecv(recv_header_, 2, ncclInt64, peer, comm_, stream_));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(host_header_, recv_header_, 2 * sizeof(std::int64_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+  });
+  if (host_header_[0] != tag || host_header_[1] != std::int64_t(b.bytes())) {
+    const std::string sent = "tag " + std::to_string(host_header_[0]) + ", " +
+                             std::to_string(host_header_[1]) + " bytes";
+    abort_and_throw(ncclSuccess,
+                    "recv (tag " + std::to_string(tag) + ", " + std::to_string(b.bytes()) +
+                        " bytes) from rank " + std::to_string(peer) +
+                        ": the next message of that rank is " + sent,
+                    "NCCL matches send and recv in issue order: receive a peer's messages in the "
+                    "order it sends them, with the same sizes");
+  }
+  timed("recv", [&] {
     STRATA_NCCL_CHECK(ncclRecv(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));
   });
 }
 
 void NcclGroup::do_barrier() {
-  timed([&] {
+  std::lock_guard lock(call_mutex_);
+  check_usable("barrier");
+  timed("barrier", [&] {
     STRATA_NCCL_CHECK(
         ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream_));
   });

@@ -1,17 +1,33 @@
 // The NCCL transport: Group over an NCCL communicator, on device buffers and one CUDA stream.
-// Built into strata_cuda when NCCL is found (STRATA_HAVE_NCCL=1 on the target). Plain C++:
+// Built into strata_cuda when NCCL >= 2.13 is found (STRATA_HAVE_NCCL=1 on the target), and, for
+// the tests, against the NCCL stand-in and the CUDA emulator (tests/nccl_standin). Plain C++:
 // includable from host-only translation units.
 //
 // Every call is blocking for the calling thread, as on every transport (see strata/comm.hpp): it
 // enqueues the NCCL call on the group's stream and waits for that stream, so time measured on the
 // host around a call equals the stream time of the call (plus whatever was queued on the stream
 // before it: give the group a stream of its own). A CUDA event pair around the NCCL call gives the
-// same call's GPU-measured time, last_gpu_seconds().
+// same call's GPU-measured time, last_gpu_seconds(). Calls are serialised per group: NCCL does not
+// allow one communicator to be used from two threads at once.
+//
+// The wait polls, as NCCL documents for error handling: while the stream is busy it checks
+// ncclCommGetAsyncError and comm_stop_requested() (comm/transport.hpp: the watchdog ending the
+// job); on either it calls ncclCommAbort and throws, so a failed or dead peer ends the job instead
+// of leaving it blocked. An aborted group refuses every later call.
+//
+// Tags: NCCL has none; its send/recv match in issue order per peer. Each send carries a 16-byte
+// header (tag, bytes) in the same ncclGroupStart/End, and the receiver checks it before the
+// payload: a recv whose tag or size differs from the peer's next send is refused with an error
+// naming both (and the group aborted: the peer's payload would otherwise go to the wrong
+// buffer). So messages of one tag keep their order and different tags must be received in the
+// order they were sent, which the strategies (pipeline schedules) do.
 #pragma once
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "strata/comm.hpp"
@@ -21,25 +37,41 @@ namespace strata::nccl {
 // "2.x.y", from ncclGetVersion (the library loaded at run time, not the header built against).
 std::string nccl_version();
 
+// Adds "nccl" to the transport registry (comm/transport.hpp), with split() below on a stream of
+// each group's own, and "NCCL <version>" as its version. The runner calls it when built with NCCL.
+void register_transport();
+
 // Collective over MPI_COMM_WORLD (MPI must be initialised): the ranks that pass the same color
-// form one group, ordered by key. The caller selects the rank's GPU (cudaSetDevice) first: the
-// communicator, its events and `stream` belong to the current device.
+// form one group, ordered by key. Every rank calls it in the same order. The caller selects the
+// rank's GPU (cudaSetDevice) first: the communicator, its events and `stream` belong to the
+// current device. With NCCL >= 2.18 the group is ncclCommSplit of a world communicator made at the
+// first call (and kept to the end of the process); before, a communicator of its own from a
+// unique id broadcast over MPI. A null `stream`: the group creates (and owns) a non-blocking one.
 std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger,
-                             cudaStream_t stream);
+                             cudaStream_t stream = nullptr);
 
 class NcclGroup final : public Group {
  public:
-  // Takes ownership of `comm` (destroyed with the group, also when the constructor throws).
-  NcclGroup(std::string name, ncclComm_t comm, cudaStream_t stream, CommLedger* ledger);
+  // Takes ownership of `comm` (destroyed with the group, also when the constructor throws), and of
+  // `stream` when owns_stream.
+  NcclGroup(std::string name, ncclComm_t comm, cudaStream_t stream, CommLedger* ledger,
+            bool owns_stream = false);
   ~NcclGroup() override;
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
+
+  // Every later call first makes the group's stream wait (cudaStreamWaitEvent) for the most
+  // recent record of `event` made before the call: the compute stream records it after the
+  // kernels that produce the buffers, and the collective starts once they are done, without
+  // blocking the host (Context::compute_event() on CUDA). nullptr: no wait. Not owned.
+  void set_compute_event(cudaEvent_t event);
 
   // GPU time of the last call's NCCL kernel(s), from a CUDA event pair recorded around it.
   double last_gpu_seconds() const { return last_gpu_seconds_; }
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
+  bool aborted() const { return aborted_; }
 
  protected:
   // Buffers are device pointers. In-place forms, as NCCL defines them: all_gather with
@@ -52,22 +84,32 @@ class NcclGroup final : public Group {
   void do_reduce(BufferView buf, int root) override;
   // A blocking send or recv completes only once the peer posts the matching call; a rank cannot
   // send to itself (that needs the send and the recv in one ncclGroupStart/End).
-  // NCCL has no tags: messages between two ranks match in issue order, which the plugins keep.
   void do_send(BufferView buf, int peer, int tag) override;
   void do_recv(BufferView buf, int peer, int tag) override;
   void do_barrier() override;  // a 1-element all-reduce
 
  private:
   template <class F>
-  void timed(F&& enqueue);
+  void timed(const char* what, F&& enqueue);
+  void wait_for_stream(const char* what);
+  [[noreturn]] void abort_and_throw(ncclResult_t result, const std::string& what,
+                                    const std::string& hint);
+  void check_usable(const char* op) const;
   void check_peer(int peer, const char* op) const;
   void release() noexcept;
 
+  std::mutex call_mutex_;  // one call at a time (see above)
   ncclComm_t comm_;
   cudaStream_t stream_;
+  bool owns_stream_;
+  bool aborted_ = false;
   int device_ = -1;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  void* barrier_word_ = nullptr;  // one device float, for barrier()
+  cudaEvent_t compute_event_ = nullptr;
+  void* barrier_word_ = nullptr;         // one device float, for barrier()
+  std::int64_t* send_header_ = nullptr;  // device: {tag, bytes} of the message being sent
+  std::int64_t* recv_header_ = nullptr;  // device: the header received
+  std::int64_t* host_header_ = nullptr;  // pinned host staging for both
   double last_gpu_seconds_ = 0.0;
 };
 

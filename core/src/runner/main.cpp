@@ -14,6 +14,9 @@
 
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
+#ifdef STRATA_HAVE_NCCL
+#include "cuda/nccl_transport.hpp"
+#endif
 #include "config.hpp"
 #include "cpu/layers.hpp"
 #include "format.hpp"
@@ -109,8 +112,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     if (env.rank == 0) std::printf("%s", config.help_text.c_str());
     return false;
   }
-  if (config.list_transports) {
-    for (const std::string& t : transports_built()) std::printf("%s\n", t.c_str());
+  if (config.list_transports) {  // "name<TAB>library version", one per line
+    for (const std::string& t : transports_built())
+      std::printf("%s\t%s\n", t.c_str(),
+                  t == "mpi" ? mpi::library_version().c_str() : transport_version(t).c_str());
     return false;
   }
   std::vector<std::string> dirs{default_plugin_dir()};
@@ -191,6 +196,9 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
 
 int main(int argc, char** argv) {
   configure_allocator();  // process_memory.hpp: before any thread starts
+#ifdef STRATA_HAVE_NCCL
+  nccl::register_transport();  // before the options: --transport's choices come from the registry
+#endif
   const LaunchEnv env = detect_launch_env();
   RunConfig config;
   PluginRegistry registry;

@@ -74,6 +74,20 @@ typedef struct CUevent_st* cudaEvent_t;
 #define cudaEventInterprocess 0x04
 #define cudaHostAllocDefault 0x00
 
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+};
+typedef void (*cudaHostFn_t)(void* user_data);
+
 struct cudaDeviceProp {
   char name[256];
   std::size_t totalGlobalMem;
@@ -110,6 +124,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpy
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream);
 cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes);
+// Where `ptr` points: device (cudaMalloc), host (cudaMallocHost) or unregistered host memory.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr);
 cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream);
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
@@ -118,6 +134,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
+// Runs fn(user_data) in stream order on the stream's thread (the NCCL stand-in's collectives).
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data);
 
 cudaError_t cudaEventCreate(cudaEvent_t* event);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);

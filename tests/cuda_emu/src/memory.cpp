@@ -3,6 +3,7 @@
 // call instead of a silent read of a neighbour.
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
@@ -139,6 +140,23 @@ cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
 }
 cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {
   return strata_emu::fill(ptr, value, bytes, stream);
+}
+
+// Inside an allocation: device memory (cudaMalloc) or host memory (cudaMallocHost); anywhere
+// else unregistered host memory, which CUDA >= 11 also answers with cudaSuccess.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  if (attributes == nullptr) return set_last_error(cudaErrorInvalidValue);
+  *attributes = {cudaMemoryTypeUnregistered, -2, nullptr, const_cast<void*>(ptr)};
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard lock(strata_emu::mutex);
+  auto it = strata_emu::allocations.upper_bound(address);
+  if (it == strata_emu::allocations.begin() ||
+      address >= std::prev(it)->first + std::prev(it)->second.bytes)
+    return cudaSuccess;
+  const bool pinned = std::prev(it)->second.pinned;
+  *attributes = {pinned ? cudaMemoryTypeHost : cudaMemoryTypeDevice, 0, const_cast<void*>(ptr),
+                 pinned ? const_cast<void*>(ptr) : nullptr};
+  return cudaSuccess;
 }
 
 }  // extern "C"

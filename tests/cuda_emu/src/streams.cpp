@@ -193,6 +193,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   }));
 }
 
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return set_last_error(cudaErrorInvalidValue);
+  return set_last_error(strata_emu::enqueue(stream, [fn, user_data] { fn(user_data); }));
+}
+
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   return cudaEventCreateWithFlags(event, cudaEventDefault);
 }
