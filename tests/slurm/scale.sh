@@ -105,7 +105,7 @@ h5dump -d /provenance/hostnames "$work/relaunch/zero3.h5" | grep -q '"n1", "n2",
 # 5. A transport A/B inside one study (when UCX is built, as in CI): ddp and zero3 on 2 and 4
 #    nodes over mpi and ucx; each UCX run follows its MPI twin's loss trajectory, and
 #    results/compare pairs the twins.
-if "$runner" --list-transports | grep -qx ucx; then
+if "$runner" --list-transports | cut -f1 | grep -qx ucx; then
   # Comma lists cannot go through sbatch --export: the job inherits them from this environment.
   id=$(export STRATA_STUDY=ab STRATA_STRATEGIES=ddp,zero3 STRATA_NODES=2,4 STRATA_TRANSPORTS=mpi,ucx
     submit slurm/scale.sbatch slurm/studies/tiny.study)
