@@ -139,7 +139,8 @@ __global__ void xent_exp_kernel(float* probs, float* sum, float* target, const f
 // losses in fp32 (the CPU takes log(sum) - target in double: a few ulp apart).
 __global__ void xent_normalise_kernel(float* probs, float* losses, const float* sum,
                                       const float* target, std::size_t N, std::size_t Vl) {
-  STRATA_GRID_STRIDE(i, std::max(N * Vl, N)) {
+  const std::size_t n = N * Vl > N ? N * Vl : N;  // (std::max is host-only for nvcc)
+  STRATA_GRID_STRIDE(i, n) {
     if (i < N * Vl) probs[i] = __fmul_rn(probs[i], 1.0f / sum[i / Vl]);
     if (i < N) losses[i] = logf(sum[i]) - target[i];
   }
