@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/bf16.cuh"
 #include "cuda/device.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/ops.hpp"
@@ -23,31 +24,6 @@ unsigned blocks_for(std::size_t n) {
   return unsigned(
       std::max<std::size_t>(1, std::min<std::size_t>(kMaxBlocks, (n + kThreads - 1) / kThreads)));
 }
-
-__device__ __forceinline__ float bf16_to_float(std::uint16_t b) {
-  return __uint_as_float(std::uint32_t(b) << 16);
-}
-// Round to nearest even; NaN stays a quiet NaN (strata::to_bf16).
-__device__ __forceinline__ std::uint16_t float_to_bf16(float f) {
-  std::uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return std::uint16_t(u >> 16);
-}
-__device__ __forceinline__ float load(const void* p, bool bf16, std::size_t i) {
-  return bf16 ? bf16_to_float(static_cast<const std::uint16_t*>(p)[i])
-              : static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void store(void* p, bool bf16, std::size_t i, float v) {
-  if (bf16)
-    static_cast<std::uint16_t*>(p)[i] = float_to_bf16(v);
-  else
-    static_cast<float*>(p)[i] = v;
-}
-
-#define STRATA_GRID_STRIDE(i, n)                                                    \
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += std::size_t(gridDim.x) * blockDim.x)
 
 // The elementwise ops, each result rounded once to y's dtype. __fmul_rn / __fadd_rn are never
 // contracted into an FMA, so the arithmetic is the CPU backend's, operation for operation.

@@ -6,6 +6,9 @@
 // documents. Beyond cuBLAS: every operand's extent (ld, k, stride, batch) must lie inside one
 // device allocation, or the call fails with CUBLAS_STATUS_EXECUTION_FAILED and says which operand
 // (on a GPU: an illegal address or silently wrong values). The math mode is recorded and ignored.
+// cublasGemmEx: bf16 A and B with an fp32 or bf16 C (or all fp32), CUBLAS_COMPUTE_32F only:
+// products accumulated in fp32, alpha and beta applied in fp32, a bf16 C rounded once (to nearest
+// even, as strata::to_bf16); other type combinations are CUBLAS_STATUS_NOT_SUPPORTED.
 #pragma once
 #include <cstddef>
 
@@ -35,6 +38,12 @@ typedef enum {
 } cublasMath_t;
 typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cublasPointerMode_t;
 
+// library_types.h / cublas_api.h: the few data, compute and algorithm enums GemmEx needs.
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef cudaDataType_t cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+
 typedef struct cublasContext* cublasHandle_t;
 
 extern "C" {
@@ -60,4 +69,10 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long stride_a, const float* B, int ldb,
                                          long long stride_b, const float* beta, float* C, int ldc,
                                          long long stride_c, int batch_count);
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType_t Atype, int lda, const void* B,
+                            cudaDataType_t Btype, int ldb, const void* beta, void* C,
+                            cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo);
 }

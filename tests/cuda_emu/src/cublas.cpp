@@ -2,6 +2,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstdio>
 
@@ -21,18 +22,41 @@ struct Gemm {
   cublasOperation_t transa, transb;
   int m, n, k;
   float alpha;
-  const float* a;
+  const void* a;
   int lda;
   long long stride_a;
-  const float* b;
+  const void* b;
   int ldb;
   long long stride_b;
   float beta;
-  float* c;
+  void* c;
   int ldc;
   long long stride_c;
   int batch;
+  // Element types (cublasGemmEx); the fp32 GEMMs leave them fp32.
+  cudaDataType_t a_type = CUDA_R_32F, b_type = CUDA_R_32F, c_type = CUDA_R_32F;
 };
+
+std::size_t type_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+// Element i of a buffer of type t, as fp32 (bf16: its 16 bits are the top of a float's).
+float load(const void* p, cudaDataType_t t, std::int64_t i) {
+  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
+  return std::bit_cast<float>(std::uint32_t(static_cast<const std::uint16_t*>(p)[i]) << 16);
+}
+// Round to nearest even; NaN stays a quiet NaN (strata::to_bf16).
+void store(void* p, cudaDataType_t t, std::int64_t i, float v) {
+  if (t == CUDA_R_32F) {
+    static_cast<float*>(p)[i] = v;
+    return;
+  }
+  std::uint32_t u = std::bit_cast<std::uint32_t>(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    static_cast<std::uint16_t*>(p)[i] = std::uint16_t((u >> 16) | 0x40u);
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  static_cast<std::uint16_t*>(p)[i] = std::uint16_t(u >> 16);
+}
 
 bool valid_op(cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T; }
 
@@ -65,12 +89,14 @@ const char* invalid_parameter(const Gemm& g, char (&why)[128]) {
 
 // Whether every element the GEMM touches in one operand (rows x cols, column-major with ld, over
 // `batch` matrices `stride` apart) lies inside one device allocation.
-bool operand_inside(const float* p, int rows, int cols, int ld, long long stride, int batch,
-                    const char* what, const char* call) {
+bool operand_inside(const void* p, std::size_t elem, int rows, int cols, int ld, long long stride,
+                    int batch, const char* what, const char* call) {
   if (rows == 0 || cols == 0 || batch == 0) return true;
   const long long lo = std::min(0LL, (batch - 1) * stride);
   const long long hi = std::max(0LL, (batch - 1) * stride) + (cols - 1LL) * ld + rows;
-  if (in_device_memory(p + lo, std::size_t(hi - lo) * sizeof(float))) return true;
+  if (in_device_memory(static_cast<const char*>(p) + lo * static_cast<long long>(elem),
+                       std::size_t(hi - lo) * elem))
+    return true;
   report(
       "%s: operand %s (%d x %d, ld %d, stride %lld, batch %d at %p) reaches outside its device "
       "allocation (a wrong leading dimension, stride or pointer)",
@@ -80,24 +106,25 @@ bool operand_inside(const float* p, int rows, int cols, int ld, long long stride
 
 void run_gemm(const Gemm& g) {
   for (int batch = 0; batch < g.batch; ++batch) {
-    const float* a = g.a + batch * g.stride_a;
-    const float* b = g.b + batch * g.stride_b;
-    float* c = g.c + batch * g.stride_c;
+    const std::int64_t a0 = batch * g.stride_a, b0 = batch * g.stride_b, c0 = batch * g.stride_c;
     for (int j = 0; j < g.n; ++j) {
       for (int i = 0; i < g.m; ++i) {
         float sum = 0.0f;
         if (g.alpha != 0.0f) {
           for (int l = 0; l < g.k; ++l) {
-            const float x = g.transa == CUBLAS_OP_N ? a[i + std::int64_t(l) * g.lda]
-                                                    : a[l + std::int64_t(i) * g.lda];
-            const float y = g.transb == CUBLAS_OP_N ? b[l + std::int64_t(j) * g.ldb]
-                                                    : b[j + std::int64_t(l) * g.ldb];
+            const float x = load(g.a, g.a_type,
+                                 a0 + (g.transa == CUBLAS_OP_N ? i + std::int64_t(l) * g.lda
+                                                               : l + std::int64_t(i) * g.lda));
+            const float y = load(g.b, g.b_type,
+                                 b0 + (g.transb == CUBLAS_OP_N ? l + std::int64_t(j) * g.ldb
+                                                               : j + std::int64_t(l) * g.ldb));
             sum += x * y;
           }
         }
-        float& out = c[i + std::int64_t(j) * g.ldc];
+        const std::int64_t at = c0 + i + std::int64_t(j) * g.ldc;
         // beta == 0: C is output only (it may hold NaN), as cuBLAS documents.
-        out = g.alpha * sum + (g.beta == 0.0f ? 0.0f : g.beta * out);
+        const float old = g.beta == 0.0f ? 0.0f : g.beta * load(g.c, g.c_type, at);
+        store(g.c, g.c_type, at, g.alpha * sum + old);
       }
     }
   }
@@ -118,9 +145,11 @@ cublasStatus_t gemm(cublasHandle_t handle, const Gemm& g, const char* call) {
             cols_a = g.transa == CUBLAS_OP_N ? g.k : g.m;
   const int rows_b = g.transb == CUBLAS_OP_N ? g.k : g.n,
             cols_b = g.transb == CUBLAS_OP_N ? g.n : g.k;
-  if ((reads_ab && (!operand_inside(g.a, rows_a, cols_a, g.lda, g.stride_a, g.batch, "A", call) ||
-                    !operand_inside(g.b, rows_b, cols_b, g.ldb, g.stride_b, g.batch, "B", call))) ||
-      !operand_inside(g.c, g.m, g.n, g.ldc, g.stride_c, g.batch, "C", call))
+  if ((reads_ab && (!operand_inside(g.a, type_size(g.a_type), rows_a, cols_a, g.lda, g.stride_a,
+                                    g.batch, "A", call) ||
+                    !operand_inside(g.b, type_size(g.b_type), rows_b, cols_b, g.ldb, g.stride_b,
+                                    g.batch, "B", call))) ||
+      !operand_inside(g.c, type_size(g.c_type), g.m, g.n, g.ldc, g.stride_c, g.batch, "C", call))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   if (enqueue(handle->stream, [g] { run_gemm(g); }) != cudaSuccess)
     return CUBLAS_STATUS_EXECUTION_FAILED;
@@ -265,6 +294,31 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
   const strata_emu::Gemm g{transa, transb,   m,     n, k,   *alpha,   A,          lda, stride_a, B,
                            ldb,    stride_b, *beta, C, ldc, stride_c, batch_count};
   return strata_emu::gemm(handle, g, "cublasSgemmStridedBatched");
+}
+
+// bf16 A and B, fp32 or bf16 C, fp32 compute (or all fp32): what strata's bf16 GEMMs call.
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType_t Atype, int lda, const void* B,
+                            cudaDataType_t Btype, int ldb, const void* beta, void* C,
+                            cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo) {
+  if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool bf16_ab =
+      Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && (Ctype == CUDA_R_16BF || Ctype == CUDA_R_32F);
+  const bool all_f32 = Atype == CUDA_R_32F && Btype == CUDA_R_32F && Ctype == CUDA_R_32F;
+  if (computeType != CUBLAS_COMPUTE_32F || algo != CUBLAS_GEMM_DEFAULT || !(bf16_ab || all_f32)) {
+    strata_emu::report(
+        "cublasGemmEx: only bf16 (or fp32) A/B with an fp32 or bf16 C, CUBLAS_COMPUTE_32F and "
+        "CUBLAS_GEMM_DEFAULT are emulated");
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
+  strata_emu::Gemm g{transa, transb, m, n, k, a, A, lda, 0, B, ldb, 0, b, C, ldc, 0, 1};
+  g.a_type = Atype;
+  g.b_type = Btype;
+  g.c_type = Ctype;
+  return strata_emu::gemm(handle, g, "cublasGemmEx");
 }
 
 }  // extern "C"

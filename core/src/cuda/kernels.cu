@@ -1,0 +1,164 @@
+// CudaKernels (cuda/kernels.hpp), part 1: the layer passes (cuda/layers.cuh), the bf16 GEMMs on
+// cublasGemmEx, bf16 rounding and widening, zeroing and the device sum. The elementwise steps of
+// the passes are in kernels_steps.cu.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cuda/bf16.cuh"
+#include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 1024;
+
+unsigned blocks_for(std::size_t n) {
+  return unsigned(
+      std::max<std::size_t>(1, std::min<std::size_t>(kMaxBlocks, (n + kThreads - 1) / kThreads)));
+}
+
+__global__ void round_to_bf16_kernel(std::uint16_t* out, const float* in, std::size_t n) {
+  STRATA_GRID_STRIDE(i, n) { out[i] = float_to_bf16(in[i]); }
+}
+__global__ void widen_bf16_kernel(float* out, const std::uint16_t* in, std::size_t n) {
+  STRATA_GRID_STRIDE(i, n) { out[i] = bf16_to_float(in[i]); }
+}
+
+// partial[block] = the fp32 sum of the block's elements; the host adds the blocks in double (no
+// double arithmetic on the device: it runs at a fraction of the fp32 rate on most GPUs).
+__global__ void sum_kernel(const float* x, std::size_t n, float* partial) {
+  __shared__ float sums[kThreads];
+  float s = 0.0f;
+  STRATA_GRID_STRIDE(i, n) { s += x[i]; }
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
+}  // namespace
+
+CudaKernels::CudaKernels(const CudaContext& ctx) : ctx_(ctx) {}
+CudaKernels::~CudaKernels() {
+  if (partial_) cudaFree(partial_);
+}
+
+// --- layer passes: cuda/layers.cuh on the context
+void CudaKernels::encoder_forward(float* out, const std::int32_t* tokens, const float* wte,
+                                  const float* wpe, int B, int T, int C) {
+  cuda::encoder_forward(ctx_, out, tokens, wte, wpe, B, T, C);
+}
+void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                   const std::int32_t* tokens, int B, int T, int C) {
+  cuda::encoder_backward(ctx_, dwte, dwpe, dout, tokens, B, T, C);
+}
+void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                    const float* weight, const float* bias, int N, int C) {
+  cuda::layernorm_forward(ctx_, out, mean, rstd, inp, weight, bias, N, C);
+}
+void CudaKernels::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                     const float* inp, const float* weight, const float* mean,
+                                     const float* rstd, int N, int C) {
+  cuda::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void CudaKernels::matmul_forward(float* out, const float* inp, const float* weight,
+                                 const float* bias, int N, int C, int OC) {
+  cuda::matmul_forward(ctx_, out, inp, weight, bias, N, C, OC);
+}
+void CudaKernels::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, int N, int C, int OC) {
+  cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+void CudaKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                                    int NH) {
+  cuda::attention_forward(ctx_, out, att, qkv, B, T, C, NH);
+}
+void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                     const float* att, int B, int T, int C, int NH) {
+  cuda::attention_backward(ctx_, dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+void CudaKernels::gelu_forward(float* out, const float* inp, std::int64_t n) {
+  cuda::gelu_forward(ctx_, out, inp, n);
+}
+void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  cuda::gelu_backward(ctx_, dinp, inp, dout, n);
+}
+void CudaKernels::residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+  cuda::residual_forward(ctx_, out, a, b, n);
+}
+void CudaKernels::softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
+                                               const std::int32_t* targets, int N, int V) {
+  cuda::softmax_crossentropy_forward(ctx_, probs, losses, logits, targets, N, V);
+}
+void CudaKernels::crossentropy_softmax_backward(float* dlogits, const float* probs,
+                                                const std::int32_t* targets, float grad_scale,
+                                                int N, int V) {
+  cuda::crossentropy_softmax_backward(ctx_, dlogits, probs, targets, grad_scale, N, V);
+}
+
+// --- bf16
+void CudaKernels::round_to_bf16(bf16* out, const float* in, std::size_t n) {
+  if (n == 0) return;
+  STRATA_LAUNCH(round_to_bf16_kernel, blocks_for(n), kThreads, 0, ctx_.stream)
+  (reinterpret_cast<std::uint16_t*>(out), in, n);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::widen_bf16(float* out, const bf16* in, std::size_t n) {
+  if (n == 0) return;
+  STRATA_LAUNCH(widen_bf16_kernel, blocks_for(n), kThreads, 0, ctx_.stream)
+  (out, reinterpret_cast<const std::uint16_t*>(in), n);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+// Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T: cuBLAS's A is our B
+// (stored [K,N], ld N; or [N,K], ld K when transposed) and its B is our A (ld K, or M).
+void CudaKernels::gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+                            const bf16* B, void* C, DType c_dtype, bool accumulate,
+                            void* /*scratchpad*/, std::size_t /*scratchpad_bytes*/) {
+  if (c_dtype != DType::f32 && c_dtype != DType::bf16)
+    throw Error(
+        std::string("gemm_bf16: C of dtype ") + dtype_name(c_dtype) + " on the cuda backend",
+        "fp32 or bf16 C");
+  if (M < 0 || N < 0 || K < 0)
+    throw Error("gemm_bf16: negative shape " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                std::to_string(K));
+  if (M == 0 || N == 0) return;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  STRATA_CUBLAS_CHECK(cublasGemmEx(ctx_.cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                                   CUDA_R_16BF, trans_b ? K : N, A, CUDA_R_16BF, trans_a ? M : K,
+                                   &beta, C, c_dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, N,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+std::size_t CudaKernels::gemm_bf16_scratchpad_bytes(bool, bool, int, int, int, DType, bool) {
+  return 0;
+}
+
+void CudaKernels::zero(float* p, std::size_t n) {
+  if (n) STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), ctx_.stream));
+}
+
+double CudaKernels::sum(const float* x, std::size_t n) {
+  if (n == 0) return 0.0;
+  if (!partial_)
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), kMaxBlocks * sizeof(float)));
+  const unsigned blocks = blocks_for(n);
+  STRATA_LAUNCH(sum_kernel, blocks, kThreads, 0, ctx_.stream)(x, n, partial_);
+  STRATA_CUDA_CHECK_LAUNCH();
+  std::vector<float> sums(blocks);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(sums.data(), partial_, blocks * sizeof(float),
+                                    cudaMemcpyDeviceToHost, ctx_.stream));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  double s = 0.0;
+  for (float v : sums) s += v;
+  return s;
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,244 @@
+// CudaKernels (cuda/kernels.hpp), part 2: the elementwise steps of the model's passes. Each result
+// is rounded as the CPU backend rounds it (cpu/cpu_kernels.cpp): __fmul_rn / __fadd_rn are never
+// contracted into an FMA, so elementwise results are the CPU's bit for bit. The scatter-adds
+// (bias, embedding and position gradients) give each output element to one thread that adds in
+// the CPU's row order: deterministic, bit for bit, with bf16 rounded per addition, and no atomics
+// (a bf16 atomic add would round in a run-dependent order). The cross-entropy reductions run one
+// block per row.
+#include <algorithm>
+#include <string>
+
+#include "cuda/bf16.cuh"
+#include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
+#include "strata/device.hpp"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 1024;
+
+unsigned blocks_for(std::size_t n) {
+  return unsigned(
+      std::max<std::size_t>(1, std::min<std::size_t>(kMaxBlocks, (n + kThreads - 1) / kThreads)));
+}
+
+// A table given to this backend: device memory, fp32 or bf16. Returns whether it is bf16.
+bool table_is_bf16(const char* op, BufferView t) {
+  if (t.device != Device::cuda)
+    throw Error(std::string(op) + ": a table in " + device_name(t.device) +
+                    " memory given to the cuda backend",
+                "the table must be a Device::cuda buffer");
+  if (t.dtype != DType::f32 && t.dtype != DType::bf16)
+    throw Error(std::string(op) + ": a " + dtype_name(t.dtype) + " table on the cuda backend",
+                "fp32 or bf16 tables");
+  return t.dtype == DType::bf16;
+}
+
+// --- per-element kernels over [0, rows * C)
+__global__ void add_bias_kernel(float* out, const float* bias, std::size_t n, int C) {
+  STRATA_GRID_STRIDE(i, n) { out[i] = __fadd_rn(out[i], bias[i % C]); }
+}
+__global__ void add_into_bf16_kernel(std::uint16_t* dst, const float* src, std::size_t n) {
+  STRATA_GRID_STRIDE(i, n) { dst[i] = float_to_bf16(__fadd_rn(bf16_to_float(dst[i]), src[i])); }
+}
+// v = token - v0 wraps (size_t) for tokens below v0, so one compare tests the shard.
+__global__ void embedding_rows_kernel(float* rows, const std::int32_t* tokens, std::size_t n,
+                                      const void* wte, bool bf16, std::size_t v0, std::size_t Vl,
+                                      int C) {
+  STRATA_GRID_STRIDE(i, n) {
+    const std::size_t v = std::size_t(tokens[i / C]) - v0;
+    rows[i] = v < Vl ? load(wte, bf16, v * C + i % C) : 0.0f;
+  }
+}
+__global__ void add_positions_kernel(float* x, const void* wpe, bool bf16, std::size_t n,
+                                     std::size_t row0, int T, int C) {
+  STRATA_GRID_STRIDE(i, n) {
+    const std::size_t pos = (row0 + i / C) % std::size_t(T);
+    x[i] = __fadd_rn(x[i], load(wpe, bf16, pos * C + i % C));
+  }
+}
+
+// --- scatter-adds: one thread per output element, adding its rows in ascending order
+__global__ void bias_grad_kernel(float* dbias, const float* dout, std::size_t rows, int C) {
+  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  float s = dbias[c];
+  for (std::size_t n = 0; n < rows; ++n) s = __fadd_rn(s, dout[n * C + c]);
+  dbias[c] = s;
+}
+// One thread per column: repeated tokens add into the same row in the order of n.
+__global__ void embedding_backward_kernel(void* gwte, bool bf16, const float* d,
+                                          const std::int32_t* tokens, std::size_t N, std::size_t v0,
+                                          std::size_t Vl, int C) {
+  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  for (std::size_t n = 0; n < N; ++n) {
+    const std::size_t v = std::size_t(tokens[n]) - v0;
+    if (v >= Vl) continue;
+    const std::size_t at = v * C + c;
+    store(gwte, bf16, at, __fadd_rn(load(gwte, bf16, at), d[n * C + c]));
+  }
+}
+// One thread per (position p, column c): rows i with (row0 + i) % T == p, ascending.
+__global__ void positions_backward_kernel(void* gwpe, bool bf16, const float* d, std::size_t rows,
+                                          std::size_t row0, int T, int C) {
+  STRATA_GRID_STRIDE(j, std::size_t(T) * C) {
+    const std::size_t p = j / C, c = j % C;
+    const std::size_t first = (p + T - row0 % T) % T;
+    for (std::size_t i = first; i < rows; i += T)
+      store(gwpe, bf16, j, __fadd_rn(load(gwpe, bf16, j), d[i * C + c]));
+  }
+}
+
+// --- cross-entropy: one block of kThreads per row
+// The block's reduction (max, or sum) of each thread's v; every thread gets it.
+__device__ float block_reduce(float v, bool is_max) {
+  __shared__ float buf[kThreads];
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) {
+      const float o = buf[threadIdx.x + half];
+      buf[threadIdx.x] = is_max ? fmaxf(buf[threadIdx.x], o) : buf[threadIdx.x] + o;
+    }
+    __syncthreads();
+  }
+  const float r = buf[0];
+  __syncthreads();  // buf may be reused
+  return r;
+}
+__global__ void row_max_kernel(float* mx, const float* logits, std::size_t Vl) {
+  const float* x = logits + blockIdx.x * Vl;
+  float m = -INFINITY;
+  for (std::size_t i = threadIdx.x; i < Vl; i += kThreads) m = fmaxf(m, x[i]);
+  m = block_reduce(m, true);
+  if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+// The target's logit is read by the thread that overwrites it, before it does.
+__global__ void xent_exp_kernel(float* probs, float* sum, float* target, const float* mx,
+                                const std::int32_t* targets, std::size_t v0, std::size_t Vl) {
+  const std::size_t row = blockIdx.x;
+  float* x = probs + row * Vl;
+  const float m = mx[row];
+  const std::size_t v = std::size_t(targets[row]) - v0;
+  if (threadIdx.x == 0 && v >= Vl) target[row] = 0.0f;
+  float s = 0.0f;
+  for (std::size_t i = threadIdx.x; i < Vl; i += kThreads) {
+    const float shifted = x[i] - m;
+    if (i == v) target[row] = shifted;
+    const float e = expf(shifted);
+    x[i] = e;
+    s += e;
+  }
+  s = block_reduce(s, false);
+  if (threadIdx.x == 0) sum[row] = s;
+}
+// losses in fp32 (the CPU takes log(sum) - target in double: a few ulp apart).
+__global__ void xent_normalise_kernel(float* probs, float* losses, const float* sum,
+                                      const float* target, std::size_t N, std::size_t Vl) {
+  const std::size_t n = N * Vl > N ? N * Vl : N;  // (std::max is host-only for nvcc)
+  STRATA_GRID_STRIDE(i, n) {
+    if (i < N * Vl) probs[i] = __fmul_rn(probs[i], 1.0f / sum[i / Vl]);
+    if (i < N) losses[i] = logf(sum[i]) - target[i];
+  }
+}
+__global__ void xent_backward_kernel(float* dlogits, const float* probs,
+                                     const std::int32_t* targets, std::size_t v0, float scale,
+                                     std::size_t N, std::size_t Vl) {
+  STRATA_GRID_STRIDE(i, N * Vl) {
+    const float g = __fmul_rn(probs[i], scale);
+    const bool at_target = std::size_t(targets[i / Vl]) - v0 == i % Vl;
+    dlogits[i] = at_target ? __fadd_rn(g, -scale) : g;
+  }
+}
+
+}  // namespace
+
+void CudaKernels::add_bias(float* out, const float* bias, std::size_t rows, int C) {
+  if (rows == 0 || C <= 0) return;
+  STRATA_LAUNCH(add_bias_kernel, blocks_for(rows * C), kThreads, 0, ctx_.stream)
+  (out, bias, rows * C, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::bias_grad(float* dbias, const float* dout, std::size_t rows, int C) {
+  if (rows == 0 || C <= 0) return;
+  STRATA_LAUNCH(bias_grad_kernel, blocks_for(std::size_t(C)), kThreads, 0, ctx_.stream)
+  (dbias, dout, rows, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::add_into_bf16(bf16* dst, const float* src, std::size_t n) {
+  if (n == 0) return;
+  STRATA_LAUNCH(add_into_bf16_kernel, blocks_for(n), kThreads, 0, ctx_.stream)
+  (reinterpret_cast<std::uint16_t*>(dst), src, n);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void CudaKernels::embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N,
+                                 BufferView wte, std::size_t v0, std::size_t Vl, int C) {
+  const bool bf16 = table_is_bf16("embedding_rows", wte);
+  if (N == 0 || C <= 0) return;
+  STRATA_LAUNCH(embedding_rows_kernel, blocks_for(N * C), kThreads, 0, ctx_.stream)
+  (rows, tokens, N * C, wte.data, bf16, v0, Vl, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
+                                int C) {
+  const bool bf16 = table_is_bf16("add_positions", wpe);
+  if (rows == 0 || C <= 0) return;
+  STRATA_LAUNCH(add_positions_kernel, blocks_for(rows * C), kThreads, 0, ctx_.stream)
+  (x, wpe.data, bf16, rows * C, row0, T, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::embedding_rows_backward(BufferView gwte, const float* d,
+                                          const std::int32_t* tokens, std::size_t N, std::size_t v0,
+                                          std::size_t Vl, int C) {
+  const bool bf16 = table_is_bf16("embedding_rows_backward", gwte);
+  if (N == 0 || C <= 0) return;
+  STRATA_LAUNCH(embedding_backward_kernel, blocks_for(std::size_t(C)), kThreads, 0, ctx_.stream)
+  (gwte.data, bf16, d, tokens, N, v0, Vl, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::positions_backward(BufferView gwpe, const float* d, std::size_t rows,
+                                     std::size_t row0, int T, int C) {
+  const bool bf16 = table_is_bf16("positions_backward", gwpe);
+  if (rows == 0 || C <= 0 || T <= 0) return;
+  STRATA_LAUNCH(positions_backward_kernel, blocks_for(std::size_t(T) * C), kThreads, 0, ctx_.stream)
+  (gwpe.data, bf16, d, rows, row0, T, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void CudaKernels::xent_row_max(float* mx, const float* logits, std::size_t N, std::size_t Vl) {
+  if (N == 0) return;
+  STRATA_LAUNCH(row_max_kernel, unsigned(N), kThreads, 0, ctx_.stream)(mx, logits, Vl);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::xent_exp(float* probs, float* sum, float* target, const float* mx,
+                           const std::int32_t* targets, std::size_t v0, std::size_t N,
+                           std::size_t Vl) {
+  if (N == 0) return;
+  STRATA_LAUNCH(xent_exp_kernel, unsigned(N), kThreads, 0, ctx_.stream)
+  (probs, sum, target, mx, targets, v0, Vl);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::xent_normalise(float* probs, float* losses, const float* sum, const float* target,
+                                 std::size_t N, std::size_t Vl) {
+  if (N == 0) return;
+  // Vl may be 0 (an empty shard) and the losses still need writing: cover max(N, N * Vl).
+  STRATA_LAUNCH(xent_normalise_kernel, blocks_for(N * std::max<std::size_t>(Vl, 1)), kThreads, 0,
+                ctx_.stream)
+  (probs, losses, sum, target, N, Vl);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::xent_backward_shard(float* dlogits, const float* probs,
+                                      const std::int32_t* targets, std::size_t v0, float scale,
+                                      std::size_t N, std::size_t Vl) {
+  if (N == 0 || Vl == 0) return;
+  STRATA_LAUNCH(xent_backward_kernel, blocks_for(N * Vl), kThreads, 0, ctx_.stream)
+  (dlogits, probs, targets, v0, scale, N, Vl);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,408 @@
+// The CUDA backend of the model's kernels (cuda/kernels.hpp) against the CPU backend
+// (cpu_kernels()) on the same random inputs: copied to the device, run on both, copied back.
+// Small odd shapes (N = 37 rows, C = 24, a vocab shard [13, 37) of V = 50 with tokens inside and
+// outside it, T = 5 positions starting mid-sequence), f32 and bf16 tables and gradients. Runs on a
+// GPU (test_cuda_kernels) and on the CUDA emulator in every build (test_cuda_kernels_emu).
+// Tolerances, and why:
+// - bit for bit: the elementwise steps, the embedding / position gathers and scatter-adds, bias
+//   and bias gradient, bf16 rounding and widening, the cross-entropy max, normalisation and
+//   backward: the same fp32 operations in the same order (__fmul_rn / __fadd_rn, not contracted),
+//   each rounded once as the CPU rounds it (bf16 per addition);
+// - xent_exp: CUDA's expf vs the CPU's exp_approx differ by a few ulp per element, and the row
+//   sums are reordered: rtol 1e-5;
+// - xent_normalise's losses: fp32 log(sum) - target vs the CPU's double: a few ulp of the operands;
+// - sum: fp32 block partials vs the CPU's double running sum: rtol 1e-5 of sum |x|;
+// - gemm_bf16: fp32 accumulation in any order vs a double reference: 1e-5 of sum |a b| (f32 C),
+//   plus one bf16 rounding (2^-8 relative) for a bf16 C;
+// - the layer passes (cuda/layers.cuh, tested against cpu/layers.hpp in test_cuda_layers): that
+//   each is wired to the right function and arguments, to fp32 reordering error (1e-4).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
+#include "kernels.hpp"
+#include "strata/types.hpp"
+
+using namespace strata;
+
+#define STRATA_REQUIRE_GPU()                                                      \
+  if (strata::cuda::cuda_device_count() == 0)                                     \
+  GTEST_SKIP() << "no CUDA device: "                                              \
+               << ::testing::UnitTest::GetInstance()->current_test_info()->name() \
+               << " needs a GPU"
+
+namespace {
+
+// A device copy of a host vector.
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    STRATA_CUDA_CHECK(
+        cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(1, n) * sizeof(T)));
+    if (n) STRATA_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    if (n) STRATA_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -2, float hi = 2) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+std::vector<bf16> random_bf16(std::size_t n, std::uint32_t seed) {
+  std::vector<bf16> v(n);
+  const std::vector<float> f = random_floats(n, seed);
+  for (std::size_t i = 0; i < n; ++i) v[i] = to_bf16(f[i]);
+  return v;
+}
+std::vector<std::int32_t> random_tokens(std::size_t n, int V, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(0, V - 1);
+  std::vector<std::int32_t> v(n);
+  for (auto& t : v) t = d(rng);
+  return v;
+}
+
+// The same bits (floats compared as bits: -0 and NaN payloads count).
+void expect_bits(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]) && !bad++)
+      first = i;
+  EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": gpu " << got[first] << " cpu "
+                     << want[first];
+}
+void expect_bits(const char* what, const std::vector<bf16>& got, const std::vector<bf16>& want) {
+  std::vector<float> g(got.size()), w(want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) g[i] = to_float(got[i]);
+  for (std::size_t i = 0; i < want.size(); ++i) w[i] = to_float(want[i]);
+  expect_bits(what, g, w);
+}
+// |got - want| <= atol + rtol |want| everywhere.
+void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want,
+                  double rtol, double atol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(double(got[i]) - want[i]) <= atol + rtol * std::fabs(want[i])) && !bad++)
+      first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " out of tolerance; first at " << first << ": gpu " << got[first] << " cpu "
+                     << want[first];
+}
+
+constexpr int N = 37, C = 24, V = 50, T = 5;
+constexpr std::size_t v0 = 13, Vl = 24, row0 = 3;
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    STRATA_REQUIRE_GPU();
+    ctx = std::make_unique<cuda::CudaContext>(0);
+    gpu = std::make_unique<cuda::CudaKernels>(*ctx);
+  }
+  void sync() { ctx->synchronize(); }
+  std::unique_ptr<cuda::CudaContext> ctx;
+  std::unique_ptr<cuda::CudaKernels> gpu;
+  Kernels& cpu = cpu_kernels();
+};
+
+}  // namespace
+
+TEST_F(CudaKernelsTest, ElementwiseStepsMatchBitForBit) {
+  STRATA_REQUIRE_GPU();
+  std::vector<float> out = random_floats(N * C, 1), bias = random_floats(C, 2);
+  const std::vector<float> src = random_floats(N * C, 3);
+  std::vector<bf16> acc = random_bf16(N * C, 4);
+  Dev<float> d_out(out), d_bias(bias), d_src(src), d_wide(out);
+  Dev<bf16> d_acc(acc), d_round(acc);
+
+  gpu->add_bias(d_out.p, d_bias.p, N, C);
+  cpu.add_bias(out.data(), bias.data(), N, C);
+  gpu->bias_grad(d_bias.p, d_src.p, N, C);
+  cpu.bias_grad(bias.data(), src.data(), N, C);
+  gpu->add_into_bf16(d_acc.p, d_src.p, N * C);
+  cpu.add_into_bf16(acc.data(), src.data(), N * C);
+  std::vector<bf16> rounded(N * C);
+  std::vector<float> wide(N * C);
+  gpu->round_to_bf16(d_round.p, d_src.p, N * C);
+  cpu.round_to_bf16(rounded.data(), src.data(), N * C);
+  gpu->widen_bf16(d_wide.p, d_acc.p, N * C);  // after add_into_bf16: stream order
+  cpu.widen_bf16(wide.data(), acc.data(), N * C);
+  sync();
+  expect_bits("add_bias", d_out.host(), out);
+  expect_bits("bias_grad", d_bias.host(), bias);
+  expect_bits("add_into_bf16", d_acc.host(), acc);
+  expect_bits("round_to_bf16", d_round.host(), rounded);
+  expect_bits("widen_bf16", d_wide.host(), wide);
+
+  gpu->zero(d_out.p, N * C - 1);  // the last element stays
+  sync();
+  const std::vector<float> zeroed = d_out.host();
+  for (int i = 0; i < N * C - 1; ++i) ASSERT_EQ(std::bit_cast<std::uint32_t>(zeroed[i]), 0u) << i;
+  EXPECT_EQ(zeroed.back(), out.back());
+}
+
+// Gathers and scatter-adds of the vocab-parallel embedding, f32 and bf16 tables.
+TEST_F(CudaKernelsTest, EmbeddingsMatchBitForBit) {
+  STRATA_REQUIRE_GPU();
+  const std::vector<std::int32_t> tokens = random_tokens(N, V, 5);  // repeats, in and out of shard
+  Dev<std::int32_t> d_tokens(tokens);
+  const std::vector<float> d = random_floats(N * C, 6);
+  Dev<float> d_d(d);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // Tables as raw bytes of either dtype (bf16: the low half of the f32 buffer).
+    auto table = [&](std::size_t rows, std::uint32_t seed) {
+      std::vector<float> t = random_floats(rows * C, seed);
+      if (dt == DType::bf16) {
+        std::vector<bf16> b = random_bf16(rows * C, seed);
+        std::memcpy(t.data(), b.data(), b.size() * sizeof(bf16));
+      }
+      return t;
+    };
+    std::vector<float> wte = table(Vl, 7), wpe = table(T, 8);
+    Dev<float> d_wte(wte), d_wpe(wpe);
+    const BufferView hw{wte.data(), Vl * C, dt, Device::cpu}, dw{d_wte.p, Vl * C, dt, Device::cuda};
+    const BufferView hp{wpe.data(), std::size_t(T) * C, dt, Device::cpu},
+        dp{d_wpe.p, std::size_t(T) * C, dt, Device::cuda};
+    std::vector<float> rows(N * C, 7.0f);
+    Dev<float> d_rows(rows);
+    gpu->embedding_rows(d_rows.p, d_tokens.p, N, dw, v0, Vl, C);
+    cpu.embedding_rows(rows.data(), tokens.data(), N, hw, v0, Vl, C);
+    gpu->add_positions(d_rows.p, dp, N, row0, T, C);
+    cpu.add_positions(rows.data(), hp, N, row0, T, C);
+    gpu->embedding_rows_backward(dw, d_d.p, d_tokens.p, N, v0, Vl, C);
+    cpu.embedding_rows_backward(hw, d.data(), tokens.data(), N, v0, Vl, C);
+    gpu->positions_backward(dp, d_d.p, N, row0, T, C);
+    cpu.positions_backward(hp, d.data(), N, row0, T, C);
+    sync();
+    expect_bits("embedding_rows + add_positions", d_rows.host(), rows);
+    expect_bits("embedding_rows_backward", d_wte.host(), wte);
+    expect_bits("positions_backward", d_wpe.host(), wpe);
+  }
+}
+
+TEST_F(CudaKernelsTest, HostTablesAreRefused) {
+  STRATA_REQUIRE_GPU();
+  std::vector<float> wte(Vl * C), rows(N * C);
+  Dev<float> d_rows(rows);
+  Dev<std::int32_t> d_tokens(random_tokens(N, V, 9));
+  EXPECT_THROW(
+      gpu->embedding_rows(d_rows.p, d_tokens.p, N, view(wte.data(), wte.size()), v0, Vl, C), Error);
+}
+
+// Each cross-entropy step on the same inputs on both backends.
+TEST_F(CudaKernelsTest, VocabParallelCrossEntropySteps) {
+  STRATA_REQUIRE_GPU();
+  const std::vector<float> logits = random_floats(N * Vl, 10, -6, 6);
+  const std::vector<std::int32_t> targets = random_tokens(N, V, 11);
+  Dev<std::int32_t> d_targets(targets);
+  std::vector<float> mx(N);
+  Dev<float> d_logits(logits), d_mx(mx);
+  gpu->xent_row_max(d_mx.p, d_logits.p, N, Vl);
+  cpu.xent_row_max(mx.data(), logits.data(), N, Vl);
+  sync();
+  expect_bits("xent_row_max", d_mx.host(), mx);
+
+  std::vector<float> probs = logits, sum(N, -1.0f), target(N, -1.0f);
+  Dev<float> d_probs(probs), d_sum(sum), d_target(target);
+  gpu->xent_exp(d_probs.p, d_sum.p, d_target.p, d_mx.p, d_targets.p, v0, N, Vl);
+  cpu.xent_exp(probs.data(), sum.data(), target.data(), mx.data(), targets.data(), v0, N, Vl);
+  sync();
+  expect_close("xent_exp probs", d_probs.host(), probs, 1e-5, 0);
+  expect_close("xent_exp sum", d_sum.host(), sum, 1e-5, 0);
+  expect_bits("xent_exp target", d_target.host(), target);
+  int inside = 0;
+  for (auto t : targets) inside += std::size_t(t) - v0 < Vl;
+  ASSERT_GT(inside, 0);
+  ASSERT_LT(inside, N);  // both branches ran
+
+  // Normalise from the CPU's state on both, so the comparison is of this step alone.
+  std::vector<float> losses(N);
+  Dev<float> d_probs2(probs), d_sum2(sum), d_target2(target), d_losses(losses);
+  gpu->xent_normalise(d_probs2.p, d_losses.p, d_sum2.p, d_target2.p, N, Vl);
+  cpu.xent_normalise(probs.data(), losses.data(), sum.data(), target.data(), N, Vl);
+  sync();
+  expect_bits("xent_normalise probs", d_probs2.host(), probs);
+  expect_close("xent_normalise losses", d_losses.host(), losses, 1e-6, 1e-6);
+
+  std::vector<float> dlogits(N * Vl, 5.0f);
+  Dev<float> d_dlogits(dlogits);
+  gpu->xent_backward_shard(d_dlogits.p, d_probs2.p, d_targets.p, v0, 0.37f, N, Vl);
+  cpu.xent_backward_shard(dlogits.data(), probs.data(), targets.data(), v0, 0.37f, N, Vl);
+  sync();
+  expect_bits("xent_backward_shard", d_dlogits.host(), dlogits);
+}
+
+TEST_F(CudaKernelsTest, SumToFp32Error) {
+  STRATA_REQUIRE_GPU();
+  for (std::size_t n : {std::size_t(1), std::size_t(1000), std::size_t(70001)}) {
+    const std::vector<float> x = random_floats(n, 12, -1, 3);
+    Dev<float> d_x(x);
+    double abs_sum = 0;
+    for (float v : x) abs_sum += std::fabs(v);
+    EXPECT_NEAR(gpu->sum(d_x.p, n), cpu.sum(x.data(), n), 1e-5 * abs_sum) << n;
+  }
+  EXPECT_EQ(gpu->sum(nullptr, 0), 0.0);
+}
+
+// Row-major C[M,N] (+)= op(A) op(B) against a double reference, every transpose and C dtype.
+TEST_F(CudaKernelsTest, GemmBf16AgainstADoubleReference) {
+  STRATA_REQUIRE_GPU();
+  constexpr int M = 7, Nc = 37, K = 24;
+  const std::vector<bf16> a = random_bf16(M * K, 13), b = random_bf16(K * Nc, 14);
+  Dev<bf16> d_a(a), d_b(b);
+  EXPECT_EQ(gpu->gemm_bf16_scratchpad_bytes(false, false, M, Nc, K, DType::f32, false), 0u);
+  for (int mode = 0; mode < 16; ++mode) {
+    const bool ta = mode & 1, tb = mode & 2, acc = mode & 4, c_bf16 = mode & 8;
+    SCOPED_TRACE(::testing::Message() << "trans_a " << ta << " trans_b " << tb << " accumulate "
+                                      << acc << " bf16 C " << c_bf16);
+    const std::vector<float> c0 = random_floats(M * Nc, 15);
+    std::vector<double> want(M * Nc), scale(M * Nc);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < Nc; ++j) {
+        double s = 0, s_abs = 0;
+        for (int l = 0; l < K; ++l) {
+          const double x = to_float(a[ta ? l * M + i : i * K + l]);
+          const double y = to_float(b[tb ? j * K + l : l * Nc + j]);
+          s += x * y;
+          s_abs += std::fabs(x * y);
+        }
+        const double c = c_bf16 ? to_float(to_bf16(c0[i * Nc + j])) : c0[i * Nc + j];
+        want[i * Nc + j] = s + (acc ? c : 0.0);
+        scale[i * Nc + j] = s_abs + (acc ? std::fabs(c) : 0.0);
+      }
+    std::vector<float> got(M * Nc);
+    if (c_bf16) {
+      std::vector<bf16> c(M * Nc);
+      for (int i = 0; i < M * Nc; ++i) c[i] = to_bf16(c0[i]);
+      Dev<bf16> d_c(c);
+      gpu->gemm_bf16(ta, tb, M, Nc, K, d_a.p, d_b.p, d_c.p, DType::bf16, acc, nullptr, 0);
+      sync();
+      const std::vector<bf16> back = d_c.host();
+      for (int i = 0; i < M * Nc; ++i) got[i] = to_float(back[i]);
+    } else {
+      Dev<float> d_c(c0);
+      gpu->gemm_bf16(ta, tb, M, Nc, K, d_a.p, d_b.p, d_c.p, DType::f32, acc, nullptr, 0);
+      sync();
+      got = d_c.host();
+    }
+    std::size_t bad = 0;
+    for (int i = 0; i < M * Nc; ++i) {
+      const double tol = 1e-5 * scale[i] + (c_bf16 ? std::ldexp(std::fabs(want[i]), -8) : 0.0);
+      if (!(std::fabs(got[i] - want[i]) <= tol) && !bad++)
+        ADD_FAILURE() << "C[" << i << "] = " << got[i] << ", want " << want[i];
+    }
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
+namespace {
+// A host buffer and its device copy, run through both backends and compared.
+struct Mirror {
+  std::vector<float> h;
+  Dev<float> d;
+  explicit Mirror(std::vector<float> v) : h(std::move(v)), d(h) {}
+  void expect_close(const char* what) const { ::expect_close(what, d.host(), h, 1e-4, 1e-5); }
+};
+}  // namespace
+
+// Each layer pass reaches cuda/layers.cuh's function with its arguments in order.
+TEST_F(CudaKernelsTest, LayerPassesMatchTheCpuBackend) {
+  STRATA_REQUIRE_GPU();
+  constexpr int B = 2, Ts = 5, NH = 3, OC = 10, Nr = B * Ts;
+  const std::vector<std::int32_t> tokens = random_tokens(Nr, V, 20);
+  Dev<std::int32_t> d_tokens(tokens);
+  std::uint32_t seed = 21;
+  auto rnd = [&](std::size_t n) { return random_floats(n, seed++); };
+  auto both = [&](auto&& run) {  // run(kernels, pick) with pick choosing host or device pointers
+    run(
+        cpu, [](Mirror& m) { return m.h.data(); }, tokens.data());
+    run(
+        *gpu, [](Mirror& m) { return m.d.p; }, d_tokens.p);
+    sync();
+  };
+  Mirror wte(rnd(V * C)), wpe(rnd(Ts * C)), x(rnd(Nr * C)), dwte(rnd(V * C)), dwpe(rnd(Ts * C)),
+      dout(rnd(Nr * C));
+  both([&](Kernels& k, auto p, const std::int32_t* tok) {
+    k.encoder_forward(p(x), tok, p(wte), p(wpe), B, Ts, C);
+    k.encoder_backward(p(dwte), p(dwpe), p(dout), tok, B, Ts, C);
+  });
+  x.expect_close("encoder_forward");
+  dwte.expect_close("encoder_backward dwte");
+  dwpe.expect_close("encoder_backward dwpe");
+
+  Mirror ln(rnd(Nr * C)), mean(rnd(Nr)), rstd(rnd(Nr)), w(rnd(C)), b(rnd(C)), dinp(rnd(Nr * C)),
+      dw(rnd(C)), db(rnd(C));
+  both([&](Kernels& k, auto p, const std::int32_t*) {
+    k.layernorm_forward(p(ln), p(mean), p(rstd), p(x), p(w), p(b), Nr, C);
+    k.layernorm_backward(p(dinp), p(dw), p(db), p(dout), p(x), p(w), p(mean), p(rstd), Nr, C);
+  });
+  for (auto [m, what] : {std::pair{&ln, "layernorm out"},
+                         {&mean, "mean"},
+                         {&rstd, "rstd"},
+                         {&dinp, "layernorm dinp"},
+                         {&dw, "dweight"},
+                         {&db, "dbias"}})
+    m->expect_close(what);
+
+  Mirror mo(rnd(Nr * OC)), mw(rnd(OC * C)), mb(rnd(OC)), mdo(rnd(Nr * OC)), mdi(rnd(Nr * C)),
+      mdw(rnd(OC * C)), mdb(rnd(OC));
+  both([&](Kernels& k, auto p, const std::int32_t*) {
+    k.matmul_forward(p(mo), p(x), p(mw), p(mb), Nr, C, OC);
+    k.matmul_backward(p(mdi), p(mdw), p(mdb), p(mdo), p(x), p(mw), Nr, C, OC);
+  });
+  for (auto [m, what] : {std::pair{&mo, "matmul out"},
+                         {&mdi, "matmul dinp"},
+                         {&mdw, "matmul dweight"},
+                         {&mdb, "matmul dbias"}})
+    m->expect_close(what);
+
+  Mirror qkv(rnd(Nr * 3 * C)), att(rnd(B * NH * Ts * Ts)), ao(rnd(Nr * C)), dqkv(rnd(Nr * 3 * C)),
+      datt(rnd(B * NH * Ts * Ts));
+  both([&](Kernels& k, auto p, const std::int32_t*) {
+    k.attention_forward(p(ao), p(att), p(qkv), B, Ts, C, NH);
+    k.attention_backward(p(dqkv), p(datt), p(dout), p(qkv), p(att), B, Ts, C, NH);
+  });
+  ao.expect_close("attention out");
+  att.expect_close("attention att");
+  dqkv.expect_close("attention dqkv");
+
+  Mirror g(rnd(Nr * C)), dg(rnd(Nr * C)), r(rnd(Nr * C));
+  both([&](Kernels& k, auto p, const std::int32_t*) {
+    k.gelu_forward(p(g), p(x), Nr * C);
+    k.gelu_backward(p(dg), p(x), p(dout), Nr * C);
+    k.residual_forward(p(r), p(x), p(dout), Nr * C);
+  });
+  g.expect_close("gelu_forward");
+  dg.expect_close("gelu_backward");
+  r.expect_close("residual_forward");
+
+  Mirror probs(rnd(Nr * V)), losses(rnd(Nr)), logits(rnd(Nr * V)), dl(rnd(Nr * V));
+  both([&](Kernels& k, auto p, const std::int32_t* tok) {
+    k.softmax_crossentropy_forward(p(probs), p(losses), p(logits), tok, Nr, V);
+    k.crossentropy_softmax_backward(p(dl), p(probs), tok, 0.5f, Nr, V);
+  });
+  probs.expect_close("softmax probs");
+  losses.expect_close("softmax losses");
+  dl.expect_close("crossentropy dlogits");
+}
