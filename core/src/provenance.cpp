@@ -3,12 +3,15 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <mutex>
 
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
+#include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 
 extern char** environ;
@@ -31,8 +34,34 @@ static std::string cpu_model() {
   return "unknown";
 }
 
-std::vector<std::pair<std::string, std::string>> collect_provenance() {
-  std::vector<std::pair<std::string, std::string>> p;
+static std::mutex providers_mutex;
+static std::vector<ProvenanceProvider>& providers() {
+  static std::vector<ProvenanceProvider> list;
+  return list;
+}
+
+void register_provenance_provider(ProvenanceProvider provider) {
+  std::lock_guard lock(providers_mutex);
+  for (ProvenanceProvider p : providers())
+    if (p == provider) return;  // registering twice adds nothing
+  providers().push_back(provider);
+}
+
+// Each provider's entries replace the core's of the same key, or are added after them.
+static void add_registered(Provenance& p) {
+  std::lock_guard lock(providers_mutex);
+  for (ProvenanceProvider provider : providers())
+    for (auto& [key, value] : provider()) {
+      auto same = std::find_if(p.begin(), p.end(), [&](const auto& e) { return e.first == key; });
+      if (same != p.end())
+        same->second = value;
+      else
+        p.emplace_back(key, value);
+    }
+}
+
+Provenance collect_provenance() {
+  Provenance p;
   auto env = [](const char* k) {
     const char* v = std::getenv(k);
     return std::string(v ? v : "");
@@ -49,11 +78,14 @@ std::vector<std::pair<std::string, std::string>> collect_provenance() {
   p.emplace_back("ucx_version", transport_version("ucx"));
   p.emplace_back("nccl_version", "not built");
   p.emplace_back("cuda_version", "not built");
+  p.emplace_back("onednn_version", cpu::onednn_version());
+  p.emplace_back("onednn_bf16_gemm_impl", cpu::bf16_gemm_impl());
   p.emplace_back("blas_threads", std::to_string(cpu::blas_threads()));
   p.emplace_back("cpu_model", cpu_model());
   p.emplace_back("cores_online", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)));
   p.emplace_back("slurm_job_id", env("SLURM_JOB_ID"));
   p.emplace_back("slurm_nodelist", env("SLURM_JOB_NODELIST"));
+  add_registered(p);
   // Selected environment: what changes how the transports and BLAS behave.
   for (char** e = environ; *e; ++e) {
     std::string kv(*e);

@@ -224,6 +224,12 @@ std::string bf16_gemm_impl() {
 
 bool have_bf16_gemm() { return !bf16_gemm_impl().empty(); }
 
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + " (commit " + v->hash + ")";
+}
+
 std::size_t gemm_bf16_cached_primitives() { return gemm_cache().size(); }
 
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
@@ -258,6 +264,7 @@ std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N,
 #else  // no oneDNN: the same interface, refusing GEMMs
 
 std::string bf16_gemm_impl() { return {}; }
+std::string onednn_version() { return "not built"; }
 bool have_bf16_gemm() { return false; }
 std::size_t gemm_bf16_cached_primitives() { return 0; }
 

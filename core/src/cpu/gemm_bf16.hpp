@@ -16,6 +16,8 @@ bool have_bf16_gemm();
 // The implementation oneDNN picks for a bf16 GEMM on this CPU, e.g. "brg:avx512_core_amx_bf16"
 // (empty without oneDNN). For the run file / --version and the bench report.
 std::string bf16_gemm_impl();
+// The oneDNN library loaded at run time, "3.x.y (commit <hash>)" ("not built" without oneDNN).
+std::string onednn_version();
 // The best bf16 GEMM rate (FLOP/s, 1024^3, fp32 accumulation) on this process's threads: the CPU
 // peak for the MFU of a bf16 run, as calibrate_sgemm_flops() is for fp32. Throws without oneDNN.
 double calibrate_bf16_gemm_flops(double seconds_budget = 0.5);

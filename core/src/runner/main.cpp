@@ -14,6 +14,9 @@
 
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
+#ifdef STRATA_HAVE_CUDA
+#include "cuda/cuda_provenance.hpp"
+#endif
 #ifdef STRATA_HAVE_NCCL
 #include "cuda/nccl_transport.hpp"
 #endif
@@ -196,6 +199,9 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
 
 int main(int argc, char** argv) {
   configure_allocator();  // process_memory.hpp: before any thread starts
+#ifdef STRATA_HAVE_CUDA
+  cuda::register_provenance();  // CUDA, cuBLAS, NCCL versions and GPU names in /provenance
+#endif
 #ifdef STRATA_HAVE_NCCL
   nccl::register_transport();  // before the options: --transport's choices come from the registry
 #endif
