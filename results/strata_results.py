@@ -254,6 +254,9 @@ class Run:
         config = _member(f, "config", "group", "/config")
         self.config = {k: _string(_attr(config, k, "/config"), "/config attribute %s" % k)
                        for k in _attr_names(config, "/config")}
+        # Files from before --device ran on the CPU: so the tables, --where and compare's
+        # configurations treat them like runs that say device cpu.
+        self.config.setdefault("device", "cpu")
 
         summary = _member(f, "summary", "group", "/summary")
         self.summary = {}
@@ -361,6 +364,10 @@ class Run:
     def timed(self, metric):
         """Per-step mean over ranks of a /steps metric, timed steps only."""
         return self.steps[metric][:, self.warmup:].mean(axis=0)
+
+    @property
+    def device(self):
+        return self.config["device"]
 
     @property
     def mesh(self):
