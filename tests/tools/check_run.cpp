@@ -57,6 +57,33 @@ static std::string config(const RunRecord& r, const std::string& key) {
   return "";
 }
 
+static const std::string* provenance(const RunRecord& r, const std::string& key) {
+  for (const auto& [k, v] : r.provenance)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+// The libraries' versions: oneDNN always (a version or "not built"); the CUDA runtime, driver,
+// cuBLAS and NCCL in CUDA builds (STRATA_EXPECT_CUDA / _NCCL from tests/CMakeLists.txt), where the
+// runner registers them, and none of them in other builds.
+static void library_versions(const RunRecord& r) {
+  const std::string* onednn = provenance(r, "onednn_version");
+  EXPECT(onednn && !onednn->empty(), "/provenance onednn_version\n");
+  EXPECT(provenance(r, "onednn_bf16_gemm_impl"), "/provenance onednn_bf16_gemm_impl\n");
+  const std::string* cuda = provenance(r, "cuda_version");
+  const bool cuda_built = cuda && *cuda != "not built";
+  EXPECT(cuda_built == bool(STRATA_EXPECT_CUDA), "/provenance cuda_version %s\n",
+         cuda ? cuda->c_str() : "(none)");
+  for (const char* key : {"cuda_driver_version", "cublas_version", "gpu_count"}) {
+    const std::string* v = provenance(r, key);
+    EXPECT(bool(v && !v->empty()) == bool(STRATA_EXPECT_CUDA), "/provenance %s %s\n", key,
+           v ? v->c_str() : "(none)");
+  }
+  const std::string* nccl = provenance(r, "nccl_version");
+  EXPECT(nccl && (*nccl != "not built") == bool(STRATA_EXPECT_NCCL),
+         "/provenance nccl_version %s\n", nccl ? nccl->c_str() : "(none)");
+}
+
 static void layout(const RunRecord& r, int ranks, int steps) {
   EXPECT(r.status == "ok", "status %s (error: %s)\n", r.status.c_str(), r.error.c_str());
   EXPECT(r.ranks == ranks && r.steps == steps, "shape %dx%d, want %dx%d\n", r.ranks, r.steps, ranks,
@@ -71,6 +98,7 @@ static void layout(const RunRecord& r, int ranks, int steps) {
   bool has_mpi = false;
   for (const auto& [k, v] : r.provenance) has_mpi |= k == "mpi_version" && !v.empty();
   EXPECT(has_mpi, "/provenance mpi_version\n");
+  library_versions(r);
   EXPECT(int(r.hostnames.size()) == ranks, "hostnames %zu\n", r.hostnames.size());
   for (const char* m : {"step_s", "forward_s", "backward_s", "optimizer_s", "comm_s",
                         "exposed_comm_s", "bubble_s", "loss", "tokens"}) {
