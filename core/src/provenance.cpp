@@ -51,12 +51,13 @@ void register_provenance_provider(ProvenanceProvider provider) {
 static void add_registered(Provenance& p) {
   std::lock_guard lock(providers_mutex);
   for (ProvenanceProvider provider : providers())
-    for (auto& [key, value] : provider()) {
-      auto same = std::find_if(p.begin(), p.end(), [&](const auto& e) { return e.first == key; });
+    for (auto& entry : provider()) {  // not a structured binding: clang 14 cannot capture one
+      auto same =
+          std::find_if(p.begin(), p.end(), [&](const auto& e) { return e.first == entry.first; });
       if (same != p.end())
-        same->second = value;
+        same->second = entry.second;
       else
-        p.emplace_back(key, value);
+        p.push_back(entry);
     }
 }
 
