@@ -140,7 +140,9 @@ struct Watchdog::Impl {
     std::string silent, waiting;
     int named = 0, more = 0;
     for (int r = 0; r < world; ++r) {
-      const bool quiet = r != 0 && t - last_seen[r] > timeout_s;
+      // Silent: three heartbeats missed. A rank stopped just after its last heartbeat is silent
+      // for a little less than the others have waited when the job is judged hung.
+      const bool quiet = r != 0 && t - last_seen[r] > std::min(timeout_s, 3 * interval);
       const std::string what = r == 0 ? blocked_in(t) : doing[r];
       if (!quiet && what.empty()) continue;
       if (named++ >= 8) {
