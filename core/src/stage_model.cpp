@@ -180,7 +180,7 @@ double StageModel::grad_sum_of_squares(BufferView grads) const {
   for (const LocalTensor& lt : impl_->tensors) {
     if (lt.tied_copy) continue;
     if (lt.shard == ShardKind::replicated && impl_->part.tp_rank != 0) continue;
-    s += cpu_ops().sum_of_squares(slice(grads, lt.offset, lt.count));
+    s += device_ops(grads.device).sum_of_squares(slice(grads, lt.offset, lt.count));
   }
   return s;
 }

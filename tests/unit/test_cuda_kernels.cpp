@@ -27,16 +27,11 @@
 
 #include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda_test.hpp"
 #include "kernels.hpp"
 #include "strata/types.hpp"
 
 using namespace strata;
-
-#define STRATA_REQUIRE_GPU()                                                      \
-  if (strata::cuda::cuda_device_count() == 0)                                     \
-  GTEST_SKIP() << "no CUDA device: "                                              \
-               << ::testing::UnitTest::GetInstance()->current_test_info()->name() \
-               << " needs a GPU"
 
 namespace {
 
@@ -59,24 +54,10 @@ struct Dev {
   }
 };
 
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -2, float hi = 2) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 std::vector<bf16> random_bf16(std::size_t n, std::uint32_t seed) {
   std::vector<bf16> v(n);
-  const std::vector<float> f = random_floats(n, seed);
+  const std::vector<float> f = random_floats(n, seed, -2, 2);
   for (std::size_t i = 0; i < n; ++i) v[i] = to_bf16(f[i]);
-  return v;
-}
-std::vector<std::int32_t> random_tokens(std::size_t n, int V, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(0, V - 1);
-  std::vector<std::int32_t> v(n);
-  for (auto& t : v) t = d(rng);
   return v;
 }
 
@@ -129,8 +110,8 @@ class CudaKernelsTest : public ::testing::Test {
 
 TEST_F(CudaKernelsTest, ElementwiseStepsMatchBitForBit) {
   STRATA_REQUIRE_GPU();
-  std::vector<float> out = random_floats(N * C, 1), bias = random_floats(C, 2);
-  const std::vector<float> src = random_floats(N * C, 3);
+  std::vector<float> out = random_floats(N * C, 1, -2, 2), bias = random_floats(C, 2, -2, 2);
+  const std::vector<float> src = random_floats(N * C, 3, -2, 2);
   std::vector<bf16> acc = random_bf16(N * C, 4);
   Dev<float> d_out(out), d_bias(bias), d_src(src), d_wide(out);
   Dev<bf16> d_acc(acc), d_round(acc);
@@ -166,13 +147,13 @@ TEST_F(CudaKernelsTest, EmbeddingsMatchBitForBit) {
   STRATA_REQUIRE_GPU();
   const std::vector<std::int32_t> tokens = random_tokens(N, V, 5);  // repeats, in and out of shard
   Dev<std::int32_t> d_tokens(tokens);
-  const std::vector<float> d = random_floats(N * C, 6);
+  const std::vector<float> d = random_floats(N * C, 6, -2, 2);
   Dev<float> d_d(d);
   for (DType dt : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dt));
     // Tables as raw bytes of either dtype (bf16: the low half of the f32 buffer).
     auto table = [&](std::size_t rows, std::uint32_t seed) {
-      std::vector<float> t = random_floats(rows * C, seed);
+      std::vector<float> t = random_floats(rows * C, seed, -2, 2);
       if (dt == DType::bf16) {
         std::vector<bf16> b = random_bf16(rows * C, seed);
         std::memcpy(t.data(), b.data(), b.size() * sizeof(bf16));
@@ -276,7 +257,7 @@ TEST_F(CudaKernelsTest, GemmBf16AgainstADoubleReference) {
     const bool ta = mode & 1, tb = mode & 2, acc = mode & 4, c_bf16 = mode & 8;
     SCOPED_TRACE(::testing::Message() << "trans_a " << ta << " trans_b " << tb << " accumulate "
                                       << acc << " bf16 C " << c_bf16);
-    const std::vector<float> c0 = random_floats(M * Nc, 15);
+    const std::vector<float> c0 = random_floats(M * Nc, 15, -2, 2);
     std::vector<double> want(M * Nc), scale(M * Nc);
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < Nc; ++j) {
@@ -333,7 +314,7 @@ TEST_F(CudaKernelsTest, LayerPassesMatchTheCpuBackend) {
   const std::vector<std::int32_t> tokens = random_tokens(Nr, V, 20);
   Dev<std::int32_t> d_tokens(tokens);
   std::uint32_t seed = 21;
-  auto rnd = [&](std::size_t n) { return random_floats(n, seed++); };
+  auto rnd = [&](std::size_t n) { return random_floats(n, seed++, -2, 2); };
   auto both = [&](auto&& run) {  // run(kernels, pick) with pick choosing host or device pointers
     run(
         cpu, [](Mirror& m) { return m.h.data(); }, tokens.data());

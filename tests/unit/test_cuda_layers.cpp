@@ -37,41 +37,17 @@
 #include "cpu/layers.hpp"
 #include "cuda/device.hpp"
 #include "cuda/layers.cuh"
+#include "cuda_test.hpp"
 #include "strata/types.hpp"
 
 namespace cpu = strata::cpu;
 namespace gpu = strata::cuda;
-
-// Skip the current test, by name, when there is no GPU.
-#define STRATA_REQUIRE_GPU()                                                                 \
-  if (strata::cuda::cuda_device_count() == 0)                                                \
-  GTEST_SKIP() << "no CUDA device: "                                                         \
-               << ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name() \
-               << "." << ::testing::UnitTest::GetInstance()->current_test_info()->name()     \
-               << " needs a GPU"
 
 namespace {
 
 constexpr double kElemRtol = 1e-5, kElemAtol = 1e-6;
 constexpr double kReduceRtol = 1e-4, kReduceAtol = 1e-5;
 constexpr double kGemmRtol = 1e-4, kGemmAtol = 1e-5;
-
-std::vector<float> random_vec(std::size_t n, std::uint32_t seed, float lo = -1.0f,
-                              float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<std::int32_t> random_tokens(std::size_t n, int V, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(0, V - 1);
-  std::vector<std::int32_t> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // A device copy of a host vector (or n zeros); freed on scope exit.
 template <class T>
@@ -161,7 +137,7 @@ class CudaLayers : public ::testing::Test {
 
 TEST_F(CudaLayers, EncoderForward) {
   const auto tokens = random_tokens(N, V, 1);
-  const auto wte = random_vec(std::size_t(V) * C, 2), wpe = random_vec(std::size_t(T) * C, 3);
+  const auto wte = random_floats(std::size_t(V) * C, 2), wpe = random_floats(std::size_t(T) * C, 3);
   std::vector<float> want(std::size_t(N) * C);
   cpu::encoder_forward(want.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
 
@@ -175,8 +151,8 @@ TEST_F(CudaLayers, EncoderBackward) {
   // A small vocabulary so that tokens repeat and their gradients collide.
   const int Vs = 7;
   const auto tokens = random_tokens(N, Vs, 4);
-  const auto dout = random_vec(std::size_t(N) * C, 5);
-  auto dwte = random_vec(std::size_t(Vs) * C, 6), dwpe = random_vec(std::size_t(T) * C, 7);
+  const auto dout = random_floats(std::size_t(N) * C, 5);
+  auto dwte = random_floats(std::size_t(Vs) * C, 6), dwpe = random_floats(std::size_t(T) * C, 7);
   DeviceBuffer<std::int32_t> d_tokens(tokens);
   DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
   cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
@@ -196,7 +172,8 @@ TEST_P(CudaLayerNorm, ForwardAndBackward) {
   gpu::CudaContext ctx(0);
   const auto [Nr, Cw] = GetParam();
   const std::size_t n = std::size_t(Nr) * Cw;
-  const auto x = random_vec(n, 10, -2.0f, 3.0f), w = random_vec(Cw, 11), b = random_vec(Cw, 12);
+  const auto x = random_floats(n, 10, -2.0f, 3.0f), w = random_floats(Cw, 11),
+             b = random_floats(Cw, 12);
   std::vector<float> out(n), mean(Nr), rstd(Nr);
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), Nr,
                          Cw);
@@ -207,8 +184,8 @@ TEST_P(CudaLayerNorm, ForwardAndBackward) {
   expect_close("mean", d_mean.host(), mean, kReduceRtol, kReduceAtol);
   expect_close("rstd", d_rstd.host(), rstd, kReduceRtol, kReduceAtol);
 
-  const auto dout = random_vec(n, 13);
-  auto dx = random_vec(n, 14), dw = random_vec(Cw, 15), db = random_vec(Cw, 16);
+  const auto dout = random_floats(n, 13);
+  auto dx = random_floats(n, 14), dw = random_floats(Cw, 15), db = random_floats(Cw, 16);
   DeviceBuffer<float> d_dout(dout), d_dx(dx), d_dw(dw), d_db(db);
   cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                           mean.data(), rstd.data(), Nr, Cw);
@@ -235,8 +212,8 @@ TEST_P(CudaMatmul, ForwardAndBackward) {
   gpu::CudaContext ctx(0);
   const bool with_bias = GetParam();
   const int Cin = 80, OC = 72;
-  const auto x = random_vec(std::size_t(N) * Cin, 20), w = random_vec(std::size_t(OC) * Cin, 21),
-             bias = random_vec(OC, 22);
+  const auto x = random_floats(std::size_t(N) * Cin, 20),
+             w = random_floats(std::size_t(OC) * Cin, 21), bias = random_floats(OC, 22);
   std::vector<float> out(std::size_t(N) * OC);
   cpu::matmul_forward(out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, N, Cin,
                       OC);
@@ -245,8 +222,9 @@ TEST_P(CudaMatmul, ForwardAndBackward) {
                       Cin, OC);
   expect_close("out", d_out.host(), out, kGemmRtol, kGemmAtol);
 
-  const auto dout = random_vec(out.size(), 23);
-  auto dx = random_vec(x.size(), 24), dw = random_vec(w.size(), 25), db = random_vec(OC, 26);
+  const auto dout = random_floats(out.size(), 23);
+  auto dx = random_floats(x.size(), 24), dw = random_floats(w.size(), 25),
+       db = random_floats(OC, 26);
   DeviceBuffer<float> d_dout(dout), d_dx(dx), d_dw(dw), d_db(db);
   cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(), x.data(),
                        w.data(), N, Cin, OC);
@@ -263,9 +241,10 @@ INSTANTIATE_TEST_SUITE_P(Bias, CudaMatmul, ::testing::Bool(),
 TEST_F(CudaLayers, MatmulBackwardSkipsNullGradients) {
   // Only dweight requested: dinp and dbias stay null (the first layer's input needs no gradient).
   const int Cin = 40, OC = 24;
-  const auto x = random_vec(std::size_t(N) * Cin, 27), w = random_vec(std::size_t(OC) * Cin, 28),
-             dout = random_vec(std::size_t(N) * OC, 29);
-  auto dw = random_vec(w.size(), 30);
+  const auto x = random_floats(std::size_t(N) * Cin, 27),
+             w = random_floats(std::size_t(OC) * Cin, 28),
+             dout = random_floats(std::size_t(N) * OC, 29);
+  auto dw = random_floats(w.size(), 30);
   DeviceBuffer<float> d_x(x), d_w(w), d_dout(dout), d_dw(dw);
   cpu::matmul_backward(nullptr, dw.data(), nullptr, dout.data(), x.data(), w.data(), N, Cin, OC);
   gpu::matmul_backward(ctx(), nullptr, d_dw.get(), nullptr, d_dout.get(), d_x.get(), d_w.get(), N,
@@ -277,7 +256,7 @@ TEST_F(CudaLayers, MatmulBackwardSkipsNullGradients) {
 
 TEST_F(CudaLayers, AttentionForwardAndBackward) {
   const std::size_t nqkv = std::size_t(N) * 3 * C, natt = std::size_t(B) * NH * T * T;
-  const auto qkv = random_vec(nqkv, 40, -2.0f, 2.0f);
+  const auto qkv = random_floats(nqkv, 40, -2.0f, 2.0f);
   std::vector<float> out(std::size_t(N) * C), att(natt);
   cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
   DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), d_att(natt);
@@ -285,10 +264,10 @@ TEST_F(CudaLayers, AttentionForwardAndBackward) {
   expect_close("out", d_out.host(), out, kGemmRtol, kGemmAtol);
   expect_close("att", d_att.host(), att, kReduceRtol, kReduceAtol);  // includes the zero triangle
 
-  const auto dout = random_vec(out.size(), 41);
-  auto dqkv = random_vec(nqkv, 42);
+  const auto dout = random_floats(out.size(), 41);
+  auto dqkv = random_floats(nqkv, 42);
   std::vector<float> datt(natt);
-  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv), d_datt(random_vec(natt, 43));  // scratch
+  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv), d_datt(random_floats(natt, 43));  // scratch
   cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
                           NH);
   gpu::attention_backward(ctx(), d_dqkv.get(), d_datt.get(), d_dout.get(), d_qkv.get(), d_att.get(),
@@ -300,7 +279,8 @@ TEST_F(CudaLayers, AttentionForwardAndBackward) {
 
 TEST_F(CudaLayers, GeluForwardAndBackward) {
   const std::int64_t n = 100003;
-  const auto x = random_vec(n, 50, -6.0f, 6.0f), dout = random_vec(n, 51), dx = random_vec(n, 52);
+  const auto x = random_floats(n, 50, -6.0f, 6.0f), dout = random_floats(n, 51),
+             dx = random_floats(n, 52);
   DeviceBuffer<float> d_x(x), d_out(n), d_dout(dout), d_dx(dx);
   std::vector<float> out(n);
   cpu::gelu_forward(out.data(), x.data(), n);
@@ -322,7 +302,7 @@ TEST_F(CudaLayers, GeluForwardAndBackward) {
 
 TEST_F(CudaLayers, ResidualForward) {
   const std::int64_t n = 100003;
-  const auto a = random_vec(n, 60), b = random_vec(n, 61);
+  const auto a = random_floats(n, 60), b = random_floats(n, 61);
   std::vector<float> out(n);
   cpu::residual_forward(out.data(), a.data(), b.data(), n);
   DeviceBuffer<float> d_a(a), d_b(b), d_out(n);
@@ -340,7 +320,7 @@ TEST_P(CudaCrossEntropy, ForwardAndBackward) {
   gpu::CudaContext ctx(0);
   const int Vv = GetParam();
   const std::size_t n = std::size_t(N) * Vv;
-  const auto logits = random_vec(n, 70, -8.0f, 8.0f);
+  const auto logits = random_floats(n, 70, -8.0f, 8.0f);
   const auto targets = random_tokens(N, Vv, 71);
   std::vector<float> probs(n), losses(N);
   cpu::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N,
@@ -360,7 +340,7 @@ TEST_P(CudaCrossEntropy, ForwardAndBackward) {
   expect_close("losses (in place)", d_losses2.host(), losses, kReduceRtol, kReduceAtol);
 
   const float grad_scale = 1.0f / float(N);
-  auto dlogits = random_vec(n, 72);
+  auto dlogits = random_floats(n, 72);
   DeviceBuffer<float> d_dlogits(dlogits);
   cpu::crossentropy_softmax_backward(dlogits.data(), probs.data(), targets.data(), grad_scale, N,
                                      Vv);
@@ -378,9 +358,9 @@ INSTANTIATE_TEST_SUITE_P(Vocab, CudaCrossEntropy, ::testing::Values(V, 5003),
 
 TEST_F(CudaLayers, AdamW) {
   const std::int64_t n = 100003;
-  auto p = random_vec(n, 80), m = random_vec(n, 81, -0.1f, 0.1f),
-       v = random_vec(n, 82, 0.0f, 0.01f);
-  const auto g = random_vec(n, 83);
+  auto p = random_floats(n, 80), m = random_floats(n, 81, -0.1f, 0.1f),
+       v = random_floats(n, 82, 0.0f, 0.01f);
+  const auto g = random_floats(n, 83);
   DeviceBuffer<float> d_p(p), d_m(m), d_v(v), d_g(g);
   for (int t = 1; t <= 3; ++t) {
     cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,

@@ -13,16 +13,11 @@
 
 #include "cuda/device.hpp"
 #include "cuda/ops.hpp"
+#include "cuda_test.hpp"
 #include "strata/device.hpp"
 #include "strata/types.hpp"
 
 using namespace strata;
-
-#define STRATA_REQUIRE_GPU()                                                      \
-  if (strata::cuda::cuda_device_count() == 0)                                     \
-  GTEST_SKIP() << "no CUDA device: "                                              \
-               << ::testing::UnitTest::GetInstance()->current_test_info()->name() \
-               << " needs a GPU"
 
 namespace {
 

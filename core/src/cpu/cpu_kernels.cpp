@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
@@ -131,10 +130,16 @@ class CpuKernels final : public Kernels {
   }
   void add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
                      int C) override {
-    std::vector<float> wide(wpe.dtype == DType::f32 ? 0 : std::size_t(C));
     for (std::size_t i = 0; i < rows; ++i) {
-      const float* pos = row_f32(wpe, (row0 + i) % T, C, wide.data());
-      for (int c = 0; c < C; ++c) x[i * C + c] += pos[c];
+      const std::size_t t = (row0 + i) % T;
+      float* out = x + i * C;
+      if (wpe.dtype == DType::f32) {
+        const float* pos = static_cast<const float*>(wpe.data) + t * C;
+        for (int c = 0; c < C; ++c) out[c] += pos[c];
+      } else {  // bf16 widened as it is added: no scratch row on every call
+        const bf16* pos = static_cast<const bf16*>(wpe.data) + t * C;
+        for (int c = 0; c < C; ++c) out[c] += to_float(pos[c]);
+      }
     }
   }
   void embedding_rows_backward(BufferView gwte, const float* d, const std::int32_t* tokens,

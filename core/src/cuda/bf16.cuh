@@ -31,8 +31,3 @@ __device__ __forceinline__ void store(void* p, bool bf16, std::size_t i, float v
 }
 
 }  // namespace strata::cuda
-
-// A grid-stride loop over [0, n): any grid covers any n.
-#define STRATA_GRID_STRIDE(i, n)                                                    \
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += std::size_t(gridDim.x) * blockDim.x)

@@ -1,25 +1,16 @@
 // CudaKernels (cuda/kernels.hpp), part 1: the layer passes (cuda/layers.cuh), the bf16 GEMMs on
 // cublasGemmEx, bf16 rounding and widening, zeroing and the device sum. The elementwise steps of
 // the passes are in kernels_steps.cu.
-#include <algorithm>
 #include <string>
-#include <vector>
 
 #include "cuda/bf16.cuh"
 #include "cuda/device.hpp"
+#include "cuda/grid.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.cuh"
 
 namespace strata::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 1024;
-
-unsigned blocks_for(std::size_t n) {
-  return unsigned(
-      std::max<std::size_t>(1, std::min<std::size_t>(kMaxBlocks, (n + kThreads - 1) / kThreads)));
-}
 
 __global__ void round_to_bf16_kernel(std::uint16_t* out, const float* in, std::size_t n) {
   STRATA_GRID_STRIDE(i, n) { out[i] = float_to_bf16(in[i]); }
@@ -28,27 +19,10 @@ __global__ void widen_bf16_kernel(float* out, const std::uint16_t* in, std::size
   STRATA_GRID_STRIDE(i, n) { out[i] = bf16_to_float(in[i]); }
 }
 
-// partial[block] = the fp32 sum of the block's elements; the host adds the blocks in double (no
-// double arithmetic on the device: it runs at a fraction of the fp32 rate on most GPUs).
-__global__ void sum_kernel(const float* x, std::size_t n, float* partial) {
-  __shared__ float sums[kThreads];
-  float s = 0.0f;
-  STRATA_GRID_STRIDE(i, n) { s += x[i]; }
-  sums[threadIdx.x] = s;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
-}
-
 }  // namespace
 
 CudaKernels::CudaKernels(const CudaContext& ctx) : ctx_(ctx) {}
-CudaKernels::~CudaKernels() {
-  if (partial_) cudaFree(partial_);
-}
+CudaKernels::~CudaKernels() = default;
 
 // --- layer passes: cuda/layers.cuh on the context
 void CudaKernels::encoder_forward(float* out, const std::int32_t* tokens, const float* wte,
@@ -146,19 +120,7 @@ void CudaKernels::zero(float* p, std::size_t n) {
 }
 
 double CudaKernels::sum(const float* x, std::size_t n) {
-  if (n == 0) return 0.0;
-  if (!partial_)
-    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), kMaxBlocks * sizeof(float)));
-  const unsigned blocks = blocks_for(n);
-  STRATA_LAUNCH(sum_kernel, blocks, kThreads, 0, ctx_.stream)(x, n, partial_);
-  STRATA_CUDA_CHECK_LAUNCH();
-  std::vector<float> sums(blocks);
-  STRATA_CUDA_CHECK(cudaMemcpyAsync(sums.data(), partial_, blocks * sizeof(float),
-                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
-  double s = 0.0;
-  for (float v : sums) s += v;
-  return s;
+  return sum_(ctx_.stream, x, false, n, false);
 }
 
 }  // namespace strata::cuda

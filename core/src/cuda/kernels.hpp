@@ -11,6 +11,7 @@
 
 #include "../kernels.hpp"  // strata::Kernels ("kernels.hpp" would be this file)
 #include "cuda/layers.cuh"
+#include "cuda/reduce.hpp"
 
 namespace strata::cuda {
 
@@ -81,7 +82,7 @@ class CudaKernels final : public Kernels {
 
  private:
   const CudaContext& ctx_;
-  float* partial_ = nullptr;  // per-block sums of sum(), allocated on first use
+  DeviceSum sum_;
 };
 
 }  // namespace strata::cuda

@@ -10,20 +10,13 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/device.hpp"
+#include "cuda/grid.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.cuh"
 #include "strata/device.hpp"
 
 namespace strata::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 1024;
-
-unsigned blocks_for(std::size_t n) {
-  return unsigned(
-      std::max<std::size_t>(1, std::min<std::size_t>(kMaxBlocks, (n + kThreads - 1) / kThreads)));
-}
 
 // A table given to this backend: device memory, fp32 or bf16. Returns whether it is bf16.
 bool table_is_bf16(const char* op, BufferView t) {
@@ -94,22 +87,6 @@ __global__ void positions_backward_kernel(void* gwpe, bool bf16, const float* d,
 }
 
 // --- cross-entropy: one block of kThreads per row
-// The block's reduction (max, or sum) of each thread's v; every thread gets it.
-__device__ float block_reduce(float v, bool is_max) {
-  __shared__ float buf[kThreads];
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (int(threadIdx.x) < half) {
-      const float o = buf[threadIdx.x + half];
-      buf[threadIdx.x] = is_max ? fmaxf(buf[threadIdx.x], o) : buf[threadIdx.x] + o;
-    }
-    __syncthreads();
-  }
-  const float r = buf[0];
-  __syncthreads();  // buf may be reused
-  return r;
-}
 __global__ void row_max_kernel(float* mx, const float* logits, std::size_t Vl) {
   const float* x = logits + blockIdx.x * Vl;
   float m = -INFINITY;

@@ -3,27 +3,18 @@
 // bits, converted exactly as strata::to_bf16 / to_float do); no double arithmetic on the device
 // (ptxas -warn-double-usage is an error in this build): a sum of squares is summed in fp32 per
 // block and the block sums in double on the host.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "cuda/bf16.cuh"
 #include "cuda/device.hpp"
+#include "cuda/grid.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops.hpp"
 
 namespace strata::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 1024;
-
-unsigned blocks_for(std::size_t n) {
-  return unsigned(
-      std::max<std::size_t>(1, std::min<std::size_t>(kMaxBlocks, (n + kThreads - 1) / kThreads)));
-}
 
 // The elementwise ops, each result rounded once to y's dtype. __fmul_rn / __fadd_rn are never
 // contracted into an FMA, so the arithmetic is the CPU backend's, operation for operation.
@@ -37,23 +28,6 @@ __global__ void affine_kernel(Affine op, void* y, bool y_bf16, const void* x, bo
     if (op == Affine::cast) r = load(x, x_bf16, i);
     store(y, y_bf16, i, r);
   }
-}
-
-// partial[block] = sum of x[i]^2 over the block's elements (fp32).
-__global__ void sum_of_squares_kernel(const void* x, bool bf16, std::size_t n, float* partial) {
-  __shared__ float sums[kThreads];
-  float s = 0.0f;
-  STRATA_GRID_STRIDE(i, n) {
-    const float v = load(x, bf16, i);
-    s += v * v;
-  }
-  sums[threadIdx.x] = s;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
 }
 
 // AdamW on fp32 p32 (the parameters, or the master of bf16 ones, then rounded into params).
@@ -77,9 +51,7 @@ __global__ void adamw_kernel(void* params, bool params_bf16, float* p32, const v
 }  // namespace
 
 CudaOps::CudaOps(cudaStream_t stream) : stream_(stream) {}
-CudaOps::~CudaOps() {
-  if (partial_) cudaFree(partial_);
-}
+CudaOps::~CudaOps() = default;
 
 void CudaOps::check(const char* op, std::initializer_list<BufferView> views) const {
   std::size_t count = views.begin()->count;
@@ -134,19 +106,7 @@ void CudaOps::axpy(BufferView y, double a, BufferView x) {
 double CudaOps::sum_of_squares(BufferView x) {
   check("sum_of_squares", {x});
   if (x.count == 0) return 0.0;
-  if (!partial_)
-    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), kMaxBlocks * sizeof(float)));
-  const unsigned blocks = blocks_for(x.count);
-  STRATA_LAUNCH(sum_of_squares_kernel, blocks, kThreads, 0, stream_)
-  (x.data, x.dtype == DType::bf16, x.count, partial_);
-  STRATA_CUDA_CHECK_LAUNCH();
-  std::vector<float> sums(blocks);
-  STRATA_CUDA_CHECK(cudaMemcpyAsync(sums.data(), partial_, blocks * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  double s = 0.0;
-  for (float v : sums) s += v;
-  return s;
+  return sum_(stream_, x.data, x.dtype == DType::bf16, x.count, true);
 }
 
 void CudaOps::adamw(BufferView params, BufferView master, BufferView grads, BufferView m,

@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 
+#include "cuda/reduce.hpp"
 #include "strata/device.hpp"
 
 namespace strata::cuda {
@@ -32,7 +33,7 @@ class CudaOps final : public DeviceOps {
   void check(const char* op, std::initializer_list<BufferView> views) const;
   void affine(int op, BufferView y, const BufferView* x, float a);  // ops.cu's Affine
   cudaStream_t stream_;
-  float* partial_ = nullptr;  // per-block sums of sum_of_squares
+  DeviceSum sum_;
 };
 
 }  // namespace strata::cuda
