@@ -277,6 +277,106 @@ TEST_F(CudaLayers, AttentionForwardAndBackward) {
 
 // ---------------------------------------------------------------------------------------------
 
+// The fused (flash) attention against the CPU reference. Its tiles are 32 queries x 32 keys and
+// its head size is padded to 16/32/64/128: the shapes cover one partial tile (T 17), several
+// with a partial last one (T 33..40), whole tiles (T 64), every padding (hs 12, 16, 32, 64, 128;
+// hs 128 needs the shared-memory opt-in) and B * NH > 1.
+struct FlashShape {
+  int B, T, C, NH;
+};
+
+class CudaFlashAttention : public ::testing::TestWithParam<FlashShape> {};
+
+// log sum_{j<=t} exp(q_t . k_j / sqrt(hs)) per (b, h, t), in double.
+std::vector<double> host_lse(const std::vector<float>& qkv, const FlashShape& s) {
+  const int hs = s.C / s.NH, C3 = 3 * s.C;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  std::vector<double> lse(std::size_t(s.B) * s.NH * s.T);
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h)
+      for (int t = 0; t < s.T; ++t) {
+        const float* q = qkv.data() + (std::size_t(b) * s.T + t) * C3 + h * hs;
+        std::vector<double> scores(t + 1);
+        for (int j = 0; j <= t; ++j) {
+          const float* k = qkv.data() + (std::size_t(b) * s.T + j) * C3 + s.C + h * hs;
+          double dot = 0.0;
+          for (int d = 0; d < hs; ++d) dot += double(q[d]) * k[d];
+          scores[j] = dot * scale;
+        }
+        const double mx = *std::max_element(scores.begin(), scores.end());
+        double sum = 0.0;
+        for (const double x : scores) sum += std::exp(x - mx);
+        lse[(std::size_t(b) * s.NH + h) * s.T + t] = mx + std::log(sum);
+      }
+  return lse;
+}
+
+TEST_P(CudaFlashAttention, ForwardLseAndBackward) {
+  STRATA_REQUIRE_GPU();
+  gpu::CudaContext ctx(0);
+  const FlashShape s = GetParam();
+  const std::size_t rows = std::size_t(s.B) * s.T, nqkv = rows * 3 * s.C,
+                    nlse = std::size_t(s.B) * s.NH * s.T;
+  const auto qkv = random_floats(nqkv, 50, -2.0f, 2.0f);
+  std::vector<float> out(rows * s.C), att(nlse * s.T);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  DeviceBuffer<float> d_qkv(qkv), d_out(random_floats(out.size(), 51)),
+      d_lse(random_floats(nlse, 52));
+  gpu::flash_attention_forward(ctx, d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, s.C, s.NH);
+  expect_close("out", d_out.host(), out, kGemmRtol, kGemmAtol);
+  const auto lse = host_lse(qkv, s);
+  std::vector<double> lse_scale(nlse);
+  for (std::size_t i = 0; i < nlse; ++i) lse_scale[i] = std::fabs(lse[i]);
+  expect_close_scaled("lse", d_lse.host(), lse, lse_scale, kReduceRtol, kReduceAtol);
+
+  // Backward from the flash forward's own out and lse; dqkv starts non-zero (+=), the scratch
+  // full of values it must overwrite.
+  const auto dout = random_floats(out.size(), 53);
+  auto dqkv = random_floats(nqkv, 54);
+  std::vector<float> datt(att.size());
+  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv), d_delta(random_floats(nlse, 55));
+  cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), s.B, s.T,
+                          s.C, s.NH);
+  gpu::flash_attention_backward(ctx, d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(),
+                                d_out.get(), d_lse.get(), s.B, s.T, s.C, s.NH);
+  const auto got = d_dqkv.host();
+  expect_close("dqkv", got, dqkv, kGemmRtol, kGemmAtol);
+
+  // No atomics: a second run gives the same bits.
+  DeviceBuffer<float> d_dqkv2(random_floats(nqkv, 54));
+  gpu::flash_attention_backward(ctx, d_dqkv2.get(), d_delta.get(), d_dout.get(), d_qkv.get(),
+                                d_out.get(), d_lse.get(), s.B, s.T, s.C, s.NH);
+  EXPECT_TRUE(d_dqkv2.host() == got) << "flash_attention_backward is not deterministic";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashAttention,
+                         ::testing::Values(FlashShape{B, T, C, NH},     // hs 12, T 37
+                                           FlashShape{2, 40, 32, 2},    // hs 16
+                                           FlashShape{1, 64, 64, 4},    // hs 16, 2 whole tiles
+                                           FlashShape{1, 33, 64, 2},    // hs 32
+                                           FlashShape{2, 17, 128, 2},   // hs 64, one partial tile
+                                           FlashShape{1, 35, 128, 1}),  // hs 128
+                         [](const auto& info) {
+                           const FlashShape& p = info.param;
+                           return "B" + std::to_string(p.B) + "_T" + std::to_string(p.T) + "_C" +
+                                  std::to_string(p.C) + "_NH" + std::to_string(p.NH);
+                         });
+
+TEST_F(CudaLayers, FlashAttentionRejectsUnsupportedHeads) {
+  DeviceBuffer<float> d_buf(std::size_t(3) * 258);
+  for (const auto [Cw, NHw] : {std::pair{258, 1}, std::pair{48, 5}}) {  // hs 258 > 128; 5 !| 48
+    try {
+      gpu::flash_attention_forward(ctx(), d_buf.get(), d_buf.get(), d_buf.get(), 1, 1, Cw, NHw);
+      FAIL() << "C " << Cw << ", NH " << NHw << " did not throw";
+    } catch (const strata::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("flash_attention_forward"), std::string::npos);
+      EXPECT_NE(e.hint().find("128"), std::string::npos) << e.hint();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
 TEST_F(CudaLayers, GeluForwardAndBackward) {
   const std::int64_t n = 100003;
   const auto x = random_floats(n, 50, -6.0f, 6.0f), dout = random_floats(n, 51),

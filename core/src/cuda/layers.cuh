@@ -76,6 +76,18 @@ void attention_forward(const CudaContext& ctx, float* out, float* att, const flo
 void attention_backward(const CudaContext& ctx, float* dqkv, float* datt, const float* dout,
                         const float* qkv, const float* att, int B, int T, int C, int NH);
 
+// The same attention fused, FlashAttention-2 style (cuda/attention.cu): online softmax over tiles
+// of 32 keys, no T x T matrix in memory. Head size hs = C / NH <= 128; any B, T, NH (B * NH <=
+// 65535). out[B,T,C]; lse[B,NH,T] = log sum_{j<=t} exp(q_t . k_j / sqrt(hs)), saved for backward.
+void flash_attention_forward(const CudaContext& ctx, float* out, float* lse, const float* qkv,
+                             int B, int T, int C, int NH);
+// dqkv[B,T,3C] +=, from dout[B,T,C], the forward's qkv[B,T,3C], out[B,T,C] and lse[B,NH,T] (the
+// probabilities are recomputed). delta[B,NH,T] is scratch (overwritten with rowsum(dout * out) per
+// head). Deterministic: no atomics.
+void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta, const float* dout,
+                              const float* qkv, const float* out, const float* lse, int B, int T,
+                              int C, int NH);
+
 // tanh-approximation GELU, elementwise over n.
 void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n);
 // dinp[n] += gelu'(inp) * dout
