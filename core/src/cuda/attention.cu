@@ -21,6 +21,8 @@
 // [32, head] accumulators rows 2 ty + r x head columns tx + 8 i (i < kD / 8). The 8 threads of a
 // row share one ty and are 8 consecutive lanes, so row reductions are 3 shuffles. Shared tiles
 // have a row stride of kD + 1 floats, so the column reads of a warp fall in different banks.
+// The rows of a [32, 32] probability tile that a thread reads are its own rows, written by the 8
+// lanes of its row group: a __syncwarp orders them; tiles shared across warps need __syncthreads.
 //
 // The head size is padded to kD in {16, 32, 64, 128} (a template parameter: the per-thread
 // arrays are sized and indexed by compile-time constants and stay in registers); the padding
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(kTileThreads)
     float s[kRows][kCols];
     tile_dot<kD>(s, q_tile, k_tile, ty, tx);
     online_softmax_step<kD>(s, m, l, acc, p_tile, scale, q0, k0, T, ty, tx);
-    __syncthreads();  // p tile complete
+    __syncwarp();  // p tile rows complete (a row's 8 writers and its readers are one warp)
     tile_accumulate<kD>(acc, p_tile, v_tile, ty, tx);
     __syncthreads();  // k, v and p tiles read before the next tile overwrites them
   }
@@ -325,7 +327,7 @@ __global__ void __launch_bounds__(kTileThreads)
         dst_tile[(ty * kRows + r) * kPStride + col] = p * (dp[r][c] - delta_rows[col]);
       }
     }
-    __syncthreads();                                    // P^T, dS^T complete
+    __syncwarp();  // P^T, dS^T rows complete (written and read within one warp)
     tile_accumulate<kD>(dv, pt_tile, do_tile, ty, tx);  // dV += P^T dout
     tile_accumulate<kD>(dk, dst_tile, q_tile, ty, tx);  // dK += dS^T q (scaled at the end)
     __syncthreads();  // every tile read before the next query tile overwrites them
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(kTileThreads)
         ds_tile[row * kPStride + col] = p * (dp[r][c] - delta_rows[row]);
       }
     }
-    __syncthreads();                                   // dS complete
+    __syncwarp();  // dS rows complete (written and read within one warp)
     tile_accumulate<kD>(dq, ds_tile, k_tile, ty, tx);  // dQ += dS k (scaled at the end)
     __syncthreads();  // k and dS read before the next key tile overwrites them
   }
