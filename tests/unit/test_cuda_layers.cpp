@@ -284,6 +284,10 @@ TEST_F(CudaLayers, AttentionForwardAndBackward) {
 struct FlashShape {
   int B, T, C, NH;
 };
+void PrintTo(const FlashShape& s, std::ostream* os) {
+  *os << "B " << s.B << ", T " << s.T << ", C " << s.C << ", NH " << s.NH << " (hs " << s.C / s.NH
+      << ")";
+}
 
 class CudaFlashAttention : public ::testing::TestWithParam<FlashShape> {};
 
