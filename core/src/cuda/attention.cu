@@ -41,8 +41,9 @@
 #include "cuda/layers.cuh"
 #include "strata/types.hpp"
 
-// Full unrolling of the loops over per-thread arrays (nvcc; the emulator's host compiler needs
-// none, and GCC would warn about the unknown pragma).
+// Unrolling: full for the loops over per-thread arrays (their indices must be compile-time
+// constants to keep the arrays in registers), 4 for the loops over a tile's rows or head columns.
+// nvcc only: the emulator's host compiler would warn about the unknown pragma.
 #if defined(__CUDACC__)
 #define STRATA_UNROLL _Pragma("unroll")
 #define STRATA_UNROLL_4 _Pragma("unroll 4")
@@ -70,7 +71,7 @@ static_assert((kTileThreads / kGroup) * kRows == kTile, "16 row groups of 2 rows
 template <int kD>
 constexpr int kHeadStride = kD + 1;
 template <int kD>
-constexpr int kHeadTileFloats = kTile* kHeadStride<kD>;
+constexpr int kHeadTileFloats = kTile*(kD + 1);
 
 // Sum / max over the 8 lanes of one score row (consecutive lanes; the whole warp takes part).
 __device__ __forceinline__ float row_sum(float v) {
