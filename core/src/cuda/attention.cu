@@ -71,7 +71,7 @@ static_assert((kTileThreads / kGroup) * kRows == kTile, "16 row groups of 2 rows
 template <int kD>
 constexpr int kHeadStride = kD + 1;
 template <int kD>
-constexpr int kHeadTileFloats = kTile*(kD + 1);
+constexpr int kHeadTileFloats = (kD + 1) * kTile;
 
 // Sum / max over the 8 lanes of one score row (consecutive lanes; the whole warp takes part).
 __device__ __forceinline__ float row_sum(float v) {
