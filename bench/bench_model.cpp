@@ -15,6 +15,7 @@
 // The machine is shared and noisy: prefer --benchmark_repetitions=5 and the median.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -62,7 +63,7 @@ void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
   const float grad_scale = 1.0f / float(tokens);
   int t = 0;
   auto train_step = [&] {
-    grads.zero();
+    std::fill(grads.span().begin(), grads.span().end(), 0.0f);
     for (int u = 0; u < units; ++u) model.forward(u, pp, mb);
     for (int u = units - 1; u >= 0; --u) model.backward(u, pp, gg, mb, grad_scale);
     opt.step(strata::view(params.data(), params.size()), strata::view(grads.data(), grads.size()),

@@ -205,12 +205,12 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   // NCCL moves device buffers only: on the CPU backend it would be handed host memory.
   if (c.transport == "nccl" && c.device != "cuda")
     throw ConfigError("--transport nccl: moves device memory; needs --device cuda");
-  if (c.device != "cpu")
-    throw ConfigError("--device " + c.device + ": must be cpu (the only device in this build)");
+  if (c.device == "cuda" && c.transport != "nccl")
+    throw ConfigError("--device cuda: needs --transport nccl (mpi and ucx move host memory)");
   const MixedPrecision& mp = c.train.precision;
   if (mp.reduce == DType::bf16 && mp.param != DType::bf16)
     throw ConfigError("--reduce-dtype bf16: needs --precision bf16 (fp32 parameters reduce fp32)");
-  if (mp.param == DType::bf16 && !cpu::have_bf16_gemm())
+  if (mp.param == DType::bf16 && c.device == "cpu" && !cpu::have_bf16_gemm())
     throw ConfigError(
         "--precision bf16: this build's CPU backend has no bf16 matmul (built without oneDNN); "
         "install libdnnl-dev (scripts/install-deps.sh) and rebuild, or use --precision fp32");
@@ -301,6 +301,8 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
 
 const char* peak_flops_source(const RunConfig& c) {
   if (c.peak_tflops > 0) return "given (--peak-tflops)";
+  if (c.device == "cuda")
+    return c.train.precision.mixed() ? "GPU data sheet, bf16 dense" : "GPU data sheet, fp32";
   return c.train.precision.mixed() ? "calibrated bf16 GEMM" : "calibrated SGEMM";
 }
 

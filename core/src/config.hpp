@@ -22,6 +22,7 @@ struct RunConfig {
   std::vector<std::string> plugin_paths;
   std::string transport = "mpi";
   std::string device = "cpu";
+  Device device_kind() const { return device == "cuda" ? Device::cuda : Device::cpu; }
   // The workload
   ModelSpec model;
   TrainSpec train;

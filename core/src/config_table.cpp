@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "backend.hpp"
 #include "comm/transport.hpp"
 #include "strata/types.hpp"
 
@@ -235,9 +236,10 @@ std::vector<Row> what_to_run_rows() {
       choice(text("transport", W, K::choice, "mpi", "communication backend of the mesh groups",
                   [](RunConfig& c, const std::string& s) { c.transport = s; }),
              transports_built()),
-      choice(text("device", W, K::choice, "cpu", "compute backend",
+      choice(text("device", W, K::choice, "cpu", "compute backend (cuda: one GPU per rank)",
                   [](RunConfig& c, const std::string& s) { c.device = s; }),
-             {"cpu"}),
+             backend_built(Device::cuda) ? std::vector<std::string>{"cpu", "cuda"}
+                                         : std::vector<std::string>{"cpu"}),
       with_rule(text("config", W, K::text, "",
                      "INI file of options (same names as the CLI); also STRATA_CONFIG",
                      [](RunConfig&, const std::string&) {}),

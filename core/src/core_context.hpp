@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend.hpp"
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
 #include "config.hpp"
@@ -18,8 +19,13 @@ namespace strata {
 // The core's side of the plugin Context.
 class CoreContext final : public Context {
  public:
+  // A run on a GPU opens its backend first (open_backend): the ledger allocates there.
   CoreContext(const RunConfig& config, CommLedger& ledger)
-      : config_(config), coord_(mesh_coord(config.mesh, mpi::world_rank())), ledger_(ledger) {
+      : config_(config),
+        coord_(mesh_coord(config.mesh, mpi::world_rank())),
+        ledger_(ledger),
+        memory_(config.device_kind()),
+        backend_(opened_backend(config.device_kind())) {
     // A split is collective over the world: every rank creates every group, in the same order.
     // The groups of an axis partition the world, so a group's first rank names it.
     const Mesh mesh(config.mesh);
@@ -40,11 +46,17 @@ class CoreContext final : public Context {
     const std::size_t tokens = std::size_t(config.train.micro_batch) * config.model.seq;
     inputs_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
     targets_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
+    if (backend_) host_tokens_.resize(2 * tokens);
   }
 
   const MeshSpec& mesh() const override { return config_.mesh; }
-  DeviceOps& ops() override { return cpu_ops(); }     // --device cpu, the only backend so far
-  Event compute_event() override { return Event{}; }  // CPU compute is done when it returns
+  DeviceOps& ops() override { return backend_ ? backend_->ops() : cpu_ops(); }
+  // The CPU's compute is done when it returns; a GPU's is ordered by an event the collectives
+  // wait for on the device (the NCCL groups wait for its latest record).
+  Event compute_event() override {
+    if (backend_) backend_->record_compute_event();
+    return Event{};
+  }
   const MeshCoord& coord() const override { return coord_; }
   const ModelSpec& model_spec() const override { return config_.model; }
   const TrainSpec& train() const override { return config_.train; }
@@ -69,14 +81,27 @@ class CoreContext final : public Context {
     const int B = t.micro_batch, T = config_.model.seq;
     // Global sample index: micro-batches first, then dp ranks, so any split sees the same batch.
     std::int64_t first = std::int64_t(micro) * B * config_.mesh.dp + std::int64_t(coord_.dp) * B;
-    for (int b = 0; b < B; ++b)
-      data_->fill(step, first + b, inputs_.data() + b * T, targets_.data() + b * T);
+    const std::size_t n = std::size_t(B) * T;
+    // The tokens on the run's device: generated on the host, copied over on a GPU.
+    std::int32_t* inputs = backend_ ? host_tokens_.data() : inputs_.data();
+    std::int32_t* targets = backend_ ? host_tokens_.data() + n : targets_.data();
+    for (int b = 0; b < B; ++b) data_->fill(step, first + b, inputs + b * T, targets + b * T);
+    if (backend_) {
+      backend_->copy(inputs_.data(), inputs, n * sizeof(std::int32_t));
+      backend_->copy(targets_.data(), targets, n * sizeof(std::int32_t));
+    }
     return MicroBatch{inputs_.data(), targets_.data(), B, T};
   }
   void add_phase_time(Phase phase, double seconds) override {
     phase_s_[static_cast<int>(phase)] += seconds;
   }
+  // On a GPU a phase ends when its kernels have finished, not when the host has enqueued them:
+  // the compute stream is synchronised and the end taken then (PhaseTimer passes now() as t1).
   void add_phase_interval(Phase phase, double t0, double t1) override {
+    if (backend_) {
+      backend_->synchronize();
+      t1 = now();
+    }
     phase_s_[static_cast<int>(phase)] += t1 - t0;
     if (config_.trace) intervals_.push_back({phase, t0, t1});
   }
@@ -91,6 +116,7 @@ class CoreContext final : public Context {
   }
   void synchronize_streams() {
     for (auto& s : streams_) s->synchronize();
+    if (backend_) backend_->synchronize();
   }
   double phase_s(Phase p) const { return phase_s_[static_cast<int>(p)]; }
   double loss_sum() const { return loss_sum_; }
@@ -108,10 +134,12 @@ class CoreContext final : public Context {
   MeshCoord coord_;
   CommLedger& ledger_;
   MemoryLedger memory_;
+  DeviceBackend* backend_;  // null on the CPU
   std::map<Axis, std::unique_ptr<Group>> groups_;
   std::vector<std::unique_ptr<CommStream>> streams_;
   std::unique_ptr<DataSource> data_;
   Buffer<std::int32_t> inputs_, targets_;
+  std::vector<std::int32_t> host_tokens_;  // GPU runs: inputs | targets, before the copy
   std::unique_ptr<Model> model_;
   std::array<double, 4> phase_s_{};
   double loss_sum_ = 0, loss_tokens_ = 0;

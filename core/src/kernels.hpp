@@ -30,10 +30,14 @@ class Kernels {
                               int N, int C, int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, int N, int C, int OC) = 0;
+  // att [B,NH,T,T] is the backend's to keep for the backward: the CPU keeps the probabilities
+  // there, the CUDA backend's fused attention only a log-sum-exp per row. `out` of the backward is
+  // the forward's output; datt [B,NH,T,T] is scratch.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                  int NH) = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                  const float* att, int B, int T, int C, int NH) = 0;
+                                  const float* att, const float* out, int B, int T, int C,
+                                  int NH) = 0;
   virtual void gelu_forward(float* out, const float* inp, std::int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, std::int64_t n) = 0;

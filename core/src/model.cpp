@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numbers>
 
+#include "backend.hpp"
 #include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "model_passes.hpp"
@@ -197,9 +198,15 @@ void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begi
 }
 
 void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begin, BufferView out) {
-  if (out.device != Device::cpu || (out.dtype != DType::f32 && out.dtype != DType::bf16))
+  if (out.dtype != DType::f32 && out.dtype != DType::bf16)
     throw Error(std::string("init_params: a view of ") + dtype_name(out.dtype) + " on " +
-                device_name(out.device) + ", need fp32 or bf16 host memory");
+                device_name(out.device) + ", need fp32 or bf16 memory");
+  if (out.device != Device::cpu) {  // computed on the host, then copied: the same values
+    std::vector<std::byte> host(out.bytes());
+    init_params(layout, seed, begin, BufferView{host.data(), out.count, out.dtype, Device::cpu});
+    copy_bytes(out.device, out.data, host.data(), host.size());
+    return;
+  }
   if (out.dtype == DType::f32) {
     init_params(layout, seed, begin, std::span<float>(static_cast<float*>(out.data), out.count));
     return;
@@ -247,6 +254,7 @@ struct Model::Impl {
   std::unique_ptr<ModelPasses::Slot> slot;
   std::size_t wpe_off;  // wpe's offset in the embedding unit
   int last_batch = 0;   // micro-batch size of the last head forward, for loss_sum()
+  Device device;        // of the ledger: where parameters, gradients and activations live
 
   Impl(const ModelSpec& s, int micro_batch, MemoryLedger& ledger, Recompute r, DType param_dtype)
       : spec(s),
@@ -254,7 +262,8 @@ struct Model::Impl {
         B(micro_batch),
         passes(s, micro_batch, whole_model(s), r, param_dtype, ledger),
         slot(passes.make_slot()),
-        wpe_off(layout.tensors()[1].offset) {}
+        wpe_off(layout.tensors()[1].offset),
+        device(ledger.device()) {}
 
   void check(int unit, const MicroBatch& mb) const {
     const int units = spec.layers + 2;
@@ -278,12 +287,13 @@ struct Model::Impl {
     const BufferView v = ptrs[u];
     const DType want = passes.param_dtype();
     const bool dtype_ok = v.dtype == want || (grads && v.dtype == DType::f32);
-    if (!v.data || v.count != layout.units()[u].count || !dtype_ok || v.device != Device::cpu)
+    if (!v.data || v.count != layout.units()[u].count || !dtype_ok || v.device != device)
       throw Error("Model: " + std::string(grads ? "gradients" : "parameters") + " of unit " +
                       std::to_string(u) + ": a view of " + std::to_string(v.count) + " " +
-                      dtype_name(v.dtype) + " elements, need " +
+                      dtype_name(v.dtype) + " elements on " + device_name(v.device) + ", need " +
                       std::to_string(layout.units()[u].count) + " " + dtype_name(want) +
-                      (grads && want != DType::f32 ? " (or fp32)" : ""),
+                      (grads && want != DType::f32 ? " (or fp32)" : "") + " on " +
+                      device_name(device),
                   "point UnitPtrs at the unit's whole range, in the run's precision");
     return v;
   }

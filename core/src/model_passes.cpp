@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/types.hpp"
 
@@ -30,7 +31,7 @@ void check_tokens(const std::int32_t* tok, std::size_t n, int V, const char* wha
 // ModelPasses (the plan they run on, Dims and the carves: model_plan.cpp)
 
 ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                         DType param_dtype, MemoryLedger& memory, Kernels& kernels)
+                         DType param_dtype, MemoryLedger& memory)
     : spec_(spec),
       part_(part),
       recompute_(r),
@@ -38,7 +39,7 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
       alloc_((validate_partition(spec, B, part, r, param_dtype), Dims(spec, B, part))),
       run_(alloc_),
       memory_(memory),
-      k_(kernels) {
+      k_(device_kernels(memory.device())) {
   const ParamLayout layout(spec);
   const int first = layout.units()[1].first_tensor;
   std::size_t at = 0;
@@ -251,7 +252,7 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
     k_.attention_forward(g_.a, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
   float* dqkv = g_.a;
   k_.zero(dqkv, 3 * NCl);
-  k_.attention_backward(dqkv, g_.b, datty, a.qkv, a.att, d.B, d.T, Cl, int(d.NHl));
+  k_.attention_backward(dqkv, g_.b, datty, a.qkv, a.att, a.atty, d.B, d.T, Cl, int(d.NHl));
   k_.zero(g_.partial, NC);
   matmul_backward(g_.partial, at(gr, o[kQkvW]), gsmall.grad(o[kQkvB], 3 * d.Cl), dqkv, a.ln1_full,
                   at(p, o[kQkvW]), N, C, 3 * Cl);

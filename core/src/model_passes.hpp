@@ -124,9 +124,9 @@ class ModelPasses {
   // Validates, then allocates the shared scratch (MemTag::activations).
   // param_dtype f32 or bf16 (MixedPrecision::param): the dtype of the parameter views the passes
   // get; gradient views are f32, or bf16 with bf16 parameters.
-  // kernels: the backend's compute, on the memory `memory` allocates.
+  // The compute runs on the kernels of the memory's device (device_kernels(memory.device())).
   ModelPasses(const ModelSpec& spec, int micro_batch, const Partition& part, Recompute recompute,
-              DType param_dtype, MemoryLedger& memory, Kernels& kernels = cpu_kernels());
+              DType param_dtype, MemoryLedger& memory);
   std::unique_ptr<Slot> make_slot();
 
   const Dims& dims() const { return alloc_; }

@@ -20,7 +20,8 @@ void for_each_value(Report& r, F&& f) {
   for (auto& v : r.peak_bytes) f(v);
   for (auto& v : r.predicted_bytes) f(v);
   for (auto& v : r.predicted_comm_bytes) f(v);
-  for (auto* v : {&r.process_peak_bytes, &r.peak_flops, &r.baseline_bytes, &r.tracked_peak_bytes})
+  for (auto* v : {&r.process_peak_bytes, &r.peak_flops, &r.baseline_bytes, &r.tracked_peak_bytes,
+                  &r.device_peak_bytes})
     f(*v);
 }
 
@@ -102,7 +103,7 @@ void fill_record(const std::vector<RankReport>& reports, RunRecord& record) {
   record.peak_bytes.clear(), record.predicted_bytes_per_rank.clear();
   record.predicted_bytes.assign(kNumMemTags, 0);
   record.process_peak_bytes.clear(), record.baseline_bytes.clear();
-  record.tracked_peak_bytes.clear();
+  record.tracked_peak_bytes.clear(), record.device_peak_bytes.clear();
   for (const RankReport& r : reports) {
     for (int tag = 0; tag < kNumMemTags; ++tag) {
       record.peak_bytes.push_back(r.peak_bytes[tag]);
@@ -112,7 +113,9 @@ void fill_record(const std::vector<RankReport>& reports, RunRecord& record) {
     record.process_peak_bytes.push_back(r.process_peak_bytes);
     record.baseline_bytes.push_back(r.baseline_bytes);
     record.tracked_peak_bytes.push_back(r.tracked_peak_bytes);
+    if (r.device_peak_bytes > 0) record.device_peak_bytes.push_back(r.device_peak_bytes);
   }
+  if (record.device_peak_bytes.size() != reports.size()) record.device_peak_bytes.clear();
 }
 
 void fill_partial_steps(const std::vector<StepRow>& root_steps, RunRecord& record) {

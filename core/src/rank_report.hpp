@@ -55,6 +55,7 @@ struct RankReport {
   double peak_flops = 0;                                   // the MFU denominator of this rank
   double baseline_bytes = 0;      // resident memory of the runtime before the strategy's setup
   double tracked_peak_bytes = 0;  // the ledger's peak of all tags at once
+  double device_peak_bytes = 0;   // a GPU run: the most device memory held at once; else 0
 
   std::vector<double> pack() const;
   // The reports of every rank from a gather of pack()ed reports of `steps` steps each.

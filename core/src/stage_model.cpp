@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "backend.hpp"
 #include "model_passes.hpp"
 #include "strata/device.hpp"
 #include "strata/types.hpp"
@@ -110,11 +111,13 @@ struct StageModel::Impl {
   // gradients also in fp32.
   BufferView local(BufferView v, bool grads) const {
     const DType want = passes->param_dtype();
-    if (!v.data || v.count != count || v.device != Device::cpu ||
+    const Device device = memory ? memory->device() : Device::cpu;
+    if (!v.data || v.count != count || v.device != device ||
         !(v.dtype == want || (grads && v.dtype == DType::f32)))
       throw Error("StageModel: " + std::string(grads ? "gradients" : "parameters") +
                   ": a view of " + std::to_string(v.count) + " " + dtype_name(v.dtype) +
-                  " elements, need " + std::to_string(count) + " " + dtype_name(want));
+                  " elements on " + device_name(v.device) + ", need " + std::to_string(count) +
+                  " " + dtype_name(want) + " on " + device_name(device));
     return v;
   }
   BufferView wte(BufferView v) const { return slice(v, wte_off, d.Vl * d.C); }
@@ -224,9 +227,10 @@ void StageModel::forward(int slot, BufferView params, const MicroBatch& mb,
   Impl::Slot& s = m.slot(slot);
   std::int32_t* inputs = s.tokens.data();
   std::int32_t* targets = inputs + d.N;
-  if (tokens) {
-    std::copy_n(mb.inputs, d.N, inputs);
-    std::copy_n(mb.targets, d.N, targets);
+  if (tokens) {  // the micro-batch's tokens are on the run's device (Context::micro_batch)
+    const Device dev = m.memory->device();
+    copy_bytes(dev, inputs, mb.inputs, d.N * sizeof(std::int32_t));
+    copy_bytes(dev, targets, mb.targets, d.N * sizeof(std::int32_t));
   }
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
@@ -253,7 +257,7 @@ void StageModel::backward(int slot, BufferView params, BufferView grads, TensorP
   if (d.embedding)
     passes.backward_embedding(m.wte(g), m.wpe(g), inputs, tp);
   else
-    std::copy_n(passes.dres(), d.Nl * d.C, acts.grad_in);
+    copy_bytes(m.memory->device(), acts.grad_in, passes.dres(), d.Nl * d.C * sizeof(float));
 }
 
 double StageModel::loss_sum(int slot) const {

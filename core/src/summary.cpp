@@ -78,7 +78,8 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
       {"step_s_p50", p50, "s"},
       {"step_s_p95", percentile(timed, 0.95), "s"},
       {"tflops_per_rank", flops_per_rank / 1e12, "TFLOP/s"},
-      {"mfu", flops_per_rank / peak, "1"},
+      // No peak (a GPU not in the table, without --peak-tflops): no MFU.
+      {"mfu", peak > 0 ? flops_per_rank / peak : std::numeric_limits<double>::quiet_NaN(), "1"},
       {"peak_flops_per_rank", peak, "FLOP/s"},
       {"flops_per_token", flops_per_token, "FLOP"},
       {"global_tokens_per_step", global_tokens, "tokens"},
@@ -106,9 +107,15 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
               int(get("timed_steps")));
   std::printf("  throughput   %.0f tokens/s  (step p50 %.1f ms, p95 %.1f ms)\n",
               get("tokens_per_s"), get("step_s_p50") * 1e3, get("step_s_p95") * 1e3);
-  std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (%s)\n",
-              get("tflops_per_rank"), 100 * get("mfu"), get("peak_flops_per_rank") / 1e9,
-              peak_flops_source(config));
+  if (std::isnan(get("mfu")))
+    std::printf(
+        "  compute      %.4f TFLOP/s per rank, no MFU (no peak for this device: give "
+        "--peak-tflops)\n",
+        get("tflops_per_rank"));
+  else
+    std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (%s)\n",
+                get("tflops_per_rank"), 100 * get("mfu"), get("peak_flops_per_rank") / 1e9,
+                peak_flops_source(config));
   std::printf("  loss         %.4f -> %.4f\n", get("loss_first"), get("loss_last"));
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));
@@ -138,10 +145,21 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
     std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
                 human_bytes(rec.predicted_bytes[tag]).c_str());
   }
-  // What the process held beyond the runtime and the ledger, on the rank with the largest peak.
-  if (rec.baseline_bytes.size() == std::size_t(rec.ranks) &&
-      rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) &&
-      rec.process_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
+  // A GPU run: what the device held beyond the ledger (library workspaces, pool rounding), on the
+  // rank with the largest device peak.
+  if (rec.device_peak_bytes.size() == std::size_t(rec.ranks) &&
+      rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
+    const auto k =
+        std::size_t(std::max_element(rec.device_peak_bytes.begin(), rec.device_peak_bytes.end()) -
+                    rec.device_peak_bytes.begin());
+    const double peak = rec.device_peak_bytes[k], tracked = rec.tracked_peak_bytes[k];
+    std::printf("    device peak %s = tracked %s + untracked %s (rank %zu)\n",
+                human_bytes(peak).c_str(), human_bytes(tracked).c_str(),
+                human_bytes(std::max(0.0, peak - tracked)).c_str(), k);
+    // What the process held beyond the runtime and the ledger, on the rank with the largest peak.
+  } else if (rec.baseline_bytes.size() == std::size_t(rec.ranks) &&
+             rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) &&
+             rec.process_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
     std::size_t k = 0;
     for (std::size_t r = 1; r < rec.process_peak_bytes.size(); ++r)
       if (rec.process_peak_bytes[r] > rec.process_peak_bytes[k]) k = r;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 
+#include "backend.hpp"
 #include "calibrate.hpp"
 #include "comm/intervals.hpp"
 #include "comm/mpi_transport.hpp"
@@ -46,6 +47,16 @@ struct Run {
   std::vector<double> trace;  // this rank's --trace events (trace_timeline.hpp)
 };
 
+// The peak for MFU: the user's figure (--peak-tflops); on a GPU the data sheet's (0 for a GPU not
+// in the table: no MFU); on the CPU this process's best GEMM rate in the run's precision (SGEMM,
+// or bf16 on oneDNN) on its threads.
+double peak_flops_per_rank(const RunConfig& config) {
+  const bool bf16 = config.train.precision.mixed();
+  if (config.peak_tflops > 0) return config.peak_tflops * 1e12;
+  if (const DeviceBackend* gpu = opened_backend(config.device_kind())) return gpu->peak_flops(bf16);
+  return bf16 ? cpu::calibrate_bf16_gemm_flops(0.3) : cpu::calibrate_sgemm_flops(0.3);
+}
+
 void announce(const Run& run, double peak_flops) {
   const RunConfig& c = run.config;
   const TrainSpec& t = c.train;
@@ -56,8 +67,13 @@ void announce(const Run& run, double peak_flops) {
       c.mesh.tp, c.mesh.pp, c.model.preset.c_str(), (long long)c.model.total_params(),
       t.global_batch, c.model.seq, t.micro_batch, t.micro_steps(c.mesh),
       run.ctx.data().describe().c_str());
-  std::printf("strata: %s peak %.1f GFLOP/s per rank (%d thread(s))\n", peak_flops_source(c),
-              peak_flops / 1e9, cpu::blas_threads());
+  if (const DeviceBackend* gpu = opened_backend(c.device_kind()))
+    std::printf("strata: GPU %d of rank 0: %s, %s peak %.1f TFLOP/s%s\n", gpu->ordinal(),
+                gpu->device_name().c_str(), peak_flops_source(c), peak_flops / 1e12,
+                peak_flops > 0 ? "" : " (not in the peak table: no MFU; give --peak-tflops)");
+  else
+    std::printf("strata: %s peak %.1f GFLOP/s per rank (%d thread(s))\n", peak_flops_source(c),
+                peak_flops / 1e9, cpu::blas_threads());
   std::fflush(stdout);
 }
 
@@ -144,6 +160,8 @@ void finish_report(const Run& run, double peak_flops, std::uint64_t baseline_byt
   report.peak_flops = peak_flops;
   report.baseline_bytes = double(baseline_bytes);
   report.tracked_peak_bytes = double(memory.total_peak());
+  if (DeviceBackend* gpu = opened_backend(memory.device()))
+    report.device_peak_bytes = double(gpu->peak_device_bytes());
   *predicted_bubble = pred.bubble_fraction;
 }
 
@@ -224,11 +242,12 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   Options options = validate_options(*spec, config.plugin_opts);
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
 
-  // The CPU peak for MFU: this process's best GEMM rate in the run's precision (SGEMM, or bf16 on
-  // oneDNN) on its threads, or the user's figure (--peak-tflops), e.g. a data-sheet peak.
-  const double peak_flops = config.peak_tflops > 0           ? config.peak_tflops * 1e12
-                            : config.train.precision.mixed() ? cpu::calibrate_bf16_gemm_flops(0.3)
-                                                             : cpu::calibrate_sgemm_flops(0.3);
+  // A GPU run: this rank's GPU (one per local rank), before anything is allocated on it.
+  if (config.device_kind() != Device::cpu) {
+    const mpi::LocalRank local = mpi::local_rank();
+    open_backend(config.device_kind(), BackendRequest{local.rank, local.size});
+  }
+  const double peak_flops = peak_flops_per_rank(config);
 
   CommLedger ledger;
   watchdog.attach(&ledger);
@@ -239,9 +258,15 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   // bf16: predict() sizes the GEMM scratchpads by asking oneDNN, which JIT-compiles every GEMM
   // this rank will issue. Compiled before the baseline, that code is runtime memory (like BLAS's
   // warmed-up buffers) and the first step compiles nothing.
-  if (config.train.precision.mixed())
+  if (config.train.precision.mixed() && config.device_kind() == Device::cpu)
     strategy->predict(PredictInput{config.mesh, config.model, config.train, mpi::world_rank()});
   CoreContext ctx(config, ledger);
+  // The strategy's buffers go back to the context's ledger (and, on a GPU, to the backend's pool)
+  // before the context itself goes.
+  struct ReleaseStrategy {
+    std::shared_ptr<Strategy>& strategy;
+    ~ReleaseStrategy() { strategy.reset(); }
+  } release_strategy{strategy};
   const std::uint64_t baseline_bytes = mark_runtime_baseline(ctx.memory());  // process_memory.hpp
   Run run{config, strategy, ledger, ctx, 0.0, {}};
   run.strategy->setup(ctx);

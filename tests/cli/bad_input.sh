@@ -39,7 +39,14 @@ if "$runner" --list-transports | cut -f1 | grep -qx nccl; then  # built with NCC
 else
   check "--transport nccl: must be one of mpi" --plugin ddp --transport nccl
 fi
-check "--device cuda: must be one of cpu" --plugin ddp --device cuda
+if ! "$runner" --plugin ddp --device cuda --out "$out" 2>&1 | grep -q "must be one of cpu"; then
+  check "--device cuda: needs --transport nccl" --plugin ddp --device cuda  # a CUDA build
+  if ! nvidia-smi -L >/dev/null 2>&1 && "$runner" --list-transports | cut -f1 | grep -qx nccl; then
+    check "--device cuda: no CUDA device on this machine" --plugin ddp --device cuda --transport nccl
+  fi
+else
+  check "--device cuda: must be one of cpu" --plugin ddp --device cuda
+fi
 check "--mesh: ddp is data parallel only" --plugin ddp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2
 check "unrecognised option '--bogus'" --plugin ddp --bogus
 check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexistent

@@ -18,6 +18,8 @@
 //                                            tracked peak within +-BYTES, plus the rank's largest
 //                                            reduction (MPI's scratch) above
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
+//   check_run device FILE DEVICE             /config device is DEVICE; a GPU run has a device
+//                                            peak per rank of at least its tracked peak
 // Prints what it compared; exits 1 on the first mismatch.
 #include <algorithm>
 #include <cmath>
@@ -65,23 +67,26 @@ static const std::string* provenance(const RunRecord& r, const std::string& key)
 
 // The libraries' versions: oneDNN always (a version or "not built"); the CUDA runtime, driver,
 // cuBLAS and NCCL in CUDA builds (STRATA_EXPECT_CUDA / _NCCL from tests/CMakeLists.txt), where the
-// runner registers them, and none of them in other builds.
+// runner registers them, and none of them in other builds; in every run on the CUDA backend and
+// NCCL (runner_emu's too, whose GPU is the emulator).
 static void library_versions(const RunRecord& r) {
+  const bool expect_cuda = STRATA_EXPECT_CUDA || config(r, "device") == "cuda";
+  const bool expect_nccl = STRATA_EXPECT_NCCL || config(r, "transport") == "nccl";
   const std::string* onednn = provenance(r, "onednn_version");
   EXPECT(onednn && !onednn->empty(), "/provenance onednn_version\n");
   EXPECT(provenance(r, "onednn_bf16_gemm_impl"), "/provenance onednn_bf16_gemm_impl\n");
   const std::string* cuda = provenance(r, "cuda_version");
   const bool cuda_built = cuda && *cuda != "not built";
-  EXPECT(cuda_built == bool(STRATA_EXPECT_CUDA), "/provenance cuda_version %s\n",
+  EXPECT(cuda_built == expect_cuda, "/provenance cuda_version %s\n",
          cuda ? cuda->c_str() : "(none)");
   for (const char* key : {"cuda_driver_version", "cublas_version", "gpu_count"}) {
     const std::string* v = provenance(r, key);
-    EXPECT(bool(v && !v->empty()) == bool(STRATA_EXPECT_CUDA), "/provenance %s %s\n", key,
+    EXPECT(bool(v && !v->empty()) == expect_cuda, "/provenance %s %s\n", key,
            v ? v->c_str() : "(none)");
   }
   const std::string* nccl = provenance(r, "nccl_version");
-  EXPECT(nccl && (*nccl != "not built") == bool(STRATA_EXPECT_NCCL),
-         "/provenance nccl_version %s\n", nccl ? nccl->c_str() : "(none)");
+  EXPECT(nccl && (*nccl != "not built") == expect_nccl, "/provenance nccl_version %s\n",
+         nccl ? nccl->c_str() : "(none)");
 }
 
 static void layout(const RunRecord& r, int ranks, int steps) {
@@ -148,6 +153,25 @@ static void trajectory(const RunRecord& ref, const RunRecord& r, double tol) {
   }
   std::printf("trajectory: max |loss - reference| = %.3g over %d steps (tolerance %.3g)\n", worst,
               r.steps, tol);
+}
+
+static void device(const RunRecord& r, const std::string& want) {
+  EXPECT(config(r, "device") == want, "device %s, want %s\n", config(r, "device").c_str(),
+         want.c_str());
+  if (want == "cpu") {
+    EXPECT(r.device_peak_bytes.empty(), "a CPU run with a device peak\n");
+    return;
+  }
+  EXPECT(r.device_peak_bytes.size() == std::size_t(r.ranks) &&
+             r.tracked_peak_bytes.size() == std::size_t(r.ranks),
+         "device_peak_bytes has %zu entries for %d ranks\n", r.device_peak_bytes.size(), r.ranks);
+  for (std::size_t k = 0; k < r.device_peak_bytes.size() && k < r.tracked_peak_bytes.size(); ++k)
+    EXPECT(r.tracked_peak_bytes[k] > 0 && r.device_peak_bytes[k] >= r.tracked_peak_bytes[k],
+           "rank %zu: device peak %.0f below the tracked peak %.0f\n", k, r.device_peak_bytes[k],
+           r.tracked_peak_bytes[k]);
+  std::printf("device %s: device peak %.0f bytes on rank 0 (tracked %.0f)\n", want.c_str(),
+              r.device_peak_bytes.empty() ? 0.0 : r.device_peak_bytes[0],
+              r.tracked_peak_bytes.empty() ? 0.0 : r.tracked_peak_bytes[0]);
 }
 
 // Bytes on the wire of one op in two runs of the same shape (e.g. gradients reduced in bf16 and
@@ -320,6 +344,8 @@ int main(int argc, char** argv) {
       calibration(read_run_file(argv[2]), argv[3]);
     else if (cmd == "untracked" && argc == 4)
       untracked(read_run_file(argv[2]), std::atof(argv[3]));
+    else if (cmd == "device" && argc == 4)
+      device(read_run_file(argv[2]), argv[3]);
     else if (cmd == "predicted" && argc == 3)
       predicted(read_run_file(argv[2]));
     else if (cmd == "status" && argc == 5) {

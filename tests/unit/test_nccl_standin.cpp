@@ -256,6 +256,16 @@ TEST_F(NcclVsMpi, SubgroupsAllReduce) {
 
 // A host function on another stream that sleeps, then writes the data; an event recorded after
 // it. The collective waits for the event, so it reduces the data written, not what was there.
+// A host scalar (the gradient norm's sum of squares of the sharded strategies) is staged through
+// device memory; a host buffer beyond a few scalars is refused.
+TEST_F(NcclVsMpi, AllReduceOfAHostScalar) {
+  double sumsq = 1.5 + rank();
+  nccl().all_reduce(strata::view(&sumsq, 1));
+  EXPECT_EQ(sumsq, 1.5 * size() + size() * (size() - 1) / 2.0);
+  std::vector<double> many(64, 1.0);
+  EXPECT_THROW(nccl().all_reduce(strata::view(many.data(), many.size())), strata::Error);
+}
+
 TEST_F(NcclVsMpi, CollectiveWaitsForTheComputeEvent) {
   constexpr std::size_t n = 1000;
   Buf want(DType::f32, n, [&](std::size_t i) { return sum_value(DType::f32, rank(), i, 9); });
@@ -295,8 +305,8 @@ TEST_F(NcclVsMpi, BadArgumentsThrow) {
   }
   std::vector<float> host(8, 1.0f);  // NCCL moves device memory only
   try {
-    nccl().all_reduce(strata::view(host.data(), host.size()));
-    ADD_FAILURE() << "an all_reduce of host memory did not throw";
+    nccl().broadcast(strata::view(host.data(), host.size()), 0);
+    ADD_FAILURE() << "a broadcast of host memory did not throw";
   } catch (const strata::Error& e) {
     EXPECT_NE(std::string(e.what()).find("is not device memory"), std::string::npos) << e.what();
   }

@@ -21,10 +21,13 @@ inline const char* tag_name(MemTag t) { return kMemTagNames[static_cast<int>(t)]
 
 // Current and peak bytes per tag for this rank, and of their sum: the peak of the total is the most
 // tracked memory held at one moment, which is at most the sum of the per-tag peaks (tags peak at
-// different times). Not thread-safe by design: allocations happen on the compute thread (comm
-// streams only use buffers allocated there).
+// different times). The ledger belongs to one device: every Buffer accounted in it lives in that
+// device's memory (a run's ledger: the run's --device). Not thread-safe by design: allocations
+// happen on the compute thread (comm streams only use buffers allocated there).
 class MemoryLedger {
  public:
+  explicit MemoryLedger(Device device = Device::cpu) : device_(device) {}
+  Device device() const { return device_; }
   void on_alloc(MemTag t, std::uint64_t bytes) {
     auto& c = current_[static_cast<int>(t)];
     c += bytes;
@@ -47,9 +50,17 @@ class MemoryLedger {
   std::array<std::uint64_t, kNumMemTags> peak_{};
   std::uint64_t total_ = 0;
   std::uint64_t total_peak_ = 0;
+  Device device_;
 };
 
-// An owning, zero-initialised, 64-byte aligned array of T, accounted in a MemoryLedger under a tag.
+// Zero-filled memory on `device` (64-byte aligned on the host; on a GPU from the run's
+// stream-ordered pool), and its release. Buffer's allocator; the GPU needs its backend open.
+void* allocate_bytes(Device device, std::size_t bytes);
+void release_bytes(Device device, void* p) noexcept;
+
+// An owning, zero-initialised array of T on the ledger's device, accounted in the ledger under a
+// tag. Element access (data() read or written by the host, operator[], span()) is for host
+// memory only: on a GPU, reach the elements through views (BufferView) and the run's backend.
 template <class T>
 class Buffer {
  public:
@@ -58,10 +69,7 @@ class Buffer {
       : ledger_(&ledger), tag_(tag), count_(count) {
     if (count_ == 0) return;
     if (count_ > (SIZE_MAX - 63) / sizeof(T)) throw std::bad_alloc();
-    std::size_t bytes = (count_ * sizeof(T) + 63) / 64 * 64;
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
-    if (!data_) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
+    data_ = static_cast<T*>(allocate_bytes(ledger.device(), count_ * sizeof(T)));
     ledger_->on_alloc(tag_, count_ * sizeof(T));
   }
   Buffer(Buffer&& o) noexcept { swap(o); }
@@ -75,7 +83,7 @@ class Buffer {
   ~Buffer() {
     if (data_) {
       ledger_->on_free(tag_, count_ * sizeof(T));
-      std::free(data_);
+      release_bytes(ledger_->device(), data_);
     }
   }
 
@@ -86,13 +94,10 @@ class Buffer {
   T& operator[](std::size_t i) { return data_[i]; }
   const T& operator[](std::size_t i) const { return data_[i]; }
   std::span<T> span() { return {data_, count_}; }
-  // The whole buffer as a view that carries its dtype and its device (host memory: cpu).
+  // The whole buffer as a view that carries its dtype and its device.
   BufferView view() { return {data_, count_, dtype_of<T>(), device()}; }
-  Device device() const { return Device::cpu; }
+  Device device() const { return ledger_ ? ledger_->device() : Device::cpu; }
   std::span<const T> span() const { return {data_, count_}; }
-  void zero() {
-    if (data_) std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
-  }
 
  private:
   void swap(Buffer& o) noexcept {

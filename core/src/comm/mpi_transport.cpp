@@ -220,14 +220,15 @@ int world_size() {
   return s;
 }
 
-int local_size() {
+LocalRank local_rank() {
   MPI_Comm local;
   STRATA_MPI_CHECK(
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
-  int s = 1;
-  MPI_Comm_size(local, &s);
+  LocalRank r;
+  MPI_Comm_rank(local, &r.rank);
+  MPI_Comm_size(local, &r.size);
   MPI_Comm_free(&local);
-  return s;
+  return r;
 }
 
 std::string processor_name() {

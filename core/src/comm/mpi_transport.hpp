@@ -15,7 +15,11 @@ void finalize();
 bool initialized();
 int world_rank();
 int world_size();
-int local_size();  // ranks sharing this host
+// This rank among the ranks sharing its host (a shared-memory split of the world; collective).
+struct LocalRank {
+  int rank = 0, size = 1;
+};
+LocalRank local_rank();
 std::string processor_name();
 std::string library_version();
 

@@ -62,7 +62,7 @@ class CpuKernels final : public Kernels {
     cpu::attention_forward(out, att, qkv, B, T, C, NH);
   }
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, int B, int T, int C, int NH) override {
+                          const float* att, const float*, int B, int T, int C, int NH) override {
     cpu::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
   }
   void gelu_forward(float* out, const float* inp, std::int64_t n) override {

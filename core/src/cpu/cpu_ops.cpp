@@ -178,12 +178,6 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-DeviceOps& device_ops(Device d) {
-  if (d == Device::cpu) return cpu_ops();
-  throw Error(std::string("no backend for ") + device_name(d) + " memory in this process",
-              "this build runs on --device cpu");
-}
-
 DeviceOps& cpu_ops() {
   static CpuOps ops;
   return ops;

@@ -50,13 +50,26 @@ void CudaKernels::matmul_backward(float* dinp, float* dweight, float* dbias, con
                                   const float* inp, const float* weight, int N, int C, int OC) {
   cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
+// The fused attention (attention.cu) where its kernels fit the shape: att then holds only the
+// log-sum-exp of each row [B,NH,T] and datt the backward's row sums [B,NH,T]; else the
+// probabilities through cuBLAS (layers.cu).
+bool CudaKernels::fused_attention(int B, int C, int NH) {
+  return C % NH == 0 && C / NH <= 128 && std::int64_t(B) * NH <= 65535;
+}
 void CudaKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                     int NH) {
-  cuda::attention_forward(ctx_, out, att, qkv, B, T, C, NH);
+  if (fused_attention(B, C, NH))
+    cuda::flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
+  else
+    cuda::attention_forward(ctx_, out, att, qkv, B, T, C, NH);
 }
 void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                     const float* att, int B, int T, int C, int NH) {
-  cuda::attention_backward(ctx_, dqkv, datt, dout, qkv, att, B, T, C, NH);
+                                     const float* att, const float* out, int B, int T, int C,
+                                     int NH) {
+  if (fused_attention(B, C, NH))
+    cuda::flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
+  else
+    cuda::attention_backward(ctx_, dqkv, datt, dout, qkv, att, B, T, C, NH);
 }
 void CudaKernels::gelu_forward(float* out, const float* inp, std::int64_t n) {
   cuda::gelu_forward(ctx_, out, inp, n);

@@ -39,7 +39,8 @@ class CudaKernels final : public Kernels {
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                          int NH) override;
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, int B, int T, int C, int NH) override;
+                          const float* att, const float* out, int B, int T, int C, int NH) override;
+  static bool fused_attention(int B, int C, int NH);
   void gelu_forward(float* out, const float* inp, std::int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
   void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override;

@@ -8,7 +8,9 @@
 #include <string>
 #include <thread>
 
+#include "comm/thread_role.hpp"
 #include "comm/transport.hpp"
+#include "cuda/backend.hpp"
 #include "cuda/device.hpp"
 #include "strata/types.hpp"
 
@@ -162,8 +164,10 @@ ncclComm_t world_parent() {
 
 }  // namespace
 
-std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger,
-                             cudaStream_t stream) {
+namespace {
+
+std::unique_ptr<NcclGroup> split_one(const std::string& name, int color, int key,
+                                     CommLedger* ledger, cudaStream_t stream) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized)
@@ -186,13 +190,30 @@ std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLe
   return std::make_unique<NcclGroup>(name, comm, stream, ledger, owns_stream);
 }
 
+}  // namespace
+
+std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger,
+                             cudaStream_t stream) {
+  std::unique_ptr<NcclGroup> group = split_one(name, color, key, ledger, stream);
+  // The point-to-point channels: the same ranks, communicators and streams of their own. Every
+  // group gets them (the world-collective splits must be the same on every rank).
+  std::unique_ptr<NcclGroup> up = split_one(name + "/up", color, key, nullptr, nullptr);
+  std::unique_ptr<NcclGroup> down = split_one(name + "/down", color, key, nullptr, nullptr);
+  group->set_p2p_channels(std::move(up), std::move(down));
+  return group;
+}
+
 void register_transport() {
-  strata::register_transport(
-      TransportEntry{"nccl",
-                     [](const std::string& name, int color, int key, CommLedger* ledger) {
-                       return split(name, color, key, ledger);
-                     },
-                     [] { return "NCCL " + nccl_version(); }});
+  strata::register_transport(TransportEntry{
+      "nccl",
+      [](const std::string& name, int color, int key, CommLedger* ledger) {
+        std::unique_ptr<Group> g = split(name, color, key, ledger);
+        // A run on the CUDA backend: collectives follow its compute stream.
+        if (cuda::CudaBackend* b = cuda::opened_cuda_backend())
+          static_cast<NcclGroup&>(*g).set_compute_event(b->compute_event(), b->stream());
+        return g;
+      },
+      [] { return "NCCL " + nccl_version(); }});
 }
 
 // ---- NcclGroup ----------------------------------------------------------------------------------
@@ -232,14 +253,14 @@ NcclGroup::NcclGroup(std::string name, ncclComm_t comm, cudaStream_t stream, Com
     DeviceScope scope(device_);
     STRATA_CUDA_CHECK(cudaEventCreate(&start_));
     STRATA_CUDA_CHECK(cudaEventCreate(&stop_));
-    STRATA_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
+    STRATA_CUDA_CHECK(cudaMalloc(&word_, kWordBytes));
     STRATA_CUDA_CHECK(
         cudaMalloc(reinterpret_cast<void**>(&send_header_), 2 * sizeof(std::int64_t)));
     STRATA_CUDA_CHECK(
         cudaMalloc(reinterpret_cast<void**>(&recv_header_), 2 * sizeof(std::int64_t)));
     STRATA_CUDA_CHECK(
         cudaMallocHost(reinterpret_cast<void**>(&host_header_), 2 * sizeof(std::int64_t)));
-    STRATA_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(float), stream_));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(word_, 0, kWordBytes, stream_));
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
     release();
@@ -263,23 +284,36 @@ void NcclGroup::release() noexcept {
     comm_ = nullptr;
   }
   // cudaFree waits for the device; after an abort the stream holds nothing that waits any more.
-  if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
+  if (word_ != nullptr) (void)cudaFree(word_);
   if (send_header_ != nullptr) (void)cudaFree(send_header_);
   if (recv_header_ != nullptr) (void)cudaFree(recv_header_);
   if (host_header_ != nullptr) (void)cudaFreeHost(host_header_);
   if (start_ != nullptr) (void)cudaEventDestroy(start_);
   if (stop_ != nullptr) (void)cudaEventDestroy(stop_);
   if (owns_stream_ && stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-  barrier_word_ = nullptr;
+  word_ = nullptr;
   send_header_ = recv_header_ = host_header_ = nullptr;
   start_ = stop_ = nullptr;
   stream_ = nullptr;
   if (switch_device) (void)cudaSetDevice(previous);
 }
 
-void NcclGroup::set_compute_event(cudaEvent_t event) {
+void NcclGroup::set_compute_event(cudaEvent_t event, cudaStream_t compute_stream) {
   std::lock_guard lock(call_mutex_);
   compute_event_ = event;
+  compute_stream_ = compute_stream;
+  for (NcclGroup* c : {up_.get(), down_.get()})
+    if (c) c->set_compute_event(event, compute_stream);
+}
+
+void NcclGroup::set_p2p_channels(std::unique_ptr<NcclGroup> up, std::unique_ptr<NcclGroup> down) {
+  if (up->size() != size() || down->size() != size() || up->rank() != rank() ||
+      down->rank() != rank())
+    throw Error("NCCL group " + name() + ": its point-to-point channels have other ranks",
+                "this is a bug in the NCCL transport");
+  std::lock_guard lock(call_mutex_);
+  up_ = std::move(up);
+  down_ = std::move(down);
 }
 
 // NCCL's error handling: abort the communicator (the only call that cannot hang on a dead peer),
@@ -327,7 +361,11 @@ void NcclGroup::wait_for_stream(const char* what) {
 template <class F>
 void NcclGroup::timed(const char* what, F&& enqueue) {
   DeviceScope scope(device_);
-  if (compute_event_ != nullptr) STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_event_, 0));
+  if (compute_event_ != nullptr) {
+    if (compute_stream_ != nullptr && !t_on_comm_worker)
+      STRATA_CUDA_CHECK(cudaEventRecord(compute_event_, compute_stream_));
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_event_, 0));
+  }
   STRATA_CUDA_CHECK(cudaEventRecord(start_, stream_));
   enqueue();
   STRATA_CUDA_CHECK(cudaEventRecord(stop_, stream_));
@@ -338,7 +376,7 @@ void NcclGroup::timed(const char* what, F&& enqueue) {
 }
 
 void NcclGroup::check_usable(const char* op) const {
-  if (aborted_)
+  if (aborted())
     throw Error("NCCL " + std::string(op) + " on group " + name() +
                     ": the group's communicator was aborted after an earlier error",
                 "the first error of this rank says why");
@@ -359,9 +397,23 @@ void NcclGroup::check_peer(int peer, const char* op) const {
 void NcclGroup::do_all_reduce(BufferView b, Reduction r) {
   std::lock_guard lock(call_mutex_);
   check_usable("all_reduce");
+  // A host scalar (a gradient norm's sum of squares) goes through the group's device word.
+  cudaPointerAttributes where{};
+  STRATA_CUDA_CHECK(cudaPointerGetAttributes(&where, b.data));
+  const bool staged = where.type == cudaMemoryTypeUnregistered;
+  if (staged && b.bytes() > kWordBytes)
+    throw Error("NCCL all_reduce on group " + name() + ": " + std::to_string(b.bytes()) +
+                    " bytes of host memory (at most " + std::to_string(kWordBytes) +
+                    ", a few scalars, are staged through the device)",
+                "allocate the buffer through the run's ledger: it is then device memory");
+  void* data = staged ? word_ : b.data;
   timed("all_reduce", [&] {
-    STRATA_NCCL_CHECK(ncclAllReduce(b.data, b.data, b.count, to_nccl(b.dtype),
+    if (staged)
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(word_, b.data, b.bytes(), cudaMemcpyHostToDevice, stream_));
+    STRATA_NCCL_CHECK(ncclAllReduce(data, data, b.count, to_nccl(b.dtype),
                                     r == Reduction::sum ? ncclSum : ncclMax, comm_, stream_));
+    if (staged)
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(b.data, word_, b.bytes(), cudaMemcpyDeviceToHost, stream_));
   });
 }
 
@@ -406,6 +458,7 @@ void NcclGroup::do_reduce(BufferView b, int root) {
 
 // The header and the payload in one group: the receiver reads the header first.
 void NcclGroup::do_send(BufferView b, int peer, int tag) {
+  if (up_) return (peer > rank() ? *up_ : *down_).do_send(b, peer, tag);
   std::lock_guard lock(call_mutex_);
   check_peer(peer, "send");
   DeviceScope scope(device_);
@@ -425,6 +478,7 @@ void NcclGroup::do_send(BufferView b, int peer, int tag) {
 }
 
 void NcclGroup::do_recv(BufferView b, int peer, int tag) {
+  if (up_) return (peer < rank() ? *up_ : *down_).do_recv(b, peer, tag);
   std::lock_guard lock(call_mutex_);
   check_peer(peer, "recv");
   DeviceScope scope(device_);
@@ -452,8 +506,7 @@ void NcclGroup::do_barrier() {
   std::lock_guard lock(call_mutex_);
   check_usable("barrier");
   timed("barrier", [&] {
-    STRATA_NCCL_CHECK(
-        ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, stream_));
+    STRATA_NCCL_CHECK(ncclAllReduce(word_, word_, 1, ncclFloat32, ncclSum, comm_, stream_));
   });
 }
 

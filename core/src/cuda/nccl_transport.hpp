@@ -64,18 +64,34 @@ class NcclGroup final : public Group {
   // recent record of `event` made before the call: the compute stream records it after the
   // kernels that produce the buffers, and the collective starts once they are done, without
   // blocking the host (Context::compute_event() on CUDA). nullptr: no wait. Not owned.
-  void set_compute_event(cudaEvent_t event);
+  // With `compute_stream`, a call made on the compute thread itself (not on a comm stream's
+  // worker) first records `event` there: a collective a plugin issues between two kernels sees
+  // everything computed before it, as on the CPU, without a compute_event() call.
+  void set_compute_event(cudaEvent_t event, cudaStream_t compute_stream = nullptr);
+
+  // Point-to-point calls go to two groups of the same ranks, one per direction: sends to a higher
+  // rank and receives from a lower one on `up`, the others on `down`, each with a communicator and
+  // a stream of its own. NCCL's send and recv block until matched, and a communicator runs one
+  // call at a time: on one communicator a pipeline stage's send to the next stage (on a comm
+  // stream) would wait behind its receive from that stage (on the compute thread), while the next
+  // stage does the same, for ever. split() sets them; a group without them sends on its own.
+  void set_p2p_channels(std::unique_ptr<NcclGroup> up, std::unique_ptr<NcclGroup> down);
 
   // GPU time of the last call's NCCL kernel(s), from a CUDA event pair recorded around it.
   double last_gpu_seconds() const { return last_gpu_seconds_; }
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
-  bool aborted() const { return aborted_; }
+  // This group's communicator or one of its point-to-point channels was aborted: the group
+  // refuses every later call.
+  bool aborted() const {
+    return aborted_ || (up_ && up_->aborted()) || (down_ && down_->aborted());
+  }
 
  protected:
-  // Buffers are device pointers. In-place forms, as NCCL defines them: all_gather with
-  // in.data == out.data + rank * in.bytes(), reduce_scatter with
+  // Buffers are device pointers, except that all_reduce also takes a host buffer of up to 16
+  // bytes (a scalar: a gradient norm), staged through device memory. In-place forms, as NCCL
+  // defines them: all_gather with in.data == out.data + rank * in.bytes(), reduce_scatter with
   // out.data == in.data + rank * out.bytes(); broadcast and reduce are always in place.
   void do_all_reduce(BufferView buf, Reduction r) override;
   void do_reduce_scatter(BufferView in, BufferView out) override;
@@ -106,11 +122,14 @@ class NcclGroup final : public Group {
   int device_ = -1;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   cudaEvent_t compute_event_ = nullptr;
-  void* barrier_word_ = nullptr;         // one device float, for barrier()
+  cudaStream_t compute_stream_ = nullptr;
+  static constexpr std::size_t kWordBytes = 16;
+  void* word_ = nullptr;  // device scratch: barrier()'s float, all_reduce's host scalars
   std::int64_t* send_header_ = nullptr;  // device: {tag, bytes} of the message being sent
   std::int64_t* recv_header_ = nullptr;  // device: the header received
   std::int64_t* host_header_ = nullptr;  // pinned host staging for both
   double last_gpu_seconds_ = 0.0;
+  std::unique_ptr<NcclGroup> up_, down_;  // the point-to-point channels (set_p2p_channels)
 };
 
 // Throw strata::Error "rank R: <call> failed at file:line: <NCCL's error string> (<last error>)"

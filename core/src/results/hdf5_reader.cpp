@@ -328,6 +328,10 @@ void read_memory_and_summary(hid_t file, RunRecord& r) {
     r.tracked_peak_bytes = dataset_doubles(file, "/memory/tracked_peak_bytes", &dims);
     expect_rows(dims, {ranks}, "/memory/tracked_peak_bytes", "ranks");
   }
+  if (has_link(file, "/memory/device_peak_bytes")) {  // GPU runs only
+    r.device_peak_bytes = dataset_doubles(file, "/memory/device_peak_bytes", &dims);
+    expect_rows(dims, {ranks}, "/memory/device_peak_bytes", "ranks");
+  }
 
   // Numeric attributes are the measures; each has a string "<name>.unit" beside it.
   Group summary = open_group(file, "/summary");

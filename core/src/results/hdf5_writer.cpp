@@ -258,6 +258,9 @@ void write_memory(hid_t file, const RunRecord& r) {
                   "bytes");
   dataset_doubles(file, "/memory/tracked_peak_bytes", r.tracked_peak_bytes,
                   {rows(r.tracked_peak_bytes, ranks)}, "bytes");
+  if (!r.device_peak_bytes.empty())
+    dataset_doubles(file, "/memory/device_peak_bytes", r.device_peak_bytes,
+                    {rows(r.device_peak_bytes, ranks)}, "bytes");
 }
 
 void write_contents(hid_t file, const RunRecord& r) {

@@ -82,6 +82,9 @@ struct RunRecord {
   // [ranks]: the ledger's peak of its total (all tags at one moment, <= the sum of the tag
   // peaks); empty in older files. Untracked = process peak - baseline - tracked peak.
   std::vector<double> tracked_peak_bytes;
+  // [ranks]: a GPU run's device peak (the stream-ordered pool's high-water mark plus library
+  // workspaces: everything the run held on the GPU at once); empty for CPU runs and older files.
+  std::vector<double> device_peak_bytes;
 
   std::vector<Measure> summary;  // /summary attrs
 };

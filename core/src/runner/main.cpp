@@ -17,9 +17,13 @@
 #ifdef STRATA_HAVE_CUDA
 #include "cuda/cuda_provenance.hpp"
 #endif
+#ifdef STRATA_HAVE_CUDA_BACKEND
+#include "cuda/backend.hpp"
+#endif
 #ifdef STRATA_HAVE_NCCL
 #include "cuda/nccl_transport.hpp"
 #endif
+#include "backend.hpp"
 #include "config.hpp"
 #include "cpu/layers.hpp"
 #include "format.hpp"
@@ -163,6 +167,13 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     exit_code = dry_run(config, *strategy);
     return false;
   }
+  if (config.device_kind() !=
+      Device::cpu) {  // a GPU for every rank of this node, before any starts
+    const int local =
+        env.under_launcher && env.local_size > 0 ? env.local_size : config.mesh.ranks_per_node;
+    const std::string why = backend_unavailable(config.device_kind(), BackendRequest{0, local});
+    if (!why.empty()) throw ConfigError("--device " + config.device + ": " + why);
+  }
   if (config.run_id.empty()) config.run_id = default_run_id(config);
   if (env.rank == 0) {
     std::error_code ec;
@@ -201,6 +212,9 @@ int main(int argc, char** argv) {
   configure_allocator();  // process_memory.hpp: before any thread starts
 #ifdef STRATA_HAVE_CUDA
   cuda::register_provenance();  // CUDA, cuBLAS, NCCL versions and GPU names in /provenance
+#endif
+#ifdef STRATA_HAVE_CUDA_BACKEND
+  cuda::register_backend();  // before the options: --device's choices come from the registry
 #endif
 #ifdef STRATA_HAVE_NCCL
   nccl::register_transport();  // before the options: --transport's choices come from the registry
@@ -242,6 +256,7 @@ int main(int argc, char** argv) {
     }
     mpi::control_barrier();
   }
+  close_backends();  // the GPU's streams and pool, before MPI (and NCCL's bootstrap) goes
   mpi::finalize();
   return code;
 }

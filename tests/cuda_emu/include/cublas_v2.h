@@ -50,6 +50,13 @@ extern "C" {
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version);
+// The library's version without a handle (CUBLAS_VERSION's parts).
+typedef enum libraryPropertyType_t {
+  MAJOR_VERSION,
+  MINOR_VERSION,
+  PATCH_LEVEL
+} libraryPropertyType;
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);

@@ -4,7 +4,8 @@
 // of the emulated build only; the nvcc build never sees it.
 //
 // What it models (see cuda_emu/kernel.hpp for the device side):
-// - one device, "strata CUDA emulator" (not in the peak table: no MFU);
+// - STRATA_CUDA_EMU_DEVICES devices (default 1), "strata CUDA emulator" (not in the peak table:
+//   no MFU), sharing the host's memory;
 // - cudaMalloc: an exact-size host block filled with 0xFF bytes (every float a NaN), tracked, so
 //   that reading memory nobody wrote shows as NaN, an access past the end is an AddressSanitizer
 //   report, cudaFree of an unknown pointer is an error, and copies, kernel pointer arguments and
@@ -88,6 +89,15 @@ struct cudaPointerAttributes {
 };
 typedef void (*cudaHostFn_t)(void* user_data);
 
+typedef struct CUmemPoolHandle_st* cudaMemPool_t;
+enum cudaMemPoolAttr {
+  cudaMemPoolAttrReleaseThreshold = 4,
+  cudaMemPoolAttrReservedMemCurrent = 5,
+  cudaMemPoolAttrReservedMemHigh = 6,
+  cudaMemPoolAttrUsedMemCurrent = 7,
+  cudaMemPoolAttrUsedMemHigh = 8,
+};
+
 struct cudaDeviceProp {
   char name[256];
   std::size_t totalGlobalMem;
@@ -127,6 +137,13 @@ cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes);
 // Where `ptr` points: device (cudaMalloc), host (cudaMallocHost) or unregistered host memory.
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr);
 cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream);
+// The stream-ordered allocator on the default pool (one pool, shared by the emulated devices);
+// attributes: the release threshold, and current and high-water bytes (reserved = used).
+cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value);
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value);
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);

@@ -7,9 +7,21 @@
 // at the end-of-block barrier, whose completion step sets up the next block: fresh barriers and
 // dynamic shared memory refilled with 0xFF, so a kernel reading shared memory it did not write
 // this block sees NaN.
+//
+// With STRATA_CUDA_EMU_FIBERS=1 (the end-to-end runs: thousands of launches, where waking 256 host
+// threads at every barrier of every block would take the time) a block's CUDA threads are fibers
+// on the launching host thread instead (a 10-instruction stack switch, not swapcontext, which
+// makes two system calls per switch): each runs until it reaches a barrier, a warp
+// sync or a shuffle, or exits, and a barrier opens once every live thread of its block (or warp)
+// waits at it. The same semantics, one host thread, no data races to find: the layer tests run
+// threaded, which is where races show (and ThreadSanitizer can see them).
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <barrier>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -95,6 +107,208 @@ thread_local unsigned tls_shuffles = 0;  // shuffles this thread made in this bl
 
 Warp& my_warp() { return tls_grid->warps[tls_thread / 32]; }
 
+// switch_stack(&from_sp, to_sp): saves the callee-saved registers, the SSE control word and the
+// x87 control word on the current stack, stores its pointer in *from_sp, and resumes the stack
+// to_sp saved the same way (System V x86-64).
+extern "C" void strata_emu_switch_stack(void** from_sp, void* to_sp);
+#if defined(__x86_64__)
+asm(R"(
+  .text
+  .p2align 4
+  .type strata_emu_switch_stack, @function
+strata_emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size strata_emu_switch_stack, .-strata_emu_switch_stack
+)");
+#else  // elsewhere the threaded mode only (fibers_in_use() is null)
+extern "C" void strata_emu_switch_stack(void**, void*) { fatal("fiber mode: x86-64 only"); }
+#endif
+
+// Fiber mode (see the top): the CUDA threads of one block, scheduled on the calling thread.
+class Fibers {
+ public:
+  enum class State { ready, at_block_barrier, at_warp_barrier, done };
+
+  void run(Grid& grid) {
+    while (stacks_.size() < grid.nthreads) stacks_.push_back(new_stack());
+    fibers_.resize(std::max<std::size_t>(fibers_.size(), grid.nthreads));
+    const dim3 b = grid.config.block, g = grid.config.grid;
+    tls_grid = &grid;
+    blockDim = b;
+    gridDim = g;
+    grid_ = &grid;
+    for (std::uint64_t k = 0; k < grid.nblocks; ++k) {
+      blockIdx = uint3{unsigned(k % g.x), unsigned(k / g.x % g.y), unsigned(k / (g.x * g.y))};
+      if (k > 0) grid.reset_block();
+      run_block(grid);
+    }
+    tls_grid = nullptr;
+  }
+
+  // The running fiber waits (a barrier) or ends; the scheduler resumes it when the barrier opens.
+  void yield(State state) {
+    Fiber& f = fibers_[current_];
+    f.state = state;
+    strata_emu_switch_stack(&f.sp, scheduler_sp_);
+  }
+
+ private:
+  static constexpr std::size_t kStackBytes = std::size_t(256) << 10;
+  struct Fiber {
+    void* sp = nullptr;  // its saved stack pointer (see strata_emu_switch_stack)
+    State state = State::done;
+    std::uint32_t shuffles = 0;
+  };
+
+  // A fresh stack whose first switch "returns" into entry(): the frame strata_emu_switch_stack
+  // pops (control words, six registers), entry's address, and a null return address for entry,
+  // which never returns. 16-byte aligned as at a function's entry.
+  static void* initial_frame(void* stack) {
+    auto* top = reinterpret_cast<std::uint64_t*>(static_cast<char*>(stack) + kStackBytes);
+    std::uint64_t* sp = top - 9;
+    std::uint32_t mxcsr = 0;
+    std::uint16_t fcw = 0;
+#if defined(__x86_64__)
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fcw));
+#endif
+    sp[0] = std::uint64_t(mxcsr) | std::uint64_t(fcw) << 32;
+    for (int r = 1; r <= 6; ++r) sp[r] = 0;  // r15 r14 r13 r12 rbx rbp
+    sp[7] = reinterpret_cast<std::uint64_t>(&Fibers::entry);
+    sp[8] = 0;
+    return sp;
+  }
+
+  static void* new_stack() {  // reserved, not committed: pages come as a fiber touches them
+    void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED) fatal("fiber stack: mmap of %zu bytes failed", kStackBytes);
+    return p;
+  }
+
+  static void entry();
+
+  void run_block(Grid& grid) {
+    const unsigned n = grid.nthreads;
+    for (unsigned i = 0; i < n; ++i) {
+      Fiber& f = fibers_[i];
+      f.sp = initial_frame(stacks_[i]);
+      f.state = State::ready;
+      f.shuffles = 0;
+    }
+    for (;;) {
+      bool resumed = false;
+      for (unsigned i = 0; i < n; ++i)
+        if (fibers_[i].state == State::ready) resume(grid, i), resumed = true;
+      if (!open_barriers(n) && !resumed) {
+        if (std::all_of(fibers_.begin(), fibers_.begin() + n,
+                        [](const Fiber& f) { return f.state == State::done; }))
+          return;
+        fatal(
+            "kernel %s: every live thread of block waits, at different barriers (a block "
+            "barrier and a warp's): a deadlock on a GPU",
+            grid.config.name);
+      }
+    }
+  }
+
+  void resume(Grid& grid, unsigned i) {
+    const dim3 b = grid.config.block;
+    current_ = i;
+    tls_thread = i;
+    tls_shuffles = fibers_[i].shuffles;
+    threadIdx = uint3{i % b.x, i / b.x % b.y, i / (b.x * b.y)};
+    strata_emu_switch_stack(&scheduler_sp_, fibers_[i].sp);
+    fibers_[i].shuffles = tls_shuffles;
+  }
+
+  // Opens the block barrier when every live thread waits at it, else each warp barrier at which
+  // every live lane of its warp waits. Returns whether one opened.
+  bool open_barriers(unsigned n) {
+    unsigned live = 0, at_block = 0;
+    for (unsigned i = 0; i < n; ++i) {
+      live += fibers_[i].state != State::done;
+      at_block += fibers_[i].state == State::at_block_barrier;
+    }
+    if (live > 0 && at_block == live) {
+      for (unsigned i = 0; i < n; ++i)
+        if (fibers_[i].state == State::at_block_barrier) fibers_[i].state = State::ready;
+      return true;
+    }
+    bool opened = false;
+    for (unsigned w = 0; w * 32 < n; ++w) {
+      const unsigned end = std::min(n, w * 32 + 32);
+      unsigned lanes_live = 0, lanes_waiting = 0;
+      for (unsigned i = w * 32; i < end; ++i) {
+        lanes_live += fibers_[i].state != State::done;
+        lanes_waiting += fibers_[i].state == State::at_warp_barrier;
+      }
+      if (lanes_live == 0 || lanes_waiting != lanes_live) continue;
+      for (unsigned i = w * 32; i < end; ++i) fibers_[i].state = State::ready;
+      opened = true;
+    }
+    return opened;
+  }
+
+  std::vector<void*> stacks_;  // kept for later launches (never unmapped: a test fixture)
+  std::vector<Fiber> fibers_;
+  void* scheduler_sp_ = nullptr;
+  Grid* grid_ = nullptr;
+  unsigned current_ = 0;
+};
+
+Fibers* fibers_in_use() {  // null in the threaded mode
+  static Fibers* const fibers = [] {
+    const char* v = std::getenv("STRATA_CUDA_EMU_FIBERS");
+#if defined(__x86_64__)
+    return v != nullptr && v[0] == '1' && v[1] == '\0' ? new Fibers : nullptr;
+#else
+    if (v != nullptr) report("STRATA_CUDA_EMU_FIBERS: x86-64 only; running threaded");
+    return static_cast<Fibers*>(nullptr);
+#endif
+  }();
+  return fibers;
+}
+
+void Fibers::entry() {
+  tls_grid->body();
+  fibers_in_use()->yield(State::done);  // never resumed
+}
+
+// Where a CUDA thread waits at a barrier: its fiber yields, or its host thread blocks.
+void wait_at_block_barrier() {
+  if (Fibers* f = fibers_in_use())
+    f->yield(Fibers::State::at_block_barrier);
+  else
+    tls_grid->sync->arrive_and_wait();
+}
+void wait_at_warp_barrier(Warp& warp) {
+  if (Fibers* f = fibers_in_use())
+    f->yield(Fibers::State::at_warp_barrier);
+  else
+    warp.barrier->arrive_and_wait();
+}
+
 class Pool {
  public:
   void run(Grid& grid) {
@@ -161,7 +375,10 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
   // Leaked on purpose: its threads stay parked until the process exits.
   static Pool* const pool = new Pool;
   Grid grid(config, body);
-  pool->run(grid);
+  if (Fibers* fibers = fibers_in_use())  // launches run one at a time: one scheduler serves all
+    fibers->run(grid);
+  else
+    pool->run(grid);
 }
 
 void* dynamic_shared_memory() {
@@ -174,7 +391,7 @@ void* dynamic_shared_memory() {
 
 void sync_threads() {
   if (tls_grid == nullptr) fatal("__syncthreads outside a kernel");
-  tls_grid->sync->arrive_and_wait();
+  wait_at_block_barrier();
 }
 
 int lane_id() { return int(tls_thread % 32); }
@@ -185,7 +402,7 @@ void sync_warp(unsigned mask) {
   if (mask != ~0u && (warp.lanes & ~mask) != 0)
     fatal("kernel %s: __syncwarp(0x%x) over part of a warp is not emulated", tls_grid->config.name,
           mask);
-  warp.barrier->arrive_and_wait();
+  wait_at_warp_barrier(warp);
 }
 
 std::uint64_t shuffle_bits(unsigned mask, std::uint64_t bits, int src_lane) {
@@ -201,7 +418,7 @@ std::uint64_t shuffle_bits(unsigned mask, std::uint64_t bits, int src_lane) {
   const int lane = lane_id();
   warp.slots[number % 2][lane] = bits;
   warp.numbers[number % 2][lane] = number;
-  warp.barrier->arrive_and_wait();  // an exited lane arrives too (it dropped out)
+  wait_at_warp_barrier(warp);  // an exited lane arrives too (it dropped out)
   for (int l = 0; l < 32; ++l)
     if ((mask >> l & 1) && warp.numbers[number % 2][l] != number)
       fatal(

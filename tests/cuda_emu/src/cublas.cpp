@@ -175,6 +175,22 @@ cublasStatus_t cublasDestroy(cublasHandle_t handle) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value) {
+  if (value == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (type) {
+    case MAJOR_VERSION:
+      *value = CUBLAS_VERSION / 10000;
+      return CUBLAS_STATUS_SUCCESS;
+    case MINOR_VERSION:
+      *value = CUBLAS_VERSION / 100 % 100;
+      return CUBLAS_STATUS_SUCCESS;
+    case PATCH_LEVEL:
+      *value = CUBLAS_VERSION % 100;
+      return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
 cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (version == nullptr) return CUBLAS_STATUS_INVALID_VALUE;

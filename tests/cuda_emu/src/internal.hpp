@@ -17,6 +17,12 @@ void report(const char* format, ...) __attribute__((format(printf, 1, 2)));
 // Sets this host thread's last error (cudaGetLastError) and returns `error`.
 cudaError_t set_last_error(cudaError_t error);
 
+// --- runtime.cpp
+// Devices the emulator shows: STRATA_CUDA_EMU_DEVICES (1..16, default 1), so that several ranks
+// of one node each select a GPU of their own, as on a GPU node. All share one host memory.
+int device_count();
+extern thread_local int current_device;  // cudaSetDevice's, per host thread as in CUDA
+
 // --- memory.cpp
 // Whether [p, p + bytes) lies inside one device allocation (cudaMalloc or cudaMallocHost).
 bool in_device_memory(const void* p, std::size_t bytes);

@@ -41,10 +41,17 @@ cudaError_t allocate(void** ptr, std::size_t bytes, bool pinned) {
   return cudaSuccess;
 }
 
-cudaError_t release(void* ptr, bool pinned) {
-  if (ptr == nullptr) return cudaSuccess;
-  // cudaFree waits for the device, so no queued work still uses the block.
-  synchronize_all_streams();
+// The default memory pool's statistics (cudaMallocAsync / cudaFreeAsync): bytes in use and their
+// high-water mark. The emulator keeps no cache, so reserved equals used.
+struct PoolStats {
+  std::uint64_t used = 0, used_high = 0, release_threshold = 0;
+};
+PoolStats pool;
+std::map<std::uintptr_t, std::size_t> pool_blocks;  // pointer -> bytes, of live pool allocations
+
+// Frees a block without waiting for the streams: cudaFree waits (below), cudaFreeAsync runs this in
+// stream order on the stream's own thread.
+cudaError_t release_now(void* ptr, bool pinned) {
   std::lock_guard lock(mutex);
   const auto it = allocations.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == allocations.end() || it->second.pinned != pinned) {
@@ -54,8 +61,20 @@ cudaError_t release(void* ptr, bool pinned) {
   }
   if (!pinned) device_bytes_used -= it->second.bytes;
   allocations.erase(it);
+  if (const auto block = pool_blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+      block != pool_blocks.end()) {
+    pool.used -= block->second;
+    pool_blocks.erase(block);
+  }
   ::operator delete(ptr, kAlignment);
   return cudaSuccess;
+}
+
+cudaError_t release(void* ptr, bool pinned) {
+  if (ptr == nullptr) return cudaSuccess;
+  // cudaFree waits for the device, so no queued work still uses the block.
+  synchronize_all_streams();
+  return release_now(ptr, pinned);
 }
 
 // Whether a copy's sides are where its kind says, with a message naming the side that is not.
@@ -125,6 +144,78 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   *total_bytes = strata_emu::kDeviceBytes;
   *free_bytes = strata_emu::kDeviceBytes - strata_emu::device_bytes_used;
   return cudaSuccess;
+}
+
+// Stream-ordered allocation from the device's default pool: the block exists at once (the
+// emulator need not wait for the stream to reach the call), is NaN-filled like cudaMalloc's, and
+// is freed when `stream` reaches cudaFreeAsync.
+cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream) {
+  (void)stream;
+  const cudaError_t err = strata_emu::allocate(ptr, bytes, false);
+  if (err != cudaSuccess || *ptr == nullptr) return err;
+  std::lock_guard lock(strata_emu::mutex);
+  strata_emu::pool_blocks[reinterpret_cast<std::uintptr_t>(*ptr)] = bytes;
+  strata_emu::pool.used += bytes;
+  if (strata_emu::pool.used > strata_emu::pool.used_high)
+    strata_emu::pool.used_high = strata_emu::pool.used;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr) return cudaSuccess;
+  {
+    std::lock_guard lock(strata_emu::mutex);
+    if (!strata_emu::pool_blocks.count(reinterpret_cast<std::uintptr_t>(ptr))) {
+      strata_emu::report("cudaFreeAsync(%p): not a pointer cudaMallocAsync returned", ptr);
+      return set_last_error(cudaErrorInvalidValue);
+    }
+  }
+  return set_last_error(
+      strata_emu::enqueue(stream, [ptr] { strata_emu::release_now(ptr, false); }));
+}
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (pool == nullptr) return set_last_error(cudaErrorInvalidValue);
+  if (device < 0 || device >= strata_emu::device_count())
+    return set_last_error(cudaErrorInvalidDevice);
+  static int the_pool;  // one pool: the devices share the host's memory
+  *pool = reinterpret_cast<cudaMemPool_t>(&the_pool);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  if (pool == nullptr || value == nullptr) return set_last_error(cudaErrorInvalidValue);
+  std::lock_guard lock(strata_emu::mutex);
+  auto* v = static_cast<std::uint64_t*>(value);
+  switch (attr) {
+    case cudaMemPoolAttrReleaseThreshold:
+      strata_emu::pool.release_threshold = *v;
+      return cudaSuccess;
+    case cudaMemPoolAttrReservedMemHigh:  // only resetting to 0 is allowed, as in CUDA
+    case cudaMemPoolAttrUsedMemHigh:
+      if (*v != 0) return set_last_error(cudaErrorInvalidValue);
+      strata_emu::pool.used_high = strata_emu::pool.used;
+      return cudaSuccess;
+    default:
+      return set_last_error(cudaErrorInvalidValue);
+  }
+}
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  if (pool == nullptr || value == nullptr) return set_last_error(cudaErrorInvalidValue);
+  std::lock_guard lock(strata_emu::mutex);
+  auto* v = static_cast<std::uint64_t*>(value);
+  switch (attr) {
+    case cudaMemPoolAttrReleaseThreshold:
+      *v = strata_emu::pool.release_threshold;
+      return cudaSuccess;
+    case cudaMemPoolAttrReservedMemCurrent:
+    case cudaMemPoolAttrUsedMemCurrent:
+      *v = strata_emu::pool.used;
+      return cudaSuccess;
+    case cudaMemPoolAttrReservedMemHigh:
+    case cudaMemPoolAttrUsedMemHigh:
+      *v = strata_emu::pool.used_high;
+      return cudaSuccess;
+    default:
+      return set_last_error(cudaErrorInvalidValue);
+  }
 }
 
 // Synchronous copies and fills run on the legacy default stream: after the blocking streams' work.

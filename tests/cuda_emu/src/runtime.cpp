@@ -52,6 +52,21 @@ cudaError_t check_config(const LaunchConfig& c) {
 
 }  // namespace
 
+thread_local int current_device = 0;
+
+int device_count() {
+  static const int count = [] {
+    const char* v = std::getenv("STRATA_CUDA_EMU_DEVICES");
+    if (v == nullptr || *v == '\0') return 1;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end != '\0' || n < 1 || n > 16)
+      fatal("STRATA_CUDA_EMU_DEVICES=%s: must be a whole number of devices in 1..16", v);
+    return int(n);
+  }();
+  return count;
+}
+
 void report(const char* format, ...) {
   char message[1024];
   va_list args;
@@ -107,23 +122,27 @@ extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return set_last_error(cudaErrorInvalidValue);
-  *count = 1;
+  *count = strata_emu::device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : set_last_error(cudaErrorInvalidDevice);
+  if (device < 0 || device >= strata_emu::device_count())
+    return set_last_error(cudaErrorInvalidDevice);
+  strata_emu::current_device = device;
+  return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
   if (device == nullptr) return set_last_error(cudaErrorInvalidValue);
-  *device = 0;
+  *device = strata_emu::current_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (prop == nullptr) return set_last_error(cudaErrorInvalidValue);
-  if (device != 0) return set_last_error(cudaErrorInvalidDevice);
+  if (device < 0 || device >= strata_emu::device_count())
+    return set_last_error(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "strata CUDA emulator");
   prop->totalGlobalMem = std::size_t(16) << 30;

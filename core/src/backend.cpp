@@ -1,0 +1,107 @@
+// The device backend registry (backend.hpp) and what the SDK routes through it: device_ops(), and
+// the allocation of every Buffer (strata/memory.hpp) on its ledger's device.
+#include "backend.hpp"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "strata/memory.hpp"
+
+namespace strata {
+namespace {
+
+constexpr int kDevices = 2;  // Device::cpu, Device::cuda
+
+struct Registry {
+  std::array<BackendFactory, kDevices> factories{};
+  std::array<std::unique_ptr<DeviceBackend>, kDevices> opened{};
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+int index_of(Device d) { return static_cast<int>(d); }
+
+DeviceBackend& backend_of(Device d, const char* what) {
+  if (DeviceBackend* b = opened_backend(d)) return *b;
+  throw Error(std::string(what) + ": no " + device_name(d) + " backend is open in this process",
+              "memory of a device is usable only in a run on it (--device " +
+                  std::string(device_name(d)) + ")");
+}
+
+}  // namespace
+
+void register_backend(Device device, const BackendFactory& factory) {
+  registry().factories[index_of(device)] = factory;
+}
+
+bool backend_built(Device device) {
+  return device == Device::cpu || registry().factories[index_of(device)].open != nullptr;
+}
+
+std::string backend_unavailable(Device device, const BackendRequest& request) {
+  if (device == Device::cpu) return "";
+  const BackendFactory& f = registry().factories[index_of(device)];
+  if (!f.open)
+    return std::string("this build has no ") + device_name(device) +
+           " backend (configure with the CUDA toolkit found: -DSTRATA_WITH_CUDA=ON)";
+  return f.unavailable ? f.unavailable(request) : "";
+}
+
+DeviceBackend& open_backend(Device device, const BackendRequest& request) {
+  if (DeviceBackend* b = opened_backend(device)) return *b;
+  const std::string why = backend_unavailable(device, request);
+  if (!why.empty()) throw ConfigError(std::string("--device ") + device_name(device) + ": " + why);
+  auto& slot = registry().opened[index_of(device)];
+  slot = registry().factories[index_of(device)].open(request);
+  return *slot;
+}
+
+DeviceBackend* opened_backend(Device device) {
+  return device == Device::cpu ? nullptr : registry().opened[index_of(device)].get();
+}
+
+void close_backends() noexcept {
+  for (auto& b : registry().opened) b.reset();
+}
+
+Kernels& device_kernels(Device device) {
+  return device == Device::cpu ? cpu_kernels() : backend_of(device, "model kernels").kernels();
+}
+
+DeviceOps& device_ops(Device device) {
+  return device == Device::cpu ? cpu_ops() : backend_of(device, "device ops").ops();
+}
+
+void copy_bytes(Device device, void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (device == Device::cpu)
+    std::memmove(dst, src, bytes);
+  else
+    backend_of(device, "copy").copy(dst, src, bytes);
+}
+
+void* allocate_bytes(Device device, std::size_t bytes) {
+  if (device != Device::cpu) return backend_of(device, "allocation").allocate(bytes);
+  if (bytes > SIZE_MAX - 63) throw std::bad_alloc();
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void release_bytes(Device device, void* p) noexcept {
+  if (!p) return;
+  if (device == Device::cpu) {
+    std::free(p);
+  } else if (DeviceBackend* b = opened_backend(device)) {
+    b->release(p);
+  }
+}
+
+}  // namespace strata

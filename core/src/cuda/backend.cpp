@@ -1,0 +1,88 @@
+// The CUDA backend of a run (see cuda/backend.hpp).
+#include "cuda/backend.hpp"
+
+#include <cstdint>
+#include <limits>
+
+#include "cuda/device.hpp"
+
+namespace strata::cuda {
+
+CudaBackend::CudaBackend(int device)
+    : context_(device), kernels_(context_), ops_(context_.stream), name_(cuda_device_name(device)) {
+  STRATA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
+  // Keep what a step frees in the pool for the next step: the default threshold (0) returns it
+  // to the driver at every synchronisation, and each step would allocate from the driver again.
+  std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+  STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+  std::uint64_t reset = 0;
+  STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &reset));
+  STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&compute_event_, cudaEventDisableTiming));
+}
+
+CudaBackend::~CudaBackend() {
+  // Errors ignored: this must not throw, and a sticky fault was already reported.
+  cudaStreamSynchronize(context_.stream);
+  if (compute_event_) cudaEventDestroy(compute_event_);
+}
+
+double CudaBackend::peak_flops(bool bf16) const { return peak_dense_flops(name_, bf16); }
+
+void* CudaBackend::allocate(std::size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return nullptr;
+  STRATA_CUDA_CHECK(cudaMallocAsync(&p, bytes, context_.stream));
+  STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, context_.stream));  // Buffer's promise: zeroed
+  return p;
+}
+
+void CudaBackend::release(void* p) noexcept {
+  if (p) cudaFreeAsync(p, context_.stream);  // stream order: after every kernel that uses it
+}
+
+void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  // cudaMemcpyDefault: the direction from the pointers (unified addressing). Asynchronous on the
+  // compute stream, then waited for: the host's side (pageable memory) must be usable on return.
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, context_.stream));
+  context_.synchronize();
+}
+
+void CudaBackend::record_compute_event() {
+  STRATA_CUDA_CHECK(cudaEventRecord(compute_event_, context_.stream));
+}
+
+std::uint64_t CudaBackend::peak_device_bytes() {
+  std::uint64_t high = 0;
+  STRATA_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high));
+  return high + context_.workspace_bytes;
+}
+
+std::string cuda_unavailable(int local_rank, int local_size) {
+  const int count = cuda_device_count();
+  if (count == 0)
+    return "no CUDA device on this machine (no GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES "
+           "hides them); run with --device cpu";
+  if (local_size > count)
+    return std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
+           " GPU(s): one GPU per rank (fewer --ranks-per-node, or more GPUs per node)";
+  (void)local_rank;
+  return "";
+}
+
+void register_backend() {
+  BackendFactory f;
+  f.unavailable = [](const BackendRequest& r) {
+    return cuda_unavailable(r.local_rank, r.local_size);
+  };
+  f.open = [](const BackendRequest& r) -> std::unique_ptr<DeviceBackend> {
+    return std::make_unique<CudaBackend>(r.local_rank);
+  };
+  strata::register_backend(Device::cuda, f);
+}
+
+CudaBackend* opened_cuda_backend() {
+  return static_cast<CudaBackend*>(opened_backend(Device::cuda));
+}
+
+}  // namespace strata::cuda

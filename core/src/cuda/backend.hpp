@@ -1,0 +1,60 @@
+// The CUDA backend of a run (backend.hpp's DeviceBackend): one GPU per local rank, a compute
+// stream with its cuBLAS handle (cuda/layers.cuh's CudaContext), the model kernels and the
+// elementwise ops on that stream, and device memory from the GPU's default stream-ordered pool
+// (cudaMallocAsync, its release threshold raised so that freed blocks stay cached for the next
+// step instead of going back to the driver). Plain C++ header: host-only sources include it.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "../backend.hpp"  // strata::DeviceBackend ("backend.hpp" would be this file)
+#include "cuda/kernels.hpp"
+#include "cuda/ops.hpp"
+
+namespace strata::cuda {
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::cuda; }
+  int ordinal() const override { return context_.device; }
+  std::string device_name() const override { return name_; }
+  double peak_flops(bool bf16) const override;
+  Kernels& kernels() override { return kernels_; }
+  DeviceOps& ops() override { return ops_; }
+  void* allocate(std::size_t bytes) override;
+  void release(void* p) noexcept override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void synchronize() override { context_.synchronize(); }
+  void record_compute_event() override;
+  std::uint64_t peak_device_bytes() override;
+
+  cudaStream_t stream() const { return context_.stream; }
+  cudaEvent_t compute_event() const { return compute_event_; }
+
+ private:
+  CudaContext context_;
+  CudaKernels kernels_;
+  CudaOps ops_;
+  cudaMemPool_t pool_ = nullptr;
+  cudaEvent_t compute_event_ = nullptr;
+  std::string name_;
+};
+
+// "" when a rank that is `local_rank` of `local_size` on its node can have a GPU of its own, else
+// one line saying what is missing (no GPU, no driver, fewer GPUs than ranks on the node).
+std::string cuda_unavailable(int local_rank, int local_size);
+
+// Registers the CUDA backend for --device cuda (backend.hpp). The runner calls it at start-up.
+void register_backend();
+
+// The run's CUDA backend once open, else null: the NCCL transport orders its groups after it.
+CudaBackend* opened_cuda_backend();
+
+}  // namespace strata::cuda
