@@ -22,7 +22,7 @@ struct RunConfig {
   std::vector<std::string> plugin_paths;
   std::string transport = "mpi";
   std::string device = "cpu";
-  Device device_kind() const { return device == "cuda" ? Device::cuda : Device::cpu; }
+  Device device_kind() const { return train.device; }  // `device` as a Device
   // The workload
   ModelSpec model;
   TrainSpec train;

@@ -237,7 +237,10 @@ std::vector<Row> what_to_run_rows() {
                   [](RunConfig& c, const std::string& s) { c.transport = s; }),
              transports_built()),
       choice(text("device", W, K::choice, "cpu", "compute backend (cuda: one GPU per rank)",
-                  [](RunConfig& c, const std::string& s) { c.device = s; }),
+                  [](RunConfig& c, const std::string& s) {
+                    c.device = s;
+                    c.train.device = s == "cuda" ? Device::cuda : Device::cpu;
+                  }),
              backend_built(Device::cuda) ? std::vector<std::string>{"cpu", "cuda"}
                                          : std::vector<std::string>{"cpu"}),
       with_rule(text("config", W, K::text, "",

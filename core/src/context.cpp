@@ -108,7 +108,7 @@ Prediction replicated_prediction(const PredictInput& in) {
   at(MemTag::optimizer) = per.optimizer * n;
   at(MemTag::activations) =
       double(predict_activations(in.model, in.train.micro_batch, whole_model(in.model),
-                                 in.train.recompute, in.train.precision.param)
+                                 in.train.recompute, in.train.precision.param, in.train.device)
                  .total(1));
   at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
   return p;

@@ -97,4 +97,18 @@ class Kernels {
 // The CPU backend's kernels (stateless).
 Kernels& cpu_kernels();
 
+// Whether the CUDA backend's fused attention (cuda/attention.cu) takes a shape: a head size of at
+// most 128 and at most 65535 (batch, head) pairs, the grid's y dimension.
+inline bool cuda_fused_attention(int B, int C, int NH) {
+  return NH > 0 && C % NH == 0 && C / NH <= 128 && std::int64_t(B) * NH <= 65535;
+}
+
+// Floats of the attention's state kept from forward to backward (att) and of its backward scratch
+// (datt), for B sequences of T tokens, C channels in NH heads on `device`: the probabilities
+// [B,NH,T,T], or with the fused attention a log-sum-exp per row [B,NH,T].
+inline std::size_t attention_state_floats(Device device, int B, int T, int C, int NH) {
+  const std::size_t rows = std::size_t(B) * NH * T;
+  return device == Device::cuda && cuda_fused_attention(B, C, NH) ? rows : rows * T;
+}
+
 }  // namespace strata

@@ -360,8 +360,9 @@ double Model::loss_sum() const {
 }
 
 std::uint64_t Model::activation_bytes(const ModelSpec& spec, int micro_batch, Recompute recompute,
-                                      DType param_dtype) {
-  return predict_activations(spec, micro_batch, whole_model(spec), recompute, param_dtype).total(1);
+                                      DType param_dtype, Device device) {
+  return predict_activations(spec, micro_batch, whole_model(spec), recompute, param_dtype, device)
+      .total(1);
 }
 
 }  // namespace strata

@@ -36,7 +36,8 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
       part_(part),
       recompute_(r),
       param_dtype_(param_dtype),
-      alloc_((validate_partition(spec, B, part, r, param_dtype), Dims(spec, B, part))),
+      alloc_((validate_partition(spec, B, part, r, param_dtype, memory.device()),
+              Dims(spec, B, part, memory.device()))),
       run_(alloc_),
       memory_(memory),
       k_(device_kernels(memory.device())) {
@@ -69,7 +70,7 @@ void ModelPasses::set_batch(int batch) {
   if (batch <= 0 || batch > alloc_.B || (alloc_.tp > 1 && batch != alloc_.B))
     throw Error("model: micro-batch of " + std::to_string(batch) + " sequences, built for " +
                 std::to_string(alloc_.B) + (alloc_.tp > 1 ? " (exactly, with tp)" : " at most"));
-  if (batch != run_.B) run_ = Dims(spec_, batch, part_);
+  if (batch != run_.B) run_ = Dims(spec_, batch, part_, memory_.device());
 }
 
 double ModelPasses::loss_sum(const SlotActs& s, std::size_t rows) const {

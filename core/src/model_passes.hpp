@@ -27,15 +27,17 @@ void validate_model_spec(const ModelSpec& spec);
 // Every check a partition needs before anything is allocated: the spec, micro-batch > 0, the unit
 // range, the tp rank, the tensor-parallel split, the recompute mode and the parameter dtype.
 void validate_partition(const ModelSpec& spec, int micro_batch, const Partition& part,
-                        Recompute recompute, DType param_dtype = DType::f32);
+                        Recompute recompute, DType param_dtype = DType::f32,
+                        Device device = Device::cpu);
 
 // Sizes of one partition for a micro-batch of B sequences. N = B*T token rows; Nl the rows of the
 // residual stream on this rank (N/tp with sequence parallelism).
 struct Dims {
   int B, T, C, NH, V, tp, blocks;
   bool sp, embedding, head;
-  std::size_t N, Nl, Cl, NHl, Vl, row0, att;  // row0: first token row; att: B*NHl*T*T
-  Dims(const ModelSpec& s, int micro_batch, const Partition& p);
+  // row0: first token row; att: floats of the attention's state (attention_state_floats)
+  std::size_t N, Nl, Cl, NHl, Vl, row0, att;
+  Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device);
 };
 
 // One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
@@ -43,8 +45,8 @@ struct BlockActs {
   float *ln1, *ln1_mean, *ln1_rstd, *ln1_full;  // [Nl,C] [Nl] [Nl] [N,C] (= ln1 without sp)
   float* qkv;                                   // [N,3Cl] this rank's heads of q | k | v
   float* atty;                                  // [N,Cl]
-  float* att;                                   // [B,NHl,T,T] softmax probabilities
-  float* xmid;                                  // [Nl,C]  x_in + attention projection
+  float* att;   // the attention's state: [B,NHl,T,T] probabilities or [B,NHl,T] log-sum-exps
+  float* xmid;  // [Nl,C]  x_in + attention projection
   float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;  // as ln1
   float *fch, *fch_gelu;                        // [N,4Cl]
   void carve(const Dims& d, bool with_att, Carver& c);

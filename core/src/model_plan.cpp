@@ -47,7 +47,7 @@ void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool 
 }
 
 void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute r,
-                        DType param_dtype) {
+                        DType param_dtype, Device device) {
   validate_model_spec(s);
   if (B <= 0) throw ConfigError("model: micro-batch must be positive, got " + std::to_string(B));
   const int L = s.layers;
@@ -63,14 +63,14 @@ void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute
   if (param_dtype != DType::f32 && param_dtype != DType::bf16)
     throw ConfigError(std::string("model: parameters in ") + dtype_name(param_dtype) +
                       "; fp32 or bf16 are allowed");
-  if (param_dtype == DType::bf16 && !cpu::have_bf16_gemm())
+  if (param_dtype == DType::bf16 && device == Device::cpu && !cpu::have_bf16_gemm())
     throw ConfigError("--precision bf16: this build of the CPU backend has no oneDNN",
                       "install libdnnl-dev (scripts/install-deps.sh) and rebuild");
 }
 
 Partition whole_model(const ModelSpec& spec) { return {0, spec.layers + 1, 1, 0, false}; }
 
-Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p)
+Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device)
     : B(micro_batch), T(s.seq), C(s.hidden), NH(s.heads), V(s.vocab), tp(p.tp_size) {
   const int L = s.layers;
   blocks = std::max(0, std::min(p.last_unit, L) - std::max(p.first_unit, 1) + 1);
@@ -83,7 +83,7 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p)
   NHl = std::size_t(NH) / tp;
   Vl = std::size_t(V) / tp;
   row0 = sp ? Nl * p.tp_rank : 0;
-  att = std::size_t(B) * NHl * T * T;
+  att = attention_state_floats(device, B, T, int(Cl), int(NHl));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -191,9 +191,9 @@ void SlotActs::carve(const Dims& d, Recompute r, const Scratch& scratch, Carver&
 }
 
 ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partition& part,
-                                    Recompute r, DType param_dtype) {
-  validate_partition(spec, B, part, r, param_dtype);
-  const Dims d(spec, B, part);
+                                    Recompute r, DType param_dtype, Device device) {
+  validate_partition(spec, B, part, r, param_dtype, device);
+  const Dims d(spec, B, part, device);
   Carver scratch, slot;
   Scratch g;
   g.carve(d, r, param_dtype, scratch);
@@ -205,7 +205,7 @@ ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partitio
 
 void add_tensor_parallel_bytes(const ModelSpec& spec, int B, const Partition& part, Recompute r,
                                std::map<std::string, double>& bytes) {
-  const Dims d(spec, B, part);
+  const Dims d(spec, B, part, Device::cpu);  // the tensor-parallel volume is the same on any device
   if (d.tp == 1) return;
   const double E = double(d.N) * d.C * sizeof(float);  // one [N,C] activation
   const double ce = double(d.N) * sizeof(float) * 3;   // row max, then (sum of exp, target)

@@ -36,7 +36,8 @@ struct StageModel::Impl {
       : spec(s),
         layout(s),
         part(p),
-        d((validate_partition(s, B, p, r, dt), Dims(s, B, p))),
+        d((validate_partition(s, B, p, r, dt, m ? m->device() : Device::cpu),
+           Dims(s, B, p, m ? m->device() : Device::cpu))),
         memory(m) {
     build_tensors();
     if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, *m);
@@ -152,7 +153,7 @@ std::size_t StageModel::wte_offset() const { return impl_->wte_off; }
 std::size_t StageModel::wte_count() const { return impl_->have_wte ? impl_->d.Vl * impl_->d.C : 0; }
 std::size_t StageModel::boundary_count() const { return impl_->d.Nl * impl_->d.C; }
 std::size_t StageModel::boundary_count(const ModelSpec& spec, int B, const Partition& part) {
-  const Dims d(spec, B, part);
+  const Dims d(spec, B, part, Device::cpu);  // the boundary is the same on any device
   return d.Nl * d.C;
 }
 

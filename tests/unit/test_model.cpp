@@ -437,6 +437,21 @@ TEST(ModelMemory, ActivationBytesEqualTheLedgerPeak) {
   EXPECT_GT(per_b, 4.0 * s.seq * (double(s.layers + 1) * s.hidden + s.vocab));
 }
 
+// On CUDA the fused attention keeps a log-sum-exp per row instead of the T x T probabilities: each
+// block's slot and the backward's scratch for them (the larger of it and 4 [N,C]) shrink by that.
+TEST(ModelMemory, FusedAttentionKeepsNoProbabilities) {
+  for (const ModelSpec& s : {tiny_spec(), small_spec()}) {
+    const int B = 2;
+    const double rows = double(B) * s.heads * s.seq, nc4 = 4.0 * B * s.seq * s.hidden;
+    const double want = 4.0 * (s.layers * (rows * s.seq - rows) + std::max(nc4, rows * s.seq) -
+                               std::max(nc4, rows));
+    const double cpu = double(Model::activation_bytes(s, B, Recompute::none, DType::f32));
+    const double gpu =
+        double(Model::activation_bytes(s, B, Recompute::none, DType::f32, Device::cuda));
+    EXPECT_EQ(cpu - gpu, want) << s.preset;
+  }
+}
+
 TEST(ModelMemory, ActivationsStayAfterTraining) {
   // Forward and backward allocate nothing beyond the construction-time buffers, in every mode.
   const ModelSpec spec = tiny_spec();

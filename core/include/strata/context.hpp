@@ -24,6 +24,7 @@ struct TrainSpec {
   double weight_decay = 0.1;
   Recompute recompute = Recompute::none;  // activation recomputation (Megatron's modes)
   MixedPrecision precision;               // param and gradient dtypes (--precision, --reduce-dtype)
+  Device device = Device::cpu;            // where the model computes (--device)
   // Micro-batches per rank per step (gradient accumulation) on this mesh.
   int micro_steps(const MeshSpec& m) const {
     return int(global_batch / (std::int64_t(micro_batch) * m.dp));

@@ -170,9 +170,12 @@ struct ActivationBytes {
 };
 // Throws ConfigError for a spec, micro-batch, partition or recompute mode that cannot be built.
 // With bf16 parameters the scratch also holds the matmuls' bf16 operands and fp32 copies of a
-// unit's small tensors (LayerNorm weights, biases) and of their gradients.
+// unit's small tensors (LayerNorm weights, biases) and of their gradients. On a device whose
+// attention is fused (CUDA) the attention keeps a log-sum-exp per row, not the T x T
+// probabilities.
 ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, const Partition& part,
-                                    Recompute recompute, DType param_dtype = DType::f32);
+                                    Recompute recompute, DType param_dtype = DType::f32,
+                                    Device device = Device::cpu);
 
 // The whole model's computation for one micro-batch size, unit by unit: the data-parallel front
 // end of the one implementation StageModel also uses (tp 1, all units, one activation slot).
@@ -208,12 +211,13 @@ class Model {
 
   // Bytes of activations (and their gradients) this model allocates for a micro-batch size and
   // recompute mode: predict_activations(spec, micro_batch, whole_model(spec), recompute,
-  // param_dtype).total(1).
+  // param_dtype, device).total(1).
   // Exact: all of it is allocated by the constructor (MemTag::activations), nothing during
   // forward or backward.
   static std::uint64_t activation_bytes(const ModelSpec& spec, int micro_batch,
                                         Recompute recompute = Recompute::none,
-                                        DType param_dtype = DType::f32);
+                                        DType param_dtype = DType::f32,
+                                        Device device = Device::cpu);
 
  private:
   struct Impl;

@@ -53,9 +53,7 @@ void CudaKernels::matmul_backward(float* dinp, float* dweight, float* dbias, con
 // The fused attention (attention.cu) where its kernels fit the shape: att then holds only the
 // log-sum-exp of each row [B,NH,T] and datt the backward's row sums [B,NH,T]; else the
 // probabilities through cuBLAS (layers.cu).
-bool CudaKernels::fused_attention(int B, int C, int NH) {
-  return C % NH == 0 && C / NH <= 128 && std::int64_t(B) * NH <= 65535;
-}
+bool CudaKernels::fused_attention(int B, int C, int NH) { return cuda_fused_attention(B, C, NH); }
 void CudaKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                     int NH) {
   if (fused_attention(B, C, NH))

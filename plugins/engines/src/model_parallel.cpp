@@ -160,8 +160,8 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
         partial += double(t.count);
     }
     const double in_flight = pp::max_in_flight(plan.actions, c);
-    const ActivationBytes acts =
-        predict_activations(in.model, B, part, in.train.recompute, in.train.precision.param);
+    const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute,
+                                                     in.train.precision.param, in.train.device);
     mem(MemTag::activations) += in_flight * double(acts.slot) + double(acts.scratch);
     mem(MemTag::workspace) += in_flight * double(StageModel::slot_token_bytes(in.model, B));
     // Tensor parallel collectives, per micro-batch.

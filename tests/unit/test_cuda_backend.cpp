@@ -1,0 +1,108 @@
+// The CUDA backend of a run (core/src/cuda/backend.hpp) on the GPU, or on the CUDA emulator
+// (test_cuda_backend_emu): a ledger of Device::cuda allocates from the stream-ordered pool,
+// zero-filled, with the same per-tag bytes as on the host; the device peak covers them; copies
+// between host and device; device_ops() and device_kernels() are the backend's; memory of a
+// device whose backend is not open is refused.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "backend.hpp"
+#include "cuda/backend.hpp"
+#include "cuda_test.hpp"
+#include "strata/memory.hpp"
+
+using namespace strata;
+
+namespace {
+
+// The process's backend, opened once (as a run does) for GPU 0.
+cuda::CudaBackend& backend() {
+  static DeviceBackend& b = []() -> DeviceBackend& {
+    cuda::register_backend();
+    return open_backend(Device::cuda, BackendRequest{0, 1});
+  }();
+  return static_cast<cuda::CudaBackend&>(b);
+}
+
+std::vector<float> to_host(const Buffer<float>& b) {
+  std::vector<float> h(b.size());
+  copy_bytes(Device::cuda, h.data(), b.data(), b.bytes());
+  return h;
+}
+
+}  // namespace
+
+TEST(CudaBackend, LedgerBuffersLiveOnTheDeviceZeroed) {
+  STRATA_REQUIRE_GPU();
+  cuda::CudaBackend& gpu = backend();
+  MemoryLedger ledger(Device::cuda);
+  {
+    Buffer<float> params(ledger, MemTag::params, 1000);
+    DeviceBuffer grads(ledger, MemTag::grads, DType::bf16, 3001);
+    EXPECT_EQ(params.device(), Device::cuda);
+    EXPECT_EQ(grads.view().device, Device::cuda);
+    EXPECT_EQ(ledger.current(MemTag::params), 4000u);
+    EXPECT_EQ(ledger.current(MemTag::grads), 6002u);
+    cudaPointerAttributes where{};
+    STRATA_CUDA_CHECK(cudaPointerGetAttributes(&where, params.data()));
+    EXPECT_EQ(where.type, cudaMemoryTypeDevice);
+    EXPECT_EQ(to_host(params), std::vector<float>(1000, 0.0f));  // zeroed in stream order
+    // Through the backend's ops, as a plugin would: fill, then read back.
+    device_ops(Device::cuda).fill(params.view(), 2.5);
+    EXPECT_EQ(to_host(params), std::vector<float>(1000, 2.5f));
+    EXPECT_GE(gpu.peak_device_bytes(), ledger.total_peak());
+  }
+  EXPECT_EQ(ledger.total(), 0u);
+  EXPECT_EQ(ledger.total_peak(), 10002u);
+  EXPECT_EQ(&device_ops(Device::cuda), &gpu.ops());
+  EXPECT_EQ(&device_kernels(Device::cuda), &gpu.kernels());
+  EXPECT_EQ(&device_kernels(Device::cpu), &cpu_kernels());
+}
+
+TEST(CudaBackend, CopiesBetweenHostAndDevice) {
+  STRATA_REQUIRE_GPU();
+  backend();
+  MemoryLedger ledger(Device::cuda);
+  Buffer<float> a(ledger, MemTag::workspace, 513), b(ledger, MemTag::workspace, 513);
+  const std::vector<float> values = random_floats(513, 7);
+  copy_bytes(Device::cuda, a.data(), values.data(), a.bytes());  // host to device
+  copy_bytes(Device::cuda, b.data(), a.data(), a.bytes());       // device to device
+  EXPECT_EQ(to_host(b), values);                                 // device to host
+}
+
+TEST(CudaBackend, FreedMemoryGoesBackToThePool) {
+  STRATA_REQUIRE_GPU();
+  cuda::CudaBackend& gpu = backend();
+  MemoryLedger ledger(Device::cuda);
+  for (int round = 0; round < 3; ++round) {  // the same bytes again: the pool's peak stays
+    Buffer<float> big(ledger, MemTag::activations, std::size_t(1) << 20);
+    gpu.synchronize();
+  }
+  const std::uint64_t peak = gpu.peak_device_bytes();
+  {
+    Buffer<float> again(ledger, MemTag::activations, std::size_t(1) << 20);
+    gpu.synchronize();
+  }
+  EXPECT_EQ(gpu.peak_device_bytes(), peak);
+  EXPECT_GE(peak, std::uint64_t(4) << 20);
+}
+
+// The CPU ledger and its buffers need no backend; device memory in a process whose backend is not
+// open (ctest runs each test in a process of its own) is refused, naming what is missing.
+TEST(CudaBackend, DeviceMemoryNeedsAnOpenBackend) {
+  MemoryLedger host;
+  Buffer<float> h(host, MemTag::workspace, 10);
+  EXPECT_EQ(h.device(), Device::cpu);
+  h[9] = 1.0f;  // host memory: element access is fine
+  EXPECT_EQ(h.span()[9], 1.0f);
+  if (opened_backend(Device::cuda)) GTEST_SKIP() << "a backend is open in this process already";
+  MemoryLedger gpu(Device::cuda);
+  try {
+    Buffer<float> d(gpu, MemTag::workspace, 10);
+    ADD_FAILURE() << "device memory without a backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no cuda backend is open"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(gpu.total(), 0u);
+}
