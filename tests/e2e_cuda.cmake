@@ -54,6 +54,22 @@ set_tests_properties(cli.cuda_gpu_per_rank PROPERTIES LABELS cli ENVIRONMENT "${
                      PASS_REGULAR_EXPRESSION
                      "runner: error: --device cuda: 2 ranks on this node but 1 GPU\\(s\\): one GPU per rank")
 
+# Under mpirun (or srun) each rank may see only its own GPU, so the count is not checked before
+# the ranks start: two ranks that end up on one GPU (the same UUID) end the job with a run file
+# that names them.
+add_test(NAME e2e.fail.cuda.shared-gpu
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPI_FLAGS} $<TARGET_FILE:runner_emu>
+                 --model tiny --steps 2 --global-batch 8 --out ${E2E_DIR} --quiet --plugin ddp
+                 --micro-batch 4 --device cuda --transport nccl --run-id fail.cuda.shared-gpu)
+set_tests_properties(e2e.fail.cuda.shared-gpu PROPERTIES WILL_FAIL TRUE LABELS e2e
+                     FIXTURES_SETUP fail.cuda.shared-gpu ENVIRONMENT "${E2E_ENV}" TIMEOUT 120
+                     RESOURCE_LOCK cores)
+add_test(NAME e2e.failfile.cuda.shared-gpu
+         COMMAND check_run status ${E2E_DIR}/fail.cuda.shared-gpu.h5 failed
+                 "--device cuda: ranks 0 and 1 share one GPU")
+set_tests_properties(e2e.failfile.cuda.shared-gpu PROPERTIES LABELS e2e
+                     FIXTURES_REQUIRED fail.cuda.shared-gpu)
+
 foreach(n 1 2)
   strata_e2e_cuda(dp.np${n} ${n} ${E2E_LOSS_TOL} --plugin dp --micro-batch 2)
   strata_e2e_cuda(ddp.np${n} ${n} ${E2E_LOSS_TOL} --plugin ddp --micro-batch 2

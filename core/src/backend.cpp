@@ -54,7 +54,9 @@ std::string backend_unavailable(Device device, const BackendRequest& request) {
 
 DeviceBackend& open_backend(Device device, const BackendRequest& request) {
   if (DeviceBackend* b = opened_backend(device)) return *b;
-  const std::string why = backend_unavailable(device, request);
+  // Whether there is a device at all: how the node's ranks share the devices they see is the
+  // factory's to decide (each rank may see all of them, or only its own).
+  const std::string why = backend_unavailable(device, BackendRequest{request.local_rank, 1});
   if (!why.empty()) throw ConfigError(std::string("--device ") + device_name(device) + ": " + why);
   auto& slot = registry().opened[index_of(device)];
   slot = registry().factories[index_of(device)].open(request);

@@ -20,6 +20,7 @@ class DeviceBackend {
   virtual Device device() const = 0;
   virtual int ordinal() const = 0;                 // which GPU of the node (cudaSetDevice's)
   virtual std::string device_name() const = 0;     // e.g. "NVIDIA H100 80GB HBM3"
+  virtual std::string device_uuid() const = 0;     // tells two ranks' GPUs apart across ordinals
   virtual double peak_flops(bool bf16) const = 0;  // dense data-sheet peak; 0 when unknown
   virtual Kernels& kernels() = 0;                  // the model passes' compute
   virtual DeviceOps& ops() = 0;                    // Context::ops()

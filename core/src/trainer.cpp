@@ -47,6 +47,21 @@ struct Run {
   std::vector<double> trace;  // this rank's --trace events (trace_timeline.hpp)
 };
 
+// No two ranks of a node on one GPU (each would measure half of it): their GPUs' UUIDs differ.
+// Collective; rank 0 throws, which ends the job with the run file saying which ranks.
+void check_one_gpu_per_rank(const DeviceBackend& gpu) {
+  const std::vector<std::string> where =
+      mpi::control_gather_strings(mpi::processor_name() + " " + gpu.device_uuid());
+  for (std::size_t a = 0; a < where.size(); ++a)
+    for (std::size_t b = a + 1; b < where.size(); ++b)
+      if (where[a] == where[b])
+        throw ConfigError("--device cuda: ranks " + std::to_string(a) + " and " +
+                              std::to_string(b) + " share one GPU (" + where[a] +
+                              "): one GPU per rank",
+                          "give each task its own GPU (srun --gpus-per-task=1, or "
+                          "CUDA_VISIBLE_DEVICES), or run fewer ranks per node");
+}
+
 // The peak for MFU: the user's figure (--peak-tflops); on a GPU the data sheet's (0 for a GPU not
 // in the table: no MFU); on the CPU this process's best GEMM rate in the run's precision (SGEMM,
 // or bf16 on oneDNN) on its threads.
@@ -245,7 +260,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   // A GPU run: this rank's GPU (one per local rank), before anything is allocated on it.
   if (config.device_kind() != Device::cpu) {
     const mpi::LocalRank local = mpi::local_rank();
-    open_backend(config.device_kind(), BackendRequest{local.rank, local.size});
+    check_one_gpu_per_rank(open_backend(config.device_kind(), {local.rank, local.size}));
   }
   const double peak_flops = peak_flops_per_rank(config);
 

@@ -77,8 +77,10 @@ struct Watchdog::Impl {
   double root_seen = 0;            // other ranks: when rank 0 was last heard
   bool reported = false;           // other ranks: a timeout went to rank 0 already
   double reported_at = 0;
-  // False once this process was frozen (SIGSTOP, a debugger) longer than the timeout: the others
-  // may have declared it gone and written the file; from then on it never replaces that file.
+  // False once this process was frozen (SIGSTOP, a debugger) for more than half the timeout: the
+  // others may have declared it gone and written the file (they count its silence from its last
+  // heartbeat, up to an interval before the freeze, and a loaded machine delays this thread's
+  // waking); from then on it never replaces that file.
   bool may_replace = true;
 
   // The oldest blocking call of this rank, with its start time; false when not blocked.
@@ -290,7 +292,7 @@ struct Watchdog::Impl {
         // This process was frozen, not the others: their silence is ours. Start the clocks anew.
         std::fill(last_seen.begin(), last_seen.end(), t);
         root_seen = t;
-        if (t - last_loop > timeout_s) may_replace = false;
+        if (t - last_loop > timeout_s / 2) may_replace = false;
       }
       last_loop = t;
       if (g_signal && !state_written()) rank == 0 ? cancel_as_root(0, "") : cancel_as_other();

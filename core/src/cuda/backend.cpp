@@ -58,7 +58,7 @@ std::uint64_t CudaBackend::peak_device_bytes() {
   return high + context_.workspace_bytes;
 }
 
-std::string cuda_unavailable(int local_rank, int local_size) {
+std::string cuda_unavailable(int local_size) {
   const int count = cuda_device_count();
   if (count == 0)
     return "no CUDA device on this machine (no GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES "
@@ -66,17 +66,24 @@ std::string cuda_unavailable(int local_rank, int local_size) {
   if (local_size > count)
     return std::to_string(local_size) + " ranks on this node but " + std::to_string(count) +
            " GPU(s): one GPU per rank (fewer --ranks-per-node, or more GPUs per node)";
-  (void)local_rank;
   return "";
+}
+
+int cuda_device_for(int local_rank, int local_size) {
+  const int count = cuda_device_count();
+  if (count >= local_size) return local_rank;
+  if (count == 1) return 0;  // one visible per rank; the trainer checks that they differ
+  throw ConfigError("--device cuda: " + std::to_string(local_size) + " ranks on this node see " +
+                    std::to_string(count) +
+                    " GPUs each: one GPU per rank (--gpus-per-task=1, or as many GPUs per node as "
+                    "ranks)");
 }
 
 void register_backend() {
   BackendFactory f;
-  f.unavailable = [](const BackendRequest& r) {
-    return cuda_unavailable(r.local_rank, r.local_size);
-  };
+  f.unavailable = [](const BackendRequest& r) { return cuda_unavailable(r.local_size); };
   f.open = [](const BackendRequest& r) -> std::unique_ptr<DeviceBackend> {
-    return std::make_unique<CudaBackend>(r.local_rank);
+    return std::make_unique<CudaBackend>(cuda_device_for(r.local_rank, r.local_size));
   };
   strata::register_backend(Device::cuda, f);
 }

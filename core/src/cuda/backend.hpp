@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../backend.hpp"  // strata::DeviceBackend ("backend.hpp" would be this file)
+#include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/ops.hpp"
 
@@ -25,6 +26,7 @@ class CudaBackend final : public DeviceBackend {
   Device device() const override { return Device::cuda; }
   int ordinal() const override { return context_.device; }
   std::string device_name() const override { return name_; }
+  std::string device_uuid() const override { return cuda_device_uuid(context_.device); }
   double peak_flops(bool bf16) const override;
   Kernels& kernels() override { return kernels_; }
   DeviceOps& ops() override { return ops_; }
@@ -47,9 +49,14 @@ class CudaBackend final : public DeviceBackend {
   std::string name_;
 };
 
-// "" when a rank that is `local_rank` of `local_size` on its node can have a GPU of its own, else
-// one line saying what is missing (no GPU, no driver, fewer GPUs than ranks on the node).
-std::string cuda_unavailable(int local_rank, int local_size);
+// "" when `local_size` ranks on this node can each have a GPU of their own, as far as this process
+// sees them, else one line saying what is missing (no GPU or driver; fewer GPUs than ranks).
+std::string cuda_unavailable(int local_size);
+
+// The GPU of local rank `local_rank` of `local_size`: that ordinal where the node's ranks see every
+// GPU; 0 where each sees one (Slurm's --gpus-per-task binds one per task). The trainer then checks
+// that no two ranks of a node have the same GPU (by UUID).
+int cuda_device_for(int local_rank, int local_size);
 
 // Registers the CUDA backend for --device cuda (backend.hpp). The runner calls it at start-up.
 void register_backend();

@@ -75,6 +75,20 @@ std::string cuda_device_name(int device) {
   return prop.name;
 }
 
+std::string cuda_device_uuid(int device) {
+  cudaDeviceProp prop{};
+  STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::string s = "GPU-";
+  const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    s += hex[b >> 4];
+    s += hex[b & 15];
+  }
+  return s;
+}
+
 // Figures from NVIDIA's data sheets, per GPU, dense (no structured sparsity):
 //   fp32 = FP32 (CUDA cores, not TF32 tensor);  bf16 = BF16 tensor core, half the "with
 //   sparsity" figure the data sheets print.

@@ -15,6 +15,9 @@ int cuda_device_count();
 
 // cudaDeviceProp::name of device `device`, e.g. "NVIDIA H100 80GB HBM3".
 std::string cuda_device_name(int device);
+// cudaDeviceProp::uuid as nvidia-smi prints it ("GPU-" and 32 hex digits in 8-4-4-4-12 groups):
+// the same GPU seen by two processes under different ordinals (CUDA_VISIBLE_DEVICES) has one UUID.
+std::string cuda_device_uuid(int device);
 
 // Dense peak FLOP/s of one GPU from NVIDIA's data sheets, keyed on the device name as CUDA reports
 // it: bf16 = true gives the bf16 tensor-core figure without sparsity, false the fp32 non-tensor

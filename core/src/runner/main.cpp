@@ -169,8 +169,9 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   }
   if (config.device_kind() !=
       Device::cpu) {  // a GPU for every rank of this node, before any starts
-    const int local =
-        env.under_launcher && env.local_size > 0 ? env.local_size : config.mesh.ranks_per_node;
+    // Relaunched here, the ranks see the GPUs this process sees; under srun or mpirun each may
+    // see only its own (--gpus-per-task): there the run checks once the ranks exist.
+    const int local = env.under_launcher ? 1 : config.mesh.ranks_per_node;
     const std::string why = backend_unavailable(config.device_kind(), BackendRequest{0, local});
     if (!why.empty()) throw ConfigError("--device " + config.device + ": " + why);
   }

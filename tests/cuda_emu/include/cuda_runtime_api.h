@@ -98,8 +98,14 @@ enum cudaMemPoolAttr {
   cudaMemPoolAttrUsedMemHigh = 8,
 };
 
+struct CUuuid_st {
+  char bytes[16];
+};
+typedef struct CUuuid_st cudaUUID_t;
+
 struct cudaDeviceProp {
   char name[256];
+  cudaUUID_t uuid;  // the emulator's: the device's index in the last byte
   std::size_t totalGlobalMem;
   std::size_t sharedMemPerBlock;
   std::size_t sharedMemPerBlockOptin;

@@ -145,6 +145,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     return set_last_error(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "strata CUDA emulator");
+  prop->uuid.bytes[15] = char(device);
   prop->totalGlobalMem = std::size_t(16) << 30;
   prop->sharedMemPerBlock = strata_emu::kSharedDefault;
   prop->sharedMemPerBlockOptin = strata_emu::kSharedOptin;
