@@ -5,11 +5,14 @@
 // device whose backend is not open is refused.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "backend.hpp"
 #include "cuda/backend.hpp"
 #include "cuda_test.hpp"
+#include "strata/comm.hpp"
 #include "strata/memory.hpp"
 
 using namespace strata;
@@ -86,6 +89,31 @@ TEST(CudaBackend, FreedMemoryGoesBackToThePool) {
   }
   EXPECT_EQ(gpu.peak_device_bytes(), peak);
   EXPECT_GE(peak, std::uint64_t(4) << 20);
+}
+
+// An op called in work on a comm stream has finished when it returns (as on the CPU), even with
+// the compute stream busy: the work's next call, here a copy to the host on another stream, sees
+// its result.
+TEST(CudaBackend, OpsOnACommStreamFinishBeforeTheyReturn) {
+  STRATA_REQUIRE_GPU();
+  cuda::CudaBackend& gpu = backend();
+  MemoryLedger ledger(Device::cuda);
+  Buffer<float> a(ledger, MemTag::workspace, 256), b(ledger, MemTag::workspace, 256);
+  const std::vector<float> values = random_floats(256, 11);
+  copy_bytes(Device::cuda, a.data(), values.data(), a.bytes());
+  STRATA_CUDA_CHECK(cudaLaunchHostFunc(
+      gpu.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); },
+      nullptr));
+  CommLedger comm;
+  CommStream stream(comm);
+  std::vector<float> seen(256, -1.0f);
+  stream
+      .enqueue([&] {
+        device_ops(Device::cuda).copy(b.view(), a.view());
+        STRATA_CUDA_CHECK(cudaMemcpy(seen.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost));
+      })
+      .wait();
+  EXPECT_EQ(seen, values);
 }
 
 // The CPU ledger and its buffers need no backend; device memory in a process whose backend is not

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "comm/thread_role.hpp"
 #include "cuda/bf16.cuh"
 #include "cuda/device.hpp"
 #include "cuda/grid.cuh"
@@ -70,12 +71,20 @@ void CudaOps::check(const char* op, std::initializer_list<BufferView> views) con
   }
 }
 
+// An op called on a comm stream's worker (work a plugin enqueued, e.g. a copy before a
+// collective) completes before it returns, as on the CPU: the collective the same work issues next
+// waits only for the compute event recorded before the work was enqueued, not for this op.
+void CudaOps::finish_off_compute_thread() const {
+  if (t_on_comm_worker) STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 void CudaOps::affine(int op, BufferView y, const BufferView* x, float a) {
   if (y.count == 0) return;
   STRATA_LAUNCH(affine_kernel, blocks_for(y.count), kThreads, 0, stream_)
   (Affine(op), y.data, y.dtype == DType::bf16, x ? x->data : nullptr, x && x->dtype == DType::bf16,
    y.count, a);
   STRATA_CUDA_CHECK_LAUNCH();
+  finish_off_compute_thread();
 }
 
 void CudaOps::copy(BufferView dst, BufferView src) {
@@ -84,6 +93,7 @@ void CudaOps::copy(BufferView dst, BufferView src) {
   if (dst.count)
     STRATA_CUDA_CHECK(
         cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  finish_off_compute_thread();
 }
 void CudaOps::cast(BufferView dst, BufferView src) {
   check("cast", {dst, src});
@@ -125,6 +135,7 @@ void CudaOps::adamw(BufferView params, BufferView master, BufferView grads, Buff
    static_cast<float*>(m.data), static_cast<float*>(v.data), params.count, st.lr, st.beta1,
    st.beta2, st.eps, st.weight_decay, st.grad_scale, inv_bc1, inv_bc2);
   STRATA_CUDA_CHECK_LAUNCH();
+  finish_off_compute_thread();
 }
 
 }  // namespace strata::cuda

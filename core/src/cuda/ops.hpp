@@ -32,6 +32,7 @@ class CudaOps final : public DeviceOps {
  private:
   void check(const char* op, std::initializer_list<BufferView> views) const;
   void affine(int op, BufferView y, const BufferView* x, float a);  // ops.cu's Affine
+  void finish_off_compute_thread() const;
   cudaStream_t stream_;
   DeviceSum sum_;
 };
