@@ -1,6 +1,7 @@
 # --device cuda --transport nccl end to end, on any machine: runner_emu (the runner with the CUDA
 # backend on the CUDA emulator and the NCCL transport on the NCCL stand-in) against the CPU runner
-# on the same arguments. dp, ddp, zero3 and 1f1b at 1 and 2 ranks in fp32, and two bf16 runs:
+# on the same arguments. dp, ddp, zero3 and 1f1b at 1 and 2 ranks, fsdp, tp (sp) and interleaved
+# at 2, in fp32, and two bf16 runs:
 # each follows the CPU run's loss trajectory, keeps the memory and bytes predict() gives, and
 # records a device peak. Short runs (6 steps, micro-batch 2): the emulator runs every CUDA thread
 # of every kernel on the host, with its threads as fibers (STRATA_CUDA_EMU_FIBERS: one host thread,
@@ -77,6 +78,13 @@ foreach(n 1 2)
   strata_e2e_cuda(zero3.np${n} ${n} ${E2E_LOSS_TOL} --plugin zero3 --micro-batch 2)
   strata_e2e_cuda(1f1b.pp${n} ${n} ${E2E_LOSS_TOL} --plugin 1f1b --mesh pp=${n} --micro-batch 2)
 endforeach()
+# The other families at 2 ranks: fsdp, tensor parallel with sequence parallel (the model's
+# collectives inside a block), and the interleaved pipeline (activations and gradients both ways
+# between the two ranks, on two comm streams: tags received out of their sending order).
+strata_e2e_cuda(fsdp.np2 2 ${E2E_LOSS_TOL} --plugin fsdp --micro-batch 2)
+strata_e2e_cuda(tp.np2 2 ${E2E_LOSS_TOL} --plugin tp --mesh tp=2 --micro-batch 2 --plugin-opt sp=on)
+strata_e2e_cuda(interleaved.pp2 2 ${E2E_LOSS_TOL} --plugin interleaved --mesh pp=2 --micro-batch 2
+                --layers 4)
 if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   strata_e2e_cuda(ddp.np2.bf16 2 2e-3 --plugin ddp --micro-batch 2 --precision bf16)
   strata_e2e_cuda(zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16

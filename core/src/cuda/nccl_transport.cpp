@@ -254,12 +254,9 @@ NcclGroup::NcclGroup(std::string name, ncclComm_t comm, cudaStream_t stream, Com
     STRATA_CUDA_CHECK(cudaEventCreate(&start_));
     STRATA_CUDA_CHECK(cudaEventCreate(&stop_));
     STRATA_CUDA_CHECK(cudaMalloc(&word_, kWordBytes));
-    STRATA_CUDA_CHECK(
-        cudaMalloc(reinterpret_cast<void**>(&send_header_), 2 * sizeof(std::int64_t)));
-    STRATA_CUDA_CHECK(
-        cudaMalloc(reinterpret_cast<void**>(&recv_header_), 2 * sizeof(std::int64_t)));
-    STRATA_CUDA_CHECK(
-        cudaMallocHost(reinterpret_cast<void**>(&host_header_), 2 * sizeof(std::int64_t)));
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&send_header_), kHeaderBytes));
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&recv_header_), kHeaderBytes));
+    STRATA_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_header_), kHeaderBytes));
     STRATA_CUDA_CHECK(cudaMemsetAsync(word_, 0, kWordBytes, stream_));
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
@@ -288,6 +285,9 @@ void NcclGroup::release() noexcept {
   if (send_header_ != nullptr) (void)cudaFree(send_header_);
   if (recv_header_ != nullptr) (void)cudaFree(recv_header_);
   if (host_header_ != nullptr) (void)cudaFreeHost(host_header_);
+  for (auto& [key, queue] : stash_)
+    for (const Stashed& s : queue) (void)cudaFree(s.data);
+  stash_.clear();
   if (start_ != nullptr) (void)cudaEventDestroy(start_);
   if (stop_ != nullptr) (void)cudaEventDestroy(stop_);
   if (owns_stream_ && stream_ != nullptr) (void)cudaStreamDestroy(stream_);
@@ -464,11 +464,13 @@ void NcclGroup::do_send(BufferView b, int peer, int tag) {
   DeviceScope scope(device_);
   host_header_[0] = tag;
   host_header_[1] = std::int64_t(b.bytes());
-  STRATA_CUDA_CHECK(cudaMemcpyAsync(send_header_, host_header_, 2 * sizeof(std::int64_t),
-                                    cudaMemcpyHostToDevice, stream_));
+  host_header_[2] = static_cast<std::int64_t>(b.dtype);
+  STRATA_CUDA_CHECK(
+      cudaMemcpyAsync(send_header_, host_header_, kHeaderBytes, cudaMemcpyHostToDevice, stream_));
   timed("send", [&] {
     STRATA_NCCL_CHECK(ncclGroupStart());
-    const ncclResult_t header = ncclSend(send_header_, 2, ncclInt64, peer, comm_, stream_);
+    const ncclResult_t header =
+        ncclSend(send_header_, kHeaderWords, ncclInt64, peer, comm_, stream_);
     const ncclResult_t payload =
         header == ncclSuccess ? ncclSend(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_)
                               : header;
@@ -477,29 +479,67 @@ void NcclGroup::do_send(BufferView b, int peer, int tag) {
   });
 }
 
+// NCCL delivers a peer's messages in the order they were sent; strata's tags match like MPI's. A
+// message of another tag that comes ahead of the one wanted (a pipeline stage's activation and
+// gradient sends run on two comm streams) is received into a stash of its own, in arrival order,
+// and handed to the recv of its tag. A size that differs from the sender's is refused.
 void NcclGroup::do_recv(BufferView b, int peer, int tag) {
   if (up_) return (peer < rank() ? *up_ : *down_).do_recv(b, peer, tag);
   std::lock_guard lock(call_mutex_);
   check_peer(peer, "recv");
   DeviceScope scope(device_);
-  timed("recv", [&] {
-    STRATA_NCCL_CHECK(ncclRecv(recv_header_, 2, ncclInt64, peer, comm_, stream_));
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(host_header_, recv_header_, 2 * sizeof(std::int64_t),
-                                      cudaMemcpyDeviceToHost, stream_));
-  });
-  if (host_header_[0] != tag || host_header_[1] != std::int64_t(b.bytes())) {
-    const std::string sent = "tag " + std::to_string(host_header_[0]) + ", " +
-                             std::to_string(host_header_[1]) + " bytes";
-    abort_and_throw(ncclSuccess,
-                    "recv (tag " + std::to_string(tag) + ", " + std::to_string(b.bytes()) +
-                        " bytes) from rank " + std::to_string(peer) +
-                        ": the next message of that rank is " + sent,
-                    "NCCL matches send and recv in issue order: receive a peer's messages in the "
-                    "order it sends them, with the same sizes");
+  if (take_stashed(b, peer, tag)) return;
+  for (;;) {
+    timed("recv", [&] {
+      STRATA_NCCL_CHECK(ncclRecv(recv_header_, kHeaderWords, ncclInt64, peer, comm_, stream_));
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(host_header_, recv_header_, kHeaderBytes,
+                                        cudaMemcpyDeviceToHost, stream_));
+    });
+    const int sent_tag = int(host_header_[0]);
+    const auto bytes = std::size_t(host_header_[1]);
+    const auto dtype = static_cast<DType>(host_header_[2]);
+    if (sent_tag != tag) {
+      stash(peer, sent_tag, bytes, dtype);
+      continue;
+    }
+    check_size(b, peer, tag, bytes);
+    timed("recv", [&] {
+      STRATA_NCCL_CHECK(ncclRecv(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));
+    });
+    return;
   }
+}
+
+void NcclGroup::check_size(BufferView b, int peer, int tag, std::size_t sent_bytes) {
+  if (sent_bytes == b.bytes()) return;
+  abort_and_throw(ncclSuccess,
+                  "recv (tag " + std::to_string(tag) + ", " + std::to_string(b.bytes()) +
+                      " bytes) from rank " + std::to_string(peer) + ": its message of tag " +
+                      std::to_string(tag) + " is " + std::to_string(sent_bytes) + " bytes",
+                  "receive each message with the size it was sent with");
+}
+
+void NcclGroup::stash(int peer, int tag, std::size_t bytes, DType dtype) {
+  Stashed s{nullptr, bytes};
+  STRATA_CUDA_CHECK(cudaMalloc(&s.data, bytes > 0 ? bytes : 1));
+  stash_[{peer, tag}].push_back(s);  // owned from here (release() frees what is left)
   timed("recv", [&] {
-    STRATA_NCCL_CHECK(ncclRecv(b.data, b.count, to_nccl(b.dtype), peer, comm_, stream_));
+    STRATA_NCCL_CHECK(
+        ncclRecv(s.data, bytes / dtype_size(dtype), to_nccl(dtype), peer, comm_, stream_));
   });
+}
+
+bool NcclGroup::take_stashed(BufferView b, int peer, int tag) {
+  const auto it = stash_.find({peer, tag});
+  if (it == stash_.end() || it->second.empty()) return false;
+  const Stashed s = it->second.front();
+  check_size(b, peer, tag, s.bytes);
+  it->second.pop_front();
+  timed("recv", [&] {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(b.data, s.data, s.bytes, cudaMemcpyDeviceToDevice, stream_));
+  });
+  STRATA_CUDA_CHECK(cudaFree(s.data));
+  return true;
 }
 
 void NcclGroup::do_barrier() {

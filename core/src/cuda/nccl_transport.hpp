@@ -15,17 +15,19 @@
 // job); on either it calls ncclCommAbort and throws, so a failed or dead peer ends the job instead
 // of leaving it blocked. An aborted group refuses every later call.
 //
-// Tags: NCCL has none; its send/recv match in issue order per peer. Each send carries a 16-byte
-// header (tag, bytes) in the same ncclGroupStart/End, and the receiver checks it before the
-// payload: a recv whose tag or size differs from the peer's next send is refused with an error
-// naming both (and the group aborted: the peer's payload would otherwise go to the wrong
-// buffer). So messages of one tag keep their order and different tags must be received in the
-// order they were sent, which the strategies (pipeline schedules) do.
+// Tags: NCCL has none; its send/recv match in issue order per peer. Each send carries a 24-byte
+// header (tag, bytes, dtype) in the same ncclGroupStart/End, and the receiver reads it before the
+// payload: a message of another tag is received into a stash and handed to the recv of that tag
+// later, so messages of one tag keep their order and different tags may be received in any order,
+// as with MPI. A recv whose size differs from its message's is refused with both named (and the
+// group aborted).
 #pragma once
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -113,6 +115,16 @@ class NcclGroup final : public Group {
   void check_usable(const char* op) const;
   void check_peer(int peer, const char* op) const;
   void release() noexcept;
+  // Receiving by tag over NCCL's ordered messages (do_recv): messages that came ahead of their
+  // recv, per (peer, tag) in arrival order, in device memory of their own.
+  struct Stashed {
+    void* data;
+    std::size_t bytes;
+  };
+  void check_size(BufferView b, int peer, int tag, std::size_t sent_bytes);
+  void stash(int peer, int tag, std::size_t bytes, DType dtype);
+  bool take_stashed(BufferView b, int peer, int tag);
+  std::map<std::pair<int, int>, std::deque<Stashed>> stash_;
 
   std::mutex call_mutex_;  // one call at a time (see above)
   ncclComm_t comm_;
@@ -125,7 +137,9 @@ class NcclGroup final : public Group {
   cudaStream_t compute_stream_ = nullptr;
   static constexpr std::size_t kWordBytes = 16;
   void* word_ = nullptr;  // device scratch: barrier()'s float, all_reduce's host scalars
-  std::int64_t* send_header_ = nullptr;  // device: {tag, bytes} of the message being sent
+  static constexpr int kHeaderWords = 3;  // tag, bytes, dtype
+  static constexpr std::size_t kHeaderBytes = kHeaderWords * sizeof(std::int64_t);
+  std::int64_t* send_header_ = nullptr;  // device: the header of the message being sent
   std::int64_t* recv_header_ = nullptr;  // device: the header received
   std::int64_t* host_header_ = nullptr;  // pinned host staging for both
   double last_gpu_seconds_ = 0.0;
