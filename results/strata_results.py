@@ -222,6 +222,11 @@ def _string_data(group, name, want, path):
         raise RunFileError("unreadable or partial (%s: %s)" % (path, _why(e)))
 
 
+# The largest count a run file holds (the runner's options stay far below it): a larger one is
+# damage, and Python's unbounded ints would turn the plots' arrays into objects.
+_MAX_COUNT = 2**31 - 1
+
+
 def _integer(text, what, minimum):
     try:
         n = int(text.strip())
@@ -229,6 +234,8 @@ def _integer(text, what, minimum):
         raise _malformed("%s '%s' is not an integer" % (what, text))
     if n < minimum:
         raise _malformed("%s %d is below %d" % (what, n, minimum))
+    if n > _MAX_COUNT:
+        raise _malformed("%s %d is above %d" % (what, n, _MAX_COUNT))
     return n
 
 

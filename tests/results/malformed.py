@@ -139,6 +139,9 @@ DAMAGED = [
      "malformed: /config world 8 but /steps has 2 rank rows"),
     ("config_nodes_float", DDP, set_attr("/config", "nodes", "0.0"), "malformed: /config nodes '0.0' is not an integer"),
     ("config_nodes_true", DDP, set_attr("/config", "nodes", "True"), "malformed: /config nodes 'True' is not an integer"),
+    # beyond any count (an unbounded Python int made the plots' arrays objects: found by fuzz_loader)
+    ("config_nodes_huge", DDP, set_attr("/config", "nodes", "999999999999999999999999999999"),
+     "malformed: /config nodes 999999999999999999999999999999 is above 2147483647"),
     ("config_warmup_negative", DDP, set_attr("/config", "warmup", "-1"), "malformed: /config warmup -1 is below 0"),
     ("config_warmup_all_steps", DDP, set_attr("/config", "warmup", "20"),
      "malformed: /config warmup 20 leaves no timed step of the 20 in /steps"),
