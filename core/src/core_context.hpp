@@ -44,8 +44,7 @@ class CoreContext final : public Context {
                 : make_token_file_source(config.data_file, config.train.seed, config.model.seq,
                                          config.model.vocab);
     const std::size_t tokens = std::size_t(config.train.micro_batch) * config.model.seq;
-    inputs_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
-    targets_ = Buffer<std::int32_t>(memory_, MemTag::workspace, tokens);
+    tokens_ = Buffer<std::int32_t>(memory_, MemTag::workspace, 2 * tokens);  // inputs | targets
     if (backend_) host_tokens_.resize(2 * tokens);
   }
 
@@ -82,15 +81,11 @@ class CoreContext final : public Context {
     // Global sample index: micro-batches first, then dp ranks, so any split sees the same batch.
     std::int64_t first = std::int64_t(micro) * B * config_.mesh.dp + std::int64_t(coord_.dp) * B;
     const std::size_t n = std::size_t(B) * T;
-    // The tokens on the run's device: generated on the host, copied over on a GPU.
-    std::int32_t* inputs = backend_ ? host_tokens_.data() : inputs_.data();
-    std::int32_t* targets = backend_ ? host_tokens_.data() + n : targets_.data();
-    for (int b = 0; b < B; ++b) data_->fill(step, first + b, inputs + b * T, targets + b * T);
-    if (backend_) {
-      backend_->copy(inputs_.data(), inputs, n * sizeof(std::int32_t));
-      backend_->copy(targets_.data(), targets, n * sizeof(std::int32_t));
-    }
-    return MicroBatch{inputs_.data(), targets_.data(), B, T};
+    // The tokens on the run's device: generated on the host, copied over (once) on a GPU.
+    std::int32_t* host = backend_ ? host_tokens_.data() : tokens_.data();
+    for (int b = 0; b < B; ++b) data_->fill(step, first + b, host + b * T, host + n + b * T);
+    if (backend_) backend_->copy(tokens_.data(), host, 2 * n * sizeof(std::int32_t));
+    return MicroBatch{tokens_.data(), tokens_.data() + n, B, T};
   }
   void add_phase_time(Phase phase, double seconds) override {
     phase_s_[static_cast<int>(phase)] += seconds;
@@ -138,8 +133,8 @@ class CoreContext final : public Context {
   std::map<Axis, std::unique_ptr<Group>> groups_;
   std::vector<std::unique_ptr<CommStream>> streams_;
   std::unique_ptr<DataSource> data_;
-  Buffer<std::int32_t> inputs_, targets_;
-  std::vector<std::int32_t> host_tokens_;  // GPU runs: inputs | targets, before the copy
+  Buffer<std::int32_t> tokens_;            // inputs | targets of the micro-batch [2, B*T]
+  std::vector<std::int32_t> host_tokens_;  // GPU runs: the same, before the copy
   std::unique_ptr<Model> model_;
   std::array<double, 4> phase_s_{};
   double loss_sum_ = 0, loss_tokens_ = 0;

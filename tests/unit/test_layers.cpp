@@ -19,19 +19,11 @@
 
 #include "cpu/layers.hpp"
 #include "cpu/vecmath.hpp"
+#include "random_inputs.hpp"
 
 namespace cpu = strata::cpu;
 
 namespace {
-
-std::vector<float> random_vec(std::size_t n, std::uint32_t seed, float lo = -1.0f,
-                              float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0.0;
@@ -78,7 +70,7 @@ std::vector<float> minus_prefill(std::vector<float> v) {
 TEST(Encoder, ForwardGathersTokenAndPositionRows) {
   const int B = 2, T = 3, C = 4, V = 5;
   const std::vector<std::int32_t> tok = {1, 4, 1, 0, 1, 3};
-  auto wte = random_vec(V * C, 1), wpe = random_vec(T * C, 2);
+  auto wte = random_floats(V * C, 1), wpe = random_floats(T * C, 2);
   std::vector<float> out(B * T * C);
   cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
   for (int b = 0; b < B; ++b)
@@ -90,7 +82,8 @@ TEST(Encoder, ForwardGathersTokenAndPositionRows) {
 TEST(Encoder, BackwardMatchesFiniteDifferences) {
   const int B = 2, T = 3, C = 4, V = 5;
   const std::vector<std::int32_t> tok = {1, 4, 1, 0, 1, 3};  // token 1 repeats: scatter-add
-  auto wte = random_vec(V * C, 1), wpe = random_vec(T * C, 2), R = random_vec(B * T * C, 3);
+  auto wte = random_floats(V * C, 1), wpe = random_floats(T * C, 2),
+       R = random_floats(B * T * C, 3);
   std::vector<float> out(B * T * C);
   auto J = [&] {
     cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
@@ -108,7 +101,7 @@ TEST(Encoder, BackwardMatchesFiniteDifferences) {
 
 TEST(LayerNorm, ForwardNormalises) {
   const int N = 3, C = 16;
-  auto x = random_vec(N * C, 4, -3.0f, 5.0f), w = random_vec(C, 5), b = random_vec(C, 6);
+  auto x = random_floats(N * C, 4, -3.0f, 5.0f), w = random_floats(C, 5), b = random_floats(C, 6);
   std::vector<float> out(N * C), mean(N), rstd(N);
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   for (int n = 0; n < N; ++n) {
@@ -127,8 +120,8 @@ TEST(LayerNorm, ForwardNormalises) {
 
 TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   const int N = 3, C = 8;
-  auto x = random_vec(N * C, 7, -2.0f, 2.0f), w = random_vec(C, 8, 0.5f, 1.5f),
-       b = random_vec(C, 9), R = random_vec(N * C, 10);
+  auto x = random_floats(N * C, 7, -2.0f, 2.0f), w = random_floats(C, 8, 0.5f, 1.5f),
+       b = random_floats(C, 9), R = random_floats(N * C, 10);
   std::vector<float> out(N * C), mean(N), rstd(N);
   auto J = [&] {
     cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
@@ -151,7 +144,7 @@ class Matmul : public ::testing::TestWithParam<bool> {};  // parameter: with bia
 TEST_P(Matmul, ForwardMatchesReference) {
   const bool with_bias = GetParam();
   const int N = 5, C = 7, OC = 6;
-  auto x = random_vec(N * C, 11), w = random_vec(OC * C, 12), b = random_vec(OC, 13);
+  auto x = random_floats(N * C, 11), w = random_floats(OC * C, 12), b = random_floats(OC, 13);
   std::vector<float> out(N * OC, 99.0f);  // overwritten, not accumulated
   cpu::matmul_forward(out.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
   for (int n = 0; n < N; ++n)
@@ -165,8 +158,8 @@ TEST_P(Matmul, ForwardMatchesReference) {
 TEST_P(Matmul, BackwardMatchesFiniteDifferences) {
   const bool with_bias = GetParam();
   const int N = 4, C = 5, OC = 3;
-  auto x = random_vec(N * C, 14), w = random_vec(OC * C, 15), b = random_vec(OC, 16),
-       R = random_vec(N * OC, 17);
+  auto x = random_floats(N * C, 14), w = random_floats(OC * C, 15), b = random_floats(OC, 16),
+       R = random_floats(N * OC, 17);
   std::vector<float> out(N * OC);
   auto J = [&] {
     cpu::matmul_forward(out.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
@@ -188,8 +181,8 @@ TEST_P(Matmul, BackwardMatchesFiniteDifferences) {
 // partial last ones included, lands where it belongs, in forward and both gradients.
 TEST(MatmulBlocks, LargerThanOneGemmBlockMatchesReference) {
   const int N = 2100, C = 9, OC = 1100;  // forward and dinp: 3 blocks of rows; dweight: 2
-  auto x = random_vec(std::size_t(N) * C, 21), w = random_vec(std::size_t(OC) * C, 22),
-       b = random_vec(OC, 23), R = random_vec(std::size_t(N) * OC, 24);
+  auto x = random_floats(std::size_t(N) * C, 21), w = random_floats(std::size_t(OC) * C, 22),
+       b = random_floats(OC, 23), R = random_floats(std::size_t(N) * OC, 24);
   std::vector<float> out(std::size_t(N) * OC);
   cpu::matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
   std::vector<float> dx(std::size_t(N) * C, kPrefill), dw(std::size_t(OC) * C, kPrefill);
@@ -256,7 +249,7 @@ std::vector<double> attention_reference(const std::vector<float>& qkv, int B, in
 
 TEST(Attention, ForwardMatchesReferenceAndIsCausal) {
   const int B = 2, T = 6, C = 8, NH = 2;
-  auto qkv = random_vec(B * T * 3 * C, 18, -1.5f, 1.5f);
+  auto qkv = random_floats(B * T * 3 * C, 18, -1.5f, 1.5f);
   std::vector<float> out(B * T * C), att(B * NH * T * T, 7.0f);
   cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
   const auto ref = attention_reference(qkv, B, T, C, NH);
@@ -279,7 +272,7 @@ TEST(Attention, ForwardMatchesReferenceAndIsCausal) {
 
 TEST(Attention, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
   const int B = 2, T = 7, C = 8, NH = 2, tf = 4;  // perturb position tf of batch row 1
-  auto qkv = random_vec(B * T * 3 * C, 19);
+  auto qkv = random_floats(B * T * 3 * C, 19);
   std::vector<float> out0(B * T * C), out1(B * T * C), att(B * NH * T * T);
   cpu::attention_forward(out0.data(), att.data(), qkv.data(), B, T, C, NH);
   for (int i = C; i < 3 * C; ++i) qkv[(1 * T + tf) * 3 * C + i] += 0.75f;  // its k and v
@@ -295,7 +288,7 @@ TEST(Attention, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
 
 TEST(Attention, BackwardMatchesFiniteDifferences) {
   const int B = 2, T = 5, C = 8, NH = 2;
-  auto qkv = random_vec(B * T * 3 * C, 20), R = random_vec(B * T * C, 21);
+  auto qkv = random_floats(B * T * 3 * C, 20), R = random_floats(B * T * C, 21);
   std::vector<float> out(B * T * C), att(B * NH * T * T), datt(B * NH * T * T);
   auto J = [&] {
     cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
@@ -310,7 +303,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 // ---------------------------------------------------------------------------------------------
 
 TEST(Gelu, ForwardMatchesTanhFormula) {
-  auto x = random_vec(257, 22, -6.0f, 6.0f);
+  auto x = random_floats(257, 22, -6.0f, 6.0f);
   x.push_back(0.0f);
   x.push_back(-20.0f);
   x.push_back(20.0f);
@@ -325,7 +318,7 @@ TEST(Gelu, ForwardMatchesTanhFormula) {
 }
 
 TEST(Gelu, BackwardMatchesFiniteDifferences) {
-  auto x = random_vec(67, 23, -4.0f, 4.0f), R = random_vec(67, 24);
+  auto x = random_floats(67, 23, -4.0f, 4.0f), R = random_floats(67, 24);
   std::vector<float> out(x.size());
   auto J = [&] {
     cpu::gelu_forward(out.data(), x.data(), std::int64_t(x.size()));
@@ -338,7 +331,7 @@ TEST(Gelu, BackwardMatchesFiniteDifferences) {
 
 TEST(Residual, ForwardAddsAndGradientIsIdentity) {
   const int n = 37;
-  auto a = random_vec(n, 25), b = random_vec(n, 26), R = random_vec(n, 27);
+  auto a = random_floats(n, 25), b = random_floats(n, 26), R = random_floats(n, 27);
   std::vector<float> out(n);
   auto J = [&] {
     cpu::residual_forward(out.data(), a.data(), b.data(), n);
@@ -359,7 +352,7 @@ TEST(Residual, ForwardAddsAndGradientIsIdentity) {
 
 TEST(SoftmaxCrossEntropy, ForwardMatchesReference) {
   const int N = 4, V = 37;
-  auto logits = random_vec(N * V, 28, -8.0f, 8.0f);
+  auto logits = random_floats(N * V, 28, -8.0f, 8.0f);
   logits[5] = 60.0f;  // large logits must not overflow (max subtraction)
   const std::vector<std::int32_t> tgt = {0, 36, 5, 17};
   std::vector<float> probs(N * V), losses(N);
@@ -389,7 +382,7 @@ TEST(SoftmaxCrossEntropy, ForwardMatchesReference) {
 TEST(SoftmaxCrossEntropy, BackwardMatchesFiniteDifferences) {
   const int N = 3, V = 11;
   const float scale = 0.37f;  // d(objective)/d(loss_n)
-  auto logits = random_vec(N * V, 29, -3.0f, 3.0f);
+  auto logits = random_floats(N * V, 29, -3.0f, 3.0f);
   const std::vector<std::int32_t> tgt = {3, 0, 10};
   std::vector<float> probs(N * V), losses(N);
   auto J = [&] {

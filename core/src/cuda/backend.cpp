@@ -43,9 +43,16 @@ void CudaBackend::release(void* p) noexcept {
 void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   // cudaMemcpyDefault: the direction from the pointers (unified addressing). Asynchronous on the
-  // compute stream, then waited for: the host's side (pageable memory) must be usable on return.
+  // compute stream; waited for only with a host side (pageable memory must be usable on return):
+  // a copy between device buffers is ordered by the stream like any kernel.
   STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, context_.stream));
-  context_.synchronize();
+  if (!on_device(dst) || !on_device(src)) context_.synchronize();
+}
+
+bool CudaBackend::on_device(const void* p) {
+  cudaPointerAttributes where{};
+  STRATA_CUDA_CHECK(cudaPointerGetAttributes(&where, p));
+  return where.type == cudaMemoryTypeDevice;
 }
 
 void CudaBackend::record_compute_event() {

@@ -38,6 +38,7 @@ class CudaBackend final : public DeviceBackend {
   std::uint64_t peak_device_bytes() override;
 
   cudaStream_t stream() const { return context_.stream; }
+  static bool on_device(const void* p);  // device memory (not host, pinned or unregistered)
   cudaEvent_t compute_event() const { return compute_event_; }
 
  private:
