@@ -160,14 +160,20 @@ cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream) 
     strata_emu::pool.used_high = strata_emu::pool.used;
   return cudaSuccess;
 }
+// The pool's statistics drop the block at once, before `stream` reaches the free: in CUDA an
+// allocation later on the same stream may reuse it, so a loop that frees and allocates the same
+// bytes keeps the pool's high-water mark flat whatever the host and the stream's timing.
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) return cudaSuccess;
   {
     std::lock_guard lock(strata_emu::mutex);
-    if (!strata_emu::pool_blocks.count(reinterpret_cast<std::uintptr_t>(ptr))) {
+    const auto block = strata_emu::pool_blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (block == strata_emu::pool_blocks.end()) {
       strata_emu::report("cudaFreeAsync(%p): not a pointer cudaMallocAsync returned", ptr);
       return set_last_error(cudaErrorInvalidValue);
     }
+    strata_emu::pool.used -= block->second;
+    strata_emu::pool_blocks.erase(block);
   }
   return set_last_error(
       strata_emu::enqueue(stream, [ptr] { strata_emu::release_now(ptr, false); }));
