@@ -3,6 +3,7 @@
 #   make test   the same set-up, then every test (unit, CLI, multi-rank end-to-end, faults, Slurm
 #               scripts, archive tools), the ASan + UBSan set and a bounded fuzz run
 #   make fuzz   the libFuzzer targets (clang, ASan + UBSan) in build-fuzz, FUZZ_SECONDS each
+#   make test-gpu  the real-GPU tests only (a machine with a GPU)
 #   make sanitize  ASan+UBSan build (build-asan/) and its tests; make tsan: TSan build (build-tsan/)
 BUILD ?= build
 JOBS  ?= $(shell nproc)
@@ -21,7 +22,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 comma := ,
 
-.PHONY: all deps configure build run test install clean fuzz sanitize tsan
+.PHONY: all deps configure build run test test-gpu install clean fuzz sanitize tsan
 
 all: build
 
@@ -46,10 +47,19 @@ run: build
 # Every test: the main build's, then the ASan + UBSan set, then a bounded fuzz run (TEST_FUZZ_SECONDS
 # per target). About 20 minutes from a fresh clone on 2 cores.
 TEST_FUZZ_SECONDS ?= 30
+# The real-GPU tests (label gpu) join where nvidia-smi sees a GPU; elsewhere the same test files
+# run on the CUDA emulator (emu.*), and the gpu label is left out rather than reported skipped.
+GPU_SEEN := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j 2
+	@[ "$(GPU_SEEN)" != 0 ] && [ -n "$(GPU_SEEN)" ] || \
+	  echo "no GPU seen by nvidia-smi: the real-GPU tests (ctest -L gpu) are left out; their files run on the CUDA emulator as emu.*"
+	cd $(BUILD) && ctest --output-on-failure -j 2 $(if $(filter-out 0,$(GPU_SEEN)),,-LE '^gpu$$')
 	@$(MAKE) --no-print-directory sanitize
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
+
+# The real-GPU tests alone (a machine with a GPU: each must run, a skip fails).
+test-gpu: build
+	cd $(BUILD) && ctest --output-on-failure -L '^gpu$$'
 
 fuzz: deps
 	@cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
