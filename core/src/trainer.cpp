@@ -7,6 +7,7 @@
 
 #include "backend.hpp"
 #include "calibrate.hpp"
+#include "comm/idle_clock.hpp"
 #include "comm/intervals.hpp"
 #include "comm/mpi_transport.hpp"
 #include "core_context.hpp"
@@ -101,6 +102,7 @@ StepRow run_step(Run& run, int step) {
   run.strategy->train_step(ctx, step);
   ctx.synchronize_streams();
   const double t1 = now();
+  resolve_idle_waits();  // the compute stream has passed every mark of the step
   run.ledger.set_step(-1);
 
   StepRow row;

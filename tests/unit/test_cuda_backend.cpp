@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "comm/idle_clock.hpp"
 #include "cuda/backend.hpp"
 #include "cuda_test.hpp"
 #include "strata/comm.hpp"
@@ -133,4 +134,34 @@ TEST(CudaBackend, DeviceMemoryNeedsAnOpenBackend) {
     EXPECT_NE(std::string(e.what()).find("no cuda backend is open"), std::string::npos) << e.what();
   }
   EXPECT_EQ(gpu.total(), 0u);
+}
+
+// Exposed comm on a GPU (comm/idle_clock.hpp): the compute thread's wait counts as idle compute
+// only from when the compute stream had finished its queued work. Idle stream: all of the host's
+// wait; a stream busy past the wait's end: none of it.
+TEST(CudaBackend, IdleTimeOfAWaitIsTheComputeStreamsNotTheHosts) {
+  STRATA_REQUIRE_GPU();
+  cuda::CudaBackend& gpu = backend();
+  const auto idle_of_a_wait = [&](double stream_busy_s) {
+    CommLedger ledger;
+    if (stream_busy_s > 0) {
+      static double seconds;
+      seconds = stream_busy_s;
+      STRATA_CUDA_CHECK(cudaLaunchHostFunc(
+          gpu.stream(),
+          [](void*) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); },
+          nullptr));
+    }
+    const WaitStart start = begin_wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    end_wait(ledger, start);
+    EXPECT_TRUE(ledger.waits(-1).empty()) << "recorded before the stream passed its marks";
+    gpu.synchronize();
+    resolve_idle_waits();
+    const auto waits = ledger.waits(-1);
+    EXPECT_EQ(waits.size(), 1u);
+    return waits.empty() ? -1.0 : waits[0].second - waits[0].first;
+  };
+  EXPECT_GE(idle_of_a_wait(0), 0.035);
+  EXPECT_LT(idle_of_a_wait(0.4), 0.005);  // busy 0.4 s, the host waited 0.04 s of it
 }

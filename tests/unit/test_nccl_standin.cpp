@@ -282,10 +282,17 @@ TEST_F(NcclVsMpi, CollectiveWaitsForTheComputeEvent) {
   STRATA_CUDA_CHECK(cudaEventRecord(produced, compute));
   auto& group = dynamic_cast<NcclGroup&>(nccl());
   group.set_compute_event(produced);
+  const double t0 = strata::now();
   group.all_reduce(dev.view());
+  const double host_seconds = strata::now() - t0;
   group.set_compute_event(nullptr);
   mpi().all_reduce(want.view());
   expect_same(dev.host(), want, "all_reduce after the compute event");
+  // The ledger's interval is the one the events timed: the wait for the compute is not comm.
+  const strata::CommRecord call = g_world->nccl_ledger.records().back();
+  EXPECT_GE(host_seconds, 0.29);
+  EXPECT_LT(call.seconds(), host_seconds - 0.2);
+  EXPECT_GE(call.t0, t0 + 0.2);
   STRATA_CUDA_CHECK(cudaStreamDestroy(compute));
   STRATA_CUDA_CHECK(cudaEventDestroy(produced));
 }

@@ -83,6 +83,8 @@ class CommLedger {
 
   int begin_call(CommOp op, const std::string& group, std::uint64_t bytes);  // returns a token
   void end_call(int token, int group_size);
+  // Ends a call with the busy interval its transport timed on the device (inside the host's call).
+  void end_call(int token, int group_size, double t0, double t1);
   // The compute thread was idle (blocked on an event or in a blocking call) over [t0, t1).
   void record_wait(double t0, double t1);
 

@@ -1,6 +1,8 @@
 // The comm ledger and the recording wrapper every Group call goes through.
+#include <algorithm>
 #include <chrono>
 
+#include "comm/idle_clock.hpp"
 #include "comm/thread_role.hpp"
 #include "strata/comm.hpp"
 
@@ -13,6 +15,7 @@ double now() {
 
 thread_local bool t_on_comm_worker = false;
 thread_local const std::string* t_stream_name = nullptr;
+thread_local std::optional<std::pair<double, double>> t_device_interval;
 
 void CommLedger::set_step(int step) {
   std::lock_guard lock(mu_);
@@ -31,13 +34,16 @@ int CommLedger::begin_call(CommOp op, const std::string& group, std::uint64_t by
   return token;
 }
 
-void CommLedger::end_call(int token, int group_size) {
-  double t1 = now();
+void CommLedger::end_call(int token, int group_size) { end_call(token, group_size, -1.0, now()); }
+
+void CommLedger::end_call(int token, int group_size, double t0, double t1) {
   std::lock_guard lock(mu_);
   auto it = in_flight_.find(token);
   if (it == in_flight_.end()) return;
   const InFlight& f = it->second;
-  records_.push_back(CommRecord{f.op, f.group, group_size, f.bytes, f.t0, t1, step_, f.stream});
+  // The device's interval lies inside the host's call; a negative t0 means the host's.
+  t0 = t0 < 0 ? f.t0 : std::clamp(t0, f.t0, t1);
+  records_.push_back(CommRecord{f.op, f.group, group_size, f.bytes, t0, t1, step_, f.stream});
   in_flight_.erase(it);
 }
 
@@ -85,7 +91,9 @@ void CommLedger::clear() {
 template <class F>
 void Group::recorded(CommOp op, std::uint64_t bytes, F&& f) {
   int token = ledger_ ? ledger_->begin_call(op, name_, bytes) : -1;
-  double t0 = now();
+  const bool compute_waits = ledger_ && !t_on_comm_worker;
+  const WaitStart start = compute_waits ? begin_wait() : WaitStart{};
+  t_device_interval.reset();
   try {
     f();
   } catch (...) {
@@ -93,10 +101,14 @@ void Group::recorded(CommOp op, std::uint64_t bytes, F&& f) {
     throw;
   }
   if (ledger_) {
-    ledger_->end_call(token, size_);
+    if (t_device_interval)  // the transport timed the call on the device
+      ledger_->end_call(token, size_, t_device_interval->first, t_device_interval->second);
+    else
+      ledger_->end_call(token, size_);
     // A blocking call on the compute thread leaves compute idle for its whole duration.
-    if (!t_on_comm_worker) ledger_->record_wait(t0, now());
+    if (compute_waits) end_wait(*ledger_, start);
   }
+  t_device_interval.reset();
 }
 
 static void require(bool ok, const std::string& what) {

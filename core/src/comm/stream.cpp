@@ -1,4 +1,5 @@
 // CPU comm streams: one worker thread per stream running enqueued work in order.
+#include "comm/idle_clock.hpp"
 #include "comm/thread_role.hpp"
 #include "strata/comm.hpp"
 
@@ -8,9 +9,10 @@ void Event::wait() const {
   if (!state_) return;
   std::unique_lock lock(state_->mu);
   if (!state_->done) {
-    double t0 = now();
+    const bool compute_waits = ledger_ && !t_on_comm_worker;
+    const WaitStart start = compute_waits ? begin_wait() : WaitStart{};
     state_->cv.wait(lock, [&] { return state_->done; });
-    if (ledger_ && !t_on_comm_worker) ledger_->record_wait(t0, now());
+    if (compute_waits) end_wait(*ledger_, start);
   }
   if (state_->error) std::rethrow_exception(state_->error);
 }

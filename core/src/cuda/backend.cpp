@@ -3,13 +3,52 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "cuda/device.hpp"
 
 namespace strata::cuda {
 
+StreamIdleClock::~StreamIdleClock() {
+  for (const auto& [id, event] : marks_) cudaEventDestroy(event);  // errors ignored: no throw
+  for (cudaEvent_t event : free_) cudaEventDestroy(event);
+}
+
+std::uint64_t StreamIdleClock::mark() {
+  std::lock_guard lock(mu_);
+  cudaEvent_t event = nullptr;
+  if (free_.empty()) {
+    STRATA_CUDA_CHECK(cudaEventCreate(&event));  // with timing
+  } else {
+    event = free_.back();
+    free_.pop_back();
+  }
+  marks_.emplace(++next_, event);
+  STRATA_CUDA_CHECK(cudaEventRecord(event, stream_));
+  return next_;
+}
+
+double StreamIdleClock::seconds_between(std::uint64_t a, std::uint64_t b) {
+  std::lock_guard lock(mu_);
+  const auto first = marks_.find(a), second = marks_.find(b);
+  if (first == marks_.end() || second == marks_.end())
+    throw Error("StreamIdleClock: mark " + std::to_string(first == marks_.end() ? a : b) +
+                " was not recorded or was measured already");
+  float ms = 0.0f;
+  STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, first->second, second->second));
+  free_.push_back(first->second);
+  free_.push_back(second->second);
+  marks_.erase(first);
+  marks_.erase(second);
+  return double(ms) * 1e-3;
+}
+
 CudaBackend::CudaBackend(int device)
-    : context_(device), kernels_(context_), ops_(context_.stream), name_(cuda_device_name(device)) {
+    : context_(device),
+      kernels_(context_),
+      ops_(context_.stream),
+      name_(cuda_device_name(device)),
+      idle_clock_(context_.stream) {
   STRATA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
   // Keep what a step frees in the pool for the next step: the default threshold (0) returns it
   // to the driver at every synchronisation, and each step would allocate from the driver again.
@@ -18,9 +57,11 @@ CudaBackend::CudaBackend(int device)
   std::uint64_t reset = 0;
   STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &reset));
   STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&compute_event_, cudaEventDisableTiming));
+  set_idle_clock(&idle_clock_);
 }
 
 CudaBackend::~CudaBackend() {
+  set_idle_clock(nullptr);
   // Errors ignored: this must not throw, and a sticky fault was already reported.
   cudaStreamSynchronize(context_.stream);
   if (compute_event_) cudaEventDestroy(compute_event_);

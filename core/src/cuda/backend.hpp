@@ -6,15 +6,37 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "../backend.hpp"  // strata::DeviceBackend ("backend.hpp" would be this file)
+#include "comm/idle_clock.hpp"
 #include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/ops.hpp"
 
 namespace strata::cuda {
+
+// Marks on the compute stream for exposed-comm time (comm/idle_clock.hpp): timing events from a
+// pool, recorded on the stream, measured against each other once the stream has passed them.
+class StreamIdleClock final : public IdleClock {
+ public:
+  explicit StreamIdleClock(cudaStream_t stream) : stream_(stream) {}
+  ~StreamIdleClock() override;
+  std::uint64_t mark() override;
+  double seconds_between(std::uint64_t a, std::uint64_t b) override;
+
+ private:
+  cudaStream_t stream_;
+  std::mutex mu_;
+  std::uint64_t next_ = 0;
+  std::map<std::uint64_t, cudaEvent_t> marks_;  // recorded, not yet measured
+  std::vector<cudaEvent_t> free_;
+};
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -48,6 +70,7 @@ class CudaBackend final : public DeviceBackend {
   cudaMemPool_t pool_ = nullptr;
   cudaEvent_t compute_event_ = nullptr;
   std::string name_;
+  StreamIdleClock idle_clock_;  // the process's idle clock while this backend is open
 };
 
 // "" when `local_size` ranks on this node can each have a GPU of their own, as far as this process

@@ -357,7 +357,7 @@ void NcclGroup::wait_for_stream(const char* what) {
 }
 
 // Enqueue one NCCL call between the event pair (after the compute event), wait for the stream,
-// keep the GPU time. The caller holds call_mutex_.
+// keep the GPU time and give it to the ledger as the call's interval. The caller holds call_mutex_.
 template <class F>
 void NcclGroup::timed(const char* what, F&& enqueue) {
   DeviceScope scope(device_);
@@ -370,9 +370,13 @@ void NcclGroup::timed(const char* what, F&& enqueue) {
   enqueue();
   STRATA_CUDA_CHECK(cudaEventRecord(stop_, stream_));
   wait_for_stream(what);
+  const double t_done = now();
   float ms = 0.0f;
   STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
   last_gpu_seconds_ = double(ms) * 1e-3;
+  // The ledger's busy interval: the events' time, ending when the host saw the stream finish
+  // (within a poll). The host's own interval would also count the wait for the compute event.
+  t_device_interval.emplace(t_done - last_gpu_seconds_, t_done);
 }
 
 void NcclGroup::check_usable(const char* op) const {
