@@ -13,6 +13,7 @@
 //
 // Plain C++ header (no CUDA syntax), so host-only sources and tests can include it.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -21,9 +22,11 @@
 
 namespace strata::cuda {
 
-// The stream every pass of one rank runs on, the cuBLAS handle bound to it, and a cuBLAS
-// workspace owned here (a fixed user workspace keeps cuBLAS from allocating during a step and
-// makes the GEMMs capturable in a CUDA graph later). Non-copyable; owns everything it creates.
+// The stream every pass of one rank runs on, the cuBLAS handle bound to it, a cuBLASLt handle
+// (its matmuls name the stream per call) and a cuBLAS workspace owned here, shared by both (a
+// fixed user workspace keeps cuBLAS from allocating during a step and makes the GEMMs capturable
+// in a CUDA graph later; the two libraries' calls are ordered on the one stream). Non-copyable;
+// owns everything it creates.
 struct CudaContext {
   // Uses device `device` (cudaSetDevice) and creates a non-blocking stream on it.
   explicit CudaContext(int device = 0, std::size_t workspace_bytes = std::size_t(32) << 20);
@@ -37,6 +40,7 @@ struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublaslt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 
