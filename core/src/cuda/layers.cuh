@@ -7,9 +7,9 @@
 // NH heads, hs = C / NH, V vocab, N = B*T rows.
 // Convention: parameter gradients and input gradients ACCUMULATE (+=); callers zero them.
 //
-// This step is fp32 only: GEMMs run in plain fp32 (CUBLAS_DEFAULT_MATH, no TF32), so results
-// match the CPU path to fp32 reduction-order error. TODO(bf16): bf16 activations/weights with
-// fp32 master weights and fp32 accumulation (cublasGemmEx / cuBLASLt), as DESIGN.md "Backend".
+// These passes are fp32 only: GEMMs run in plain fp32 (CUBLAS_DEFAULT_MATH, no TF32), so results
+// match the CPU path to fp32 reduction-order error. The bf16 GEMMs (cublasGemmEx, and cuBLASLt
+// with bias and GELU epilogues) are CudaKernels' (cuda/kernels.hpp, matmul_lt.cpp).
 //
 // Plain C++ header (no CUDA syntax), so host-only sources and tests can include it.
 #pragma once
