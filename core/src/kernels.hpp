@@ -57,6 +57,14 @@ class Kernels {
                          std::size_t scratchpad_bytes) = 0;
   virtual std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
                                                  DType c_dtype, bool accumulate) = 0;
+  // A linear layer's forward on bf16 operands with its epilogue: out[N,OC] (=, fp32) = inp[N,C] @
+  // weight[OC,C]^T + bias[OC] (bias fp32, may be null); with gelu_out [N,OC] also gelu_out =
+  // GELU(out), out keeping the GELU's input for the backward. The scratchpad is gemm_bf16's for
+  // (false, true, N, OC, C, f32, false). The CPU backend runs gemm_bf16, add_bias and
+  // gelu_forward (one rounding each); the CUDA one fuses bias and GELU into cuBLASLt's epilogue.
+  virtual void matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp, const bf16* weight,
+                                   const float* bias, int N, int C, int OC, void* scratchpad,
+                                   std::size_t scratchpad_bytes) = 0;
 
   // --- elementwise steps of the passes
   virtual void zero(float* p, std::size_t n) = 0;  // p = 0

@@ -92,15 +92,15 @@ void ModelPasses::scatter(TensorParallelComm* tp, float* full,
 // --- dtype-aware pieces: the GEMMs and a unit's small tensors
 
 void ModelPasses::matmul_forward(float* out, const float* inp, BufferView w, const float* bias,
-                                 int N, int C, int OC) {
+                                 int N, int C, int OC, float* gelu_out) {
   if (w.dtype == DType::f32) {
     k_.matmul_forward(out, inp, static_cast<const float*>(w.data), bias, N, C, OC);
+    if (gelu_out) k_.gelu_forward(gelu_out, out, std::int64_t(N) * OC);
     return;
   }
   k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
-  k_.gemm_bf16(false, true, N, OC, C, g_.op_in, static_cast<const bf16*>(w.data), out, DType::f32,
-               false, g_.gemm_pad, g_.gemm_pad_bytes);
-  if (bias) k_.add_bias(out, bias, std::size_t(N), OC);
+  k_.matmul_bf16_forward(out, gelu_out, g_.op_in, static_cast<const bf16*>(w.data), bias, N, C, OC,
+                         g_.gemm_pad, g_.gemm_pad_bytes);
 }
 
 void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
@@ -204,8 +204,8 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   k_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, small.param(o[kLn2W], C),
                        small.param(o[kLn2B], C), Nl, C);
   if (d.sp) gather(tp, a.ln2, a.ln2_full);
-  matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl);
-  k_.gelu_forward(a.fch_gelu, a.fch, std::int64_t(N) * 4 * Cl);
+  matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl,
+                 a.fch_gelu);
   if (recomputing) return;
   float* x_out = s.x[l + 1];
   row_parallel(tp, x_out, a.fch_gelu, at(p, o[kFcprojW]), small.param(o[kFcprojB], C), 4 * Cl);

@@ -165,10 +165,11 @@ class ModelPasses {
   void scatter(TensorParallelComm* tp, float* full, float* shard);
   void row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
                     const float* bias, int icl);
-  // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias): sgemm for f32 weights, oneDNN with bf16 operands
-  // and fp32 accumulation for bf16 ones.
+  // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias), and gelu_out = GELU(out) when given: sgemm for
+  // f32 weights, for bf16 ones Kernels::matmul_bf16_forward (bf16 operands, fp32 accumulation;
+  // bias and GELU in cuBLASLt's epilogue on a GPU).
   void matmul_forward(float* out, const float* inp, BufferView w, const float* bias, int N, int C,
-                      int OC);
+                      int OC, float* gelu_out = nullptr);
   // dinp[N,C] += dout @ w; dw[OC,C] += dout^T @ inp (dw f32 or bf16); dbias += sum_n dout.
   void matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
                        const float* inp, BufferView w, int N, int C, int OC);

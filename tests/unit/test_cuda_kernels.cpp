@@ -14,15 +14,21 @@
 // - sum: fp32 block partials vs the CPU's double running sum: rtol 1e-5 of sum |x|;
 // - gemm_bf16: fp32 accumulation in any order vs a double reference: 1e-5 of sum |a b| (f32 C),
 //   plus one bf16 rounding (2^-8 relative) for a bf16 C;
+// - matmul_bf16_forward (cuBLASLt's bias and GELU epilogues): as gemm_bf16 for the output, and
+//   through GELU's slope plus a few fp32 ulp of the tanh formula for the GELU output;
 // - the layer passes (cuda/layers.cuh, tested against cpu/layers.hpp in test_cuda_layers): that
 //   each is wired to the right function and arguments, to fp32 reordering error (1e-4).
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <numbers>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/device.hpp"
@@ -296,6 +302,188 @@ TEST_F(CudaKernelsTest, GemmBf16AgainstADoubleReference) {
     EXPECT_EQ(bad, 0u);
   }
 }
+
+namespace {
+// The relative error of the tanh inside cuBLASLt's GELU epilogue: unknown on a GPU (the hardware's
+// tanh.approx.f32 is within 2^-10.99), the emulator's std::tanh a few ulp.
+#ifdef STRATA_CUDA_EMULATOR
+constexpr double kGpuTanhError = 0.0;
+#else
+const double kGpuTanhError = std::ldexp(1.0, -10);
+#endif
+double gelu_reference(double x) {
+  return 0.5 * x *
+         (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+}  // namespace
+
+// A linear layer's bf16 forward with its epilogue (cuBLASLt on the GPU; gemm_bf16, add_bias and
+// gelu_forward on the CPU), with and without bias and GELU, on both backends against a double
+// reference. OC = 16 takes cuBLASLt's GELU_AUX epilogues, OC = 10 (aux leading dimension not a
+// multiple of 8) the GELU kernel after a BIAS epilogue. Tolerances: out as gemm_bf16's (1e-5 of
+// sum |x w| + |bias|); gelu_out against the double GELU of the backend's own out (the aux
+// matrix), 5e-7 (1 + |x|): a few fp32 ulp of the tanh formula (measured 9e-8 (1 + |x|) on the
+// CPU's sigmoid form and the emulator's tanhf; cuBLASLt's GELU and ours are not bit-equal), plus
+// on a GPU |x| / 2 times the relative error of a hardware tanh (2^-10).
+TEST_F(CudaKernelsTest, MatmulBf16ForwardEpilogues) {
+  STRATA_REQUIRE_GPU();
+  constexpr int Nr = 37, Ci = 24;
+  for (int OC : {16, 10})
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool with_bias = mode & 1, with_gelu = mode & 2;
+      SCOPED_TRACE(::testing::Message()
+                   << "OC " << OC << " bias " << with_bias << " gelu " << with_gelu);
+      const std::vector<bf16> x = random_bf16(Nr * Ci, 30), w = random_bf16(OC * Ci, 31);
+      const std::vector<float> bias = random_floats(OC, 32, -2, 2);
+      std::vector<double> want(Nr * OC), tol(Nr * OC);
+      for (int n = 0; n < Nr; ++n)
+        for (int o = 0; o < OC; ++o) {
+          double sum = with_bias ? bias[o] : 0.0, scale = with_bias ? std::fabs(bias[o]) : 0.0;
+          for (int c = 0; c < Ci; ++c) {
+            const double p = double(to_float(x[n * Ci + c])) * to_float(w[o * Ci + c]);
+            sum += p;
+            scale += std::fabs(p);
+          }
+          want[n * OC + o] = sum;
+          tol[n * OC + o] = 1e-5 * scale;
+        }
+      Dev<bf16> d_x(x), d_w(w);
+      Dev<float> d_bias(bias), d_out(std::vector<float>(Nr * OC, NAN)),
+          d_gelu(std::vector<float>(Nr * OC, NAN));
+      std::vector<float> out(Nr * OC, NAN), gelu(Nr * OC, NAN);
+      const float* b = with_bias ? d_bias.p : nullptr;
+      gpu->matmul_bf16_forward(d_out.p, with_gelu ? d_gelu.p : nullptr, d_x.p, d_w.p, b, Nr, Ci, OC,
+                               nullptr, 0);
+      std::vector<char> pad(
+          cpu.gemm_bf16_scratchpad_bytes(false, true, Nr, OC, Ci, DType::f32, false));
+      cpu.matmul_bf16_forward(out.data(), with_gelu ? gelu.data() : nullptr, x.data(), w.data(),
+                              with_bias ? bias.data() : nullptr, Nr, Ci, OC, pad.data(),
+                              pad.size());
+      sync();
+      for (auto [got, side] : {std::pair{d_out.host(), "gpu"}, {out, "cpu"}}) {
+        std::size_t bad = 0;
+        for (int i = 0; i < Nr * OC; ++i)
+          if (!(std::fabs(got[i] - want[i]) <= tol[i]) && !bad++)
+            ADD_FAILURE() << side << " out[" << i << "] = " << got[i] << ", want " << want[i];
+        EXPECT_EQ(bad, 0u) << side;
+      }
+      if (!with_gelu) {
+        for (float v : d_gelu.host()) ASSERT_TRUE(std::isnan(v)) << "gelu_out written";
+        continue;
+      }
+      // GELU of the backend's own pre-GELU output (the aux matrix): only the tanh formula's error.
+      const std::vector<float> gpu_out = d_out.host();
+      for (auto [got, pre, side] :
+           {std::tuple{d_gelu.host(), gpu_out, "gpu"}, {gelu, out, "cpu"}}) {
+        const double tanh_rel = std::string(side) == "gpu" ? kGpuTanhError : 0.0;
+        std::size_t bad = 0;
+        for (int i = 0; i < Nr * OC; ++i) {
+          const double x = pre[i], g = gelu_reference(x);
+          if (!(std::fabs(got[i] - g) <=
+                5e-7 * (1 + std::fabs(x)) + 0.5 * std::fabs(x) * tanh_rel) &&
+              !bad++)
+            ADD_FAILURE() << side << " gelu_out[" << i << "] = " << got[i] << ", want " << g
+                          << " (GELU of " << x << ")";
+        }
+        EXPECT_EQ(bad, 0u) << side;
+      }
+    }
+}
+
+// cuBLASLt's own checks, as it documents them: a layout's leading dimension below its rows, a
+// BIAS epilogue without a bias pointer and a GELU aux leading dimension not a multiple of 8 are
+// CUBLAS_STATUS_INVALID_VALUE, at the heuristic and at the matmul.
+TEST_F(CudaKernelsTest, CublasLtRefusesBadArguments) {
+  STRATA_REQUIRE_GPU();
+  constexpr int M = 16, Nc = 8, K = 24;
+  Dev<bf16> d_a(random_bf16(K * M, 40)), d_b(random_bf16(K * Nc, 41));
+  Dev<float> d_d(std::vector<float>(M * Nc)), d_aux(std::vector<float>(M * Nc));
+  auto status = [&](std::int64_t lda, cublasLtEpilogue_t epilogue, std::int64_t aux_ld) {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulPreference_t pref;
+    EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+              CUBLAS_STATUS_SUCCESS);
+    const std::int32_t op_t = CUBLAS_OP_T;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                   sizeof(std::uint32_t));
+    void* aux = d_aux.p;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                   sizeof aux);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                   sizeof aux_ld);
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, M, lda);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, Nc, K);
+    cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, M, Nc, M);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t heuristic =
+        cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, desc, a, b, d, d, pref, 1, &result, &found);
+    const float alpha = 1, beta = 0;
+    const cublasStatus_t matmul =
+        cublasLtMatmul(ctx->cublaslt, desc, &alpha, d_a.p, a, d_b.p, b, &beta, d_d.p, d, d_d.p, d,
+                       nullptr, nullptr, 0, ctx->stream);
+    sync();
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(d);
+    cublasLtMatmulDescDestroy(desc);
+    EXPECT_EQ(heuristic, matmul);
+    return heuristic;
+  };
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_DEFAULT, M), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_GELU_AUX, M), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(status(K - 1, CUBLASLT_EPILOGUE_DEFAULT, M), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_BIAS, M), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_GELU_AUX, M + 4), CUBLAS_STATUS_INVALID_VALUE);
+}
+
+#ifdef STRATA_CUDA_EMULATOR
+// The emulator's check beyond cuBLASLt's status codes: an algorithm chosen for 256-byte aligned
+// operands (the preference's default) refuses a D that is only 4-byte aligned; on a GPU such a
+// call faults or is refused. matmul_bf16_forward tells the heuristic the real alignment, so the
+// same offset output works through it.
+TEST_F(CudaKernelsTest, CublasLtAlgorithmKeepsItsAlignment) {
+  constexpr int M = 8, Nc = 4, K = 8;
+  Dev<bf16> d_a(random_bf16(K * M, 50)), d_b(random_bf16(K * Nc, 51));
+  Dev<float> d_d(std::vector<float>(M * Nc + 1));
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, d;
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, M, K, M);
+  cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, Nc, K);
+  cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, M, Nc, M);
+  cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  ASSERT_EQ(
+      cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, desc, a, b, d, d, pref, 1, &result, &found),
+      CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(found, 1);
+  const float alpha = 1, beta = 0;
+  float* shifted = d_d.p + 1;
+  EXPECT_EQ(cublasLtMatmul(ctx->cublaslt, desc, &alpha, d_a.p, a, d_b.p, b, &beta, shifted, d,
+                           shifted, d, &result.algo, nullptr, 0, ctx->stream),
+            CUBLAS_STATUS_INVALID_VALUE);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(d);
+  cublasLtMatmulDescDestroy(desc);
+  // Through the kernel entry: out = x[Nc,K] @ w[M,K]^T at the same offset, no bias.
+  gpu->matmul_bf16_forward(shifted, nullptr, d_b.p, d_a.p, nullptr, Nc, K, M, nullptr, 0);
+  sync();
+  const std::vector<float> got = d_d.host();
+  const std::vector<bf16> x = d_b.host(), w = d_a.host();
+  double sum = 0;
+  for (int c = 0; c < K; ++c) sum += double(to_float(x[c])) * to_float(w[c]);
+  EXPECT_NEAR(got[1], sum, 1e-5 * (1 + std::fabs(sum)));
+}
+#endif
 
 namespace {
 // A host buffer and its device copy, run through both backends and compared.

@@ -100,6 +100,15 @@ class CpuKernels final : public Kernels {
                                          DType c_dtype, bool accumulate) override {
     return cpu::gemm_bf16_scratchpad_bytes(trans_a, trans_b, M, N, K, c_dtype, accumulate);
   }
+  // The three steps ModelPasses ran before this entry existed: the same arithmetic.
+  void matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp, const bf16* weight,
+                           const float* bias, int N, int C, int OC, void* scratchpad,
+                           std::size_t scratchpad_bytes) override {
+    gemm_bf16(false, true, N, OC, C, inp, weight, out, DType::f32, false, scratchpad,
+              scratchpad_bytes);
+    if (bias) add_bias(out, bias, std::size_t(N), OC);
+    if (gelu_out) gelu_forward(gelu_out, out, std::int64_t(N) * OC);
+  }
 
   void zero(float* p, std::size_t n) override { std::memset(p, 0, n * sizeof(float)); }
   void add_bias(float* out, const float* bias, std::size_t rows, int C) override {

@@ -1,7 +1,8 @@
 // The CUDA backend of strata::Kernels (kernels.hpp): the model passes' compute on device memory,
 // every call asynchronous on the context's stream except sum(), which returns its value to the
 // host (and so waits for the stream). The layer passes are cuda/layers.cuh's; the bf16 GEMMs are
-// cublasGemmEx (bf16 operands, fp32 accumulation) on the context's cuBLAS handle and workspace;
+// cublasGemmEx (bf16 operands, fp32 accumulation) on the context's cuBLAS handle and workspace,
+// a linear layer's forward cublasLtMatmul with the bias and GELU in its epilogue;
 // the elementwise steps are own kernels (kernels.cu), bit for bit the CPU backend's arithmetic
 // where it is elementwise, and deterministic (no atomics) in the scatter-adds of the embeddings.
 // Plain C++ header: host-only sources include it.
@@ -58,6 +59,12 @@ class CudaKernels final : public Kernels {
   // 0: cuBLAS works in the context's workspace.
   std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
                                          DType c_dtype, bool accumulate) override;
+  // cublasLtMatmul (matmul_lt.cpp): bias and GELU in the epilogue; GELU in a kernel of its own
+  // where cuBLASLt's aux matrix does not take OC (not a multiple of 8), and the whole call as
+  // gemm_bf16, add_bias and gelu_forward where cuBLASLt has no algorithm for it.
+  void matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp, const bf16* weight,
+                           const float* bias, int N, int C, int OC, void* scratchpad,
+                           std::size_t scratchpad_bytes) override;
 
   void zero(float* p, std::size_t n) override;
   void add_bias(float* out, const float* bias, std::size_t rows, int C) override;

@@ -381,6 +381,7 @@ CudaContext::CudaContext(int dev, std::size_t ws_bytes) : device(dev) {
     STRATA_CUBLAS_CHECK(cublasSetStream(cublas, stream));
     // Plain fp32 GEMMs (no TF32 tensor-core rounding): the CPU path is the reference.
     STRATA_CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+    STRATA_CUBLAS_CHECK(cublasLtCreate(&cublaslt));
     if (ws_bytes > 0) {
       STRATA_CUDA_CHECK(cudaMalloc(&workspace, ws_bytes));
       workspace_bytes = ws_bytes;
@@ -397,9 +398,11 @@ CudaContext::~CudaContext() { release(); }
 void CudaContext::release() noexcept {
   // Errors are ignored here: this must not throw, and a sticky fault was already reported.
   if (cublas) cublasDestroy(cublas);
+  if (cublaslt) cublasLtDestroy(cublaslt);
   if (workspace) cudaFree(workspace);
   if (stream) cudaStreamDestroy(stream);
   cublas = nullptr;
+  cublaslt = nullptr;
   workspace = nullptr;
   stream = nullptr;
 }

@@ -7,12 +7,13 @@
 // NH heads, hs = C / NH, V vocab, N = B*T rows.
 // Convention: parameter gradients and input gradients ACCUMULATE (+=); callers zero them.
 //
-// This step is fp32 only: GEMMs run in plain fp32 (CUBLAS_DEFAULT_MATH, no TF32), so results
-// match the CPU path to fp32 reduction-order error. TODO(bf16): bf16 activations/weights with
-// fp32 master weights and fp32 accumulation (cublasGemmEx / cuBLASLt), as DESIGN.md "Backend".
+// These passes are fp32 only: GEMMs run in plain fp32 (CUBLAS_DEFAULT_MATH, no TF32), so results
+// match the CPU path to fp32 reduction-order error. The bf16 GEMMs (cublasGemmEx, and cuBLASLt
+// with bias and GELU epilogues) are CudaKernels' (cuda/kernels.hpp, matmul_lt.cpp).
 //
 // Plain C++ header (no CUDA syntax), so host-only sources and tests can include it.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -21,9 +22,11 @@
 
 namespace strata::cuda {
 
-// The stream every pass of one rank runs on, the cuBLAS handle bound to it, and a cuBLAS
-// workspace owned here (a fixed user workspace keeps cuBLAS from allocating during a step and
-// makes the GEMMs capturable in a CUDA graph later). Non-copyable; owns everything it creates.
+// The stream every pass of one rank runs on, the cuBLAS handle bound to it, a cuBLASLt handle
+// (its matmuls name the stream per call) and a cuBLAS workspace owned here, shared by both (a
+// fixed user workspace keeps cuBLAS from allocating during a step and makes the GEMMs capturable
+// in a CUDA graph later; the two libraries' calls are ordered on the one stream). Non-copyable;
+// owns everything it creates.
 struct CudaContext {
   // Uses device `device` (cudaSetDevice) and creates a non-blocking stream on it.
   explicit CudaContext(int device = 0, std::size_t workspace_bytes = std::size_t(32) << 20);
@@ -37,6 +40,7 @@ struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublaslt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 

@@ -16,6 +16,41 @@ struct cublasContext {
 };
 
 namespace strata_emu {
+
+std::size_t type_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+float load(const void* p, cudaDataType_t t, std::int64_t i) {
+  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
+  return std::bit_cast<float>(std::uint32_t(static_cast<const std::uint16_t*>(p)[i]) << 16);
+}
+void store(void* p, cudaDataType_t t, std::int64_t i, float v) {
+  if (t == CUDA_R_32F) {
+    static_cast<float*>(p)[i] = v;
+    return;
+  }
+  std::uint32_t u = std::bit_cast<std::uint32_t>(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    static_cast<std::uint16_t*>(p)[i] = std::uint16_t((u >> 16) | 0x40u);
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  static_cast<std::uint16_t*>(p)[i] = std::uint16_t(u >> 16);
+}
+
+bool operand_inside(const void* p, std::size_t elem, int rows, int cols, int ld, long long stride,
+                    int batch, const char* what, const char* call) {
+  if (rows == 0 || cols == 0 || batch == 0) return true;
+  const long long lo = std::min(0LL, (batch - 1) * stride);
+  const long long hi = std::max(0LL, (batch - 1) * stride) + (cols - 1LL) * ld + rows;
+  if (in_device_memory(static_cast<const char*>(p) + lo * static_cast<long long>(elem),
+                       std::size_t(hi - lo) * elem))
+    return true;
+  report(
+      "%s: operand %s (%d x %d, ld %d, stride %lld, batch %d at %p) reaches outside its device "
+      "allocation (a wrong leading dimension, stride or pointer)",
+      call, what, rows, cols, ld, stride, batch, static_cast<const void*>(p));
+  return false;
+}
+
 namespace {
 
 struct Gemm {
@@ -36,27 +71,6 @@ struct Gemm {
   // Element types (cublasGemmEx); the fp32 GEMMs leave them fp32.
   cudaDataType_t a_type = CUDA_R_32F, b_type = CUDA_R_32F, c_type = CUDA_R_32F;
 };
-
-std::size_t type_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
-// Element i of a buffer of type t, as fp32 (bf16: its 16 bits are the top of a float's).
-float load(const void* p, cudaDataType_t t, std::int64_t i) {
-  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
-  return std::bit_cast<float>(std::uint32_t(static_cast<const std::uint16_t*>(p)[i]) << 16);
-}
-// Round to nearest even; NaN stays a quiet NaN (strata::to_bf16).
-void store(void* p, cudaDataType_t t, std::int64_t i, float v) {
-  if (t == CUDA_R_32F) {
-    static_cast<float*>(p)[i] = v;
-    return;
-  }
-  std::uint32_t u = std::bit_cast<std::uint32_t>(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    static_cast<std::uint16_t*>(p)[i] = std::uint16_t((u >> 16) | 0x40u);
-    return;
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);
-  static_cast<std::uint16_t*>(p)[i] = std::uint16_t(u >> 16);
-}
 
 bool valid_op(cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T; }
 
@@ -85,23 +99,6 @@ const char* invalid_parameter(const Gemm& g, char (&why)[128]) {
   }
   if (g.batch < 0) return "batchCount";
   return nullptr;
-}
-
-// Whether every element the GEMM touches in one operand (rows x cols, column-major with ld, over
-// `batch` matrices `stride` apart) lies inside one device allocation.
-bool operand_inside(const void* p, std::size_t elem, int rows, int cols, int ld, long long stride,
-                    int batch, const char* what, const char* call) {
-  if (rows == 0 || cols == 0 || batch == 0) return true;
-  const long long lo = std::min(0LL, (batch - 1) * stride);
-  const long long hi = std::max(0LL, (batch - 1) * stride) + (cols - 1LL) * ld + rows;
-  if (in_device_memory(static_cast<const char*>(p) + lo * static_cast<long long>(elem),
-                       std::size_t(hi - lo) * elem))
-    return true;
-  report(
-      "%s: operand %s (%d x %d, ld %d, stride %lld, batch %d at %p) reaches outside its device "
-      "allocation (a wrong leading dimension, stride or pointer)",
-      call, what, rows, cols, ld, stride, batch, static_cast<const void*>(p));
-  return false;
 }
 
 void run_gemm(const Gemm& g) {

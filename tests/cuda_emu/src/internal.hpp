@@ -1,8 +1,10 @@
 // Shared by the CUDA emulator's sources; not part of the emulated API.
 #pragma once
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 #include "cuda_emu/launch.hpp"
@@ -34,6 +36,18 @@ bool in_device_memory(const void* p, std::size_t bytes);
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> op);
 // Waits until every stream has drained.
 void synchronize_all_streams();
+
+// --- cublas.cpp: the element access and operand check that cuBLAS and cuBLASLt share
+std::size_t type_size(cudaDataType_t t);  // bytes of one element (fp32 or bf16)
+// Element i of a buffer of type t, as fp32 (bf16: its 16 bits are the top of a float's).
+float load(const void* p, cudaDataType_t t, std::int64_t i);
+// Stores v as type t (bf16: rounded to nearest even, NaN stays a quiet NaN, as strata::to_bf16).
+void store(void* p, cudaDataType_t t, std::int64_t i, float v);
+// Whether every element a GEMM touches in one operand (rows x cols, column-major with ld, over
+// `batch` matrices `stride` apart) lies inside one device allocation; if not, reports which
+// operand of which call.
+bool operand_inside(const void* p, std::size_t elem, int rows, int cols, int ld, long long stride,
+                    int batch, const char* what, const char* call);
 
 // --- blocks.cpp
 // Runs every block of a checked launch, each CUDA thread on its own host thread; returns when the
