@@ -99,12 +99,12 @@ class Kernels {
                                               const std::int32_t* targets, std::size_t N,
                                               std::size_t V) = 0;
   // Vocab-parallel: the last step after xent_row_max, xent_exp and their all-reduces, from the
-  // exps [N, Vl] xent_exp left: dlogits[n, :] = bf16(exps[n, :] * (1 / sum[n])), minus 1 at the
-  // target when it is in the shard [v0, v0 + Vl), before the rounding; losses as xent_normalise.
-  virtual void xent_normalise_grad_bf16(bf16* dlogits, float* losses, const float* exps,
-                                        const float* sum, const float* target,
-                                        const std::int32_t* targets, std::size_t v0, std::size_t N,
-                                        std::size_t Vl) = 0;
+  // exps [N, Vl] xent_exp left (overwritten: scratch): dlogits[n, :] = bf16(exps[n, :] * (1 /
+  // sum[n])), minus 1 at the target when it is in the shard [v0, v0 + Vl), before the rounding;
+  // losses as xent_normalise.
+  virtual void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
+                                        const float* target, const std::int32_t* targets,
+                                        std::size_t v0, std::size_t N, std::size_t Vl) = 0;
   // x[i] = bf16(float(x[i]) * scale): the kept bf16 d(logits) scaled in place in backward.
   virtual void scale_bf16(bf16* x, float scale, std::size_t n) = 0;
   // Sum of x[0, n) in double, read back to the host (the loss).

@@ -30,14 +30,6 @@ void add_row(BufferView table, std::size_t row, const float* src, int C) {
   for (int c = 0; c < C; ++c) dst[c] = to_bf16(to_float(dst[c]) + src[c]);
 }
 
-// d[i] = bf16(e[i] * (1 / sum) - onehot(t)) over a row of V (t >= V: no target in the row).
-void grad_row_bf16(bf16* d, const float* e, float sum, std::size_t t, std::size_t V) {
-  const float inv = 1.0f / sum;
-#pragma omp simd
-  for (std::size_t i = 0; i < V; ++i) d[i] = to_bf16(e[i] * inv);
-  if (t < V) d[t] = to_bf16(e[t] * inv - 1.0f);
-}
-
 class CpuKernels final : public Kernels {
  public:
   void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
@@ -206,33 +198,24 @@ class CpuKernels final : public Kernels {
       if (v < Vl) dl[v] -= scale;
     }
   }
+  // The fp32 path's softmax and losses in place over the logits (bit for bit), then the onehot
+  // subtracted and the rows rounded.
   void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
                                       const std::int32_t* targets, std::size_t N,
                                       std::size_t V) override {
-    for (std::size_t n = 0; n < N; ++n) {
-      float* x = logits + n * V;
-      const float mx = *std::max_element(x, x + V);
-      const std::size_t t = std::size_t(targets[n]);
-      const float target = x[t] - mx;  // read before the exps overwrite it
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (std::size_t i = 0; i < V; ++i) {
-        const float e = cpu::vm::exp_approx(x[i] - mx);
-        x[i] = e;
-        s += e;
-      }
-      grad_row_bf16(dlogits + n * V, x, s, t, V);
-      losses[n] = float(std::log(double(s)) - double(target));
-    }
+    cpu::softmax_crossentropy_forward(logits, losses, logits, targets, int(N), int(V));
+    for (std::size_t n = 0; n < N; ++n) logits[n * V + std::size_t(targets[n])] -= 1.0f;
+    cpu::round_to_bf16(dlogits, logits, N * V);
   }
-  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, const float* exps, const float* sum,
+  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
                                 const float* target, const std::int32_t* targets, std::size_t v0,
                                 std::size_t N, std::size_t Vl) override {
+    xent_normalise(exps, losses, sum, target, N, Vl);
     for (std::size_t n = 0; n < N; ++n) {
       const std::size_t v = std::size_t(targets[n]) - v0;  // wraps for targets below v0
-      grad_row_bf16(dlogits + n * Vl, exps + n * Vl, sum[n], v, Vl);
-      losses[n] = float(std::log(double(sum[n])) - double(target[n]));
+      if (v < Vl) exps[n * Vl + v] -= 1.0f;
     }
+    cpu::round_to_bf16(dlogits, exps, N * Vl);
   }
   void scale_bf16(bf16* x, float scale, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) x[i] = to_bf16(to_float(x[i]) * scale);

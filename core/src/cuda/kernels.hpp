@@ -82,7 +82,7 @@ class CudaKernels final : public Kernels {
   void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
                                       const std::int32_t* targets, std::size_t N,
                                       std::size_t V) override;
-  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, const float* exps, const float* sum,
+  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
                                 const float* target, const std::int32_t* targets, std::size_t v0,
                                 std::size_t N, std::size_t Vl) override;
   void scale_bf16(bf16* x, float scale, std::size_t n) override;

@@ -270,7 +270,7 @@ void CudaKernels::softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, f
   (reinterpret_cast<std::uint16_t*>(dlogits), losses, logits, targets, V);
   STRATA_CUDA_CHECK_LAUNCH();
 }
-void CudaKernels::xent_normalise_grad_bf16(bf16* dlogits, float* losses, const float* exps,
+void CudaKernels::xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps,
                                            const float* sum, const float* target,
                                            const std::int32_t* targets, std::size_t v0,
                                            std::size_t N, std::size_t Vl) {
