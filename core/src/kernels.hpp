@@ -98,6 +98,23 @@ class Kernels {
   // dlogits[n, :] = probs[n, :] * scale, minus scale at the target when it is in the shard (=).
   virtual void xent_backward_shard(float* dlogits, const float* probs, const std::int32_t* targets,
                                    std::size_t v0, float scale, std::size_t N, std::size_t Vl) = 0;
+  // The bf16 head's cross-entropy (bf16 parameters): the gradient kept from forward to backward is
+  // bf16(softmax - onehot(target)), unscaled (the gradient scale is known only in backward), not
+  // fp32 probabilities. Losses as the fp32 steps compute them: log(sum of exp) - (target logit -
+  // max), the softmax as exp(logit - max) * (1 / sum).
+  // Whole rows (tp 1): logits [N, V] (overwritten: scratch) -> dlogits [N, V] and losses [N] (=).
+  virtual void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
+                                              const std::int32_t* targets, std::size_t N,
+                                              std::size_t V) = 0;
+  // Vocab-parallel: the last step after xent_row_max, xent_exp and their all-reduces, from the
+  // exps [N, Vl] xent_exp left (overwritten: scratch): dlogits[n, :] = bf16(exps[n, :] * (1 /
+  // sum[n])), minus 1 at the target when it is in the shard [v0, v0 + Vl), before the rounding;
+  // losses as xent_normalise.
+  virtual void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
+                                        const float* target, const std::int32_t* targets,
+                                        std::size_t v0, std::size_t N, std::size_t Vl) = 0;
+  // x[i] = bf16(float(x[i]) * scale): the kept bf16 d(logits) scaled in place in backward.
+  virtual void scale_bf16(bf16* x, float scale, std::size_t n) = 0;
   // Sum of x[0, n) in double, read back to the host (the loss).
   virtual double sum(const float* x, std::size_t n) = 0;
 };

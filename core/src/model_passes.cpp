@@ -59,10 +59,10 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
 std::unique_ptr<ModelPasses::Slot> ModelPasses::make_slot() {
   auto s = std::make_unique<Slot>();
   Carver count;
-  s->acts.carve(alloc_, recompute_, g_, count);
+  s->acts.carve(alloc_, recompute_, param_dtype_, g_, count);
   s->memory = Buffer<float>(memory_, MemTag::activations, count.used);
   Carver c{s->memory.data(), 0};
-  s->acts.carve(alloc_, recompute_, g_, c);
+  s->acts.carve(alloc_, recompute_, param_dtype_, g_, c);
   return s;
 }
 
@@ -110,14 +110,18 @@ void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, cons
                        static_cast<const float*>(w.data), N, C, OC);
     return;
   }
-  const bf16* wb = static_cast<const bf16*>(w.data);
   k_.round_to_bf16(g_.op_out, dout, std::size_t(N) * OC);
-  k_.gemm_bf16(false, false, N, C, OC, g_.op_out, wb, dinp, DType::f32, true, g_.gemm_pad,
-               g_.gemm_pad_bytes);  // dout@W
-  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
-  k_.gemm_bf16(true, false, OC, C, N, g_.op_out, g_.op_in, dw.data, dw.dtype, true, g_.gemm_pad,
-               g_.gemm_pad_bytes);  // dout^T @ inp
+  matmul_backward_bf16(dinp, dw, g_.op_out, inp, w, N, C, OC);
   if (dbias) k_.bias_grad(dbias, dout, std::size_t(N), OC);
+}
+
+void ModelPasses::matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout,
+                                       const float* inp, BufferView w, int N, int C, int OC) {
+  k_.gemm_bf16(false, false, N, C, OC, dout, static_cast<const bf16*>(w.data), dinp, DType::f32,
+               true, g_.gemm_pad, g_.gemm_pad_bytes);  // dout@W
+  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
+  k_.gemm_bf16(true, false, OC, C, N, dout, g_.op_in, dw.data, dw.dtype, true, g_.gemm_pad,
+               g_.gemm_pad_bytes);  // dout^T @ inp
 }
 
 const float* SmallTensors::param(std::size_t offset, std::size_t count) {
@@ -314,6 +318,39 @@ void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
   k_.xent_normalise(s.probs, s.losses, sum_t, sum_t + N, N, Vl);
 }
 
+// bf16 parameters: the logits exist a chunk of rows at a time (g_.logits, head_chunk_rows); each
+// chunk's cross-entropy leaves its losses and bf16(softmax - onehot) in the slot's dlogits. At
+// tp > 1 the vocab-parallel steps and their all-reduces run per chunk (one chunk for small models,
+// so the same collectives as the fp32 path).
+void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,
+                                 TensorParallelComm* tp) {
+  const Dims& d = run_;
+  const std::size_t N = d.N, Vl = d.Vl, C = std::size_t(d.C), R = head_chunk_rows(d);
+  const std::size_t v0 = Vl * part_.tp_rank;
+  float* logits = g_.logits;
+  k_.round_to_bf16(g_.op_in, s.lnf_full, N * C);
+  for (std::size_t r0 = 0; r0 < N; r0 += R) {
+    const std::size_t rows = std::min(R, N - r0);
+    k_.gemm_bf16(false, true, int(rows), int(Vl), int(C), g_.op_in + r0 * C,
+                 static_cast<const bf16*>(wte.data), logits, DType::f32, false, g_.gemm_pad,
+                 g_.gemm_pad_bytes);
+    bf16* dlogits = s.dlogits + r0 * Vl;
+    float* losses = s.losses + r0;
+    const std::int32_t* tg = targets + r0;
+    if (d.tp == 1) {
+      k_.softmax_crossentropy_grad_bf16(dlogits, losses, logits, tg, rows, Vl);
+      continue;
+    }
+    float* mx = g_.ce;            // [rows]
+    float* sum_t = g_.ce + rows;  // [rows] sums of exp | [rows] target logit - max
+    k_.xent_row_max(mx, logits, rows, Vl);
+    tp->all_reduce_max(view(mx, rows));
+    k_.xent_exp(logits, sum_t, sum_t + rows, mx, tg, v0, rows, Vl);
+    tp->all_reduce_sum(view(sum_t, 2 * rows));
+    k_.xent_normalise_grad_bf16(dlogits, losses, logits, sum_t, sum_t + rows, tg, v0, rows, Vl);
+  }
+}
+
 void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
                                const std::int32_t* targets, TensorParallelComm* tp) {
   const Dims& d = run_;
@@ -323,6 +360,10 @@ void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
   k_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
                        small.param(C, C), int(d.Nl), C);
   if (d.sp) gather(tp, s.lnf, s.lnf_full);
+  if (param_dtype_ == DType::bf16) {
+    head_xent_bf16(s, targets, wte, tp);
+    return;
+  }
   matmul_forward(s.probs, s.lnf_full, wte, nullptr, int(d.N), C, int(d.Vl));
   if (d.tp == 1)
     k_.softmax_crossentropy_forward(s.probs, s.losses, s.probs, targets, int(d.N), d.V);
@@ -336,15 +377,19 @@ void ModelPasses::backward_head(SlotActs& s, BufferView lnf, BufferView wte, Buf
   const Dims& d = run_;
   const int C = d.C;
   const std::size_t N = d.N, Vl = d.Vl;
-  k_.zero(g_.logits, N * Vl);
-  if (d.tp == 1) {
-    k_.crossentropy_softmax_backward(g_.logits, s.probs, targets, scale, int(N), d.V);
-  } else {
-    k_.xent_backward_shard(g_.logits, s.probs, targets, Vl * part_.tp_rank, scale, N, Vl);
-  }
   // Tied LM head: logits = lnf @ wte^T, so wte's gradient lands in the embedding's tensor.
   k_.zero(g_.partial, N * C);
-  matmul_backward(g_.partial, gwte, nullptr, g_.logits, s.lnf_full, wte, int(N), C, int(Vl));
+  if (param_dtype_ == DType::bf16) {  // the forward's bf16 (softmax - onehot), scaled in place
+    k_.scale_bf16(s.dlogits, scale, N * Vl);
+    matmul_backward_bf16(g_.partial, gwte, s.dlogits, s.lnf_full, wte, int(N), C, int(Vl));
+  } else {
+    k_.zero(g_.logits, N * Vl);
+    if (d.tp == 1)
+      k_.crossentropy_softmax_backward(g_.logits, s.probs, targets, scale, int(N), d.V);
+    else
+      k_.xent_backward_shard(g_.logits, s.probs, targets, Vl * part_.tp_rank, scale, N, Vl);
+    matmul_backward(g_.partial, gwte, nullptr, g_.logits, s.lnf_full, wte, int(N), C, int(Vl));
+  }
   const float* dlnf = reduce_input_grad(tp);
   k_.zero(g_.dres, d.Nl * C);
   SmallTensors small(k_, lnf, g_.small_params), gsmall(k_, glnf, g_.small_grads);

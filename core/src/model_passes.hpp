@@ -40,6 +40,11 @@ struct Dims {
   Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device);
 };
 
+// With bf16 parameters the head's fp32 logits exist one chunk of token rows at a time, in the
+// shared scratch: as many rows as fit kHeadLogitsBudget bytes (at least 1, at most N).
+constexpr std::size_t kHeadLogitsBudget = std::size_t(256) << 20;
+std::size_t head_chunk_rows(const Dims& d);
+
 // One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
 struct BlockActs {
   float *ln1, *ln1_mean, *ln1_rstd, *ln1_full;  // [Nl,C] [Nl] [Nl] [N,C] (= ln1 without sp)
@@ -54,7 +59,9 @@ struct BlockActs {
 
 // Shared by all micro-batches, live only inside one pass call (dres: from one backward call to
 // the next). Both views of the union start at the same place; the larger one is kept:
-//   head view   logits [N,Vl] (d(logits)), ce [3N] (vocab-parallel cross-entropy, tp > 1)
+//   head view   fp32 parameters: logits [N,Vl] (the backward's d(logits)), ce [3N] (vocab-parallel
+//               cross-entropy, tp > 1); bf16 parameters: logits [R,Vl] and ce [3R], one chunk of
+//               R = head_chunk_rows token rows of the forward's logits and their row statistics
 //   block view  a [4N Cl]: d(fch_gelu), later d(qkv) (and the discarded attention output of a
 //               selective recompute); b [max(4N Cl, att)]: d(fch), later attention's d(att)
 //               scratch; then the shared recompute buffers: Recompute::selective one att,
@@ -64,7 +71,8 @@ struct BlockActs {
 // views can overlap.
 struct Scratch {
   // bf16 parameters only (null otherwise): the matmuls' operands rounded to bf16, op_in for the
-  // input [N, max(C, 4Cl)], op_out for d(output) [N, max(C, 4Cl, Vl)]; fp32 copies of a unit's
+  // input [N, max(C, 4Cl)], op_out for a block's d(output) [N, max(C, 4Cl)] (the head's d(logits)
+  // is already bf16, the slot's dlogits; no op_out without blocks); fp32 copies of a unit's
   // small tensors (LayerNorm weights, biases) and of their gradients, small [6C + 7Cl] each.
   // gemm_pad: the bf16 GEMMs' scratchpad, the largest any of this partition's needs (oneDNN's
   // own figure, gemm_bf16_scratchpad_bytes), so that it is in the ledger and in predictions.
@@ -108,9 +116,15 @@ struct SlotActs {
   // full: every entry is the shared set (only x[l], the block's input, is kept).
   std::vector<BlockActs> block;
   float *lnf, *lnf_mean, *lnf_rstd, *lnf_full;  // head: [Nl,C] [Nl] [Nl] [N,C]
-  float *probs, *losses;                        // [N,Vl] [N]
-  float* grad_in;                               // [Nl,C] d(input), partitions without embedding
-  void carve(const Dims& d, Recompute r, const Scratch& scratch, Carver& c);
+  // The head's cross-entropy state, by parameter dtype (the other is null):
+  //   fp32  probs [N,Vl], the softmax; the backward forms d(logits) from it
+  //   bf16  dlogits [N,Vl] bf16(softmax - onehot(target)), written unscaled by the forward a chunk
+  //         of rows at a time, scaled in place by the backward and fed to its GEMMs as it is
+  float* probs;
+  bf16* dlogits;
+  float* losses;   // [N]
+  float* grad_in;  // [Nl,C] d(input), partitions without embedding
+  void carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch, Carver& c);
 };
 
 // The passes of one partition. Parameters and gradients are passed per unit (a block's tensors at
@@ -173,8 +187,13 @@ class ModelPasses {
   // dinp[N,C] += dout @ w; dw[OC,C] += dout^T @ inp (dw f32 or bf16); dbias += sum_n dout.
   void matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
                        const float* inp, BufferView w, int N, int C, int OC);
+  // The same for bf16 weights and a d(output) already in bf16 (no bias): inp rounded to bf16.
+  void matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout, const float* inp,
+                            BufferView w, int N, int C, int OC);
   float* reduce_input_grad(TensorParallelComm* tp);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
+  void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,
+                      TensorParallelComm* tp);
 
   ModelSpec spec_;
   Partition part_;

@@ -86,6 +86,11 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   att = attention_state_floats(device, B, T, int(Cl), int(NHl));
 }
 
+std::size_t head_chunk_rows(const Dims& d) {
+  const std::size_t row_bytes = std::max<std::size_t>(d.Vl, 1) * sizeof(float);
+  return std::clamp<std::size_t>(kHeadLogitsBudget / row_bytes, 1, std::max<std::size_t>(d.N, 1));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The activation plan: the same carve sizes the buffers (null base) and lays them out.
 
@@ -117,6 +122,9 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
   if (d.head) matmuls.emplace_back(C, d.Vl);
   const int N = int(d.N);
   std::size_t most = 0;
+  if (d.head)  // the head's forward, a chunk of rows at a time (forward_head)
+    most = cpu::gemm_bf16_scratchpad_bytes(false, true, int(head_chunk_rows(d)), int(d.Vl), int(C),
+                                           DType::f32, false);
   for (auto [ic, oc] : matmuls) {
     const int IC = int(ic), OC = int(oc);
     for (std::size_t bytes :
@@ -129,16 +137,22 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
   return most;
 }
 
+namespace {
+// n bf16 elements from a float carve (rounded up to whole floats).
+bf16* take_bf16(Carver& c, std::size_t n) { return reinterpret_cast<bf16*>(c.take((n + 1) / 2)); }
+}  // namespace
+
 void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   const std::size_t N = d.N, C = d.C;
   op_in = op_out = nullptr;
   small_params = small_grads = gemm_pad = nullptr;
   gemm_pad_bytes = 0;
-  if (param_dtype == DType::bf16) {
-    auto take_bf16 = [&](std::size_t n) { return reinterpret_cast<bf16*>(c.take((n + 1) / 2)); };
+  const bool bf16_params = param_dtype == DType::bf16;
+  if (bf16_params) {
     const std::size_t widest = std::max<std::size_t>(C, 4 * d.Cl);
-    op_in = take_bf16(N * widest);
-    op_out = take_bf16(N * std::max(widest, d.head ? d.Vl : 0));
+    op_in = take_bf16(c, N * widest);
+    // The head's d(logits) is the slot's bf16 dlogits: op_out serves the blocks' matmuls only.
+    op_out = d.blocks > 0 ? take_bf16(c, N * widest) : nullptr;
     const std::size_t small = d.blocks > 0 ? 6 * C + 7 * d.Cl : 2 * C;
     small_params = c.take(small);
     small_grads = c.take(small);
@@ -152,9 +166,10 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   Carver head{c.base, c.used}, block{c.base, c.used};
   logits = ce = a = b = nullptr;
   shared = BlockActs{};
-  if (d.head) {
-    logits = head.take(N * d.Vl);
-    if (d.tp > 1) ce = head.take(3 * N);
+  if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
+    const std::size_t rows = bf16_params ? head_chunk_rows(d) : N;
+    logits = head.take(rows * d.Vl);
+    if (d.tp > 1) ce = head.take(3 * rows);
   }
   if (d.blocks > 0) {
     a = block.take(4 * N * d.Cl);
@@ -165,7 +180,8 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   c.used = std::max(head.used, block.used);
 }
 
-void SlotActs::carve(const Dims& d, Recompute r, const Scratch& scratch, Carver& c) {
+void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch,
+                     Carver& c) {
   const std::size_t N = d.N, Nl = d.Nl, C = d.C;
   x.resize(d.blocks + 1);
   for (auto& p : x) p = c.take(Nl * C);
@@ -179,12 +195,16 @@ void SlotActs::carve(const Dims& d, Recompute r, const Scratch& scratch, Carver&
     if (r == Recompute::selective) b.att = scratch.shared.att;
   }
   lnf = lnf_mean = lnf_rstd = lnf_full = probs = losses = nullptr;
+  dlogits = nullptr;
   if (d.head) {
     lnf = c.take(Nl * C);
     lnf_mean = c.take(Nl);
     lnf_rstd = c.take(Nl);
     lnf_full = d.sp ? c.take(N * C) : lnf;
-    probs = c.take(N * d.Vl);
+    if (param_dtype == DType::bf16)
+      dlogits = take_bf16(c, N * d.Vl);
+    else
+      probs = c.take(N * d.Vl);
     losses = c.take(N);
   }
   grad_in = d.embedding ? nullptr : c.take(Nl * C);
@@ -197,7 +217,7 @@ ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partitio
   Carver scratch, slot;
   Scratch g;
   g.carve(d, r, param_dtype, scratch);
-  SlotActs().carve(d, r, g, slot);
+  SlotActs().carve(d, r, param_dtype, g, slot);
   return {slot.used * sizeof(float), scratch.used * sizeof(float)};
 }
 

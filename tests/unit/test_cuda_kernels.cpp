@@ -575,3 +575,148 @@ TEST_F(CudaKernelsTest, LayerPassesMatchTheCpuBackend) {
   losses.expect_close("softmax losses");
   dl.expect_close("crossentropy dlogits");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The bf16 head's cross-entropy (bf16(softmax - onehot) kept instead of fp32 probabilities), both
+// backends against a double reference: the gradient within one bf16 rounding (2^-9 relative,
+// taken as 2^-8) plus the fp32 softmax's error (1e-6), the losses within the fp32 error of
+// log(sum) - target (1e-5 relative).
+
+namespace {
+
+struct XentReference {
+  std::vector<double> grad, loss;  // [N, V] softmax - onehot, [N]
+};
+XentReference xent_reference(const std::vector<float>& logits,
+                             const std::vector<std::int32_t>& targets, int rows, int cols) {
+  XentReference r{std::vector<double>(logits.size()), std::vector<double>(rows)};
+  for (int n = 0; n < rows; ++n) {
+    const float* x = logits.data() + std::size_t(n) * cols;
+    const double mx = *std::max_element(x, x + cols);
+    double sum = 0;
+    for (int i = 0; i < cols; ++i) sum += std::exp(x[i] - mx);
+    for (int i = 0; i < cols; ++i)
+      r.grad[std::size_t(n) * cols + i] = std::exp(x[i] - mx) / sum - (i == targets[n] ? 1 : 0);
+    r.loss[n] = std::log(sum) - (x[targets[n]] - mx);
+  }
+  return r;
+}
+
+void expect_bf16_near(const char* what, const std::vector<bf16>& got,
+                      const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double tol = std::ldexp(std::fabs(want[i]), -8) + 1e-6;
+    if (!(std::fabs(to_float(got[i]) - want[i]) <= tol) && !bad++) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " out of tolerance; first at " << first << ": " << to_float(got[first])
+                     << ", want " << want[first];
+}
+void expect_near(const char* what, const std::vector<float>& got, const std::vector<double>& want,
+                 double rtol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], rtol * std::fabs(want[i]) + 1e-6) << what << " [" << i << "]";
+}
+
+// Host memory, or a device copy of it (on_device), for running one sequence on either backend.
+template <class T>
+struct Buf {
+  std::vector<T> h;
+  std::unique_ptr<Dev<T>> d;
+  Buf(std::vector<T> v, bool on_device) : h(std::move(v)) {
+    if (on_device) d = std::make_unique<Dev<T>>(h);
+  }
+  T* p() { return d ? d->p : h.data(); }
+  std::vector<T> get() const { return d ? d->host() : h; }
+  void put(const std::vector<T>& v) {
+    h = v;
+    if (d) STRATA_CUDA_CHECK(cudaMemcpy(d->p, v.data(), v.size() * sizeof(T), cudaMemcpyDefault));
+  }
+};
+
+}  // namespace
+
+TEST_F(CudaKernelsTest, Bf16CrossEntropyAgainstADoubleReference) {
+  STRATA_REQUIRE_GPU();
+  const std::vector<float> logits = random_floats(N * V, 30, -6, 6);
+  const std::vector<std::int32_t> targets = random_tokens(N, V, 31);
+  const XentReference ref = xent_reference(logits, targets, N, V);
+  for (bool dev : {false, true}) {
+    SCOPED_TRACE(dev ? "cuda" : "cpu");
+    Kernels& k = dev ? static_cast<Kernels&>(*gpu) : cpu;
+    Buf<std::int32_t> tg(targets, dev);
+    // Whole rows (tp 1); the losses start as garbage (=, not +=).
+    Buf<float> x(logits, dev), losses(std::vector<float>(N, 7.0f), dev);
+    Buf<bf16> grad(std::vector<bf16>(N * V, to_bf16(3.0f)), dev);
+    k.softmax_crossentropy_grad_bf16(grad.p(), losses.p(), x.p(), tg.p(), N, V);
+    sync();
+    expect_bf16_near("softmax_crossentropy_grad_bf16", grad.get(), ref.grad);
+    expect_near("softmax_crossentropy_grad_bf16 losses", losses.get(), ref.loss, 1e-5);
+
+    // Vocab-parallel over two shards of W columns, the all-reduces done here: each row's target
+    // is in one shard and outside the other.
+    constexpr std::size_t S = 2, W = V / S;
+    std::vector<Buf<float>> xs, mx, sum, target, shard_losses;
+    std::vector<Buf<bf16>> grads;
+    for (std::size_t s = 0; s < S; ++s) {
+      std::vector<float> cols(N * W);
+      for (int n = 0; n < N; ++n)
+        std::copy_n(logits.begin() + n * V + s * W, W, cols.begin() + n * W);
+      xs.emplace_back(cols, dev);
+      for (auto* b : {&mx, &sum, &target, &shard_losses})
+        b->emplace_back(std::vector<float>(N), dev);
+      grads.emplace_back(std::vector<bf16>(N * W), dev);
+    }
+    auto all_reduce = [&](std::vector<Buf<float>>& bufs, bool is_max) {
+      sync();
+      std::vector<float> r = bufs[0].get();
+      for (std::size_t s = 1; s < S; ++s) {
+        const std::vector<float> o = bufs[s].get();
+        for (int n = 0; n < N; ++n) r[n] = is_max ? std::max(r[n], o[n]) : r[n] + o[n];
+      }
+      for (auto& b : bufs) b.put(r);
+    };
+    for (std::size_t s = 0; s < S; ++s) k.xent_row_max(mx[s].p(), xs[s].p(), N, W);
+    all_reduce(mx, true);
+    for (std::size_t s = 0; s < S; ++s)
+      k.xent_exp(xs[s].p(), sum[s].p(), target[s].p(), mx[s].p(), tg.p(), s * W, N, W);
+    all_reduce(sum, false);
+    all_reduce(target, false);
+    for (std::size_t s = 0; s < S; ++s)
+      k.xent_normalise_grad_bf16(grads[s].p(), shard_losses[s].p(), xs[s].p(), sum[s].p(),
+                                 target[s].p(), tg.p(), s * W, N, W);
+    sync();
+    std::vector<bf16> whole(N * V);
+    for (std::size_t s = 0; s < S; ++s) {
+      const std::vector<bf16> g = grads[s].get();
+      for (int n = 0; n < N; ++n) std::copy_n(g.begin() + n * W, W, whole.begin() + n * V + s * W);
+      expect_near("xent_normalise_grad_bf16 losses", shard_losses[s].get(), ref.loss, 1e-5);
+    }
+    expect_bf16_near("xent_normalise_grad_bf16", whole, ref.grad);
+  }
+}
+
+// x = bf16(float(x) * scale) in place: the same bits on both backends, one rounding of the fp32
+// product, within one bf16 rounding of the double product.
+TEST_F(CudaKernelsTest, ScaleBf16RoundsTheFp32ProductOnce) {
+  STRATA_REQUIRE_GPU();
+  const std::vector<bf16> x = random_bf16(N * V, 32);
+  const float scale = 0.37f;
+  std::vector<bf16> want(x.size()), host = x;
+  for (std::size_t i = 0; i < x.size(); ++i) want[i] = to_bf16(to_float(x[i]) * scale);
+  Dev<bf16> d_x(x);
+  cpu.scale_bf16(host.data(), scale, x.size());
+  gpu->scale_bf16(d_x.p, scale, x.size() - 1);  // the last element stays
+  sync();
+  expect_bits("scale_bf16 cpu", host, want);
+  std::vector<bf16> got = d_x.host();
+  EXPECT_EQ(got.back().bits, x.back().bits);
+  got.back() = want.back();
+  expect_bits("scale_bf16 cuda", got, want);
+  std::vector<double> exact(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) exact[i] = double(to_float(x[i])) * scale;
+  expect_bf16_near("scale_bf16 against double", host, exact);
+}

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "cpu/gemm_bf16.hpp"
+#include "model_passes.hpp"
+#include "strata/device.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/optimizer.hpp"
@@ -132,6 +134,57 @@ TEST(MixedPrecision, ActivationBytesCountTheBf16ScratchExactly) {
     EXPECT_EQ(ledger.peak(MemTag::activations), Model::activation_bytes(spec, 3, r, DType::bf16));
     EXPECT_GT(Model::activation_bytes(spec, 3, r, DType::bf16),
               Model::activation_bytes(spec, 3, r));
+  }
+}
+
+// The bf16 head keeps bf16 d(logits) [N, V] per slot instead of fp32 probabilities [N, V]: half
+// their bytes, the rest of the slot as in fp32. gpt2-124m: the formula only (nothing allocated).
+TEST(MixedPrecision, Bf16SlotKeepsBf16LogitGradientsNotFp32Probabilities) {
+  for (auto [spec, B] : {std::pair{tiny_spec(), 3}, std::pair{model_preset("gpt2-124m"), 8}}) {
+    const std::uint64_t NV = std::uint64_t(B) * spec.seq * spec.vocab;
+    ASSERT_EQ(NV % 32, 0u) << "no padding in these shapes";
+    for (Device device : {Device::cpu, Device::cuda}) {
+      const ActivationBytes f32 = predict_activations(spec, B, whole_model(spec), Recompute::none,
+                                                      DType::f32, device),
+                            b16 = predict_activations(spec, B, whole_model(spec), Recompute::none,
+                                                      DType::bf16, device);
+      EXPECT_EQ(f32.slot - b16.slot, NV * 2) << spec.preset << " " << device_name(device);
+    }
+  }
+  // gpt2-124m's fp32 logits [N, V] were 1.65 GB of scratch at micro-batch 8 (and again as
+  // probabilities per slot); in bf16 the largest logit piece of the scratch is one 256 MiB chunk.
+  const ModelSpec gpt2 = model_preset("gpt2-124m");
+  const auto scratch = [&](DType dt) {
+    return predict_activations(gpt2, 8, whole_model(gpt2), Recompute::none, dt, Device::cuda)
+        .scratch;
+  };
+  EXPECT_GT(scratch(DType::f32), 8ull * 1024 * gpt2.vocab * 4);
+  EXPECT_LT(scratch(DType::bf16), 512ull << 20);
+}
+
+// Logits wider than one chunk (kHeadLogitsBudget): 1536 token rows of a 65536 vocab are two chunks
+// (1024 + 512 rows) in bf16, and each chunk's losses and gradients are those of its rows.
+TEST(MixedPrecision, Bf16HeadInChunksFollowsFp32) {
+  const ModelSpec spec{"wide-vocab", 1, 16, 2, 32, 65536};
+  const int B = 48;
+  const Dims d(spec, B, whole_model(spec), Device::cpu);
+  ASSERT_EQ(head_chunk_rows(d), 1024u);
+  ASSERT_EQ(d.N, 1536u);
+  MemoryLedger ledger;
+  Model m32(spec, B, ledger), m16(spec, B, ledger, Recompute::none, DType::bf16);
+  const ParamLayout& layout = m32.layout();
+  Params p32(layout, DType::f32, 5), p16(layout, DType::bf16, 5);
+  const Batch batch(B, spec, 9);
+  Grads g32(layout, DType::f32), g16(layout, DType::f32);
+  const double l32 = loss_and_grads(m32, p32.units, g32.units, batch);
+  const double l16 = loss_and_grads(m16, p16.units, g16.units, batch);
+  EXPECT_NEAR(l16, l32, 1e-3 * l32);
+  for (const TensorInfo& t : layout.tensors()) {
+    double n32 = 0, diff = 0;
+    for (std::size_t i = t.offset; i < t.offset + t.count; ++i)
+      n32 += double(g32.f32[i]) * g32.f32[i], diff += std::pow(g32.f32[i] - g16.at(i), 2);
+    EXPECT_GT(n32, 0) << t.name;
+    EXPECT_LT(std::sqrt(diff / n32), 0.02) << t.name;
   }
 }
 

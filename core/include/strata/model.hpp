@@ -170,7 +170,9 @@ struct ActivationBytes {
 };
 // Throws ConfigError for a spec, micro-batch, partition or recompute mode that cannot be built.
 // With bf16 parameters the scratch also holds the matmuls' bf16 operands and fp32 copies of a
-// unit's small tensors (LayerNorm weights, biases) and of their gradients. On a device whose
+// unit's small tensors (LayerNorm weights, biases) and of their gradients, the head's fp32 logits
+// are one chunk of token rows in the scratch, and a slot keeps the head's d(logits) in bf16
+// instead of fp32 probabilities. On a device whose
 // attention is fused (CUDA) the attention keeps a log-sum-exp per row, not the T x T
 // probabilities.
 ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, const Partition& part,

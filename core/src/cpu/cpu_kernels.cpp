@@ -207,6 +207,28 @@ class CpuKernels final : public Kernels {
       if (v < Vl) dl[v] -= scale;
     }
   }
+  // The fp32 path's softmax and losses in place over the logits (bit for bit), then the onehot
+  // subtracted and the rows rounded.
+  void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
+                                      const std::int32_t* targets, std::size_t N,
+                                      std::size_t V) override {
+    cpu::softmax_crossentropy_forward(logits, losses, logits, targets, int(N), int(V));
+    for (std::size_t n = 0; n < N; ++n) logits[n * V + std::size_t(targets[n])] -= 1.0f;
+    cpu::round_to_bf16(dlogits, logits, N * V);
+  }
+  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
+                                const float* target, const std::int32_t* targets, std::size_t v0,
+                                std::size_t N, std::size_t Vl) override {
+    xent_normalise(exps, losses, sum, target, N, Vl);
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::size_t v = std::size_t(targets[n]) - v0;  // wraps for targets below v0
+      if (v < Vl) exps[n * Vl + v] -= 1.0f;
+    }
+    cpu::round_to_bf16(dlogits, exps, N * Vl);
+  }
+  void scale_bf16(bf16* x, float scale, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) x[i] = to_bf16(to_float(x[i]) * scale);
+  }
   double sum(const float* x, std::size_t n) override {
     double s = 0.0;
     for (std::size_t i = 0; i < n; ++i) s += x[i];

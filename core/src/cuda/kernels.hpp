@@ -86,6 +86,13 @@ class CudaKernels final : public Kernels {
                       std::size_t N, std::size_t Vl) override;
   void xent_backward_shard(float* dlogits, const float* probs, const std::int32_t* targets,
                            std::size_t v0, float scale, std::size_t N, std::size_t Vl) override;
+  void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
+                                      const std::int32_t* targets, std::size_t N,
+                                      std::size_t V) override;
+  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
+                                const float* target, const std::int32_t* targets, std::size_t v0,
+                                std::size_t N, std::size_t Vl) override;
+  void scale_bf16(bf16* x, float scale, std::size_t n) override;
   double sum(const float* x, std::size_t n) override;
 
  private:

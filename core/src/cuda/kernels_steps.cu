@@ -132,6 +132,50 @@ __global__ void xent_backward_kernel(float* dlogits, const float* probs,
   }
 }
 
+// --- the bf16 head's cross-entropy: bf16(softmax - onehot), unscaled (kernels.hpp)
+__device__ __forceinline__ std::uint16_t grad_bf16(float e, float inv, bool at_target) {
+  const float p = __fmul_rn(e, inv);
+  return float_to_bf16(at_target ? __fadd_rn(p, -1.0f) : p);
+}
+// One block per row; the exps go back into the row, each element to the thread that reads it next.
+__global__ void xent_grad_bf16_kernel(std::uint16_t* dlogits, float* losses, float* logits,
+                                      const std::int32_t* targets, std::size_t V) {
+  const std::size_t row = blockIdx.x;
+  float* x = logits + row * V;
+  std::uint16_t* d = dlogits + row * V;
+  const std::size_t t = std::size_t(targets[row]);
+  const float xt = x[t];  // read before the first barrier, so before any write
+  float m = -INFINITY;
+  for (std::size_t i = threadIdx.x; i < V; i += kThreads) m = fmaxf(m, x[i]);
+  m = block_reduce(m, true);
+  float s = 0.0f;
+  for (std::size_t i = threadIdx.x; i < V; i += kThreads) {
+    const float e = expf(x[i] - m);
+    x[i] = e;
+    s += e;
+  }
+  s = block_reduce(s, false);
+  const float inv = 1.0f / s;
+  for (std::size_t i = threadIdx.x; i < V; i += kThreads) d[i] = grad_bf16(x[i], inv, i == t);
+  if (threadIdx.x == 0) losses[row] = logf(s) - (xt - m);
+}
+__global__ void xent_normalise_grad_bf16_kernel(std::uint16_t* dlogits, float* losses,
+                                                const float* exps, const float* sum,
+                                                const float* target, const std::int32_t* targets,
+                                                std::size_t v0, std::size_t N, std::size_t Vl) {
+  const std::size_t n = N * Vl > N ? N * Vl : N;
+  STRATA_GRID_STRIDE(i, n) {
+    if (i < N * Vl) {
+      const std::size_t row = i / Vl;
+      dlogits[i] = grad_bf16(exps[i], 1.0f / sum[row], std::size_t(targets[row]) - v0 == i % Vl);
+    }
+    if (i < N) losses[i] = logf(sum[i]) - target[i];
+  }
+}
+__global__ void scale_bf16_kernel(std::uint16_t* x, float scale, std::size_t n) {
+  STRATA_GRID_STRIDE(i, n) { x[i] = float_to_bf16(__fmul_rn(bf16_to_float(x[i]), scale)); }
+}
+
 }  // namespace
 
 void CudaKernels::add_bias(float* out, const float* bias, std::size_t rows, int C) {
@@ -215,6 +259,31 @@ void CudaKernels::xent_backward_shard(float* dlogits, const float* probs,
   if (N == 0 || Vl == 0) return;
   STRATA_LAUNCH(xent_backward_kernel, blocks_for(N * Vl), kThreads, 0, ctx_.stream)
   (dlogits, probs, targets, v0, scale, N, Vl);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void CudaKernels::softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
+                                                 const std::int32_t* targets, std::size_t N,
+                                                 std::size_t V) {
+  if (N == 0 || V == 0) return;
+  STRATA_LAUNCH(xent_grad_bf16_kernel, unsigned(N), kThreads, 0, ctx_.stream)
+  (reinterpret_cast<std::uint16_t*>(dlogits), losses, logits, targets, V);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps,
+                                           const float* sum, const float* target,
+                                           const std::int32_t* targets, std::size_t v0,
+                                           std::size_t N, std::size_t Vl) {
+  if (N == 0) return;
+  STRATA_LAUNCH(xent_normalise_grad_bf16_kernel, blocks_for(N * std::max<std::size_t>(Vl, 1)),
+                kThreads, 0, ctx_.stream)
+  (reinterpret_cast<std::uint16_t*>(dlogits), losses, exps, sum, target, targets, v0, N, Vl);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::scale_bf16(bf16* x, float scale, std::size_t n) {
+  if (n == 0) return;
+  STRATA_LAUNCH(scale_bf16_kernel, blocks_for(n), kThreads, 0, ctx_.stream)
+  (reinterpret_cast<std::uint16_t*>(x), scale, n);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
