@@ -31,7 +31,8 @@ std::vector<OptionSpec> options(bool interleaved) {
        OptionType::choice,
        "off",
        "sequence parallelism inside each stage's tensor-parallel group",
-       {"on", "off"}}};
+       {"on", "off"}},
+      mp::dp_option()};
   if (interleaved)
     o.push_back({"virtual_stages",
                  OptionType::integer,
@@ -63,6 +64,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
                                 : pp::PipeSchedule::interleaved;
   c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages")) : 1;
   c.sequence_parallel = o.get("sp") == "on";
+  c.zero1 = o.get("dp") == "zero1";
   c.stage_layers = mp::parse_stage_layers(o.get("stage_layers"));
   c.microbatches = int(o.get_int("microbatches"));
   return std::make_unique<mp::MpStrategy>(c);

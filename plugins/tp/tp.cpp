@@ -22,7 +22,8 @@ const PluginDescriptor& descriptor() {
           "off",
           "sequence parallelism: all-gather / reduce-scatter instead of all-reduce, LayerNorm on "
           "token-row shards",
-          {"on", "off"}}}}}};
+          {"on", "off"}},
+         mp::dp_option()}}}};
   return d;
 }
 
@@ -31,6 +32,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.strategy = name;
   c.pipeline = false;
   c.sequence_parallel = o.get("sp") == "on";
+  c.zero1 = o.get("dp") == "zero1";
   return std::make_unique<mp::MpStrategy>(c);
 }
 
