@@ -8,6 +8,7 @@
 //                shrinks by the number of virtual stages, at the price of more sends
 // Activations and their gradients go point to point; the tied embedding / LM-head gradient is
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
+// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer).
 #include "strata/engines/model_parallel.hpp"
 
 namespace {

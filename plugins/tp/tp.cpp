@@ -3,6 +3,7 @@
 // vocab-parallel embedding and cross-entropy for the tied embedding / LM head; one all-reduce in
 // forward and one in backward per sub-block. sp=on: sequence parallelism (all-gather and
 // reduce-scatter in place of each all-reduce, LayerNorm and residual on token-row shards).
+// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer).
 // The model and the step live in strata/engines/model_parallel.hpp and core's StageModel.
 #include "strata/engines/model_parallel.hpp"
 
