@@ -52,6 +52,10 @@ foreach(n 2 4)
 endforeach()
 strata_e2e_bf16(bf16.1f1b.tp2.pp2 4 bf16.reference.l8 --plugin 1f1b --mesh tp=2,pp=2
                 --micro-batch 2 ${L8})
+# dp=zero1 on a pipeline with two chunks per rank: each rank's fp32 master covers its dp shard,
+# which here starts inside one chunk and ends in the other.
+strata_e2e_bf16(bf16.interleaved.dp2.pp2.zero1 4 bf16.reference.l8 --plugin interleaved
+                --mesh dp=2,pp=2 --nodes 2 --micro-batch 1 --plugin-opt dp=zero1 ${L8})
 
 # Gradients reduced in bf16: on their own 1-rank reference, and every gradient collective moves
 # exactly half the bytes of the same run reducing in fp32 (predict() agrees: e2e.predicted).

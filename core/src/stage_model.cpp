@@ -181,12 +181,14 @@ std::vector<const LocalTensor*> StageModel::tp_partial_grads() const {
 
 double StageModel::grad_sum_of_squares(BufferView grads) const {
   double s = 0;
-  for (const LocalTensor& lt : impl_->tensors) {
-    if (lt.tied_copy) continue;
-    if (lt.shard == ShardKind::replicated && impl_->part.tp_rank != 0) continue;
-    s += device_ops(grads.device).sum_of_squares(slice(grads, lt.offset, lt.count));
-  }
+  for (const LocalTensor& lt : impl_->tensors)
+    if (in_grad_norm(lt))
+      s += device_ops(grads.device).sum_of_squares(slice(grads, lt.offset, lt.count));
   return s;
+}
+
+bool StageModel::in_grad_norm(const LocalTensor& t) const {
+  return !t.tied_copy && !(t.shard == ShardKind::replicated && impl_->part.tp_rank != 0);
 }
 
 int StageModel::acquire_slot() {

@@ -8,6 +8,7 @@
 //                shrinks by the number of virtual stages, at the price of more sends
 // Activations and their gradients go point to point; the tied embedding / LM-head gradient is
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
+// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer).
 #include "strata/engines/model_parallel.hpp"
 
 namespace {
@@ -31,7 +32,8 @@ std::vector<OptionSpec> options(bool interleaved) {
        OptionType::choice,
        "off",
        "sequence parallelism inside each stage's tensor-parallel group",
-       {"on", "off"}}};
+       {"on", "off"}},
+      mp::dp_option()};
   if (interleaved)
     o.push_back({"virtual_stages",
                  OptionType::integer,
@@ -63,6 +65,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
                                 : pp::PipeSchedule::interleaved;
   c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages")) : 1;
   c.sequence_parallel = o.get("sp") == "on";
+  c.zero1 = o.get("dp") == "zero1";
   c.stage_layers = mp::parse_stage_layers(o.get("stage_layers"));
   c.microbatches = int(o.get_int("microbatches"));
   return std::make_unique<mp::MpStrategy>(c);

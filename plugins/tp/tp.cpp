@@ -3,6 +3,7 @@
 // vocab-parallel embedding and cross-entropy for the tied embedding / LM head; one all-reduce in
 // forward and one in backward per sub-block. sp=on: sequence parallelism (all-gather and
 // reduce-scatter in place of each all-reduce, LayerNorm and residual on token-row shards).
+// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer).
 // The model and the step live in strata/engines/model_parallel.hpp and core's StageModel.
 #include "strata/engines/model_parallel.hpp"
 
@@ -22,7 +23,8 @@ const PluginDescriptor& descriptor() {
           "off",
           "sequence parallelism: all-gather / reduce-scatter instead of all-reduce, LayerNorm on "
           "token-row shards",
-          {"on", "off"}}}}}};
+          {"on", "off"}},
+         mp::dp_option()}}}};
   return d;
 }
 
@@ -31,6 +33,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.strategy = name;
   c.pipeline = false;
   c.sequence_parallel = o.get("sp") == "on";
+  c.zero1 = o.get("dp") == "zero1";
   return std::make_unique<mp::MpStrategy>(c);
 }
 

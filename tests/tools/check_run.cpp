@@ -8,6 +8,8 @@
 //   check_run calls FILE OP N                every rank makes N calls of OP in every step
 //   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
 //   check_run comm-ratio A B OP RATIO        A's bytes of OP = RATIO x B's, every rank and step
+//   check_run memory-ratio A B TAG RATIO BYTES  A's peak bytes of TAG = RATIO x B's within BYTES,
+//                                            rank by rank (same mesh)
 //   check_run summary FILE NAME VALUE        a /summary measure equals VALUE (relative 1e-12)
 //   check_run trace FILE                     /trace: forward and backward intervals on every rank,
 //                                            comm events whose bytes add up to /comm per rank and
@@ -189,6 +191,23 @@ static void comm_ratio(const RunRecord& a, const RunRecord& b, const std::string
            "%s at %zu: %.0f bytes vs %.0f (want ratio %g)\n", op.c_str(), i, x[i], y[i], ratio);
   std::printf("%s: %.0f bytes per step vs %.0f (ratio %g)\n", op.c_str(), x.empty() ? 0 : x[0],
               y.empty() ? 0 : y[0], ratio);
+}
+
+static void memory_ratio(const RunRecord& a, const RunRecord& b, const std::string& tag,
+                         double ratio, double slack) {
+  auto peak = [&](const RunRecord& r, int k) {
+    for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
+      if (r.memory_tags[t] == tag) return r.peak_bytes[k * r.memory_tags.size() + t];
+    return -1.0;
+  };
+  EXPECT(a.ranks == b.ranks && a.ranks > 0, "ranks %d vs %d\n", a.ranks, b.ranks);
+  for (int k = 0; k < std::min(a.ranks, b.ranks); ++k) {
+    const double x = peak(a, k), y = peak(b, k);
+    EXPECT(y > 0 && std::fabs(x - ratio * y) <= slack,
+           "%s on rank %d: %.0f bytes vs %.0f (want ratio %g within %.0f bytes)\n", tag.c_str(), k,
+           x, y, ratio, slack);
+    std::printf("%s on rank %d: %.0f bytes vs %.0f (ratio %.6f)\n", tag.c_str(), k, x, y, x / y);
+  }
 }
 
 static void trace(const RunRecord& r, const std::string& path) {
@@ -378,6 +397,9 @@ int main(int argc, char** argv) {
       std::printf("%s: %.0f < %.0f bytes\n", argv[4], peak(a), peak(b));
     } else if (cmd == "comm-ratio" && argc == 6) {
       comm_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]));
+    } else if (cmd == "memory-ratio" && argc == 7) {
+      memory_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]),
+                   std::atof(argv[6]));
     } else if (cmd == "summary" && argc == 5) {
       RunRecord r = read_run_file(argv[2]);
       double got = summary(r, argv[3]), want = std::atof(argv[4]);

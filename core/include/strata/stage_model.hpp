@@ -92,6 +92,9 @@ class StageModel {
   // This rank's share of the squared gradient norm: sharded tensors fully, replicated ones on tp
   // rank 0 only, the tied copy never (the embedding's stage counts wte).
   double grad_sum_of_squares(BufferView grads) const;
+  // Whether grad_sum_of_squares counts tensor t (for a caller that holds only a slice of the
+  // gradients, e.g. a ZeRO-1 shard over data parallelism).
+  bool in_grad_norm(const LocalTensor& t) const;
 
   // Floats of the residual stream at a partition boundary for one micro-batch: rows x C, with rows
   // = B*T, or B*T/tp under sequence parallelism. What a pipeline stage sends and receives.

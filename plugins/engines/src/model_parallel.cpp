@@ -7,8 +7,10 @@
 #include <sstream>
 
 #include "strata/data_parallel.hpp"
+#include "strata/engines/sharded.hpp"
 
 namespace strata::mp {
+using sharded::ShardGroup;
 namespace {
 
 // Message tags on the pp group: activations forward, gradients backward, the tied-wte exchange.
@@ -54,6 +56,32 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
   return p;
 }
 
+// dp=zero1's split of a rank's local parameters (`total` elements) into dp shards, padded to a
+// multiple of dp as the sharded engine pads its groups.
+ShardGroup dp_shards(std::size_t total, int dp) {
+  ShardGroup g;
+  g.count = total;
+  g.shards = dp;
+  g.chunk = (total + dp - 1) / dp;
+  return g;
+}
+
+bool zero1_on(const MpConfig& cfg, const MeshSpec& mesh) { return cfg.zero1 && mesh.dp > 1; }
+
+// The AdamW segments covering local elements [begin, begin + count) of a buffer made of `all`.
+std::vector<AdamWSegment> slice_segments(const std::vector<AdamWSegment>& all, std::size_t begin,
+                                         std::size_t count) {
+  std::vector<AdamWSegment> r;
+  std::size_t at = 0;
+  const std::size_t end = begin + count;
+  for (const AdamWSegment& s : all) {
+    const std::size_t lo = std::max(at, begin), hi = std::min(at + s.count, end);
+    if (lo < hi) r.push_back({hi - lo, s.decay});
+    at += s.count;
+  }
+  return r;
+}
+
 std::string join(const std::vector<std::pair<int, int>>& r) {
   std::ostringstream s;
   for (std::size_t i = 0; i < r.size(); ++i)
@@ -62,6 +90,16 @@ std::string join(const std::vector<std::pair<int, int>>& r) {
 }
 
 }  // namespace
+
+OptionSpec dp_option() {
+  return {"dp",
+          OptionType::choice,
+          "allreduce",
+          "data parallelism: allreduce (every dp rank holds all optimizer state) or zero1 "
+          "(reduce-scatter gradients, optimizer state for 1/dp of the local parameters, "
+          "all-gather the update: Megatron's distributed optimizer)",
+          {"allreduce", "zero1"}};
+}
 
 std::vector<int> parse_stage_layers(const std::string& text) {
   std::vector<int> r;
@@ -149,12 +187,13 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   Prediction p;
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
   auto& comm = p.comm_bytes_per_step;
-  double params = 0, partial = 0;
+  std::size_t params = 0;
+  double partial = 0;
   mem(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
   for (int c = 0; c < plan.v; ++c) {
     const Partition& part = plan.parts[c];
     for (const LocalTensor& t : StageModel::local_tensors(in.model, part)) {
-      params += double(t.count);
+      params += t.count;
       // Replicated tensors see only this rank's token rows under sequence parallelism.
       if (part.sequence_parallel && part.tp_size > 1 && t.shard == ShardKind::replicated)
         partial += double(t.count);
@@ -183,9 +222,22 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   // Parameters, gradients and optimizer state by precision; activations and what crosses stage
   // boundaries stay fp32 (the residual stream is fp32 in every precision).
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  mem(MemTag::params) = per.params * params;
-  mem(MemTag::grads) = per.grads * params;
-  mem(MemTag::optimizer) = per.optimizer * params;
+  if (zero1_on(cfg, in.mesh)) {
+    // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
+    // this rank's shard; the norm adds one all-reduce of a double over dp.
+    const ShardGroup g = dp_shards(params, in.mesh.dp);
+    mem(MemTag::params) = per.params * double(g.padded());
+    mem(MemTag::grads) = per.grads * double(g.padded() + g.chunk);
+    mem(MemTag::optimizer) = per.optimizer * double(g.valid(coord.dp));
+    comm["reduce_scatter"] += per.grads * double(g.padded());
+    comm["all_gather"] += per.params * double(g.padded());
+    comm["all_reduce"] += sizeof(double);
+  } else {
+    mem(MemTag::params) = per.params * double(params);
+    mem(MemTag::grads) = per.grads * double(params);
+    mem(MemTag::optimizer) = per.optimizer * double(params);
+    if (in.mesh.dp > 1) comm["all_reduce"] += per.grads * double(params);
+  }
   const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
   if (plan.tied_exchange()) {
     comm["send"] += wte;
@@ -196,7 +248,6 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
     comm["all_reduce"] += per.grads * partial;
     mem(MemTag::comm_buffers) += per.grads * partial;
   }
-  if (in.mesh.dp > 1) comm["all_reduce"] += per.grads * params;
   if (in.mesh.tp > 1) comm["all_reduce"] += sizeof(double);
   if (in.mesh.pp > 1) comm["all_reduce"] += sizeof(double);
   if (cfg.pipeline)
@@ -209,6 +260,7 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   }()) << "; "
         << plan.m << " micro-batches; tp=" << in.mesh.tp
         << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
+        << (zero1_on(cfg, in.mesh) ? "; optimizer state sharded over dp (zero1)" : "")
         << "; recompute " << recompute_name(in.train.recompute);
   p.notes = notes.str();
   return p;
@@ -232,14 +284,20 @@ class Engine {
       for (const AdamWSegment& s : chunks_.back()->adamw_segments()) segments.push_back(s);
     }
     const MixedPrecision& mp = ctx.train().precision;
-    params_ = DeviceBuffer(mem, MemTag::params, mp.param, total);
-    grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, total);
-    optimizer_.emplace(std::move(segments), adamw_config(ctx), mem, mp.param);
+    zero1_ = zero1_on(cfg, ctx.mesh());
+    // allreduce: one shard, the whole buffer; zero1: the padded buffer, this rank owns chunk i.
+    shards_ = dp_shards(total, zero1_ ? ctx.mesh().dp : 1);
+    shard_ = zero1_ ? ctx.coord().dp : 0;
+    const std::size_t begin = std::size_t(shard_) * shards_.chunk, owned = shards_.valid(shard_);
+    params_ = DeviceBuffer(mem, MemTag::params, mp.param, shards_.padded());
+    grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, shards_.padded());
+    if (zero1_) shard_grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, shards_.chunk);
+    optimizer_.emplace(zero1_ ? slice_segments(segments, begin, owned) : std::move(segments),
+                       adamw_config(ctx), mem, mp.param);
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const std::size_t n = chunks_[c]->param_count();
       chunks_[c]->init_params(ctx.train().seed, params_.view(offset_[c], n));
-      if (mp.mixed())  // the fp32 master: the exact values the bf16 parameters round
-        chunks_[c]->init_params(ctx.train().seed, slice(optimizer_->master(), offset_[c], n));
+      if (mp.mixed()) init_master(ctx, int(c), begin, owned);
     }
     if (plan_.tied_exchange())
       tied_recv_ = DeviceBuffer(mem, MemTag::comm_buffers, mp.reduce, tied_chunk().wte_count());
@@ -274,6 +332,7 @@ class Engine {
       exchange_tied_grads(ctx, pp);
     }
     reduce_partial_grads(ctx, tp);
+    if (zero1_) return step_shard(ctx, step, tp, pp);
     Group& dp = ctx.group(Axis::dp);
     if (dp.size() > 1) dp.all_reduce(grads_.view());
 
@@ -295,6 +354,66 @@ class Engine {
   }
 
  private:
+  // The fp32 master of local chunk c's elements that lie in [begin, begin + owned): the exact
+  // values the bf16 parameters round. zero1 initialises the whole chunk in a scratch buffer outside
+  // the run's ledger (StageModel fills whole partitions), freed before the first step.
+  void init_master(Context& ctx, int c, std::size_t begin, std::size_t owned) {
+    const std::size_t n = chunks_[c]->param_count(), lo = std::max(offset_[c], begin),
+                      hi = std::min(offset_[c] + n, begin + owned);
+    if (!zero1_) {
+      chunks_[c]->init_params(ctx.train().seed, slice(optimizer_->master(), offset_[c], n));
+      return;
+    }
+    if (lo >= hi) return;
+    MemoryLedger scratch_ledger(ctx.memory().device());
+    DeviceBuffer scratch(scratch_ledger, MemTag::workspace, DType::f32, n);
+    chunks_[c]->init_params(ctx.train().seed, scratch.view());
+    ctx.ops().copy(slice(optimizer_->master(), lo - begin, hi - lo),
+                   scratch.view(lo - offset_[c], hi - lo));
+  }
+
+  // zero1 after the tied and sequence-parallel exchanges: reduce-scatter the padded gradients over
+  // dp, the norm from every shard's squares (dp, then tp and pp as in the all-reduce path), AdamW
+  // on this rank's shard, all-gather the updated shards in place.
+  void step_shard(Context& ctx, int step, Group* tp, Group& pp) {
+    Group& dp = ctx.group(Axis::dp);
+    const std::size_t begin = std::size_t(shard_) * shards_.chunk, owned = shards_.valid(shard_);
+    dp.reduce_scatter(grads_.view(), shard_grads_.view());
+    double sq = 0;
+    {
+      PhaseTimer t(ctx, Phase::optimizer);
+      sq = shard_sum_of_squares(begin, owned);
+      dp.all_reduce(view(&sq, 1));
+      if (tp) tp->all_reduce(view(&sq, 1));
+    }
+    if (plan_.P > 1) {  // waits for the slowest stage: bubble, not optimizer time
+      PhaseTimer idle(ctx, Phase::bubble);
+      pp.all_reduce(view(&sq, 1));
+    }
+    {
+      PhaseTimer t(ctx, Phase::optimizer);
+      optimizer_->step(params_.view(begin, owned), shard_grads_.view(0, owned), step + 1,
+                       clip_scale(std::sqrt(sq), ctx.train().grad_clip));
+    }
+    dp.all_gather(params_.view(begin, shards_.chunk), params_.view());
+  }
+
+  // This rank's share of the squared gradient norm from its shard: the elements of the tensors
+  // StageModel counts (no tied copy, replicated tensors on tp rank 0) that lie in the shard.
+  double shard_sum_of_squares(std::size_t begin, std::size_t owned) {
+    double s = 0;
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      for (const LocalTensor& t : chunks_[c]->tensors()) {
+        if (!chunks_[c]->in_grad_norm(t)) continue;
+        const std::size_t lo = std::max(offset_[c] + t.offset, begin),
+                          hi = std::min(offset_[c] + t.offset + t.count, begin + owned);
+        if (lo < hi)
+          s += device_ops(shard_grads_.device())
+                   .sum_of_squares(shard_grads_.view(lo - begin, hi - lo));
+      }
+    return s;
+  }
+
   std::vector<Event>& pending(int chunk, int slot) {
     auto& p = pending_[chunk];
     if (int(p.size()) <= slot) p.resize(slot + 1);
@@ -409,7 +528,11 @@ class Engine {
   std::vector<std::unique_ptr<StageModel>> chunks_;
   std::vector<std::size_t> offset_;
   // Parameters in the run's param dtype; gradients and their exchange buffers in its reduce dtype.
-  DeviceBuffer params_, grads_, tied_recv_, partial_pack_;
+  // zero1 pads params_ and grads_ to shards_.padded() and reduces into shard_grads_ (one chunk).
+  DeviceBuffer params_, grads_, tied_recv_, partial_pack_, shard_grads_;
+  bool zero1_ = false;
+  ShardGroup shards_;  // dp shards of the local buffer (one shard without zero1)
+  int shard_ = 0;      // this rank's shard
   BufferView chunk_view(DeviceBuffer& b, int chunk) {
     return b.view(offset_[chunk], chunks_[chunk]->param_count());
   }

@@ -8,6 +8,11 @@
 // embedding gradient is exchanged between the first and last stage, sequence-parallel gradients are
 // all-reduced over tp, all gradients over dp, the norm over tp and pp, and AdamW updates the
 // rank's shard.
+//
+// dp=zero1 (Megatron-LM's distributed optimizer): instead of the dp all-reduce, the local gradients
+// (padded to a multiple of dp) are reduce-scattered over dp, AdamW keeps state for this rank's
+// 1/dp of them only, the norm adds the shards' squares over dp, tp and pp, and the updated
+// shards are all-gathered over dp.
 #pragma once
 #include <functional>
 #include <memory>
@@ -27,6 +32,7 @@ struct MpConfig {
   pp::PipeSchedule schedule = pp::PipeSchedule::one_f_one_b;
   int virtual_stages = 1;
   bool sequence_parallel = false;
+  bool zero1 = false;             // dp=zero1: optimizer state sharded over dp (no effect at dp 1)
   std::vector<int> stage_layers;  // blocks per global chunk (pp x virtual_stages); empty: balanced
   int microbatches = 0;           // 0: global_batch / (micro_batch x dp); else must equal that
   // The tensor-parallel collectives inside the layers (strata/tensor_parallel.hpp), made once per
@@ -34,6 +40,9 @@ struct MpConfig {
   // strategy that overlaps them supplies its own here.
   std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
 };
+
+// The `dp` plugin option the tp and pp plugins share (allreduce or zero1; MpConfig::zero1).
+OptionSpec dp_option();
 
 // Parses "2,2,3,1" (the stage_layers option); empty string: balanced. Throws ConfigError.
 std::vector<int> parse_stage_layers(const std::string& text);
