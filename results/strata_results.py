@@ -361,6 +361,14 @@ class Run:
         return self.config.get("plugin", "?")
 
     @property
+    def variant(self):
+        """The strategy with the options it ran with, as a study names it: tp:dp=zero1."""
+        opts = self.config.get("plugin_opts", "")
+        if not isinstance(opts, str):  # a damaged file's attribute: the strategy alone
+            opts = ""
+        return self.strategy + (":" + opts.replace(",", ":") if opts else "")
+
+    @property
     def ranks(self):
         return self.world
 

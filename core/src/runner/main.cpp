@@ -38,12 +38,25 @@ using namespace strata;
 
 namespace {
 
+// What a strategy composes with, from its descriptor: the choices of its `dp` option (what the
+// data-parallel axis of a model-parallel mesh does) and of its `offload` option; "-" for none.
+std::string composition(const StrategySpec& s) {
+  std::string out;
+  for (const OptionSpec& o : s.options) {
+    if ((o.name != "dp" && o.name != "offload") || o.type != OptionType::choice) continue;
+    std::string choices;
+    for (const std::string& c : o.choices) choices += (choices.empty() ? "" : "|") + c;
+    out += (out.empty() ? "" : " ") + o.name + "=" + choices;
+  }
+  return out.empty() ? "-" : out;
+}
+
 void list_plugins(const PluginRegistry& registry) {
-  std::printf("%-14s %-10s %s\n", "STRATEGY", "FAMILY", "SUMMARY");
+  std::printf("%-14s %-10s %-24s %s\n", "STRATEGY", "FAMILY", "COMPOSITION", "SUMMARY");
   for (const LoadedPlugin& p : registry.plugins())
     for (const StrategySpec& s : p.descriptor->strategies)
-      std::printf("%-14s %-10s %s\n", s.name.c_str(), p.descriptor->family.c_str(),
-                  s.summary.c_str());
+      std::printf("%-14s %-10s %-24s %s\n", s.name.c_str(), p.descriptor->family.c_str(),
+                  composition(s).c_str(), s.summary.c_str());
   for (const std::string& problem : registry.problems())
     std::fprintf(stderr, "note: skipped %s\n", problem.c_str());
 }
