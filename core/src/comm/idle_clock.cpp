@@ -54,4 +54,9 @@ void resolve_idle_waits() {
   pending.clear();
 }
 
+void forget_idle_waits(const CommLedger* ledger) {
+  std::lock_guard lock(mu);
+  std::erase_if(pending, [&](const PendingWait& w) { return w.ledger == ledger; });
+}
+
 }  // namespace strata
