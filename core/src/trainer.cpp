@@ -14,6 +14,7 @@
 #include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "format.hpp"
+#include "node_peak.hpp"
 #include "process_memory.hpp"
 #include "provenance.hpp"
 #include "summary.hpp"
@@ -63,17 +64,7 @@ void check_one_gpu_per_rank(const DeviceBackend& gpu) {
                           "CUDA_VISIBLE_DEVICES), or run fewer ranks per node");
 }
 
-// The peak for MFU: the user's figure (--peak-tflops); on a GPU the data sheet's (0 for a GPU not
-// in the table: no MFU); on the CPU this process's best GEMM rate in the run's precision (SGEMM,
-// or bf16 on oneDNN) on its threads.
-double peak_flops_per_rank(const RunConfig& config) {
-  const bool bf16 = config.train.precision.mixed();
-  if (config.peak_tflops > 0) return config.peak_tflops * 1e12;
-  if (const DeviceBackend* gpu = opened_backend(config.device_kind())) return gpu->peak_flops(bf16);
-  return bf16 ? cpu::calibrate_bf16_gemm_flops(0.3) : cpu::calibrate_sgemm_flops(0.3);
-}
-
-void announce(const Run& run, double peak_flops) {
+void announce(const Run& run, const PeakFlops& peak) {
   const RunConfig& c = run.config;
   const TrainSpec& t = c.train;
   std::printf(
@@ -84,12 +75,12 @@ void announce(const Run& run, double peak_flops) {
       t.global_batch, c.model.seq, t.micro_batch, t.micro_steps(c.mesh),
       run.ctx.data().describe().c_str());
   if (const DeviceBackend* gpu = opened_backend(c.device_kind()))
-    std::printf("strata: GPU %d of rank 0: %s, %s peak %.1f TFLOP/s%s\n", gpu->ordinal(),
-                gpu->device_name().c_str(), peak_flops_source(c), peak_flops / 1e12,
-                peak_flops > 0 ? "" : " (not in the peak table: no MFU; give --peak-tflops)");
+    std::printf("strata: GPU %d of rank 0: %s, peak %.1f TFLOP/s (%s: %s)\n", gpu->ordinal(),
+                gpu->device_name().c_str(), peak.per_rank / 1e12, peak.source.c_str(),
+                peak.detail.c_str());
   else
-    std::printf("strata: %s peak %.1f GFLOP/s per rank (%d thread(s))\n", peak_flops_source(c),
-                peak_flops / 1e9, cpu::blas_threads());
+    std::printf("strata: peak %.1f GFLOP/s per rank (%s: %s)\n", peak.per_rank / 1e9,
+                peak.source.c_str(), peak.detail.c_str());
   std::fflush(stdout);
 }
 
@@ -264,7 +255,13 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     const mpi::LocalRank local = mpi::local_rank();
     check_one_gpu_per_rank(open_backend(config.device_kind(), {local.rank, local.size}));
   }
-  const double peak_flops = peak_flops_per_rank(config);
+  const PeakFlops peak = resolve_peak_flops(config);  // collective: the node's, shared
+  const double peak_flops = peak.per_rank;
+  if (root) {
+    std::lock_guard lock(state.mu);
+    state.record.provenance.emplace_back("peak_flops_source", peak.source);
+    state.record.provenance.emplace_back("peak_flops_detail", peak.detail);
+  }
 
   CommLedger ledger;
   watchdog.attach(&ledger);
@@ -287,7 +284,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   const std::uint64_t baseline_bytes = mark_runtime_baseline(ctx.memory());  // process_memory.hpp
   Run run{config, strategy, ledger, ctx, 0.0, {}};
   run.strategy->setup(ctx);
-  if (root) announce(run, peak_flops);
+  if (root) announce(run, peak);
 
   if (config.calibrate_comm) {
     std::vector<CalibrationPoint> calibration =
@@ -319,6 +316,11 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   std::vector<double> peaks;
   for (const RankReport& r : reports) peaks.push_back(r.peak_flops);
   summarize(config, state.record, step_max, global_loss, peaks, predicted_bubble);
+  // An MFU above 1 means the peak was too low (measured while the node was busy): the next run
+  // measures the node again instead of reusing it.
+  if (summary_value(state.record, "mfu_rank_max") > 1 &&
+      (peak.source == "cache" || peak.source == "measured"))
+    forget_node_peak(config);
   write_results(config, state, traces);
 }
 
