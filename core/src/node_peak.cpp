@@ -147,9 +147,9 @@ std::string node_cache_key(const RunConfig& config) {
 }
 
 // The node's GEMM rate on all its CPUs: this process widened to every online CPU (mpirun may have
-// bound it to one), the GEMM library on as many threads, best of four ~0.25 s measurements; the
+// bound it to one), the GEMM library on as many threads, best of `rounds` ~0.25 s measurements; the
 // process's binding and thread counts are put back afterwards.
-double measure_node_peak(bool bf16, int* cpus_used) {
+double measure_node_peak(bool bf16, int rounds, int* cpus_used) {
   cpu_set_t saved, all;
   const bool have_mask = ::sched_getaffinity(0, sizeof saved, &saved) == 0;
   CPU_ZERO(&all);
@@ -163,7 +163,7 @@ double measure_node_peak(bool bf16, int* cpus_used) {
   cpu::set_one_thread_pool(false);
   cpu::set_blas_threads(cpus);
   double best = 0;
-  for (int round = 0; round < 4; ++round)
+  for (int round = 0; round < rounds; ++round)
     best = std::max(best,
                     bf16 ? cpu::calibrate_bf16_gemm_flops(0.25) : cpu::calibrate_sgemm_flops(0.25));
   cpu::set_blas_threads(saved_threads);
@@ -173,13 +173,13 @@ double measure_node_peak(bool bf16, int* cpus_used) {
   return best;
 }
 
-// Local rank 0: the node's peak from the cache, or measured (and cached). {flops, from cache,
-// cpus}.
-std::array<double, 3> node_peak_on_local_root(const RunConfig& config) {
+// Local rank 0: the node's peak from the cache, or measured (and cached): {flops, from cache,
+// cpus}. floor > 0: a peak that proved too low; measured again, twice as long, and never below it.
+std::array<double, 3> node_peak_on_local_root(const RunConfig& config, double floor) {
   const bool bf16 = config.train.precision.mixed();
   const std::string path = peak_cache_path(), key = node_cache_key(config);
   const char* again = std::getenv("STRATA_PEAK_REMEASURE");
-  const bool remeasure = again && *again && std::string(again) != "0";
+  const bool remeasure = floor > 0 || (again && *again && std::string(again) != "0");
   std::string warnings;
   if (!remeasure)
     if (std::optional<double> cached = read_cached_peak(path, key, &warnings)) {
@@ -188,18 +188,18 @@ std::array<double, 3> node_peak_on_local_root(const RunConfig& config) {
     }
   std::fputs(warnings.c_str(), stderr);
   int cpus = 1;
-  const double flops = measure_node_peak(bf16, &cpus);
+  const double flops = std::max(floor, measure_node_peak(bf16, floor > 0 ? 8 : 4, &cpus));
   std::string error;
   if (!path.empty() && !write_cached_peak(path, key, flops, &error))
     std::fprintf(stderr, "strata: warning: peak cache not written: %s\n", error.c_str());
   return {flops, 0.0, double(cpus)};
 }
 
-PeakFlops cpu_peak(const RunConfig& config) {
+PeakFlops cpu_peak(const RunConfig& config, double floor) {
   const mpi::LocalRank local = mpi::local_rank();
   std::array<double, 3> shared{};
   mpi::node_barrier();  // the node's other ranks asleep before rank 0 measures
-  if (local.rank == 0) shared = node_peak_on_local_root(config);
+  if (local.rank == 0) shared = node_peak_on_local_root(config, floor);
   mpi::node_broadcast(shared.data(), int(shared.size()));
   PeakFlops p;
   p.node = shared[0];
@@ -233,7 +233,16 @@ PeakFlops resolve_peak_flops(const RunConfig& config) {
                               : "GPU not in the peak table: no MFU (give --peak-tflops)";
     return p;
   }
-  return cpu_peak(config);
+  return cpu_peak(config, 0);
+}
+
+PeakFlops remeasure_node_peak(const RunConfig& config, const PeakFlops& too_low, double mfu_max) {
+  PeakFlops p = cpu_peak(config, too_low.node);
+  char note[160];
+  std::snprintf(note, sizeof note, "; re-measured after MFU %.3f against the %s %.1f GFLOP/s",
+                mfu_max, too_low.source.c_str(), too_low.node / 1e9);
+  p.detail += note;
+  return p;
 }
 
 void forget_node_peak(const RunConfig& config) {

@@ -49,8 +49,14 @@ bool remove_cached_peak(const std::string& path, const std::string& key);
 // even when cached, and rewrites the cache).
 PeakFlops resolve_peak_flops(const RunConfig& config);
 
-// After a run whose MFU came out above 1 (the peak was too low: measured while something else ran
-// on the node): drops this node's cache entry so that the next run measures again. Rank 0 only.
+// Collective over the world, after the steps, when a rank's MFU (mfu_max, the highest over the
+// world) came out above 1 against a measured or cached node peak: that peak was too low (measured
+// while something else ran on the node). The node is measured again, twice as long, the larger of
+// the two kept (and cached); source measured, detail saying why.
+PeakFlops remeasure_node_peak(const RunConfig& config, const PeakFlops& too_low, double mfu_max);
+
+// After a run whose MFU stayed above 1 even against the re-measured peak: drops this node's cache
+// entry so that the next run measures again. Rank 0 only.
 void forget_node_peak(const RunConfig& config);
 
 }  // namespace strata
