@@ -23,6 +23,12 @@ double rank_share_of_node_peak(double node_peak, int ranks_on_node) {
   return node_peak / double(std::max(1, ranks_on_node));
 }
 
+double node_peak_from_rates(double all_cpus_rate, double one_cpu_rate, int cpus, bool* busy) {
+  const double ideal = one_cpu_rate * double(std::max(1, cpus));
+  *busy = all_cpus_rate < kMinNodeScaling * ideal;
+  return *busy ? ideal : all_cpus_rate;
+}
+
 std::string peak_cache_path() {
   if (const char* p = std::getenv("STRATA_PEAK_CACHE"); p && *p)
     return std::string(p) == "off" ? std::string() : std::string(p);
@@ -146,10 +152,20 @@ std::string node_cache_key(const RunConfig& config) {
                         bf16 ? "bf16" : "fp32", bf16 ? "oneDNN " + cpu::onednn_version() : "cblas");
 }
 
-// The node's GEMM rate on all its CPUs: this process widened to every online CPU (mpirun may have
-// bound it to one), the GEMM library on as many threads, best of `rounds` ~0.25 s measurements; the
-// process's binding and thread counts are put back afterwards.
-double measure_node_peak(bool bf16, int rounds, int* cpus_used) {
+double best_gemm_rate(bool bf16, int threads, int rounds) {
+  cpu::set_blas_threads(threads);
+  double best = 0;
+  for (int round = 0; round < rounds; ++round)
+    best = std::max(best,
+                    bf16 ? cpu::calibrate_bf16_gemm_flops(0.25) : cpu::calibrate_sgemm_flops(0.25));
+  return best;
+}
+
+// The node's GEMM peak: this process widened to every online CPU (mpirun may have bound it to
+// one), the GEMM library on as many threads, best of `rounds` ~0.25 s measurements, checked
+// against one thread's rate (node_peak_from_rates); the process's binding and thread counts are
+// put back afterwards. {flops, cpus, busy}.
+std::array<double, 3> measure_node_peak(bool bf16, int rounds) {
   cpu_set_t saved, all;
   const bool have_mask = ::sched_getaffinity(0, sizeof saved, &saved) == 0;
   CPU_ZERO(&all);
@@ -161,21 +177,27 @@ double measure_node_peak(bool bf16, int rounds, int* cpus_used) {
   const int saved_threads = cpu::blas_threads();
   const bool saved_pool = cpu::one_thread_pool();
   cpu::set_one_thread_pool(false);
-  cpu::set_blas_threads(cpus);
-  double best = 0;
-  for (int round = 0; round < rounds; ++round)
-    best = std::max(best,
-                    bf16 ? cpu::calibrate_bf16_gemm_flops(0.25) : cpu::calibrate_sgemm_flops(0.25));
+  const double all_cpus = best_gemm_rate(bf16, cpus, rounds);
+  const double one_cpu = cpus > 1 ? best_gemm_rate(bf16, 1, 2) : all_cpus;
   cpu::set_blas_threads(saved_threads);
   cpu::set_one_thread_pool(saved_pool);
   if (have_mask) ::sched_setaffinity(0, sizeof saved, &saved);
-  *cpus_used = cpus;
-  return best;
+  bool busy = false;
+  const double flops = node_peak_from_rates(all_cpus, one_cpu, cpus, &busy);
+  if (busy)
+    std::fprintf(stderr,
+                 "strata: warning: %s busy while its peak was measured: %s on %d CPU(s) %.1f "
+                 "GFLOP/s is under %.0f%% of %d x one CPU's %.1f GFLOP/s; its peak is taken as "
+                 "the latter, %.1f GFLOP/s\n",
+                 mpi::processor_name().c_str(), gemm_name(bf16), cpus, all_cpus / 1e9,
+                 100 * kMinNodeScaling, cpus, one_cpu / 1e9, flops / 1e9);
+  return {flops, double(cpus), busy ? 1.0 : 0.0};
 }
 
 // Local rank 0: the node's peak from the cache, or measured (and cached): {flops, from cache,
-// cpus}. floor > 0: a peak that proved too low; measured again, twice as long, and never below it.
-std::array<double, 3> node_peak_on_local_root(const RunConfig& config, double floor) {
+// cpus, busy}. floor > 0: a peak that proved too low; measured again, twice as long, and never
+// below it.
+std::array<double, 4> node_peak_on_local_root(const RunConfig& config, double floor) {
   const bool bf16 = config.train.precision.mixed();
   const std::string path = peak_cache_path(), key = node_cache_key(config);
   const char* again = std::getenv("STRATA_PEAK_REMEASURE");
@@ -184,20 +206,20 @@ std::array<double, 3> node_peak_on_local_root(const RunConfig& config, double fl
   if (!remeasure)
     if (std::optional<double> cached = read_cached_peak(path, key, &warnings)) {
       std::fputs(warnings.c_str(), stderr);
-      return {*cached, 1.0, double(online_cpus())};
+      return {*cached, 1.0, double(online_cpus()), 0.0};
     }
   std::fputs(warnings.c_str(), stderr);
-  int cpus = 1;
-  const double flops = std::max(floor, measure_node_peak(bf16, floor > 0 ? 8 : 4, &cpus));
+  const std::array<double, 3> measured = measure_node_peak(bf16, floor > 0 ? 8 : 4);
+  const double flops = std::max(floor, measured[0]);
   std::string error;
   if (!path.empty() && !write_cached_peak(path, key, flops, &error))
     std::fprintf(stderr, "strata: warning: peak cache not written: %s\n", error.c_str());
-  return {flops, 0.0, double(cpus)};
+  return {flops, 0.0, measured[1], measured[2]};
 }
 
 PeakFlops cpu_peak(const RunConfig& config, double floor) {
   const mpi::LocalRank local = mpi::local_rank();
-  std::array<double, 3> shared{};
+  std::array<double, 4> shared{};
   mpi::node_barrier();  // the node's other ranks asleep before rank 0 measures
   if (local.rank == 0) shared = node_peak_on_local_root(config, floor);
   mpi::node_broadcast(shared.data(), int(shared.size()));
@@ -211,7 +233,8 @@ PeakFlops cpu_peak(const RunConfig& config, double floor) {
   std::snprintf(line, sizeof line, "node %s %.1f GFLOP/s on %d CPU(s) / %d rank(s) on the node",
                 gemm_name(config.train.precision.mixed()), p.node / 1e9, int(shared[2]),
                 local.size);
-  p.detail = std::string(line) + (path.empty() ? ", not cached" : ", cache " + path);
+  p.detail = std::string(line) + (shared[3] > 0 ? " (node busy: CPUs x one CPU's rate)" : "") +
+             (path.empty() ? ", not cached" : ", cache " + path);
   return p;
 }
 

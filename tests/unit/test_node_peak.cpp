@@ -38,6 +38,20 @@ TEST(NodePeak, RankShareIsTheNodePeakOverTheRanksOnTheNode) {
   EXPECT_DOUBLE_EQ(strata::rank_share_of_node_peak(400e9, 0), 400e9);  // no ranks: not a division
 }
 
+TEST(NodePeak, BusyNodeTakesCpusTimesOneCpuRate) {
+  bool busy = true;
+  // A quiet node: all-CPU rate near ideal (or a turbo-bound 0.75 of it) is the peak.
+  EXPECT_DOUBLE_EQ(strata::node_peak_from_rates(398e9, 200e9, 2, &busy), 398e9);
+  EXPECT_FALSE(busy);
+  EXPECT_DOUBLE_EQ(strata::node_peak_from_rates(48e9, 1e9, 64, &busy), 48e9);
+  EXPECT_FALSE(busy);
+  // Another job on one of 2 cores: the 2-thread GEMM runs at one core's pace.
+  EXPECT_DOUBLE_EQ(strata::node_peak_from_rates(210e9, 200e9, 2, &busy), 400e9);
+  EXPECT_TRUE(busy);
+  EXPECT_DOUBLE_EQ(strata::node_peak_from_rates(1e9, 1e9, 1, &busy), 1e9);  // one CPU: itself
+  EXPECT_FALSE(busy);
+}
+
 TEST(NodePeak, CacheKeyNamesEveryFieldAndNoTab) {
   const std::string k = peak_cache_key("node1", "Xeon\tGold", 48, "fp32", "cblas");
   EXPECT_EQ(k, "node1|Xeon Gold|48 cpus|fp32|cblas");
