@@ -144,11 +144,32 @@ std::string cpu_model_name() {
 
 int online_cpus() { return int(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
 
+// This process allowed on every online CPU (mpirun may have bound it to one); the cgroup's cpuset
+// (a Slurm job's share of a node) still narrows it. Returns how many CPUs it may run on then.
+int widen_to_usable_cpus() {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int c = 0; c < online_cpus() && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+  ::sched_setaffinity(0, sizeof all, &all);
+  cpu_set_t now;
+  return ::sched_getaffinity(0, sizeof now, &now) == 0 ? std::max(1, CPU_COUNT(&now))
+                                                       : online_cpus();
+}
+
+// The CPUs a measurement would use, leaving this process's binding as it was.
+int usable_cpus() {
+  cpu_set_t saved;
+  if (::sched_getaffinity(0, sizeof saved, &saved) != 0) return online_cpus();
+  const int cpus = widen_to_usable_cpus();
+  ::sched_setaffinity(0, sizeof saved, &saved);
+  return cpus;
+}
+
 const char* gemm_name(bool bf16) { return bf16 ? "bf16 GEMM" : "SGEMM"; }
 
 std::string node_cache_key(const RunConfig& config) {
   const bool bf16 = config.train.precision.mixed();
-  return peak_cache_key(mpi::processor_name(), cpu_model_name(), online_cpus(),
+  return peak_cache_key(mpi::processor_name(), cpu_model_name(), usable_cpus(),
                         bf16 ? "bf16" : "fp32", bf16 ? "oneDNN " + cpu::onednn_version() : "cblas");
 }
 
@@ -166,14 +187,9 @@ double best_gemm_rate(bool bf16, int threads, int rounds) {
 // against one thread's rate (node_peak_from_rates); the process's binding and thread counts are
 // put back afterwards. {flops, cpus, busy}.
 std::array<double, 3> measure_node_peak(bool bf16, int rounds) {
-  cpu_set_t saved, all;
+  cpu_set_t saved;
   const bool have_mask = ::sched_getaffinity(0, sizeof saved, &saved) == 0;
-  CPU_ZERO(&all);
-  for (int c = 0; c < online_cpus() && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
-  if (have_mask) ::sched_setaffinity(0, sizeof all, &all);  // the cgroup may still narrow it
-  cpu_set_t now_mask;
-  int cpus = online_cpus();
-  if (::sched_getaffinity(0, sizeof now_mask, &now_mask) == 0) cpus = CPU_COUNT(&now_mask);
+  const int cpus = widen_to_usable_cpus();
   const int saved_threads = cpu::blas_threads();
   const bool saved_pool = cpu::one_thread_pool();
   cpu::set_one_thread_pool(false);
@@ -186,9 +202,9 @@ std::array<double, 3> measure_node_peak(bool bf16, int rounds) {
   const double flops = node_peak_from_rates(all_cpus, one_cpu, cpus, &busy);
   if (busy)
     std::fprintf(stderr,
-                 "strata: warning: %s busy while its peak was measured: %s on %d CPU(s) %.1f "
-                 "GFLOP/s is under %.0f%% of %d x one CPU's %.1f GFLOP/s; its peak is taken as "
-                 "the latter, %.1f GFLOP/s\n",
+                 "strata: warning: %s: %s on %d CPU(s) %.1f GFLOP/s is under %.0f%% of %d x one "
+                 "CPU's %.1f GFLOP/s (other work on the node, or GEMM threads confined to fewer "
+                 "CPUs); its peak is taken as the latter, %.1f GFLOP/s\n",
                  mpi::processor_name().c_str(), gemm_name(bf16), cpus, all_cpus / 1e9,
                  100 * kMinNodeScaling, cpus, one_cpu / 1e9, flops / 1e9);
   return {flops, double(cpus), busy ? 1.0 : 0.0};
@@ -206,7 +222,7 @@ std::array<double, 4> node_peak_on_local_root(const RunConfig& config, double fl
   if (!remeasure)
     if (std::optional<double> cached = read_cached_peak(path, key, &warnings)) {
       std::fputs(warnings.c_str(), stderr);
-      return {*cached, 1.0, double(online_cpus()), 0.0};
+      return {*cached, 1.0, double(usable_cpus()), 0.0};
     }
   std::fputs(warnings.c_str(), stderr);
   const std::array<double, 3> measured = measure_node_peak(bf16, floor > 0 ? 8 : 4);
@@ -233,7 +249,8 @@ PeakFlops cpu_peak(const RunConfig& config, double floor) {
   std::snprintf(line, sizeof line, "node %s %.1f GFLOP/s on %d CPU(s) / %d rank(s) on the node",
                 gemm_name(config.train.precision.mixed()), p.node / 1e9, int(shared[2]),
                 local.size);
-  p.detail = std::string(line) + (shared[3] > 0 ? " (node busy: CPUs x one CPU's rate)" : "") +
+  p.detail = std::string(line) +
+             (shared[3] > 0 ? " (poor all-CPU scaling: CPUs x one CPU's rate)" : "") +
              (path.empty() ? ", not cached" : ", cache " + path);
   return p;
 }

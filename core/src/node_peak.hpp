@@ -28,8 +28,9 @@ double rank_share_of_node_peak(double node_peak, int ranks_on_node);
 
 // The node's peak from its GEMM rate on all its CPUs and on one. On a busy node (other work holding
 // some cores) the all-CPU GEMM runs at the pace of its slowest thread while one thread still finds
-// a free core: all-CPU scaling below kMinNodeScaling of ideal marks the node busy (*busy) and
-// cpus x the one-CPU rate is taken instead. A quiet node scales above it (OpenBLAS SGEMM: 1.99 on
+// a free core; GEMM threads created while the process was bound to one core (mpirun --bind-to
+// core) stay there. All-CPU scaling below kMinNodeScaling of ideal sets *busy and takes cpus x the
+// one-CPU rate instead. A quiet node scales above it (OpenBLAS SGEMM: 1.99 on
 // 2 CPUs here; all-core turbo clocks stay within ~1/0.7 of one core's).
 constexpr double kMinNodeScaling = 0.7;
 double node_peak_from_rates(double all_cpus_rate, double one_cpu_rate, int cpus, bool* busy);
