@@ -85,7 +85,7 @@ foreach(p fp32 bf16)
            COMMAND runner --model small --steps 50 --plugin ddp --precision ${p} --out ${E2E_DIR}
                    --quiet --run-id small50.${p})
   set_tests_properties(e2e.run.small50.${p} PROPERTIES FIXTURES_SETUP run.small50.${p}
-                       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+                       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv"
                        LABELS e2e TIMEOUT 600 RESOURCE_LOCK cores)
 endforeach()
 add_test(NAME e2e.trajectory.small50.bf16-vs-fp32

@@ -299,13 +299,6 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
   if (t.warmup >= t.steps) t.warmup = t.steps > 1 ? 1 : 0;  // only the default can get here
 }
 
-const char* peak_flops_source(const RunConfig& c) {
-  if (c.peak_tflops > 0) return "given (--peak-tflops)";
-  if (c.device == "cuda")
-    return c.train.precision.mixed() ? "GPU data sheet, bf16 dense" : "GPU data sheet, fp32";
-  return c.train.precision.mixed() ? "calibrated bf16 GEMM" : "calibrated SGEMM";
-}
-
 std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   std::vector<std::pair<std::string, std::string>> r;
   auto add = [&](const std::string& k, const auto& v) {

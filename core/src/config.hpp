@@ -53,10 +53,6 @@ struct RunConfig {
   std::vector<std::pair<std::string, std::string>> resolved() const;
 };
 
-// Where the run's MFU peak comes from: "given (--peak-tflops)", "calibrated SGEMM" (fp32) or
-// "calibrated bf16 GEMM" (--precision bf16).
-const char* peak_flops_source(const RunConfig& c);
-
 // What a runner option accepts.
 enum class OptionKind {
   flag,     // no value on the command line; true/false/yes/no/on/off/1/0 in a file or variable

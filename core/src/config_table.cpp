@@ -362,7 +362,7 @@ std::vector<Row> results_rows() {
       text("run-id", R, K::name, "", "name of the run file (default: time, strategy, mesh)",
            [](RunConfig& c, const std::string& s) { c.run_id = s; }),
       real("peak-tflops", R, "0", 0, 1e6, false,
-           "peak TFLOP/s per rank for MFU (0 = measure the best SGEMM rate at start-up)",
+           "peak TFLOP/s per rank for MFU (0 = the node's cached GEMM peak / its ranks)",
            [](RunConfig& c, double v) { c.peak_tflops = v; }),
       real("watchdog", R, "300", 1, 604800, false,
            "seconds a blocking call may take, and a rank may be silent, before the job is ended",

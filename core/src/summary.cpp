@@ -34,6 +34,12 @@ void print_calibration(const std::vector<CalibrationPoint>& points, const std::s
   std::fflush(stdout);
 }
 
+double summary_value(const RunRecord& record, const std::string& name) {
+  for (const Measure& m : record.summary)
+    if (m.name == name) return m.value;
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
   std::sort(v.begin(), v.end());
@@ -66,6 +72,12 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
   const double flops_per_token = config.model.flops_per_token();
   const double flops_per_rank = tokens_per_s * flops_per_token / world;
   const double peak = percentile(peaks, 0.5);
+  // The highest rank's MFU against its own peak (ranks on fuller nodes have smaller shares).
+  double mfu_rank_max = std::numeric_limits<double>::quiet_NaN();
+  for (double p : peaks)
+    if (p > 0)
+      mfu_rank_max = std::isnan(mfu_rank_max) ? flops_per_rank / p
+                                              : std::max(mfu_rank_max, flops_per_rank / p);
   double peak_tracked = 0;  // largest per-rank sum of the tag peaks
   for (int r = 0; r < world; ++r) {
     double sum = 0;
@@ -80,6 +92,7 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
       {"tflops_per_rank", flops_per_rank / 1e12, "TFLOP/s"},
       // No peak (a GPU not in the table, without --peak-tflops): no MFU.
       {"mfu", peak > 0 ? flops_per_rank / peak : std::numeric_limits<double>::quiet_NaN(), "1"},
+      {"mfu_rank_max", mfu_rank_max, "1"},
       {"peak_flops_per_rank", peak, "FLOP/s"},
       {"flops_per_token", flops_per_token, "FLOP"},
       {"global_tokens_per_step", global_tokens, "tokens"},
@@ -98,11 +111,12 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
 }
 
 void print_summary(const RunConfig& config, const RunRecord& rec, const std::string& path) {
-  auto get = [&](const char* name) {
-    for (const Measure& m : rec.summary)
-      if (m.name == name) return m.value;
-    return std::numeric_limits<double>::quiet_NaN();
-  };
+  auto get = [&](const char* name) { return summary_value(rec, name); };
+  std::string source = "unknown", detail;
+  for (const auto& [key, value] : rec.provenance) {
+    if (key == "peak_flops_source") source = value;
+    if (key == "peak_flops_detail") detail = value;
+  }
   std::printf("\nsummary  %s, %d rank(s), %d timed step(s)\n", config.plugin.c_str(), rec.ranks,
               int(get("timed_steps")));
   std::printf("  throughput   %.0f tokens/s  (step p50 %.1f ms, p95 %.1f ms)\n",
@@ -113,9 +127,17 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
         "--peak-tflops)\n",
         get("tflops_per_rank"));
   else
-    std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (%s)\n",
+    std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (peak %s: %s)\n",
                 get("tflops_per_rank"), 100 * get("mfu"), get("peak_flops_per_rank") / 1e9,
-                peak_flops_source(config));
+                source.c_str(), detail.c_str());
+  if (get("mfu_rank_max") > 1)
+    std::printf(
+        "  warning      MFU %.1f%% on a rank is above 100%%: its peak (%s) is below what "
+        "training reached; %s\n",
+        100 * get("mfu_rank_max"), source.c_str(),
+        source == "cache" || source == "measured"
+            ? "the node's cached peak is dropped and the next run measures it again"
+            : "check --peak-tflops");
   std::printf("  loss         %.4f -> %.4f\n", get("loss_first"), get("loss_last"));
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));

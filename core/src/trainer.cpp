@@ -1,5 +1,6 @@
 #include "trainer.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "format.hpp"
+#include "node_peak.hpp"
 #include "process_memory.hpp"
 #include "provenance.hpp"
 #include "summary.hpp"
@@ -63,17 +65,7 @@ void check_one_gpu_per_rank(const DeviceBackend& gpu) {
                           "CUDA_VISIBLE_DEVICES), or run fewer ranks per node");
 }
 
-// The peak for MFU: the user's figure (--peak-tflops); on a GPU the data sheet's (0 for a GPU not
-// in the table: no MFU); on the CPU this process's best GEMM rate in the run's precision (SGEMM,
-// or bf16 on oneDNN) on its threads.
-double peak_flops_per_rank(const RunConfig& config) {
-  const bool bf16 = config.train.precision.mixed();
-  if (config.peak_tflops > 0) return config.peak_tflops * 1e12;
-  if (const DeviceBackend* gpu = opened_backend(config.device_kind())) return gpu->peak_flops(bf16);
-  return bf16 ? cpu::calibrate_bf16_gemm_flops(0.3) : cpu::calibrate_sgemm_flops(0.3);
-}
-
-void announce(const Run& run, double peak_flops) {
+void announce(const Run& run, const PeakFlops& peak) {
   const RunConfig& c = run.config;
   const TrainSpec& t = c.train;
   std::printf(
@@ -84,13 +76,51 @@ void announce(const Run& run, double peak_flops) {
       t.global_batch, c.model.seq, t.micro_batch, t.micro_steps(c.mesh),
       run.ctx.data().describe().c_str());
   if (const DeviceBackend* gpu = opened_backend(c.device_kind()))
-    std::printf("strata: GPU %d of rank 0: %s, %s peak %.1f TFLOP/s%s\n", gpu->ordinal(),
-                gpu->device_name().c_str(), peak_flops_source(c), peak_flops / 1e12,
-                peak_flops > 0 ? "" : " (not in the peak table: no MFU; give --peak-tflops)");
+    std::printf("strata: GPU %d of rank 0: %s, peak %.1f TFLOP/s (%s: %s)\n", gpu->ordinal(),
+                gpu->device_name().c_str(), peak.per_rank / 1e12, peak.source.c_str(),
+                peak.detail.c_str());
   else
-    std::printf("strata: %s peak %.1f GFLOP/s per rank (%d thread(s))\n", peak_flops_source(c),
-                peak_flops / 1e9, cpu::blas_threads());
+    std::printf("strata: peak %.1f GFLOP/s per rank (%s: %s)\n", peak.per_rank / 1e9,
+                peak.source.c_str(), peak.detail.c_str());
   std::fflush(stdout);
+}
+
+// Rank 0: where the MFU peak came from, in /provenance (replacing an earlier entry).
+void record_peak(const PeakFlops& peak, RunState& state) {
+  std::lock_guard lock(state.mu);
+  auto& p = state.record.provenance;
+  std::erase_if(p, [](const auto& kv) {
+    return kv.first == "peak_flops_source" || kv.first == "peak_flops_detail";
+  });
+  p.emplace_back("peak_flops_source", peak.source);
+  p.emplace_back("peak_flops_detail", peak.detail);
+}
+
+// Collective, after the steps: a node peak (measured or cached) below what training reached, i.e.
+// an MFU above 1 on some rank, was measured while something else ran on the node. The node is
+// measured again before any MFU is reported (the summary warns if it is still above 1).
+void recheck_peak(const RunConfig& c, const std::vector<double>& step_max, PeakFlops& peak,
+                  RunState& state) {
+  if (peak.source != "cache" && peak.source != "measured") return;  // the same on every rank
+  const std::size_t warmup = std::min<std::size_t>(std::size_t(c.train.warmup), step_max.size());
+  const double p50 = percentile({step_max.begin() + warmup, step_max.end()}, 0.5);
+  const double flops_per_rank = double(c.train.global_batch) * c.model.seq / p50 *
+                                c.model.flops_per_token() / mpi::world_size();
+  double mfu_max = peak.per_rank > 0 ? flops_per_rank / peak.per_rank : 0;
+  if (!std::isfinite(mfu_max)) mfu_max = 0;
+  mpi::control_allreduce_max(&mfu_max, 1);
+  if (mfu_max <= 1) return;
+  {
+    const OutsideProcessPeak outside_peak;  // its matrices are measurement, not training
+    peak = remeasure_node_peak(c, peak, mfu_max);
+  }
+  if (mpi::world_rank() != 0) return;
+  std::printf(
+      "strata: MFU %.3f above 1 against the node's peak: peak now %.1f GFLOP/s per rank "
+      "(%s: %s)\n",
+      mfu_max, peak.per_rank / 1e9, peak.source.c_str(), peak.detail.c_str());
+  std::fflush(stdout);
+  record_peak(peak, state);
 }
 
 // One optimizer step on this rank: its timings, comm and (this rank's share of the) loss.
@@ -264,7 +294,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
     const mpi::LocalRank local = mpi::local_rank();
     check_one_gpu_per_rank(open_backend(config.device_kind(), {local.rank, local.size}));
   }
-  const double peak_flops = peak_flops_per_rank(config);
+  PeakFlops peak = resolve_peak_flops(config);  // collective: the node's, shared
+  if (root) record_peak(peak, state);
 
   CommLedger ledger;
   watchdog.attach(&ledger);
@@ -291,7 +322,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   const std::uint64_t baseline_bytes = mark_runtime_baseline(ctx.memory());  // process_memory.hpp
   Run run{config, strategy, ledger, ctx, 0.0, {}};
   run.strategy->setup(ctx);
-  if (root) announce(run, peak_flops);
+  if (root) announce(run, peak);
 
   if (config.calibrate_comm) {
     std::vector<CalibrationPoint> calibration =
@@ -306,8 +337,9 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   RankReport report;
   std::vector<double> global_loss, step_max;
   run_steps(run, state, report, global_loss, step_max);
+  recheck_peak(config, step_max, peak, state);
   double predicted_bubble = 0;
-  finish_report(run, peak_flops, baseline_bytes, &predicted_bubble, report);
+  finish_report(run, peak.per_rank, baseline_bytes, &predicted_bubble, report);
 
   const std::vector<double> gathered = mpi::control_gather(report.pack());
   std::vector<std::vector<double>> traces;
@@ -323,6 +355,11 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   std::vector<double> peaks;
   for (const RankReport& r : reports) peaks.push_back(r.peak_flops);
   summarize(config, state.record, step_max, global_loss, peaks, predicted_bubble);
+  // An MFU above 1 means the peak was too low (measured while the node was busy): the next run
+  // measures the node again instead of reusing it.
+  if (summary_value(state.record, "mfu_rank_max") > 1 &&
+      (peak.source == "cache" || peak.source == "measured"))
+    forget_node_peak(config);
   write_results(config, state, traces);
 }
 

@@ -350,6 +350,26 @@ static void calibration(const RunRecord& r, const std::string& groups_csv) {
               r.calibration.empty() ? 0.0 : r.calibration.back().busbw / 1e9);
 }
 
+// MFU against the node's peak: at most 1 on every rank, the peak's source recorded, and each of
+// the node's `node_ranks` ranks holding an equal share of the node's peak.
+static void mfu(const RunRecord& r, const std::string& source, int node_ranks) {
+  const double mfu = summary(r, "mfu"), rank_max = summary(r, "mfu_rank_max");
+  EXPECT(mfu > 0 && mfu <= 1, "/summary mfu %g, want (0, 1]\n", mfu);
+  EXPECT(rank_max >= mfu && rank_max <= 1, "/summary mfu_rank_max %g, want [mfu, 1]\n", rank_max);
+  const std::string* got = provenance(r, "peak_flops_source");
+  EXPECT(got && *got == source, "/provenance peak_flops_source '%s', want '%s'\n",
+         got ? got->c_str() : "(absent)", source.c_str());
+  const std::string* detail = provenance(r, "peak_flops_detail");
+  const std::string share = "/ " + std::to_string(node_ranks) + " rank(s) on the node";
+  EXPECT(detail && detail->find(share) != std::string::npos,
+         "/provenance peak_flops_detail '%s' "
+         "lacks '%s'\n",
+         detail ? detail->c_str() : "(absent)", share.c_str());
+  if (got && detail)
+    std::printf("mfu %.4f (max over ranks %.4f) of %.3g FLOP/s per rank, peak %s: %s\n", mfu,
+                rank_max, summary(r, "peak_flops_per_rank"), got->c_str(), detail->c_str());
+}
+
 int main(int argc, char** argv) {
   try {
     std::string cmd = argc > 1 ? argv[1] : "";
@@ -400,6 +420,8 @@ int main(int argc, char** argv) {
     } else if (cmd == "memory-ratio" && argc == 7) {
       memory_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]),
                    std::atof(argv[6]));
+    } else if (cmd == "mfu" && argc == 5) {
+      mfu(read_run_file(argv[2]), argv[3], std::atoi(argv[4]));
     } else if (cmd == "summary" && argc == 5) {
       RunRecord r = read_run_file(argv[2]);
       double got = summary(r, argv[3]), want = std::atof(argv[4]);

@@ -3,10 +3,12 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <thread>
 
 namespace strata::mpi {
 namespace {
@@ -229,6 +231,42 @@ LocalRank local_rank() {
   MPI_Comm_size(local, &r.size);
   MPI_Comm_free(&local);
   return r;
+}
+
+namespace {
+// MPI_Test every millisecond: a blocking MPI call would poll, taking a core from local rank 0.
+void sleep_until_done(MPI_Request& request) {
+  for (int done = 0;;) {
+    STRATA_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+struct NodeComm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  NodeComm() {
+    STRATA_MPI_CHECK(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &comm));
+  }
+  ~NodeComm() { MPI_Comm_free(&comm); }
+};
+}  // namespace
+
+void node_barrier() {
+  ControlCall watched(CommOp::barrier, 0);
+  NodeComm node;
+  MPI_Request request;
+  STRATA_MPI_CHECK(MPI_Ibarrier(node.comm, &request));
+  sleep_until_done(request);
+}
+
+void node_broadcast(double* values, int n) {
+  ControlCall watched(CommOp::broadcast, sizeof(double) * std::size_t(n));
+  NodeComm node;
+  MPI_Request request;
+  STRATA_MPI_CHECK(MPI_Ibcast(values, n, MPI_DOUBLE, 0, node.comm, &request));
+  sleep_until_done(request);
 }
 
 std::string processor_name() {

@@ -20,6 +20,10 @@ struct LocalRank {
   int rank = 0, size = 1;
 };
 LocalRank local_rank();
+// Collectives over the ranks sharing this host, in which waiting ranks sleep rather than spin (so
+// that they leave the host's cores to local rank 0 while it measures the node, node_peak.hpp).
+void node_barrier();
+void node_broadcast(double* values, int n);  // local rank 0's values to the host's other ranks
 std::string processor_name();
 std::string library_version();
 
