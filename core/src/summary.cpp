@@ -66,11 +66,11 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
   const double flops_per_token = config.model.flops_per_token();
   const double flops_per_rank = tokens_per_s * flops_per_token / world;
   const double peak = percentile(peaks, 0.5);
-  double peak_tracked = 0;  // largest per-rank sum of the tag peaks
+  double peak_tracked = 0;  // largest per-rank sum of the device tags' peaks
   for (int r = 0; r < world; ++r) {
     double sum = 0;
     for (int tag = 0; tag < kNumMemTags; ++tag)
-      sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
+      if (!is_host_tag(MemTag(tag))) sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
     peak_tracked = std::max(peak_tracked, sum);
   }
   rec.summary = {
