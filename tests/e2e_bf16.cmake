@@ -92,3 +92,22 @@ add_test(NAME e2e.trajectory.small50.bf16-vs-fp32
          COMMAND check_run trajectory ${E2E_DIR}/small50.fp32.h5 ${E2E_DIR}/small50.bf16.h5 1e-2)
 set_tests_properties(e2e.trajectory.small50.bf16-vs-fp32 PROPERTIES
                      FIXTURES_REQUIRED "run.small50.fp32;run.small50.bf16" LABELS e2e)
+
+# Optimizer offload in bf16: the fp32 master, m and v in host memory, the bf16 parameters rounded
+# there and copied to the device. The same losses as the run without offload bit for bit, no
+# optimizer state on the device, and on the host its 12 bytes per element plus the staged shard
+# of the embedding group (4-byte gradients + 2-byte parameters x 24992 elements).
+strata_e2e_bf16(bf16.zero3.offload.np2 2 bf16.reference --plugin zero3 --micro-batch 2
+                --plugin-opt offload=optimizer)
+set(base ${E2E_DIR}/bf16.zero3.np2.h5)
+set(offloaded ${E2E_DIR}/bf16.zero3.offload.np2.h5)
+add_test(NAME e2e.offload.same-losses.bf16.zero3.offload.np2
+         COMMAND check_run trajectory ${base} ${offloaded} 0)
+add_test(NAME e2e.offload.no-device-optimizer.bf16.zero3.offload.np2
+         COMMAND check_run memory-ratio ${offloaded} ${base} optimizer 0 0)
+add_test(NAME e2e.offload.host-optimizer.bf16.zero3.offload.np2
+         COMMAND check_run memory-plus ${offloaded} ${base} offload optimizer 149952)
+set_tests_properties(e2e.offload.same-losses.bf16.zero3.offload.np2
+                     e2e.offload.no-device-optimizer.bf16.zero3.offload.np2
+                     e2e.offload.host-optimizer.bf16.zero3.offload.np2 PROPERTIES
+                     FIXTURES_REQUIRED "run.bf16.zero3.offload.np2;run.bf16.zero3.np2" LABELS e2e)

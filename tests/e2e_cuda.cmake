@@ -1,7 +1,7 @@
 # --device cuda --transport nccl end to end, on any machine: runner_emu (the runner with the CUDA
 # backend on the CUDA emulator and the NCCL transport on the NCCL stand-in) against the CPU runner
-# on the same arguments. dp, ddp, zero3 and 1f1b at 1 and 2 ranks, fsdp, tp (sp) and interleaved
-# at 2, in fp32, and two bf16 runs:
+# on the same arguments. dp, ddp, zero3 and 1f1b at 1 and 2 ranks, fsdp, tp (sp), interleaved and
+# zero3 with offload=optimizer at 2, in fp32, and two bf16 runs:
 # each follows the CPU run's loss trajectory, keeps the memory and bytes predict() gives, and
 # records a device peak. Short runs (6 steps, micro-batch 2): the emulator runs every CUDA thread
 # of every kernel on the host, with its threads as fibers (STRATA_CUDA_EMU_FIBERS: one host thread,
@@ -85,6 +85,20 @@ strata_e2e_cuda(fsdp.np2 2 ${E2E_LOSS_TOL} --plugin fsdp --micro-batch 2)
 strata_e2e_cuda(tp.np2 2 ${E2E_LOSS_TOL} --plugin tp --mesh tp=2 --micro-batch 2 --plugin-opt sp=on)
 strata_e2e_cuda(interleaved.pp2 2 ${E2E_LOSS_TOL} --plugin interleaved --mesh pp=2 --micro-batch 2
                 --layers 4)
+# Optimizer offload with the parameters and gradients in (emulated) device memory: the gradient
+# shard copied device->host, AdamW on the host, the parameter shard copied host->device. On the
+# CPU run's trajectory and predict(), and no optimizer state on the device.
+strata_e2e_cuda(zero3.offload.np2 2 ${E2E_LOSS_TOL} --plugin zero3 --micro-batch 2
+                --plugin-opt offload=optimizer)
+add_test(NAME e2e.offload.no-device-optimizer.cuda.zero3.offload.np2
+         COMMAND check_run memory-ratio ${E2E_DIR}/cuda.zero3.offload.np2.gpu.h5
+                 ${E2E_DIR}/cuda.zero3.np2.gpu.h5 optimizer 0 0)
+add_test(NAME e2e.offload.host-optimizer.cuda.zero3.offload.np2
+         COMMAND check_run memory-plus ${E2E_DIR}/cuda.zero3.offload.np2.gpu.h5
+                 ${E2E_DIR}/cuda.zero3.np2.gpu.h5 offload optimizer 199936)
+set_tests_properties(e2e.offload.no-device-optimizer.cuda.zero3.offload.np2
+                     e2e.offload.host-optimizer.cuda.zero3.offload.np2 PROPERTIES LABELS e2e
+                     FIXTURES_REQUIRED "run.cuda.zero3.offload.np2.gpu;run.cuda.zero3.np2.gpu")
 if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   strata_e2e_cuda(ddp.np2.bf16 2 2e-3 --plugin ddp --micro-batch 2 --precision bf16)
   strata_e2e_cuda(zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16

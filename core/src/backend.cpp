@@ -87,6 +87,15 @@ void copy_bytes(Device device, void* dst, const void* src, std::size_t bytes) {
     backend_of(device, "copy").copy(dst, src, bytes);
 }
 
+void copy_across(BufferView dst, BufferView src) {
+  if (dst.count != src.count || dst.dtype != src.dtype)
+    throw Error(std::string("copy_across: ") + std::to_string(src.count) + " " +
+                dtype_name(src.dtype) + " elements into " + std::to_string(dst.count) + " " +
+                dtype_name(dst.dtype));
+  const Device device = dst.device != Device::cpu ? dst.device : src.device;
+  copy_bytes(device, dst.data, src.data, dst.bytes());
+}
+
 void* allocate_bytes(Device device, std::size_t bytes) {
   if (device != Device::cpu) return backend_of(device, "allocation").allocate(bytes);
   if (bytes > SIZE_MAX - 63) throw std::bad_alloc();

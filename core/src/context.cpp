@@ -48,9 +48,10 @@ Replica::Replica(Context& ctx)
   }
 }
 
-AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count) {
+AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count, MemTag state_tag) {
   const ParamLayout& layout = ctx.model().layout();
-  AdamW opt(layout, begin, count, adamw_config(ctx), ctx.memory(), ctx.train().precision.param);
+  AdamW opt(layout, begin, count, adamw_config(ctx), ctx.memory(), ctx.train().precision.param,
+            state_tag);
   if (opt.master().data) init_params(layout, ctx.train().seed, begin, opt.master());
   return opt;
 }

@@ -11,7 +11,7 @@
 namespace strata {
 
 AdamW::AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count,
-             const AdamWConfig& config, MemoryLedger& memory, DType param_dtype)
+             const AdamWConfig& config, MemoryLedger& memory, DType param_dtype, MemTag state_tag)
     : begin_(begin), count_(count), config_(config), param_dtype_(param_dtype) {
   if (begin + count > layout.total() || begin + count < begin) {
     throw Error("AdamW: range [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
@@ -25,23 +25,23 @@ AdamW::AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count,
     segments_.push_back({seg_end - j, ti.decay});
     j = seg_end;
   }
-  allocate(memory);
+  allocate(memory, state_tag);
 }
 
 AdamW::AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory,
-             DType param_dtype)
+             DType param_dtype, MemTag state_tag)
     : segments_(std::move(segments)), config_(config), param_dtype_(param_dtype) {
   for (const AdamWSegment& s : segments_) count_ += s.count;
-  allocate(memory);
+  allocate(memory, state_tag);
 }
 
-void AdamW::allocate(MemoryLedger& memory) {
+void AdamW::allocate(MemoryLedger& memory, MemTag state_tag) {
   if (param_dtype_ != DType::f32 && param_dtype_ != DType::bf16)
     throw Error(std::string("AdamW: parameters in ") + dtype_name(param_dtype_),
                 "f32, or bf16 with an fp32 master copy");
-  m_ = Buffer<float>(memory, MemTag::optimizer, count_);
-  v_ = Buffer<float>(memory, MemTag::optimizer, count_);
-  if (param_dtype_ == DType::bf16) master_ = Buffer<float>(memory, MemTag::optimizer, count_);
+  m_ = Buffer<float>(memory, state_tag, count_);
+  v_ = Buffer<float>(memory, state_tag, count_);
+  if (param_dtype_ == DType::bf16) master_ = Buffer<float>(memory, state_tag, count_);
 }
 
 namespace {

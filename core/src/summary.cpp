@@ -78,11 +78,11 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
     if (p > 0)
       mfu_rank_max = std::isnan(mfu_rank_max) ? flops_per_rank / p
                                               : std::max(mfu_rank_max, flops_per_rank / p);
-  double peak_tracked = 0;  // largest per-rank sum of the tag peaks
+  double peak_tracked = 0;  // largest per-rank sum of the device tags' peaks
   for (int r = 0; r < world; ++r) {
     double sum = 0;
     for (int tag = 0; tag < kNumMemTags; ++tag)
-      sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
+      if (!is_host_tag(MemTag(tag))) sum += rec.peak_bytes[std::size_t(r) * kNumMemTags + tag];
     peak_tracked = std::max(peak_tracked, sum);
   }
   rec.summary = {

@@ -22,6 +22,7 @@ sharded::EngineConfig config_for(const std::string& name, const Options& o) {
   c.prefetch_post = bp == "post";
   c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
   c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
+  c.offload_optimizer = o.get("offload") == "optimizer";
   return c;
 }
 
@@ -42,7 +43,12 @@ const PluginDescriptor& descriptor() {
        OptionType::boolean,
        "true",
        "at most 2 all-gathers in flight (bounds the gathered working set)",
-       {}}};
+       {}},
+      {"offload",
+       OptionType::choice,
+       "none",
+       "optimizer: AdamW state (m, v, bf16's fp32 master) in host memory, the update on the CPU",
+       {"none", "optimizer"}}};
   static const PluginDescriptor d{
       kPluginAbiVersion,
       "fsdp",

@@ -18,6 +18,7 @@ sharded::EngineConfig config_for(const std::string& name, const Options& o) {
   c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
   c.shard_grads = name != "zero1";
   c.shard_params = name == "zero3";
+  c.offload_optimizer = o.get("offload") == "optimizer";
   return c;
 }
 
@@ -37,7 +38,12 @@ const PluginDescriptor& descriptor() {
        OptionType::boolean,
        "true",
        "run each reduce-scatter behind the next unit's backward (off: wait for it at once)",
-       {}}};
+       {}},
+      {"offload",
+       OptionType::choice,
+       "none",
+       "optimizer: AdamW state (m, v, bf16's fp32 master) in host memory, the update on the CPU",
+       {"none", "optimizer"}}};
   static const PluginDescriptor d{
       kPluginAbiVersion,
       "zero",

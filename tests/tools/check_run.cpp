@@ -10,6 +10,8 @@
 //   check_run comm-ratio A B OP RATIO        A's bytes of OP = RATIO x B's, every rank and step
 //   check_run memory-ratio A B TAG RATIO BYTES  A's peak bytes of TAG = RATIO x B's within BYTES,
 //                                            rank by rank (same mesh)
+//   check_run memory-plus A B TAG TAG_B BYTES  A's peak bytes of TAG = B's of TAG_B + BYTES
+//                                            exactly, rank by rank (same mesh)
 //   check_run summary FILE NAME VALUE        a /summary measure equals VALUE (relative 1e-12)
 //   check_run trace FILE                     /trace: forward and backward intervals on every rank,
 //                                            comm events whose bytes add up to /comm per rank and
@@ -129,8 +131,9 @@ static void layout(const RunRecord& r, int ranks, int steps) {
       EXPECT(loss[k * steps + s] == loss[s], "loss differs across ranks at step %d\n", s);
   EXPECT(loss[steps - 1] < loss[0] - 0.05, "loss did not fall: %g -> %g\n", loss[0],
          loss[steps - 1]);
-  EXPECT(r.memory_tags.size() == 6 && r.peak_bytes.size() == 6u * ranks &&
-             r.predicted_bytes.size() == 6 && r.process_peak_bytes.size() == std::size_t(ranks),
+  EXPECT(r.memory_tags.size() == 7 && r.peak_bytes.size() == 7u * ranks &&
+             r.predicted_bytes.size() == 7 && r.process_peak_bytes.size() == std::size_t(ranks) &&
+             r.memory_tags.back() == "offload",
          "/memory shapes\n");
   for (const char* s :
        {"tokens_per_s", "step_s_p50", "step_s_p95", "tflops_per_rank", "mfu", "peak_bytes_max",
@@ -193,17 +196,35 @@ static void comm_ratio(const RunRecord& a, const RunRecord& b, const std::string
               y.empty() ? 0 : y[0], ratio);
 }
 
+static double tag_peak(const RunRecord& r, int k, const std::string& tag) {
+  for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
+    if (r.memory_tags[t] == tag) return r.peak_bytes[k * r.memory_tags.size() + t];
+  return -1.0;
+}
+
+static void memory_plus(const RunRecord& a, const RunRecord& b, const std::string& tag,
+                        const std::string& tag_b, double extra) {
+  EXPECT(a.ranks == b.ranks && a.ranks > 0, "ranks %d vs %d\n", a.ranks, b.ranks);
+  for (int k = 0; k < std::min(a.ranks, b.ranks); ++k) {
+    const double x = tag_peak(a, k, tag), y = tag_peak(b, k, tag_b);
+    EXPECT(x >= 0 && y > 0 && x == y + extra, "%s on rank %d: %.0f bytes, want %s %.0f + %.0f\n",
+           tag.c_str(), k, x, tag_b.c_str(), y, extra);
+    std::printf("%s on rank %d: %.0f bytes = %s %.0f + %.0f\n", tag.c_str(), k, x, tag_b.c_str(), y,
+                x - y);
+  }
+}
+
 static void memory_ratio(const RunRecord& a, const RunRecord& b, const std::string& tag,
                          double ratio, double slack) {
-  auto peak = [&](const RunRecord& r, int k) {
+  auto peak = [](const RunRecord& r, int k, const std::string& tag) {
     for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
       if (r.memory_tags[t] == tag) return r.peak_bytes[k * r.memory_tags.size() + t];
     return -1.0;
   };
   EXPECT(a.ranks == b.ranks && a.ranks > 0, "ranks %d vs %d\n", a.ranks, b.ranks);
   for (int k = 0; k < std::min(a.ranks, b.ranks); ++k) {
-    const double x = peak(a, k), y = peak(b, k);
-    EXPECT(y > 0 && std::fabs(x - ratio * y) <= slack,
+    const double x = peak(a, k, tag), y = peak(b, k, tag);
+    EXPECT(x >= 0 && y > 0 && std::fabs(x - ratio * y) <= slack,
            "%s on rank %d: %.0f bytes vs %.0f (want ratio %g within %.0f bytes)\n", tag.c_str(), k,
            x, y, ratio, slack);
     std::printf("%s on rank %d: %.0f bytes vs %.0f (ratio %.6f)\n", tag.c_str(), k, x, y, x / y);
@@ -422,6 +443,9 @@ int main(int argc, char** argv) {
                    std::atof(argv[6]));
     } else if (cmd == "mfu" && argc == 5) {
       mfu(read_run_file(argv[2]), argv[3], std::atoi(argv[4]));
+    } else if (cmd == "memory-plus" && argc == 7) {
+      memory_plus(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], argv[5],
+                  std::atof(argv[6]));
     } else if (cmd == "summary" && argc == 5) {
       RunRecord r = read_run_file(argv[2]);
       double got = summary(r, argv[3]), want = std::atof(argv[4]);

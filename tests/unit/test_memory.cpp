@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "process_memory.hpp"
@@ -27,6 +28,27 @@ TEST(MemoryLedger, TotalPeakIsTheLargestSumAtOneMoment) {
   EXPECT_EQ(ledger.peak(MemTag::activations), 12000u);
   EXPECT_EQ(ledger.total(), 8000u);
   EXPECT_EQ(ledger.total_peak(), 16000u);  // below the sum of the tag peaks, 20000
+}
+
+// Offloaded state is host memory: its own tag, a buffer on the CPU whatever the ledger's device,
+// left out of the device total; the other tags keep the ledger's device.
+TEST(MemoryLedger, OffloadIsHostMemoryOutsideTheDeviceTotal) {
+  MemoryLedger ledger(strata::Device::cuda);  // only the device's name: nothing is allocated on it
+  EXPECT_TRUE(strata::is_host_tag(MemTag::offload));
+  EXPECT_FALSE(strata::is_host_tag(MemTag::optimizer));
+  EXPECT_STREQ(strata::tag_name(MemTag::offload), "offload");
+  EXPECT_EQ(strata::kMemTagNames.back(), std::string("offload"));  // appended: files name tags
+  {
+    Buffer<float> m(ledger, MemTag::offload, 1000);
+    EXPECT_EQ(m.device(), strata::Device::cpu);
+    EXPECT_EQ(m.view().device, strata::Device::cpu);
+    m[999] = 1.0f;  // host memory: writable here
+    EXPECT_EQ(ledger.current(MemTag::offload), 4000u);
+    EXPECT_EQ(ledger.total(), 0u);
+  }
+  EXPECT_EQ(ledger.peak(MemTag::offload), 4000u);
+  EXPECT_EQ(ledger.current(MemTag::offload), 0u);
+  EXPECT_EQ(ledger.total_peak(), 0u);
 }
 
 TEST(ProcessMemory, ReadsTheKernelsFigures) {

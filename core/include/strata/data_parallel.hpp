@@ -28,7 +28,9 @@ class Replica {
 
 // AdamW over flat elements [begin, begin + count) with the run's settings and precision; with
 // bf16 parameters its fp32 master copy is initialised from the run's seed (exact fp32 values).
-AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count);
+// MemTag::offload as `state_tag`: the state lives in host memory (AdamW's note).
+AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count,
+                 MemTag state_tag = MemTag::optimizer);
 
 // d(step loss)/d(per-token loss): the step loss is the mean over the global batch's tokens, so
 // summing every rank's gradients gives the exact gradient.

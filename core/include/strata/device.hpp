@@ -45,4 +45,9 @@ DeviceOps& device_ops(Device d);
 // The CPU backend's operations (stateless; safe from any thread, e.g. a comm stream's).
 DeviceOps& cpu_ops();
 
+// Copies src into dst (same dtype and count) where the two may live on different devices: host
+// memory to or from the run's device (CPU offload of optimizer state). On the CPU a memcpy; on a
+// GPU a copy in compute-stream order that returns once a host destination holds the data.
+void copy_across(BufferView dst, BufferView src);
+
 }  // namespace strata

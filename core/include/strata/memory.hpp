@@ -13,17 +13,24 @@
 
 namespace strata {
 
-enum class MemTag : int { params, grads, optimizer, activations, comm_buffers, workspace };
-inline constexpr int kNumMemTags = 6;
+// Every tag but `offload` is memory of the ledger's device. `offload` is host memory whatever the
+// device: optimizer state a sharded strategy keeps on the host (--plugin-opt offload=optimizer) and
+// the host copies of the gradient and parameter shard it stages through. New tags go at the end:
+// run files name their tags, older files simply lack the newer ones.
+enum class MemTag : int { params, grads, optimizer, activations, comm_buffers, workspace, offload };
+inline constexpr int kNumMemTags = 7;
 inline constexpr std::array<const char*, kNumMemTags> kMemTagNames = {
-    "params", "grads", "optimizer", "activations", "comm_buffers", "workspace"};
+    "params", "grads", "optimizer", "activations", "comm_buffers", "workspace", "offload"};
 inline const char* tag_name(MemTag t) { return kMemTagNames[static_cast<int>(t)]; }
+// Whether a tag's buffers live in host memory rather than on the ledger's device.
+inline constexpr bool is_host_tag(MemTag t) { return t == MemTag::offload; }
 
 // Current and peak bytes per tag for this rank, and of their sum: the peak of the total is the most
-// tracked memory held at one moment, which is at most the sum of the per-tag peaks (tags peak at
-// different times). The ledger belongs to one device: every Buffer accounted in it lives in that
-// device's memory (a run's ledger: the run's --device). Not thread-safe by design: allocations
-// happen on the compute thread (comm streams only use buffers allocated there).
+// tracked device memory held at one moment, which is at most the sum of the per-tag peaks (tags
+// peak at different times). The ledger belongs to one device: every Buffer accounted in it lives in
+// that device's memory (a run's ledger: the run's --device), except those of host tags
+// (is_host_tag), which live in host memory and are left out of the total. Not thread-safe by
+// design: allocations happen on the compute thread (comm streams only use buffers allocated there).
 class MemoryLedger {
  public:
   explicit MemoryLedger(Device device = Device::cpu) : device_(device) {}
@@ -33,12 +40,13 @@ class MemoryLedger {
     c += bytes;
     auto& p = peak_[static_cast<int>(t)];
     if (c > p) p = c;
+    if (is_host_tag(t)) return;
     total_ += bytes;
     if (total_ > total_peak_) total_peak_ = total_;
   }
   void on_free(MemTag t, std::uint64_t bytes) {
     current_[static_cast<int>(t)] -= bytes;
-    total_ -= bytes;
+    if (!is_host_tag(t)) total_ -= bytes;
   }
   std::uint64_t current(MemTag t) const { return current_[static_cast<int>(t)]; }
   std::uint64_t peak(MemTag t) const { return peak_[static_cast<int>(t)]; }
@@ -58,9 +66,10 @@ class MemoryLedger {
 void* allocate_bytes(Device device, std::size_t bytes);
 void release_bytes(Device device, void* p) noexcept;
 
-// An owning, zero-initialised array of T on the ledger's device, accounted in the ledger under a
-// tag. Element access (data() read or written by the host, operator[], span()) is for host
-// memory only: on a GPU, reach the elements through views (BufferView) and the run's backend.
+// An owning, zero-initialised array of T on the ledger's device (in host memory for a host tag),
+// accounted in the ledger under a tag. Element access (data() read or written by the host,
+// operator[], span()) is for host memory only: on a GPU, reach the elements through views
+// (BufferView) and the run's backend.
 template <class T>
 class Buffer {
  public:
@@ -69,7 +78,7 @@ class Buffer {
       : ledger_(&ledger), tag_(tag), count_(count) {
     if (count_ == 0) return;
     if (count_ > (SIZE_MAX - 63) / sizeof(T)) throw std::bad_alloc();
-    data_ = static_cast<T*>(allocate_bytes(ledger.device(), count_ * sizeof(T)));
+    data_ = static_cast<T*>(allocate_bytes(device(), count_ * sizeof(T)));
     ledger_->on_alloc(tag_, count_ * sizeof(T));
   }
   Buffer(Buffer&& o) noexcept { swap(o); }
@@ -83,7 +92,7 @@ class Buffer {
   ~Buffer() {
     if (data_) {
       ledger_->on_free(tag_, count_ * sizeof(T));
-      release_bytes(ledger_->device(), data_);
+      release_bytes(device(), data_);
     }
   }
 
@@ -96,7 +105,7 @@ class Buffer {
   std::span<T> span() { return {data_, count_}; }
   // The whole buffer as a view that carries its dtype and its device.
   BufferView view() { return {data_, count_, dtype_of<T>(), device()}; }
-  Device device() const { return ledger_ ? ledger_->device() : Device::cpu; }
+  Device device() const { return ledger_ && !is_host_tag(tag_) ? ledger_->device() : Device::cpu; }
   std::span<const T> span() const { return {data_, count_}; }
 
  private:

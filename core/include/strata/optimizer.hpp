@@ -29,16 +29,18 @@ struct AdamWSegment {
 // AdamW keeps their fp32 master copy (MemTag::optimizer, 4 bytes per element next to m and v: the
 // ZeRO paper's 12 bytes of optimizer state), updates the master and rounds it into the bf16
 // parameters. The plugin fills master() once before the first step (init_params of its range).
+// `state_tag` MemTag::offload keeps the state in host memory (CPU offload): step() then takes
+// parameters and gradients in host memory too, and runs on the CPU.
 class AdamW {
  public:
   // State (m, v, and the master copy for bf16: MemTag::optimizer) for flat elements
   // [begin, begin + count).
   AdamW(const ParamLayout& layout, std::size_t begin, std::size_t count, const AdamWConfig& config,
-        MemoryLedger& memory, DType param_dtype = DType::f32);
+        MemoryLedger& memory, DType param_dtype = DType::f32, MemTag state_tag = MemTag::optimizer);
   // State for a local buffer made of `segments` in order (e.g. a tensor-parallel shard of a model
   // partition, whose elements are not a range of the flat index space).
   AdamW(std::vector<AdamWSegment> segments, const AdamWConfig& config, MemoryLedger& memory,
-        DType param_dtype = DType::f32);
+        DType param_dtype = DType::f32, MemTag state_tag = MemTag::optimizer);
 
   // One update of params (count() elements, param_dtype) from grads (count() elements, f32 or
   // bf16). `t` is the 1-based step for bias correction; grads are multiplied by grad_scale first
@@ -53,7 +55,7 @@ class AdamW {
   std::uint64_t state_bytes() const { return m_.bytes() + v_.bytes() + master_.bytes(); }
 
  private:
-  void allocate(MemoryLedger& memory);
+  void allocate(MemoryLedger& memory, MemTag state_tag);
   std::vector<AdamWSegment> segments_;
   std::size_t begin_ = 0, count_ = 0;
   AdamWConfig config_;

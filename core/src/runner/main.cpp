@@ -90,7 +90,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
     double total = 0;
     for (int t = 0; t < kNumMemTags; ++t) {
       peak[t] = std::max(peak[t], p.memory_bytes[t]);
-      total += p.memory_bytes[t];
+      if (!is_host_tag(MemTag(t))) total += p.memory_bytes[t];  // the device's memory
     }
     if (total > worst_total) worst_total = total, worst_rank = r;
     for (const auto& [op, b] : p.comm_bytes_per_step) comm[op] = std::max(comm[op], b);
@@ -104,10 +104,16 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
       c.train.global_batch, c.train.micro_steps(c.mesh));
   std::printf("predicted memory per rank (largest rank per tag)\n");
   for (int t = 0; t < kNumMemTags; ++t)
-    std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t],
-                human_bytes(peak[t]).c_str());
+    if (!is_host_tag(MemTag(t)))
+      std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t],
+                  human_bytes(peak[t]).c_str());
   std::printf("  %-13s %14.0f bytes  %12s  (rank %d)\n", "total", worst_total,
               human_bytes(worst_total).c_str(), worst_rank);
+  std::printf("predicted host memory per rank (largest rank per tag)\n");
+  for (int t = 0; t < kNumMemTags; ++t)
+    if (is_host_tag(MemTag(t)))
+      std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t],
+                  human_bytes(peak[t]).c_str());
   std::printf("predicted comm per rank per step (nccl-tests sizes)\n");
   if (comm.empty()) std::printf("  none\n");
   for (const auto& [op, b] : comm)

@@ -185,7 +185,15 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
   sim.on_alloc(MemTag::params, bytes_of(P, c.shard_params ? chunks : padded));
   sim.on_alloc(MemTag::grads, bytes_of(Gr, chunks));  // this rank's reduced gradients
   if (!c.shard_grads) sim.on_alloc(MemTag::grads, bytes_of(Gr, padded));  // zero1: full
-  sim.on_alloc(MemTag::optimizer, bytes_of(per.optimizer, valid));
+  // AdamW state: on the device, or in host memory with offload=optimizer, where the step also
+  // holds host copies of one group's gradient and parameter shard at a time.
+  const MemTag state = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
+  sim.on_alloc(state, bytes_of(per.optimizer, valid));
+  if (c.offload_optimizer) {
+    double most = 0;
+    for (const ShardGroup& g : groups) most = std::max(most, double(g.valid(i)));
+    sim.on_alloc(MemTag::offload, bytes_of(Gr, most) + bytes_of(P, most));
+  }
   // Working buffers, replayed from the schedule: gathered parameters and reduction outputs are
   // comm buffers, per-group gradients are grads.
   std::map<std::string, double>& bytes = p.comm_bytes_per_step;
@@ -222,11 +230,13 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
     if (!c.shard_params) bytes["all_gather"] += P * padded;      // updated shards to everyone
     if (in.train.grad_clip > 0) bytes["all_reduce"] += 8;        // the global gradient norm
   }
-  for (MemTag t : {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers})
+  for (MemTag t :
+       {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
     p.memory_bytes[static_cast<int>(t)] = double(sim.peak(t));
   std::ostringstream notes;
   notes << groups.size() << " group(s) over " << n << " shard(s); padding "
         << (padded - double(layout.total())) << " elements";
+  if (c.offload_optimizer) notes << "; optimizer state in host memory (offload)";
   p.notes = notes.str();
   return p;
 }

@@ -53,9 +53,10 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
     for (int g = 0; g < G; ++g)
       point_units(layout, g, replica_grads_.view(base_[g], groups_[g].padded()), grad_ptrs_);
   }
+  const MemTag state_tag = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
   for (const ShardGroup& g : groups_)
-    optimizers_.push_back(
-        make_adamw(ctx, g.offset + std::size_t(shard_index_) * g.chunk, g.valid(shard_index_)));
+    optimizers_.push_back(make_adamw(ctx, g.offset + std::size_t(shard_index_) * g.chunk,
+                                     g.valid(shard_index_), state_tag));
 }
 
 void Engine::point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const {
@@ -180,7 +181,7 @@ void Engine::update(Context& ctx, int step) {
         config_.shard_params
             ? shard_params_[g].view(0, valid)
             : replica_params_.view(base_[g] + std::size_t(i) * groups_[g].chunk, valid);
-    optimizers_[g].step(params, shard_grads_[g].view(0, valid), step + 1, clip);
+    step_group(g, params, step, clip);
   }
   if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
     std::vector<Event> done;
@@ -192,6 +193,22 @@ void Engine::update(Context& ctx, int step) {
     }
     for (Event& e : done) e.wait();
   }
+}
+
+void Engine::step_group(int g, BufferView params, int step, float clip) {
+  const BufferView grads = shard_grads_[g].view(0, params.count);
+  if (!config_.offload_optimizer) {
+    optimizers_[g].step(params, grads, step + 1, clip);
+    return;
+  }
+  // Host copies of the shard, one group at a time (predict() accounts them under `offload`). With
+  // bf16 parameters AdamW rounds its fp32 master into them, so only fp32 ones are copied down.
+  DeviceBuffer host_grads(*memory_, MemTag::offload, grad_dtype_, params.count);
+  DeviceBuffer host_params(*memory_, MemTag::offload, param_dtype_, params.count);
+  copy_across(host_grads.view(), grads);
+  if (param_dtype_ == DType::f32) copy_across(host_params.view(), params);
+  optimizers_[g].step(host_params.view(), host_grads.view(), step + 1, clip);
+  copy_across(params, host_params.view());
 }
 
 void EngineStrategy::validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const {

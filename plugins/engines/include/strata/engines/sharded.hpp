@@ -31,6 +31,10 @@ struct EngineConfig {
   bool prefetch_post = false;         // fsdp backward_prefetch=post: issue after the compute
   int max_gathers_in_flight = 0;      // fsdp limit_all_gathers (0: unlimited)
   bool overlap = true;                // comm overlaps the next group's compute
+  // offload=optimizer (ZeRO-Offload, FSDP CPUOffload): AdamW state in host memory
+  // (MemTag::offload); per group, the gradient shard is copied to the host, updated there, and
+  // the parameter shard copied back before the all-gather.
+  bool offload_optimizer = false;
 };
 
 struct ShardGroup {
@@ -85,6 +89,8 @@ class Engine {
   void reduce_grads(Context& ctx, int g);
   void finish_grads(Context& ctx, int g);
   void update(Context& ctx, int step);
+  // AdamW of group g on its parameter shard `params` (device memory), on the host when offloading.
+  void step_group(int g, BufferView params, int step, float clip);
   // ptrs[u] for the units of group g: their ranges in `group` (the group's elements from its
   // start).
   void point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const;
