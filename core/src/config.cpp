@@ -86,10 +86,24 @@ void refuse_percent_in_name(const std::string& where, const std::string& name) {
     throw ConfigError(where + "'" + name.substr(0, 64) + "': no such option (see runner --help)");
 }
 
+// Boost's messages for an unknown option, or for a flag given a value, quote the whole word, value
+// included: a '%' in the value loops there as in a name, so those words are refused here too.
+void refuse_percent_in_word(const std::string& word) {
+  const std::string name = word.substr(0, word.find('='));
+  refuse_percent_in_name("", name);
+  if (word.find('%') == std::string::npos) return;
+  const std::size_t start = name.find_first_not_of('-');  // "-=%x": no name at all
+  const Row* row = start == std::string::npos ? nullptr : find_row(name.substr(start));
+  if (row == nullptr)
+    throw ConfigError("'" + name.substr(0, 64) + "': no such option (see runner --help)");
+  if (row->option.kind == OptionKind::flag && name.size() < word.size())
+    throw ConfigError("'" + name + "': a flag takes no value (see runner --help)");
+}
+
 void collect_cli(int argc, char** argv, std::vector<Given>& given) {
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
-    if (word.rfind('-', 0) == 0) refuse_percent_in_name("", word.substr(0, word.find('=')));
+    if (word.rfind('-', 0) == 0) refuse_percent_in_word(word);
   }
   const po::options_description desc = make_description(false);
   const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;

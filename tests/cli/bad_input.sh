@@ -94,6 +94,8 @@ check "--warmup 5: must be below --steps 5" --plugin ddp --steps 5 --warmup 5
 # Found by fuzzing (tests/fuzz/regressions/fuzz_config): Boost's error text looped for ever.
 check "'--x%canonical_option%': no such option" --plugin ddp '--x%canonical_option%'
 check "--steps x%value%: must be a whole number" --plugin ddp --steps 'x%value%'
+check "'--delist-transports': no such option" --plugin ddp '--delist-transports=scrivo%c-%canonical_option%i=sa'
+check "'--dry-run': a flag takes no value" --plugin ddp '--dry-run=%canonical_option%'
 left=$(find "$out" -type f | wc -l)
 if [[ $left -ne 0 ]]; then echo "FAIL: $left file(s) left in $out"; fails=$((fails+1)); fi
 echo "$((cases - fails)) passed, $fails failed"
