@@ -18,7 +18,10 @@
 namespace strata {
 namespace {
 
-void check_tokens(const std::int32_t* tok, std::size_t n, int V, const char* what) {
+// Tokens on a GPU are device memory the host must not read: there they were checked where they
+// were made (the data source, check_token_file) and the kernels trust them.
+void check_tokens(Device device, const std::int32_t* tok, std::size_t n, int V, const char* what) {
+  if (device != Device::cpu) return;
   for (std::size_t i = 0; i < n; ++i)
     if (tok[i] < 0 || tok[i] >= V)
       throw Error(std::string("model: ") + what + " token " + std::to_string(tok[i]) +
@@ -273,7 +276,7 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
                                     const std::int32_t* tok, TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
-  check_tokens(tok, d.N, d.V, "input");
+  check_tokens(memory_.device(), tok, d.N, d.V, "input");
   float* x0 = s.x[0];
   if (d.tp == 1 && wte.dtype == DType::f32) {
     k_.encoder_forward(x0, tok, static_cast<const float*>(wte.data),
@@ -355,7 +358,7 @@ void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
                                const std::int32_t* targets, TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
-  check_tokens(targets, d.N, d.V, "target");
+  check_tokens(memory_.device(), targets, d.N, d.V, "target");
   SmallTensors small(k_, lnf, g_.small_params);
   k_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
                        small.param(C, C), int(d.Nl), C);

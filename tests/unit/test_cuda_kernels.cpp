@@ -29,6 +29,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda/device.hpp"
@@ -149,6 +150,26 @@ TEST_F(CudaKernelsTest, ElementwiseStepsMatchBitForBit) {
 }
 
 // Gathers and scatter-adds of the vocab-parallel embedding, f32 and bf16 tables.
+// bias_grad over several rounds of chunks (32 chunks of kBiasGradRows rows per round), a partial
+// last chunk and a partial last block of columns: the GPU's parallel chunk sums are the CPU's bit
+// for bit, and both are the column sums (against double, to fp32 rounding of ~rows additions).
+TEST_F(CudaKernelsTest, BiasGradSumsChunksInTheCpusOrder) {
+  STRATA_REQUIRE_GPU();
+  constexpr std::size_t rows = 2 * 32 * kBiasGradRows + 37;
+  constexpr int cols = 70;
+  const std::vector<float> dout = random_floats(rows * cols, 60, -2, 2);
+  std::vector<float> dbias = random_floats(cols, 61, -1, 1);
+  std::vector<double> want(dbias.begin(), dbias.end());
+  for (std::size_t n = 0; n < rows; ++n)
+    for (int c = 0; c < cols; ++c) want[c] += dout[n * cols + c];
+  Dev<float> d_dout(dout), d_dbias(dbias);
+  gpu->bias_grad(d_dbias.p, d_dout.p, rows, cols);
+  cpu.bias_grad(dbias.data(), dout.data(), rows, cols);
+  sync();
+  expect_bits("bias_grad", d_dbias.host(), dbias);
+  for (int c = 0; c < cols; ++c) EXPECT_NEAR(dbias[c], want[c], 1e-4) << "column " << c;
+}
+
 TEST_F(CudaKernelsTest, EmbeddingsMatchBitForBit) {
   STRATA_REQUIRE_GPU();
   const std::vector<std::int32_t> tokens = random_tokens(N, V, 5);  // repeats, in and out of shard
@@ -390,14 +411,15 @@ TEST_F(CudaKernelsTest, MatmulBf16ForwardEpilogues) {
     }
 }
 
-// cuBLASLt's own checks, as it documents them: a layout's leading dimension below its rows, a
-// BIAS epilogue without a bias pointer and a GELU aux leading dimension not a multiple of 8 are
-// CUBLAS_STATUS_INVALID_VALUE, at the heuristic and at the matmul.
+// cuBLASLt's own checks, as an H100 with cuBLAS 13.1 answers them: a layout's leading dimension
+// below its rows is CUBLAS_STATUS_INVALID_VALUE at the heuristic and at the matmul; a BIAS
+// epilogue without a bias pointer passes the heuristic (which sees no pointers) and is refused by
+// the matmul. Each case gives (heuristic, matmul).
 TEST_F(CudaKernelsTest, CublasLtRefusesBadArguments) {
   STRATA_REQUIRE_GPU();
   constexpr int M = 16, Nc = 8, K = 24;
   Dev<bf16> d_a(random_bf16(K * M, 40)), d_b(random_bf16(K * Nc, 41));
-  Dev<float> d_d(std::vector<float>(M * Nc)), d_aux(std::vector<float>(M * Nc));
+  Dev<float> d_d(std::vector<float>(M * Nc)), d_aux(std::vector<float>((M + 4) * Nc));
   auto status = [&](std::int64_t lda, cublasLtEpilogue_t epilogue, std::int64_t aux_ld) {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d;
@@ -431,14 +453,16 @@ TEST_F(CudaKernelsTest, CublasLtRefusesBadArguments) {
     cublasLtMatrixLayoutDestroy(b);
     cublasLtMatrixLayoutDestroy(d);
     cublasLtMatmulDescDestroy(desc);
-    EXPECT_EQ(heuristic, matmul);
-    return heuristic;
+    return std::pair{heuristic, matmul};
   };
-  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_DEFAULT, M), CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_GELU_AUX, M), CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(status(K - 1, CUBLASLT_EPILOGUE_DEFAULT, M), CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_BIAS, M), CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_GELU_AUX, M + 4), CUBLAS_STATUS_INVALID_VALUE);
+  constexpr auto ok = CUBLAS_STATUS_SUCCESS, invalid = CUBLAS_STATUS_INVALID_VALUE;
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_DEFAULT, M), std::pair(ok, ok));
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_GELU_AUX, M), std::pair(ok, ok));
+  EXPECT_EQ(status(K - 1, CUBLASLT_EPILOGUE_DEFAULT, M), std::pair(invalid, invalid));
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_BIAS, M), std::pair(ok, invalid));
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_GELU_AUX, M + 4), std::pair(ok, ok)) << "aux ld M + 4";
+  EXPECT_EQ(status(K, CUBLASLT_EPILOGUE_GELU_AUX, M - 8), std::pair(invalid, invalid))
+      << "aux ld below D's rows";
 }
 
 #ifdef STRATA_CUDA_EMULATOR

@@ -7,12 +7,13 @@
 //   _GELU, _GELU_BIAS, _GELU_AUX, _GELU_AUX_BIAS (the GELU input kept in the aux matrix, fp32,
 //   AUX_DATA_TYPE unset or CUDA_R_32F), with cuBLASLt's GELU, the tanh approximation
 //   0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-// Argument checks as cuBLASLt's, at cublasLtMatmulAlgoGetHeuristic and again at cublasLtMatmul:
-// CUBLAS_STATUS_INVALID_VALUE for a leading dimension below the rows of its layout, shapes of A,
-// B, C, D that do not fit op(A) op(B) (m x k times k x n), a null bias pointer with a BIAS
-// epilogue, a null aux pointer or an aux leading dimension below D's rows or not a multiple of 8
-// with a GELU_AUX epilogue, a workspace smaller than the algorithm's or an attribute buffer of the
-// wrong size; CUBLAS_STATUS_NOT_SUPPORTED for other type combinations, compute types, orders,
+// Argument checks as cuBLASLt's (checked against an H100 with cuBLAS 13.1), at
+// cublasLtMatmulAlgoGetHeuristic and again at cublasLtMatmul: CUBLAS_STATUS_INVALID_VALUE for a
+// leading dimension below the rows of its layout, shapes of A, B, C, D that do not fit op(A) op(B)
+// (m x k times k x n), an aux leading dimension below D's rows with a GELU_AUX epilogue, a
+// workspace smaller than the algorithm's or an attribute buffer of the wrong size; at the matmul
+// only (the heuristic sees no pointers), a null bias pointer with a BIAS epilogue or a null aux
+// pointer with a GELU_AUX epilogue; CUBLAS_STATUS_NOT_SUPPORTED for other type combinations, compute types, orders,
 // batches or epilogues. Each refusal is logged on stderr ("strata CUDA emulator: ...").
 // The heuristic's algorithm records the preference's minimum alignments (default 256 bytes, as
 // cuBLASLt assumes); cublasLtMatmul refuses (CUBLAS_STATUS_INVALID_VALUE) an A, B, C or D less
