@@ -2,7 +2,7 @@
 //
 // Shapes come from model_preset (T, C, NH, V) at a fixed micro-batch B per preset, chosen so a
 // CPU benchmark stays short on a 2-core host: small (T=128, C=256, NH=4, V=4096) at B=8 and
-// gpt2-124m (T=1024, C=768, NH=12, V=50257) at B=1, both N = B*T = 1024 rows.
+// gpt2-124m (T=1024, C=768, NH=12, V=50304) at B=1, both N = B*T = 1024 rows.
 //
 // BM_Gemm/<backend>/<preset>/<gemm>/<forward|backward>/micro_batch:<B>: one matmul_forward
 //   (out[N,OC] = inp[N,K] @ W[OC,K]^T + bias) or one matmul_backward (dinp and dweight, and dbias

@@ -12,6 +12,9 @@
 
 namespace strata {
 
+// Rows per chunk of Kernels::bias_grad's summation order.
+constexpr std::size_t kBiasGradRows = 64;
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -68,7 +71,9 @@ class Kernels {
 
   // --- elementwise steps of the passes
   virtual void zero(float* p, std::size_t n) = 0;  // p = 0
-  // out[n, :] += bias for each of `rows` rows; dbias += column sums of dout.
+  // out[n, :] += bias for each of `rows` rows; dbias += column sums of dout, in one order on
+  // every backend: each chunk of kBiasGradRows rows summed from 0 in row order, the chunk sums
+  // added to dbias in chunk order (a GPU sums the chunks in parallel, bit for bit the CPU's).
   virtual void add_bias(float* out, const float* bias, std::size_t rows, int C) = 0;
   virtual void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) = 0;
   // dst[i] = bf16(float(dst[i]) + src[i]): fp32 partial gradients into bf16 ones.

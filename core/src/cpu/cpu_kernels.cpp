@@ -117,9 +117,20 @@ class CpuKernels final : public Kernels {
       for (int c = 0; c < C; ++c) out[n * C + c] += bias[c];
   }
   void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) override {
-    for (std::size_t n = 0; n < rows; ++n)
+    constexpr int kCols = 256;  // a tile of columns, its chunk sums on the stack
+    for (int c0 = 0; c0 < C; c0 += kCols) {
+      const int w = std::min(kCols, C - c0);
+      for (std::size_t r0 = 0; r0 < rows; r0 += kBiasGradRows) {
+        float sum[kCols];
 #pragma omp simd
-      for (int c = 0; c < C; ++c) dbias[c] += dout[n * C + c];
+        for (int c = 0; c < w; ++c) sum[c] = 0.0f;
+        for (std::size_t n = r0; n < std::min(rows, r0 + kBiasGradRows); ++n)
+#pragma omp simd
+          for (int c = 0; c < w; ++c) sum[c] += dout[n * C + c0 + c];
+#pragma omp simd
+        for (int c = 0; c < w; ++c) dbias[c0 + c] += sum[c];
+      }
+    }
   }
   void add_into_bf16(bf16* dst, const float* src, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) dst[i] = to_bf16(to_float(dst[i]) + src[i]);
