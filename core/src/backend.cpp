@@ -115,4 +115,18 @@ void release_bytes(Device device, void* p) noexcept {
   }
 }
 
+void* allocate_host_bytes(Device device, std::size_t bytes) {
+  if (DeviceBackend* b = device != Device::cpu ? opened_backend(device) : nullptr)
+    return b->allocate_host(bytes);
+  return allocate_bytes(Device::cpu, bytes);
+}
+
+void release_host_bytes(Device device, void* p) noexcept {
+  if (!p) return;
+  if (DeviceBackend* b = device != Device::cpu ? opened_backend(device) : nullptr)
+    b->release_host(p);
+  else
+    std::free(p);
+}
+
 }  // namespace strata

@@ -28,6 +28,10 @@ class DeviceBackend {
   // pool: allocation and release cost no device synchronisation).
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void release(void* p) noexcept = 0;
+  // Zero-filled page-locked host memory (the host side of CPU offload), and its release (which
+  // also takes plain host memory, allocated before the backend was open).
+  virtual void* allocate_host(std::size_t bytes) = 0;
+  virtual void release_host(void* p) noexcept = 0;
   // Copies `bytes` between any two of host and device memory in compute-stream order; returns
   // once the source may be reused and, for a destination on the host, once it holds the data.
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;

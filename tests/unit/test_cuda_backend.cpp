@@ -3,6 +3,7 @@
 // zero-filled, with the same per-tag bytes as on the host; the device peak covers them; copies
 // between host and device; device_ops() and device_kernels() are the backend's; memory of a
 // device whose backend is not open is refused.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -73,6 +74,32 @@ TEST(CudaBackend, CopiesBetweenHostAndDevice) {
   copy_bytes(Device::cuda, a.data(), values.data(), a.bytes());  // host to device
   copy_bytes(Device::cuda, b.data(), a.data(), a.bytes());       // device to device
   EXPECT_EQ(to_host(b), values);                                 // device to host
+}
+
+// CPU offload's host side on a GPU run: a host-tag buffer is page-locked host memory
+// (cudaMallocHost), zeroed, counted under its tag and not in the device's total, and copies to
+// and from the device through copy_across.
+TEST(CudaBackend, OffloadBuffersArePinnedHostMemory) {
+  STRATA_REQUIRE_GPU();
+  backend();
+  MemoryLedger ledger(Device::cuda);
+  {
+    Buffer<float> host(ledger, MemTag::offload, 300), dev(ledger, MemTag::optimizer, 300);
+    EXPECT_EQ(host.device(), Device::cpu);
+    cudaPointerAttributes where{};
+    STRATA_CUDA_CHECK(cudaPointerGetAttributes(&where, host.data()));
+    EXPECT_EQ(where.type, cudaMemoryTypeHost);
+    EXPECT_EQ(std::vector<float>(host.data(), host.data() + 300), std::vector<float>(300, 0.0f));
+    EXPECT_EQ(ledger.current(MemTag::offload), 1200u);
+    EXPECT_EQ(ledger.total(), 1200u);  // the device's: the optimizer buffer only
+    const std::vector<float> values = random_floats(300, 9);
+    std::copy(values.begin(), values.end(), host.data());
+    copy_across(dev.view(), host.view());
+    std::fill(host.data(), host.data() + 300, 0.0f);
+    copy_across(host.view(), dev.view());
+    EXPECT_EQ(std::vector<float>(host.data(), host.data() + 300), values);
+  }
+  EXPECT_EQ(ledger.current(MemTag::offload), 0u);
 }
 
 TEST(CudaBackend, FreedMemoryGoesBackToThePool) {

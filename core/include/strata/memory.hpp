@@ -65,6 +65,11 @@ class MemoryLedger {
 // stream-ordered pool), and its release. Buffer's allocator; the GPU needs its backend open.
 void* allocate_bytes(Device device, std::size_t bytes);
 void release_bytes(Device device, void* p) noexcept;
+// Zero-filled host memory for a host tag of a run on `device`: page-locked where the device's
+// backend is open (a GPU's copies to and from it are then DMA at the bus's speed, not staged
+// through the driver), else as allocate_bytes on the host.
+void* allocate_host_bytes(Device device, std::size_t bytes);
+void release_host_bytes(Device device, void* p) noexcept;
 
 // An owning, zero-initialised array of T on the ledger's device (in host memory for a host tag),
 // accounted in the ledger under a tag. Element access (data() read or written by the host,
@@ -78,7 +83,9 @@ class Buffer {
       : ledger_(&ledger), tag_(tag), count_(count) {
     if (count_ == 0) return;
     if (count_ > (SIZE_MAX - 63) / sizeof(T)) throw std::bad_alloc();
-    data_ = static_cast<T*>(allocate_bytes(device(), count_ * sizeof(T)));
+    const std::size_t bytes = count_ * sizeof(T);
+    data_ = static_cast<T*>(is_host_tag(tag_) ? allocate_host_bytes(ledger_->device(), bytes)
+                                              : allocate_bytes(device(), bytes));
     ledger_->on_alloc(tag_, count_ * sizeof(T));
   }
   Buffer(Buffer&& o) noexcept { swap(o); }
@@ -92,7 +99,10 @@ class Buffer {
   ~Buffer() {
     if (data_) {
       ledger_->on_free(tag_, count_ * sizeof(T));
-      release_bytes(device(), data_);
+      if (is_host_tag(tag_))
+        release_host_bytes(ledger_->device(), data_);
+      else
+        release_bytes(device(), data_);
     }
   }
 

@@ -2,6 +2,7 @@
 #include "cuda/backend.hpp"
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -79,6 +80,23 @@ void* CudaBackend::allocate(std::size_t bytes) {
 
 void CudaBackend::release(void* p) noexcept {
   if (p) cudaFreeAsync(p, context_.stream);  // stream order: after every kernel that uses it
+}
+
+void* CudaBackend::allocate_host(std::size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return nullptr;
+  STRATA_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+void CudaBackend::release_host(void* p) noexcept {
+  if (!p) return;
+  cudaPointerAttributes where{};
+  if (cudaPointerGetAttributes(&where, p) == cudaSuccess && where.type == cudaMemoryTypeHost)
+    cudaFreeHost(p);
+  else
+    std::free(p);
 }
 
 void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {

@@ -54,6 +54,8 @@ class CudaBackend final : public DeviceBackend {
   DeviceOps& ops() override { return ops_; }
   void* allocate(std::size_t bytes) override;
   void release(void* p) noexcept override;
+  void* allocate_host(std::size_t bytes) override;
+  void release_host(void* p) noexcept override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override { context_.synchronize(); }
   void record_compute_event() override;
