@@ -137,13 +137,18 @@ void CpuOps::adamw(BufferView params, BufferView master, BufferView grads, Buffe
   float* p = static_cast<float*>(p32.data);
   float* mm = static_cast<float*>(m.data);
   float* vv = static_cast<float*>(v.data);
-  // bf16 gradients are widened, and the master rounded into the bf16 parameters, in chunks: the
-  // fp32 copies stay in cache and no full-size temporary exists.
+  // In chunks, on the rank's BLAS threads (elementwise: the same result on any number): bf16
+  // gradients are widened, and the master rounded into the bf16 parameters, a chunk at a time, so
+  // the fp32 copies stay in cache and no full-size temporary exists. Threads matter for CPU
+  // offload, where this is the host's step over a GPU's whole shard (gpt2-124m bf16, zero3 with
+  // offload=optimizer on an H100: 727 ms per step with this step on one thread, 79 ms without
+  // offload).
   constexpr std::size_t kChunk = 4096;
-  float wide[kChunk];
-  const bool direct = grads.dtype == DType::f32 && !mixed;
-  for (std::size_t k = 0; k < n;) {
-    const std::size_t c = direct ? n : std::min(kChunk, n - k);
+  const std::int64_t chunks = std::int64_t((n + kChunk - 1) / kChunk);
+#pragma omp parallel for num_threads(cpu::blas_threads()) if (chunks > 16) schedule(static)
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    const std::size_t k = std::size_t(i) * kChunk, c = std::min(kChunk, n - k);
+    float wide[kChunk];
     const float* g = static_cast<const float*>(grads.data) + k;
     if (grads.dtype == DType::bf16) {
       cpu::widen_bf16(wide, static_cast<const bf16*>(grads.data) + k, c);
@@ -152,7 +157,6 @@ void CpuOps::adamw(BufferView params, BufferView master, BufferView grads, Buffe
     cpu::adamw_update(p + k, g, mm + k, vv + k, std::int64_t(c), st.lr, st.beta1, st.beta2, st.eps,
                       st.weight_decay, st.t, st.grad_scale);
     if (mixed) cpu::round_to_bf16(static_cast<bf16*>(params.data) + k, p + k, c);
-    k += c;
   }
 }
 
