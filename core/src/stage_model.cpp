@@ -20,6 +20,7 @@ struct StageModel::Impl {
   std::vector<LocalTensor> tensors;
   std::size_t count = 0;
   std::vector<std::size_t> block_start;  // local offset of each block's first element
+  std::vector<std::size_t> unit_start;   // local offset of each local unit's first element
   std::size_t wte_off = 0, wpe_off = 0, lnf_off = 0;
   bool have_wte = false;
   std::unique_ptr<ModelPasses> passes;
@@ -64,6 +65,7 @@ struct StageModel::Impl {
     const int L = spec.layers;
     for (int u = part.first_unit; u <= part.last_unit; ++u) {
       const UnitInfo& unit = layout.units()[u];
+      unit_start.push_back(count);
       if (u == 0) {
         wte_off = count;
         have_wte = true;
@@ -121,12 +123,35 @@ struct StageModel::Impl {
                   " " + dtype_name(want) + " on " + device_name(device));
     return v;
   }
+  // The local elements [offset, offset + n) inside a unit's view that starts at local `base`.
+  BufferView at(BufferView unit, std::size_t base, std::size_t offset, std::size_t n) const {
+    return slice(unit, offset - base, n);
+  }
   BufferView wte(BufferView v) const { return slice(v, wte_off, d.Vl * d.C); }
   BufferView wpe(BufferView v) const { return slice(v, wpe_off, std::size_t(d.T) * d.C); }
   BufferView lnf(BufferView v) const { return slice(v, lnf_off, 2 * std::size_t(d.C)); }
   BufferView block(BufferView v, int l) const {
     const std::size_t end = l + 1 < int(block_start.size()) ? block_start[l + 1] : v.count;
     return slice(v, block_start[l], end - block_start[l]);
+  }
+
+  // Checks a forward's collectives and micro-batch, copies its tokens (if the partition reads
+  // them) into the slot; returns the slot.
+  Slot& begin_forward(int i, const MicroBatch& mb, TensorParallelComm* tp, bool tokens) {
+    if (d.tp > 1 && (!tp || tp->size() != d.tp))
+      throw Error("StageModel: needs tensor-parallel collectives over a group of size " +
+                  std::to_string(d.tp));
+    if (mb.batch != d.B || mb.seq != d.T || (tokens && (!mb.inputs || !mb.targets)))
+      throw Error("StageModel: micro-batch " + std::to_string(mb.batch) + "x" +
+                  std::to_string(mb.seq) + " does not match " + std::to_string(d.B) + "x" +
+                  std::to_string(d.T) + (tokens ? " with tokens" : ""));
+    Slot& s = slot(i);
+    if (tokens) {  // the micro-batch's tokens are on the run's device (Context::micro_batch)
+      const Device dev = memory->device();
+      copy_bytes(dev, s.tokens.data(), mb.inputs, d.N * sizeof(std::int32_t));
+      copy_bytes(dev, s.tokens.data() + d.N, mb.targets, d.N * sizeof(std::int32_t));
+    }
+    return s;
   }
 
   Slot& slot(int i) {
@@ -219,22 +244,9 @@ void StageModel::forward(int slot, BufferView params, const MicroBatch& mb,
                          TensorParallelComm* tp) {
   Impl& m = *impl_;
   const Dims& d = m.d;
-  if (d.tp > 1 && (!tp || tp->size() != d.tp))
-    throw Error("StageModel: needs tensor-parallel collectives over a group of size " +
-                std::to_string(d.tp));
-  const bool tokens = needs_tokens();
-  if (mb.batch != d.B || mb.seq != d.T || (tokens && (!mb.inputs || !mb.targets)))
-    throw Error("StageModel: micro-batch " + std::to_string(mb.batch) + "x" +
-                std::to_string(mb.seq) + " does not match " + std::to_string(d.B) + "x" +
-                std::to_string(d.T) + (tokens ? " with tokens" : ""));
-  Impl::Slot& s = m.slot(slot);
-  std::int32_t* inputs = s.tokens.data();
-  std::int32_t* targets = inputs + d.N;
-  if (tokens) {  // the micro-batch's tokens are on the run's device (Context::micro_batch)
-    const Device dev = m.memory->device();
-    copy_bytes(dev, inputs, mb.inputs, d.N * sizeof(std::int32_t));
-    copy_bytes(dev, targets, mb.targets, d.N * sizeof(std::int32_t));
-  }
+  Impl::Slot& s = m.begin_forward(slot, mb, tp, needs_tokens());
+  const std::int32_t* inputs = s.tokens.data();
+  const std::int32_t* targets = inputs + d.N;
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
   const BufferView p = m.local(params, false);
@@ -261,6 +273,121 @@ void StageModel::backward(int slot, BufferView params, BufferView grads, TensorP
     passes.backward_embedding(m.wte(g), m.wpe(g), inputs, tp);
   else
     copy_bytes(m.memory->device(), acts.grad_in, passes.dres(), d.Nl * d.C * sizeof(float));
+}
+
+std::pair<std::size_t, std::size_t> StageModel::unit_range(int unit) const {
+  const Impl& m = *impl_;
+  const int i = unit - m.part.first_unit;
+  if (i < 0 || i >= int(m.unit_start.size()))
+    throw Error("StageModel::unit_range: unit " + std::to_string(unit) +
+                " is not in the partition");
+  const std::size_t end = i + 1 < int(m.unit_start.size()) ? m.unit_start[i + 1] : m.count;
+  return {m.unit_start[i], end - m.unit_start[i]};
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> StageModel::unit_ranges(const ModelSpec& spec,
+                                                                         const Partition& part) {
+  Partition p = part;
+  p.sequence_parallel = false;
+  const Impl m(spec, 1, p, nullptr, Recompute::none, DType::f32);
+  std::vector<std::pair<std::size_t, std::size_t>> r;
+  for (std::size_t i = 0; i < m.unit_start.size(); ++i) {
+    const std::size_t end = i + 1 < m.unit_start.size() ? m.unit_start[i + 1] : m.count;
+    r.emplace_back(m.unit_start[i], end - m.unit_start[i]);
+  }
+  return r;
+}
+
+namespace {
+// A unit's view, checked against its range, in the partition's local order.
+BufferView unit_view(const StageModel& sm, const StageModel::UnitAccess& a, int unit, bool grads) {
+  const BufferView v = a.acquire(unit);
+  const std::size_t n = sm.unit_range(unit).second;
+  if (!v.data || v.count != n)
+    throw Error(std::string("StageModel: unit ") + std::to_string(unit) +
+                (grads ? " gradients" : " parameters") + ": a view of " + std::to_string(v.count) +
+                " elements, need " + std::to_string(n));
+  return v;
+}
+}  // namespace
+
+void StageModel::forward(int slot, const UnitAccess& params, const MicroBatch& mb,
+                         TensorParallelComm* tp) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  const int first = m.part.first_unit, head_unit = m.part.last_unit;
+  Impl::Slot& s = m.begin_forward(slot, mb, tp, needs_tokens());
+  const std::int32_t* inputs = s.tokens.data();
+  const std::int32_t* targets = inputs + d.N;
+  ModelPasses& passes = *m.passes;
+  SlotActs& acts = s.acts->acts;
+  BufferView e;  // the embedding unit: its wte is the head's too
+  if (d.embedding) {
+    e = unit_view(*this, params, 0, false);
+    passes.forward_embedding(acts, m.at(e, 0, m.wte_off, d.Vl * d.C),
+                             m.at(e, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
+  }
+  const int block0 = d.embedding ? first + 1 : first;
+  for (int l = 0; l < d.blocks; ++l) {
+    passes.forward_block(l, acts, unit_view(*this, params, block0 + l, false), tp);
+    params.release(block0 + l);
+  }
+  if (d.head) {
+    const BufferView h = unit_view(*this, params, head_unit, false);
+    const std::size_t hb = unit_range(head_unit).first;
+    const BufferView wte =
+        d.embedding ? m.at(e, 0, m.wte_off, d.Vl * d.C) : m.at(h, hb, m.wte_off, d.Vl * d.C);
+    passes.forward_head(acts, m.at(h, hb, m.lnf_off, 2 * std::size_t(d.C)), wte, targets, tp);
+    params.release(head_unit);
+  }
+  if (d.embedding) params.release(0);
+}
+
+void StageModel::backward(int slot, const UnitAccess& params, const UnitAccess& grads,
+                          TensorParallelComm* tp, float grad_scale) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  const int first = m.part.first_unit, head_unit = m.part.last_unit;
+  Impl::Slot& s = m.slot(slot);
+  const std::int32_t* inputs = s.tokens.data();
+  const std::int32_t* targets = inputs + d.N;
+  ModelPasses& passes = *m.passes;
+  SlotActs& acts = s.acts->acts;
+  const std::size_t wte_n = d.Vl * d.C, lnf_n = 2 * std::size_t(d.C);
+  BufferView ep, eg;  // the embedding unit, held from the head's backward to its own
+  if (d.embedding) {
+    if (d.head) ep = unit_view(*this, params, 0, false);
+    eg = unit_view(*this, grads, 0, true);
+  }
+  if (d.head) {
+    const BufferView hp = unit_view(*this, params, head_unit, false),
+                     hg = unit_view(*this, grads, head_unit, true);
+    const std::size_t hb = unit_range(head_unit).first;
+    const BufferView wp =
+        d.embedding ? m.at(ep, 0, m.wte_off, wte_n) : m.at(hp, hb, m.wte_off, wte_n);
+    const BufferView wg =
+        d.embedding ? m.at(eg, 0, m.wte_off, wte_n) : m.at(hg, hb, m.wte_off, wte_n);
+    passes.backward_head(acts, m.at(hp, hb, m.lnf_off, lnf_n), wp, m.at(hg, hb, m.lnf_off, lnf_n),
+                         wg, targets, tp, grad_scale);
+    params.release(head_unit);
+    grads.release(head_unit);
+  }
+  const int block0 = d.embedding ? first + 1 : first;
+  for (int l = d.blocks - 1; l >= 0; --l) {
+    const BufferView p = unit_view(*this, params, block0 + l, false),
+                     g = unit_view(*this, grads, block0 + l, true);
+    passes.backward_block(l, acts, p, g, tp);
+    params.release(block0 + l);
+    grads.release(block0 + l);
+  }
+  if (d.embedding) {
+    passes.backward_embedding(m.at(eg, 0, m.wte_off, wte_n),
+                              m.at(eg, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
+    if (d.head) params.release(0);
+    grads.release(0);
+  } else {
+    copy_bytes(m.memory->device(), acts.grad_in, passes.dres(), d.Nl * d.C * sizeof(float));
+  }
 }
 
 double StageModel::loss_sum(int slot) const {

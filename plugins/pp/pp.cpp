@@ -8,7 +8,8 @@
 //                shrinks by the number of virtual stages, at the price of more sends
 // Activations and their gradients go point to point; the tied embedding / LM-head gradient is
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
-// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer).
+// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
+// gradients (and parameters) sharded too, per unit (pp = 1 only).
 #include "strata/engines/model_parallel.hpp"
 
 namespace {
@@ -65,7 +66,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
                                 : pp::PipeSchedule::interleaved;
   c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages")) : 1;
   c.sequence_parallel = o.get("sp") == "on";
-  c.zero1 = o.get("dp") == "zero1";
+  c.dp = mp::dp_mode(o.get("dp"));
   c.stage_layers = mp::parse_stage_layers(o.get("stage_layers"));
   c.microbatches = int(o.get_int("microbatches"));
   return std::make_unique<mp::MpStrategy>(c);

@@ -3,7 +3,8 @@
 // vocab-parallel embedding and cross-entropy for the tied embedding / LM head; one all-reduce in
 // forward and one in backward per sub-block. sp=on: sequence parallelism (all-gather and
 // reduce-scatter in place of each all-reduce, LayerNorm and residual on token-row shards).
-// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer).
+// dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
+// gradients (and parameters) sharded too, per unit (pp = 1 only).
 // The model and the step live in strata/engines/model_parallel.hpp and core's StageModel.
 #include "strata/engines/model_parallel.hpp"
 
@@ -33,7 +34,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.strategy = name;
   c.pipeline = false;
   c.sequence_parallel = o.get("sp") == "on";
-  c.zero1 = o.get("dp") == "zero1";
+  c.dp = mp::dp_mode(o.get("dp"));
   return std::make_unique<mp::MpStrategy>(c);
 }
 

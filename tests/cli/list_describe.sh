@@ -5,7 +5,7 @@ runner=$1
 list=$("$runner" --list-plugins)
 for s in dp ddp allreduce zero1 zero2 zero3 fsdp fsdp-grad-op fsdp-hybrid tp gpipe 1f1b interleaved; do grep -qE "^$s +" <<<"$list" || { echo "FAIL: $s not listed"; echo "$list"; exit 1; }; done
 # The model-parallel strategies list what their data-parallel axis can be.
-for s in tp gpipe 1f1b interleaved; do grep -qE "^$s +pp|^$s +tp" <<<"$list" && grep -qE "^$s +[a-z]+ +dp=allreduce\|zero1 " <<<"$list" || { echo "FAIL: $s composition"; echo "$list"; exit 1; }; done
+for s in tp gpipe 1f1b interleaved; do grep -qE "^$s +pp|^$s +tp" <<<"$list" && grep -qE "^$s +[a-z]+ +dp=allreduce\|zero1\|zero2\|fsdp " <<<"$list" || { echo "FAIL: $s composition"; echo "$list"; exit 1; }; done
 desc=$("$runner" --describe ddp)
 grep -q "bucket_mb <real>  default 25" <<<"$desc" || { echo "FAIL: describe ddp"; echo "$desc"; exit 1; }
 grep -q "plugin  .*/libstrata_ddp.so (ABI 3)" <<<"$desc" || { echo "FAIL: describe path"; exit 1; }

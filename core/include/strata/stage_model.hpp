@@ -20,6 +20,7 @@
 // recompute mode works in every configuration. The passes are the same code Model runs.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -125,6 +126,26 @@ class StageModel {
   // accumulate into grads (local flat order). grad_scale: d(loss)/d(per-token loss).
   // grads: fp32, or bf16 with bf16 parameters.
   void backward(int slot, BufferView params, BufferView grads, TensorParallelComm* tp,
+                float grad_scale);
+  // Unit at a time, for a caller that holds only some units' parameters or gradients (ZeRO-2 and
+  // FSDP on the data-parallel axis of tp). unit_range(u): local unit u's [offset, count) in the
+  // local flat order (u from partition().first_unit; the head unit includes a tied wte copy).
+  struct UnitAccess {
+    std::function<BufferView(int unit)> acquire;  // unit u's view, before the first pass using it
+    std::function<void(int unit)> release;        // after the last pass of this call using it
+  };
+  std::pair<std::size_t, std::size_t> unit_range(int unit) const;
+  // Every local unit's [offset, count), first unit first, without building the partition.
+  static std::vector<std::pair<std::size_t, std::size_t>> unit_ranges(const ModelSpec& spec,
+                                                                      const Partition& part);
+  // The same passes as above, in this order (predictions mirror it). Forward: acquire the
+  // embedding unit (held to the end: the head reads its wte), each block acquired and released in
+  // turn, the head acquired and released, the embedding released. Backward: the embedding unit's
+  // gradients (and its parameters when the head is here) acquired first and held to the end; then
+  // the head's parameters and gradients, acquired and released; each block's, last first; then the
+  // embedding's backward and its release.
+  void forward(int slot, const UnitAccess& params, const MicroBatch& mb, TensorParallelComm* tp);
+  void backward(int slot, const UnitAccess& params, const UnitAccess& grads, TensorParallelComm* tp,
                 float grad_scale);
   // Sum of per-token losses of the slot's micro-batch (partitions with the head).
   double loss_sum(int slot) const;

@@ -4,6 +4,7 @@
 // Started alone with more than one rank requested, it re-launches itself under mpirun or srun.
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -52,10 +53,14 @@ std::string composition(const StrategySpec& s) {
 }
 
 void list_plugins(const PluginRegistry& registry) {
-  std::printf("%-14s %-10s %-24s %s\n", "STRATEGY", "FAMILY", "COMPOSITION", "SUMMARY");
+  int width = 24;  // the COMPOSITION column fits its longest entry
   for (const LoadedPlugin& p : registry.plugins())
     for (const StrategySpec& s : p.descriptor->strategies)
-      std::printf("%-14s %-10s %-24s %s\n", s.name.c_str(), p.descriptor->family.c_str(),
+      width = std::max(width, int(composition(s).size()));
+  std::printf("%-14s %-10s %-*s %s\n", "STRATEGY", "FAMILY", width, "COMPOSITION", "SUMMARY");
+  for (const LoadedPlugin& p : registry.plugins())
+    for (const StrategySpec& s : p.descriptor->strategies)
+      std::printf("%-14s %-10s %-*s %s\n", s.name.c_str(), p.descriptor->family.c_str(), width,
                   composition(s).c_str(), s.summary.c_str());
   for (const std::string& problem : registry.problems())
     std::fprintf(stderr, "note: skipped %s\n", problem.c_str());

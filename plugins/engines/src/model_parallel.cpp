@@ -6,6 +6,7 @@
 #include <optional>
 #include <sstream>
 
+#include "dp_units.hpp"
 #include "strata/data_parallel.hpp"
 #include "strata/engines/sharded.hpp"
 
@@ -66,7 +67,13 @@ ShardGroup dp_shards(std::size_t total, int dp) {
   return g;
 }
 
-bool zero1_on(const MpConfig& cfg, const MeshSpec& mesh) { return cfg.zero1 && mesh.dp > 1; }
+bool zero1_on(const MpConfig& cfg, const MeshSpec& mesh) {
+  return cfg.dp == DpMode::zero1 && mesh.dp > 1;
+}
+// zero2 and fsdp: per-unit shard groups (dp_units.hpp).
+bool units_on(const MpConfig& cfg, const MeshSpec& mesh) {
+  return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.dp > 1;
+}
 
 // The AdamW segments covering local elements [begin, begin + count) of a buffer made of `all`.
 std::vector<AdamWSegment> slice_segments(const std::vector<AdamWSegment>& all, std::size_t begin,
@@ -95,10 +102,33 @@ OptionSpec dp_option() {
   return {"dp",
           OptionType::choice,
           "allreduce",
-          "data parallelism: allreduce (every dp rank holds all optimizer state) or zero1 "
+          "data parallelism: allreduce (every dp rank holds all optimizer state); zero1 "
           "(reduce-scatter gradients, optimizer state for 1/dp of the local parameters, "
-          "all-gather the update: Megatron's distributed optimizer)",
-          {"allreduce", "zero1"}};
+          "all-gather the update: Megatron's distributed optimizer); zero2 (also gradients: "
+          "reduce-scattered per unit as backward produces them, every micro-batch); fsdp (also "
+          "parameters: all-gathered per unit before its forward and backward, freed after); "
+          "zero2 and fsdp need pp=1",
+          {"allreduce", "zero1", "zero2", "fsdp"}};
+}
+
+DpMode dp_mode(const std::string& option) {
+  return option == "zero1"   ? DpMode::zero1
+         : option == "zero2" ? DpMode::zero2
+         : option == "fsdp"  ? DpMode::fsdp
+                             : DpMode::allreduce;
+}
+
+const char* dp_mode_name(DpMode mode) {
+  switch (mode) {
+    case DpMode::zero1:
+      return "zero1";
+    case DpMode::zero2:
+      return "zero2";
+    case DpMode::fsdp:
+      return "fsdp";
+    default:
+      return "allreduce";
+  }
 }
 
 std::vector<int> parse_stage_layers(const std::string& text) {
@@ -141,6 +171,15 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
               const MpConfig& cfg) {
   const std::string who = cfg.strategy;
   validate_tensor_parallel(model, t.micro_batch, mesh.tp, cfg.sequence_parallel);
+  // DeepSpeed's pipeline engine refuses ZeRO-2/3 for this reason; so does strata.
+  if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.pp > 1)
+    throw ConfigError(
+        "--plugin " + who + " with --plugin-opt dp=" + dp_mode_name(cfg.dp) + ": refused at pp=" +
+        std::to_string(mesh.pp) + ", as DeepSpeed refuses ZeRO-2/3 with its pipeline engine: " +
+        "a pipeline accumulates gradients over its micro-batches, so " +
+        (cfg.dp == DpMode::zero2 ? "ZeRO-2 would reduce-scatter every stage's gradients"
+                                 : "FSDP would all-gather every stage's parameters again") +
+        " for every micro-batch; use dp=zero1 or dp=allreduce");
   if (!cfg.pipeline) {
     if (mesh.pp != 1)
       throw ConfigError("--mesh pp=" + std::to_string(mesh.pp) + ": " + who +
@@ -222,7 +261,11 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   // Parameters, gradients and optimizer state by precision; activations and what crosses stage
   // boundaries stay fp32 (the residual stream is fp32 in every precision).
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  if (zero1_on(cfg, in.mesh)) {
+  if (units_on(cfg, in.mesh)) {
+    predict_dp_units(in.model, plan.parts[0], in.mesh.dp, coord.dp, cfg.dp == DpMode::fsdp, plan.m,
+                     per, p);
+    partial = 0;  // the sequence-parallel all-reduce covers the owned shards only (in there)
+  } else if (zero1_on(cfg, in.mesh)) {
     // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
     // this rank's shard; the norm adds one all-reduce of a double over dp.
     const ShardGroup g = dp_shards(params, in.mesh.dp);
@@ -261,6 +304,12 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
         << plan.m << " micro-batches; tp=" << in.mesh.tp
         << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
         << (zero1_on(cfg, in.mesh) ? "; optimizer state sharded over dp (zero1)" : "")
+        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::zero2
+                ? "; gradients and optimizer state sharded over dp per unit (zero2)"
+                : "")
+        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::fsdp
+                ? "; parameters, gradients and optimizer state sharded over dp per unit (fsdp)"
+                : "")
         << "; recompute " << recompute_name(in.train.recompute);
   p.notes = notes.str();
   return p;
@@ -282,6 +331,14 @@ class Engine {
       offset_.push_back(total);
       total += chunks_.back()->param_count();
       for (const AdamWSegment& s : chunks_.back()->adamw_segments()) segments.push_back(s);
+    }
+    pending_.resize(chunks_.size());
+    if (ctx.mesh().tp > 1)
+      tp_comm_ = cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
+                                  : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
+    if (units_on(cfg, ctx.mesh())) {  // pp = 1 (validate): one chunk
+      units_ = std::make_unique<DpUnits>(ctx, *chunks_.front(), cfg.dp == DpMode::fsdp);
+      return;
     }
     const MixedPrecision& mp = ctx.train().precision;
     zero1_ = zero1_on(cfg, ctx.mesh());
@@ -305,14 +362,13 @@ class Engine {
     for (auto& ch : chunks_)
       for (const LocalTensor* t : ch->tp_partial_grads()) partial += t->count;
     partial_pack_ = DeviceBuffer(mem, MemTag::comm_buffers, mp.reduce, partial);
-    pending_.resize(chunks_.size());
-    if (ctx.mesh().tp > 1)
-      tp_comm_ = cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
-                                  : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
   }
 
   void train_step(Context& ctx, int step) {
-    ctx.ops().fill(grads_.view(), 0);
+    if (units_)
+      units_->begin_step(ctx);
+    else
+      ctx.ops().fill(grads_.view(), 0);
     Group* tp = ctx.mesh().tp > 1 ? &ctx.group(Axis::tp) : nullptr;
     Group& pp = ctx.group(Axis::pp);
     std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
@@ -331,6 +387,7 @@ class Engine {
         for (std::size_t s = 0; s < pending_[c].size(); ++s) wait_sends(ctx, int(c), int(s));
       exchange_tied_grads(ctx, pp);
     }
+    if (units_) return units_->step(ctx, step, tp);
     reduce_partial_grads(ctx, tp);
     if (zero1_) return step_shard(ctx, step, tp, pp);
     Group& dp = ctx.group(Axis::dp);
@@ -464,7 +521,10 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::forward);
-      sm.forward(slot, chunk_view(params_, a.chunk), mb, tp_comm_.get());
+      if (units_)
+        sm.forward(slot, units_->params(), mb, tp_comm_.get());
+      else
+        sm.forward(slot, chunk_view(params_, a.chunk), mb, tp_comm_.get());
     }
     if (sm.has_head())
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
@@ -491,8 +551,12 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::backward);
-      sm.backward(slot, chunk_view(params_, a.chunk), chunk_view(grads_, a.chunk), tp_comm_.get(),
-                  float(grad_scale(ctx)));
+      if (units_)
+        sm.backward(slot, units_->params(), units_->grads(ctx), tp_comm_.get(),
+                    float(grad_scale(ctx)));
+      else
+        sm.backward(slot, chunk_view(params_, a.chunk), chunk_view(grads_, a.chunk), tp_comm_.get(),
+                    float(grad_scale(ctx)));
     }
     if (k > 0) {
       float* din = const_cast<float*>(sm.input_grad(slot));
@@ -539,6 +603,7 @@ class Engine {
   std::optional<AdamW> optimizer_;
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
+  std::unique_ptr<DpUnits> units_;                        // zero2, fsdp (else null)
 };
 
 MpStrategy::MpStrategy(MpConfig c) : config_(std::move(c)) {}

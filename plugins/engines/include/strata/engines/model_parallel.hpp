@@ -13,6 +13,11 @@
 // (padded to a multiple of dp) are reduce-scattered over dp, AdamW keeps state for this rank's
 // 1/dp of them only, the norm adds the shards' squares over dp, tp and pp, and the updated
 // shards are all-gathered over dp.
+//
+// dp=zero2 and dp=fsdp (pp = 1): each unit its own shard group over dp, gradients reduce-scattered
+// per unit as the backward produces them, parameters (fsdp) all-gathered per unit before use and
+// freed after (src/dp_units.hpp). With pp > 1 they are refused, as DeepSpeed refuses ZeRO-2/3 with
+// its pipeline engine.
 #pragma once
 #include <functional>
 #include <memory>
@@ -26,13 +31,19 @@
 
 namespace strata::mp {
 
+// The data-parallel part: all-reduce, ZeRO-1 (Megatron's distributed optimizer), ZeRO-2, or
+// FSDP / ZeRO-3 (the last two with pp = 1 only: src/dp_units.hpp). No effect at dp 1.
+enum class DpMode { allreduce, zero1, zero2, fsdp };
+DpMode dp_mode(const std::string& option);  // the `dp` option's value
+const char* dp_mode_name(DpMode mode);
+
 struct MpConfig {
   std::string strategy;   // "tp", "gpipe", "1f1b", "interleaved"
   bool pipeline = false;  // false: the tp plugin (pp must be 1)
   pp::PipeSchedule schedule = pp::PipeSchedule::one_f_one_b;
   int virtual_stages = 1;
   bool sequence_parallel = false;
-  bool zero1 = false;             // dp=zero1: optimizer state sharded over dp (no effect at dp 1)
+  DpMode dp = DpMode::allreduce;  // the `dp` option
   std::vector<int> stage_layers;  // blocks per global chunk (pp x virtual_stages); empty: balanced
   int microbatches = 0;           // 0: global_batch / (micro_batch x dp); else must equal that
   // The tensor-parallel collectives inside the layers (strata/tensor_parallel.hpp), made once per
@@ -41,7 +52,7 @@ struct MpConfig {
   std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
 };
 
-// The `dp` plugin option the tp and pp plugins share (allreduce or zero1; MpConfig::zero1).
+// The `dp` plugin option the tp and pp plugins share (allreduce, zero1, zero2, fsdp; MpConfig::dp).
 OptionSpec dp_option();
 
 // Parses "2,2,3,1" (the stage_layers option); empty string: balanced. Throws ConfigError.
