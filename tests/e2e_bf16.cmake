@@ -107,7 +107,12 @@ add_test(NAME e2e.offload.no-device-optimizer.bf16.zero3.offload.np2
          COMMAND check_run memory-ratio ${offloaded} ${base} optimizer 0 0)
 add_test(NAME e2e.offload.host-optimizer.bf16.zero3.offload.np2
          COMMAND check_run memory-plus ${offloaded} ${base} offload optimizer 149952)
+# The copies per step over both ranks: tiny's 120576 fp32 gradients down (the fp32 master stays on
+# the host), its bf16 parameters back up.
+add_test(NAME e2e.offload.transfers.bf16.zero3.offload.np2
+         COMMAND check_run transfers ${offloaded} 482304 241152)
 set_tests_properties(e2e.offload.same-losses.bf16.zero3.offload.np2
                      e2e.offload.no-device-optimizer.bf16.zero3.offload.np2
-                     e2e.offload.host-optimizer.bf16.zero3.offload.np2 PROPERTIES
+                     e2e.offload.host-optimizer.bf16.zero3.offload.np2
+                     e2e.offload.transfers.bf16.zero3.offload.np2 PROPERTIES
                      FIXTURES_REQUIRED "run.bf16.zero3.offload.np2;run.bf16.zero3.np2" LABELS e2e)

@@ -96,8 +96,13 @@ add_test(NAME e2e.offload.no-device-optimizer.cuda.zero3.offload.np2
 add_test(NAME e2e.offload.host-optimizer.cuda.zero3.offload.np2
          COMMAND check_run memory-plus ${E2E_DIR}/cuda.zero3.offload.np2.gpu.h5
                  ${E2E_DIR}/cuda.zero3.np2.gpu.h5 offload optimizer 199936)
+# The copies in /comm (d2h, h2d through the device backend's copies) as on the CPU: = predict(),
+# 8 and 4 bytes per parameter of tiny (120576) per step over the ranks.
+add_test(NAME e2e.offload.transfers.cuda.zero3.offload.np2
+         COMMAND check_run transfers ${E2E_DIR}/cuda.zero3.offload.np2.gpu.h5 964608 482304)
 set_tests_properties(e2e.offload.no-device-optimizer.cuda.zero3.offload.np2
-                     e2e.offload.host-optimizer.cuda.zero3.offload.np2 PROPERTIES LABELS e2e
+                     e2e.offload.host-optimizer.cuda.zero3.offload.np2
+                     e2e.offload.transfers.cuda.zero3.offload.np2 PROPERTIES LABELS e2e
                      FIXTURES_REQUIRED "run.cuda.zero3.offload.np2.gpu;run.cuda.zero3.np2.gpu")
 if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   strata_e2e_cuda(ddp.np2.bf16 2 2e-3 --plugin ddp --micro-batch 2 --precision bf16)

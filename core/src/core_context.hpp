@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "comm/host_copy.hpp"
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
 #include "config.hpp"
@@ -103,6 +104,13 @@ class CoreContext final : public Context {
   void report_loss(double loss_sum, double tokens) override {
     loss_sum_ += loss_sum;
     loss_tokens_ += tokens;
+  }
+
+  void copy_to_host(BufferView host, BufferView device) override {
+    recorded_host_copy(ledger_, CommOp::d2h, host, device);
+  }
+  void copy_to_device(BufferView device, BufferView host) override {
+    recorded_host_copy(ledger_, CommOp::h2d, device, host);
   }
 
   void begin_step() {

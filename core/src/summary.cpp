@@ -141,6 +141,19 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
   std::printf("  loss         %.4f -> %.4f\n", get("loss_first"), get("loss_last"));
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));
+  // CPU offload's copies are comm ops (counted in the line above): their bytes per step.
+  for (const char* op : {"d2h", "h2d"}) {
+    auto it = rec.comm.find(op);
+    if (it == rec.comm.end() || rec.steps == 0) continue;
+    double most = 0;  // the busiest rank's bytes per step, over all steps
+    for (int r = 0; r < rec.ranks; ++r) {
+      double sum = 0;
+      for (int s = 0; s < rec.steps; ++s) sum += it->second.bytes[std::size_t(r) * rec.steps + s];
+      most = std::max(most, sum / rec.steps);
+    }
+    std::printf("  %-12s %s per rank per step (device<->host copies, in comm above)\n", op,
+                human_bytes(most).c_str());
+  }
   if (!std::isnan(get("bubble_fraction_predicted")))
     std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%)\n",
                 100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));

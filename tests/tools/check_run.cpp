@@ -6,6 +6,9 @@
 //                                            predicted
 //   check_run status FILE STATUS TEXT        status and a substring of the error
 //   check_run calls FILE OP N                every rank makes N calls of OP in every step
+//   check_run transfers FILE D2H H2D         /comm d2h and h2d (offload copies): every rank and
+//                                            step = predicted, D2H and H2D bytes summed over ranks
+//   check_run absent FILE OP...              /comm has no series of any OP
 //   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
 //   check_run comm-ratio A B OP RATIO        A's bytes of OP = RATIO x B's, every rank and step
 //   check_run memory-ratio A B TAG RATIO BYTES  A's peak bytes of TAG = RATIO x B's within BYTES,
@@ -288,6 +291,50 @@ static void predicted(const RunRecord& r) {
   std::printf("memory: every tag on every rank equals its prediction\n");
 }
 
+// CPU offload's device<->host copies as /comm ops read back from the file: d2h and h2d on every
+// rank and step, with calls, time and bytes equal to predict()'s; summed over the ranks, `d2h` and
+// `h2d` bytes per step (a number known from the model: each element has one owner per replica).
+// The copies block the compute thread, so on the CPU their time is inside comm_s and exposed.
+static void transfers(const RunRecord& r, double d2h, double h2d) {
+  const bool cpu = config(r, "device") == "cpu";
+  std::vector<double> copy_s(std::size_t(r.ranks) * r.steps, 0.0);
+  for (const auto& [op, want] : {std::pair<std::string, double>{"d2h", d2h}, {"h2d", h2d}}) {
+    auto it = r.comm.find(op);
+    EXPECT(it != r.comm.end(), "no %s in /comm\n", op.c_str());
+    if (it == r.comm.end()) return;
+    const CommSeries& cs = it->second;
+    EXPECT(cs.predicted_bytes_per_rank.size() == std::size_t(r.ranks), "%s predicted per rank\n",
+           op.c_str());
+    if (failures) return;
+    for (int s = 0; s < r.steps; ++s) {
+      double total = 0;
+      for (int k = 0; k < r.ranks; ++k) {
+        const std::size_t i = std::size_t(k) * r.steps + s;
+        total += cs.bytes[i];
+        copy_s[i] += cs.time_s[i];
+        EXPECT(cs.calls[i] > 0 && cs.time_s[i] > 0, "%s rank %d step %d: %.0f calls, %g s\n",
+               op.c_str(), k, s, cs.calls[i], cs.time_s[i]);
+        EXPECT(cs.bytes[i] == cs.predicted_bytes_per_rank[k],
+               "%s rank %d step %d: %.0f bytes, predicted %.0f\n", op.c_str(), k, s, cs.bytes[i],
+               cs.predicted_bytes_per_rank[k]);
+      }
+      EXPECT(total == want, "%s step %d: %.0f bytes over the ranks, want %.0f\n", op.c_str(), s,
+             total, want);
+    }
+    std::printf("%s: %.0f bytes per step over %d ranks = predicted per rank, every step\n",
+                op.c_str(), want, r.ranks);
+  }
+  const std::vector<double>&comm = r.step_values.at("comm_s"),
+        &exposed = r.step_values.at("exposed_comm_s");
+  for (std::size_t i = 0; i < copy_s.size(); ++i) {
+    EXPECT(comm[i] >= copy_s[i] * (1 - 1e-9), "comm_s %g < copies %g at %zu\n", comm[i], copy_s[i],
+           i);
+    if (cpu)
+      EXPECT(exposed[i] >= copy_s[i] * (1 - 1e-9), "exposed_comm_s %g < copies %g at %zu\n",
+             exposed[i], copy_s[i], i);
+  }
+}
+
 // The most bytes one reduction (all_reduce, reduce_scatter, reduce) moved on rank k in one step: an
 // upper bound of any single call, and so of the scratch the MPI library takes inside one to
 // receive partial sums beside the caller's buffer (measured: Open MPI's ring all-reduce takes
@@ -406,7 +453,14 @@ int main(int argc, char** argv) {
       untracked(read_run_file(argv[2]), std::atof(argv[3]));
     else if (cmd == "device" && argc == 4)
       device(read_run_file(argv[2]), argv[3]);
-    else if (cmd == "predicted" && argc == 3)
+    else if (cmd == "transfers" && argc == 5)
+      transfers(read_run_file(argv[2]), std::atof(argv[3]), std::atof(argv[4]));
+    else if (cmd == "absent" && argc >= 4) {
+      const RunRecord r = read_run_file(argv[2]);
+      for (int a = 3; a < argc; ++a)
+        EXPECT(!r.comm.count(argv[a]), "%s in /comm of %s\n", argv[a], argv[2]);
+      std::printf("/comm has none of the %d op(s)\n", argc - 3);
+    } else if (cmd == "predicted" && argc == 3)
       predicted(read_run_file(argv[2]));
     else if (cmd == "status" && argc == 5) {
       RunRecord r = read_run_file(argv[2]);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/host_copy.hpp"
 #include "comm/intervals.hpp"
 #include "strata/comm.hpp"
 
@@ -93,6 +94,40 @@ TEST(CommLedger, RecordsNcclTestsSizes) {
   EXPECT_EQ(waits.size(), 4u);
   EXPECT_TRUE(ledger.records().empty());
   EXPECT_TRUE(ledger.waits(3).empty());
+}
+
+// CPU offload's copies are ledger calls: d2h / h2d on the group "host" of size 1 (busbw = algbw),
+// the bytes copied, the data really copied, and (on the compute thread) compute idle time.
+TEST(CommLedger, RecordsHostCopiesAsTransfers) {
+  CommLedger ledger;
+  ledger.set_step(2);
+  std::vector<float> device(300, 1.5f), host(300, 0.0f);
+  recorded_host_copy(ledger, CommOp::d2h, view(host.data(), 300), view(device.data(), 300));
+  EXPECT_EQ(host[299], 1.5f);
+  host[0] = -2.0f;
+  recorded_host_copy(ledger, CommOp::h2d, view(device.data(), 300), view(host.data(), 300));
+  EXPECT_EQ(device[0], -2.0f);
+  const auto r = ledger.records();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].op, CommOp::d2h);
+  EXPECT_EQ(r[1].op, CommOp::h2d);
+  EXPECT_STREQ(op_name(r[0].op), "d2h");
+  EXPECT_STREQ(op_name(r[1].op), "h2d");
+  for (const CommRecord& c : r) {
+    EXPECT_EQ(c.bytes, 1200u);
+    EXPECT_EQ(c.group, "host");
+    EXPECT_EQ(c.group_size, 1);
+    EXPECT_EQ(c.step, 2);
+    EXPECT_EQ(c.stream, "compute");
+    EXPECT_DOUBLE_EQ(c.busbw(), c.algbw());
+  }
+  EXPECT_EQ(ledger.waits(2).size(), 2u);  // the copy blocks compute: exposed, like a collective
+  EXPECT_TRUE(ledger.in_flight().empty());
+  // A mismatched copy throws and leaves nothing in flight.
+  EXPECT_THROW(
+      recorded_host_copy(ledger, CommOp::d2h, view(host.data(), 200), view(device.data(), 300)),
+      Error);
+  EXPECT_TRUE(ledger.in_flight().empty());
 }
 
 // A transport error must not leave the call "in flight" (the watchdog would report a hang).

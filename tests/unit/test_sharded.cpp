@@ -171,7 +171,8 @@ TEST(Predict, FollowsTheZeroPaperPerRank) {
 
 // offload=optimizer moves AdamW state (8 bytes per element of the rank's shard, 12 with bf16
 // masters) off the device into the host tag, plus the largest group's staged gradient and
-// parameter shard; nothing else on the device and no byte on the wire changes.
+// parameter shard; nothing else on the device and no byte on the wire changes; the device<->host
+// copies are predicted as ops d2h and h2d.
 TEST(Predict, OffloadMovesTheOptimizerStateToTheHost) {
   const int n = 4, rank = 1;
   for (bool bf16 : {false, true})
@@ -194,6 +195,13 @@ TEST(Predict, OffloadMovesTheOptimizerStateToTheHost) {
       for (MemTag t : {MemTag::params, MemTag::grads, MemTag::activations, MemTag::comm_buffers,
                        MemTag::workspace})
         EXPECT_EQ(mem(p, t), mem(base, t)) << tag_name(t) << " zero" << s;
-      EXPECT_EQ(p.comm_bytes_per_step, base.comm_bytes_per_step) << "zero" << s;
+      // The transfers, once per step: the gradient shard (fp32 reduce: 4 bytes per element)
+      // and, with fp32 parameters, the parameter shard down; the parameter shard back up.
+      EXPECT_EQ(p.comm_bytes_per_step.at("d2h"), (bf16 ? 4 : 8) * valid) << "zero" << s;
+      EXPECT_EQ(p.comm_bytes_per_step.at("h2d"), (bf16 ? 2 : 4) * valid) << "zero" << s;
+      std::map<std::string, double> wire = p.comm_bytes_per_step;
+      wire.erase("d2h"), wire.erase("h2d");
+      EXPECT_EQ(wire, base.comm_bytes_per_step) << "zero" << s;
+      EXPECT_FALSE(base.comm_bytes_per_step.count("d2h") || base.comm_bytes_per_step.count("h2d"));
     }
 }

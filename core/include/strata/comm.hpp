@@ -26,11 +26,17 @@ enum class CommOp : int {
   reduce,
   send,
   recv,
-  barrier
+  barrier,
+  // Copies between the run's device and host memory (CPU offload), recorded like collectives on
+  // the pseudo-group "host" of size 1 (bus factor 1): device to host, host to device. Appended:
+  // run files name their ops, so older files keep theirs.
+  d2h,
+  h2d
 };
-inline constexpr int kNumCommOps = 8;
+inline constexpr int kNumCommOps = 10;
 inline constexpr std::array<const char*, kNumCommOps> kCommOpNames = {
-    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "send", "recv", "barrier"};
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
+    "send",       "recv",           "barrier",    "d2h",       "h2d"};
 inline const char* op_name(CommOp op) { return kCommOpNames[static_cast<int>(op)]; }
 
 // nccl-tests bus-bandwidth factor: busbw = algbw * factor, so numbers compare across world sizes.
@@ -48,7 +54,7 @@ inline double bus_factor(CommOp op, int n) {
 
 // One finished collective or point-to-point call. `bytes` follows the nccl-tests size convention:
 // the buffer size for all_reduce/broadcast/reduce/send/recv, the full (n x shard) size for
-// all_gather and reduce_scatter.
+// all_gather and reduce_scatter; d2h/h2d: the bytes copied.
 struct CommRecord {
   CommOp op;
   std::string group;

@@ -65,6 +65,12 @@ class Context {
   // Sum of per-token losses over `tokens` tokens seen by this rank in this step. Ranks that do not
   // compute the loss (e.g. early pipeline stages) report nothing.
   virtual void report_loss(double loss_sum, double tokens) = 0;
+  // Copies between the run's device and host memory (CPU offload: `host` is memory of
+  // MemTag::offload, `device` of the run's device; same dtype and count). The core records each
+  // in the comm ledger as a d2h or h2d call on the group "host", timed like a blocking collective
+  // on the compute stream. The defaults only copy (a Context without a ledger, e.g. a test's).
+  virtual void copy_to_host(BufferView host, BufferView device) { copy_across(host, device); }
+  virtual void copy_to_device(BufferView device, BufferView host) { copy_across(device, host); }
 };
 
 // Times a region into a phase of the current step record.

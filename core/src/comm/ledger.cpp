@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <chrono>
 
+#include "comm/host_copy.hpp"
 #include "comm/idle_clock.hpp"
 #include "comm/thread_role.hpp"
 #include "strata/comm.hpp"
+#include "strata/device.hpp"
 
 namespace strata {
 
@@ -109,6 +111,21 @@ void Group::recorded(CommOp op, std::uint64_t bytes, F&& f) {
     if (compute_waits) end_wait(*ledger_, start);
   }
   t_device_interval.reset();
+}
+
+void recorded_host_copy(CommLedger& ledger, CommOp op, BufferView dst, BufferView src) {
+  // The wait encloses the call: on the CPU all of the copy's time is exposed.
+  const bool compute_waits = !t_on_comm_worker;
+  const WaitStart start = compute_waits ? begin_wait() : WaitStart{};
+  const int token = ledger.begin_call(op, kHostGroupName, dst.bytes());
+  try {
+    copy_across(dst, src);
+  } catch (...) {
+    ledger.end_call(token, 1);  // not in flight any more: it failed
+    throw;
+  }
+  ledger.end_call(token, 1);
+  if (compute_waits) end_wait(ledger, start);
 }
 
 static void require(bool ok, const std::string& what) {

@@ -80,24 +80,64 @@ std::string default_run_id(const RunConfig& c) {
          std::to_string(c.mesh.ranks_per_node) + "-" + suffix;
 }
 
+// Device<->host copies (CPU offload) are ledger ops like collectives; --dry-run lists them apart.
+bool is_transfer_op(const std::string& op) {
+  return op == op_name(CommOp::d2h) || op == op_name(CommOp::h2d);
+}
+
+void print_bytes_row(const char* name, double bytes, const std::string& suffix = "") {
+  std::printf("  %-13s %14.0f bytes  %12s%s\n", name, bytes, human_bytes(bytes).c_str(),
+              suffix.c_str());
+}
+
+// The largest rank's bytes per tag, device tags then host tags, each side with its total: host
+// memory (offloaded optimizer state) is not in the device's total, nor in --memory-limit.
+void print_memory_sides(const std::array<double, kNumMemTags>& peak, double device_total,
+                        int device_rank, double host_total, int host_rank) {
+  std::printf("predicted device memory per rank (largest rank per tag)\n");
+  for (int t = 0; t < kNumMemTags; ++t)
+    if (!is_host_tag(MemTag(t))) print_bytes_row(kMemTagNames[t], peak[t]);
+  print_bytes_row("total", device_total, "  (rank " + std::to_string(device_rank) + ")");
+  std::printf("predicted host memory per rank (largest rank per tag; not in the device total)\n");
+  if (host_total == 0) std::printf("  none (no offload)\n");
+  for (int t = 0; t < kNumMemTags; ++t)
+    if (is_host_tag(MemTag(t)) && host_total > 0) print_bytes_row(kMemTagNames[t], peak[t]);
+  if (host_total > 0)
+    print_bytes_row("total", host_total, "  (rank " + std::to_string(host_rank) + ")");
+}
+
+// Bytes per step of the largest rank per op: collectives, then the device<->host transfers.
+void print_comm_and_transfers(const std::map<std::string, double>& comm) {
+  for (const bool transfers : {false, true}) {
+    std::printf(transfers ? "predicted device<->host transfers per rank per step (offload copies; "
+                            "ledger ops d2h, h2d)\n"
+                          : "predicted comm per rank per step (nccl-tests sizes)\n");
+    int rows = 0;
+    for (const auto& [op, b] : comm)
+      if (is_transfer_op(op) == transfers) print_bytes_row(op.c_str(), b), ++rows;
+    if (rows == 0) std::printf("  none\n");
+  }
+}
+
 // --dry-run: the strategy's predictions for every rank of the mesh, without starting any rank.
 // Returns the exit code: 0, or 4 when --memory-limit is given and the largest rank does not fit.
 int dry_run(const RunConfig& c, const Strategy& strategy) {
   const int world = c.mesh.world();
   std::array<double, kNumMemTags> peak{};
   std::map<std::string, double> comm;
-  double worst_total = 0;
-  int worst_rank = 0;
+  double worst_total = 0, worst_host = 0;
+  int worst_rank = 0, worst_host_rank = 0;
   std::string notes;
   double bubble = -1;
   for (int r = 0; r < world; ++r) {
     Prediction p = strategy.predict(PredictInput{c.mesh, c.model, c.train, r});
-    double total = 0;
+    double total = 0, host = 0;
     for (int t = 0; t < kNumMemTags; ++t) {
       peak[t] = std::max(peak[t], p.memory_bytes[t]);
-      if (!is_host_tag(MemTag(t))) total += p.memory_bytes[t];  // the device's memory
+      (is_host_tag(MemTag(t)) ? host : total) += p.memory_bytes[t];
     }
     if (total > worst_total) worst_total = total, worst_rank = r;
+    if (host > worst_host) worst_host = host, worst_host_rank = r;
     for (const auto& [op, b] : p.comm_bytes_per_step) comm[op] = std::max(comm[op], b);
     if (r == 0) notes = p.notes, bubble = p.bubble_fraction;
   }
@@ -107,27 +147,13 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
       c.plugin.c_str(), world, c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp, c.mesh.tp, c.mesh.pp,
       c.model.preset.c_str(), (long long)c.model.total_params(), c.train.micro_batch,
       c.train.global_batch, c.train.micro_steps(c.mesh));
-  std::printf("predicted memory per rank (largest rank per tag)\n");
-  for (int t = 0; t < kNumMemTags; ++t)
-    if (!is_host_tag(MemTag(t)))
-      std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t],
-                  human_bytes(peak[t]).c_str());
-  std::printf("  %-13s %14.0f bytes  %12s  (rank %d)\n", "total", worst_total,
-              human_bytes(worst_total).c_str(), worst_rank);
-  std::printf("predicted host memory per rank (largest rank per tag)\n");
-  for (int t = 0; t < kNumMemTags; ++t)
-    if (is_host_tag(MemTag(t)))
-      std::printf("  %-13s %14.0f bytes  %12s\n", kMemTagNames[t], peak[t],
-                  human_bytes(peak[t]).c_str());
-  std::printf("predicted comm per rank per step (nccl-tests sizes)\n");
-  if (comm.empty()) std::printf("  none\n");
-  for (const auto& [op, b] : comm)
-    std::printf("  %-13s %14.0f bytes  %12s\n", op.c_str(), b, human_bytes(b).c_str());
+  print_memory_sides(peak, worst_total, worst_rank, worst_host, worst_host_rank);
+  print_comm_and_transfers(comm);
   if (bubble >= 0) std::printf("predicted pipeline bubble: %.1f%% of a step\n", 100 * bubble);
   if (!notes.empty()) std::printf("notes: %s\n", notes.c_str());
   if (c.memory_limit > 0) {
     bool fits = worst_total <= c.memory_limit;
-    std::printf("memory limit %s per rank: %s (largest rank needs %s)\n",
+    std::printf("memory limit %s per rank (device memory): %s (largest rank needs %s)\n",
                 human_bytes(c.memory_limit).c_str(), fits ? "fits" : "does NOT fit",
                 human_bytes(worst_total).c_str());
     return fits ? 0 : 4;

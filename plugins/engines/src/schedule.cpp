@@ -230,6 +230,13 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
     if (!c.shard_params) bytes["all_gather"] += P * padded;      // updated shards to everyone
     if (in.train.grad_clip > 0) bytes["all_reduce"] += 8;        // the global gradient norm
   }
+  if (c.offload_optimizer) {
+    // Once per step, every group: its gradient shard (and an fp32 parameter shard; AdamW keeps a
+    // bf16 run's fp32 master on the host) to the host, the updated parameter shard back.
+    const bool params_down = in.train.precision.param == DType::f32;
+    bytes["d2h"] += (Gr + (params_down ? P : 0.0)) * valid;
+    bytes["h2d"] += P * valid;
+  }
   for (MemTag t :
        {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
     p.memory_bytes[static_cast<int>(t)] = double(sim.peak(t));

@@ -181,7 +181,7 @@ void Engine::update(Context& ctx, int step) {
         config_.shard_params
             ? shard_params_[g].view(0, valid)
             : replica_params_.view(base_[g] + std::size_t(i) * groups_[g].chunk, valid);
-    step_group(g, params, step, clip);
+    step_group(ctx, g, params, step, clip);
   }
   if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
     std::vector<Event> done;
@@ -195,7 +195,7 @@ void Engine::update(Context& ctx, int step) {
   }
 }
 
-void Engine::step_group(int g, BufferView params, int step, float clip) {
+void Engine::step_group(Context& ctx, int g, BufferView params, int step, float clip) {
   const BufferView grads = shard_grads_[g].view(0, params.count);
   if (!config_.offload_optimizer) {
     optimizers_[g].step(params, grads, step + 1, clip);
@@ -205,10 +205,10 @@ void Engine::step_group(int g, BufferView params, int step, float clip) {
   // bf16 parameters AdamW rounds its fp32 master into them, so only fp32 ones are copied down.
   DeviceBuffer host_grads(*memory_, MemTag::offload, grad_dtype_, params.count);
   DeviceBuffer host_params(*memory_, MemTag::offload, param_dtype_, params.count);
-  copy_across(host_grads.view(), grads);
-  if (param_dtype_ == DType::f32) copy_across(host_params.view(), params);
+  ctx.copy_to_host(host_grads.view(), grads);
+  if (param_dtype_ == DType::f32) ctx.copy_to_host(host_params.view(), params);
   optimizers_[g].step(host_params.view(), host_grads.view(), step + 1, clip);
-  copy_across(params, host_params.view());
+  ctx.copy_to_device(params, host_params.view());
 }
 
 void EngineStrategy::validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const {

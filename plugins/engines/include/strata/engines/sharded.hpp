@@ -32,8 +32,8 @@ struct EngineConfig {
   int max_gathers_in_flight = 0;      // fsdp limit_all_gathers (0: unlimited)
   bool overlap = true;                // comm overlaps the next group's compute
   // offload=optimizer (ZeRO-Offload, FSDP CPUOffload): AdamW state in host memory
-  // (MemTag::offload); per group, the gradient shard is copied to the host, updated there, and
-  // the parameter shard copied back before the all-gather.
+  // (MemTag::offload); per group, the gradient shard (and fp32 parameter shard) is copied to the
+  // host (d2h), updated there, and the parameter shard copied back (h2d) before the all-gather.
   bool offload_optimizer = false;
 };
 
@@ -89,8 +89,9 @@ class Engine {
   void reduce_grads(Context& ctx, int g);
   void finish_grads(Context& ctx, int g);
   void update(Context& ctx, int step);
-  // AdamW of group g on its parameter shard `params` (device memory), on the host when offloading.
-  void step_group(int g, BufferView params, int step, float clip);
+  // AdamW of group g on its parameter shard `params` (device memory), on the host when offloading
+  // (the copies through ctx, which records them in the comm ledger as d2h and h2d).
+  void step_group(Context& ctx, int g, BufferView params, int step, float clip);
   // ptrs[u] for the units of group g: their ranges in `group` (the group's elements from its
   // start).
   void point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const;
