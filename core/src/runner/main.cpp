@@ -270,6 +270,10 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // A first count before MPI starts its own threads (as if every rank of the host shared this
+  // mask), made exact once the ranks sharing it are known.
+  cpu::set_blas_threads(blas_threads_for(config, env.local_size > 0 ? env.local_size : env.world));
+  cpu::set_one_thread_pool(config.train.precision.mixed());  // bf16: GEMMs on oneDNN's threads
   try {
     mpi::init(&argc, &argv);
   } catch (const Error& e) {
@@ -277,7 +281,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   set_threads_per_rank(config);
-  cpu::set_one_thread_pool(config.train.precision.mixed());  // bf16: GEMMs on oneDNN's threads
   install_signal_handlers();
   RunState state;
   int code = 0;
