@@ -35,7 +35,7 @@ grep -q "STRATA_CPUS_PER_TASK" <<<"$help" && grep -q "^  sbatch " <<<"$help" || 
 
 study() {  # study NAME RUNNER_ARGS [VAR=value...]: one tiny study in the pretend job
   local name=$1 args=$2; shift 2
-  env PATH="$work/bin:$PATH" SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=1 STRATA_FAKE_LOG="$work" \
+  env PATH="$work/bin:$PATH" SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=1 SLURM_SUBMIT_DIR="$src" STRATA_FAKE_LOG="$work" \
     OPENBLAS_NUM_THREADS= STRATA_RESULTS="$work/results" STRATA_RUNNER="$runner" STRATA_STUDY="$name" \
     STRATA_STRATEGIES=ddp,faulty:step=1000 STRATA_NODES=1 STRATA_MODEL=tiny STRATA_STEPS=2 \
     STRATA_RUNNER_ARGS="--peak-tflops 1 $args" STRATA_PLUGIN_PATH="$plugin_dir" \
