@@ -82,6 +82,7 @@ echo "ok: --device cuda -> --gpus-per-task=1, or --gpu-bind=STRATA_GPU_BIND"
 : > "$work/srun.args"
 study args "--plugin-path $plugin_dir" STRATA_PLUGIN_PATH= STRATA_STRATEGIES=faulty:step=1000 \
   || { cat "$work/args.out"; fail "study args: faulty not found through STRATA_RUNNER_ARGS"; }
+[[ $(grep -o -- "--plugin-path" "$work/srun.args" | wc -l) -eq 1 ]] || fail "args: --plugin-path given to the run twice"
 echo "ok: --plugin-path in STRATA_RUNNER_ARGS reaches --list-plugins"
 
 # 4. Bad values: one line naming the setting, exit 2.
