@@ -33,11 +33,12 @@ struct RunConfig {
   // Harness
   std::string out_dir = "results/local";
   std::string run_id;    // empty: generated
-  int blas_threads = 0;  // 0: auto (cores / ranks on this host)
+  int blas_threads = 0;  // 0: auto (affinity mask / ranks sharing it, launch.hpp)
   double watchdog_s = 300;
   double peak_tflops = 0;  // > 0: the peak per rank for MFU instead of the calibrated one
   bool quiet = false;
-  bool trace = false;  // --trace: every compute and comm interval into /trace and a JSON timeline
+  int log_interval = 1;  // --log-interval: a progress line every this many steps
+  bool trace = false;    // --trace: every compute and comm interval into /trace and a JSON timeline
   bool calibrate_comm = false;  // --calibrate-comm: busbw per op, size and group into /calibration
   // Actions instead of a run
   bool list_plugins = false;
@@ -46,6 +47,7 @@ struct RunConfig {
   double memory_limit = 0;  // bytes per rank, 0 = none (--dry-run)
   std::string describe;
   bool help = false;
+  bool version = false;  // --version
   std::string help_text;
 
   std::string command_line;

@@ -249,6 +249,8 @@ std::vector<Row> what_to_run_rows() {
                 readable_file_rule, "a readable file", "/dev/null",
                 {"", "/nonexistent-strata.ini", "/"}),
       flag("help", W, "this help", [](RunConfig& c, bool b) { c.help = b; }),
+      flag("version", W, "print the version (project version and git describe) and exit",
+           [](RunConfig& c, bool b) { c.version = b; }),
   };
 }
 
@@ -345,7 +347,9 @@ std::vector<Row> launch_rows() {
                      [](RunConfig& c, const std::string& s) { apply_mesh(c, s); }),
                 mesh_rule, "a comma list of dp=N, tp=N, pp=N, each axis once, N in 1..65536",
                 "dp=1", {"", "dp=2abc", "dp=2,dp=2", "dp=0", "xx=2", "dp", "dp=2,", "dp=99999999"}),
-      integer("blas-threads", L, "0", 0, 1024, "BLAS threads per rank (0 = cores / ranks on host)",
+      integer("blas-threads", L, "0", 0, 1024,
+              "BLAS threads per rank (0 = auto: CPUs of the rank's affinity mask / ranks sharing "
+              "it, at most SLURM_CPUS_PER_TASK)",
               [](RunConfig& c, long long v) { c.blas_threads = int(v); }),
   };
 }
@@ -368,6 +372,10 @@ std::vector<Row> results_rows() {
            "seconds a blocking call may take, and a rank may be silent, before the job is ended",
            [](RunConfig& c, double v) { c.watchdog_s = v; }),
       flag("quiet", R, "no per-step lines", [](RunConfig& c, bool b) { c.quiet = b; }),
+      integer("log-interval", R, "1", 1, 1e9,
+              "a progress line every N steps (and the last): step k/N, elapsed, ETA, loss, "
+              "ms/step, tok/s, TFLOP/s per rank, over the interval",
+              [](RunConfig& c, long long v) { c.log_interval = int(v); }),
       flag("trace", R,
            "record every compute and comm interval of every rank: /trace in the run file and "
            "<run-id>.trace.json (Chrome/Perfetto timeline)",

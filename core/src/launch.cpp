@@ -1,5 +1,6 @@
 #include "launch.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,12 +41,44 @@ LaunchEnv detect_launch_env() {
   return e;
 }
 
-int blas_threads_for(const RunConfig& config, int ranks_on_host) {
-  if (config.blas_threads > 0) return config.blas_threads;
-  int from_env = env_int("OPENBLAS_NUM_THREADS", 0);
-  if (from_env > 0) return from_env;
-  int cores = int(std::thread::hardware_concurrency());
-  return std::max(1, cores / std::max(1, ranks_on_host));
+int affinity_cpus() {
+  cpu_set_t mask;
+  if (::sched_getaffinity(0, sizeof mask, &mask) == 0) return std::max(1, CPU_COUNT(&mask));
+  return std::max(1, int(std::thread::hardware_concurrency()));
+}
+
+std::uint64_t affinity_fingerprint() {
+  cpu_set_t mask;
+  if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return 0;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the CPU numbers in the mask
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &mask)) h = (h ^ std::uint64_t(cpu + 1)) * 1099511628211ull;
+  return h;
+}
+
+int auto_blas_threads(int mask_cpus, int ranks_sharing_mask, int slurm_cpus_per_task) {
+  int threads = std::max(1, mask_cpus / std::max(1, ranks_sharing_mask));
+  if (slurm_cpus_per_task > 0) threads = std::min(threads, slurm_cpus_per_task);
+  return threads;
+}
+
+int blas_threads_for(const RunConfig& config, int ranks_sharing_mask, std::string* origin) {
+  auto say = [&](const std::string& why) {
+    if (origin) *origin = why;
+  };
+  if (config.blas_threads > 0) {
+    say("--blas-threads");
+    return config.blas_threads;
+  }
+  if (int from_env = env_int("OPENBLAS_NUM_THREADS", 0); from_env > 0) {
+    say("OPENBLAS_NUM_THREADS");
+    return from_env;
+  }
+  const int cpus = affinity_cpus(), slurm = env_int("SLURM_CPUS_PER_TASK", 0);
+  say("auto: " + std::to_string(cpus) + " CPU(s) in the affinity mask / " +
+      std::to_string(std::max(1, ranks_sharing_mask)) + " rank(s) sharing it" +
+      (slurm > 0 ? ", SLURM_CPUS_PER_TASK " + std::to_string(slurm) : ""));
+  return auto_blas_threads(cpus, ranks_sharing_mask, slurm);
 }
 
 static std::string find_in_path(const std::string& name) {
@@ -75,13 +108,14 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
   if (config.mesh.nodes * config.mesh.ranks_per_node != world)
     throw Error("internal: relaunch world mismatch");
   if (std::getenv("SLURM_JOB_ID") && !find_in_path("srun").empty()) {
-    int threads = blas_threads_for(config, config.mesh.ranks_per_node);
+    // No thread count exported: each rank reads its own mask (srun's binding) and
+    // SLURM_CPUS_PER_TASK; this batch step's mask is only the first node's.
     cmd = {"srun",
            "--mpi=pmix",
            "--nodes=" + std::to_string(config.mesh.nodes),
            "--ntasks=" + std::to_string(world),
            "--ntasks-per-node=" + std::to_string(config.mesh.ranks_per_node),
-           "--export=ALL,OPENBLAS_NUM_THREADS=" + std::to_string(threads)};
+           "--export=ALL"};
   } else {
     std::string mpirun = std::getenv("STRATA_MPIRUN") ? std::getenv("STRATA_MPIRUN") : "mpirun";
     if (find_in_path(mpirun).empty() && !std::filesystem::exists(mpirun))
@@ -89,7 +123,7 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
           "cannot re-launch on " + std::to_string(world) + " ranks: " + mpirun +
               " not found on PATH",
           "install Open MPI (apt-get install openmpi-bin) or start runner under your launcher");
-    int threads = blas_threads_for(config, world);
+    const int threads = blas_threads_for(config, world);  // every rank unbound: this mask shared
     cmd = {mpirun, "-np", std::to_string(world), "--bind-to", "none",
            // Open MPI's UCX layer here needs these to use shared memory/loopback between ranks.
            "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",

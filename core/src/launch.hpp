@@ -1,5 +1,6 @@
 // How this process was started, and re-launching itself across ranks when started alone.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "config.hpp"
@@ -16,8 +17,17 @@ struct LaunchEnv {
 
 LaunchEnv detect_launch_env();
 
-// BLAS threads for each rank: the option, else OPENBLAS_NUM_THREADS, else cores / ranks on host.
-int blas_threads_for(const RunConfig& config, int ranks_on_host);
+// CPUs this process may run on (its affinity mask: taskset, srun --cpu-bind, mpirun --bind-to),
+// and a fingerprint of the mask, equal for the ranks of a node that share one mask.
+int affinity_cpus();
+std::uint64_t affinity_fingerprint();
+// Automatic BLAS threads: the mask's CPUs split among the ranks bound to that same mask (mpirun
+// --bind-to none, srun without binding), at most SLURM_CPUS_PER_TASK (0: not set); at least 1.
+int auto_blas_threads(int mask_cpus, int ranks_sharing_mask, int slurm_cpus_per_task);
+// BLAS threads for each rank: the option, else OPENBLAS_NUM_THREADS, else auto_blas_threads of
+// this process's mask and SLURM_CPUS_PER_TASK. `origin`, when given, says which and why.
+int blas_threads_for(const RunConfig& config, int ranks_sharing_mask,
+                     std::string* origin = nullptr);
 
 // A launch on this host (no Slurm allocation) runs every rank here: refuse worlds beyond 16 ranks
 // per core (ConfigError naming --nodes and --ranks-per-node) before mpirun is asked for them.

@@ -61,6 +61,10 @@ static void add_registered(Provenance& p) {
     }
 }
 
+std::string version_line() {
+  return std::string("strata ") + STRATA_VERSION + " (git " + STRATA_GIT_DESCRIBE + ")";
+}
+
 Provenance collect_provenance() {
   Provenance p;
   auto env = [](const char* k) {

@@ -157,13 +157,49 @@ StepRow run_step(Run& run, int step) {
   return row;
 }
 
+// "4.2s", "3:07", "1:02:03": a duration as a progress line shows it.
+std::string clock_text(double seconds) {
+  char text[32];
+  const long s = std::lround(std::max(0.0, seconds));
+  if (seconds < 60)
+    std::snprintf(text, sizeof text, "%.1fs", std::max(0.0, seconds));
+  else if (s < 3600)
+    std::snprintf(text, sizeof text, "%ld:%02ld", s / 60, s % 60);
+  else
+    std::snprintf(text, sizeof text, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  return text;
+}
+
+// Rank 0, every --log-interval steps and at the last: the steps since the previous line (Megatron's
+// log interval): their mean loss and slowest-rank step time, throughput, and the run's elapsed time
+// and ETA at its pace so far.
+void print_progress(const RunConfig& c, int step, double elapsed_s,
+                    const std::vector<double>& global_loss, const std::vector<double>& step_max) {
+  const int done = step + 1;
+  if (c.quiet || (done % c.log_interval != 0 && done != c.train.steps)) return;
+  const int first = std::max(0, done - c.log_interval);
+  double loss = 0, seconds = 0;
+  for (int s = first; s < done; ++s) loss += global_loss[s], seconds += step_max[s];
+  const double steps = done - first, mean_s = seconds / steps;
+  const double tokens_per_s = double(c.train.global_batch) * c.model.seq / mean_s;
+  const double tflops_per_rank =
+      tokens_per_s * c.model.flops_per_token() / mpi::world_size() / 1e12;
+  std::printf(
+      "step %4d/%d | elapsed %s | ETA %s | loss %.4f | %8.1f ms/step | %10.0f tok/s | %.3f "
+      "TFLOP/s/rank\n",
+      done, c.train.steps, clock_text(elapsed_s).c_str(),
+      clock_text(elapsed_s / done * (c.train.steps - done)).c_str(), loss / steps, mean_s * 1e3,
+      tokens_per_s, tflops_per_rank);
+  std::fflush(stdout);
+}
+
 // Every step; each step's global loss and slowest rank's time are reduced over the ranks, and
 // rank 0 keeps its rows in `state` for a failure file.
 void run_steps(Run& run, RunState& state, RankReport& report, std::vector<double>& global_loss,
                std::vector<double>& step_max) {
   const RunConfig& c = run.config;
   const bool root = mpi::world_rank() == 0;
-  const double global_tokens = double(c.train.global_batch) * c.model.seq;
+  const double t_start = now();
   for (int step = 0; step < c.train.steps; ++step) {
     StepRow row = run_step(run, step);
     double sums[2] = {run.ctx.loss_sum(), run.ctx.loss_tokens()};
@@ -180,11 +216,7 @@ void run_steps(Run& run, RunState& state, RankReport& report, std::vector<double
       std::lock_guard lock(state.mu);
       state.root_steps.push_back(row);
     }
-    if (!c.quiet) {
-      std::printf("step %4d/%d  loss %.4f  step %8.1f ms  %10.0f tok/s\n", step + 1, c.train.steps,
-                  loss, smax * 1e3, global_tokens / smax);
-      std::fflush(stdout);
-    }
+    print_progress(c, step, now() - t_start, global_loss, step_max);
   }
 }
 

@@ -53,6 +53,10 @@ check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexiste
 check "--recompute some: must be one of none, full, selective" --plugin ddp --recompute some
 check "--memory-limit lots: must be a size such as 80GiB" --plugin ddp --dry-run --memory-limit lots
 check "--peak-tflops -1: must be a number in [0, 1e+06]" --plugin ddp --peak-tflops -1
+check "--log-interval 0: must be a whole number in 1..1000000000" --plugin ddp --log-interval 0
+check "--log-interval 2.5: must be a whole number in 1..1000000000" --plugin ddp --log-interval 2.5
+check "STRATA_LOG_INTERVAL=x: must be a whole number" STRATA_LOG_INTERVAL=x --plugin ddp
+check "option '--version' does not take any arguments" --version=yes
 # Model-parallel meshes (checked by the strategy before any rank starts).
 check "--mesh tp=3: must divide the model's heads (4)" --plugin tp --mesh tp=3 --nodes 1 --ranks-per-node 3
 check "--mesh tp=2: must divide the model's vocabulary" --plugin tp --mesh tp=2 --nodes 1 --ranks-per-node 2 --vocab 255

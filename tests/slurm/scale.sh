@@ -3,7 +3,8 @@
 # `sbatch slurm/scale.sbatch slurm/studies/tiny.study`, wait, check every run file and the
 # figures, submit again and check that nothing is re-run, submit a study with too little time
 # left and check that it starts nothing, let the runner relaunch itself with srun inside an
-# allocation, run a transport A/B study (mpi vs ucx), stop the cluster and check that its
+# allocation, run a study with STRATA_CPUS_PER_TASK (srun's binding flags, the runner's threads),
+# run a transport A/B study (mpi vs ucx), stop the cluster and check that its
 # processes are gone.
 # usage: scale.sh SOURCE_DIR RUNNER CHECK_RUN WORK_DIR PORT
 set -euo pipefail
@@ -102,6 +103,18 @@ grep -q "srun --mpi=pmix --nodes=4" "$work/job-$id.out" || fail "runner did not 
 h5dump -d /provenance/hostnames "$work/relaunch/zero3.h5" | grep -q '"n1", "n2", "n3", "n4"' \
   || fail "relaunched run did not span n1..n4"
 
+# 4b. Binding: STRATA_CPUS_PER_TASK=1 reaches srun (with the default --cpu-bind=cores) and the
+#     runner's auto threads: 1, where this node's 2 CPUs would otherwise give 2 to its one rank.
+id=$(export STRATA_STUDY=bind STRATA_STRATEGIES=ddp STRATA_NODES=1 STRATA_CPUS_PER_TASK=1 \
+  STRATA_RUNNER_ARGS="--layers 4 --warmup 2"
+  submit slurm/scale.sbatch slurm/studies/tiny.study)
+cat "$work/job-$id.out"
+[[ $(job_state "$id") == "JobState=COMPLETED ExitCode=0:0 " ]] || fail "binding job $id: $(job_state "$id")"
+grep -q -- "launch: srun --mpi=pmix --nodes=1 --ntasks-per-node=1 --ntasks=1 --kill-on-bad-exit=1 --cpus-per-task=1 --cpu-bind=cores $runner " \
+  "$work/job-$id.out" || fail "binding job: srun without --cpus-per-task=1 --cpu-bind=cores"
+threads=$(h5dump -a /provenance/blas_threads "$work/results/bind/tiny_ddp_n1x1_weak_r1.h5" | grep -o '"[0-9]*"')
+[[ $threads == '"1"' ]] || fail "binding job: $threads BLAS threads, not STRATA_CPUS_PER_TASK's 1"
+
 # 5. A transport A/B inside one study (when UCX is built, as in CI): ddp and zero3 on 2 and 4
 #    nodes over mpi and ucx; each UCX run follows its MPI twin's loss trajectory, and
 #    results/compare pairs the twins.
@@ -134,4 +147,4 @@ $cluster stop
 for p in $pids; do
   if [[ -r /proc/$p/stat ]] && ! grep -q ') Z' "/proc/$p/stat"; then fail "process $p still running after stop"; fi
 done
-echo "PASS: study of 12 runs on 4 Slurm nodes, resubmission re-ran nothing, time limit respected, runner relaunched itself with srun, transport A/B"
+echo "PASS: study of 12 runs on 4 Slurm nodes, resubmission re-ran nothing, time limit respected, runner relaunched itself with srun, binding (--cpus-per-task, 1 thread), transport A/B"

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -267,6 +268,19 @@ void node_broadcast(double* values, int n) {
   MPI_Request request;
   STRATA_MPI_CHECK(MPI_Ibcast(values, n, MPI_DOUBLE, 0, node.comm, &request));
   sleep_until_done(request);
+}
+
+int node_ranks_with(std::uint64_t value) {
+  ControlCall watched(CommOp::all_gather, sizeof value);
+  NodeComm node;
+  int size = 1;
+  MPI_Comm_size(node.comm, &size);
+  std::vector<std::uint64_t> all(std::size_t(size), 0);
+  MPI_Request request;
+  STRATA_MPI_CHECK(
+      MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, node.comm, &request));
+  sleep_until_done(request);
+  return int(std::count(all.begin(), all.end(), value));
 }
 
 std::string processor_name() {

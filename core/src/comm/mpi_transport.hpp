@@ -2,6 +2,7 @@
 // result gathering and error channel that the harness itself uses. Control-plane traffic is not
 // recorded in the comm ledger: it is measurement, not training.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ LocalRank local_rank();
 // that they leave the host's cores to local rank 0 while it measures the node, node_peak.hpp).
 void node_barrier();
 void node_broadcast(double* values, int n);  // local rank 0's values to the host's other ranks
+int node_ranks_with(std::uint64_t value);    // ranks of this host (this one too) passing `value`
 std::string processor_name();
 std::string library_version();
 

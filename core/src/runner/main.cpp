@@ -169,6 +169,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     if (env.rank == 0) std::printf("%s", config.help_text.c_str());
     return false;
   }
+  if (config.version) {
+    if (env.rank == 0) std::printf("runner: %s\n", version_line().c_str());
+    return false;
+  }
   if (config.list_transports) {  // "name<TAB>library version", one per line
     for (const std::string& t : transports_built())
       std::printf("%s\t%s\n", t.c_str(),
@@ -257,6 +261,17 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   mpi::abort_job(1);
 }
 
+// Where this rank's BLAS thread count came from (blas_threads_for), for /provenance.
+std::string g_blas_threads_origin;
+Provenance blas_threads_provenance() { return {{"blas_threads_origin", g_blas_threads_origin}}; }
+
+// After MPI starts: the ranks of this host that share this rank's affinity mask split its CPUs.
+void set_threads_per_rank(const RunConfig& config) {
+  const int sharing = mpi::node_ranks_with(affinity_fingerprint());
+  cpu::set_blas_threads(blas_threads_for(config, sharing, &g_blas_threads_origin));
+  register_provenance_provider(blas_threads_provenance);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,6 +301,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // A first count before MPI starts its own threads (as if every rank of the host shared this
+  // mask), made exact once the ranks sharing it are known.
   cpu::set_blas_threads(blas_threads_for(config, env.local_size > 0 ? env.local_size : env.world));
   cpu::set_one_thread_pool(config.train.precision.mixed());  // bf16: GEMMs on oneDNN's threads
   try {
@@ -294,6 +311,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "runner: error: %s (hint: %s)\n", e.what(), e.hint().c_str());
     return 1;
   }
+  set_threads_per_rank(config);
   install_signal_handlers();
   RunState state;
   int code = 0;

@@ -1,0 +1,111 @@
+// Threads per rank (launch.hpp): from the process's affinity mask, the ranks sharing it and
+// SLURM_CPUS_PER_TASK, unless --blas-threads or OPENBLAS_NUM_THREADS say otherwise.
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "launch.hpp"
+
+using namespace strata;
+
+namespace {
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope.
+struct ScopedEnv {
+  std::string name, saved;
+  bool had;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    const char* old = std::getenv(n);
+    had = old != nullptr;
+    if (had) saved = old;
+    if (value)
+      ::setenv(n, value, 1);
+    else
+      ::unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (had)
+      ::setenv(name.c_str(), saved.c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+};
+
+// This thread bound to `cpus` for one scope (the mask is per thread; the main thread's is the
+// process's as sched_getaffinity(0) reads it).
+struct ScopedMask {
+  cpu_set_t saved;
+  explicit ScopedMask(const cpu_set_t& mask) {
+    sched_getaffinity(0, sizeof saved, &saved);
+    sched_setaffinity(0, sizeof mask, &mask);
+  }
+  ~ScopedMask() { sched_setaffinity(0, sizeof saved, &saved); }
+};
+
+cpu_set_t first_cpu_of_mask() {
+  cpu_set_t all, one;
+  sched_getaffinity(0, sizeof all, &all);
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  return one;
+}
+
+}  // namespace
+
+TEST(ThreadsPerRank, MaskSplitAmongItsRanksCappedBySlurm) {
+  EXPECT_EQ(auto_blas_threads(1, 1, 0), 1);
+  EXPECT_EQ(auto_blas_threads(2, 2, 0), 1);     // mpirun --bind-to none, 2 ranks on 2 CPUs
+  EXPECT_EQ(auto_blas_threads(128, 4, 0), 32);  // 4 unbound ranks on a 128-CPU node
+  EXPECT_EQ(auto_blas_threads(32, 1, 0), 32);   // srun --cpus-per-task=32 --cpu-bind=cores
+  EXPECT_EQ(auto_blas_threads(128, 4, 8), 8);   // SLURM_CPUS_PER_TASK=8 without binding
+  EXPECT_EQ(auto_blas_threads(4, 1, 16), 4);    // the mask is smaller than the cap
+  EXPECT_EQ(auto_blas_threads(2, 8, 0), 1);     // oversubscribed: one thread, not zero
+  EXPECT_EQ(auto_blas_threads(6, 4, 0), 1);     // rounded down: no more threads than CPUs
+}
+
+TEST(ThreadsPerRank, AffinityMaskIsRead) {
+  const int cpus = affinity_cpus();
+  ASSERT_GE(cpus, 1);
+  const auto all = affinity_fingerprint();
+  {
+    ScopedMask one(first_cpu_of_mask());  // as under `taskset -c 0`
+    EXPECT_EQ(affinity_cpus(), 1);
+    if (cpus > 1) EXPECT_NE(affinity_fingerprint(), all);
+    ScopedEnv no_openblas("OPENBLAS_NUM_THREADS", nullptr),
+        no_slurm("SLURM_CPUS_PER_TASK", nullptr);
+    RunConfig auto_threads;
+    std::string origin;
+    EXPECT_EQ(blas_threads_for(auto_threads, 1, &origin), 1);
+    EXPECT_EQ(origin, "auto: 1 CPU(s) in the affinity mask / 1 rank(s) sharing it");
+  }
+  EXPECT_EQ(affinity_cpus(), cpus);
+  EXPECT_EQ(affinity_fingerprint(), all);  // the same mask, the same fingerprint
+}
+
+TEST(ThreadsPerRank, OptionThenEnvironmentThenAuto) {
+  ScopedEnv no_slurm("SLURM_CPUS_PER_TASK", nullptr);
+  RunConfig given;
+  given.blas_threads = 3;
+  std::string origin;
+  {
+    ScopedEnv openblas("OPENBLAS_NUM_THREADS", "5");
+    EXPECT_EQ(blas_threads_for(given, 1, &origin), 3);
+    EXPECT_EQ(origin, "--blas-threads");
+    EXPECT_EQ(blas_threads_for(RunConfig{}, 1, &origin), 5);
+    EXPECT_EQ(origin, "OPENBLAS_NUM_THREADS");
+  }
+  ScopedEnv no_openblas("OPENBLAS_NUM_THREADS", nullptr);
+  EXPECT_EQ(blas_threads_for(RunConfig{}, 1, &origin), affinity_cpus());
+  {
+    ScopedEnv slurm("SLURM_CPUS_PER_TASK", "1");
+    EXPECT_EQ(blas_threads_for(RunConfig{}, 1, &origin), 1);
+    EXPECT_NE(origin.find("SLURM_CPUS_PER_TASK 1"), std::string::npos) << origin;
+  }
+  EXPECT_EQ(blas_threads_for(RunConfig{}, 1 << 20, &origin), 1);
+}
