@@ -155,8 +155,9 @@ void collect_config_file(const std::string& where, const std::string& path,
   }
 }
 
-// STRATA_<OPTION> variables (STRATA_STEPS=10 is --steps 10); other STRATA_* variables belong to
-// the scripts (STRATA_MPIRUN, STRATA_HOME, ...) and are left alone.
+// STRATA_<OPTION> variables (STRATA_STEPS=10 is --steps 10; option_from_environment says which);
+// other STRATA_* variables belong to the scripts (STRATA_MPIRUN, STRATA_HOME, ...) and are left
+// alone.
 void collect_env(std::vector<Given>& given) {
   for (char** e = environ; e && *e; ++e) {
     const std::string entry = *e;
@@ -165,7 +166,7 @@ void collect_env(std::vector<Given>& given) {
     std::string name = entry.substr(7, eq - 7);
     for (char& ch : name) ch = ch == '_' ? '-' : char(std::tolower(static_cast<unsigned char>(ch)));
     const Row* row = find_row(name);
-    if (!row || name == "config") continue;
+    if (!row || name == "config" || !option_from_environment(name)) continue;
     given.push_back({row, entry.substr(eq + 1), Source::env, entry});
   }
 }
@@ -232,6 +233,10 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
 }
 
 }  // namespace
+
+bool option_from_environment(const std::string& name) {
+  return name != "help" && name != "version";
+}
 
 void check_run_id(const std::string& source, const std::string& run_id) {
   if (!is_file_name(run_id))

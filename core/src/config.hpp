@@ -87,6 +87,9 @@ struct RunnerOption {
 
 // Every runner option, in help order.
 const std::vector<RunnerOption>& runner_options();
+// Whether STRATA_<OPTION> sets the option: every option but help and version (requests, not
+// settings; a site's module may well set STRATA_VERSION=0.1). STRATA_CONFIG names a config file.
+bool option_from_environment(const std::string& name);
 
 // Parse argv, then --config FILE (or STRATA_CONFIG), then STRATA_<OPTION> variables of the
 // environment. Throws ConfigError with one line naming the option, where its value came from and

@@ -12,8 +12,10 @@ version=$("$runner" --version) || fail "runner --version exited $?"
 describe=${BASH_REMATCH[2]}
 echo "ok: $version"
 export OPENBLAS_NUM_THREADS=1
-"$runner" --plugin ddp --model tiny --steps 7 --warmup 1 --peak-tflops 1 --log-interval 3 --out "$out" \
-  --run-id log3 > "$out/log3.txt" 2>&1 || fail "run with --log-interval 3: $(tail -n 2 "$out/log3.txt")"
+# STRATA_VERSION and STRATA_HELP are not options from the environment (a module may set the first).
+STRATA_VERSION=0.1 STRATA_HELP=1 "$runner" --plugin ddp --model tiny --steps 7 --warmup 1 --peak-tflops 1 \
+  --log-interval 3 --out "$out" --run-id log3 > "$out/log3.txt" 2>&1 \
+  || fail "run with --log-interval 3 (STRATA_VERSION=0.1 STRATA_HELP=1 set): $(tail -n 2 "$out/log3.txt")"
 prov=$(/usr/bin/python3 -c 'import h5py, sys
 a = h5py.File(sys.argv[1], "r")["provenance"].attrs
 print(*(a[k].decode() if isinstance(a[k], bytes) else a[k] for k in ("strata_version", "git_describe")))' "$out/log3.h5") \
