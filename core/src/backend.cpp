@@ -5,7 +5,9 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <set>
 
 #include "strata/memory.hpp"
 
@@ -115,18 +117,33 @@ void release_bytes(Device device, void* p) noexcept {
   }
 }
 
+namespace {
+// The host blocks a backend gave (page-locked): released through it, or, once it is closed (its
+// destructor freed them), not at all; every other host block is the C library's.
+std::mutex g_pinned_mu;
+std::set<void*> g_pinned;
+}  // namespace
+
 void* allocate_host_bytes(Device device, std::size_t bytes) {
-  if (DeviceBackend* b = device != Device::cpu ? opened_backend(device) : nullptr)
-    return b->allocate_host(bytes);
-  return allocate_bytes(Device::cpu, bytes);
+  DeviceBackend* b = device != Device::cpu ? opened_backend(device) : nullptr;
+  if (!b) return allocate_bytes(Device::cpu, bytes);
+  void* p = b->allocate_host(bytes);
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  g_pinned.insert(p);
+  return p;
 }
 
 void release_host_bytes(Device device, void* p) noexcept {
   if (!p) return;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    if (g_pinned.erase(p) == 0) {
+      std::free(p);
+      return;
+    }
+  }
   if (DeviceBackend* b = device != Device::cpu ? opened_backend(device) : nullptr)
     b->release_host(p);
-  else
-    std::free(p);
 }
 
 }  // namespace strata

@@ -28,8 +28,8 @@ class DeviceBackend {
   // pool: allocation and release cost no device synchronisation).
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void release(void* p) noexcept = 0;
-  // Zero-filled page-locked host memory (the host side of CPU offload), and its release (which
-  // also takes plain host memory, allocated before the backend was open).
+  // Zero-filled page-locked host memory (the host side of CPU offload), and its release (kept
+  // for the next allocation of that size; all of it is freed when the backend closes).
   virtual void* allocate_host(std::size_t bytes) = 0;
   virtual void release_host(void* p) noexcept = 0;
   // Copies `bytes` between any two of host and device memory in compute-stream order; returns

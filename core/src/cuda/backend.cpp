@@ -66,6 +66,7 @@ CudaBackend::~CudaBackend() {
   // Errors ignored: this must not throw, and a sticky fault was already reported.
   cudaStreamSynchronize(context_.stream);
   if (compute_event_) cudaEventDestroy(compute_event_);
+  for (const auto& [p, bytes] : host_size_) cudaFreeHost(p);  // cached or still held: all pinned
 }
 
 double CudaBackend::peak_flops(bool bf16) const { return peak_dense_flops(name_, bf16); }
@@ -83,20 +84,29 @@ void CudaBackend::release(void* p) noexcept {
 }
 
 void* CudaBackend::allocate_host(std::size_t bytes) {
-  void* p = nullptr;
   if (bytes == 0) return nullptr;
-  STRATA_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(host_mu_);
+    if (auto it = host_free_.find(bytes); it != host_free_.end()) {
+      p = it->second;
+      host_free_.erase(it);
+    }
+  }
+  if (!p) {
+    STRATA_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    std::lock_guard<std::mutex> lock(host_mu_);
+    host_size_[p] = bytes;
+  }
   std::memset(p, 0, bytes);
   return p;
 }
 
 void CudaBackend::release_host(void* p) noexcept {
   if (!p) return;
-  cudaPointerAttributes where{};
-  if (cudaPointerGetAttributes(&where, p) == cudaSuccess && where.type == cudaMemoryTypeHost)
-    cudaFreeHost(p);
-  else
-    std::free(p);
+  std::lock_guard<std::mutex> lock(host_mu_);
+  if (auto it = host_size_.find(p); it != host_size_.end())
+    host_free_.emplace(it->second, p);  // cached for the next block of its size
 }
 
 void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {

@@ -70,6 +70,12 @@ class CudaBackend final : public DeviceBackend {
   CudaKernels kernels_;
   CudaOps ops_;
   cudaMemPool_t pool_ = nullptr;
+  // Page-locked host blocks released, by size, for the next allocate_host of that size:
+  // cudaMallocHost pins every page and costs far more than the copies it speeds up, and offload
+  // stages the same shards every step (PyTorch's CachingHostAllocator keeps them the same way).
+  std::multimap<std::size_t, void*> host_free_;
+  std::map<void*, std::size_t> host_size_;  // every pinned block and its size
+  std::mutex host_mu_;
   cudaEvent_t compute_event_ = nullptr;
   std::string name_;
   StreamIdleClock idle_clock_;  // the process's idle clock while this backend is open
