@@ -39,10 +39,14 @@ struct RunConfig {
   bool quiet = false;
   bool trace = false;  // --trace: every compute and comm interval into /trace and a JSON timeline
   bool calibrate_comm = false;  // --calibrate-comm: busbw per op, size and group into /calibration
+  // --profile FILE: a machine profile (predict/profile.hpp) that --dry-run predicts step time
+  // from; with --calibrate, the profile to create or merge into.
+  std::string profile;
   // Actions instead of a run
   bool list_plugins = false;
   bool list_transports = false;
   bool dry_run = false;
+  bool calibrate = false;   // --calibrate: measure this allocation into --profile instead of a run
   double memory_limit = 0;  // bytes per rank, 0 = none (--dry-run)
   std::string describe;
   bool help = false;
