@@ -218,8 +218,6 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
     throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
   if (c.calibrate && c.dry_run)
     throw ConfigError("--calibrate: measures, --dry-run predicts; give one of them");
-  if (!c.profile.empty() && !c.dry_run && !c.calibrate)
-    throw ConfigError("--profile: only with --dry-run (predict) or --calibrate (measure)");
   if (c.mesh_given && double(c.mesh.dp) * c.mesh.tp * c.mesh.pp > 16777216.0)
     throw ConfigError("--mesh: dp x tp x pp is more than 16777216 ranks");
   // NCCL moves device buffers only: on the CPU backend it would be handed host memory.

@@ -239,7 +239,8 @@ std::vector<Row> what_to_run_rows() {
            [](RunConfig& c, bool b) { c.dry_run = b; }),
       with_rule(text("profile", W, K::text, "",
                      "machine profile (HDF5): --dry-run predicts step time, tokens/s and MFU from "
-                     "it; --calibrate creates it or merges into it",
+                     "it, a run stores its predicted step time beside the measured one in "
+                     "/summary; --calibrate creates it or merges into it",
                      [](RunConfig& c, const std::string& s) { c.profile = s; }),
                 profile_rule, "a file path", "machine.h5", {"", "/"}),
       flag("calibrate", W,

@@ -67,6 +67,30 @@ TEST(AlphaBetaFit, RecoversLatencyAndBandwidthOfExactPoints) {
   EXPECT_EQ(f.points, 4);
 }
 
+TEST(AlphaBetaFit, DropsAPointSlowerThanALargerSize) {
+  std::vector<CommSample> points;
+  for (double bytes : {65536.0, 1048576.0, 16777216.0})
+    points.push_back({"all_gather", 2, 2, bytes, 20e-6 + bytes / 2e9});
+  points.push_back({"all_gather", 2, 2, 4096, 16e-3});  // descheduled: slower than 16 MiB
+  const CommFit f = fit_alpha_beta(points);
+  EXPECT_NEAR(f.alpha_s, 20e-6, 1e-9);
+  EXPECT_NEAR(f.beta_bytes_per_s, 2e9, 1e3);
+  EXPECT_EQ(f.points, 3);
+}
+
+TEST(CommTime, InterpolatesTheSamplesOfItsShape) {
+  MachineProfile p;
+  p.samples = {{"all_reduce", 2, 2, 1e6, 1e-3},
+               {"all_reduce", 2, 2, 2e6, 3e-3},
+               {"all_reduce", 2, 2, 4e6, 4e-3}};
+  refit_comm(p);
+  ASSERT_EQ(p.comm.size(), 1u);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 1.5e6, 2, 2), 2e-3, 1e-15);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 3e6, 2, 2), 3.5e-3, 1e-15);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 8e6, 2, 2), 6e-3, 1e-15);  // last segment extended
+  EXPECT_NEAR(comm_time(p, "all_reduce", 0.5e6, 2, 2), 0, 1e-15);   // first one, down to 0
+}
+
 TEST(CommTime, CarriesBusBandwidthToAnotherGroupSize) {
   MachineProfile p;
   p.comm.push_back(CommFit{"all_reduce", 2, 2, 1e-5, 1e9, 3, 0});

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -25,10 +26,35 @@ bool same_config(const ComputeEntry& a, const ComputeEntry& b) {
          a.ranks_per_node == b.ranks_per_node;
 }
 
+// The samples of one shape by size, without those slower than a larger size of the same op (a
+// rank descheduled during the measurement: time only grows with bytes).
+std::vector<CommSample> monotone(std::vector<CommSample> points) {
+  std::sort(points.begin(), points.end(),
+            [](const CommSample& a, const CommSample& b) { return a.bytes < b.bytes; });
+  std::vector<CommSample> kept;
+  double faster_above = std::numeric_limits<double>::infinity();
+  for (auto it = points.rbegin(); it != points.rend(); ++it)
+    if (it->time_s <= faster_above) kept.insert(kept.begin(), *it), faster_above = it->time_s;
+  return kept;
+}
+
+// Piecewise-linear in bytes through the samples of one shape (the end segments extended): the
+// measured points themselves where an alpha-beta line cannot follow them all (caches, protocols
+// switching with the size). Negative with fewer than two sizes.
+double interpolate(const std::vector<CommSample>& points, double bytes) {
+  if (points.size() < 2) return -1;
+  std::size_t i = 1;
+  while (i + 1 < points.size() && points[i].bytes < bytes) ++i;
+  const CommSample &a = points[i - 1], &b = points[i];
+  const double t = a.time_s + (bytes - a.bytes) * (b.time_s - a.time_s) / (b.bytes - a.bytes);
+  return std::max(t, bytes < a.bytes ? 0.0 : a.time_s);
+}
+
 }  // namespace
 
-CommFit fit_alpha_beta(const std::vector<CommSample>& points) {
-  if (points.empty()) throw Error("alpha-beta fit: no points");
+CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
+  if (all_points.empty()) throw Error("alpha-beta fit: no points");
+  const std::vector<CommSample> points = monotone(all_points);
   CommFit f;
   f.op = points.front().op;
   f.ranks = points.front().ranks;
@@ -164,8 +190,12 @@ double comm_time(const MachineProfile& p, const std::string& op, double bytes, i
   }
   if (!best) return -1;
   if (best->ranks == ranks && best->ranks_per_node == ranks_per_node) {
-    if (how) *how = "";
-    return best->time_s(bytes);
+    std::vector<CommSample> same;
+    for (const CommSample& s : p.samples)
+      if (s.op == op && s.ranks == ranks && s.ranks_per_node == ranks_per_node) same.push_back(s);
+    const double t = interpolate(monotone(same), bytes);
+    if (how) *how = t >= 0 ? "" : "alpha-beta fit (no samples to interpolate)";
+    return t >= 0 ? t : best->time_s(bytes);
   }
   const CommOp o = parse_op(op);
   const double busbw = best->beta_bytes_per_s * bus_factor(o, best->ranks);

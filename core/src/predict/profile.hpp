@@ -65,8 +65,10 @@ struct MachineProfile {
   std::vector<CommFit> comm;  // fit_comm(samples), plus fits given directly (published figures)
 };
 
-// Least-squares alpha-beta fit of (bytes, time) points of one op and group shape. alpha is kept
-// >= 0 (a negative intercept refits through the origin). Throws Error with fewer than one point.
+// Least-squares alpha-beta fit of (bytes, time) points of one op and group shape, weighted by
+// 1 / time^2 (relative errors), after dropping points slower than a larger size (a descheduled
+// rank). alpha is kept >= 0 (a negative intercept refits through the origin). Throws Error
+// without points.
 CommFit fit_alpha_beta(const std::vector<CommSample>& points);
 // Replaces the fits of every (op, ranks, ranks_per_node) that has samples by a fit of them.
 void refit_comm(MachineProfile& profile);
@@ -87,10 +89,12 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
                                          const std::string& precision, int threads,
                                          int ranks_per_node, std::string* how);
 
-// Seconds of `op` moving nccl-tests `bytes` on a group of `ranks` (ranks_per_node per node): the
-// fit of that shape, else of the nearest shape on the same side of the node boundary (intra: all
-// ranks in one node) with its bus bandwidth carried over (nccl-tests busbw is meant not to
-// depend on the ranks). `*how` says which fit. Negative when the profile has no fit for `op`.
+// Seconds of `op` moving nccl-tests `bytes` on a group of `ranks` (ranks_per_node per node): for
+// a shape with measured samples, piecewise-linear through them (end segments extended); with
+// only a fit of that shape (published figures), the fit; else of the nearest shape on the same side
+// of the node boundary (intra: all ranks in one node) with its bus bandwidth carried over
+// (nccl-tests busbw is meant not to depend on the ranks). `*how` says which fit. Negative when the
+// profile has no fit for `op`.
 double comm_time(const MachineProfile& p, const std::string& op, double bytes, int ranks,
                  int ranks_per_node, std::string* how = nullptr);
 

@@ -218,6 +218,14 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     exit_code = dry_run(config, *strategy, options);
     return false;
   }
+  if (!config.profile.empty() && !config.calibrate) {  // predicted beside measured (/summary)
+    StepQuery q{config.plugin, options, config.mesh, config.model, config.train, 0, {}};
+    q.threads = blas_threads_for(config, config.mesh.ranks_per_node);
+    const StepTime t = predict_step_time(read_profile(config.profile), q);
+    config.predicted_step_s = t.modelled ? t.step_s : 0;
+    if (!t.modelled && env.rank == 0)
+      std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());
+  }
   if (config.device_kind() !=
       Device::cpu) {  // a GPU for every rank of this node, before any starts
     // Relaunched here, the ranks see the GPUs this process sees; under srun or mpirun each may
