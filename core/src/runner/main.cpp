@@ -195,7 +195,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
       0)  // a library in a named directory that did not load is worth a line in a run too
     for (const std::string& problem : registry.problems())
       std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
-  if (config.plugin.empty() && config.calibrate) config.plugin = "ddp";  // its mesh: dp only
+  if (config.plugin.empty() && config.calibrate) config.plugin = "ddp";  // options only
   if (config.plugin.empty())
     throw ConfigError("--plugin: required, one of: " + known_strategies(registry));
   const StrategySpec* spec = nullptr;
@@ -213,7 +213,8 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     world = config.mesh.world();
   resolve_mesh(config, world, env.under_launcher ? env.local_size : world);
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
-  strategy->validate(config.mesh, config.train, config.model);
+  // --calibrate measures any mesh (a pipeline's or tp's groups too): no strategy runs on it.
+  if (!config.calibrate) strategy->validate(config.mesh, config.train, config.model);
   if (config.dry_run) {
     exit_code = dry_run(config, *strategy, options);
     return false;
