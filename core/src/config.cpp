@@ -216,6 +216,8 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
     throw ConfigError("--memory-limit: only with --dry-run (a run measures its memory)");
   if (c.calibrate && c.profile.empty())
     throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
+  if (!c.calibrate_from.empty() && !c.calibrate)
+    throw ConfigError("--calibrate-from: only with --calibrate --profile FILE");
   if (c.calibrate && c.dry_run)
     throw ConfigError("--calibrate: measures, --dry-run predicts; give one of them");
   if (c.mesh_given && double(c.mesh.dp) * c.mesh.tp * c.mesh.pp > 16777216.0)

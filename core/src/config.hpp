@@ -49,8 +49,9 @@ struct RunConfig {
   bool list_plugins = false;
   bool list_transports = false;
   bool dry_run = false;
-  bool calibrate = false;   // --calibrate: measure this allocation into --profile instead of a run
-  double memory_limit = 0;  // bytes per rank, 0 = none (--dry-run)
+  bool calibrate = false;  // --calibrate: measure this allocation into --profile instead of a run
+  std::vector<std::string> calibrate_from;  // --calibrate-from RUN.h5: comm samples from run files
+  double memory_limit = 0;                  // bytes per rank, 0 = none (--dry-run)
   std::string describe;
   bool help = false;
   std::string help_text;

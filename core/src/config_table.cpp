@@ -247,6 +247,14 @@ std::vector<Row> what_to_run_rows() {
            "measure unit passes, the optimizer and the collectives of this mesh into --profile "
            "and exit (seconds)",
            [](RunConfig& c, bool b) { c.calibrate = b; }),
+      with_rule(repeatable(text(
+                    "calibrate-from", W, K::text, "",
+                    "with --calibrate: take the comm samples of this run file's "
+                    "/calibration (--calibrate-comm) instead of measuring "
+                    "(repeatable)",
+                    [](RunConfig& c, const std::string& s) { c.calibrate_from.push_back(s); })),
+                readable_file_rule, "a readable run file", "/dev/null",
+                {"", "/nonexistent-strata-run.h5", "/"}),
       size("memory-limit", W, 1125899906842624.0,
            "with --dry-run: bytes per rank to fit in (e.g. 80GiB)",
            [](RunConfig& c, double v) { c.memory_limit = v; }),

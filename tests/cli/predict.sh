@@ -40,6 +40,25 @@ out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --rank
 grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "unknown shape"; }
 out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --mesh tp=2 --ranks-per-node 2)
 grep -q "no time model: tensor parallelism" <<<"$out" || { echo "$out"; fail "tp"; }
+# The comm part from a finished run's /calibration (--calibrate-comm), without measuring again.
+"$runner" --plugin ddp --model tiny --micro-batch 4 --ranks-per-node 2 --steps 3 --warmup 1 --calibrate-comm \
+  --quiet --out "$dir" --run-id cal >/dev/null 2>&1 || fail "run with --calibrate-comm"
+out=$("$runner" --calibrate --calibrate-from "$dir/cal.h5" --profile "$dir/from-run.h5")
+# 3 ops x 3 sizes on dp and on dp_intra_node (the same 2 ranks: one shape, the later kept)
+grep -q "^calibrate: 18 comm sample(s) from $dir/cal.h5" <<<"$out" && grep -q "0 compute entries, 3 comm fits" <<<"$out" \
+  || { echo "$out"; fail "--calibrate-from"; }
+out=$("$runner" --dry-run --profile "$dir/from-run.h5" --plugin ddp --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2)
+grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "comm-only profile"; }
+# A run given --profile stores its prediction beside the measured step time.
+"$runner" --plugin zero3 --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2 --steps 4 --warmup 1 \
+  --quiet --out "$dir" --run-id predicted --profile "$profile" >/dev/null 2>&1 || fail "run with --profile"
+/usr/bin/python3 - "$dir/predicted.h5" <<'PY'
+import sys, h5py
+s = h5py.File(sys.argv[1])["summary"].attrs
+p, m, e = s["step_s_predicted"], s["step_s_p50"], s["step_s_predicted_error"]
+assert 0 < p < 10 and abs(e - (p / m - 1)) < 1e-12, (p, m, e)
+assert s["step_s_predicted.unit"] == "s", s["step_s_predicted.unit"]
+PY
 # Bad input: one line naming the option.
 set +e
 err=$("$runner" --calibrate --model tiny 2>&1 >/dev/null); code=$?
@@ -47,4 +66,8 @@ err2=$("$runner" --dry-run --profile /dev/null --plugin ddp 2>&1 >/dev/null); co
 set -e
 [[ $code -eq 2 && $err == *"--calibrate: needs --profile"* ]] || fail "calibrate without profile: $code $err"
 [[ $code2 -ne 0 && $err2 == *"--profile /dev/null"* ]] || fail "not a profile: $code2 $err2"
+set +e
+err3=$("$runner" --calibrate-from "$dir/cal.h5" --profile x.h5 --dry-run --plugin ddp 2>&1 >/dev/null); code3=$?
+set -e
+[[ $code3 -eq 2 && $err3 == *"--calibrate-from: only with --calibrate"* ]] || fail "calibrate-from alone: $code3 $err3"
 echo "predict: profile written and read; ddp, zero1, zero3, 1f1b predicted; tp and unknown shapes refused"

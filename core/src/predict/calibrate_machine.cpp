@@ -114,7 +114,34 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
               p.compute.size(), p.comm.size());
 }
 
+// Merges `more` into the profile file of --profile (created if missing) and writes it.
+MachineProfile merge_into_file(const RunConfig& config, const MachineProfile& more) {
+  MachineProfile profile;
+  if (std::filesystem::exists(config.profile)) profile = read_profile(config.profile);
+  if (profile.description.empty()) profile.description = more.description;
+  merge_profile(profile, more);
+  write_profile(profile, config.profile);
+  return profile;
+}
+
 }  // namespace
+
+void calibrate_from_runs(const RunConfig& config) {
+  MachineProfile more;
+  more.created_utc = utc_timestamp();
+  more.description = "runner --calibrate-from run files";
+  for (const std::string& path : config.calibrate_from) {
+    const std::vector<CommSample> s = samples_from_run(read_run_file(path));
+    if (s.empty())
+      throw ConfigError("--calibrate-from " + path +
+                        ": no /calibration in this run file (run it with --calibrate-comm)");
+    more.samples.insert(more.samples.end(), s.begin(), s.end());
+    std::printf("calibrate: %zu comm sample(s) from %s\n", s.size(), path.c_str());
+  }
+  const MachineProfile profile = merge_into_file(config, more);
+  std::printf("calibrate: profile %s: %zu compute entries, %zu comm fits\n", config.profile.c_str(),
+              profile.compute.size(), profile.comm.size());
+}
 
 void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   if (config.device_kind() != Device::cpu)
@@ -137,12 +164,8 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   more.node_peak_flops = peak.node;
   more.compute.push_back(entry);
   more.samples = samples_from_run(as_run);
-  MachineProfile profile;
-  if (std::filesystem::exists(config.profile)) profile = read_profile(config.profile);
-  if (profile.description.empty())
-    profile.description = "runner --calibrate on " + more.host + " (" + config.transport + ")";
-  merge_profile(profile, more);
-  write_profile(profile, config.profile);
+  more.description = "runner --calibrate on " + more.host + " (" + config.transport + ")";
+  const MachineProfile profile = merge_into_file(config, more);
   print_profile(profile, entry, config.profile);
 }
 

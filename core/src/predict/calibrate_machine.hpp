@@ -19,4 +19,8 @@ inline constexpr int kComputeIterations = 5;
 // Collective over the world (after MPI init). Rank 0 writes the merged profile and prints it.
 void calibrate_machine(const RunConfig& config, int threads_per_rank);
 
+// --calibrate --calibrate-from RUN.h5...: no measurement, no MPI: the comm samples of each run
+// file's /calibration (with the group shapes of its mesh) merged into --profile, refitted.
+void calibrate_from_runs(const RunConfig& config);
+
 }  // namespace strata

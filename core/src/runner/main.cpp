@@ -195,6 +195,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
       0)  // a library in a named directory that did not load is worth a line in a run too
     for (const std::string& problem : registry.problems())
       std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
+  if (config.calibrate && !config.calibrate_from.empty()) {  // no measurement: no ranks
+    if (env.rank == 0) calibrate_from_runs(config);
+    return false;
+  }
   if (config.plugin.empty() && config.calibrate) config.plugin = "ddp";  // options only
   if (config.plugin.empty())
     throw ConfigError("--plugin: required, one of: " + known_strategies(registry));
