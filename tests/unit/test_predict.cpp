@@ -215,6 +215,28 @@ TEST(Predictor, Zero3WithFreeCommIsComputePlusTheShardsUpdate) {
   EXPECT_NEAR(t.exposed_comm_s, 0, 1e-9);
 }
 
+TEST(Predictor, Zero3PaysForItsNewBuffers) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4, 0, 1e30);  // comm free
+  ComputeEntry& e = p.compute[0];
+  e = ComputeEntry{e.model, 4, "cpu", "fp32", 1, 2};  // passes free
+  e.fresh_memory_s_per_byte = 1e-9;
+  const StepTime t = predict_step_time(
+      p, query("zero3",
+               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
+               m, 2, 1, 4, 8));
+  ASSERT_TRUE(t.modelled) << t.why;
+  // Per group: a gathered buffer each time it is gathered (the 2 middle ones twice), a padded
+  // gradient buffer, a reduced chunk; fp32, 1 ns per byte.
+  const ParamLayout layout(m);
+  double bytes = 0;
+  for (int u = 0; u < 4; ++u) {
+    const double chunk = double((layout.units()[u].count + 1) / 2);
+    bytes += ((u == 1 || u == 2) ? 2 : 1) * 4 * 2 * chunk + 4 * 2 * chunk + 4 * chunk;
+  }
+  EXPECT_NEAR(t.step_s, 1e-9 * bytes, 1e-12);
+}
+
 TEST(Predictor, OneFOneBBubbleIsTheFormula) {
   ModelSpec m = tiny();
   m.preset = "custom";

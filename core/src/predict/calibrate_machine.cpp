@@ -78,6 +78,14 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
     if (it >= 0) times.push_back(now() - t0);
   }
   e.optimizer_s_per_param = median(times) / double(r.size());
+  times.clear();
+  for (int it = -1; it < kComputeIterations; ++it) {  // a gathered buffer's cost in the engine
+    const double t0 = now();
+    DeviceBuffer fresh(ctx.memory(), MemTag::workspace, DType::f32, r.size());
+    ctx.ops().fill(fresh.view(), 0);
+    if (it >= 0) times.push_back(now() - t0);
+  }
+  e.fresh_memory_s_per_byte = median(times) / (4.0 * double(r.size()));
   return e;
 }
 
@@ -87,7 +95,7 @@ void max_over_ranks(ComputeEntry& e) {
                       &e.block_forward_s,        &e.block_backward_s,
                       &e.head_forward_s,         &e.head_backward_s,
                       &e.block_recompute_full_s, &e.block_recompute_selective_s,
-                      &e.optimizer_s_per_param};
+                      &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte};
   std::vector<double> v;
   for (double* f : fields) v.push_back(*f);
   mpi::control_allreduce_max(v.data(), int(v.size()));
@@ -100,10 +108,11 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
               e.threads, e.ranks_per_node);
   std::printf(
       "  embedding fwd %.3f bwd %.3f | block fwd %.3f bwd %.3f (+%.3f full, +%.3f "
-      "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param\n",
+      "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param | new memory %.2f GB/s\n",
       e.embedding_forward_s * 1e3, e.embedding_backward_s * 1e3, e.block_forward_s * 1e3,
       e.block_backward_s * 1e3, e.block_recompute_full_s * 1e3, e.block_recompute_selective_s * 1e3,
-      e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9);
+      e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
+      e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0);
   for (const CommFit& f : p.comm)
     std::printf(
         "  %-14s %2d rank(s), %2d per node: alpha %8.1f us, beta %8.3f GB/s (%d points, "

@@ -20,6 +20,7 @@ struct Costs {
   const StepQuery& q;
   std::vector<double> fwd, bwd;  // per unit of the whole model, one micro-batch
   double opt_per_param = 0;
+  double fresh_per_byte = 0;  // a new buffer allocated and written (the sharded engine's)
   std::vector<std::string> notes;
 
   void note(const std::string& n) {

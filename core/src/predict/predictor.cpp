@@ -34,6 +34,7 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
     c.fwd.push_back(e->block_forward_s), c.bwd.push_back(e->block_backward_s + recompute);
   c.fwd.push_back(e->head_forward_s), c.bwd.push_back(e->head_backward_s);
   c.opt_per_param = e->optimizer_s_per_param;
+  c.fresh_per_byte = e->fresh_memory_s_per_byte;
   return c;
 }
 
@@ -125,13 +126,19 @@ StepTime sharded_step(Costs& c) {
   const StateBytes per = state_bytes_per_param(q.train.precision);
   std::vector<double> gathered(groups.size()), reduced(groups.size());
   double clock = 0, stream = 0, busy = 0, comm = 0;
+  // The engine's per-group buffers are new allocations, zeroed or written once: page faults and
+  // memory bandwidth on the compute thread (large freed buffers go back to the system at once).
+  auto fresh = [&](double bytes) {
+    clock += c.fresh_per_byte * bytes, busy += c.fresh_per_byte * bytes;
+  };
   auto on_stream = [&](double d) {
     return stream = std::max(stream, clock) + d, comm += d, stream;
   };
   for (const sharded::Action& a : actions) {
     const std::size_t g = std::size_t(a.index);
     switch (a.act) {
-      case sharded::Act::gather:
+      case sharded::Act::gather:  // a new buffer for the group, on the compute thread
+        fresh(per.params * double(groups[g].padded()));
         gathered[g] = n > 1 ? on_stream(c.comm("all_gather",
                                                per.params * double(groups[g].padded()), shard_axis))
                             : clock;
@@ -145,7 +152,11 @@ StepTime sharded_step(Costs& c) {
       case sharded::Act::backward:
         clock += c.bwd[g], busy += c.bwd[g];
         break;
+      case sharded::Act::alloc_grads:
+        fresh(per.grads * double(groups[g].padded()));
+        break;
       case sharded::Act::reduce_grads: {
+        fresh(per.grads * double(groups[g].chunk));
         double d =
             n > 1 ? c.comm("reduce_scatter", per.grads * double(groups[g].padded()), shard_axis)
                   : 0;

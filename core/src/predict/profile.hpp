@@ -33,6 +33,9 @@ struct ComputeEntry {
   // Extra backward time per block under --recompute full / selective (recomputing the forward).
   double block_recompute_full_s = 0, block_recompute_selective_s = 0;
   double optimizer_s_per_param = 0;  // AdamW (with the norm), s per element updated
+  // A new buffer allocated and written once (page faults included), s per byte: what the sharded
+  // engine pays per group and micro-batch for its gathered parameters and gradient buffers.
+  double fresh_memory_s_per_byte = 0;
 };
 
 // One measured comm point: group shape, op, nccl-tests bytes, median time of the slowest rank.

@@ -134,7 +134,8 @@ const std::vector<Column<ComputeEntry>>& compute_columns() {
                                            NUM(E, head_backward_s, "s"),
                                            NUM(E, block_recompute_full_s, "s"),
                                            NUM(E, block_recompute_selective_s, "s"),
-                                           NUM(E, optimizer_s_per_param, "s/param")};
+                                           NUM(E, optimizer_s_per_param, "s/param"),
+                                           NUM(E, fresh_memory_s_per_byte, "s/byte")};
   return c;
 }
 const std::vector<Column<CommSample>>& sample_columns() {
