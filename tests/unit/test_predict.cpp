@@ -275,6 +275,10 @@ TEST(Predictor, PipelineTransfersDelayEachHop) {
   // needs stage 1's B1 (14.5) + x, ends 15 + 4 = 19 ms. Then the tied-embedding send between
   // the stages and the norm's all-reduce over pp: 0.5 ms each.
   EXPECT_NEAR(t.step_s, 19e-3 + 0.5e-3 + 0.5e-3, 1e-9);
+  // Each stage computes 2 x 2 + 2 x 4 = 12 ms of the 19: 7 ms idle (transfers included); the
+  // exchange and the all-reduce after the schedule are exposed.
+  EXPECT_NEAR(t.bubble_s, 7e-3, 1e-9);
+  EXPECT_NEAR(t.exposed_comm_s, 1e-3, 1e-9);
 }
 
 TEST(Predictor, TensorParallelismAndUnknownStrategiesHaveNoTimeModel) {

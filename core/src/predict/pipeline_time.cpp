@@ -99,7 +99,7 @@ StepTime pipeline_step(Costs& c) {
   const StateBytes per = state_bytes_per_param(q.train.precision);
   const bool zero1 = q.options.get("dp") == "zero1" && q.mesh.dp > 1;
   StepTime t;
-  double post_max = 0;
+  double post_max = 0, post_comm = 0;
   for (int s = 0; s < P; ++s) {
     double comm = 0;
     if (P > 1 && (s == 0 || s == P - 1))
@@ -113,12 +113,16 @@ StepTime pipeline_step(Costs& c) {
     if (P > 1) comm += c.comm("all_reduce", 8, Axis::pp);
     const double update = c.opt_per_param * params[s] / (zero1 ? q.mesh.dp : 1);
     if (comm + update > post_max) post_max = comm + update;
+    post_comm = std::max(post_comm, comm);
     const double compute = r.busy[s] + update;
-    if (compute > t.compute_s) t.compute_s = compute, t.comm_s = comm;
-    t.bubble_s = std::max(t.bubble_s, r.makespan - r.busy[s]);
+    t.compute_s = std::max(t.compute_s, compute);
+    t.bubble_s += (r.makespan - r.busy[s]) / P;  // the stages' mean, as bubble_fraction sums them
   }
   t.step_s = r.makespan + post_max;
-  if (P > 1) t.comm_s += 2.0 * m * transfer * (v > 1 ? v : 1);
+  // Transfers inside the schedule are waited for in the receive: bubble, as the runs measure it.
+  // What follows the schedule waits on nothing else: exposed.
+  t.exposed_comm_s = post_comm;
+  t.comm_s = post_comm + (P > 1 ? 2.0 * m * transfer * v : 0.0);  // a stage's sends and more
   return t;
 }
 

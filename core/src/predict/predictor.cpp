@@ -232,11 +232,12 @@ StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
     t.notes = notes.str();
   } catch (const NoTimeModel& e) {
     StepTime none;
+    none.exposed_comm_s = 0;
     none.why = "no time model: " + e.why;
     return none;
   }
   t.modelled = true;
-  t.exposed_comm_s = std::max(0.0, t.step_s - t.compute_s - t.bubble_s);
+  if (t.exposed_comm_s < 0) t.exposed_comm_s = std::max(0.0, t.step_s - t.compute_s - t.bubble_s);
   const double tokens = double(q.train.global_batch) * q.model.seq;
   t.tokens_per_s = t.step_s > 0 ? tokens / t.step_s : 0;
   if (profile.node_peak_flops > 0) {

@@ -41,10 +41,12 @@ struct StepTime {
   bool modelled = false;
   std::string why;  // when not modelled: "no time model: ..."
   double step_s = 0;
-  double compute_s = 0;       // the slowest rank's forward + backward + optimizer
-  double comm_s = 0;          // that rank's comm stream busy time
-  double exposed_comm_s = 0;  // step - compute - bubble on that rank
-  double bubble_s = 0;        // pipelines: the largest idle time of a stage inside the schedule
+  double compute_s = 0;  // the slowest rank's forward + backward + optimizer
+  double comm_s = 0;     // that rank's comm stream busy time
+  // Comm no compute hides: step - compute on that rank for the data-parallel models; for
+  // pipelines the comm after the schedule (transfers inside it are waited for as bubble).
+  double exposed_comm_s = -1;
+  double bubble_s = 0;  // pipelines: the stages' mean idle time inside the schedule
   double tokens_per_s = 0;
   double mfu = -1;    // -1: the profile has no node peak
   std::string notes;  // approximations made (scaled entries, substituted fits)
