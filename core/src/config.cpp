@@ -215,6 +215,12 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
                       std::to_string(c.train.steps));
   if (c.memory_limit > 0 && !c.dry_run)
     throw ConfigError("--memory-limit: only with --dry-run (a run measures its memory)");
+  if (c.calibrate && c.profile.empty())
+    throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
+  if (!c.calibrate_from.empty() && !c.calibrate)
+    throw ConfigError("--calibrate-from: only with --calibrate --profile FILE");
+  if (c.calibrate && c.dry_run)
+    throw ConfigError("--calibrate: measures, --dry-run predicts; give one of them");
   if (c.mesh_given && double(c.mesh.dp) * c.mesh.tp * c.mesh.pp > 16777216.0)
     throw ConfigError("--mesh: dp x tp x pp is more than 16777216 ranks");
   // NCCL moves device buffers only: on the CPU backend it would be handed host memory.
@@ -360,6 +366,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   add("peak_tflops", peak_tflops);
   add("trace", trace ? "true" : "false");
   add("calibrate_comm", calibrate_comm ? "true" : "false");
+  if (!profile.empty()) add("profile", profile);
   add("out", out_dir);
   return r;
 }

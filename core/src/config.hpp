@@ -40,11 +40,19 @@ struct RunConfig {
   int log_interval = 1;  // --log-interval: a progress line every this many steps
   bool trace = false;    // --trace: every compute and comm interval into /trace and a JSON timeline
   bool calibrate_comm = false;  // --calibrate-comm: busbw per op, size and group into /calibration
+  // --profile FILE: a machine profile (predict/profile.hpp) that --dry-run predicts step time
+  // from; with --calibrate, the profile to create or merge into.
+  std::string profile;
+  // Set by the runner (not an option) when a run is given --profile: its predicted step time,
+  // stored in /summary beside the measured one (0: none, e.g. "no time model").
+  double predicted_step_s = 0;
   // Actions instead of a run
   bool list_plugins = false;
   bool list_transports = false;
   bool dry_run = false;
-  double memory_limit = 0;  // bytes per rank, 0 = none (--dry-run)
+  bool calibrate = false;  // --calibrate: measure this allocation into --profile instead of a run
+  std::vector<std::string> calibrate_from;  // --calibrate-from RUN.h5: comm samples from run files
+  double memory_limit = 0;                  // bytes per rank, 0 = none (--dry-run)
   std::string describe;
   bool help = false;
   bool version = false;  // --version

@@ -127,6 +127,13 @@ std::string directory_rule(const std::string& path) {
   return "";
 }
 
+std::string profile_rule(const std::string& path) {
+  std::error_code ec;
+  if (path.empty()) return "empty";
+  if (std::filesystem::is_directory(path, ec)) return "is a directory, not a file";
+  return "";
+}
+
 std::string out_dir_rule(const std::string& path) {
   std::error_code ec;
   if (path.empty()) return "empty";
@@ -230,6 +237,24 @@ std::vector<Row> what_to_run_rows() {
            [](RunConfig& c, const std::string& s) { c.describe = s; }),
       flag("dry-run", W, "print the predicted memory and comm per step and exit",
            [](RunConfig& c, bool b) { c.dry_run = b; }),
+      with_rule(text("profile", W, K::text, "",
+                     "machine profile (HDF5): --dry-run predicts step time, tokens/s and MFU from "
+                     "it, a run stores its predicted step time beside the measured one in "
+                     "/summary; --calibrate creates it or merges into it",
+                     [](RunConfig& c, const std::string& s) { c.profile = s; }),
+                profile_rule, "a file path", "machine.h5", {"", "/"}),
+      flag("calibrate", W,
+           "measure unit passes, the optimizer and the collectives of this mesh into --profile "
+           "and exit (seconds)",
+           [](RunConfig& c, bool b) { c.calibrate = b; }),
+      with_rule(repeatable(text(
+                    "calibrate-from", W, K::text, "",
+                    "with --calibrate: take the comm samples of this run file's "
+                    "/calibration (--calibrate-comm) instead of measuring "
+                    "(repeatable)",
+                    [](RunConfig& c, const std::string& s) { c.calibrate_from.push_back(s); })),
+                readable_file_rule, "a readable run file", "/dev/null",
+                {"", "/nonexistent-strata-run.h5", "/"}),
       size("memory-limit", W, 1125899906842624.0,
            "with --dry-run: bytes per rank to fit in (e.g. 80GiB)",
            [](RunConfig& c, double v) { c.memory_limit = v; }),

@@ -107,6 +107,12 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
   };
   if (predicted_bubble >= 0)
     rec.summary.push_back({"bubble_fraction_predicted", predicted_bubble, "1"});
+  // --profile: the step time predicted before the run (predict/predictor.hpp) beside p50, and
+  // the relative error (predicted - measured) / measured.
+  if (config.predicted_step_s > 0) {
+    rec.summary.push_back({"step_s_predicted", config.predicted_step_s, "s"});
+    rec.summary.push_back({"step_s_predicted_error", config.predicted_step_s / p50 - 1, "1"});
+  }
   rec.status = "ok";
 }
 
@@ -130,6 +136,9 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
     std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (peak %s: %s)\n",
                 get("tflops_per_rank"), 100 * get("mfu"), get("peak_flops_per_rank") / 1e9,
                 source.c_str(), detail.c_str());
+  if (config.predicted_step_s > 0)
+    std::printf("  predicted    step %.1f ms from --profile (%+.1f%% of the measured p50)\n",
+                config.predicted_step_s * 1e3, 100 * get("step_s_predicted_error"));
   if (get("mfu_rank_max") > 1)
     std::printf(
         "  warning      MFU %.1f%% on a rank is above 100%%: its peak (%s) is below what "

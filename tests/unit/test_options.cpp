@@ -97,7 +97,10 @@ TEST(Options, EveryOptionAcceptsItsValidExample) {
     const std::string v = valid_value(o);
     std::vector<std::string> args =
         o.kind == OptionKind::flag ? std::vector<std::string>{"--" + o.name} : cli_args(o, v);
-    if (o.name == "memory-limit") args.push_back("--dry-run");
+    if (o.name == "memory-limit" || o.name == "profile") args.push_back("--dry-run");
+    if (o.name == "calibrate") args.insert(args.end(), {"--profile", "machine.h5"});
+    if (o.name == "calibrate-from")
+      args.insert(args.end(), {"--calibrate", "--profile", "machine.h5"});
     EXPECT_NO_THROW(parse(args)) << "--" << o.name << " " << v;
   }
 }

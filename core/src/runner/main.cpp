@@ -30,6 +30,8 @@
 #include "format.hpp"
 #include "launch.hpp"
 #include "plugin_loader.hpp"
+#include "predict/calibrate_machine.hpp"
+#include "predict/predictor.hpp"
 #include "process_memory.hpp"
 #include "provenance.hpp"
 #include "trainer.hpp"
@@ -119,9 +121,35 @@ void print_comm_and_transfers(const std::map<std::string, double>& comm) {
   }
 }
 
+// --dry-run --profile: the predicted step time from the machine profile (predictor.hpp).
+void print_step_time(const RunConfig& c, const Options& options,
+                     const std::vector<Prediction>& ranks) {
+  const MachineProfile profile = read_profile(c.profile);
+  StepQuery q{c.plugin, options, c.mesh, c.model, c.train, 0, ranks};
+  q.threads = blas_threads_for(c, c.mesh.ranks_per_node);
+  const StepTime t = predict_step_time(profile, q);
+  std::printf("predicted time per step (profile %s, %s)\n", c.profile.c_str(),
+              profile.source.c_str());
+  if (!t.modelled) {
+    std::printf("  %s\n", t.why.c_str());
+    return;
+  }
+  std::printf("  %-13s %14.3f ms\n", "step", t.step_s * 1e3);
+  std::printf("  %-13s %14.3f ms\n", "compute", t.compute_s * 1e3);
+  std::printf("  %-13s %14.3f ms\n", "comm", t.comm_s * 1e3);
+  std::printf("  %-13s %14.3f ms\n", "exposed comm", t.exposed_comm_s * 1e3);
+  std::printf("  %-13s %14.3f ms\n", "bubble", t.bubble_s * 1e3);
+  std::printf("  %-13s %14.0f tokens/s\n", "throughput", t.tokens_per_s);
+  if (t.mfu >= 0)
+    std::printf("  %-13s %14.1f %%\n", "MFU", 100 * t.mfu);
+  else
+    std::printf("  %-13s %14s\n", "MFU", "unknown (the profile has no node peak)");
+  if (!t.notes.empty()) std::printf("  assumptions: %s\n", t.notes.c_str());
+}
+
 // --dry-run: the strategy's predictions for every rank of the mesh, without starting any rank.
 // Returns the exit code: 0, or 4 when --memory-limit is given and the largest rank does not fit.
-int dry_run(const RunConfig& c, const Strategy& strategy) {
+int dry_run(const RunConfig& c, const Strategy& strategy, const Options& options) {
   const int world = c.mesh.world();
   std::array<double, kNumMemTags> peak{};
   std::map<std::string, double> comm;
@@ -129,8 +157,10 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   int worst_rank = 0, worst_host_rank = 0;
   std::string notes;
   double bubble = -1;
+  std::vector<Prediction> ranks;
   for (int r = 0; r < world; ++r) {
     Prediction p = strategy.predict(PredictInput{c.mesh, c.model, c.train, r});
+    if (!c.profile.empty() && world <= 4096) ranks.push_back(p);
     double total = 0, host = 0;
     for (int t = 0; t < kNumMemTags; ++t) {
       peak[t] = std::max(peak[t], p.memory_bytes[t]);
@@ -151,6 +181,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   print_comm_and_transfers(comm);
   if (bubble >= 0) std::printf("predicted pipeline bubble: %.1f%% of a step\n", 100 * bubble);
   if (!notes.empty()) std::printf("notes: %s\n", notes.c_str());
+  if (!c.profile.empty()) print_step_time(c, options, ranks);
   if (c.memory_limit > 0) {
     bool fits = worst_total <= c.memory_limit;
     std::printf("memory limit %s per rank (device memory): %s (largest rank needs %s)\n",
@@ -199,6 +230,11 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
       0)  // a library in a named directory that did not load is worth a line in a run too
     for (const std::string& problem : registry.problems())
       std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
+  if (config.calibrate && !config.calibrate_from.empty()) {  // no measurement: no ranks
+    if (env.rank == 0) calibrate_from_runs(config);
+    return false;
+  }
+  if (config.plugin.empty() && config.calibrate) config.plugin = "ddp";  // options only
   if (config.plugin.empty())
     throw ConfigError("--plugin: required, one of: " + known_strategies(registry));
   const StrategySpec* spec = nullptr;
@@ -216,10 +252,19 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     world = config.mesh.world();
   resolve_mesh(config, world, env.under_launcher ? env.local_size : world);
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
-  strategy->validate(config.mesh, config.train, config.model);
+  // --calibrate measures any mesh (a pipeline's or tp's groups too): no strategy runs on it.
+  if (!config.calibrate) strategy->validate(config.mesh, config.train, config.model);
   if (config.dry_run) {
-    exit_code = dry_run(config, *strategy);
+    exit_code = dry_run(config, *strategy, options);
     return false;
+  }
+  if (!config.profile.empty() && !config.calibrate) {  // predicted beside measured (/summary)
+    StepQuery q{config.plugin, options, config.mesh, config.model, config.train, 0, {}};
+    q.threads = blas_threads_for(config, config.mesh.ranks_per_node);
+    const StepTime t = predict_step_time(read_profile(config.profile), q);
+    config.predicted_step_s = t.modelled ? t.step_s : 0;
+    if (!t.modelled && env.rank == 0)
+      std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());
   }
   if (config.device_kind() !=
       Device::cpu) {  // a GPU for every rank of this node, before any starts
@@ -312,6 +357,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   set_threads_per_rank(config);
+  if (config.calibrate) {
+    try {
+      calibrate_machine(config, cpu::blas_threads());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "runner: error: rank %d: --calibrate: %s\n", mpi::world_rank(),
+                   one_line(e.what()).c_str());
+      mpi::abort_job(1);
+    }
+    mpi::control_barrier();
+    mpi::finalize();
+    return 0;
+  }
   install_signal_handlers();
   RunState state;
   int code = 0;

@@ -1,0 +1,26 @@
+// `runner --calibrate --profile FILE`: measure this allocation into a machine profile
+// (profile.hpp) and merge it into FILE (created if missing). Every rank measures at once, as in
+// training (ranks sharing a node share its cores and memory bandwidth):
+//   compute  each unit pass of the run's model and micro-batch (forward, backward; backward again
+//            under --recompute full and selective for the recompute cost), the median of
+//            kComputeIterations after a warm-up, the slowest rank's; AdamW per parameter
+//   comm     --calibrate-comm's measurement (calibrate.hpp) at 4 KiB .. 16 MiB on every mesh
+//            group of more than one rank, fitted per op and group shape
+// A few seconds on the small model. CPU only in this first landing.
+#pragma once
+#include <string>
+
+#include "config.hpp"
+
+namespace strata {
+
+inline constexpr int kComputeIterations = 5;
+
+// Collective over the world (after MPI init). Rank 0 writes the merged profile and prints it.
+void calibrate_machine(const RunConfig& config, int threads_per_rank);
+
+// --calibrate --calibrate-from RUN.h5...: no measurement, no MPI: the comm samples of each run
+// file's /calibration (with the group shapes of its mesh) merged into --profile, refitted.
+void calibrate_from_runs(const RunConfig& config);
+
+}  // namespace strata

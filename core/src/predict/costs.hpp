@@ -1,0 +1,70 @@
+// Internal to the predictor: calibrated durations of one query, shared by the time models of
+// predictor.cpp and pipeline_time.cpp.
+#pragma once
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "predict/predictor.hpp"
+#include "strata/mesh.hpp"
+
+namespace strata::time_model {
+
+struct NoTimeModel {
+  std::string why;
+};
+
+// Calibrated durations for one query: unit passes, the optimizer, comm on the mesh's groups.
+struct Costs {
+  const MachineProfile& profile;
+  const StepQuery& q;
+  std::vector<double> fwd, bwd;  // per unit of the whole model, one micro-batch
+  double opt_per_param = 0;
+  double fresh_per_byte = 0;  // a new buffer allocated and written (the sharded engine's)
+  std::vector<std::string> notes;
+
+  void note(const std::string& n) {
+    if (!n.empty() && std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
+  }
+  // (ranks, ranks per node) of rank 0's group on `axis`.
+  std::pair<int, int> shape(Axis axis) const {
+    const Mesh mesh(q.mesh);
+    const std::vector<int> g = mesh.group(axis, 0);
+    int same_node = 0;
+    for (int r : g) same_node += mesh.node_of(r) == mesh.node_of(g.front());
+    return {int(g.size()), same_node};
+  }
+  // Seconds of `op` moving nccl-tests `bytes` on rank 0's `axis` group. Ops the calibration does
+  // not measure borrow a measured op's fit: reduce that of all_reduce, broadcast that of
+  // all_gather, a send of b bytes a 2-rank all_gather of 2b (each rank sends b).
+  double comm(const std::string& op, double bytes, Axis axis) {
+    auto [ranks, per_node] = shape(axis);
+    std::string use = op, how;
+    if (op == "send" || op == "recv") {
+      use = "all_gather", bytes *= 2;
+      per_node = per_node >= 2 ? 2 : 1, ranks = 2;
+      note("p2p timed as a 2-rank all_gather");
+    } else if (op == "reduce") {
+      use = "all_reduce", note("reduce timed as all_reduce");
+    } else if (op == "broadcast") {
+      use = "all_gather", note("broadcast timed as all_gather");
+    }
+    const double t = comm_time(profile, use, bytes, ranks, per_node, &how);
+    if (t < 0) throw NoTimeModel{"the profile has no " + use + " fit"};
+    note(how);
+    return t;
+  }
+};
+
+Costs make_costs(const MachineProfile& profile, const StepQuery& q);
+
+inline double sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+// Pipelines (gpipe, 1f1b, interleaved) with tp 1: pipeline_time.cpp.
+StepTime pipeline_step(Costs& c);
+
+}  // namespace strata::time_model

@@ -1,0 +1,250 @@
+// predict_step_time (predictor.hpp): per-strategy replays of one step with calibrated durations.
+#include "predict/predictor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "predict/costs.hpp"
+#include "strata/data_parallel.hpp"
+#include "strata/engines/model_parallel.hpp"
+#include "strata/engines/pipe_schedule.hpp"
+#include "strata/engines/sharded.hpp"
+#include "strata/stage_model.hpp"
+
+namespace strata {
+namespace time_model {
+
+Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
+  Costs c{profile, q, {}, {}, 0, {}};
+  std::string how;
+  const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
+                              profile_precision(q.train), q.threads, q.mesh.ranks_per_node, &how);
+  if (!e)
+    throw NoTimeModel{"the profile has no compute entry for this model shape on " +
+                      std::string(device_name(q.train.device)) + " " + profile_precision(q.train) +
+                      " (calibrate it: runner --calibrate)"};
+  c.note(how);
+  const double recompute = q.train.recompute == Recompute::full ? e->block_recompute_full_s
+                           : q.train.recompute == Recompute::selective
+                               ? e->block_recompute_selective_s
+                               : 0.0;
+  c.fwd.push_back(e->embedding_forward_s), c.bwd.push_back(e->embedding_backward_s);
+  for (int l = 0; l < q.model.layers; ++l)
+    c.fwd.push_back(e->block_forward_s), c.bwd.push_back(e->block_backward_s + recompute);
+  c.fwd.push_back(e->head_forward_s), c.bwd.push_back(e->head_backward_s);
+  c.opt_per_param = e->optimizer_s_per_param;
+  c.fresh_per_byte = e->fresh_memory_s_per_byte;
+  return c;
+}
+
+double grad_bytes(const TrainSpec& t) { return state_bytes_per_param(t.precision).grads; }
+
+// dp: micro-batches, then reduce to rank 0, its update, broadcast; nothing overlaps.
+StepTime dp_step(Costs& c) {
+  const StepQuery& q = c.q;
+  const double n = double(q.model.total_params()), m = q.train.micro_steps(q.mesh);
+  StepTime t;
+  t.compute_s = m * (sum(c.fwd) + sum(c.bwd)) + c.opt_per_param * n;
+  if (q.mesh.dp > 1)
+    t.comm_s = c.comm("reduce", grad_bytes(q.train) * n, Axis::dp) +
+               c.comm("broadcast", state_bytes_per_param(q.train.precision).params * n, Axis::dp);
+  t.step_s = t.compute_s + t.comm_s;
+  return t;
+}
+
+// ddp: the plugin's buckets (from the end of the flat buffer, ready when backward has passed the
+// unit holding their first element) all-reduced on one comm stream during the last backward.
+StepTime ddp_step(Costs& c) {
+  const StepQuery& q = c.q;
+  const ParamLayout layout(q.model);
+  const double m = q.train.micro_steps(q.mesh), F = sum(c.fwd), B = sum(c.bwd);
+  StepTime t;
+  t.compute_s = m * (F + B) + c.opt_per_param * double(layout.total());
+  double exposed = 0;
+  if (q.mesh.dp > 1) {
+    const double gb = grad_bytes(q.train);
+    const std::size_t per_bucket =
+        std::max<std::size_t>(1, std::size_t(q.options.get_real("bucket_mb") * 1024 * 1024 / gb));
+    std::vector<std::pair<int, double>> buckets;  // ready unit, bytes
+    for (std::size_t end = layout.total(); end > 0;) {
+      const std::size_t begin = end > per_bucket ? end - per_bucket : 0;
+      buckets.emplace_back(layout.tensor_at(begin).unit, gb * double(end - begin));
+      end = begin;
+    }
+    double clock = 0, stream = 0;
+    std::size_t next = 0;
+    for (int u = layout.num_units() - 1; u >= 0; --u) {
+      clock += c.bwd[std::size_t(u)];
+      for (; next < buckets.size() && buckets[next].first >= u; ++next) {
+        const double d = c.comm("all_reduce", buckets[next].second, Axis::dp);
+        stream = std::max(stream, clock) + d;
+        t.comm_s += d;
+      }
+    }
+    exposed = std::max(0.0, stream - clock);
+  }
+  t.step_s = t.compute_s + exposed;
+  return t;
+}
+
+sharded::EngineConfig engine_config(const StepQuery& q) {
+  const Options& o = q.options;
+  sharded::EngineConfig c;
+  if (q.strategy.rfind("zero", 0) == 0) {  // as plugins/zero/zero.cpp maps its options
+    c.bucket_mb = o.get_real("bucket_mb");
+    c.overlap = o.get_bool("overlap");
+    c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
+    c.shard_grads = q.strategy != "zero1";
+    c.shard_params = q.strategy == "zero3";
+  } else {  // as plugins/fsdp/fsdp.cpp does
+    c.shard_grads = c.shard_params = true;
+    c.reshard_after_forward = q.strategy != "fsdp-grad-op";
+    c.hybrid = q.strategy == "fsdp-hybrid";
+    c.units_per_group = int(o.get_int("wrap"));
+    const std::string bp = o.get("backward_prefetch");
+    c.backward_prefetch = bp == "none" ? 0 : 1;
+    c.prefetch_post = bp == "post";
+    c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
+    c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
+  }
+  if (o.values().count("offload") && o.get("offload") != "none")
+    throw NoTimeModel{"offload copies are not modelled yet"};
+  return c;
+}
+
+// The sharded engine: its micro-batch action list replayed on a compute clock and one comm stream
+// (the engine issues gathers and reductions on comm stream 0), then its update.
+StepTime sharded_step(Costs& c) {
+  const StepQuery& q = c.q;
+  const sharded::EngineConfig cfg = engine_config(q);
+  const Axis shard_axis = cfg.hybrid ? Axis::dp_intra_node : Axis::dp;
+  const int n = c.shape(shard_axis).first, replicas = q.mesh.dp / n;
+  const ParamLayout layout(q.model);
+  const auto groups = sharded::make_groups(layout, n, cfg);
+  const auto actions = sharded::micro_batch_schedule(groups, layout.num_units(), cfg);
+  const StateBytes per = state_bytes_per_param(q.train.precision);
+  std::vector<double> gathered(groups.size()), reduced(groups.size());
+  double clock = 0, stream = 0, busy = 0, comm = 0;
+  // The engine's per-group buffers are new allocations, zeroed or written once: page faults and
+  // memory bandwidth on the compute thread (large freed buffers go back to the system at once).
+  auto fresh = [&](double bytes) {
+    clock += c.fresh_per_byte * bytes, busy += c.fresh_per_byte * bytes;
+  };
+  auto on_stream = [&](double d) {
+    return stream = std::max(stream, clock) + d, comm += d, stream;
+  };
+  for (const sharded::Action& a : actions) {
+    const std::size_t g = std::size_t(a.index);
+    switch (a.act) {
+      case sharded::Act::gather:  // a new buffer for the group, on the compute thread
+        fresh(per.params * double(groups[g].padded()));
+        gathered[g] = n > 1 ? on_stream(c.comm("all_gather",
+                                               per.params * double(groups[g].padded()), shard_axis))
+                            : clock;
+        break;
+      case sharded::Act::wait_gather:
+        clock = std::max(clock, gathered[g]);
+        break;
+      case sharded::Act::forward:
+        clock += c.fwd[g], busy += c.fwd[g];
+        break;
+      case sharded::Act::backward:
+        clock += c.bwd[g], busy += c.bwd[g];
+        break;
+      case sharded::Act::alloc_grads:
+        fresh(per.grads * double(groups[g].padded()));
+        break;
+      case sharded::Act::reduce_grads: {
+        fresh(per.grads * double(groups[g].chunk));
+        double d =
+            n > 1 ? c.comm("reduce_scatter", per.grads * double(groups[g].padded()), shard_axis)
+                  : 0;
+        if (replicas > 1)
+          d += c.comm("all_reduce", per.grads * double(groups[g].chunk), Axis::dp_inter_node);
+        reduced[g] = d > 0 ? on_stream(d) : clock;
+        break;
+      }
+      case sharded::Act::finish_grads:
+        clock = std::max(clock, reduced[g]);
+        break;
+      default:
+        break;
+    }
+  }
+  const double m = q.train.micro_steps(q.mesh);
+  StepTime t;
+  double update_comm = 0, shard = 0;
+  for (const sharded::ShardGroup& g : groups) {
+    shard += double(g.valid(0));
+    if (n < 2) continue;
+    if (!cfg.shard_grads)
+      update_comm += c.comm("reduce_scatter", per.grads * double(g.padded()), shard_axis);
+    if (!cfg.shard_params)
+      update_comm += c.comm("all_gather", per.params * double(g.padded()), shard_axis);
+  }
+  if (n > 1 && q.train.grad_clip > 0) update_comm += c.comm("all_reduce", 8, shard_axis);
+  t.compute_s = m * busy + c.opt_per_param * shard;
+  t.comm_s = m * comm + update_comm;
+  t.step_s = m * clock + update_comm + c.opt_per_param * shard;
+  return t;
+}
+
+std::vector<std::string> unmodelled_reasons(const StepQuery& q) {
+  std::vector<std::string> r;
+  if (q.mesh.tp > 1) r.push_back("tensor parallelism (tp > 1) is not modelled yet");
+  if (q.options.values().count("dp") && q.options.get("dp") != "allreduce" &&
+      q.options.get("dp") != "zero1")
+    r.push_back("dp=" + q.options.get("dp") + " on a pipeline is not modelled yet");
+  if (q.options.values().count("sp") && q.options.get("sp") == "on")
+    r.push_back("sequence parallelism is not modelled yet");
+  return r;
+}
+
+}  // namespace time_model
+
+using namespace time_model;
+
+std::string profile_precision(const TrainSpec& train) {
+  return train.precision.mixed() ? "bf16" : "fp32";
+}
+
+StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
+  StepTime t;
+  try {
+    const bool pipeline = q.strategy == "gpipe" || q.strategy == "1f1b" ||
+                          q.strategy == "interleaved" || q.strategy == "tp";
+    if (pipeline)
+      for (const std::string& r : unmodelled_reasons(q)) throw NoTimeModel{r};
+    Costs c = make_costs(profile, q);
+    if (q.strategy == "dp")
+      t = dp_step(c);
+    else if (q.strategy == "ddp")
+      t = ddp_step(c);
+    else if (q.strategy.rfind("zero", 0) == 0 || q.strategy.rfind("fsdp", 0) == 0)
+      t = sharded_step(c);
+    else if (pipeline)
+      t = pipeline_step(c);
+    else
+      throw NoTimeModel{"the predictor does not know strategy '" + q.strategy + "'"};
+    std::ostringstream notes;
+    for (std::size_t i = 0; i < c.notes.size(); ++i) notes << (i ? "; " : "") << c.notes[i];
+    t.notes = notes.str();
+  } catch (const NoTimeModel& e) {
+    StepTime none;
+    none.exposed_comm_s = 0;
+    none.why = "no time model: " + e.why;
+    return none;
+  }
+  t.modelled = true;
+  if (t.exposed_comm_s < 0) t.exposed_comm_s = std::max(0.0, t.step_s - t.compute_s - t.bubble_s);
+  const double tokens = double(q.train.global_batch) * q.model.seq;
+  t.tokens_per_s = t.step_s > 0 ? tokens / t.step_s : 0;
+  if (profile.node_peak_flops > 0) {
+    const double per_rank_peak = profile.node_peak_flops / q.mesh.ranks_per_node;
+    t.mfu = t.tokens_per_s * q.model.flops_per_token() / q.mesh.world() / per_rank_peak;
+  }
+  return t;
+}
+
+}  // namespace strata

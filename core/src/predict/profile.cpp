@@ -1,0 +1,208 @@
+// Machine profiles (profile.hpp): fits, lookups, merging. The HDF5 file is profile_file.cpp.
+#include "predict/profile.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "strata/comm.hpp"
+
+namespace strata {
+namespace {
+
+CommOp parse_op(const std::string& op) {
+  for (int i = 0; i < kNumCommOps; ++i)
+    if (op == kCommOpNames[i]) return static_cast<CommOp>(i);
+  throw Error("unknown comm op '" + op + "' in a profile");
+}
+
+auto shape_key(const ModelSpec& m) { return std::tie(m.layers, m.hidden, m.heads, m.seq, m.vocab); }
+
+bool same_config(const ComputeEntry& a, const ComputeEntry& b) {
+  return shape_key(a.model) == shape_key(b.model) && a.micro_batch == b.micro_batch &&
+         a.device == b.device && a.precision == b.precision && a.threads == b.threads &&
+         a.ranks_per_node == b.ranks_per_node;
+}
+
+// The samples of one shape by size, without those slower than a larger size of the same op (a
+// rank descheduled during the measurement: time only grows with bytes).
+std::vector<CommSample> monotone(std::vector<CommSample> points) {
+  std::sort(points.begin(), points.end(),
+            [](const CommSample& a, const CommSample& b) { return a.bytes < b.bytes; });
+  std::vector<CommSample> kept;
+  double faster_above = std::numeric_limits<double>::infinity();
+  for (auto it = points.rbegin(); it != points.rend(); ++it)
+    if (it->time_s <= faster_above) kept.insert(kept.begin(), *it), faster_above = it->time_s;
+  return kept;
+}
+
+// Piecewise-linear in bytes through the samples of one shape (the end segments extended): the
+// measured points themselves where an alpha-beta line cannot follow them all (caches, protocols
+// switching with the size). Negative with fewer than two sizes.
+double interpolate(const std::vector<CommSample>& points, double bytes) {
+  if (points.size() < 2) return -1;
+  std::size_t i = 1;
+  while (i + 1 < points.size() && points[i].bytes < bytes) ++i;
+  const CommSample &a = points[i - 1], &b = points[i];
+  const double t = a.time_s + (bytes - a.bytes) * (b.time_s - a.time_s) / (b.bytes - a.bytes);
+  return std::max(t, bytes < a.bytes ? 0.0 : a.time_s);
+}
+
+}  // namespace
+
+CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
+  if (all_points.empty()) throw Error("alpha-beta fit: no points");
+  const std::vector<CommSample> points = monotone(all_points);
+  CommFit f;
+  f.op = points.front().op;
+  f.ranks = points.front().ranks;
+  f.ranks_per_node = points.front().ranks_per_node;
+  f.points = int(points.size());
+  // Weighted by 1 / time^2: relative errors count, so the small sizes (latency) weigh as much as
+  // the large ones (bandwidth) instead of being lost in the large ones' absolute residuals.
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const CommSample& p : points) {
+    const double w = p.time_s > 0 ? 1.0 / (p.time_s * p.time_s) : 0.0;
+    n += w, sx += w * p.bytes, sy += w * p.time_s;
+    sxx += w * p.bytes * p.bytes, sxy += w * p.bytes * p.time_s;
+  }
+  const double det = n * sxx - sx * sx;
+  double slope = det > 0 ? (n * sxy - sx * sy) / det : 0;
+  double alpha = det > 0 ? (sy - slope * sx) / n : 0;
+  if (det <= 0 || alpha < 0 || slope <= 0) {  // one size, or a negative latency: through 0
+    alpha = 0;
+    slope = sxx > 0 ? sxy / sxx : 0;
+  }
+  f.alpha_s = alpha;
+  f.beta_bytes_per_s = slope > 0 ? 1.0 / slope : 0;
+  for (const CommSample& p : points)
+    if (p.time_s > 0 && f.beta_bytes_per_s > 0)
+      f.max_rel_error =
+          std::max(f.max_rel_error, std::abs(f.time_s(p.bytes) - p.time_s) / p.time_s);
+  return f;
+}
+
+void refit_comm(MachineProfile& profile) {
+  std::map<std::tuple<std::string, int, int>, std::vector<CommSample>> by_shape;
+  for (const CommSample& s : profile.samples)
+    by_shape[{s.op, s.ranks, s.ranks_per_node}].push_back(s);
+  std::erase_if(profile.comm, [&](const CommFit& f) {
+    return by_shape.count({f.op, f.ranks, f.ranks_per_node}) > 0;
+  });
+  for (const auto& [key, points] : by_shape) {
+    CommFit f = fit_alpha_beta(points);
+    if (f.beta_bytes_per_s > 0) profile.comm.push_back(f);
+  }
+}
+
+void merge_profile(MachineProfile& profile, const MachineProfile& more) {
+  for (const ComputeEntry& e : more.compute) {
+    std::erase_if(profile.compute, [&](const ComputeEntry& old) { return same_config(old, e); });
+    profile.compute.push_back(e);
+  }
+  for (const CommSample& s : more.samples) {
+    std::erase_if(profile.samples, [&](const CommSample& old) {
+      return old.op == s.op && old.ranks == s.ranks && old.ranks_per_node == s.ranks_per_node &&
+             old.bytes == s.bytes;
+    });
+    profile.samples.push_back(s);
+  }
+  if (more.node_peak_flops > 0) profile.node_peak_flops = more.node_peak_flops;
+  if (!more.host.empty()) profile.host = more.host;
+  if (!more.created_utc.empty()) profile.created_utc = more.created_utc;
+  refit_comm(profile);
+}
+
+std::vector<CommSample> samples_from_run(const RunRecord& run) {
+  std::map<std::string, std::string> config(run.config.begin(), run.config.end());
+  auto number = [&](const std::string& key, int fallback) {
+    auto it = config.find(key);
+    return it == config.end() ? fallback : std::atoi(it->second.c_str());
+  };
+  const int nodes = number("nodes", 1), per_node = number("ranks_per_node", run.ranks);
+  std::vector<CommSample> out;
+  for (const CalibrationPoint& c : run.calibration) {
+    CommSample s{c.op, int(c.ranks), 0, c.bytes, c.time_s};
+    // dp spans the world; the intra-node group is one node's; the inter-node one rank per node.
+    // tp sits inside a node when it fits; pp stages one per node when there are nodes.
+    if (c.group == "dp_intra_node")
+      s.ranks_per_node = s.ranks;
+    else if (c.group == "dp_inter_node")
+      s.ranks_per_node = 1;
+    else if (c.group == "pp")
+      s.ranks_per_node = nodes > 1 ? std::max(1, s.ranks / nodes) : s.ranks;
+    else
+      s.ranks_per_node = std::min(s.ranks, per_node);
+    if (s.time_s > 0) out.push_back(s);
+  }
+  return out;
+}
+
+std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpec& model,
+                                         int micro_batch, const std::string& device,
+                                         const std::string& precision, int threads,
+                                         int ranks_per_node, std::string* how) {
+  const ComputeEntry* best = nullptr;
+  std::tuple<int, int, int> best_distance{};
+  for (const ComputeEntry& e : p.compute) {
+    if (shape_key(e.model) != shape_key(model) || e.device != device || e.precision != precision)
+      continue;
+    const std::tuple<int, int, int> d{std::abs(e.threads - threads),
+                                      std::abs(e.ranks_per_node - ranks_per_node),
+                                      std::abs(e.micro_batch - micro_batch)};
+    if (!best || d < best_distance) best = &e, best_distance = d;
+  }
+  if (!best) return std::nullopt;
+  ComputeEntry e = *best;
+  std::string differs;
+  auto note = [&](const std::string& s) { differs += (differs.empty() ? "" : ", ") + s; };
+  if (e.threads != threads) note("measured with " + std::to_string(e.threads) + " thread(s)");
+  if (e.ranks_per_node != ranks_per_node)
+    note("measured with " + std::to_string(e.ranks_per_node) + " rank(s) per node");
+  if (e.micro_batch != micro_batch) {
+    // Passes scale with the tokens of the micro-batch (GEMM rows): linear, a first-order model.
+    const double r = double(micro_batch) / e.micro_batch;
+    for (double* t : {&e.embedding_forward_s, &e.embedding_backward_s, &e.block_forward_s,
+                      &e.block_backward_s, &e.head_forward_s, &e.head_backward_s,
+                      &e.block_recompute_full_s, &e.block_recompute_selective_s})
+      *t *= r;
+    note("scaled from micro-batch " + std::to_string(e.micro_batch));
+    e.micro_batch = micro_batch;
+  }
+  if (how) *how = differs;
+  return e;
+}
+
+double comm_time(const MachineProfile& p, const std::string& op, double bytes, int ranks,
+                 int ranks_per_node, std::string* how) {
+  if (ranks < 2 || bytes <= 0) return 0;
+  const bool intra = ranks_per_node >= ranks;
+  const CommFit* best = nullptr;
+  std::tuple<int, int, int> best_distance{};
+  for (const CommFit& f : p.comm) {
+    if (f.op != op) continue;
+    const std::tuple<int, int, int> d{(f.ranks_per_node >= f.ranks) != intra,
+                                      std::abs(f.ranks_per_node - ranks_per_node),
+                                      std::abs(f.ranks - ranks)};
+    if (!best || d < best_distance) best = &f, best_distance = d;
+  }
+  if (!best) return -1;
+  if (best->ranks == ranks && best->ranks_per_node == ranks_per_node) {
+    std::vector<CommSample> same;
+    for (const CommSample& s : p.samples)
+      if (s.op == op && s.ranks == ranks && s.ranks_per_node == ranks_per_node) same.push_back(s);
+    const double t = interpolate(monotone(same), bytes);
+    if (how) *how = t >= 0 ? "" : "alpha-beta fit (no samples to interpolate)";
+    return t >= 0 ? t : best->time_s(bytes);
+  }
+  const CommOp o = parse_op(op);
+  const double busbw = best->beta_bytes_per_s * bus_factor(o, best->ranks);
+  if (how)
+    *how = op + " fit of " + std::to_string(best->ranks) + " rank(s), " +
+           std::to_string(best->ranks_per_node) + " per node, at its bus bandwidth";
+  return best->alpha_s + bytes * bus_factor(o, ranks) / busbw;
+}
+
+}  // namespace strata

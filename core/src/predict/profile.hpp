@@ -1,0 +1,109 @@
+// A machine profile (schema strata-profile/1, README "Predicting step time"): what one node type
+// computes and communicates, measured by `runner --calibrate` or taken from run files, so that a
+// step time can be predicted for configurations that never ran (predictor.hpp).
+//
+// Compute: seconds of one unit pass (forward, backward, recompute) for one micro-batch, per model
+// shape, micro-batch size, device, precision, threads per rank and ranks sharing the node; the
+// optimizer in seconds per parameter updated. Comm: per op and group shape (ranks, ranks per
+// node), an alpha-beta fit time(bytes) = alpha + bytes / beta from measured (bytes, time) points.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "results/run_record.hpp"
+#include "strata/model.hpp"
+
+namespace strata {
+
+inline constexpr const char* kProfileSchema = "strata-profile/1";
+
+// One calibrated compute configuration. Times are medians, s per micro-batch of `micro_batch`
+// sequences of model.seq tokens; block_* are per block (all blocks of one shape cost the same).
+struct ComputeEntry {
+  ModelSpec model;
+  int micro_batch = 1;
+  std::string device = "cpu";
+  std::string precision = "fp32";  // fp32 | bf16 (the param dtype)
+  int threads = 1;                 // BLAS threads per rank
+  int ranks_per_node = 1;          // ranks computing at the same time on the node
+  double embedding_forward_s = 0, embedding_backward_s = 0;
+  double block_forward_s = 0, block_backward_s = 0;
+  double head_forward_s = 0, head_backward_s = 0;
+  // Extra backward time per block under --recompute full / selective (recomputing the forward).
+  double block_recompute_full_s = 0, block_recompute_selective_s = 0;
+  double optimizer_s_per_param = 0;  // AdamW (with the norm), s per element updated
+  // A new buffer allocated and written once (page faults included), s per byte: what the sharded
+  // engine pays per group and micro-batch for its gathered parameters and gradient buffers.
+  double fresh_memory_s_per_byte = 0;
+};
+
+// One measured comm point: group shape, op, nccl-tests bytes, median time of the slowest rank.
+struct CommSample {
+  std::string op;  // all_reduce | reduce_scatter | all_gather
+  int ranks = 0, ranks_per_node = 0;
+  double bytes = 0, time_s = 0;
+};
+
+// time(bytes) = alpha_s + bytes / beta, for `op` on groups of `ranks` ranks, `ranks_per_node` of
+// them on each node (ranks_per_node == ranks: inside one node; 1: one rank per node).
+struct CommFit {
+  std::string op;
+  int ranks = 0, ranks_per_node = 0;
+  double alpha_s = 0;
+  double beta_bytes_per_s = 0;  // algbw for large messages (bytes / s)
+  int points = 0;
+  double max_rel_error = 0;  // largest |fit - measured| / measured over its points
+  double time_s(double bytes) const { return alpha_s + bytes / beta_bytes_per_s; }
+};
+
+struct MachineProfile {
+  std::string source = "measured";  // measured | published | synthetic
+  std::string description;          // what machine, how made
+  std::string created_utc;
+  std::string host;
+  double node_peak_flops = 0;  // the node's peak FLOP/s (node_peak.hpp), 0: unknown (no MFU)
+  std::vector<ComputeEntry> compute;
+  std::vector<CommSample> samples;
+  std::vector<CommFit> comm;  // fit_comm(samples), plus fits given directly (published figures)
+};
+
+// Least-squares alpha-beta fit of (bytes, time) points of one op and group shape, weighted by
+// 1 / time^2 (relative errors), after dropping points slower than a larger size (a descheduled
+// rank). alpha is kept >= 0 (a negative intercept refits through the origin). Throws Error
+// without points.
+CommFit fit_alpha_beta(const std::vector<CommSample>& points);
+// Replaces the fits of every (op, ranks, ranks_per_node) that has samples by a fit of them.
+void refit_comm(MachineProfile& profile);
+
+// Adds samples and compute entries of `more` to `profile`; an entry for the same configuration
+// (or a sample for the same op, shape and bytes) replaces the old one. Then refits.
+void merge_profile(MachineProfile& profile, const MachineProfile& more);
+
+// Comm samples from a run file's /calibration (--calibrate-comm), with the group shape taken from
+// the run's mesh (its /config: nodes, ranks_per_node, mesh).
+std::vector<CommSample> samples_from_run(const RunRecord& run);
+
+// The compute entry for this configuration: same model shape, device and precision; then the
+// closest threads, ranks per node and micro-batch (`*how` says what differed, "" for exact).
+// nullopt when no entry has the shape, device and precision.
+std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpec& model,
+                                         int micro_batch, const std::string& device,
+                                         const std::string& precision, int threads,
+                                         int ranks_per_node, std::string* how);
+
+// Seconds of `op` moving nccl-tests `bytes` on a group of `ranks` (ranks_per_node per node): for
+// a shape with measured samples, piecewise-linear through them (end segments extended); with
+// only a fit of that shape (published figures), the fit; else of the nearest shape on the same side
+// of the node boundary (intra: all ranks in one node) with its bus bandwidth carried over
+// (nccl-tests busbw is meant not to depend on the ranks). `*how` says which fit. Negative when the
+// profile has no fit for `op`.
+double comm_time(const MachineProfile& p, const std::string& op, double bytes, int ranks,
+                 int ranks_per_node, std::string* how = nullptr);
+
+// The HDF5 file: written atomically (temporary name, then rename); read back exactly.
+void write_profile(const MachineProfile& profile, const std::string& path);
+// Throws strata::Error naming the file on any problem (not a profile, wrong schema, bad table).
+MachineProfile read_profile(const std::string& path);
+
+}  // namespace strata

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# runner --calibrate writes a machine profile; --dry-run --profile predicts step time from it.
+#   predict.sh RUNNER SCRATCH_DIR
+set -eu
+runner=$1
+dir=$2
+rm -rf "$dir" && mkdir -p "$dir"
+profile=$dir/machine.h5
+fail() { echo "FAIL: $*"; exit 1; }
+# Two ranks of one node (the runner's own mpirun): unit passes, AdamW, and the dp collectives.
+"$runner" --calibrate --profile "$profile" --model tiny --micro-batch 4 --ranks-per-node 2 >"$dir/calibrate.txt" 2>&1 \
+  || { cat "$dir/calibrate.txt"; fail "calibrate"; }
+grep -qE "^  all_reduce +2 rank\(s\), +2 per node: alpha" "$dir/calibrate.txt" || { cat "$dir/calibrate.txt"; fail "no all_reduce fit"; }
+/usr/bin/python3 - "$profile" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1])
+assert f.attrs["schema"] == "strata-profile/1", f.attrs["schema"]
+c = f["compute"]
+assert list(c["preset"]) == [b"tiny"] and c["micro_batch"][0] == 4 and c["ranks_per_node"][0] == 2
+assert c["block_forward_s"].attrs["unit"] == "s" and 0 < c["block_forward_s"][0] < 1
+assert 0 < c["optimizer_s_per_param"][0] < 1e-6, c["optimizer_s_per_param"][0]
+ops = {o.decode() for o in f["comm_fits/op"]}
+assert ops == {"all_reduce", "reduce_scatter", "all_gather"}, ops
+assert (f["comm_samples/time_s"][:] > 0).all() and len(f["comm_samples/op"]) == 12
+PY
+# Predicted time beside memory and bytes, for each time model; tokens/s = global tokens / step.
+for s in ddp zero1 zero3; do
+  out=$("$runner" --dry-run --profile "$profile" --plugin "$s" --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2)
+  grep -q "^  total  " <<<"$out" || fail "$s: no memory"
+  step=$(awk '/^  step /{print $2}' <<<"$out")
+  tps=$(awk '/^  throughput /{print $2}' <<<"$out")
+  /usr/bin/python3 -c "import sys; s, t = float('$step'), float('$tps'); sys.exit(not (0 < s < 1e4 and abs(t - 8 * 64 / (s / 1e3)) < 0.01 * t))" \
+    || { echo "$out"; fail "$s: step $step ms, $tps tokens/s"; }
+  grep -qE "^  MFU +[0-9.]+ %" <<<"$out" || { echo "$out"; fail "$s: MFU"; }
+done
+out=$("$runner" --dry-run --profile "$profile" --plugin 1f1b --model tiny --micro-batch 4 --global-batch 16 --mesh pp=2 --ranks-per-node 2)
+grep -qE "^  bubble +[0-9.]+ ms" <<<"$out" && grep -q "^  step " <<<"$out" || { echo "$out"; fail "1f1b"; }
+# Beyond the profile: a model shape it never saw, tensor parallelism: said, not guessed.
+out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --ranks-per-node 2)
+grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "unknown shape"; }
+out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --mesh tp=2 --ranks-per-node 2)
+grep -q "no time model: tensor parallelism" <<<"$out" || { echo "$out"; fail "tp"; }
+# The comm part from a finished run's /calibration (--calibrate-comm), without measuring again.
+"$runner" --plugin ddp --model tiny --micro-batch 4 --ranks-per-node 2 --steps 3 --warmup 1 --calibrate-comm \
+  --quiet --out "$dir" --run-id cal >/dev/null 2>&1 || fail "run with --calibrate-comm"
+out=$("$runner" --calibrate --calibrate-from "$dir/cal.h5" --profile "$dir/from-run.h5")
+# 3 ops x 3 sizes on dp and on dp_intra_node (the same 2 ranks: one shape, the later kept)
+grep -q "^calibrate: 18 comm sample(s) from $dir/cal.h5" <<<"$out" && grep -q "0 compute entries, 3 comm fits" <<<"$out" \
+  || { echo "$out"; fail "--calibrate-from"; }
+out=$("$runner" --dry-run --profile "$dir/from-run.h5" --plugin ddp --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2)
+grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "comm-only profile"; }
+# A run given --profile stores its prediction beside the measured step time.
+"$runner" --plugin zero3 --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2 --steps 4 --warmup 1 \
+  --quiet --out "$dir" --run-id predicted --profile "$profile" >/dev/null 2>&1 || fail "run with --profile"
+/usr/bin/python3 - "$dir/predicted.h5" <<'PY'
+import sys, h5py
+s = h5py.File(sys.argv[1])["summary"].attrs
+p, m, e = s["step_s_predicted"], s["step_s_p50"], s["step_s_predicted_error"]
+assert 0 < p < 10 and abs(e - (p / m - 1)) < 1e-12, (p, m, e)
+assert s["step_s_predicted.unit"] == "s", s["step_s_predicted.unit"]
+PY
+# Bad input: one line naming the option.
+set +e
+err=$("$runner" --calibrate --model tiny 2>&1 >/dev/null); code=$?
+err2=$("$runner" --dry-run --profile /dev/null --plugin ddp 2>&1 >/dev/null); code2=$?
+set -e
+[[ $code -eq 2 && $err == *"--calibrate: needs --profile"* ]] || fail "calibrate without profile: $code $err"
+[[ $code2 -ne 0 && $err2 == *"--profile /dev/null"* ]] || fail "not a profile: $code2 $err2"
+set +e
+err3=$("$runner" --calibrate-from "$dir/cal.h5" --profile x.h5 --dry-run --plugin ddp 2>&1 >/dev/null); code3=$?
+set -e
+[[ $code3 -eq 2 && $err3 == *"--calibrate-from: only with --calibrate"* ]] || fail "calibrate-from alone: $code3 $err3"
+echo "predict: profile written and read; ddp, zero1, zero3, 1f1b predicted; tp and unknown shapes refused"

@@ -1,0 +1,304 @@
+// Machine profiles and the step-time predictor (core/src/predict) on synthetic profiles whose
+// step times are computed by hand here.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "predict/predictor.hpp"
+#include "predict/profile.hpp"
+#include "strata/data_parallel.hpp"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelSpec tiny() { return model_preset("tiny"); }  // 2 blocks: units emb, b1, b2, head
+
+// Compute: embedding 1 / 2 ms, blocks 10 / 20 ms, head 5 / 10 ms (forward / backward).
+ComputeEntry synthetic_compute(const ModelSpec& m, int micro_batch) {
+  ComputeEntry e;
+  e.model = m;
+  e.micro_batch = micro_batch;
+  e.threads = 1;
+  e.ranks_per_node = 2;
+  e.embedding_forward_s = 1e-3, e.embedding_backward_s = 2e-3;
+  e.block_forward_s = 10e-3, e.block_backward_s = 20e-3;
+  e.head_forward_s = 5e-3, e.head_backward_s = 10e-3;
+  e.block_recompute_full_s = 10e-3;
+  e.optimizer_s_per_param = 1e-9;
+  return e;
+}
+
+// Every op on 2 ranks of one node: alpha 100 us, beta 1 GB/s.
+MachineProfile synthetic_profile(const ModelSpec& m, int micro_batch, double alpha = 1e-4,
+                                 double beta = 1e9) {
+  MachineProfile p;
+  p.source = "synthetic";
+  p.node_peak_flops = 100e9;
+  p.compute.push_back(synthetic_compute(m, micro_batch));
+  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"})
+    p.comm.push_back(CommFit{op, 2, 2, alpha, beta, 2, 0});
+  return p;
+}
+
+StepQuery query(const std::string& strategy, std::map<std::string, std::string> options,
+                const ModelSpec& m, int dp, int pp, int micro_batch, int global_batch) {
+  StepQuery q;
+  q.strategy = strategy;
+  q.options = Options(std::move(options));
+  q.mesh = MeshSpec{dp, 1, pp, 1, dp * pp};
+  q.model = m;
+  q.train.micro_batch = micro_batch;
+  q.train.global_batch = global_batch;
+  q.threads = 1;
+  return q;
+}
+
+TEST(AlphaBetaFit, RecoversLatencyAndBandwidthOfExactPoints) {
+  std::vector<CommSample> points;
+  for (double bytes : {4096.0, 65536.0, 1048576.0, 16777216.0})
+    points.push_back({"all_reduce", 2, 2, bytes, 20e-6 + bytes / 2e9});
+  const CommFit f = fit_alpha_beta(points);
+  EXPECT_NEAR(f.alpha_s, 20e-6, 1e-9);
+  EXPECT_NEAR(f.beta_bytes_per_s, 2e9, 1e3);
+  EXPECT_LT(f.max_rel_error, 1e-6);
+  EXPECT_EQ(f.points, 4);
+}
+
+TEST(AlphaBetaFit, DropsAPointSlowerThanALargerSize) {
+  std::vector<CommSample> points;
+  for (double bytes : {65536.0, 1048576.0, 16777216.0})
+    points.push_back({"all_gather", 2, 2, bytes, 20e-6 + bytes / 2e9});
+  points.push_back({"all_gather", 2, 2, 4096, 16e-3});  // descheduled: slower than 16 MiB
+  const CommFit f = fit_alpha_beta(points);
+  EXPECT_NEAR(f.alpha_s, 20e-6, 1e-9);
+  EXPECT_NEAR(f.beta_bytes_per_s, 2e9, 1e3);
+  EXPECT_EQ(f.points, 3);
+}
+
+TEST(CommTime, InterpolatesTheSamplesOfItsShape) {
+  MachineProfile p;
+  p.samples = {{"all_reduce", 2, 2, 1e6, 1e-3},
+               {"all_reduce", 2, 2, 2e6, 3e-3},
+               {"all_reduce", 2, 2, 4e6, 4e-3}};
+  refit_comm(p);
+  ASSERT_EQ(p.comm.size(), 1u);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 1.5e6, 2, 2), 2e-3, 1e-15);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 3e6, 2, 2), 3.5e-3, 1e-15);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 8e6, 2, 2), 6e-3, 1e-15);  // last segment extended
+  EXPECT_NEAR(comm_time(p, "all_reduce", 0.5e6, 2, 2), 0, 1e-15);   // first one, down to 0
+}
+
+TEST(CommTime, CarriesBusBandwidthToAnotherGroupSize) {
+  MachineProfile p;
+  p.comm.push_back(CommFit{"all_reduce", 2, 2, 1e-5, 1e9, 3, 0});
+  EXPECT_DOUBLE_EQ(comm_time(p, "all_reduce", 1e6, 2, 2), 1e-5 + 1e-3);
+  // 4 ranks: busbw 1e9 x 2(1)/2 = 1 GB/s; time = alpha + bytes x 2(3)/4 / busbw.
+  EXPECT_DOUBLE_EQ(comm_time(p, "all_reduce", 1e6, 4, 4), 1e-5 + 1.5e-3);
+  EXPECT_EQ(comm_time(p, "all_gather", 1e6, 2, 2), -1);  // no fit for the op
+  EXPECT_EQ(comm_time(p, "all_reduce", 1e6, 1, 1), 0);   // one rank: no comm
+}
+
+TEST(ProfileFile, WritesAndReadsBackEveryField) {
+  MachineProfile p = synthetic_profile(tiny(), 4);
+  p.description = "unit test";
+  p.host = "h";
+  p.created_utc = "2026-11-24T00:00:00Z";
+  p.samples.push_back({"all_gather", 4, 2, 65536, 3.5e-4});
+  const fs::path path =
+      fs::temp_directory_path() / ("strata-profile-" + std::to_string(::getpid()) + ".h5");
+  write_profile(p, path.string());
+  const MachineProfile q = read_profile(path.string());
+  fs::remove(path);
+  EXPECT_EQ(q.source, "synthetic");
+  EXPECT_EQ(q.description, "unit test");
+  EXPECT_DOUBLE_EQ(q.node_peak_flops, 100e9);
+  ASSERT_EQ(q.compute.size(), 1u);
+  const ComputeEntry& e = q.compute[0];
+  EXPECT_EQ(e.model.preset, "tiny");
+  EXPECT_EQ(e.model.hidden, 64);
+  EXPECT_EQ(e.model.vocab, 256);
+  EXPECT_EQ(e.micro_batch, 4);
+  EXPECT_EQ(e.ranks_per_node, 2);
+  EXPECT_EQ(e.precision, "fp32");
+  EXPECT_DOUBLE_EQ(e.block_backward_s, 20e-3);
+  EXPECT_DOUBLE_EQ(e.block_recompute_full_s, 10e-3);
+  EXPECT_DOUBLE_EQ(e.optimizer_s_per_param, 1e-9);
+  ASSERT_EQ(q.comm.size(), 3u);
+  EXPECT_EQ(q.comm[1].op, "reduce_scatter");
+  EXPECT_DOUBLE_EQ(q.comm[1].alpha_s, 1e-4);
+  ASSERT_EQ(q.samples.size(), 1u);
+  EXPECT_EQ(q.samples[0].ranks, 4);
+  EXPECT_DOUBLE_EQ(q.samples[0].time_s, 3.5e-4);
+}
+
+TEST(ProfileFile, RefusesAFileThatIsNotAProfile) {
+  try {
+    read_profile("/dev/null");
+    FAIL() << "read /dev/null";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--profile /dev/null"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Predictor, DdpWithOneBucketExposesTheWholeAllReduce) {
+  const ModelSpec m = tiny();
+  const MachineProfile p = synthetic_profile(m, 4);
+  const StepQuery q = query("ddp", {{"bucket_mb", "25"}}, m, 2, 1, 4, 16);  // 2 micro-steps
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  const double N = double(m.total_params());
+  const double F = 1e-3 + 2 * 10e-3 + 5e-3, B = 2e-3 + 2 * 20e-3 + 10e-3;
+  const double all_reduce = 1e-4 + 4 * N / 1e9;  // fp32 gradients, one bucket, after backward
+  EXPECT_NEAR(t.step_s, 2 * (F + B) + 1e-9 * N + all_reduce, 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s, all_reduce, 1e-12);
+  EXPECT_NEAR(t.tokens_per_s, 16.0 * m.seq / t.step_s, 1e-6);
+  // MFU: the rank's FLOP/s over the node's peak shared by its 2 ranks.
+  EXPECT_NEAR(t.mfu, t.tokens_per_s * m.flops_per_token() / 2 / 50e9, 1e-12);
+}
+
+TEST(Predictor, DdpOverlapsEarlyBucketsWithBackward) {
+  const ModelSpec m = tiny();
+  const MachineProfile p = synthetic_profile(m, 4);
+  const StepTime one = predict_step_time(p, query("ddp", {{"bucket_mb", "25"}}, m, 2, 1, 4, 8));
+  const StepTime many = predict_step_time(p, query("ddp", {{"bucket_mb", "0.05"}}, m, 2, 1, 4, 8));
+  ASSERT_TRUE(many.modelled) << many.why;
+  const double compute = 26e-3 + 52e-3 + 1e-9 * double(m.total_params());
+  EXPECT_NEAR(many.compute_s, compute, 1e-12);
+  // Buckets of 13107 floats cut from the end of 120576 (embedding 20480, blocks 49984, head
+  // 128): begins 107469, 94362, 81255 (ready after block 2), 68148 .. 28827 (block 1), 15720,
+  // 2613, 0 (embedding). Each 0.1 ms + 4 bytes/ns; the block buckets finish during the next
+  // units' backward (>= 2 ms), the embedding's three are all exposed.
+  EXPECT_NEAR(many.exposed_comm_s, 3e-4 + 4 * (2 * 13107 + 2613) / 1e9, 1e-12);
+  EXPECT_NEAR(many.comm_s, 10e-4 + 4 * 120576 / 1e9, 1e-12);
+  EXPECT_LT(many.exposed_comm_s, one.exposed_comm_s);
+}
+
+TEST(Predictor, Zero3CommBoundIsTheSumOfItsSerialCollectives) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4);
+  ComputeEntry& e = p.compute[0];
+  e = ComputeEntry{e.model, 4, "cpu", "fp32", 1, 2};  // compute free: only the comm stream
+  const StepTime t = predict_step_time(
+      p, query("zero3",
+               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
+               m, 2, 1, 4, 8));
+  ASSERT_TRUE(t.modelled) << t.why;
+  // Per unit group g (4 units, 2 shards, fp32): all-gather and reduce-scatter of its padded
+  // elements. Forward gathers all 4; backward gathers again the 2 middle groups freed after
+  // their forward (the first and last stay gathered); every group reduces once; the norm's
+  // all-reduce of 8 bytes.
+  const ParamLayout layout(m);
+  double expect = 1e-4 + 8 / 1e9;
+  for (int u = 0; u < 4; ++u) {
+    const double padded = double((layout.units()[u].count + 1) / 2 * 2);
+    const int gathers = (u == 1 || u == 2) ? 2 : 1;
+    expect += gathers * (1e-4 + 4 * padded / 1e9) + (1e-4 + 4 * padded / 1e9);
+  }
+  EXPECT_NEAR(t.step_s, expect, 1e-12);
+}
+
+TEST(Predictor, Zero3WithFreeCommIsComputePlusTheShardsUpdate) {
+  const ModelSpec m = tiny();
+  const MachineProfile p = synthetic_profile(m, 4, 0, 1e30);
+  const StepTime t = predict_step_time(
+      p, query("zero3",
+               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
+               m, 2, 1, 4, 8));
+  ASSERT_TRUE(t.modelled) << t.why;
+  const ParamLayout layout(m);
+  double shard = 0;  // rank 0's chunk of each unit group
+  for (const UnitInfo& u : layout.units()) shard += double((u.count + 1) / 2);
+  EXPECT_NEAR(t.step_s, 26e-3 + 52e-3 + 1e-9 * shard, 1e-9);
+  EXPECT_NEAR(t.exposed_comm_s, 0, 1e-9);
+}
+
+TEST(Predictor, Zero3PaysForItsNewBuffers) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4, 0, 1e30);  // comm free
+  ComputeEntry& e = p.compute[0];
+  e = ComputeEntry{e.model, 4, "cpu", "fp32", 1, 2};  // passes free
+  e.fresh_memory_s_per_byte = 1e-9;
+  const StepTime t = predict_step_time(
+      p, query("zero3",
+               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
+               m, 2, 1, 4, 8));
+  ASSERT_TRUE(t.modelled) << t.why;
+  // Per group: a gathered buffer each time it is gathered (the 2 middle ones twice), a padded
+  // gradient buffer, a reduced chunk; fp32, 1 ns per byte.
+  const ParamLayout layout(m);
+  double bytes = 0;
+  for (int u = 0; u < 4; ++u) {
+    const double chunk = double((layout.units()[u].count + 1) / 2);
+    bytes += ((u == 1 || u == 2) ? 2 : 1) * 4 * 2 * chunk + 4 * 2 * chunk + 4 * chunk;
+  }
+  EXPECT_NEAR(t.step_s, 1e-9 * bytes, 1e-12);
+}
+
+TEST(Predictor, OneFOneBBubbleIsTheFormula) {
+  ModelSpec m = tiny();
+  m.preset = "custom";
+  m.layers = 4;
+  MachineProfile p = synthetic_profile(m, 2, 0, 1e30);  // transfers free
+  ComputeEntry& e = p.compute[0];
+  e.embedding_forward_s = e.embedding_backward_s = e.head_forward_s = e.head_backward_s = 0;
+  e.block_forward_s = 1e-3, e.block_backward_s = 2e-3, e.optimizer_s_per_param = 0;
+  for (const char* s : {"1f1b", "gpipe"}) {
+    const StepTime t = predict_step_time(
+        p,
+        query(s, {{"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}},
+              m, 1, 2, 2, 8));  // pp 2, m = 4 micro-batches
+    ASSERT_TRUE(t.modelled) << t.why;
+    // 2 blocks per stage: f = 2 ms, b = 4 ms; step (m + p - 1)(f + b) = 5 x 6 ms.
+    EXPECT_NEAR(t.step_s, 30e-3, 1e-12) << s;
+    EXPECT_NEAR(t.bubble_s / t.step_s, (2.0 - 1) / (4 + 2 - 1), 1e-12) << s;
+  }
+}
+
+TEST(Predictor, PipelineTransfersDelayEachHop) {
+  ModelSpec m = tiny();
+  m.layers = 4;
+  MachineProfile p = synthetic_profile(m, 2, 0, 1e30);
+  ComputeEntry& e = p.compute[0];
+  e.embedding_forward_s = e.embedding_backward_s = e.head_forward_s = e.head_backward_s = 0;
+  e.block_forward_s = 1e-3, e.block_backward_s = 2e-3, e.optimizer_s_per_param = 0;
+  for (CommFit& f : p.comm) f.alpha_s = 0.5e-3;  // every send 0.5 ms
+  const StepTime t = predict_step_time(
+      p, query("gpipe",
+               {{"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}}, m,
+               1, 2, 2, 4));  // m = 2
+  ASSERT_TRUE(t.modelled) << t.why;
+  // GPipe, p 2, m 2, f 2, b 4, x 0.5: stage 1 starts at f + x = 2.5 and runs F0 F1 B0 B1 back to
+  // back (F1 arrives at 4.5 = its end of F0): ends 2.5 + 2 + 2 + 4 + 4 = 14.5; stage 0's B1
+  // needs stage 1's B1 (14.5) + x, ends 15 + 4 = 19 ms. Then the tied-embedding send between
+  // the stages and the norm's all-reduce over pp: 0.5 ms each.
+  EXPECT_NEAR(t.step_s, 19e-3 + 0.5e-3 + 0.5e-3, 1e-9);
+  // Each stage computes 2 x 2 + 2 x 4 = 12 ms of the 19: 7 ms idle (transfers included); the
+  // exchange and the all-reduce after the schedule are exposed.
+  EXPECT_NEAR(t.bubble_s, 7e-3, 1e-9);
+  EXPECT_NEAR(t.exposed_comm_s, 1e-3, 1e-9);
+}
+
+TEST(Predictor, TensorParallelismAndUnknownStrategiesHaveNoTimeModel) {
+  const ModelSpec m = tiny();
+  const MachineProfile p = synthetic_profile(m, 4);
+  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 4);
+  q.mesh.tp = 2;
+  StepTime t = predict_step_time(p, q);
+  EXPECT_FALSE(t.modelled);
+  EXPECT_NE(t.why.find("no time model"), std::string::npos) << t.why;
+  t = predict_step_time(p, query("my-strategy", {}, m, 2, 1, 4, 8));
+  EXPECT_FALSE(t.modelled);
+  EXPECT_NE(t.why.find("my-strategy"), std::string::npos) << t.why;
+  // A shape the profile never saw.
+  ModelSpec other = m;
+  other.hidden = 128;
+  t = predict_step_time(p, query("ddp", {{"bucket_mb", "25"}}, other, 2, 1, 4, 8));
+  EXPECT_FALSE(t.modelled);
+  EXPECT_NE(t.why.find("compute entry"), std::string::npos) << t.why;
+}
+
+}  // namespace
+}  // namespace strata
