@@ -116,6 +116,80 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
   rec.status = "ok";
 }
 
+namespace {
+
+// CPU offload's copies are comm ops (counted in the comm line): the busiest rank's bytes per step.
+void print_transfers(const RunRecord& rec) {
+  for (const char* op : {"d2h", "h2d"}) {
+    auto it = rec.comm.find(op);
+    if (it == rec.comm.end() || rec.steps == 0) continue;
+    double most = 0;
+    for (int r = 0; r < rec.ranks; ++r) {
+      double sum = 0;
+      for (int s = 0; s < rec.steps; ++s) sum += it->second.bytes[std::size_t(r) * rec.steps + s];
+      most = std::max(most, sum / rec.steps);
+    }
+    std::printf("  %-12s %s per rank per step (device<->host copies, in comm above)\n", op,
+                human_bytes(most).c_str());
+  }
+}
+
+// Training busbw per op next to the best the transport reached in calibration (same op).
+void print_busbw(const RunRecord& rec) {
+  for (const auto& [op, series] : rec.comm) {
+    double best = 0, best_bytes = 0;
+    std::string best_group;
+    for (const CalibrationPoint& p : rec.calibration)
+      if (p.op == op && p.busbw > best) best = p.busbw, best_bytes = p.bytes, best_group = p.group;
+    if (best <= 0) continue;
+    double sum = 0;
+    int n = 0;
+    for (double b : series.busbw)
+      if (b > 0) sum += b, ++n;
+    std::printf("  %-14s busbw %.2f GB/s in training, %.2f GB/s calibrated (%s, %s)\n", op.c_str(),
+                n ? sum / n / 1e9 : 0.0, best / 1e9, best_group.c_str(),
+                human_bytes(best_bytes).c_str());
+  }
+}
+
+// Measured / predicted bytes per tag (largest rank), then the device's or the process's peak.
+void print_memory(const RunRecord& rec) {
+  std::printf("  memory (max over ranks: measured / predicted)\n");
+  for (int tag = 0; tag < kNumMemTags; ++tag) {
+    double m = 0;
+    for (int r = 0; r < rec.ranks; ++r)
+      m = std::max(m, rec.peak_bytes[std::size_t(r) * kNumMemTags + tag]);
+    std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
+                human_bytes(rec.predicted_bytes[tag]).c_str());
+  }
+  // A GPU run: what the device held beyond the ledger (library workspaces, pool rounding), on the
+  // rank with the largest device peak.
+  if (rec.device_peak_bytes.size() == std::size_t(rec.ranks) &&
+      rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
+    const auto k =
+        std::size_t(std::max_element(rec.device_peak_bytes.begin(), rec.device_peak_bytes.end()) -
+                    rec.device_peak_bytes.begin());
+    const double peak = rec.device_peak_bytes[k], tracked = rec.tracked_peak_bytes[k];
+    std::printf("    device peak %s = tracked %s + untracked %s (rank %zu)\n",
+                human_bytes(peak).c_str(), human_bytes(tracked).c_str(),
+                human_bytes(std::max(0.0, peak - tracked)).c_str(), k);
+    // What the process held beyond the runtime and the ledger, on the rank with the largest peak.
+  } else if (rec.baseline_bytes.size() == std::size_t(rec.ranks) &&
+             rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) &&
+             rec.process_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
+    std::size_t k = 0;
+    for (std::size_t r = 1; r < rec.process_peak_bytes.size(); ++r)
+      if (rec.process_peak_bytes[r] > rec.process_peak_bytes[k]) k = r;
+    const double peak = rec.process_peak_bytes[k], base = rec.baseline_bytes[k],
+                 tracked = rec.tracked_peak_bytes[k], untracked = peak - base - tracked;
+    std::printf("    process peak %s = runtime %s + tracked %s + untracked %s%s (rank %zu)\n",
+                human_bytes(peak).c_str(), human_bytes(base).c_str(), human_bytes(tracked).c_str(),
+                untracked < 0 ? "-" : "", human_bytes(std::fabs(untracked)).c_str(), k);
+  }
+}
+
+}  // namespace
+
 void print_summary(const RunConfig& config, const RunRecord& rec, const std::string& path) {
   auto get = [&](const char* name) { return summary_value(rec, name); };
   std::string source = "unknown", detail;
@@ -150,69 +224,12 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
   std::printf("  loss         %.4f -> %.4f\n", get("loss_first"), get("loss_last"));
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));
-  // CPU offload's copies are comm ops (counted in the line above): their bytes per step.
-  for (const char* op : {"d2h", "h2d"}) {
-    auto it = rec.comm.find(op);
-    if (it == rec.comm.end() || rec.steps == 0) continue;
-    double most = 0;  // the busiest rank's bytes per step, over all steps
-    for (int r = 0; r < rec.ranks; ++r) {
-      double sum = 0;
-      for (int s = 0; s < rec.steps; ++s) sum += it->second.bytes[std::size_t(r) * rec.steps + s];
-      most = std::max(most, sum / rec.steps);
-    }
-    std::printf("  %-12s %s per rank per step (device<->host copies, in comm above)\n", op,
-                human_bytes(most).c_str());
-  }
+  print_transfers(rec);
   if (!std::isnan(get("bubble_fraction_predicted")))
     std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%)\n",
                 100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));
-  // Training busbw per op next to the best the transport reached in calibration (same op).
-  for (const auto& [op, series] : rec.comm) {
-    double best = 0, best_bytes = 0;
-    std::string best_group;
-    for (const CalibrationPoint& p : rec.calibration)
-      if (p.op == op && p.busbw > best) best = p.busbw, best_bytes = p.bytes, best_group = p.group;
-    if (best <= 0) continue;
-    double sum = 0;
-    int n = 0;
-    for (double b : series.busbw)
-      if (b > 0) sum += b, ++n;
-    std::printf("  %-14s busbw %.2f GB/s in training, %.2f GB/s calibrated (%s, %s)\n", op.c_str(),
-                n ? sum / n / 1e9 : 0.0, best / 1e9, best_group.c_str(),
-                human_bytes(best_bytes).c_str());
-  }
-  std::printf("  memory (max over ranks: measured / predicted)\n");
-  for (int tag = 0; tag < kNumMemTags; ++tag) {
-    double m = 0;
-    for (int r = 0; r < rec.ranks; ++r)
-      m = std::max(m, rec.peak_bytes[std::size_t(r) * kNumMemTags + tag]);
-    std::printf("    %-13s %12s / %s\n", kMemTagNames[tag], human_bytes(m).c_str(),
-                human_bytes(rec.predicted_bytes[tag]).c_str());
-  }
-  // A GPU run: what the device held beyond the ledger (library workspaces, pool rounding), on the
-  // rank with the largest device peak.
-  if (rec.device_peak_bytes.size() == std::size_t(rec.ranks) &&
-      rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
-    const auto k =
-        std::size_t(std::max_element(rec.device_peak_bytes.begin(), rec.device_peak_bytes.end()) -
-                    rec.device_peak_bytes.begin());
-    const double peak = rec.device_peak_bytes[k], tracked = rec.tracked_peak_bytes[k];
-    std::printf("    device peak %s = tracked %s + untracked %s (rank %zu)\n",
-                human_bytes(peak).c_str(), human_bytes(tracked).c_str(),
-                human_bytes(std::max(0.0, peak - tracked)).c_str(), k);
-    // What the process held beyond the runtime and the ledger, on the rank with the largest peak.
-  } else if (rec.baseline_bytes.size() == std::size_t(rec.ranks) &&
-             rec.tracked_peak_bytes.size() == std::size_t(rec.ranks) &&
-             rec.process_peak_bytes.size() == std::size_t(rec.ranks) && rec.ranks > 0) {
-    std::size_t k = 0;
-    for (std::size_t r = 1; r < rec.process_peak_bytes.size(); ++r)
-      if (rec.process_peak_bytes[r] > rec.process_peak_bytes[k]) k = r;
-    const double peak = rec.process_peak_bytes[k], base = rec.baseline_bytes[k],
-                 tracked = rec.tracked_peak_bytes[k], untracked = peak - base - tracked;
-    std::printf("    process peak %s = runtime %s + tracked %s + untracked %s%s (rank %zu)\n",
-                human_bytes(peak).c_str(), human_bytes(base).c_str(), human_bytes(tracked).c_str(),
-                untracked < 0 ? "-" : "", human_bytes(std::fabs(untracked)).c_str(), k);
-  }
+  print_busbw(rec);
+  print_memory(rec);
   std::printf("  run file     %s\n", path.c_str());
   std::fflush(stdout);
 }

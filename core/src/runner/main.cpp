@@ -193,29 +193,29 @@ int dry_run(const RunConfig& c, const Strategy& strategy, const Options& options
 }
 
 // Everything that can be checked before any rank starts. Returns false when the action is done.
-bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
-             PluginRegistry& registry, int& exit_code) {
-  config = parse_cli(argc, argv);
+// The requests answered with a print and no run (--help, --version, --list-transports,
+// --list-plugins, --describe); scans the plugin directories on the way. True when one was.
+bool answered_request(const RunConfig& config, const LaunchEnv& env, PluginRegistry& registry) {
   if (config.help) {
     if (env.rank == 0) std::printf("%s", config.help_text.c_str());
-    return false;
+    return true;
   }
   if (config.version) {
     if (env.rank == 0) std::printf("runner: %s\n", version_line().c_str());
-    return false;
+    return true;
   }
   if (config.list_transports) {  // "name<TAB>library version", one per line
     for (const std::string& t : transports_built())
       std::printf("%s\t%s\n", t.c_str(),
                   t == "mpi" ? mpi::library_version().c_str() : transport_version(t).c_str());
-    return false;
+    return true;
   }
   std::vector<std::string> dirs{default_plugin_dir()};
   dirs.insert(dirs.end(), config.plugin_paths.begin(), config.plugin_paths.end());
   registry.scan(dirs);
   if (config.list_plugins) {
     list_plugins(registry);
-    return false;
+    return true;
   }
   if (!config.describe.empty()) {
     const StrategySpec* spec = nullptr;
@@ -224,8 +224,34 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
       throw ConfigError("--describe " + config.describe +
                         ": no such strategy (found: " + known_strategies(registry) + ")");
     std::printf("%s", describe(*p, *spec).c_str());
-    return false;
+    return true;
   }
+  return false;
+}
+
+// Before any rank starts: a GPU for every rank of this node (with --device cuda), the run's id,
+// and an --out directory rank 0 can write.
+void check_where_it_runs(RunConfig& config, const LaunchEnv& env) {
+  if (config.device_kind() != Device::cpu) {
+    // Relaunched here, the ranks see the GPUs this process sees; under srun or mpirun each may
+    // see only its own (--gpus-per-task): there the run checks once the ranks exist.
+    const int local = env.under_launcher ? 1 : config.mesh.ranks_per_node;
+    const std::string why = backend_unavailable(config.device_kind(), BackendRequest{0, local});
+    if (!why.empty()) throw ConfigError("--device " + config.device + ": " + why);
+  }
+  if (config.run_id.empty()) config.run_id = default_run_id(config);
+  if (env.rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(config.out_dir, ec);
+    if (ec || ::access(config.out_dir.c_str(), W_OK) != 0)
+      throw ConfigError("--out " + config.out_dir + ": cannot create or write the directory");
+  }
+}
+
+bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
+             PluginRegistry& registry, int& exit_code) {
+  config = parse_cli(argc, argv);
+  if (answered_request(config, env, registry)) return false;
   if (env.rank ==
       0)  // a library in a named directory that did not load is worth a line in a run too
     for (const std::string& problem : registry.problems())
@@ -266,21 +292,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     if (!t.modelled && env.rank == 0)
       std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());
   }
-  if (config.device_kind() !=
-      Device::cpu) {  // a GPU for every rank of this node, before any starts
-    // Relaunched here, the ranks see the GPUs this process sees; under srun or mpirun each may
-    // see only its own (--gpus-per-task): there the run checks once the ranks exist.
-    const int local = env.under_launcher ? 1 : config.mesh.ranks_per_node;
-    const std::string why = backend_unavailable(config.device_kind(), BackendRequest{0, local});
-    if (!why.empty()) throw ConfigError("--device " + config.device + ": " + why);
-  }
-  if (config.run_id.empty()) config.run_id = default_run_id(config);
-  if (env.rank == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(config.out_dir, ec);
-    if (ec || ::access(config.out_dir.c_str(), W_OK) != 0)
-      throw ConfigError("--out " + config.out_dir + ": cannot create or write the directory");
-  }
+  check_where_it_runs(config, env);
   if (!env.under_launcher && world > 1) {
     check_local_world(config, world);
     relaunch(config, world, argc, argv);

@@ -219,6 +219,57 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
                       std::to_string(cfg.microbatches * t.micro_batch * mesh.dp));
 }
 
+// predict()'s notes: the rank's stage and units, micro-batches, tp and what dp shards.
+std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig& cfg) {
+  std::ostringstream notes;
+  notes << cfg.strategy << ": stage " << plan.stage << " of " << plan.P << " holds " << join([&] {
+    std::vector<std::pair<int, int>> r;
+    for (const Partition& part : plan.parts) r.emplace_back(part.first_unit, part.last_unit);
+    return r;
+  }()) << "; "
+        << plan.m << " micro-batches; tp=" << in.mesh.tp
+        << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
+        << (zero1_on(cfg, in.mesh) ? "; optimizer state sharded over dp (zero1)" : "")
+        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::zero2
+                ? "; gradients and optimizer state sharded over dp per unit (zero2)"
+                : "")
+        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::fsdp
+                ? "; parameters, gradients and optimizer state sharded over dp per unit (fsdp)"
+                : "")
+        << "; recompute " << recompute_name(in.train.recompute);
+  return notes.str();
+}
+
+// The dp axis's state and collectives per choice: `params` local parameters (`partial` of them
+// replicated under sequence parallelism: the all-reduce it needs, zeroed where the per-unit
+// shards cover it). Parameters, gradients and optimizer state by precision.
+void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
+                     const MeshCoord& coord, std::size_t params, double& partial, Prediction& p) {
+  auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
+  auto& comm = p.comm_bytes_per_step;
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  if (units_on(cfg, in.mesh)) {
+    predict_dp_units(in.model, plan.parts[0], in.mesh.dp, coord.dp, cfg.dp == DpMode::fsdp, plan.m,
+                     per, p);
+    partial = 0;  // the sequence-parallel all-reduce covers the owned shards only (in there)
+  } else if (zero1_on(cfg, in.mesh)) {
+    // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
+    // this rank's shard; the norm adds one all-reduce of a double over dp.
+    const ShardGroup g = dp_shards(params, in.mesh.dp);
+    mem(MemTag::params) = per.params * double(g.padded());
+    mem(MemTag::grads) = per.grads * double(g.padded() + g.chunk);
+    mem(MemTag::optimizer) = per.optimizer * double(g.valid(coord.dp));
+    comm["reduce_scatter"] += per.grads * double(g.padded());
+    comm["all_gather"] += per.params * double(g.padded());
+    comm["all_reduce"] += sizeof(double);
+  } else {
+    mem(MemTag::params) = per.params * double(params);
+    mem(MemTag::grads) = per.grads * double(params);
+    mem(MemTag::optimizer) = per.optimizer * double(params);
+    if (in.mesh.dp > 1) comm["all_reduce"] += per.grads * double(params);
+  }
+}
+
 Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   const MeshCoord coord = mesh_coord(in.mesh, in.rank);
   const Plan plan = make_plan(in.mesh, coord, in.model, in.train, cfg);
@@ -258,29 +309,10 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
       comm["recv"] += boundary * plan.m;
     }
   }
-  // Parameters, gradients and optimizer state by precision; activations and what crosses stage
-  // boundaries stay fp32 (the residual stream is fp32 in every precision).
+  // Activations and what crosses stage boundaries stay fp32 (the residual stream is fp32 in
+  // every precision); the rest by precision.
+  predict_dp_axis(in, cfg, plan, coord, params, partial, p);
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  if (units_on(cfg, in.mesh)) {
-    predict_dp_units(in.model, plan.parts[0], in.mesh.dp, coord.dp, cfg.dp == DpMode::fsdp, plan.m,
-                     per, p);
-    partial = 0;  // the sequence-parallel all-reduce covers the owned shards only (in there)
-  } else if (zero1_on(cfg, in.mesh)) {
-    // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
-    // this rank's shard; the norm adds one all-reduce of a double over dp.
-    const ShardGroup g = dp_shards(params, in.mesh.dp);
-    mem(MemTag::params) = per.params * double(g.padded());
-    mem(MemTag::grads) = per.grads * double(g.padded() + g.chunk);
-    mem(MemTag::optimizer) = per.optimizer * double(g.valid(coord.dp));
-    comm["reduce_scatter"] += per.grads * double(g.padded());
-    comm["all_gather"] += per.params * double(g.padded());
-    comm["all_reduce"] += sizeof(double);
-  } else {
-    mem(MemTag::params) = per.params * double(params);
-    mem(MemTag::grads) = per.grads * double(params);
-    mem(MemTag::optimizer) = per.optimizer * double(params);
-    if (in.mesh.dp > 1) comm["all_reduce"] += per.grads * double(params);
-  }
   const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
   if (plan.tied_exchange()) {
     comm["send"] += wte;
@@ -295,23 +327,7 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   if (in.mesh.pp > 1) comm["all_reduce"] += sizeof(double);
   if (cfg.pipeline)
     p.bubble_fraction = pp::predicted_bubble_fraction(cfg.schedule, plan.P, plan.m, plan.v);
-  std::ostringstream notes;
-  notes << cfg.strategy << ": stage " << plan.stage << " of " << plan.P << " holds " << join([&] {
-    std::vector<std::pair<int, int>> r;
-    for (const Partition& part : plan.parts) r.emplace_back(part.first_unit, part.last_unit);
-    return r;
-  }()) << "; "
-        << plan.m << " micro-batches; tp=" << in.mesh.tp
-        << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
-        << (zero1_on(cfg, in.mesh) ? "; optimizer state sharded over dp (zero1)" : "")
-        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::zero2
-                ? "; gradients and optimizer state sharded over dp per unit (zero2)"
-                : "")
-        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::fsdp
-                ? "; parameters, gradients and optimizer state sharded over dp per unit (fsdp)"
-                : "")
-        << "; recompute " << recompute_name(in.train.recompute);
-  p.notes = notes.str();
+  p.notes = plan_notes(plan, in, cfg);
   return p;
 }
 
