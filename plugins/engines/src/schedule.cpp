@@ -162,6 +162,42 @@ static void shard_position(const MeshSpec& m, int rank, bool hybrid, int* shards
   *replicas = m.dp / *shards;
 }
 
+// One micro-batch's schedule replayed on a simulated ledger (gathered parameters and reduction
+// outputs are comm buffers, per-group gradients are grads) and its collectives' bytes per step:
+// P and Gr bytes per parameter and gradient element, n shards, `replicas` of each shard.
+void replay_schedule(const std::vector<Action>& schedule, const std::vector<ShardGroup>& groups,
+                     double P, double Gr, int n, int replicas, int micro_steps, MemoryLedger& sim,
+                     std::map<std::string, double>& bytes) {
+  auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };
+  for (const Action& a : schedule) {
+    const ShardGroup& g = groups[a.index < int(groups.size()) ? a.index : 0];
+    const double gp = double(g.padded()), gc = double(g.chunk);
+    switch (a.act) {
+      case Act::gather:
+        sim.on_alloc(MemTag::comm_buffers, bytes_of(P, gp));
+        if (n > 1) bytes["all_gather"] += P * gp * micro_steps;
+        break;
+      case Act::free_params:
+        sim.on_free(MemTag::comm_buffers, bytes_of(P, gp));
+        break;
+      case Act::alloc_grads:
+        sim.on_alloc(MemTag::grads, bytes_of(Gr, gp));
+        break;
+      case Act::reduce_grads:
+        sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, gc));
+        if (n > 1) bytes["reduce_scatter"] += Gr * gp * micro_steps;
+        if (replicas > 1) bytes["all_reduce"] += Gr * gc * micro_steps;
+        break;
+      case Act::finish_grads:
+        sim.on_free(MemTag::grads, bytes_of(Gr, gp));
+        sim.on_free(MemTag::comm_buffers, bytes_of(Gr, gc));
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 Prediction predict(const PredictInput& in, const EngineConfig& c) {
   Prediction p = replicated_prediction(in);
   int n = 1, i = 0, replicas = 1;
@@ -194,37 +230,10 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
     for (const ShardGroup& g : groups) most = std::max(most, double(g.valid(i)));
     sim.on_alloc(MemTag::offload, bytes_of(Gr, most) + bytes_of(P, most));
   }
-  // Working buffers, replayed from the schedule: gathered parameters and reduction outputs are
-  // comm buffers, per-group gradients are grads.
+  // Working buffers, replayed from the schedule.
   std::map<std::string, double>& bytes = p.comm_bytes_per_step;
-  const auto schedule = micro_batch_schedule(groups, layout.num_units(), c);
-  for (const Action& a : schedule) {
-    const ShardGroup& g = groups[a.index < int(groups.size()) ? a.index : 0];
-    const double gp = double(g.padded()), gc = double(g.chunk);
-    switch (a.act) {
-      case Act::gather:
-        sim.on_alloc(MemTag::comm_buffers, bytes_of(P, gp));
-        if (n > 1) bytes["all_gather"] += P * gp * micro_steps;
-        break;
-      case Act::free_params:
-        sim.on_free(MemTag::comm_buffers, bytes_of(P, gp));
-        break;
-      case Act::alloc_grads:
-        sim.on_alloc(MemTag::grads, bytes_of(Gr, gp));
-        break;
-      case Act::reduce_grads:
-        sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, gc));
-        if (n > 1) bytes["reduce_scatter"] += Gr * gp * micro_steps;
-        if (replicas > 1) bytes["all_reduce"] += Gr * gc * micro_steps;
-        break;
-      case Act::finish_grads:
-        sim.on_free(MemTag::grads, bytes_of(Gr, gp));
-        sim.on_free(MemTag::comm_buffers, bytes_of(Gr, gc));
-        break;
-      default:
-        break;
-    }
-  }
+  replay_schedule(micro_batch_schedule(groups, layout.num_units(), c), groups, P, Gr, n, replicas,
+                  micro_steps, sim, bytes);
   if (n > 1) {
     if (!c.shard_grads) bytes["reduce_scatter"] += Gr * padded;  // zero1: once per step
     if (!c.shard_params) bytes["all_gather"] += P * padded;      // updated shards to everyone
