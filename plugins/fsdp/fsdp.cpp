@@ -11,21 +11,6 @@ namespace {
 
 using namespace strata;
 
-sharded::EngineConfig config_for(const std::string& name, const Options& o) {
-  sharded::EngineConfig c;
-  c.shard_grads = c.shard_params = true;
-  c.reshard_after_forward = name != "fsdp-grad-op";
-  c.hybrid = name == "fsdp-hybrid";
-  c.units_per_group = int(o.get_int("wrap"));
-  const std::string bp = o.get("backward_prefetch");
-  c.backward_prefetch = bp == "none" ? 0 : 1;
-  c.prefetch_post = bp == "post";
-  c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
-  c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
-  c.offload_optimizer = o.get("offload") == "optimizer";
-  return c;
-}
-
 const PluginDescriptor& descriptor() {
   const std::vector<OptionSpec> options = {
       {"wrap", OptionType::integer, "1", "model units per FSDP unit (embedding, blocks, head)", {}},
@@ -61,7 +46,7 @@ const PluginDescriptor& descriptor() {
 }
 
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
-  return std::make_unique<sharded::EngineStrategy>(name, config_for(name, o));
+  return std::make_unique<sharded::EngineStrategy>(name, sharded::fsdp_engine_config(name, o));
 }
 
 }  // namespace

@@ -11,17 +11,6 @@ namespace {
 
 using namespace strata;
 
-sharded::EngineConfig config_for(const std::string& name, const Options& o) {
-  sharded::EngineConfig c;
-  c.bucket_mb = o.get_real("bucket_mb");
-  c.overlap = o.get_bool("overlap");
-  c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
-  c.shard_grads = name != "zero1";
-  c.shard_params = name == "zero3";
-  c.offload_optimizer = o.get("offload") == "optimizer";
-  return c;
-}
-
 const PluginDescriptor& descriptor() {
   const std::vector<OptionSpec> options = {
       {"bucket_mb",
@@ -57,7 +46,7 @@ const PluginDescriptor& descriptor() {
 }
 
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
-  return std::make_unique<sharded::EngineStrategy>(name, config_for(name, o));
+  return std::make_unique<sharded::EngineStrategy>(name, sharded::zero_engine_config(name, o));
 }
 
 }  // namespace

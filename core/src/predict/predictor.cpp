@@ -90,27 +90,10 @@ StepTime ddp_step(Costs& c) {
 
 sharded::EngineConfig engine_config(const StepQuery& q) {
   const Options& o = q.options;
-  sharded::EngineConfig c;
-  if (q.strategy.rfind("zero", 0) == 0) {  // as plugins/zero/zero.cpp maps its options
-    c.bucket_mb = o.get_real("bucket_mb");
-    c.overlap = o.get_bool("overlap");
-    c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
-    c.shard_grads = q.strategy != "zero1";
-    c.shard_params = q.strategy == "zero3";
-  } else {  // as plugins/fsdp/fsdp.cpp does
-    c.shard_grads = c.shard_params = true;
-    c.reshard_after_forward = q.strategy != "fsdp-grad-op";
-    c.hybrid = q.strategy == "fsdp-hybrid";
-    c.units_per_group = int(o.get_int("wrap"));
-    const std::string bp = o.get("backward_prefetch");
-    c.backward_prefetch = bp == "none" ? 0 : 1;
-    c.prefetch_post = bp == "post";
-    c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
-    c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
-  }
   if (o.values().count("offload") && o.get("offload") != "none")
     throw NoTimeModel{"offload copies are not modelled yet"};
-  return c;
+  return q.strategy.rfind("zero", 0) == 0 ? sharded::zero_engine_config(q.strategy, o)
+                                          : sharded::fsdp_engine_config(q.strategy, o);
 }
 
 // The sharded engine: its micro-batch action list replayed on a compute clock and one comm stream

@@ -6,6 +6,32 @@
 
 namespace strata::sharded {
 
+EngineConfig zero_engine_config(const std::string& name, const Options& o) {
+  EngineConfig c;
+  c.bucket_mb = o.get_real("bucket_mb");
+  c.overlap = o.get_bool("overlap");
+  c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
+  c.shard_grads = name != "zero1";
+  c.shard_params = name == "zero3";
+  c.offload_optimizer = o.get("offload") == "optimizer";
+  return c;
+}
+
+EngineConfig fsdp_engine_config(const std::string& name, const Options& o) {
+  EngineConfig c;
+  c.shard_grads = c.shard_params = true;
+  c.reshard_after_forward = name != "fsdp-grad-op";
+  c.hybrid = name == "fsdp-hybrid";
+  c.units_per_group = int(o.get_int("wrap"));
+  const std::string bp = o.get("backward_prefetch");
+  c.backward_prefetch = bp == "none" ? 0 : 1;
+  c.prefetch_post = bp == "post";
+  c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
+  c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
+  c.offload_optimizer = o.get("offload") == "optimizer";
+  return c;
+}
+
 std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c) {
   const auto& units = layout.units();
   const int n_units = int(units.size());

@@ -52,6 +52,12 @@ struct ShardGroup {
 
 std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c);
 
+// The engine's configuration for strategy `name` of the zero family (zero1, zero2, zero3) or the
+// fsdp family (fsdp, fsdp-grad-op, fsdp-hybrid) from its validated options: the plugins and the
+// step-time predictor read the options the same way.
+EngineConfig zero_engine_config(const std::string& name, const Options& o);
+EngineConfig fsdp_engine_config(const std::string& name, const Options& o);
+
 // One step of the schedule.
 enum class Act {
   gather,        // issue the all-gather of a group's parameters (allocates the gathered buffer)
