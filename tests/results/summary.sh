@@ -33,6 +33,19 @@ for k in ("tokens_per_s", "mfu", "loss_first", "loss_last"):
     assert float(row[k]) == float(s[k]), (k, row[k], s[k])
 print("csv: values equal the run file's /summary")
 PY
+# A run given --profile: its predicted step time and error beside p50 (the others show "-").
+cp "$work/study/ddp.np2.h5" "$work/predicted.h5"
+"$py" -c "import h5py; s = h5py.File('$work/predicted.h5', 'r+')['summary'].attrs
+s['step_s_predicted'] = 0.25; s['step_s_predicted_error'] = 0.125"
+"$tools/summary" --csv "$work/predicted.h5" "$work/study/reference.h5" > "$work/pred.csv"
+"$py" - "$work/pred.csv" <<'PY' || fail "predicted step time not in the table"
+import csv, sys
+rows = {r["run_id"]: r for r in csv.DictReader(open(sys.argv[1]))}
+p = next(r for k, r in rows.items() if k != "reference")
+assert float(p["step_ms_predicted"]) == 250.0 and float(p["predicted_error"]) == 0.125, p
+assert rows["reference"]["step_ms_predicted"] == "" and rows["reference"]["predicted_error"] == ""
+print("predicted: 250 ms, error 0.125; none for a run without --profile")
+PY
 # Nothing usable: exit 1, but still no crash.
 if "$tools/summary" "$work/study/truncated.h5" 2>/dev/null; then fail "exit 0 with no usable run"; fi
 echo "summary: 3 runs, 3 files skipped with their reasons"
