@@ -176,15 +176,19 @@ TEST(Predictor, DdpOverlapsEarlyBucketsWithBackward) {
   EXPECT_LT(many.exposed_comm_s, one.exposed_comm_s);
 }
 
+// zero3 with its defaults on dp=2, micro-batch 4, global batch 8 (one micro-step).
+StepQuery zero3_query(const ModelSpec& m) {
+  return query("zero3",
+               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
+               m, 2, 1, 4, 8);
+}
+
 TEST(Predictor, Zero3CommBoundIsTheSumOfItsSerialCollectives) {
   const ModelSpec m = tiny();
   MachineProfile p = synthetic_profile(m, 4);
   ComputeEntry& e = p.compute[0];
   e = ComputeEntry{e.model, 4, "cpu", "fp32", 1, 2};  // compute free: only the comm stream
-  const StepTime t = predict_step_time(
-      p, query("zero3",
-               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
-               m, 2, 1, 4, 8));
+  const StepTime t = predict_step_time(p, zero3_query(m));
   ASSERT_TRUE(t.modelled) << t.why;
   // Per unit group g (4 units, 2 shards, fp32): all-gather and reduce-scatter of its padded
   // elements. Forward gathers all 4; backward gathers again the 2 middle groups freed after
@@ -203,10 +207,7 @@ TEST(Predictor, Zero3CommBoundIsTheSumOfItsSerialCollectives) {
 TEST(Predictor, Zero3WithFreeCommIsComputePlusTheShardsUpdate) {
   const ModelSpec m = tiny();
   const MachineProfile p = synthetic_profile(m, 4, 0, 1e30);
-  const StepTime t = predict_step_time(
-      p, query("zero3",
-               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
-               m, 2, 1, 4, 8));
+  const StepTime t = predict_step_time(p, zero3_query(m));
   ASSERT_TRUE(t.modelled) << t.why;
   const ParamLayout layout(m);
   double shard = 0;  // rank 0's chunk of each unit group
@@ -221,10 +222,7 @@ TEST(Predictor, Zero3PaysForItsNewBuffers) {
   ComputeEntry& e = p.compute[0];
   e = ComputeEntry{e.model, 4, "cpu", "fp32", 1, 2};  // passes free
   e.fresh_memory_s_per_byte = 1e-9;
-  const StepTime t = predict_step_time(
-      p, query("zero3",
-               {{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}},
-               m, 2, 1, 4, 8));
+  const StepTime t = predict_step_time(p, zero3_query(m));
   ASSERT_TRUE(t.modelled) << t.why;
   // Per group: a gathered buffer each time it is gathered (the 2 middle ones twice), a padded
   // gradient buffer, a reduced chunk; fp32, 1 ns per byte.

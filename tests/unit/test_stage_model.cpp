@@ -79,17 +79,26 @@ TEST(StageModel, TensorParallelCountsAndValidation) {
   EXPECT_NO_THROW(validate_tensor_parallel(spec, 2, 4, true));
 }
 
+// A micro-batch of B sequences of fixed tokens and targets for `spec`.
+struct Tokens {
+  std::vector<std::int32_t> in, tg;
+  MicroBatch mb;
+  Tokens(const ModelSpec& spec, int B) : in(std::size_t(B) * spec.seq), tg(in.size()) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      in[i] = std::int32_t((i * 37 + 11) % spec.vocab);
+      tg[i] = std::int32_t((i * 53 + 5) % spec.vocab);
+    }
+    mb = MicroBatch{in.data(), tg.data(), B, spec.seq};
+  }
+};
+
 // Two pipeline stages at tp = 1 equal the whole Model: losses and every gradient, bitwise, in
 // every recompute mode of the stages (against Model without recompute).
 TEST(StageModel, PipelineChainEqualsModel) {
   const ModelSpec spec = tiny4();
   const int B = 2, N = B * spec.seq, L = spec.layers;
-  std::vector<std::int32_t> in(N), tg(N);
-  for (int i = 0; i < N; ++i) {
-    in[i] = (i * 37 + 11) % spec.vocab;
-    tg[i] = (i * 53 + 5) % spec.vocab;
-  }
-  const MicroBatch mb{in.data(), tg.data(), B, spec.seq};
+  const Tokens tokens(spec, B);
+  const MicroBatch& mb = tokens.mb;
   const float scale = 1.0f / N;
 
   MemoryLedger mem;
@@ -146,12 +155,8 @@ TEST(StageModel, PipelineChainEqualsModel) {
 TEST(StageModel, UnitAtATimePassesEqualTheWholeBuffer) {
   const ModelSpec spec = tiny4();
   const int B = 2, N = B * spec.seq, L = spec.layers;
-  std::vector<std::int32_t> in(N), tg(N);
-  for (int i = 0; i < N; ++i) {
-    in[i] = (i * 37 + 11) % spec.vocab;
-    tg[i] = (i * 53 + 5) % spec.vocab;
-  }
-  const MicroBatch mb{in.data(), tg.data(), B, spec.seq};
+  const Tokens tokens(spec, B);
+  const MicroBatch& mb = tokens.mb;
   const float scale = 1.0f / N;
   for (Recompute r : {Recompute::none, Recompute::full}) {
     for (const auto& [first_unit, last_unit] : {std::pair{0, L + 1}, {0, 2}, {3, L + 1}}) {

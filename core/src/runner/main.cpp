@@ -121,13 +121,20 @@ void print_comm_and_transfers(const std::map<std::string, double>& comm) {
   }
 }
 
+// The predictor's question for this run (its ranks' predictions, when the caller has them), with
+// the threads a rank will have when its node's ranks share one mask.
+StepQuery step_query(const RunConfig& c, const Options& options,
+                     std::vector<Prediction> ranks = {}) {
+  StepQuery q{c.plugin, options, c.mesh, c.model, c.train, 0, std::move(ranks)};
+  q.threads = blas_threads_for(c, c.mesh.ranks_per_node);
+  return q;
+}
+
 // --dry-run --profile: the predicted step time from the machine profile (predictor.hpp).
 void print_step_time(const RunConfig& c, const Options& options,
                      const std::vector<Prediction>& ranks) {
   const MachineProfile profile = read_profile(c.profile);
-  StepQuery q{c.plugin, options, c.mesh, c.model, c.train, 0, ranks};
-  q.threads = blas_threads_for(c, c.mesh.ranks_per_node);
-  const StepTime t = predict_step_time(profile, q);
+  const StepTime t = predict_step_time(profile, step_query(c, options, ranks));
   std::printf("predicted time per step (profile %s, %s)\n", c.profile.c_str(),
               profile.source.c_str());
   if (!t.modelled) {
@@ -285,9 +292,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     return false;
   }
   if (!config.profile.empty() && !config.calibrate) {  // predicted beside measured (/summary)
-    StepQuery q{config.plugin, options, config.mesh, config.model, config.train, 0, {}};
-    q.threads = blas_threads_for(config, config.mesh.ranks_per_node);
-    const StepTime t = predict_step_time(read_profile(config.profile), q);
+    const StepTime t = predict_step_time(read_profile(config.profile), step_query(config, options));
     config.predicted_step_s = t.modelled ? t.step_s : 0;
     if (!t.modelled && env.rank == 0)
       std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());
