@@ -95,7 +95,7 @@ add_test(NAME e2e.offload.no-device-optimizer.cuda.zero3.offload.np2
                  ${E2E_DIR}/cuda.zero3.np2.gpu.h5 optimizer 0 0)
 add_test(NAME e2e.offload.host-optimizer.cuda.zero3.offload.np2
          COMMAND check_run memory-plus ${E2E_DIR}/cuda.zero3.offload.np2.gpu.h5
-                 ${E2E_DIR}/cuda.zero3.np2.gpu.h5 offload optimizer 199936)
+                 ${E2E_DIR}/cuda.zero3.np2.gpu.h5 offload optimizer 482304)
 # The copies in /comm (d2h, h2d through the device backend's copies) as on the CPU: = predict(),
 # 8 and 4 bytes per parameter of tiny (120576) per step over the ranks.
 add_test(NAME e2e.offload.transfers.cuda.zero3.offload.np2

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "strata/comm.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -14,18 +15,26 @@ namespace {
 
 const std::vector<std::string> kTraceStreams = {"compute", "comm0", "comm1", "comm2", "comm3",
                                                 "comm4",   "comm5", "comm6", "comm7"};
-const std::vector<std::string> kTraceKinds = {
-    "forward",    "backward",  "optimizer", "bubble", "all_reduce", "reduce_scatter",
-    "all_gather", "broadcast", "reduce",    "send",   "recv",       "barrier"};
-const std::vector<std::string> kTraceNames = {
-    "", "dp", "tp", "pp", "dp_intra_node", "dp_inter_node"};
-
-double index_of(const std::vector<std::string>& table, const std::string& s) {
-  auto it = std::find(table.begin(), table.end(), s);
-  return it == table.end() ? 0 : double(it - table.begin());
-}
-
 const std::array<const char*, 4> kPhaseNames = {"forward", "backward", "optimizer", "bubble"};
+
+// The compute phases, then every comm op (kCommOpNames, d2h and h2d included).
+std::vector<std::string> trace_kinds() {
+  std::vector<std::string> kinds(kPhaseNames.begin(), kPhaseNames.end());
+  kinds.insert(kinds.end(), kCommOpNames.begin(), kCommOpNames.end());
+  return kinds;
+}
+const std::vector<std::string> kTraceKinds = trace_kinds();
+const std::vector<std::string> kTraceNames = {
+    "", "dp", "tp", "pp", "dp_intra_node", "dp_inter_node", "host"};
+
+// Streams and kinds are closed sets: one missing from its table would put the interval under
+// another's name. Group names are the mesh's axes; another group is traced unnamed.
+double index_of(const std::vector<std::string>& table, const std::string& s, bool known) {
+  auto it = std::find(table.begin(), table.end(), s);
+  if (it != table.end()) return double(it - table.begin());
+  if (known) throw Error("--trace: no trace index for '" + s + "'", "this is a bug in strata");
+  return 0;
+}
 
 }  // namespace
 
@@ -33,9 +42,9 @@ const char* trace_phase_name(int phase) { return kPhaseNames.at(std::size_t(phas
 
 void add_trace(std::vector<double>& out, const std::string& stream, const std::string& kind,
                const std::string& name, double t0, double t1, double bytes) {
-  const double e[6] = {index_of(kTraceStreams, stream),
-                       index_of(kTraceKinds, kind),
-                       index_of(kTraceNames, name),
+  const double e[6] = {index_of(kTraceStreams, stream, true),
+                       index_of(kTraceKinds, kind, true),
+                       index_of(kTraceNames, name, false),
                        t0,
                        t1,
                        bytes};

@@ -67,8 +67,10 @@ class Context {
   virtual void report_loss(double loss_sum, double tokens) = 0;
   // Copies between the run's device and host memory (CPU offload: `host` is memory of
   // MemTag::offload, `device` of the run's device; same dtype and count). The core records each
-  // in the comm ledger as a d2h or h2d call on the group "host", timed like a blocking collective
-  // on the compute stream. The defaults only copy (a Context without a ledger, e.g. a test's).
+  // in the comm ledger as a d2h or h2d call on the group "host", timed like a collective: called on
+  // the compute thread it blocks it (all exposed), called in a comm stream's work
+  // (comm_stream(k).enqueue) it overlaps what the compute thread does meanwhile. The defaults only
+  // copy (a Context without a ledger, e.g. a test's).
   virtual void copy_to_host(BufferView host, BufferView device) { copy_across(host, device); }
   virtual void copy_to_device(BufferView device, BufferView host) { copy_across(device, host); }
 };

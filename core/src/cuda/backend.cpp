@@ -114,6 +114,10 @@ void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {
   // cudaMemcpyDefault: the direction from the pointers (unified addressing). Asynchronous on the
   // compute stream; waited for only with a host side (pageable memory must be usable on return):
   // a copy between device buffers is ordered by the stream like any kernel.
+  // A comm-stream worker (CPU offload's copy stream) starts on device 0: make ours current.
+  int current = -1;
+  STRATA_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != context_.device) STRATA_CUDA_CHECK(cudaSetDevice(context_.device));
   STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, context_.stream));
   if (!on_device(dst) || !on_device(src)) context_.synchronize();
 }

@@ -247,15 +247,15 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
   sim.on_alloc(MemTag::params, bytes_of(P, c.shard_params ? chunks : padded));
   sim.on_alloc(MemTag::grads, bytes_of(Gr, chunks));  // this rank's reduced gradients
   if (!c.shard_grads) sim.on_alloc(MemTag::grads, bytes_of(Gr, padded));  // zero1: full
-  // AdamW state: on the device, or in host memory with offload=optimizer, where the step also
-  // holds host copies of one group's gradient and parameter shard at a time.
+  // AdamW state: on the device, or in host memory with offload=optimizer, beside host copies of
+  // this rank's gradient and parameter shards (every group's, so that the copies overlap the
+  // steps).
   const MemTag state = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
   sim.on_alloc(state, bytes_of(per.optimizer, valid));
-  if (c.offload_optimizer) {
-    double most = 0;
-    for (const ShardGroup& g : groups) most = std::max(most, double(g.valid(i)));
-    sim.on_alloc(MemTag::offload, bytes_of(Gr, most) + bytes_of(P, most));
-  }
+  if (c.offload_optimizer)
+    for (const ShardGroup& g : groups)
+      sim.on_alloc(MemTag::offload,
+                   bytes_of(Gr, double(g.valid(i))) + bytes_of(P, double(g.valid(i))));
   // Working buffers, replayed from the schedule.
   std::map<std::string, double>& bytes = p.comm_bytes_per_step;
   replay_schedule(micro_batch_schedule(groups, layout.num_units(), c), groups, P, Gr, n, replicas,

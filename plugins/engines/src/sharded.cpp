@@ -57,6 +57,11 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
   for (const ShardGroup& g : groups_)
     optimizers_.push_back(make_adamw(ctx, g.offset + std::size_t(shard_index_) * g.chunk,
                                      g.valid(shard_index_), state_tag));
+  if (c.offload_optimizer)  // the host side of the copies, kept for the run like DeepSpeed's
+    for (const ShardGroup& g : groups_) {
+      host_grads_.emplace_back(mem, MemTag::offload, grad_dtype_, g.valid(shard_index_));
+      host_params_.emplace_back(mem, MemTag::offload, param_dtype_, g.valid(shard_index_));
+    }
 }
 
 void Engine::point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const {
@@ -171,18 +176,13 @@ void Engine::update(Context& ctx, int step) {
   }
   PhaseTimer timer(ctx, Phase::optimizer);
   double sumsq = 0;
-  for (int g = 0; g < G; ++g)
-    sumsq += ctx.ops().sum_of_squares(shard_grads_[g].view(0, groups_[g].valid(i)));
+  for (int g = 0; g < G; ++g) sumsq += ctx.ops().sum_of_squares(grads_of(g));
   if (ctx.train().grad_clip > 0 && sg.size() > 1) sg.all_reduce({&sumsq, 1, DType::f64});
   const float clip = clip_scale(std::sqrt(sumsq), ctx.train().grad_clip);
-  for (int g = 0; g < G; ++g) {
-    const std::size_t valid = groups_[g].valid(i);  // the optimizer holds the real elements only
-    const BufferView params =
-        config_.shard_params
-            ? shard_params_[g].view(0, valid)
-            : replica_params_.view(base_[g] + std::size_t(i) * groups_[g].chunk, valid);
-    step_group(ctx, g, params, step, clip);
-  }
+  if (config_.offload_optimizer)
+    step_offloaded(ctx, step, clip);
+  else
+    for (int g = 0; g < G; ++g) optimizers_[g].step(params_of(g), grads_of(g), step + 1, clip);
   if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
     std::vector<Event> done;
     for (int g = 0; g < G; ++g) {
@@ -195,20 +195,43 @@ void Engine::update(Context& ctx, int step) {
   }
 }
 
-void Engine::step_group(Context& ctx, int g, BufferView params, int step, float clip) {
-  const BufferView grads = shard_grads_[g].view(0, params.count);
-  if (!config_.offload_optimizer) {
-    optimizers_[g].step(params, grads, step + 1, clip);
-    return;
-  }
-  // Host copies of the shard, one group at a time (predict() accounts them under `offload`). With
+BufferView Engine::params_of(int g) {
+  const std::size_t valid = groups_[g].valid(shard_index_);  // the real elements only
+  return config_.shard_params
+             ? shard_params_[g].view(0, valid)
+             : replica_params_.view(base_[g] + std::size_t(shard_index_) * groups_[g].chunk, valid);
+}
+
+BufferView Engine::grads_of(int g) {
+  return shard_grads_[g].view(0, groups_[g].valid(shard_index_));
+}
+
+void Engine::step_offloaded(Context& ctx, int step, float clip) {
+  // Every group's shard goes down on the offload stream at once, in group order; the host steps
+  // group g as soon as its copy is in, while later groups are still copying down and earlier
+  // ones already copying up (ZeRO-Offload's overlap of the transfers with the CPU step). With
   // bf16 parameters AdamW rounds its fp32 master into them, so only fp32 ones are copied down.
-  DeviceBuffer host_grads(*memory_, MemTag::offload, grad_dtype_, params.count);
-  DeviceBuffer host_params(*memory_, MemTag::offload, param_dtype_, params.count);
-  ctx.copy_to_host(host_grads.view(), grads);
-  if (param_dtype_ == DType::f32) ctx.copy_to_host(host_params.view(), params);
-  optimizers_[g].step(host_params.view(), host_grads.view(), step + 1, clip);
-  ctx.copy_to_device(params, host_params.view());
+  CommStream& copies = ctx.comm_stream(kOffloadStream);
+  const int G = int(groups_.size());
+  const bool params_down = param_dtype_ == DType::f32;
+  std::vector<Event> down(G), up(G);
+  for (int g = 0; g < G; ++g) {
+    const BufferView host_g = host_grads_[g].view(), host_p = host_params_[g].view();
+    const BufferView grads = grads_of(g), params = params_of(g);
+    down[g] = copies.enqueue(
+        [&ctx, host_g, host_p, grads, params, params_down] {
+          ctx.copy_to_host(host_g, grads);
+          if (params_down) ctx.copy_to_host(host_p, params);
+        },
+        ctx.compute_event());
+  }
+  for (int g = 0; g < G; ++g) {
+    down[g].wait();
+    optimizers_[g].step(host_params_[g].view(), host_grads_[g].view(), step + 1, clip);
+    const BufferView host_p = host_params_[g].view(), params = params_of(g);
+    up[g] = copies.enqueue([&ctx, params, host_p] { ctx.copy_to_device(params, host_p); });
+  }
+  for (Event& e : up) e.wait();  // the parameters are on the device before anyone reads them
 }
 
 void EngineStrategy::validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const {

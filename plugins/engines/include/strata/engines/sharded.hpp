@@ -32,8 +32,9 @@ struct EngineConfig {
   int max_gathers_in_flight = 0;      // fsdp limit_all_gathers (0: unlimited)
   bool overlap = true;                // comm overlaps the next group's compute
   // offload=optimizer (ZeRO-Offload, FSDP CPUOffload): AdamW state in host memory
-  // (MemTag::offload); per group, the gradient shard (and fp32 parameter shard) is copied to the
-  // host (d2h), updated there, and the parameter shard copied back (h2d) before the all-gather.
+  // (MemTag::offload) with host copies of this rank's gradient (and fp32 parameter) shards, kept
+  // for the run. Per group the shard is copied to the host (d2h) on a comm stream of its own,
+  // updated there while the next groups copy, and copied back (h2d) before the all-gather.
   bool offload_optimizer = false;
 };
 
@@ -95,9 +96,12 @@ class Engine {
   void reduce_grads(Context& ctx, int g);
   void finish_grads(Context& ctx, int g);
   void update(Context& ctx, int step);
-  // AdamW of group g on its parameter shard `params` (device memory), on the host when offloading
-  // (the copies through ctx, which records them in the comm ledger as d2h and h2d).
-  void step_group(Context& ctx, int g, BufferView params, int step, float clip);
+  // This rank's parameter and gradient shard of group g (the real elements, device memory).
+  BufferView params_of(int g);
+  BufferView grads_of(int g);
+  // offload=optimizer: AdamW of every group on the host, the copies (through ctx, which records
+  // them in the comm ledger as d2h and h2d) on their own comm stream, overlapped with the steps.
+  void step_offloaded(Context& ctx, int step, float clip);
   // ptrs[u] for the units of group g: their ranges in `group` (the group's elements from its
   // start).
   void point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const;
@@ -120,6 +124,9 @@ class Engine {
   std::vector<std::optional<Event>> gather_done_, reduce_done_;
   UnitPtrs param_ptrs_, grad_ptrs_;
   std::vector<AdamW> optimizers_;
+  // offload=optimizer: per group, host copies of this rank's gradient and parameter shard.
+  std::vector<DeviceBuffer> host_grads_, host_params_;
+  static constexpr int kOffloadStream = 3;  // comm_stream(3): the device<->host copies
   MemoryLedger* memory_ = nullptr;
 };
 
