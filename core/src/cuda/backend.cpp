@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "comm/thread_role.hpp"
 #include "cuda/device.hpp"
 
 namespace strata::cuda {
@@ -58,6 +59,8 @@ CudaBackend::CudaBackend(int device)
   std::uint64_t reset = 0;
   STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &reset));
   STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&compute_event_, cudaEventDisableTiming));
+  STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&copy_after_, cudaEventDisableTiming));
+  STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   set_idle_clock(&idle_clock_);
 }
 
@@ -65,6 +68,11 @@ CudaBackend::~CudaBackend() {
   set_idle_clock(nullptr);
   // Errors ignored: this must not throw, and a sticky fault was already reported.
   cudaStreamSynchronize(context_.stream);
+  if (copy_stream_) {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamDestroy(copy_stream_);
+  }
+  if (copy_after_) cudaEventDestroy(copy_after_);
   if (compute_event_) cudaEventDestroy(compute_event_);
   for (const auto& [p, bytes] : host_size_) cudaFreeHost(p);  // cached or still held: all pinned
 }
@@ -111,13 +119,23 @@ void CudaBackend::release_host(void* p) noexcept {
 
 void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
-  // cudaMemcpyDefault: the direction from the pointers (unified addressing). Asynchronous on the
-  // compute stream; waited for only with a host side (pageable memory must be usable on return):
-  // a copy between device buffers is ordered by the stream like any kernel.
   // A comm-stream worker (CPU offload's copy stream) starts on device 0: make ours current.
   int current = -1;
   STRATA_CUDA_CHECK(cudaGetDevice(&current));
   if (current != context_.device) STRATA_CUDA_CHECK(cudaSetDevice(context_.device));
+  // cudaMemcpyDefault: the direction from the pointers (unified addressing).
+  if (t_on_comm_worker) {
+    // In a comm stream's work (offload's d2h/h2d): on the copy stream, after everything the
+    // compute stream was given so far (a superset of what the work waited for), so that the copy
+    // overlaps later compute; finished on return, as the work's Event promises.
+    STRATA_CUDA_CHECK(cudaEventRecord(copy_after_, context_.stream));
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, copy_after_, 0));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    return;
+  }
+  // On the compute thread: on the compute stream, waited for only with a host side (pageable
+  // memory must be usable on return): a copy between device buffers is ordered like any kernel.
   STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, context_.stream));
   if (!on_device(dst) || !on_device(src)) context_.synchronize();
 }

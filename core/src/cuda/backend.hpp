@@ -77,6 +77,10 @@ class CudaBackend final : public DeviceBackend {
   std::map<void*, std::size_t> host_size_;  // every pinned block and its size
   std::mutex host_mu_;
   cudaEvent_t compute_event_ = nullptr;
+  // Copies made in comm-stream work (offload's d2h/h2d) run on copy_stream_, after copy_after_
+  // recorded on the compute stream.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copy_after_ = nullptr;
   std::string name_;
   StreamIdleClock idle_clock_;  // the process's idle clock while this backend is open
 };
