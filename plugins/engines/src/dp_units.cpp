@@ -57,24 +57,31 @@ void predict_dp_units(const ModelSpec& model, const Partition& part, int dp, int
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
   auto& comm = p.comm_bytes_per_step;
   const UnitGroups u = unit_groups(model, part, dp);
-  // The embedding unit is held through each pass; the others come and go one at a time.
+  // The embedding unit is held through each pass; the others come and go one at a time, in
+  // backward (last unit first) beside the previous unit, whose reduce-scatter is in flight.
   const bool held = part.first_unit == 0;
   const std::size_t held_padded = held ? u.groups[0].padded() : 0;
-  std::size_t other_padded = 0, max_chunk = 0, valid = 0;
-  double fsdp_backward = 0;  // the gathered unit or the reduce-scatter output, beside the held one
-  for (std::size_t g = 0; g < u.groups.size(); ++g) {
+  const std::size_t first_other = held ? 1 : 0, n = u.groups.size();
+  std::size_t other_padded = 0, pair_padded = 0, max_chunk = 0, valid = 0;
+  double fsdp_backward = 0;  // a gathered unit and the previous one's reduce-scatter output
+  for (std::size_t g = 0; g < n; ++g) {
     const ShardGroup& grp = u.groups[g];
     max_chunk = std::max(max_chunk, grp.chunk);
     valid += grp.valid(shard);
-    if (held && g == 0) continue;
+    if (g < first_other) continue;
+    const bool after = g + 1 < n;  // backward's previous unit, still reducing
+    const std::size_t prev_padded = after ? u.groups[g + 1].padded() : 0;
+    const std::size_t prev_chunk = after ? u.groups[g + 1].chunk : 0;
     other_padded = std::max(other_padded, grp.padded());
+    pair_padded = std::max(pair_padded, grp.padded() + prev_padded);
     fsdp_backward =
-        std::max({fsdp_backward, per.params * double(grp.padded()), per.grads * double(grp.chunk)});
+        std::max({fsdp_backward, per.params * double(grp.padded()) + per.grads * double(prev_chunk),
+                  per.grads * double(grp.chunk)});
   }
   std::size_t partial = 0;
   for (const OwnedSlice& s : owned_partials(model, part, u, shard)) partial += s.count;
   mem(MemTag::params) = per.params * double(fsdp ? u.chunks : u.padded);
-  mem(MemTag::grads) = per.grads * double(u.chunks + held_padded + other_padded);
+  mem(MemTag::grads) = per.grads * double(u.chunks + held_padded + pair_padded);
   mem(MemTag::optimizer) = per.optimizer * double(valid);
   double buffers = per.grads * double(max_chunk);  // zero2: one reduce-scatter output
   if (fsdp)
@@ -192,17 +199,39 @@ StageModel::UnitAccess DpUnits::grads(Context& ctx) {
     return unit_grads_[g].view(0, u_.groups[g].count);
   };
   // The unit's gradient of this micro-batch is final: reduce-scatter it over dp and add the
-  // owned part to the shard (DeepSpeed's ZeRO-2 reduce per bucket, FSDP's per unit).
+  // owned part to the shard (DeepSpeed's ZeRO-2 reduce per bucket, FSDP's per unit). The
+  // reduce-scatter runs on the comm stream while the next unit's backward computes (overlap_comm);
+  // the one before it is finished first, so at most one is in flight. The held embedding unit is
+  // released last: nothing is left to overlap, so it is reduced at once.
   a.release = [this, &ctx](int unit) {
+    finish_reduce(ctx);
     const int g = u_.index(unit);
-    const std::size_t chunk = u_.groups[g].chunk;
-    DeviceBuffer reduced(*memory_, MemTag::comm_buffers, grad_dtype_, chunk);
-    dp_->reduce_scatter(unit_grads_[g].view(), reduced.view());
-    ctx.ops().axpy(shard_grads_.view(u_.own[g], chunk), 1.0, reduced.view());
-    unit_grads_[g] = DeviceBuffer();
+    reduced_ = DeviceBuffer(*memory_, MemTag::comm_buffers, grad_dtype_, u_.groups[g].chunk);
+    reducing_ = g;
+    Group* dp = dp_;
+    const BufferView in = unit_grads_[g].view(), out = reduced_.view();
+    if (unit == held_unit())
+      dp->reduce_scatter(in, out);
+    else
+      reduce_done_ = ctx.comm_stream().enqueue([dp, in, out] { dp->reduce_scatter(in, out); },
+                                               ctx.compute_event());
+    if (unit == held_unit()) finish_reduce(ctx);
   };
   return a;
 }
+
+void DpUnits::finish_reduce(Context& ctx) {
+  if (reducing_ < 0) return;
+  if (reduce_done_) reduce_done_->wait();
+  reduce_done_.reset();
+  const int g = reducing_;
+  ctx.ops().axpy(shard_grads_.view(u_.own[g], u_.groups[g].chunk), 1.0, reduced_.view());
+  reduced_ = DeviceBuffer();
+  unit_grads_[g] = DeviceBuffer();
+  reducing_ = -1;
+}
+
+int DpUnits::held_unit() const { return u_.first_unit == 0 ? 0 : -1; }
 
 // This rank's share of the squared gradient norm: the owned elements of the tensors StageModel
 // counts.
@@ -220,6 +249,7 @@ double DpUnits::sum_of_squares() {
 }
 
 void DpUnits::step(Context& ctx, int step, Group* tp) {
+  finish_reduce(ctx);  // none is left in flight by a backward; a guard
   DeviceOps& ops = ctx.ops();
   if (!partials_.empty()) {  // sequence parallel: whole replicated gradients, as Megatron's
     std::size_t at = 0;

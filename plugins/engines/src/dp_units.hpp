@@ -5,8 +5,9 @@
 // and dp rank i owns chunk i. StageModel's unit-at-a-time passes ask for one unit's parameters or
 // gradients at a time:
 //   zero2  parameters: a full replica in the per-unit padded layout, all-gathered per unit after
-//          the step. Gradients: a unit's padded buffer lives from its backward to its
-//          reduce-scatter (once per micro-batch), which adds it into the rank's owned shard.
+//          the step. Gradients: a unit's padded buffer lives from its backward to the end of its
+//          reduce-scatter (once per micro-batch), which adds it into the rank's owned shard; the
+//          reduce-scatter runs on the comm stream during the next unit's backward (one in flight).
 //   fsdp   as zero2, and parameters are only the owned shards: each unit is all-gathered into a
 //          buffer (MemTag::comm_buffers) before its forward and again before its backward, freed
 //          after (FSDP's FULL_SHARD, reshard after forward).
@@ -62,6 +63,10 @@ class DpUnits {
 
  private:
   void init_params(Context& ctx);
+  // Waits for the reduce-scatter in flight (if any), adds its output into the owned shard and
+  // frees its buffers.
+  void finish_reduce(Context& ctx);
+  int held_unit() const;  // the embedding unit (0) when this partition has it, else -1
   BufferView shard_params(int g);
   double sum_of_squares();
   StageModel* sm_;
@@ -75,6 +80,10 @@ class DpUnits {
   // zero2: the padded replica; fsdp: the owned shards. Gradients: the owned shards.
   DeviceBuffer params_, shard_grads_, partial_pack_;
   std::vector<DeviceBuffer> gathered_, unit_grads_;  // per group, while a pass holds it
+  // The reduce-scatter in flight: its group (-1: none), output and completion.
+  int reducing_ = -1;
+  DeviceBuffer reduced_;
+  std::optional<Event> reduce_done_;
   std::vector<AdamW> optimizers_;
 };
 
