@@ -279,14 +279,61 @@ TEST(Predictor, PipelineTransfersDelayEachHop) {
   EXPECT_NEAR(t.exposed_comm_s, 1e-3, 1e-9);
 }
 
-TEST(Predictor, TensorParallelismAndUnknownStrategiesHaveNoTimeModel) {
+TEST(Predictor, TensorParallelismHandComputed) {
+  const ModelSpec m = tiny();                        // C 64, T 64; emb, 2 blocks, head
+  const MachineProfile p = synthetic_profile(m, 4);  // alpha 100 us, beta 1 GB/s
+  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8);  // m = 2
+  q.mesh.tp = 2, q.mesh.ranks_per_node = 2;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  // One [B*T, C] fp32 activation all-reduced: 4 x 64 x 64 x 4 bytes = 65536 -> 165.536 us.
+  const double ar = 1e-4 + 65536 / 1e9;
+  const double ce = (1e-4 + 1024 / 1e9) + (1e-4 + 2048 / 1e9);  // row max, (sum, target)
+  // Forward: emb 1 ms + ar; 2 blocks of 10/2 ms + 2 ar; head 5/2 ms + ce. Backward: emb 2 ms;
+  // 2 blocks of 20/2 ms + 2 ar; head 10/2 ms + ar. Then AdamW over 120576 / 2 parameters.
+  const double f = 1e-3 + ar + 2 * (5e-3 + 2 * ar) + 2.5e-3 + ce;
+  const double b = 2e-3 + 2 * (10e-3 + 2 * ar) + 5e-3 + ar;
+  EXPECT_NEAR(t.step_s, 2 * (f + b) + 1e-9 * 120576 / 2, 1e-12);
+  const double tp_comm = 2 * (10 * ar + ce);
+  EXPECT_NEAR(t.exposed_comm_s, tp_comm, 1e-12);
+  EXPECT_NEAR(t.compute_s, t.step_s - tp_comm, 1e-12);
+  // A full recompute adds a block forward (10/2 ms) and one all-reduce per block and micro-batch.
+  q.train.recompute = Recompute::full;
+  EXPECT_NEAR(predict_step_time(p, q).step_s - t.step_s, 2 * 2 * (5e-3 + ar), 1e-12);
+}
+
+TEST(Predictor, PipelineTimesTensorParallel) {
+  ModelSpec m = tiny();
+  m.layers = 4;
+  MachineProfile p = synthetic_profile(m, 2, 0, 1e30);  // comm free: the compute split is seen
+  ComputeEntry& e = p.compute[0];
+  e.embedding_forward_s = e.embedding_backward_s = e.head_forward_s = e.head_backward_s = 0;
+  e.block_forward_s = 2e-3, e.block_backward_s = 4e-3, e.optimizer_s_per_param = 0;
+  p.comm.push_back(CommFit{"all_gather", 2, 1, 0, 1e30, 2, 0});  // pp across the 2 nodes
+  p.comm.push_back(CommFit{"all_reduce", 2, 1, 0, 1e30, 2, 0});
+  StepQuery q = query(
+      "1f1b", {{"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}}, m,
+      1, 2, 2, 8);  // pp 2, m = 4
+  q.mesh.tp = 2, q.mesh.nodes = 2, q.mesh.ranks_per_node = 2;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  // At tp 2 the blocks take 1 / 2 ms: 2 blocks per stage, f = 2, b = 4 ms, (m + p - 1)(f + b) =
+  // 5 x 6 ms; at tp 1 twice that.
+  EXPECT_NEAR(t.step_s, 30e-3, 1e-12);
+  EXPECT_NEAR(t.bubble_s / t.step_s, 1.0 / 5, 1e-12);
+  q.mesh.tp = 1, q.mesh.ranks_per_node = 1;
+  p.compute[0].ranks_per_node = 1;
+  EXPECT_NEAR(predict_step_time(p, q).step_s, 60e-3, 1e-12);
+}
+
+TEST(Predictor, SequenceParallelismAndUnknownStrategiesHaveNoTimeModel) {
   const ModelSpec m = tiny();
   const MachineProfile p = synthetic_profile(m, 4);
-  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 4);
+  StepQuery q = query("tp", {{"sp", "on"}, {"dp", "allreduce"}}, m, 1, 1, 4, 4);
   q.mesh.tp = 2;
   StepTime t = predict_step_time(p, q);
   EXPECT_FALSE(t.modelled);
-  EXPECT_NE(t.why.find("no time model"), std::string::npos) << t.why;
+  EXPECT_NE(t.why.find("sequence parallelism"), std::string::npos) << t.why;
   t = predict_step_time(p, query("my-strategy", {}, m, 2, 1, 4, 8));
   EXPECT_FALSE(t.modelled);
   EXPECT_NE(t.why.find("my-strategy"), std::string::npos) << t.why;

@@ -19,6 +19,8 @@ struct Costs {
   const MachineProfile& profile;
   const StepQuery& q;
   std::vector<double> fwd, bwd;  // per unit of the whole model, one micro-batch
+  // tp > 1: the tp all-reduces inside each unit's passes (included in fwd, bwd); empty at tp 1.
+  std::vector<double> tp_fwd, tp_bwd;
   double opt_per_param = 0;
   double fresh_per_byte = 0;  // a new buffer allocated and written (the sharded engine's)
   std::vector<std::string> notes;
@@ -64,7 +66,7 @@ inline double sum(const std::vector<double>& v) {
   return s;
 }
 
-// Pipelines (gpipe, 1f1b, interleaved) with tp 1: pipeline_time.cpp.
+// Pipelines (gpipe, 1f1b, interleaved) and tp (one stage): pipeline_time.cpp.
 StepTime pipeline_step(Costs& c);
 
 }  // namespace strata::time_model
