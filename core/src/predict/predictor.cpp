@@ -207,7 +207,7 @@ std::vector<std::string> unmodelled_reasons(const StepQuery& q) {
   std::vector<std::string> r;
   if (q.options.values().count("dp") && q.options.get("dp") != "allreduce" &&
       q.options.get("dp") != "zero1")
-    r.push_back("dp=" + q.options.get("dp") + " on a pipeline is not modelled yet");
+    r.push_back("dp=" + q.options.get("dp") + " with tp or a pipeline is not modelled yet");
   if (q.options.values().count("sp") && q.options.get("sp") == "on")
     r.push_back("sequence parallelism is not modelled yet");
   return r;
