@@ -267,9 +267,10 @@ std::vector<Row> what_to_run_rows() {
                     "calibrate-from", W, K::text, "",
                     "with --calibrate: take the comm samples of this run file's "
                     "/calibration (--calibrate-comm) instead of measuring "
-                    "(repeatable)",
+                    "(repeatable); a .txt table of published figures (profiles/) makes a "
+                    "new profile from it alone",
                     [](RunConfig& c, const std::string& s) { c.calibrate_from.push_back(s); })),
-                readable_file_rule, "a readable run file", "/dev/null",
+                readable_file_rule, "a readable run file or table", "/dev/null",
                 {"", "/nonexistent-strata-run.h5", "/"}),
       size("memory-limit", W, 1125899906842624.0,
            "with --dry-run or --advise: bytes of device memory per rank to fit in (e.g. 80GiB)",

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "predict/predictor.hpp"
 #include "predict/profile.hpp"
+#include "predict/published_profile.hpp"
 #include "strata/data_parallel.hpp"
 
 namespace strata {
@@ -141,6 +143,72 @@ TEST(ProfileFile, RefusesAFileThatIsNotAProfile) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--profile /dev/null"), std::string::npos) << e.what();
   }
+}
+
+TEST(FindCompute, PublishedProfilesScaleToOtherShapesByFlops) {
+  const ModelSpec m = tiny();  // h 64, T 64, V 256
+  MachineProfile p = synthetic_profile(m, 4);
+  ModelSpec wide = m;
+  wide.preset = "custom", wide.hidden = 128, wide.layers = 5;
+  std::string how;
+  // A measured profile answers only for the shapes it measured.
+  EXPECT_FALSE(find_compute(p, wide, 4, "cpu", "fp32", 1, 2, &how));
+  p.source = "published";
+  const auto e = find_compute(p, wide, 4, "cpu", "fp32", 1, 2, &how);
+  ASSERT_TRUE(e);
+  EXPECT_NE(how.find("scaled FLOP-proportionally from the tiny entry"), std::string::npos) << how;
+  // Per token: a block 24 h^2 + 4 h T (98304 + 16384 at h 64; 393216 + 32768 at h 128), the head
+  // 2 h V, the embedding h; same tokens.
+  const double block = (393216.0 + 32768) / (98304 + 16384);
+  EXPECT_NEAR(e->block_forward_s, 10e-3 * block, 1e-15);
+  EXPECT_NEAR(e->block_backward_s, 20e-3 * block, 1e-15);
+  EXPECT_NEAR(e->block_recompute_full_s, 10e-3 * block, 1e-15);
+  EXPECT_NEAR(e->head_forward_s, 5e-3 * 2, 1e-15);
+  EXPECT_NEAR(e->embedding_backward_s, 2e-3 * 2, 1e-15);
+  EXPECT_EQ(e->model.hidden, 128);
+  // Another device or precision is still no entry.
+  EXPECT_FALSE(find_compute(p, wide, 4, "cuda", "fp32", 1, 2, &how));
+}
+
+TEST(PublishedProfile, TableGivesComputeAndFitsAndRefusesBadLines) {
+  const fs::path path =
+      fs::temp_directory_path() / ("strata-table-" + std::to_string(::getpid()) + ".txt");
+  const std::string table =
+      "description  test node\nsource  made up\ndevice cuda\nprecision bf16  # the dtype\n"
+      "gpus_per_node 4\npeak_flops_per_gpu 100e12\ngemm_efficiency 0.5\n"
+      "hbm_bytes_per_s 2e12\nmemory_efficiency 0.5\noptimizer_bytes_per_param 30\n"
+      "reference_model tiny\nmicro_batch 2\nnvlink_bytes_per_s 100e9\nnvlink_efficiency 0.5\n"
+      "nvlink_latency_s 1e-5\nnetwork_bytes_per_s 10e9\nnetwork_efficiency 0.5\n"
+      "network_latency_s 2e-5\n";
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  write(table);
+  const MachineProfile p = profile_from_table(path.string());
+  EXPECT_EQ(p.source, "published");
+  EXPECT_NE(p.description.find("source = published figures: made up"), std::string::npos);
+  EXPECT_EQ(p.node_peak_flops, 4 * 100e12);
+  ASSERT_EQ(p.compute.size(), 1u);
+  const ComputeEntry& e = p.compute[0];
+  EXPECT_EQ(e.device, "cuda");
+  EXPECT_EQ(e.ranks_per_node, 4);
+  // tiny, 2 x 64 tokens: a block's forward (24 h^2 + 4 h T) per token at 50 TFLOP/s.
+  EXPECT_NEAR(e.block_forward_s, 128 * (24.0 * 64 * 64 + 4.0 * 64 * 64) / 50e12, 1e-20);
+  EXPECT_NEAR(e.optimizer_s_per_param, 30 / 1e12, 1e-24);
+  // Inside the node: all_reduce at 50 GB/s busbw over 4 ranks is algbw 50 / 1.5.
+  EXPECT_NEAR(comm_time(p, "all_reduce", 1e9, 4, 4), 1e-5 + 1e9 * 1.5 / 50e9, 1e-12);
+  EXPECT_NEAR(comm_time(p, "all_gather", 1e9, 2, 1), 2e-5 + 1e9 * 0.5 / 5e9, 1e-12);
+  for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
+           {table + "colour blue\n", "line 19: unknown key 'colour'"},
+           {table + "gemm_efficiency fast\n", "gemm_efficiency must be a positive number"},
+           {table.substr(table.find("source")), "no 'description' line"}}) {
+    write(bad);
+    try {
+      profile_from_table(path.string());
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const ConfigError& err) {
+      EXPECT_NE(std::string(err.what()).find(says), std::string::npos) << err.what();
+    }
+  }
+  fs::remove(path);
 }
 
 TEST(Predictor, DdpWithOneBucketExposesTheWholeAllReduce) {
