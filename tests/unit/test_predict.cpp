@@ -196,6 +196,13 @@ TEST(PublishedProfile, TableGivesComputeAndFitsAndRefusesBadLines) {
   // Inside the node: all_reduce at 50 GB/s busbw over 4 ranks is algbw 50 / 1.5.
   EXPECT_NEAR(comm_time(p, "all_reduce", 1e9, 4, 4), 1e-5 + 1e9 * 1.5 / 50e9, 1e-12);
   EXPECT_NEAR(comm_time(p, "all_gather", 1e9, 2, 1), 2e-5 + 1e9 * 0.5 / 5e9, 1e-12);
+  // MFU on a GPU: one rank on a node of 4 GPUs has one GPU's peak (100 TFLOP/s), not the node's
+  // whole peak divided among the query's ranks (as CPU ranks share cores).
+  StepQuery q = query("ddp", {{"bucket_mb", "25"}}, tiny(), 1, 1, 2, 2);
+  q.train.device = Device::cuda, q.train.precision.param = DType::bf16;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  EXPECT_NEAR(t.mfu, t.tokens_per_s * tiny().flops_per_token() / 100e12, 1e-12);
   for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
            {table + "colour blue\n", "line 19: unknown key 'colour'"},
            {table + "gemm_efficiency fast\n", "gemm_efficiency must be a positive number"},

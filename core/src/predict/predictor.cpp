@@ -18,7 +18,7 @@ namespace time_model {
 void add_tensor_parallel(Costs& c);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
-  Costs c{profile, q, {}, {}, {}, {}, 0, 0, {}};
+  Costs c{profile, q, {}, {}, {}, {}, 0, 0, 1, {}};
   std::string how;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
                               profile_precision(q.train), q.threads, q.mesh.ranks_per_node, &how);
@@ -37,6 +37,7 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.fwd.push_back(e->head_forward_s), c.bwd.push_back(e->head_backward_s);
   c.opt_per_param = e->optimizer_s_per_param;
   c.fresh_per_byte = e->fresh_memory_s_per_byte;
+  c.peak_shares = q.train.device == Device::cpu ? q.mesh.ranks_per_node : e->ranks_per_node;
   if (q.mesh.tp > 1) add_tensor_parallel(c);
   return c;
 }
@@ -223,12 +224,14 @@ std::string profile_precision(const TrainSpec& train) {
 
 StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
   StepTime t;
+  int peak_shares = q.mesh.ranks_per_node;
   try {
     const bool pipeline = q.strategy == "gpipe" || q.strategy == "1f1b" ||
                           q.strategy == "interleaved" || q.strategy == "tp";
     if (pipeline)
       for (const std::string& r : unmodelled_reasons(q)) throw NoTimeModel{r};
     Costs c = make_costs(profile, q);
+    peak_shares = c.peak_shares;
     if (q.strategy == "dp")
       t = dp_step(c);
     else if (q.strategy == "ddp")
@@ -253,7 +256,7 @@ StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
   const double tokens = double(q.train.global_batch) * q.model.seq;
   t.tokens_per_s = t.step_s > 0 ? tokens / t.step_s : 0;
   if (profile.node_peak_flops > 0) {
-    const double per_rank_peak = profile.node_peak_flops / q.mesh.ranks_per_node;
+    const double per_rank_peak = profile.node_peak_flops / peak_shares;
     t.mfu = t.tokens_per_s * q.model.flops_per_token() / q.mesh.world() / per_rank_peak;
   }
   return t;
