@@ -55,7 +55,7 @@ PY
 /usr/bin/python3 - "$dir/175b.txt" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
-row = re.search(r"^ +1  (\S+) .*?dp(\d+) tp(\d+) pp(\d+) mb(\d+) \S+ +([0-9.]+) s +(\d+) +([0-9.]+)% +([0-9.]+) GiB", text, re.M)
+row = re.search(r"^ +1  (\S+) .*?dp(\d+) tp(\d+) pp(\d+) mb(\d+) \S+ +([0-9.]+) m?s +(\d+) +([0-9.]+)% +([0-9.]+) GiB", text, re.M)
 assert row, text
 dp, tp, pp = int(row[2]), int(row[3]), int(row[4])
 assert dp * tp * pp == 1024 and tp <= 8, row[0]

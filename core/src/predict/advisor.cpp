@@ -171,9 +171,12 @@ void print_ranked(std::ostringstream& o, const Advice& a, int top) {
   for (int i = 0; i < std::min<int>(top, int(a.ranked.size())); ++i) {
     const Candidate& c = a.ranked[std::size_t(i)];
     const StepTime& t = c.time;
-    std::snprintf(line, sizeof line, "%4d  %-40s %8.3f s %12.0f %5.1f%% %10s %8.1f %% %6.1f %%\n",
-                  i + 1, c.label().c_str(), t.step_s, t.tokens_per_s, t.mfu >= 0 ? 100 * t.mfu : 0,
-                  gib(c.memory_bytes).c_str(), 100 * t.exposed_comm_s / t.step_s,
+    char step[32];  // ms below a second
+    std::snprintf(step, sizeof step, t.step_s < 1 ? "%.2f ms" : "%.3f s",
+                  t.step_s < 1 ? 1e3 * t.step_s : t.step_s);
+    std::snprintf(line, sizeof line, "%4d  %-40s %10s %12.0f %5.1f%% %10s %8.1f %% %6.1f %%\n",
+                  i + 1, c.label().c_str(), step, t.tokens_per_s, t.mfu >= 0 ? 100 * t.mfu : 0,
+                  human_bytes(c.memory_bytes).c_str(), 100 * t.exposed_comm_s / t.step_s,
                   100 * t.bubble_s / t.step_s);
     o << line;
   }
