@@ -204,6 +204,27 @@ bool given_any(const std::vector<Given>& given, const std::string& name) {
   return false;
 }
 
+// --advise: what it needs, and what it decides itself.
+void check_advise(const RunConfig& c, const std::vector<Given>& given) {
+  for (const char* o : {"advise-micro-batches", "advise-top"})
+    if (!c.advise && given_any(given, o))
+      throw ConfigError("--" + std::string(o) + ": only with --advise");
+  if (!c.advise) return;
+  if (c.profile.empty())
+    throw ConfigError(
+        "--advise: needs --profile FILE (a machine profile, e.g. "
+        "profiles/h100-sxm-published.txt made into one with --calibrate)");
+  if (c.memory_limit <= 0)
+    throw ConfigError("--advise: needs --memory-limit (device memory per rank, e.g. 80GiB)");
+  if (c.dry_run || c.calibrate)
+    throw ConfigError(
+        "--advise: predicts many configurations; leave out --dry-run and --calibrate");
+  if (c.mesh_given)
+    throw ConfigError(
+        "--mesh: --advise tries every dp x tp x pp; give --nodes and "
+        "--ranks-per-node instead");
+}
+
 // Checks across options, after every value is known.
 void check_combination(RunConfig& c, const std::vector<Given>& given) {
   const ModelSpec& m = c.model;
@@ -213,8 +234,10 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   if (given_any(given, "warmup") && c.train.warmup >= c.train.steps)
     throw ConfigError("--warmup " + std::to_string(c.train.warmup) + ": must be below --steps " +
                       std::to_string(c.train.steps));
-  if (c.memory_limit > 0 && !c.dry_run)
-    throw ConfigError("--memory-limit: only with --dry-run (a run measures its memory)");
+  if (c.memory_limit > 0 && !c.dry_run && !c.advise)
+    throw ConfigError(
+        "--memory-limit: only with --dry-run or --advise (a run measures its memory)");
+  check_advise(c, given);
   if (c.calibrate && c.profile.empty())
     throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
   if (!c.calibrate_from.empty() && !c.calibrate)

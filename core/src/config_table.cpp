@@ -134,6 +134,22 @@ std::string profile_rule(const std::string& path) {
   return "";
 }
 
+// "1,2,4": positive micro-batch sizes, comma-separated.
+std::string micro_batch_list_rule(const std::string& text) {
+  if (text.empty()) return "empty";
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    if (item.empty() || item.size() > 5 ||
+        item.find_first_not_of("0123456789") != std::string::npos || std::stoi(item) < 1)
+      return "'" + item + "' is not a micro-batch size in 1..65536";
+    if (std::stoi(item) > 65536) return "'" + item + "' is above 65536";
+    at = comma + 1;
+  }
+  return "";
+}
+
 std::string out_dir_rule(const std::string& path) {
   std::error_code ec;
   if (path.empty()) return "empty";
@@ -251,13 +267,32 @@ std::vector<Row> what_to_run_rows() {
                     "calibrate-from", W, K::text, "",
                     "with --calibrate: take the comm samples of this run file's "
                     "/calibration (--calibrate-comm) instead of measuring "
-                    "(repeatable)",
+                    "(repeatable); a .txt table of published figures (profiles/) makes a "
+                    "new profile from it alone",
                     [](RunConfig& c, const std::string& s) { c.calibrate_from.push_back(s); })),
-                readable_file_rule, "a readable run file", "/dev/null",
+                readable_file_rule, "a readable run file or table", "/dev/null",
                 {"", "/nonexistent-strata-run.h5", "/"}),
       size("memory-limit", W, 1125899906842624.0,
-           "with --dry-run: bytes per rank to fit in (e.g. 80GiB)",
+           "with --dry-run or --advise: bytes of device memory per rank to fit in (e.g. 80GiB)",
            [](RunConfig& c, double v) { c.memory_limit = v; }),
+      flag("advise", W,
+           "rank every strategy, mesh (tp inside a node), --advise-micro-batches size and "
+           "recompute mode that fits --memory-limit for --model on --nodes x --ranks-per-node "
+           "devices by --profile's predicted tokens/s, and exit (--plugin: only that one)",
+           [](RunConfig& c, bool b) { c.advise = b; }),
+      with_rule(text("advise-micro-batches", W, K::text, "1,2,4,8",
+                     "with --advise: the micro-batch sizes to try",
+                     [](RunConfig& c, const std::string& s) {
+                       c.advise_micro_batches.clear();
+                       for (std::size_t at = 0; at < s.size(); at = s.find(',', at) + 1) {
+                         c.advise_micro_batches.push_back(std::stoi(s.substr(at)));
+                         if (s.find(',', at) == std::string::npos) break;
+                       }
+                     }),
+                micro_batch_list_rule, "sizes 1..65536, comma-separated", "1,2,4",
+                {"", "0", "1,,2", "a", "1,-2", "99999"}),
+      integer("advise-top", W, "10", 1, 100000, "with --advise: table rows to print",
+              [](RunConfig& c, long long v) { c.advise_top = int(v); }),
       choice(text("transport", W, K::choice, "mpi", "communication backend of the mesh groups",
                   [](RunConfig& c, const std::string& s) { c.transport = s; }),
              transports_built()),

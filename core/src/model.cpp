@@ -25,6 +25,11 @@ const std::vector<ModelPreset>& model_presets() {
       // GPU's tensor-core GEMMs (50257 left cuBLAS with its slowest, align-1 kernels: 14 ms of a
       // 131 ms step on an H100) and the vocabulary splits over tp = 2, 4, 8, 16, 32, 64.
       {{"gpt2-124m", 12, 768, 12, 1024, 50304}, 6e-4},
+      // GPT-3's 6.7B and 175B shapes (Brown et al. 2020, table 2.1; lr as there), with the same
+      // padded vocabulary: for the predictor and the advisor (--dry-run, --advise), far beyond
+      // what a CPU trains.
+      {{"gpt3-6.7b", 32, 4096, 32, 2048, 50304}, 1.2e-4},
+      {{"gpt3-175b", 96, 12288, 96, 2048, 50304}, 0.6e-4},
   };
   return presets;
 }

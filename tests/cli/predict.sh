@@ -35,11 +35,14 @@ for s in ddp zero1 zero3; do
 done
 out=$("$runner" --dry-run --profile "$profile" --plugin 1f1b --model tiny --micro-batch 4 --global-batch 16 --mesh pp=2 --ranks-per-node 2)
 grep -qE "^  bubble +[0-9.]+ ms" <<<"$out" && grep -q "^  step " <<<"$out" || { echo "$out"; fail "1f1b"; }
-# Beyond the profile: a model shape it never saw, tensor parallelism: said, not guessed.
+# tp: the GEMM passes split, the tp all-reduces exposed (test_predict checks the numbers).
+out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --micro-batch 4 --mesh tp=2 --ranks-per-node 2)
+grep -qE "^  exposed comm +[0-9.]+ ms" <<<"$out" && grep -q "^  step " <<<"$out" || { echo "$out"; fail "tp"; }
+# Beyond the profile: a model shape it never saw, sequence parallelism: said, not guessed.
 out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --ranks-per-node 2)
 grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "unknown shape"; }
-out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --mesh tp=2 --ranks-per-node 2)
-grep -q "no time model: tensor parallelism" <<<"$out" || { echo "$out"; fail "tp"; }
+out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --mesh tp=2 --ranks-per-node 2 --plugin-opt sp=on)
+grep -q "no time model: sequence parallelism" <<<"$out" || { echo "$out"; fail "tp sp=on"; }
 # The comm part from a finished run's /calibration (--calibrate-comm), without measuring again.
 "$runner" --plugin ddp --model tiny --micro-batch 4 --ranks-per-node 2 --steps 3 --warmup 1 --calibrate-comm \
   --quiet --out "$dir" --run-id cal >/dev/null 2>&1 || fail "run with --calibrate-comm"

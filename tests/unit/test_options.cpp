@@ -101,6 +101,9 @@ TEST(Options, EveryOptionAcceptsItsValidExample) {
     if (o.name == "calibrate") args.insert(args.end(), {"--profile", "machine.h5"});
     if (o.name == "calibrate-from")
       args.insert(args.end(), {"--calibrate", "--profile", "machine.h5"});
+    if (o.name.rfind("advise", 0) == 0)  // --advise and its own options
+      args.insert(args.end(), {"--profile", "machine.h5", "--memory-limit", "80GiB"});
+    if (o.name.rfind("advise-", 0) == 0) args.push_back("--advise");
     EXPECT_NO_THROW(parse(args)) << "--" << o.name << " " << v;
   }
 }

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "predict/predictor.hpp"
 #include "predict/profile.hpp"
+#include "predict/published_profile.hpp"
 #include "strata/data_parallel.hpp"
 
 namespace strata {
@@ -141,6 +143,79 @@ TEST(ProfileFile, RefusesAFileThatIsNotAProfile) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--profile /dev/null"), std::string::npos) << e.what();
   }
+}
+
+TEST(FindCompute, PublishedProfilesScaleToOtherShapesByFlops) {
+  const ModelSpec m = tiny();  // h 64, T 64, V 256
+  MachineProfile p = synthetic_profile(m, 4);
+  ModelSpec wide = m;
+  wide.preset = "custom", wide.hidden = 128, wide.layers = 5;
+  std::string how;
+  // A measured profile answers only for the shapes it measured.
+  EXPECT_FALSE(find_compute(p, wide, 4, "cpu", "fp32", 1, 2, &how));
+  p.source = "published";
+  const auto e = find_compute(p, wide, 4, "cpu", "fp32", 1, 2, &how);
+  ASSERT_TRUE(e);
+  EXPECT_NE(how.find("scaled FLOP-proportionally from the tiny entry"), std::string::npos) << how;
+  // Per token: a block 24 h^2 + 4 h T (98304 + 16384 at h 64; 393216 + 32768 at h 128), the head
+  // 2 h V, the embedding h; same tokens.
+  const double block = (393216.0 + 32768) / (98304 + 16384);
+  EXPECT_NEAR(e->block_forward_s, 10e-3 * block, 1e-15);
+  EXPECT_NEAR(e->block_backward_s, 20e-3 * block, 1e-15);
+  EXPECT_NEAR(e->block_recompute_full_s, 10e-3 * block, 1e-15);
+  EXPECT_NEAR(e->head_forward_s, 5e-3 * 2, 1e-15);
+  EXPECT_NEAR(e->embedding_backward_s, 2e-3 * 2, 1e-15);
+  EXPECT_EQ(e->model.hidden, 128);
+  // Another device or precision is still no entry.
+  EXPECT_FALSE(find_compute(p, wide, 4, "cuda", "fp32", 1, 2, &how));
+}
+
+TEST(PublishedProfile, TableGivesComputeAndFitsAndRefusesBadLines) {
+  const fs::path path =
+      fs::temp_directory_path() / ("strata-table-" + std::to_string(::getpid()) + ".txt");
+  const std::string table =
+      "description  test node\nsource  made up\ndevice cuda\nprecision bf16  # the dtype\n"
+      "gpus_per_node 4\npeak_flops_per_gpu 100e12\ngemm_efficiency 0.5\n"
+      "hbm_bytes_per_s 2e12\nmemory_efficiency 0.5\noptimizer_bytes_per_param 30\n"
+      "reference_model tiny\nmicro_batch 2\nnvlink_bytes_per_s 100e9\nnvlink_efficiency 0.5\n"
+      "nvlink_latency_s 1e-5\nnetwork_bytes_per_s 10e9\nnetwork_efficiency 0.5\n"
+      "network_latency_s 2e-5\n";
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  write(table);
+  const MachineProfile p = profile_from_table(path.string());
+  EXPECT_EQ(p.source, "published");
+  EXPECT_NE(p.description.find("source = published figures: made up"), std::string::npos);
+  EXPECT_EQ(p.node_peak_flops, 4 * 100e12);
+  ASSERT_EQ(p.compute.size(), 1u);
+  const ComputeEntry& e = p.compute[0];
+  EXPECT_EQ(e.device, "cuda");
+  EXPECT_EQ(e.ranks_per_node, 4);
+  // tiny, 2 x 64 tokens: a block's forward (24 h^2 + 4 h T) per token at 50 TFLOP/s.
+  EXPECT_NEAR(e.block_forward_s, 128 * (24.0 * 64 * 64 + 4.0 * 64 * 64) / 50e12, 1e-20);
+  EXPECT_NEAR(e.optimizer_s_per_param, 30 / 1e12, 1e-24);
+  // Inside the node: all_reduce at 50 GB/s busbw over 4 ranks is algbw 50 / 1.5.
+  EXPECT_NEAR(comm_time(p, "all_reduce", 1e9, 4, 4), 1e-5 + 1e9 * 1.5 / 50e9, 1e-12);
+  EXPECT_NEAR(comm_time(p, "all_gather", 1e9, 2, 1), 2e-5 + 1e9 * 0.5 / 5e9, 1e-12);
+  // MFU on a GPU: one rank on a node of 4 GPUs has one GPU's peak (100 TFLOP/s), not the node's
+  // whole peak divided among the query's ranks (as CPU ranks share cores).
+  StepQuery q = query("ddp", {{"bucket_mb", "25"}}, tiny(), 1, 1, 2, 2);
+  q.train.device = Device::cuda, q.train.precision.param = DType::bf16;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  EXPECT_NEAR(t.mfu, t.tokens_per_s * tiny().flops_per_token() / 100e12, 1e-12);
+  for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
+           {table + "colour blue\n", "line 19: unknown key 'colour'"},
+           {table + "gemm_efficiency fast\n", "gemm_efficiency must be a positive number"},
+           {table.substr(table.find("source")), "no 'description' line"}}) {
+    write(bad);
+    try {
+      profile_from_table(path.string());
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const ConfigError& err) {
+      EXPECT_NE(std::string(err.what()).find(says), std::string::npos) << err.what();
+    }
+  }
+  fs::remove(path);
 }
 
 TEST(Predictor, DdpWithOneBucketExposesTheWholeAllReduce) {
@@ -279,14 +354,61 @@ TEST(Predictor, PipelineTransfersDelayEachHop) {
   EXPECT_NEAR(t.exposed_comm_s, 1e-3, 1e-9);
 }
 
-TEST(Predictor, TensorParallelismAndUnknownStrategiesHaveNoTimeModel) {
+TEST(Predictor, TensorParallelismHandComputed) {
+  const ModelSpec m = tiny();                        // C 64, T 64; emb, 2 blocks, head
+  const MachineProfile p = synthetic_profile(m, 4);  // alpha 100 us, beta 1 GB/s
+  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8);  // m = 2
+  q.mesh.tp = 2, q.mesh.ranks_per_node = 2;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  // One [B*T, C] fp32 activation all-reduced: 4 x 64 x 64 x 4 bytes = 65536 -> 165.536 us.
+  const double ar = 1e-4 + 65536 / 1e9;
+  const double ce = (1e-4 + 1024 / 1e9) + (1e-4 + 2048 / 1e9);  // row max, (sum, target)
+  // Forward: emb 1 ms + ar; 2 blocks of 10/2 ms + 2 ar; head 5/2 ms + ce. Backward: emb 2 ms;
+  // 2 blocks of 20/2 ms + 2 ar; head 10/2 ms + ar. Then AdamW over 120576 / 2 parameters.
+  const double f = 1e-3 + ar + 2 * (5e-3 + 2 * ar) + 2.5e-3 + ce;
+  const double b = 2e-3 + 2 * (10e-3 + 2 * ar) + 5e-3 + ar;
+  EXPECT_NEAR(t.step_s, 2 * (f + b) + 1e-9 * 120576 / 2, 1e-12);
+  const double tp_comm = 2 * (10 * ar + ce);
+  EXPECT_NEAR(t.exposed_comm_s, tp_comm, 1e-12);
+  EXPECT_NEAR(t.compute_s, t.step_s - tp_comm, 1e-12);
+  // A full recompute adds a block forward (10/2 ms) and one all-reduce per block and micro-batch.
+  q.train.recompute = Recompute::full;
+  EXPECT_NEAR(predict_step_time(p, q).step_s - t.step_s, 2 * 2 * (5e-3 + ar), 1e-12);
+}
+
+TEST(Predictor, PipelineTimesTensorParallel) {
+  ModelSpec m = tiny();
+  m.layers = 4;
+  MachineProfile p = synthetic_profile(m, 2, 0, 1e30);  // comm free: the compute split is seen
+  ComputeEntry& e = p.compute[0];
+  e.embedding_forward_s = e.embedding_backward_s = e.head_forward_s = e.head_backward_s = 0;
+  e.block_forward_s = 2e-3, e.block_backward_s = 4e-3, e.optimizer_s_per_param = 0;
+  p.comm.push_back(CommFit{"all_gather", 2, 1, 0, 1e30, 2, 0});  // pp across the 2 nodes
+  p.comm.push_back(CommFit{"all_reduce", 2, 1, 0, 1e30, 2, 0});
+  StepQuery q = query(
+      "1f1b", {{"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}}, m,
+      1, 2, 2, 8);  // pp 2, m = 4
+  q.mesh.tp = 2, q.mesh.nodes = 2, q.mesh.ranks_per_node = 2;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  // At tp 2 the blocks take 1 / 2 ms: 2 blocks per stage, f = 2, b = 4 ms, (m + p - 1)(f + b) =
+  // 5 x 6 ms; at tp 1 twice that.
+  EXPECT_NEAR(t.step_s, 30e-3, 1e-12);
+  EXPECT_NEAR(t.bubble_s / t.step_s, 1.0 / 5, 1e-12);
+  q.mesh.tp = 1, q.mesh.ranks_per_node = 1;
+  p.compute[0].ranks_per_node = 1;
+  EXPECT_NEAR(predict_step_time(p, q).step_s, 60e-3, 1e-12);
+}
+
+TEST(Predictor, SequenceParallelismAndUnknownStrategiesHaveNoTimeModel) {
   const ModelSpec m = tiny();
   const MachineProfile p = synthetic_profile(m, 4);
-  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 4);
+  StepQuery q = query("tp", {{"sp", "on"}, {"dp", "allreduce"}}, m, 1, 1, 4, 4);
   q.mesh.tp = 2;
   StepTime t = predict_step_time(p, q);
   EXPECT_FALSE(t.modelled);
-  EXPECT_NE(t.why.find("no time model"), std::string::npos) << t.why;
+  EXPECT_NE(t.why.find("sequence parallelism"), std::string::npos) << t.why;
   t = predict_step_time(p, query("my-strategy", {}, m, 2, 1, 4, 8));
   EXPECT_FALSE(t.modelled);
   EXPECT_NE(t.why.find("my-strategy"), std::string::npos) << t.why;

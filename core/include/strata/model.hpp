@@ -46,7 +46,8 @@ struct ModelPreset {
 // The model presets, smallest first: the one table behind --model, its help, the default learning
 // rates, tests and benchmarks. "tiny" (2 layers, h 64, 4 heads, seq 64, vocab 256, lr 3e-3),
 // "small" (4, 256, 4, 128, 4096, 1e-3), "gpt2-124m" (12, 768, 12, 1024, 50304, 6e-4; GPT-2's
-// vocabulary padded to a multiple of 64).
+// vocabulary padded to a multiple of 64), "gpt3-6.7b" (32, 4096, 32, 2048, 50304, 1.2e-4),
+// "gpt3-175b" (96, 12288, 96, 2048, 50304, 0.6e-4).
 const std::vector<ModelPreset>& model_presets();
 // The preset called `name`, or null.
 const ModelPreset* find_model_preset(const std::string& name);

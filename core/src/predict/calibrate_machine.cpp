@@ -12,6 +12,7 @@
 #include "node_peak.hpp"
 #include "predict/predictor.hpp"
 #include "predict/profile.hpp"
+#include "predict/published_profile.hpp"
 #include "provenance.hpp"
 #include "strata/data_parallel.hpp"
 
@@ -136,6 +137,22 @@ MachineProfile merge_into_file(const RunConfig& config, const MachineProfile& mo
 }  // namespace
 
 void calibrate_from_runs(const RunConfig& config) {
+  const auto& from = config.calibrate_from;
+  const auto is_table = [](const std::string& path) { return path.ends_with(".txt"); };
+  if (std::any_of(from.begin(), from.end(), is_table)) {  // published figures: a new profile
+    if (from.size() != 1)
+      throw ConfigError(
+          "--calibrate-from: a published-figures table (.txt) makes a profile alone; "
+          "give it once, without run files");
+    MachineProfile profile = profile_from_table(from.front());
+    profile.created_utc = utc_timestamp();
+    write_profile(profile, config.profile);
+    std::printf(
+        "calibrate: profile %s from published figures %s: %zu compute entry, %zu comm "
+        "fits (replaces the file)\n",
+        config.profile.c_str(), from.front().c_str(), profile.compute.size(), profile.comm.size());
+    return;
+  }
   MachineProfile more;
   more.created_utc = utc_timestamp();
   more.description = "runner --calibrate-from run files";

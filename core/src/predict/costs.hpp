@@ -19,8 +19,13 @@ struct Costs {
   const MachineProfile& profile;
   const StepQuery& q;
   std::vector<double> fwd, bwd;  // per unit of the whole model, one micro-batch
+  // tp > 1: the tp all-reduces inside each unit's passes (included in fwd, bwd); empty at tp 1.
+  std::vector<double> tp_fwd, tp_bwd;
   double opt_per_param = 0;
   double fresh_per_byte = 0;  // a new buffer allocated and written (the sharded engine's)
+  // How many ranks share the node's peak for MFU: the query's ranks per node on a CPU (they split
+  // its cores); on a GPU each rank has its own device, one of the entry's ranks per node.
+  int peak_shares = 1;
   std::vector<std::string> notes;
 
   void note(const std::string& n) {
@@ -64,7 +69,7 @@ inline double sum(const std::vector<double>& v) {
   return s;
 }
 
-// Pipelines (gpipe, 1f1b, interleaved) with tp 1: pipeline_time.cpp.
+// Pipelines (gpipe, 1f1b, interleaved) and tp (one stage): pipeline_time.cpp.
 StepTime pipeline_step(Costs& c);
 
 }  // namespace strata::time_model

@@ -77,13 +77,17 @@ StepTime pipeline_step(Costs& c) {
   const int v = q.strategy == "interleaved" ? int(q.options.get_int("virtual_stages")) : 1;
   const int K = P * v;
   const ParamLayout layout(q.model);
-  const auto chunks =
-      mp::chunk_units(q.model, K, mp::parse_stage_layers(q.options.get("stage_layers")));
-  std::vector<double> fwd(K, 0), bwd(K, 0), params(P, 0);
+  const bool layers_given = q.options.values().count("stage_layers");  // tp has no pipeline
+  const auto chunks = mp::chunk_units(
+      q.model, K, mp::parse_stage_layers(layers_given ? q.options.get("stage_layers") : ""));
+  // params: a stage's local parameters (tp: 1/tp of them, the replicated LayerNorms and biases
+  // neglected); tp_comm: its tp all-reduces of one micro-batch (inside fwd, bwd).
+  std::vector<double> fwd(K, 0), bwd(K, 0), params(P, 0), tp_comm(P, 0);
   for (int k = 0; k < K; ++k)
     for (int u = chunks[k].first; u <= chunks[k].second; ++u) {
       fwd[k] += c.fwd[u], bwd[k] += c.bwd[u];
-      params[k % P] += double(layout.units()[u].count);
+      params[k % P] += double(layout.units()[u].count) / q.mesh.tp;
+      if (!c.tp_fwd.empty()) tp_comm[k % P] += c.tp_fwd[u] + c.tp_bwd[u];
     }
   double transfer = 0;
   if (P > 1) {
@@ -99,11 +103,12 @@ StepTime pipeline_step(Costs& c) {
   const StateBytes per = state_bytes_per_param(q.train.precision);
   const bool zero1 = q.options.get("dp") == "zero1" && q.mesh.dp > 1;
   StepTime t;
-  double post_max = 0, post_comm = 0;
+  double post_max = 0, post_comm = 0, tp_max = 0;
   for (int s = 0; s < P; ++s) {
     double comm = 0;
     if (P > 1 && (s == 0 || s == P - 1))
-      comm += c.comm("send", double(q.model.vocab) * q.model.hidden * per.grads, Axis::pp);
+      comm +=
+          c.comm("send", double(q.model.vocab) * q.model.hidden / q.mesh.tp * per.grads, Axis::pp);
     if (q.mesh.dp > 1 && zero1)
       comm += c.comm("reduce_scatter", per.grads * params[s], Axis::dp) +
               c.comm("all_gather", per.params * params[s], Axis::dp) +
@@ -114,15 +119,17 @@ StepTime pipeline_step(Costs& c) {
     const double update = c.opt_per_param * params[s] / (zero1 ? q.mesh.dp : 1);
     if (comm + update > post_max) post_max = comm + update;
     post_comm = std::max(post_comm, comm);
-    const double compute = r.busy[s] + update;
+    tp_max = std::max(tp_max, m * tp_comm[s]);
+    const double compute = r.busy[s] - m * tp_comm[s] + update;
     t.compute_s = std::max(t.compute_s, compute);
     t.bubble_s += (r.makespan - r.busy[s]) / P;  // the stages' mean, as bubble_fraction sums them
   }
   t.step_s = r.makespan + post_max;
   // Transfers inside the schedule are waited for in the receive: bubble, as the runs measure it.
   // What follows the schedule waits on nothing else: exposed.
-  t.exposed_comm_s = post_comm;
-  t.comm_s = post_comm + (P > 1 ? 2.0 * m * transfer * v : 0.0);  // a stage's sends and more
+  // tp's all-reduces block the compute thread: exposed too.
+  t.exposed_comm_s = post_comm + tp_max;
+  t.comm_s = post_comm + tp_max + (P > 1 ? 2.0 * m * transfer * v : 0.0);  // a stage's sends
   return t;
 }
 

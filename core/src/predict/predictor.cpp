@@ -15,8 +15,10 @@
 namespace strata {
 namespace time_model {
 
+void add_tensor_parallel(Costs& c);
+
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
-  Costs c{profile, q, {}, {}, 0, {}};
+  Costs c{profile, q, {}, {}, {}, {}, 0, 0, 1, {}};
   std::string how;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
                               profile_precision(q.train), q.threads, q.mesh.ranks_per_node, &how);
@@ -35,7 +37,36 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.fwd.push_back(e->head_forward_s), c.bwd.push_back(e->head_backward_s);
   c.opt_per_param = e->optimizer_s_per_param;
   c.fresh_per_byte = e->fresh_memory_s_per_byte;
+  c.peak_shares = q.train.device == Device::cpu ? q.mesh.ranks_per_node : e->ranks_per_node;
+  if (q.mesh.tp > 1) add_tensor_parallel(c);
   return c;
+}
+
+// Tensor parallelism (Megatron, as StageModel splits the units; sp off): every GEMM of a block and
+// the vocab-parallel LM head run on 1/tp of their columns or rows, so those passes take 1/tp of the
+// profile's time (the same achieved rate on smaller GEMMs: optimistic for narrow shards); the
+// embedding's lookup is not split. Then the tp group's all-reduces of one [B*T, C] fp32 activation
+// (add_tensor_parallel_bytes), on the compute thread, not overlapped: a block's attention and MLP
+// outputs in forward (2) and their input gradients in backward (2, and the attention's again when
+// a full recompute repeats the forward), the embedding's output, the head's input gradient and
+// the cross-entropy's row max and (sum of exp, target) pairs.
+void add_tensor_parallel(Costs& c) {
+  const StepQuery& q = c.q;
+  const double tp = q.mesh.tp, tokens = double(q.train.micro_batch) * q.model.seq;
+  const double E = tokens * q.model.hidden * sizeof(float);
+  const double ar = c.comm("all_reduce", E, Axis::tp);
+  const std::size_t head = c.fwd.size() - 1;
+  c.tp_fwd.assign(c.fwd.size(), 0), c.tp_bwd.assign(c.bwd.size(), 0);
+  for (std::size_t u = 1; u <= head; ++u) c.fwd[u] /= tp, c.bwd[u] /= tp;
+  c.tp_fwd[0] = ar;
+  for (std::size_t u = 1; u < head; ++u)
+    c.tp_fwd[u] = 2 * ar, c.tp_bwd[u] = (q.train.recompute == Recompute::full ? 3 : 2) * ar;
+  c.tp_fwd[head] = c.comm("all_reduce", tokens * sizeof(float), Axis::tp) +
+                   c.comm("all_reduce", 2 * tokens * sizeof(float), Axis::tp);
+  c.tp_bwd[head] = ar;
+  for (std::size_t u = 0; u <= head; ++u) c.fwd[u] += c.tp_fwd[u], c.bwd[u] += c.tp_bwd[u];
+  c.note("tp: GEMM passes at 1/" + std::to_string(q.mesh.tp) +
+         " of the profile's time, local parameters ~ 1/" + std::to_string(q.mesh.tp));
 }
 
 double grad_bytes(const TrainSpec& t) { return state_bytes_per_param(t.precision).grads; }
@@ -175,10 +206,9 @@ StepTime sharded_step(Costs& c) {
 
 std::vector<std::string> unmodelled_reasons(const StepQuery& q) {
   std::vector<std::string> r;
-  if (q.mesh.tp > 1) r.push_back("tensor parallelism (tp > 1) is not modelled yet");
   if (q.options.values().count("dp") && q.options.get("dp") != "allreduce" &&
       q.options.get("dp") != "zero1")
-    r.push_back("dp=" + q.options.get("dp") + " on a pipeline is not modelled yet");
+    r.push_back("dp=" + q.options.get("dp") + " with tp or a pipeline is not modelled yet");
   if (q.options.values().count("sp") && q.options.get("sp") == "on")
     r.push_back("sequence parallelism is not modelled yet");
   return r;
@@ -194,12 +224,14 @@ std::string profile_precision(const TrainSpec& train) {
 
 StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
   StepTime t;
+  int peak_shares = q.mesh.ranks_per_node;
   try {
     const bool pipeline = q.strategy == "gpipe" || q.strategy == "1f1b" ||
                           q.strategy == "interleaved" || q.strategy == "tp";
     if (pipeline)
       for (const std::string& r : unmodelled_reasons(q)) throw NoTimeModel{r};
     Costs c = make_costs(profile, q);
+    peak_shares = c.peak_shares;
     if (q.strategy == "dp")
       t = dp_step(c);
     else if (q.strategy == "ddp")
@@ -224,7 +256,7 @@ StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
   const double tokens = double(q.train.global_batch) * q.model.seq;
   t.tokens_per_s = t.step_s > 0 ? tokens / t.step_s : 0;
   if (profile.node_peak_flops > 0) {
-    const double per_rank_peak = profile.node_peak_flops / q.mesh.ranks_per_node;
+    const double per_rank_peak = profile.node_peak_flops / peak_shares;
     t.mfu = t.tokens_per_s * q.model.flops_per_token() / q.mesh.world() / per_rank_peak;
   }
   return t;

@@ -15,7 +15,10 @@
 //   gpipe, 1f1b, the pipeline schedule (pp::pipeline_schedule) of every stage replayed with the
 //   interleaved  chunks' pass times and point-to-point transfer times (sends never block), then
 //                the tied-embedding exchange, the dp gradient reduction and the update
-// Not modelled yet: tensor parallelism (tp > 1), offload copies, dp=zero2|fsdp on tp x pp meshes.
+//   tp > 1       (tp, and the pipelines' tp x pp) the GEMM passes at 1/tp of the profile's time
+//                and the tp all-reduces of Megatron's split (2 per block forward, 2 backward)
+//                on the compute thread, exposed
+// Not modelled yet: sp=on, offload copies, dp=zero2|fsdp on tp x pp meshes.
 #pragma once
 #include <string>
 #include <vector>

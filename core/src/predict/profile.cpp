@@ -140,24 +140,61 @@ std::vector<CommSample> samples_from_run(const RunRecord& run) {
   return out;
 }
 
+namespace {
+
+// Forward FLOPs of one token through a unit, as ModelSpec::flops_per_token counts them (a block's
+// GEMMs 24 h^2 and its attention 4 h T; the LM head 2 h V); the embedding's lookup as h.
+struct UnitFlops {
+  double embedding, block, attention, head;
+  explicit UnitFlops(const ModelSpec& m)
+      : embedding(m.hidden),
+        block(24.0 * m.hidden * m.hidden + 4.0 * m.hidden * m.seq),
+        attention(4.0 * m.hidden * m.seq),
+        head(2.0 * m.hidden * m.vocab) {}
+};
+
+// A published profile's entry carried to another shape at the same achieved FLOP rate: every
+// pass scaled by its FLOPs per token (tokens per micro-batch: model.seq).
+void scale_to_shape(ComputeEntry& e, const ModelSpec& model) {
+  const UnitFlops from(e.model), to(model);
+  const double tokens = double(model.seq) / e.model.seq;
+  const double emb = tokens * to.embedding / from.embedding, blk = tokens * to.block / from.block;
+  const double att = tokens * to.attention / from.attention, head = tokens * to.head / from.head;
+  e.embedding_forward_s *= emb, e.embedding_backward_s *= emb;
+  e.block_forward_s *= blk, e.block_backward_s *= blk, e.block_recompute_full_s *= blk;
+  e.block_recompute_selective_s *= att;
+  e.head_forward_s *= head, e.head_backward_s *= head;
+  e.model = model;
+}
+
+}  // namespace
+
 std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpec& model,
                                          int micro_batch, const std::string& device,
                                          const std::string& precision, int threads,
                                          int ranks_per_node, std::string* how) {
   const ComputeEntry* best = nullptr;
-  std::tuple<int, int, int> best_distance{};
+  std::tuple<int, int, int, int> best_distance{};
+  // Measured profiles answer only for shapes they measured; a published one's achieved rate
+  // carries to any shape (FLOP-proportional, the entry with the nearest FLOPs per token).
+  const bool any_shape = p.source == "published";
   for (const ComputeEntry& e : p.compute) {
-    if (shape_key(e.model) != shape_key(model) || e.device != device || e.precision != precision)
-      continue;
-    const std::tuple<int, int, int> d{std::abs(e.threads - threads),
-                                      std::abs(e.ranks_per_node - ranks_per_node),
-                                      std::abs(e.micro_batch - micro_batch)};
+    const bool same = shape_key(e.model) == shape_key(model);
+    if ((!same && !any_shape) || e.device != device || e.precision != precision) continue;
+    const double flop_gap = std::abs(std::log(e.model.flops_per_token() / model.flops_per_token()));
+    const std::tuple<int, int, int, int> d{int(1e6 * flop_gap), std::abs(e.threads - threads),
+                                           std::abs(e.ranks_per_node - ranks_per_node),
+                                           std::abs(e.micro_batch - micro_batch)};
     if (!best || d < best_distance) best = &e, best_distance = d;
   }
   if (!best) return std::nullopt;
   ComputeEntry e = *best;
   std::string differs;
   auto note = [&](const std::string& s) { differs += (differs.empty() ? "" : ", ") + s; };
+  if (shape_key(e.model) != shape_key(model)) {
+    note("compute scaled FLOP-proportionally from the " + e.model.preset + " entry");
+    scale_to_shape(e, model);
+  }
   if (e.threads != threads) note("measured with " + std::to_string(e.threads) + " thread(s)");
   if (e.ranks_per_node != ranks_per_node)
     note("measured with " + std::to_string(e.ranks_per_node) + " rank(s) per node");

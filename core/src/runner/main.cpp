@@ -30,6 +30,7 @@
 #include "format.hpp"
 #include "launch.hpp"
 #include "plugin_loader.hpp"
+#include "predict/advise_cli.hpp"
 #include "predict/calibrate_machine.hpp"
 #include "predict/predictor.hpp"
 #include "process_memory.hpp"
@@ -263,6 +264,10 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
       0)  // a library in a named directory that did not load is worth a line in a run too
     for (const std::string& problem : registry.problems())
       std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
+  if (config.advise) {  // predictions only: no ranks
+    if (env.rank == 0) exit_code = advise_from_config(config, registry);
+    return false;
+  }
   if (config.calibrate && !config.calibrate_from.empty()) {  // no measurement: no ranks
     if (env.rank == 0) calibrate_from_runs(config);
     return false;

@@ -1,0 +1,244 @@
+// advise, format_advice (advisor.hpp).
+#include "predict/advisor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "format.hpp"
+#include "plugin_loader.hpp"
+#include "strata/mesh.hpp"
+
+namespace strata {
+namespace {
+
+struct Variant {
+  std::string label;  // "dp=zero1", "" for the defaults
+  Options options;
+  std::shared_ptr<Strategy> strategy;
+};
+
+// The strategy with its defaults, and once per other choice of its `dp` option (what the dp
+// axis of a model-parallel mesh does). Other options keep their defaults.
+std::vector<Variant> variants_of(const AdviseStrategy& s) {
+  std::vector<Variant> out;
+  auto add = [&](const std::string& kv) {
+    const Options o = validate_options(
+        *s.spec, kv.empty() ? std::vector<std::string>{} : std::vector<std::string>{kv});
+    out.push_back({kv, o, s.create(o)});
+  };
+  add("");
+  for (const OptionSpec& o : s.spec->options)
+    if (o.name == "dp" && o.type == OptionType::choice)
+      for (const std::string& c : o.choices)
+        if (c != o.default_value) add("dp=" + c);
+  return out;
+}
+
+// Whether a strategy takes a tp (pp) axis at all: its validate() on a small model that every
+// axis divides. A strategy that refuses both is data-parallel only.
+bool takes_axis(const Strategy& s, int tp, int pp) {
+  ModelSpec probe;
+  probe.layers = 8, probe.hidden = 64, probe.heads = 8, probe.seq = 64, probe.vocab = 256;
+  TrainSpec t;
+  t.micro_batch = 1, t.global_batch = 8 * pp;
+  try {
+    s.validate(MeshSpec{1, tp, pp, 1, tp * pp}, t, probe);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// The largest rank's device memory: the first and last pipeline stage (the first holds the most
+// blocks, the embedding and the most micro-batches in flight; the last the head), each at both
+// ends of dp and tp (the last dp shard and the last vocabulary rows may be padded).
+double device_memory(const Strategy& s, const MeshSpec& mesh, const AdviseRequest& r,
+                     const TrainSpec& train) {
+  const Mesh m(mesh);
+  double worst = 0;
+  for (int pp : {0, mesh.pp - 1})
+    for (const auto [dp, tp] : {std::pair{0, 0}, std::pair{mesh.dp - 1, mesh.tp - 1}}) {
+      const Prediction p = s.predict(PredictInput{mesh, r.model, train, m.rank_of(dp, tp, pp)});
+      double total = 0;
+      for (int t = 0; t < kNumMemTags; ++t)
+        if (!is_host_tag(MemTag(t))) total += p.memory_bytes[t];
+      worst = std::max(worst, total);
+    }
+  return worst;
+}
+
+// One configuration through the checks, in order; true when it is ranked.
+bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant& v, Candidate& c,
+           Advice& out) {
+  auto exclude = [&](Exclusion why, const std::string& detail) {
+    out.excluded.push_back({c, why, detail});
+    return false;
+  };
+  const int per_step = c.micro_batch * c.mesh.dp;
+  c.global_batch = r.global_batch ? r.global_batch : per_step;
+  if (c.global_batch % per_step != 0)
+    return exclude(Exclusion::divisibility,
+                   "--global-batch " + std::to_string(c.global_batch) +
+                       " is not a multiple of micro-batch x dp = " + std::to_string(per_step));
+  TrainSpec train = r.train;
+  train.micro_batch = c.micro_batch, train.global_batch = c.global_batch;
+  train.recompute = c.recompute;
+  try {
+    v.strategy->validate(c.mesh, train, r.model);
+  } catch (const std::exception& e) {
+    return exclude(Exclusion::divisibility, one_line(e.what()));
+  }
+  c.memory_bytes = device_memory(*v.strategy, c.mesh, r, train);
+  if (c.memory_bytes > r.memory_limit) return exclude(Exclusion::memory, "");
+  c.time = predict_step_time(
+      profile, StepQuery{c.strategy, c.options, c.mesh, r.model, train, r.threads, {}});
+  if (!c.time.modelled) return exclude(Exclusion::no_time_model, c.time.why);
+  out.ranked.push_back(c);
+  return true;
+}
+
+}  // namespace
+
+std::string Candidate::label() const {
+  std::ostringstream s;
+  s << strategy << (variant.empty() ? "" : " " + variant) << " dp" << mesh.dp << " tp" << mesh.tp
+    << " pp" << mesh.pp << " mb" << micro_batch << " " << recompute_name(recompute);
+  return s.str();
+}
+
+Advice advise(const MachineProfile& profile, const AdviseRequest& r,
+              const std::vector<AdviseStrategy>& strategies) {
+  Advice out;
+  const int world = r.nodes * r.ranks_per_node;
+  for (const AdviseStrategy& s : strategies) {
+    const std::vector<Variant> variants = variants_of(s);
+    const Strategy& probe = *variants.front().strategy;  // interleaved needs pp >= 2 for tp
+    const bool tp_axis = takes_axis(probe, 2, 1) || takes_axis(probe, 2, 2);
+    const bool pp_axis = takes_axis(probe, 1, 2) || takes_axis(probe, 2, 2);
+    out.notes.push_back(s.name + ": " +
+                        (tp_axis && pp_axis ? "dp x tp x pp (pp >= 2)"
+                         : tp_axis          ? "dp x tp (tp >= 2)"
+                         : pp_axis          ? "dp x pp (pp >= 2)"
+                                            : "dp only"));
+    for (const int tp : tp_axis ? divisors(r.ranks_per_node) : std::vector<int>{1})
+      for (const int pp : pp_axis ? divisors(world / tp) : std::vector<int>{1}) {
+        // Without its own axis a model-parallel strategy is its dp mode, enumerated as such.
+        if (world % (tp * pp) != 0 || (pp_axis && pp == 1) || (tp_axis && !pp_axis && tp == 1))
+          continue;
+        const MeshSpec mesh{world / (tp * pp), tp, pp, r.nodes, r.ranks_per_node};
+        for (const Variant& v : variants) {
+          if (!v.label.empty() && mesh.dp == 1) continue;  // dp's choices change nothing at dp 1
+          for (const int mb : r.micro_batches)
+            for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+              Candidate c{s.name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
+              check(profile, r, v, c, out);
+            }
+        }
+      }
+  }
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const auto& a, const auto& b) {
+    if (a.time.tokens_per_s != b.time.tokens_per_s)
+      return a.time.tokens_per_s > b.time.tokens_per_s;
+    return a.memory_bytes < b.memory_bytes;  // as fast: the one leaving more memory free
+  });
+  return out;
+}
+
+namespace {
+
+std::string gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(1ull << 30));
+  return b;
+}
+
+void print_ranked(std::ostringstream& o, const Advice& a, int top) {
+  char line[512];
+  std::snprintf(line, sizeof line, "%4s  %-40s %10s %12s %6s %10s %10s %8s\n", "rank",
+                "configuration", "step", "tokens/s", "MFU", "memory", "exp. comm", "bubble");
+  o << line;
+  for (int i = 0; i < std::min<int>(top, int(a.ranked.size())); ++i) {
+    const Candidate& c = a.ranked[std::size_t(i)];
+    const StepTime& t = c.time;
+    char step[32];  // ms below a second
+    std::snprintf(step, sizeof step, t.step_s < 1 ? "%.2f ms" : "%.3f s",
+                  t.step_s < 1 ? 1e3 * t.step_s : t.step_s);
+    std::snprintf(line, sizeof line, "%4d  %-40s %10s %12.0f %5.1f%% %10s %8.1f %% %6.1f %%\n",
+                  i + 1, c.label().c_str(), step, t.tokens_per_s, t.mfu >= 0 ? 100 * t.mfu : 0,
+                  human_bytes(c.memory_bytes).c_str(), 100 * t.exposed_comm_s / t.step_s,
+                  100 * t.bubble_s / t.step_s);
+    o << line;
+  }
+}
+
+// Divisibility and "no time model" exclusions grouped by their message with the numbers taken
+// out; one example each with the numbers in.
+void print_grouped(std::ostringstream& o, const Advice& a, Exclusion why, const char* title) {
+  std::map<std::string, std::pair<int, const Excluded*>> groups;
+  int n = 0;
+  for (const Excluded& e : a.excluded)
+    if (e.why == why) {
+      auto& g = groups[std::regex_replace(e.detail, std::regex("[0-9]+"), "N")];
+      if (!g.second) g.second = &e;
+      ++g.first, ++n;
+    }
+  if (n == 0) return;
+  o << "excluded, " << title << ": " << n << "\n";
+  for (const auto& [key, g] : groups)
+    o << "  " << g.first << " x " << g.second->detail << "  (e.g. " << g.second->candidate.label()
+      << ")\n";
+}
+
+}  // namespace
+
+std::string format_advice(const Advice& a, const AdviseRequest& r, int top) {
+  std::ostringstream o;
+  const int world = r.nodes * r.ranks_per_node;
+  o << "advise: " << r.model.preset << " (" << r.model.total_params() << " params) on " << world
+    << " devices (" << r.nodes << " node(s) x " << r.ranks_per_node << "), memory limit "
+    << gib(r.memory_limit) << " per device, global batch "
+    << (r.global_batch ? std::to_string(r.global_batch) : std::string("micro-batch x dp")) << "\n";
+  o << "strategies: ";
+  for (std::size_t i = 0; i < a.notes.size(); ++i) o << (i ? "; " : "") << a.notes[i];
+  o << "\n"
+    << a.ranked.size() + a.excluded.size() << " configurations: " << a.ranked.size()
+    << " fit and are ranked by predicted tokens/s, " << a.excluded.size() << " excluded\n";
+  if (a.ranked.empty())
+    o << "no configuration fits\n";
+  else
+    print_ranked(o, a, top);
+  std::vector<const Excluded*> memory;
+  for (const Excluded& e : a.excluded)
+    if (e.why == Exclusion::memory) memory.push_back(&e);
+  std::sort(memory.begin(), memory.end(), [](const Excluded* x, const Excluded* y) {
+    return x->candidate.memory_bytes < y->candidate.memory_bytes;
+  });
+  if (!memory.empty()) {
+    o << "excluded, memory: " << memory.size() << " need more than " << gib(r.memory_limit)
+      << "; the closest:\n";
+    for (std::size_t i = 0; i < std::min<std::size_t>(3, memory.size()); ++i)
+      o << "  " << memory[i]->candidate.label() << " needs "
+        << gib(memory[i]->candidate.memory_bytes) << " ("
+        << human_bytes(memory[i]->candidate.memory_bytes - r.memory_limit) << " over)\n";
+    o << "  the largest: " << memory.back()->candidate.label() << " needs "
+      << gib(memory.back()->candidate.memory_bytes) << "\n";
+  }
+  print_grouped(o, a, Exclusion::divisibility, "divisibility");
+  print_grouped(o, a, Exclusion::no_time_model, "no time model");
+  if (!a.ranked.empty() && !a.ranked.front().time.notes.empty())
+    o << "assumptions (rank 1): " << a.ranked.front().time.notes << "\n";
+  return o.str();
+}
+
+}  // namespace strata

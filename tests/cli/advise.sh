@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# runner --advise: bad input refused in one line (exit 2) before any work; the profile made from
+# published figures; GPT-3 175B on 1,024 and 4,096 H100-class GPUs in seconds, naming a
+# configuration that fits 80 GiB with a plausible MFU; exit 4 when nothing fits.
+#   advise.sh RUNNER SCRATCH_DIR TABLE
+set -eu
+runner=$1
+dir=$2
+table=$3
+rm -rf "$dir" && mkdir -p "$dir"
+fail() { echo "FAIL: $*"; exit 1; }
+profile=$dir/h100.h5
+
+# Bad input: exit 2, one line on stderr naming the option.
+refused() {  # EXPECTED-TEXT ARGS...
+  local want=$1; shift
+  local rc=0
+  "$runner" "$@" >"$dir/out.txt" 2>"$dir/err.txt" || rc=$?
+  [ "$rc" = 2 ] || { cat "$dir/out.txt" "$dir/err.txt"; fail "$*: exit $rc, not 2"; }
+  [ "$(wc -l <"$dir/err.txt")" = 1 ] && grep -qF -- "$want" "$dir/err.txt" \
+    || { cat "$dir/err.txt"; fail "$*: not one line with '$want'"; }
+}
+refused "--advise: needs --profile" --advise --model tiny --memory-limit 80GiB
+refused "--advise: needs --memory-limit" --advise --model tiny --profile "$profile"
+refused "--advise-micro-batches" --advise --profile "$profile" --memory-limit 80GiB --advise-micro-batches 2,0
+refused "--mesh: --advise tries every" --advise --profile "$profile" --memory-limit 80GiB --mesh tp=2
+refused "--advise-top: only with --advise" --advise-top 3
+refused "--profile $dir/none.h5" --advise --profile "$dir/none.h5" --memory-limit 80GiB
+grep -v "^gemm_efficiency" "$table" >"$dir/bad.txt"
+refused "no 'gemm_efficiency' line" --calibrate --calibrate-from "$dir/bad.txt" --profile "$dir/bad.h5"
+"$runner" --calibrate --calibrate-from "$table" --profile "$profile" >/dev/null || fail "profile from the table"
+refused "--plugin nosuch: no such strategy" --advise --plugin nosuch --profile "$profile" --memory-limit 80GiB
+
+# The profile says where its numbers come from.
+/usr/bin/python3 - "$profile" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1])
+assert f.attrs["schema"] == "strata-profile/1" and f.attrs["source"] == "published", dict(f.attrs)
+d = f.attrs["description"]
+assert "source = published figures: NVIDIA H100" in d and "989 TFLOP/s" in d, d
+assert f["node_peak_flops"][0] == 8 * 989e12, f["node_peak_flops"][0]
+c = f["compute"]
+assert list(c["preset"]) == [b"gpt3-175b"] and list(c["device"]) == [b"cuda"], list(c["preset"])
+# A block's forward: 2048 tokens x (24 h^2 + 4 h T) FLOPs at 0.6 x 989 TFLOP/s.
+h, T = 12288, 2048
+want = T * (24 * h * h + 4 * h * T) / (0.6 * 989e12)
+assert abs(c["block_forward_s"][0] / want - 1) < 1e-12, (c["block_forward_s"][0], want)
+assert len(f["comm_fits/op"]) == 9
+PY
+
+# GPT-3 175B on 1,024 GPUs (128 nodes x 8), 80 GiB each, Megatron-LM's global batch of 1536.
+"$runner" --advise --profile "$profile" --model gpt3-175b --nodes 128 --ranks-per-node 8 \
+  --memory-limit 80GiB --global-batch 1536 --advise-micro-batches 1,2 --advise-top 5 >"$dir/175b.txt" \
+  || { cat "$dir/175b.txt"; fail "175b on 1024"; }
+/usr/bin/python3 - "$dir/175b.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+row = re.search(r"^ +1  (\S+) .*?dp(\d+) tp(\d+) pp(\d+) mb(\d+) \S+ +([0-9.]+) m?s +(\d+) +([0-9.]+)% +([0-9.]+) GiB", text, re.M)
+assert row, text
+dp, tp, pp = int(row[2]), int(row[3]), int(row[4])
+assert dp * tp * pp == 1024 and tp <= 8, row[0]
+mfu, mem = float(row[8]), float(row[9])
+assert mem <= 80, row[0]
+# Megatron-LM (Narayanan et al. 2021): 175B on 1,024 A100s at 44% of peak; an H100-class
+# profile with a 60% GEMM efficiency should land in the same range.
+assert 25 <= mfu <= 60, row[0]
+assert float(re.search(r"advised in ([0-9.]+) s", text)[1]) < 30, text
+assert "excluded, memory:" in text and "excluded, divisibility:" in text, text
+PY
+"$runner" --advise --profile "$profile" --model gpt3-175b --nodes 512 --ranks-per-node 8 \
+  --memory-limit 80GiB --global-batch 1536 --advise-top 3 >"$dir/4096.txt" || { cat "$dir/4096.txt"; fail "175b on 4096"; }
+grep -qE "^ +1  1f1b|^ +1  gpipe|^ +1  interleaved" "$dir/4096.txt" || { cat "$dir/4096.txt"; fail "4096: no pipeline first"; }
+# Nothing fits: said, exit 4.
+rc=0
+"$runner" --advise --profile "$profile" --model gpt3-175b --nodes 1 --ranks-per-node 8 \
+  --memory-limit 80GiB --advise-micro-batches 1 >"$dir/none.txt" || rc=$?
+[ "$rc" = 4 ] && grep -q "^no configuration fits" "$dir/none.txt" || { cat "$dir/none.txt"; fail "8 GPUs: exit $rc"; }
+echo "advise: ok"
