@@ -1,4 +1,4 @@
-// Reads a run file (schema strata-run/1, shared DESIGN.md "Results") back into a RunRecord.
+// Reads a run file (schema strata-run/1, docs/architecture.md "Run file") back into a RunRecord.
 // Strings may be variable-length or fixed-length; attribute order is creation order when the file
 // tracks it (files written by strata do), else name order.
 #include <climits>

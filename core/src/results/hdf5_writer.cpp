@@ -1,5 +1,5 @@
-// Writes one run file (schema strata-run/1, shared DESIGN.md "Results") atomically: the file is
-// built under a temporary name in the target directory, closed, then renamed onto the real name.
+// Writes one run file (schema strata-run/1, docs/architecture.md "Run file") atomically: the file
+// is built under a temporary name in the target directory, closed, then renamed onto the real name.
 #include <fcntl.h>
 #include <unistd.h>
 

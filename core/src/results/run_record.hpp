@@ -1,5 +1,5 @@
-// Everything one run file holds (schema strata-run/1, see shared DESIGN.md "Results"), gathered on
-// rank 0 before writing. Matrices are row-major [ranks x steps] or [ranks x tags].
+// Everything one run file holds (schema strata-run/1, see docs/architecture.md "Run file"),
+// gathered on rank 0 before writing. Matrices are row-major [ranks x steps] or [ranks x tags].
 #pragma once
 #include <cstdint>
 #include <map>
