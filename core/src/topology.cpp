@@ -209,7 +209,8 @@ NodeTopology decode_topology(const std::string& text) {
 }
 
 std::vector<NodeTopology> gather_node_topologies() {
-  const std::string host = mpi::processor_name();
+  std::string host = mpi::processor_name();
+  if (host.empty() || host == "." || host == "..") host = "unknown";  // an HDF5 group name
   const std::string mine =
       mpi::local_rank().rank == 0 ? encode_topology(collect_node_topology(host)) : "";
   const std::vector<std::string> all = mpi::control_gather_strings(mine);

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
+#include "results/run_record.hpp"
 #include "topology.hpp"
 
 namespace {
@@ -79,6 +81,31 @@ TEST(Topology, ThisMachineAndProviders) {
   const strata::NodeTopology with = strata::collect_node_topology("here");
   EXPECT_EQ(with.str("gpu_links"), "X");
   EXPECT_EQ(with.text.size(), n.text.size() + 1);
+}
+
+// The run file's /provenance/topology: int64 and string attributes per host, read back in order.
+TEST(Topology, RunFileRoundTrip) {
+  FakeNode fake(kFakeXml);
+  strata::RunRecord in;
+  in.run_id = "topology";
+  in.ranks = 2;
+  in.hostnames = {"node-a", "node-b"};
+  in.topology = {strata::collect_node_topology("node-a"), strata::collect_node_topology("node-b")};
+  in.topology[1].text.emplace_back("gpu_links", "X NV18; NV18 X");
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("strata-topology-" + std::to_string(getpid()));
+  const std::string path = (dir / "run.h5").string();
+  strata::write_run_file(in, path);
+  const strata::RunRecord out = strata::read_run_file(path);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(out.topology.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(out.topology[i].host, in.topology[i].host);
+    EXPECT_EQ(out.topology[i].numbers, in.topology[i].numbers);
+    EXPECT_EQ(out.topology[i].text, in.topology[i].text);
+  }
+  EXPECT_EQ(out.topology[0].number("cores"), 8);
+  EXPECT_EQ(out.topology[1].str("gpu_links"), "X NV18; NV18 X");
 }
 
 }  // namespace
