@@ -22,6 +22,18 @@ TEST(NvmlTopology, MatrixInNvidiaSmiWords) {
   EXPECT_EQ(strata::cuda::path_name(7), "?");
 }
 
+// NVML's answers turned into the matrix, on a stand-in library (fake_nvml.cpp) with three GPUs.
+TEST(NvmlTopology, MatrixFromNvml) {
+  strata::NodeTopology node{"here", {{"cores", 2}}, {}};
+  strata::cuda::add_gpu_links(node, STRATA_FAKE_NVML);
+  EXPECT_EQ(node.number("nvml_gpus"), 3);
+  EXPECT_EQ(node.str("gpu_links"), "X NV4 PIX; NV4 X SYS; PIX SYS X");
+  strata::NodeTopology none{"here", {}, {}};
+  strata::cuda::add_gpu_links(none, "libstrata-no-such-nvml.so");  // no library: nothing added
+  EXPECT_TRUE(none.numbers.empty());
+  EXPECT_TRUE(none.text.empty());
+}
+
 // Without libnvidia-ml (no driver) nothing is added; with it, an n x n matrix for nvml_gpus = n.
 TEST(NvmlTopology, ProviderOnThisMachine) {
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);

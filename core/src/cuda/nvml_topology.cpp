@@ -32,8 +32,8 @@ struct Nvml {
   int (*remote_pci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
   int (*pci)(nvmlDevice_t, nvmlPciInfo_t*) = nullptr;
 
-  Nvml() {
-    lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  explicit Nvml(const char* library) {
+    lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
     if (!lib) return;
     load(init, "nvmlInit_v2");
     load(shutdown, "nvmlShutdown");
@@ -120,8 +120,8 @@ std::string link_matrix_text(const std::vector<std::vector<int>>& nvlinks,
   return out;
 }
 
-void add_gpu_links(NodeTopology& node) {
-  const Nvml nvml;
+void add_gpu_links(NodeTopology& node, const char* library) {
+  const Nvml nvml(library);
   unsigned n = 0;
   if (!nvml.started || nvml.count(&n) != kNvmlSuccess || n == 0) return;
   std::vector<nvmlDevice_t> gpus(n);
@@ -138,6 +138,8 @@ void add_gpu_links(NodeTopology& node) {
   node.text.emplace_back("gpu_links", link_matrix_text(nvlink_counts(nvml, gpus, pci), levels));
 }
 
-void register_topology() { register_topology_provider(&add_gpu_links); }
+void register_topology() {
+  register_topology_provider([](NodeTopology& node) { add_gpu_links(node); });
+}
 
 }  // namespace strata::cuda

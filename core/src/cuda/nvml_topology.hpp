@@ -22,7 +22,8 @@ std::string link_matrix_text(const std::vector<std::vector<int>>& nvlinks,
 
 // The topology provider: adds nvml_gpus (int64) and gpu_links (text, over all of the node's GPUs
 // in NVML's PCI order, as nvidia-smi) when NVML loads and sees a GPU; otherwise adds nothing.
-void add_gpu_links(NodeTopology& node);
+// `library`: the NVML to open (the tests' stand-in; the provider uses the driver's).
+void add_gpu_links(NodeTopology& node, const char* library = "libnvidia-ml.so.1");
 
 // register_topology_provider(add_gpu_links): the runner calls it in CUDA builds.
 void register_topology();
