@@ -6,6 +6,7 @@ packages=(
   libopenmpi-dev openmpi-bin            # MPI transport and launcher
   libucx-dev                            # UCX transport (--transport ucx)
   libhdf5-dev hdf5-tools                # run files
+  libhwloc-dev                          # node topology in each run file's /provenance
   libboost-dev libboost-program-options-dev libboost-filesystem-dev  # CLI, Boost.DLL
   libopenblas-dev                       # CBLAS for the CPU backend
   libdnnl-dev                           # oneDNN: bf16 GEMMs for --precision bf16 on the CPU

@@ -8,6 +8,7 @@
 #include "calibrate.hpp"
 #include "format.hpp"
 #include "strata/memory.hpp"
+#include "topology.hpp"
 
 namespace strata {
 
@@ -188,6 +189,16 @@ void print_memory(const RunRecord& rec) {
   }
 }
 
+// The nodes the run ran on (hwloc, /provenance/topology); a large job lists its first few.
+void print_topology(const RunRecord& rec) {
+  constexpr std::size_t shown = 4;
+  for (std::size_t i = 0; i < rec.topology.size() && i < shown; ++i)
+    std::printf("  node         %s\n", topology_line(rec.topology[i]).c_str());
+  if (rec.topology.size() > shown)
+    std::printf("  node         ... and %zu more in /provenance/topology\n",
+                rec.topology.size() - shown);
+}
+
 }  // namespace
 
 void print_summary(const RunConfig& config, const RunRecord& rec, const std::string& path) {
@@ -230,6 +241,7 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
                 100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));
   print_busbw(rec);
   print_memory(rec);
+  print_topology(rec);
   std::printf("  run file     %s\n", path.c_str());
   std::fflush(stdout);
 }

@@ -19,6 +19,7 @@
 #include "process_memory.hpp"
 #include "provenance.hpp"
 #include "summary.hpp"
+#include "topology.hpp"
 #include "trace_timeline.hpp"
 #include "watchdog.hpp"
 
@@ -289,9 +290,12 @@ void begin_record(const RunConfig& config, RunState& state) {
     state.path = (std::filesystem::path(config.out_dir) / (r.run_id + ".h5")).string();
   }
   std::vector<std::string> hosts = mpi::control_gather_strings(mpi::processor_name());
+  std::vector<NodeTopology> nodes = gather_node_topologies();  // one per distinct host
   if (mpi::world_rank() != 0) return;
   std::lock_guard lock(state.mu);
   state.record.hostnames = hosts;
+  state.record.provenance.emplace_back("topology_summary", topology_summary(nodes));
+  state.record.topology = std::move(nodes);
 }
 
 void write_failure(RunState& state, const std::string& status, const std::string& error,

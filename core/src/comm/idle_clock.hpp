@@ -1,12 +1,12 @@
-// The compute device's clock for exposed-comm time (DESIGN.md "Measures": the time a comm stream is
-// busy while compute is idle). On the CPU the compute thread's blocked interval is the compute's
-// idle interval. On a GPU the compute stream may still be running what was queued when the host
-// starts to wait, so a device backend installs an IdleClock whose marks are events on its compute
-// stream: between the mark at the start of a wait and the mark at its end the stream was idle for
-// as long as the events measure, ending when the host stopped waiting (the stream, drained, reaches
-// the second mark at once). Those intervals are known only once the stream has passed both marks,
-// so they are recorded into the ledger when the trainer resolves them after a step's
-// synchronisation.
+// The compute device's clock for exposed-comm time (docs/architecture.md "Measures": the time a
+// comm stream is busy while compute is idle). On the CPU the compute thread's blocked interval is
+// the compute's idle interval. On a GPU the compute stream may still be running what was queued
+// when the host starts to wait, so a device backend installs an IdleClock whose marks are events on
+// its compute stream: between the mark at the start of a wait and the mark at its end the stream
+// was idle for as long as the events measure, ending when the host stopped waiting (the stream,
+// drained, reaches the second mark at once). Those intervals are known only once the stream has
+// passed both marks, so they are recorded into the ledger when the trainer resolves them after a
+// step's synchronisation.
 #pragma once
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-// Reads a run file (schema strata-run/1, shared DESIGN.md "Results") back into a RunRecord.
+// Reads a run file (schema strata-run/1, docs/architecture.md "Run file") back into a RunRecord.
 // Strings may be variable-length or fixed-length; attribute order is creation order when the file
 // tracks it (files written by strata do), else name order.
 #include <climits>
@@ -344,6 +344,35 @@ void read_memory_and_summary(hid_t file, RunRecord& r) {
   }
 }
 
+// /provenance/topology/<host>, one group per host (none in files from before it): string
+// attributes as text, numeric ones as whole numbers, in the file's order.
+std::vector<NodeTopology> read_topology(hid_t file) {
+  std::vector<NodeTopology> nodes;
+  if (!has_link(file, "/provenance/topology")) return nodes;
+  const std::string top = "/provenance/topology";
+  Group all = open_group(file, top);
+  for (const std::string& host : link_names(all, top)) {
+    const std::string path = top + "/" + host;
+    Group g = open_group(file, path);
+    NodeTopology& node = nodes.emplace_back();
+    node.host = host;
+    for (const std::string& name : attr_names(g, path)) {
+      const std::string what = "attribute '" + name + "' of '" + path + "'";
+      Attribute a = open_attr(g, path, name);
+      Type t(check(H5Aget_type(a), "get type of " + what));
+      if (H5Tget_class(t) == H5T_STRING) {
+        node.text.emplace_back(name, attr_string(g, path, name));
+        continue;
+      }
+      const double v = attr_double(g, path, name);
+      if (!(std::fabs(v) < 9e18 && v == std::floor(v)))
+        throw Error(what + " is not a whole number", kDamagedHint);
+      node.numbers.emplace_back(name, static_cast<std::int64_t>(v));
+    }
+  }
+  return nodes;
+}
+
 RunRecord read_contents(hid_t file) {
   if (check(H5Aexists(file, "schema"), "look up attribute 'schema' of '/'") <= 0)
     throw Error("not a strata run file (no 'schema' attribute on '/')", kDamagedHint);
@@ -360,6 +389,7 @@ RunRecord read_contents(hid_t file) {
   r.config = string_attrs(file, "/config");
   r.provenance = string_attrs(file, "/provenance");
   r.hostnames = dataset_strings(file, "/provenance/hostnames");
+  r.topology = read_topology(file);
   read_steps_and_comm(file, r);
   if (!r.hostnames.empty() && r.hostnames.size() != std::size_t(r.ranks))
     throw Error("dataset '/provenance/hostnames' holds " + std::to_string(r.hostnames.size()) +

@@ -1,5 +1,5 @@
-// Writes one run file (schema strata-run/1, shared DESIGN.md "Results") atomically: the file is
-// built under a temporary name in the target directory, closed, then renamed onto the real name.
+// Writes one run file (schema strata-run/1, docs/architecture.md "Run file") atomically: the file
+// is built under a temporary name in the target directory, closed, then renamed onto the real name.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -169,6 +169,19 @@ void write_header(hid_t file, const RunRecord& r) {
   dataset_strings(file, "/provenance/hostnames", r.hostnames, "");
 }
 
+// /provenance/topology/<host>: one group per distinct host, its numbers as int64 attributes and
+// its text as string attributes (topology.hpp); /provenance's topology_summary has them in words.
+void write_topology(hid_t file, const RunRecord& r) {
+  if (r.topology.empty()) return;
+  Group all = make_group(file, "/provenance/topology");
+  for (const NodeTopology& node : r.topology) {
+    const std::string path = "/provenance/topology/" + link_name(node.host, "host");
+    Group g = make_group(file, path);
+    for (const auto& [key, value] : node.numbers) attr_int(g, path, key, value);
+    for (const auto& [key, value] : node.text) attr_string(g, path, key, value);
+  }
+}
+
 // /steps: every metric [ranks x steps], with its shape also as attributes.
 void write_steps(hid_t file, const RunRecord& r) {
   const hsize_t ranks = r.ranks, steps = r.steps;
@@ -269,6 +282,7 @@ void write_contents(hid_t file, const RunRecord& r) {
                     ", steps = " + std::to_string(r.steps),
                 kRecordHint);
   write_header(file, r);
+  write_topology(file, r);
   write_steps(file, r);
   write_comm(file, r);
   write_events(file, r);

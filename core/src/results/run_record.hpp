@@ -1,5 +1,5 @@
-// Everything one run file holds (schema strata-run/1, see shared DESIGN.md "Results"), gathered on
-// rank 0 before writing. Matrices are row-major [ranks x steps] or [ranks x tags].
+// Everything one run file holds (schema strata-run/1, see docs/architecture.md "Run file"),
+// gathered on rank 0 before writing. Matrices are row-major [ranks x steps] or [ranks x tags].
 #pragma once
 #include <cstdint>
 #include <map>
@@ -47,6 +47,24 @@ struct CalibrationPoint {
   double ranks = 0, bytes = 0, time_s = 0, algbw = 0, busbw = 0;
 };
 
+// One distinct host of a run (/provenance/topology/<host>, topology.hpp): its numbers are int64
+// attributes, its text string attributes, both in this order.
+struct NodeTopology {
+  std::string host;
+  std::vector<std::pair<std::string, std::int64_t>> numbers;  // packages, cores, l3_bytes, ...
+  std::vector<std::pair<std::string, std::string>> text;      // nic_names, gpu_links, ...
+  std::int64_t number(const std::string& key) const {         // -1 when absent
+    for (const auto& [k, v] : numbers)
+      if (k == key) return v;
+    return -1;
+  }
+  std::string str(const std::string& key) const {  // "" when absent
+    for (const auto& [k, v] : text)
+      if (k == key) return v;
+    return "";
+  }
+};
+
 struct RunRecord {
   // "/" attributes
   std::string run_id;
@@ -58,6 +76,7 @@ struct RunRecord {
   std::vector<std::pair<std::string, std::string>> config;      // /config attrs, in order
   std::vector<std::pair<std::string, std::string>> provenance;  // /provenance attrs, in order
   std::vector<std::string> hostnames;                           // /provenance/hostnames [ranks]
+  std::vector<NodeTopology> topology;  // /provenance/topology/<host>: one per distinct host
 
   int ranks = 0;
   int steps = 0;

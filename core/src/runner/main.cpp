@@ -17,6 +17,7 @@
 #include "comm/transport.hpp"
 #ifdef STRATA_HAVE_CUDA
 #include "cuda/cuda_provenance.hpp"
+#include "cuda/nvml_topology.hpp"
 #endif
 #ifdef STRATA_HAVE_CUDA_BACKEND
 #include "cuda/backend.hpp"
@@ -345,6 +346,7 @@ int main(int argc, char** argv) {
   configure_allocator();  // process_memory.hpp: before any thread starts
 #ifdef STRATA_HAVE_CUDA
   cuda::register_provenance();  // CUDA, cuBLAS, NCCL versions and GPU names in /provenance
+  cuda::register_topology();    // NVML's GPU link matrix in /provenance/topology
 #endif
 #ifdef STRATA_HAVE_CUDA_BACKEND
   cuda::register_backend();  // before the options: --device's choices come from the registry
