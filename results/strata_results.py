@@ -1,13 +1,17 @@
-"""Reading strata run files (HDF5, schema strata-run/1) for the archive tools.
+"""Reading strata run files (HDF5, schema strata-run/1 or strata-run/1.1) for the archive tools.
 
 A study is a directory of run files; the tools take directories and/or files. Files that cannot
 be used are reported with the reason, one line each, and skipped: a study with a failed
 configuration, a truncated copy or a damaged file is still a study. The reasons:
     unreadable or partial (...)   not HDF5, truncated, a broken link, not a regular file
-    schema 'X', not strata-run/1  another kind of file
+    schema 'X', not strata-run/1 or strata-run/1.1   another kind of file
     status S: ERROR               a run that did not end ok
-    malformed: WHAT               schema strata-run/1 but a group, dataset or attribute the tools
+    malformed: WHAT               a strata run file, but a group, dataset or attribute the tools
                                   read is missing, of the wrong kind, shape or type
+strata-run/1.1 is strata-run/1 with typed values (README "Run files"): /config attributes are
+int64, float64, booleans (h5py's enum) or strings; counts are int64; /rank and /step are
+dimension scales. Run.config holds every /config value as text, the same for both schemas (as
+the runner prints it: 3, 0.0003, true), and Run.config_values the typed values.
 read_run() checks everything the tools use (kinds, shapes, dtypes, integer fields), so that a Run
 holds only well-formed data and the tools never fail on a file; it raises RunFileError and
 nothing else. Non-finite numbers (a diverged loss, a NaN throughput) are data, not damage: such a
@@ -27,7 +31,9 @@ import sys
 import h5py
 import numpy as np
 
-SCHEMA = "strata-run/1"
+SCHEMA = "strata-run/1.1"  # what the runner writes
+SCHEMAS = ("strata-run/1", SCHEMA)  # what the tools read
+SCHEMAS_TEXT = " or ".join(SCHEMAS)
 
 # What h5py raises for a file whose bytes are damaged (a bad object header, a truncated chunk, a
 # dangling or looping link): all mean "unreadable", never a bug of ours.
@@ -165,6 +171,31 @@ def _number(value, what):
     raise _malformed("%s is %s, not a number" % (what, _describe(value)))
 
 
+def real_text(value):
+    """The shortest %g text that reads back as value: how the runner prints a float option and
+    its C++ reader turns a float /config value into text ("0.0003", "300", "1e-300")."""
+    for digits in range(1, 18):
+        text = "%.*g" % (digits, value)
+        if float(text) == value:
+            return text
+    return text
+
+
+def _config_value(value, what):
+    """(text, typed value) of a /config attribute: a string (every value in strata-run/1), an
+    integer, a float or a boolean (strata-run/1.1)."""
+    value = _scalar(value)
+    if isinstance(value, (str, bytes)):
+        return _text(value), _text(value)
+    if isinstance(value, (bool, np.bool_)):
+        return ("true" if value else "false"), bool(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value)), int(value)
+    if isinstance(value, (float, np.floating)) and not isinstance(value, np.float16):
+        return real_text(float(value)), float(value)
+    raise _malformed("%s is %s, not a string, number or boolean" % (what, _describe(value)))
+
+
 def _strings(value, what):
     """A 1-D array attribute of strings, as a list of str."""
     if not (isinstance(value, np.ndarray) and value.ndim == 1):
@@ -259,11 +290,14 @@ class Run:
         self.status = _string(_required_attr(f, "status", "/"), "attribute status of /")
 
         config = _member(f, "config", "group", "/config")
-        self.config = {k: _string(_attr(config, k, "/config"), "/config attribute %s" % k)
-                       for k in _attr_names(config, "/config")}
+        self.config, self.config_values = {}, {}
+        for k in _attr_names(config, "/config"):
+            self.config[k], self.config_values[k] = _config_value(
+                _attr(config, k, "/config"), "/config attribute %s" % k)
         # Files from before --device ran on the CPU: so the tables, --where and compare's
         # configurations treat them like runs that say device cpu.
         self.config.setdefault("device", "cpu")
+        self.config_values.setdefault("device", "cpu")
 
         summary = _member(f, "summary", "group", "/summary")
         self.summary = {}
@@ -414,9 +448,10 @@ def read_run(path):
         schema = _attr(f, "schema", "/")
         schema = "" if schema is _MISSING else _scalar(schema)
         if not isinstance(schema, (str, bytes)):
-            raise RunFileError("schema is %s, not %s" % (_describe(schema), SCHEMA))
-        if _text(schema) != SCHEMA:
-            raise RunFileError("schema '%s', not %s" % (one_line(_text(schema), 60), SCHEMA))
+            raise RunFileError("schema is %s, not %s" % (_describe(schema), SCHEMAS_TEXT))
+        if _text(schema) not in SCHEMAS:
+            raise RunFileError("schema '%s', not %s" % (one_line(_text(schema), 60),
+                                                        SCHEMAS_TEXT))
         status = _attr(f, "status", "/")
         status = "?" if status is _MISSING else _string(status, "attribute status of /")
         if status != "ok":
