@@ -360,6 +360,16 @@ class Run:
                                        "/memory/peak_bytes")  # [ranks x tags]
         self.memory_predicted = self._array(memory, "predicted_bytes", [n_tags],
                                             "/memory/predicted_bytes")  # [tags]
+        # [ranks], or None: not in the file, or written with no rows (not measured).
+        self.process_peak = None
+        if _member(memory, "process_peak_bytes", "dataset", "/memory/process_peak_bytes",
+                   required=False) is not None:
+            peak = self._array(memory, "process_peak_bytes", [None],
+                               "/memory/process_peak_bytes")
+            if len(peak) not in (0, n_ranks):
+                raise _malformed("/memory/process_peak_bytes has %d values for %d ranks"
+                                 % (len(peak), n_ranks))
+            self.process_peak = peak if len(peak) else None
 
         # --calibrate-comm: rows of group, op, ranks, bytes, time_s, algbw, busbw.
         self.calibration = self._table(f, "calibration", CALIBRATION_NUMBERS,
