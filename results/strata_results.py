@@ -11,7 +11,8 @@ configuration, a truncated copy or a damaged file is still a study. The reasons:
 strata-run/1.1 is strata-run/1 with typed values (README "Run files"): /config attributes are
 int64, float64, booleans (h5py's enum) or strings; counts are int64; /rank and /step are
 dimension scales. Run.config holds every /config value as text, the same for both schemas (as
-the runner prints it: 3, 0.0003, true), and Run.config_values the typed values.
+the runner prints it: 3, 0.0003, true), so that --where and compare's configurations match
+across them.
 read_run() checks everything the tools use (kinds, shapes, dtypes, integer fields), so that a Run
 holds only well-formed data and the tools never fail on a file; it raises RunFileError and
 nothing else. Non-finite numbers (a diverged loss, a NaN throughput) are data, not damage: such a
@@ -172,27 +173,31 @@ def _number(value, what):
 
 
 def real_text(value):
-    """The shortest %g text that reads back as value: how the runner prints a float option and
-    its C++ reader turns a float /config value into text ("0.0003", "300", "1e-300")."""
+    """The shortest %g text that reads back as value, in fixed notation for whole powers below
+    1e16 ("0.0003", "300" not "3e+02", "1e-300", "1e+16"): how the runner prints a float option
+    and its C++ reader (run_record.hpp real_text) turns a float /config value into text."""
     for digits in range(1, 18):
         text = "%.*g" % (digits, value)
         if float(text) == value:
-            return text
+            break
+    exponent = int(text.split("e")[1]) if "e" in text else -1
+    if 0 <= exponent < 16:
+        text = "%.*g" % (exponent + 1, value)
     return text
 
 
-def _config_value(value, what):
-    """(text, typed value) of a /config attribute: a string (every value in strata-run/1), an
-    integer, a float or a boolean (strata-run/1.1)."""
+def _config_text(value, what):
+    """The text of a /config attribute: a string (every value in strata-run/1), an integer, a
+    float or a boolean (strata-run/1.1), as the runner prints it."""
     value = _scalar(value)
     if isinstance(value, (str, bytes)):
-        return _text(value), _text(value)
+        return _text(value)
     if isinstance(value, (bool, np.bool_)):
-        return ("true" if value else "false"), bool(value)
+        return "true" if value else "false"
     if isinstance(value, (int, np.integer)):
-        return str(int(value)), int(value)
-    if isinstance(value, (float, np.floating)) and not isinstance(value, np.float16):
-        return real_text(float(value)), float(value)
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return real_text(float(value))
     raise _malformed("%s is %s, not a string, number or boolean" % (what, _describe(value)))
 
 
@@ -290,14 +295,11 @@ class Run:
         self.status = _string(_required_attr(f, "status", "/"), "attribute status of /")
 
         config = _member(f, "config", "group", "/config")
-        self.config, self.config_values = {}, {}
-        for k in _attr_names(config, "/config"):
-            self.config[k], self.config_values[k] = _config_value(
-                _attr(config, k, "/config"), "/config attribute %s" % k)
+        self.config = {k: _config_text(_attr(config, k, "/config"), "/config attribute %s" % k)
+                       for k in _attr_names(config, "/config")}
         # Files from before --device ran on the CPU: so the tables, --where and compare's
         # configurations treat them like runs that say device cpu.
         self.config.setdefault("device", "cpu")
-        self.config_values.setdefault("device", "cpu")
 
         summary = _member(f, "summary", "group", "/summary")
         self.summary = {}

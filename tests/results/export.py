@@ -154,6 +154,14 @@ for i, name in enumerate(RUNS):
 paths = [os.path.join(work, "study", "sub" if i else "", n) for i, n in enumerate(RUNS)]
 
 shapes = [check_typed_file(p) for p in paths]
+# The tools see /config as the runner prints it, whatever its type on disk.
+sys.path.insert(0, tools)
+import strata_results  # noqa: E402
+config = strata_results.read_run(paths[1]).config
+want = {"world": "2", "steps": "20", "trace": "false", "plugin": "ddp", "lr": "0.003",
+        "watchdog_s": "300", "grad_clip": "1"}
+if {k: config.get(k) for k in want} != want:
+    fail("the tools' /config text: %s, want %s" % ({k: config.get(k) for k in want}, want))
 print("typed /config and dimension scales: ok in %d files" % len(paths))
 
 csv_path = os.path.join(work, "steps.csv")

@@ -721,3 +721,18 @@ TEST_F(Results, PerRankDatasetsOfTheWrongShapeAreRefused) {
 }
 
 }  // namespace
+
+// /config floats as text: the shortest that reads back, fixed notation for whole powers below 1e16
+// (results/strata_results.py real_text gives the same texts).
+TEST(RealText, ShortestRoundTripInFixedNotationWhereShort) {
+  using strata::real_text;
+  EXPECT_EQ(real_text(300), "300");
+  EXPECT_EQ(real_text(3e-4), "0.0003");
+  EXPECT_EQ(real_text(1e-300), "1e-300");
+  EXPECT_EQ(real_text(1e16), "1e+16");
+  EXPECT_EQ(real_text(1e15), "1000000000000000");
+  EXPECT_EQ(real_text(123456.5), "123456.5");
+  EXPECT_EQ(real_text(-2.5e7), "-25000000");
+  EXPECT_EQ(real_text(0), "0");
+  EXPECT_EQ(real_text(1.0 / 3), "0.3333333333333333");
+}

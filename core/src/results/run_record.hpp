@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -25,14 +26,19 @@ inline constexpr const char* kRunSchemasRead[] = {"strata-run/1", "strata-run/1.
 // TRUE = 1, h5py's own bool type, read by h5py as numpy.bool_) or a UTF-8 string.
 enum class ConfigType { text, integer, real, boolean };
 
-// The shortest "%g" text that reads back as `value` ("0.0003", "300", "1e-300"): /config floats
-// as text, the same on writing and reading (results/strata_results.py formats them alike).
+// The shortest "%g" text that reads back as `value` ("0.0003", "300", "1e-300", "1e+16"), in
+// fixed notation for whole powers below 1e16 (300, not 3e+02): /config floats as text, the same
+// on writing and reading (results/strata_results.py real_text formats them alike).
 inline std::string real_text(double value) {
-  char text[32];
-  for (int digits = 1; digits <= 17; ++digits) {
+  char text[40];
+  int digits = 1;
+  for (; digits <= 17; ++digits) {
     std::snprintf(text, sizeof text, "%.*g", digits, value);
     if (std::strtod(text, nullptr) == value) break;
   }
+  const char* e = std::strchr(text, 'e');
+  const int exponent = e ? std::atoi(e + 1) : -1;
+  if (exponent >= 0 && exponent < 16) std::snprintf(text, sizeof text, "%.*g", exponent + 1, value);
   return text;
 }
 
