@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""results/summary, compare, plot and export called as a careless user would: no or unknown arguments,
-paths that do not exist, empty directories, directories without .h5 files, a text file, a FIFO,
-bad --where and tolerance values, --out on a file, under a file, in /proc, empty, over a directory
-in the way. Table-driven: each case is the tool, its arguments, the exit code (0 done, 1 nothing
+"""results/summary, compare, plot and export called as a careless user would: no or unknown
+arguments, paths that do not exist, empty directories, directories without .h5 files, a text
+file, a FIFO, bad --where and tolerance values, --out (export -o) on a file, under a file, in
+/proc, empty, over a directory in the way. Table-driven: each case is the tool, its arguments, the exit code (0 done, 1 nothing
 usable, 2 usage error, 3 compare --strict flagged) and a substring of stderr; no case may print a
 traceback, and a usage error is exactly one line on stderr.
 usage: bad_calls.py RESULTS_DIR E2E_DIR WORK_DIR
@@ -186,5 +186,5 @@ if len(open(os.path.join(OUT, "steps.csv")).read().splitlines()) < 2:
 if failures:
     print("\n".join(["FAIL: " + f for f in failures]))
     sys.exit(1)
-print("bad calls: %d calls of summary, compare, plot and export, each its exit code and one clear line, "
-      "no traceback" % len(CASES))
+print("bad calls: %d calls of summary, compare, plot and export, each its exit code and one "
+      "clear line, no traceback" % len(CASES))

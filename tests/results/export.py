@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """results/export and the typed run file (strata-run/1.1) on real runs: reference (1 rank, no
-collective), ddp.np2 (all_reduce) and zero3.np2 (all_gather and reduce_scatter too), 2 ranks each. pandas.read_csv reads the CSV in one call with one
-row per run x rank x step, typed columns, and the values h5py reads from the files; a column of
-an op a run never called is 0 on its rows. h5py reads /config typed (int, float, bool, str not
+collective), ddp.np2 (all_reduce) and zero3.np2 (all_gather and reduce_scatter too), 2 ranks
+each. pandas.read_csv reads the CSV in one call with one row per run x rank x step, typed
+columns, and the values h5py reads from the files; a column of an op a run never called is 0 on
+its rows. h5py reads /config typed (int, float, bool, str not
 bytes) and /rank and /step are dimension scales attached to the per-rank-per-step datasets. A copy
 made a strata-run/1 file (string /config, float64 counts, no scales) exports the same table. Bad
 calls: one line on stderr, exit 2 (1 when no file is usable).
@@ -228,7 +229,7 @@ try:
     import pyarrow  # noqa: F401
     parquet = os.path.join(work, "steps.parquet")
     export(paths[1], "-o", os.devnull, "--parquet", parquet)
-    if not pd.read_parquet(parquet).equals(new):
+    if not pd.read_parquet(parquet).equals(pd.read_csv(new_csv, float_precision="round_trip")):
         fail("the Parquet table differs from the CSV one")
     print("parquet: the same table")
 except ImportError:

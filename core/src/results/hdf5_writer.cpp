@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -355,7 +354,7 @@ void attach_scales(hid_t file, const std::string& path, const std::vector<std::s
     const std::string what = "dimension " + std::to_string(i) + " of '" + path + "'";
     check(H5DSset_label(d, i, names[i].c_str()), "label " + what);
     const std::string scale_path = "/" + names[i];
-    if (names[i] == "tag" || !H5Lexists(file, scale_path.c_str(), H5P_DEFAULT)) continue;
+    if (H5Lexists(file, scale_path.c_str(), H5P_DEFAULT) <= 0) continue;  // tag: no scale
     Dataset scale(check(H5Dopen2(file, scale_path.c_str(), H5P_DEFAULT), "open " + scale_path));
     Space scale_space(check(H5Dget_space(scale), "get dataspace of " + scale_path));
     if (hsize_t(H5Sget_simple_extent_npoints(scale_space)) != dims[i]) continue;
