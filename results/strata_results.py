@@ -1,13 +1,18 @@
-"""Reading strata run files (HDF5, schema strata-run/1) for the archive tools.
+"""Reading strata run files (HDF5, schema strata-run/1 or strata-run/1.1) for the archive tools.
 
 A study is a directory of run files; the tools take directories and/or files. Files that cannot
 be used are reported with the reason, one line each, and skipped: a study with a failed
 configuration, a truncated copy or a damaged file is still a study. The reasons:
     unreadable or partial (...)   not HDF5, truncated, a broken link, not a regular file
-    schema 'X', not strata-run/1  another kind of file
+    schema 'X', not strata-run/1 or strata-run/1.1   another kind of file
     status S: ERROR               a run that did not end ok
-    malformed: WHAT               schema strata-run/1 but a group, dataset or attribute the tools
+    malformed: WHAT               a strata run file, but a group, dataset or attribute the tools
                                   read is missing, of the wrong kind, shape or type
+strata-run/1.1 is strata-run/1 with typed values (README "Run files"): /config attributes are
+int64, float64, booleans (h5py's enum) or strings; counts are int64; /rank and /step are
+dimension scales. Run.config holds every /config value as text, the same for both schemas (as
+the runner prints it: 3, 0.0003, true), so that --where and compare's configurations match
+across them.
 read_run() checks everything the tools use (kinds, shapes, dtypes, integer fields), so that a Run
 holds only well-formed data and the tools never fail on a file; it raises RunFileError and
 nothing else. Non-finite numbers (a diverged loss, a NaN throughput) are data, not damage: such a
@@ -27,7 +32,9 @@ import sys
 import h5py
 import numpy as np
 
-SCHEMA = "strata-run/1"
+SCHEMA = "strata-run/1.1"  # what the runner writes
+SCHEMAS = ("strata-run/1", SCHEMA)  # what the tools read
+SCHEMAS_TEXT = " or ".join(SCHEMAS)
 
 # What h5py raises for a file whose bytes are damaged (a bad object header, a truncated chunk, a
 # dangling or looping link): all mean "unreadable", never a bug of ours.
@@ -165,6 +172,35 @@ def _number(value, what):
     raise _malformed("%s is %s, not a number" % (what, _describe(value)))
 
 
+def real_text(value):
+    """The shortest %g text that reads back as value, in fixed notation for whole powers below
+    1e16 ("0.0003", "300" not "3e+02", "1e-300", "1e+16"): how the runner prints a float option
+    and its C++ reader (run_record.hpp real_text) turns a float /config value into text."""
+    for digits in range(1, 18):
+        text = "%.*g" % (digits, value)
+        if float(text) == value:
+            break
+    exponent = int(text.split("e")[1]) if "e" in text else -1
+    if 0 <= exponent < 16:
+        text = "%.*g" % (exponent + 1, value)
+    return text
+
+
+def _config_text(value, what):
+    """The text of a /config attribute: a string (every value in strata-run/1), an integer, a
+    float or a boolean (strata-run/1.1), as the runner prints it."""
+    value = _scalar(value)
+    if isinstance(value, (str, bytes)):
+        return _text(value)
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return real_text(float(value))
+    raise _malformed("%s is %s, not a string, number or boolean" % (what, _describe(value)))
+
+
 def _strings(value, what):
     """A 1-D array attribute of strings, as a list of str."""
     if not (isinstance(value, np.ndarray) and value.ndim == 1):
@@ -259,7 +295,7 @@ class Run:
         self.status = _string(_required_attr(f, "status", "/"), "attribute status of /")
 
         config = _member(f, "config", "group", "/config")
-        self.config = {k: _string(_attr(config, k, "/config"), "/config attribute %s" % k)
+        self.config = {k: _config_text(_attr(config, k, "/config"), "/config attribute %s" % k)
                        for k in _attr_names(config, "/config")}
         # Files from before --device ran on the CPU: so the tables, --where and compare's
         # configurations treat them like runs that say device cpu.
@@ -326,6 +362,16 @@ class Run:
                                        "/memory/peak_bytes")  # [ranks x tags]
         self.memory_predicted = self._array(memory, "predicted_bytes", [n_tags],
                                             "/memory/predicted_bytes")  # [tags]
+        # [ranks], or None: not in the file, or written with no rows (not measured).
+        self.process_peak = None
+        if _member(memory, "process_peak_bytes", "dataset", "/memory/process_peak_bytes",
+                   required=False) is not None:
+            peak = self._array(memory, "process_peak_bytes", [None],
+                               "/memory/process_peak_bytes")
+            if len(peak) not in (0, n_ranks):
+                raise _malformed("/memory/process_peak_bytes has %d values for %d ranks"
+                                 % (len(peak), n_ranks))
+            self.process_peak = peak if len(peak) else None
 
         # --calibrate-comm: rows of group, op, ranks, bytes, time_s, algbw, busbw.
         self.calibration = self._table(f, "calibration", CALIBRATION_NUMBERS,
@@ -414,9 +460,10 @@ def read_run(path):
         schema = _attr(f, "schema", "/")
         schema = "" if schema is _MISSING else _scalar(schema)
         if not isinstance(schema, (str, bytes)):
-            raise RunFileError("schema is %s, not %s" % (_describe(schema), SCHEMA))
-        if _text(schema) != SCHEMA:
-            raise RunFileError("schema '%s', not %s" % (one_line(_text(schema), 60), SCHEMA))
+            raise RunFileError("schema is %s, not %s" % (_describe(schema), SCHEMAS_TEXT))
+        if _text(schema) not in SCHEMAS:
+            raise RunFileError("schema '%s', not %s" % (one_line(_text(schema), 60),
+                                                        SCHEMAS_TEXT))
         status = _attr(f, "status", "/")
         status = "?" if status is _MISSING else _string(status, "attribute status of /")
         if status != "ok":

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <type_traits>
 
 #include "comm/transport.hpp"
 #include "config_table.hpp"
@@ -347,12 +348,26 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
   if (t.warmup >= t.steps) t.warmup = t.steps > 1 ? 1 : 0;  // only the default can get here
 }
 
-std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
+std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
+    std::map<std::string, ConfigType>* types) const {
   std::vector<std::pair<std::string, std::string>> r;
+  // The value's C++ type decides how /config stores it (results/run_record.hpp, ConfigType).
   auto add = [&](const std::string& k, const auto& v) {
-    std::ostringstream s;
-    s << v;
-    r.emplace_back(k, s.str());
+    using V = std::decay_t<decltype(v)>;
+    ConfigType type = ConfigType::text;
+    if constexpr (std::is_same_v<V, bool>) {
+      r.emplace_back(k, v ? "true" : "false");
+      type = ConfigType::boolean;
+    } else if constexpr (std::is_floating_point_v<V>) {
+      r.emplace_back(k, real_text(double(v)));
+      type = ConfigType::real;
+    } else {
+      std::ostringstream s;
+      s << v;
+      r.emplace_back(k, s.str());
+      if constexpr (std::is_integral_v<V>) type = ConfigType::integer;
+    }
+    if (types) (*types)[k] = type;
   };
   add("plugin", plugin);
   add("plugin_opts", join(plugin_opts, ","));
@@ -387,8 +402,8 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved() const {
   add("blas_threads", blas_threads);
   add("watchdog_s", watchdog_s);
   add("peak_tflops", peak_tflops);
-  add("trace", trace ? "true" : "false");
-  add("calibrate_comm", calibrate_comm ? "true" : "false");
+  add("trace", trace);
+  add("calibrate_comm", calibrate_comm);
   if (!profile.empty()) add("profile", profile);
   add("out", out_dir);
   return r;

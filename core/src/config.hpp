@@ -6,10 +6,12 @@
 // it must refuse, which the bad-input suite (tests/unit/test_options.cpp) tries through every
 // source, so a new option cannot skip validation or its test.
 #pragma once
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "results/run_record.hpp"
 #include "strata/context.hpp"
 #include "strata/model.hpp"
 
@@ -62,8 +64,10 @@ struct RunConfig {
   std::string help_text;
 
   std::string command_line;
-  // (option, value) pairs of everything above, for printing and for /config.
-  std::vector<std::pair<std::string, std::string>> resolved() const;
+  // (option, value) pairs of everything above, for printing and for /config; `types` (when
+  // given) receives how /config stores each value.
+  std::vector<std::pair<std::string, std::string>> resolved(
+      std::map<std::string, ConfigType>* types = nullptr) const;
 };
 
 // What a runner option accepts.

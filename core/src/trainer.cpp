@@ -280,7 +280,7 @@ void begin_record(const RunConfig& config, RunState& state) {
     RunRecord& r = state.record;
     r.created_utc = utc_timestamp();
     r.command_line = config.command_line;
-    r.config = config.resolved();
+    r.config = config.resolved(&r.config_types);
     r.provenance = collect_provenance();
     r.provenance.emplace_back("flops_per_token_formula",
                               "6*N + 12*L*h*s; N = non-embedding params + tied LM head (V*h)");

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""results/summary, compare and plot called as a careless user would: no or unknown arguments,
-paths that do not exist, empty directories, directories without .h5 files, a text file, a FIFO,
-bad --where and tolerance values, --out on a file, under a file, in /proc, empty, over a directory
-in the way. Table-driven: each case is the tool, its arguments, the exit code (0 done, 1 nothing
+"""results/summary, compare, plot and export called as a careless user would: no or unknown
+arguments, paths that do not exist, empty directories, directories without .h5 files, a text
+file, a FIFO, bad --where and tolerance values, --out (export -o) on a file, under a file, in
+/proc, empty, over a directory in the way. Table-driven: each case is the tool, its arguments, the exit code (0 done, 1 nothing
 usable, 2 usage error, 3 compare --strict flagged) and a substring of stderr; no case may print a
 traceback, and a usage error is exactly one line on stderr.
 usage: bad_calls.py RESULTS_DIR E2E_DIR WORK_DIR
@@ -51,7 +51,7 @@ IN_THE_WAY = mkdir("in-the-way")
 mkdir("in-the-way", "report.html")  # a directory where the report goes
 OUT = mkdir("out")
 
-S, C, P = "summary", "compare", "plot"
+S, C, P, E = "summary", "compare", "plot", "export"
 CASES = [
     # summary
     (S, [], 2, "the following arguments are required: paths"),
@@ -120,6 +120,20 @@ CASES = [
     (P, ["--out", os.path.join(OUT, "mixed"), GOOD, OTHER_FILE], 0, ""),
     (P, [OTHER_FILE], 0, ""),
     (P, ["--help"], 0, ""),
+    # export
+    (E, [], 2, "the following arguments are required: paths"),
+    (E, ["--bogus", GOOD], 2, "unrecognized arguments: --bogus"),
+    (E, [MISSING], 2, MISSING + ": no such file or directory"),
+    (E, [DANGLING], 2, DANGLING + ": no such file or directory"),
+    (E, ["-o"], 2, "argument -o/--output: expected one argument"),
+    (E, [EMPTY], 1, "export: no usable run file in " + EMPTY),
+    (E, [TEXT], 1, "skipped %s: unreadable or partial (Unable to" % TEXT),
+    (E, [ONLYBAD], 1, "truncated.h5: unreadable or partial"),
+    (E, ["-o", os.path.join(AFILE, "x.csv"), GOOD], 2,
+     "cannot write %s: Not a directory" % os.path.join(AFILE, "x.csv")),
+    (E, ["-o", IN_THE_WAY, GOOD], 2, "cannot write %s: Is a directory" % IN_THE_WAY),
+    (E, ["-o", os.path.join(OUT, "steps.csv"), GOOD, EMPTY], 0, "skipped %s: no .h5 file" % EMPTY),
+    (E, ["--help"], 0, ""),
 ]
 if os.geteuid() != 0:  # root writes anywhere: the /proc case stands in for it there
     RO = mkdir("read-only")
@@ -166,8 +180,11 @@ if not os.path.isfile(os.path.join(os.path.dirname(OTHER_FILE), "figures", "repo
 if os.path.exists(os.path.join(GOOD, "figures")):
     failures.append("the refused plot of a directory and its own file wrote figures")
 
+if len(open(os.path.join(OUT, "steps.csv")).read().splitlines()) < 2:
+    failures.append("export -o steps.csv: no rows")
+
 if failures:
     print("\n".join(["FAIL: " + f for f in failures]))
     sys.exit(1)
-print("bad calls: %d calls of summary, compare and plot, each its exit code and one clear line, "
-      "no traceback" % len(CASES))
+print("bad calls: %d calls of summary, compare, plot and export, each its exit code and one "
+      "clear line, no traceback" % len(CASES))

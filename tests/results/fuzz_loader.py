@@ -8,8 +8,8 @@ retype, reshape, change values to NaN/inf/strings/arrays, links that dangle or l
 every group, dataset and attribute the loader reads) and then requires read_run() to load the
 file or to reject it with RunFileError, never another exception. A loaded mutant also goes through
 the tools' own computations: results/summary's row, results/compare against the original and
-itself, results/plot's throughput series, and for every STRATA_FUZZ_DRAW-th loaded mutant every
-figure drawn (Agg) with the original beside it.
+itself, results/plot's throughput series, results/export's table, and for every
+STRATA_FUZZ_DRAW-th loaded mutant every figure drawn (Agg) with the original beside it.
 
 Bounded by STRATA_FUZZ_TRIALS (300) and STRATA_FUZZ_SECONDS (60), whichever comes first. The seed
 is STRATA_FUZZ_SEED or taken from the clock, and printed; every trial has its own generator, so
@@ -334,7 +334,8 @@ def main():
     sys.path.insert(0, args.results)
     import strata_results as sr
     warnings.simplefilter("ignore")
-    summary, compare, plot = (import_tool(args.results, t) for t in ("summary", "compare", "plot"))
+    summary, compare, plot, export = (import_tool(args.results, t)
+                                      for t in ("summary", "compare", "plot", "export"))
     import matplotlib.pyplot as plt
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -347,6 +348,7 @@ def main():
         compare.compare([base], [run], cmp_args)
         compare.compare([run], [run, run], cmp_args)
         plot.throughput_series([run, base])
+        export.table([run, base], export.absent_is_zero)
         sr.list_problems([run], [], out=open(os.devnull, "w"))
 
     start = time.monotonic()

@@ -73,8 +73,13 @@ def edit(path, fn):
 def set_values(path, value, index=np.s_[...]):
     def mutate(f):
         a = f[path][()]
-        a[index] = value
-        f[path][...] = a
+        if a.dtype.kind in "iu":  # a count (int64 since strata-run/1.1): float64, as in /1 files
+            a = a.astype(np.float64)
+            a[index] = value
+            replace(f, path, a)
+        else:
+            a[index] = value
+            f[path][...] = a
     return mutate
 
 
@@ -127,11 +132,16 @@ DAMAGED = [
     ("run_id_number", DDP, set_attr("/", "run_id", np.float64(3)),
      "malformed: attribute run_id of / is a float64, not a string"),
     ("schema_array", DDP, set_attr("/", "schema", np.array(["strata-run/1"], dtype=STR)),
-     "schema is an array of shape (1,), not strata-run/1"),
+     "schema is an array of shape (1,), not strata-run/1 or strata-run/1.1"),
     ("config_attr_array", DDP, set_attr("/config", "world", np.array(["2", "2"], dtype=STR)),
-     "malformed: /config attribute world is an array of shape (2,), not a string"),
-    ("config_attr_number", DDP, set_attr("/config", "plugin", np.float64(1)),
-     "malformed: /config attribute plugin is a float64, not a string"),
+     "malformed: /config attribute world is an array of shape (2,), not a string, number or boolean"),
+    # strata-run/1.1 types /config: strings, integers, floats and booleans; nothing else
+    ("config_attr_complex", DDP, set_attr("/config", "plugin", np.complex128(1)),
+     "malformed: /config attribute plugin is a complex128, not a string, number or boolean"),
+    ("config_nodes_bool", DDP, set_attr("/config", "nodes", np.bool_(True)),
+     "malformed: /config nodes 'true' is not an integer"),
+    ("config_nodes_real", DDP, set_attr("/config", "nodes", np.float64(1.5)),
+     "malformed: /config nodes '1.5' is not an integer"),
     # strings where numbers are expected
     ("config_world_word", DDP, set_attr("/config", "world", "two"), "malformed: /config world 'two' is not an integer"),
     ("config_world_zero", DDP, set_attr("/config", "world", "0"), "malformed: /config world 0 is below 1"),

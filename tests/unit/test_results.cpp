@@ -2,6 +2,7 @@
 // atomic writes and the reader's errors.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <hdf5_hl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,15 @@ std::vector<double> matrix(int rows, int cols, double base) {
   return v;
 }
 
+// Rows x cols whole numbers that differ everywhere: counts (tokens, calls, bytes) are int64 on
+// disk.
+std::vector<double> counts(int rows, int cols, double base) {
+  std::vector<double> v;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) v.push_back(base + r * 10 + c);
+  return v;
+}
+
 RunRecord full_record() {
   RunRecord r;
   r.run_id = "gpt-small-dp2-20261122T024853Z";
@@ -40,6 +50,19 @@ RunRecord full_record() {
                         "alpha",     "micro_batch", "trace",  "out",     "beta2"};
   for (int i = 0; i < 20; ++i) r.config.emplace_back(keys[i], "value-" + std::to_string(i * 7));
   r.config[3].second = "";  // an empty value survives too
+  // Typed values: stored as int64, float64 and h5py's boolean; read back as the same text.
+  using strata::ConfigType;
+  r.config[11].second = "20";               // steps
+  r.config[6].second = "-2";                // dp (any int64)
+  r.config[9].second = "9007199254740991";  // seed
+  r.config[5].second = "0.0003";            // lr
+  r.config[15].second = "1e-300";           // alpha
+  r.config[17].second = "true";             // trace
+  r.config[13].second = "false";            // backend
+  r.config_types = {{"steps", ConfigType::integer},  {"dp", ConfigType::integer},
+                    {"seed", ConfigType::integer},   {"lr", ConfigType::real},
+                    {"alpha", ConfigType::real},     {"trace", ConfigType::boolean},
+                    {"backend", ConfigType::boolean}};
   r.provenance = {{"git_describe", "v0.1.0-3-gabc"},
                   {"compiler", "GCC 12.2.0"},
                   {"slurm_job_id", "4242"},
@@ -52,14 +75,15 @@ RunRecord full_record() {
   r.step_units = {{"step_s", "s"}, {"forward_s", "s"}, {"loss", "1"}, {"tokens", "tokens"}};
   double base = 0;
   for (const auto& m : r.step_metrics) r.step_values[m] = matrix(2, 3, base += 100);
-  r.comm["all_reduce"] = {matrix(2, 3, 1), matrix(2, 3, 1e6), matrix(2, 3, 1e-3),
+  r.step_values["tokens"] = counts(2, 3, 512);
+  r.comm["all_reduce"] = {counts(2, 3, 1), counts(2, 3, 1e6), matrix(2, 3, 1e-3),
                           4.5e6,           matrix(2, 3, 1e9), matrix(2, 3, 1.5e9)};
-  r.comm["reduce_scatter"] = {matrix(2, 3, 2), matrix(2, 3, 2e6), matrix(2, 3, 2e-3),
+  r.comm["reduce_scatter"] = {counts(2, 3, 2), counts(2, 3, 2e6), matrix(2, 3, 2e-3),
                               1.25e6,          matrix(2, 3, 1e9), matrix(2, 3, 0.5e9)};
   r.memory_tags = {"params", "grads", "optimizer_state", "activations", "workspace", "comm"};
-  r.peak_bytes = matrix(2, 6, 1e9);
-  r.predicted_bytes = matrix(1, 6, 2e9);
-  r.predicted_bytes_per_rank = matrix(2, 6, 3e9);
+  r.peak_bytes = counts(2, 6, 1e9);
+  r.predicted_bytes = counts(1, 6, 2e9);
+  r.predicted_bytes_per_rank = counts(2, 6, 3e9);
   r.process_peak_bytes = {7.5e9, 7.25e9};
   r.baseline_bytes = {3.25e7, 3.5e7};
   r.tracked_peak_bytes = {7.4e9, 7.2e9};
@@ -77,6 +101,7 @@ void expect_same(const RunRecord& a, const RunRecord& b) {
   EXPECT_EQ(a.created_utc, b.created_utc);
   EXPECT_EQ(a.command_line, b.command_line);
   EXPECT_EQ(a.config, b.config);
+  EXPECT_EQ(a.config_types, b.config_types);
   EXPECT_EQ(a.provenance, b.provenance);
   EXPECT_EQ(a.hostnames, b.hostnames);
   EXPECT_EQ(a.ranks, b.ranks);
@@ -310,7 +335,7 @@ TEST_F(Results, LayoutOnDisk) {
   strata::write_run_file(full_record(), file("run.h5"));
   hid_t f = H5Fopen(file("run.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0);
-  EXPECT_EQ(raw_strings_attr(f, "schema"), std::vector<std::string>{"strata-run/1"});
+  EXPECT_EQ(raw_strings_attr(f, "schema"), std::vector<std::string>{"strata-run/1.1"});
   EXPECT_EQ(raw_dims(f, "/steps/loss"), (std::vector<hsize_t>{2, 3}));
   EXPECT_EQ(raw_unit(f, "/steps/loss"), "1");
   EXPECT_EQ(raw_unit(f, "/steps/step_s"), "s");
@@ -344,6 +369,122 @@ TEST_F(Results, LayoutOnDisk) {
   for (const auto& [k, v] : full_record().provenance) keys.push_back(k);
   EXPECT_EQ(raw_attr_names_in_creation_order(f, "/provenance"), keys);
   EXPECT_GE(H5Fclose(f), 0);
+}
+
+// The HDF5 type class and size of the dataset or attribute at `path` (attribute `attr` of it
+// when given).
+std::pair<H5T_class_t, std::size_t> raw_type(hid_t file, const char* path,
+                                             const char* attr = nullptr) {
+  hid_t obj = attr ? H5Aopen_by_name(file, path, attr, H5P_DEFAULT, H5P_DEFAULT)
+                   : H5Dopen2(file, path, H5P_DEFAULT);
+  EXPECT_GE(obj, 0) << path << " " << (attr ? attr : "");
+  hid_t t = attr ? H5Aget_type(obj) : H5Dget_type(obj);
+  const std::pair<H5T_class_t, std::size_t> out{H5Tget_class(t), H5Tget_size(t)};
+  H5Tclose(t);
+  attr ? H5Aclose(obj) : H5Dclose(obj);
+  return out;
+}
+
+// strata-run/1.1: /config typed by ConfigType, counts int64, measures float64.
+TEST_F(Results, TypedValuesOnDisk) {
+  strata::write_run_file(full_record(), file("run.h5"));
+  hid_t f = H5Fopen(file("run.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  using Kind = std::pair<H5T_class_t, std::size_t>;
+  EXPECT_EQ(raw_type(f, "/config", "steps"), Kind(H5T_INTEGER, 8));
+  EXPECT_EQ(raw_type(f, "/config", "lr"), Kind(H5T_FLOAT, 8));
+  EXPECT_EQ(raw_type(f, "/config", "trace"), Kind(H5T_ENUM, 1));
+  EXPECT_EQ(raw_type(f, "/config", "model").first, H5T_STRING);
+  long long steps = 0;
+  double lr = 0;
+  hid_t a = H5Aopen_by_name(f, "/config", "steps", H5P_DEFAULT, H5P_DEFAULT);
+  EXPECT_GE(H5Aread(a, H5T_NATIVE_LLONG, &steps), 0);
+  H5Aclose(a);
+  a = H5Aopen_by_name(f, "/config", "lr", H5P_DEFAULT, H5P_DEFAULT);
+  EXPECT_GE(H5Aread(a, H5T_NATIVE_DOUBLE, &lr), 0);
+  H5Aclose(a);
+  EXPECT_EQ(steps, 20);
+  EXPECT_EQ(lr, 3e-4);
+  // h5py's boolean: an enum of int8 whose member TRUE is 1.
+  a = H5Aopen_by_name(f, "/config", "trace", H5P_DEFAULT, H5P_DEFAULT);
+  hid_t t = H5Aget_type(a);
+  char name[8] = {};
+  const signed char one = 1;
+  EXPECT_GE(H5Tenum_nameof(t, &one, name, sizeof name), 0);
+  EXPECT_STREQ(name, "TRUE");
+  signed char value = 0;
+  EXPECT_GE(H5Aread(a, t, &value), 0);
+  EXPECT_EQ(value, 1);
+  H5Tclose(t);
+  H5Aclose(a);
+  for (const char* p : {"/steps/tokens", "/comm/all_reduce/calls", "/comm/all_reduce/bytes",
+                        "/memory/peak_bytes", "/memory/process_peak_bytes", "/rank", "/step"})
+    EXPECT_EQ(raw_type(f, p), Kind(H5T_INTEGER, 8)) << p;
+  for (const char* p : {"/steps/loss", "/steps/step_s", "/comm/all_reduce/time_s"})
+    EXPECT_EQ(raw_type(f, p), Kind(H5T_FLOAT, 8)) << p;
+  EXPECT_EQ(raw_type(f, "/summary", "peak_bytes_max"), Kind(H5T_INTEGER, 8));
+  EXPECT_EQ(raw_type(f, "/summary", "tokens_per_s"), Kind(H5T_FLOAT, 8));
+  EXPECT_EQ(raw_type(f, "/comm/all_reduce", "predicted_bytes_per_step"), Kind(H5T_INTEGER, 8));
+  EXPECT_GE(H5Fclose(f), 0);
+}
+
+// /rank and /step are dimension scales attached to every [ranks x steps] and per-rank dataset.
+TEST_F(Results, DimensionScalesAttached) {
+  strata::write_run_file(full_record(), file("run.h5"));
+  hid_t f = H5Fopen(file("run.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hid_t rank = H5Dopen2(f, "/rank", H5P_DEFAULT), step = H5Dopen2(f, "/step", H5P_DEFAULT);
+  EXPECT_GT(H5DSis_scale(rank), 0);
+  EXPECT_GT(H5DSis_scale(step), 0);
+  EXPECT_EQ(raw_dims(f, "/rank"), std::vector<hsize_t>{2});
+  EXPECT_EQ(raw_dims(f, "/step"), std::vector<hsize_t>{3});
+  auto label = [](hid_t d, unsigned dim) {
+    char text[16] = {};
+    H5DSget_label(d, dim, text, sizeof text);
+    return std::string(text);
+  };
+  for (const char* p :
+       {"/steps/loss", "/steps/tokens", "/comm/all_reduce/bytes", "/comm/reduce_scatter/time_s"}) {
+    hid_t d = H5Dopen2(f, p, H5P_DEFAULT);
+    EXPECT_GT(H5DSis_attached(d, rank, 0), 0) << p;
+    EXPECT_GT(H5DSis_attached(d, step, 1), 0) << p;
+    EXPECT_EQ(H5DSis_attached(d, step, 0), 0) << p;
+    EXPECT_EQ(label(d, 0), "rank") << p;
+    EXPECT_EQ(label(d, 1), "step") << p;
+    H5Dclose(d);
+  }
+  for (const char* p :
+       {"/memory/peak_bytes", "/memory/process_peak_bytes", "/provenance/hostnames"}) {
+    hid_t d = H5Dopen2(f, p, H5P_DEFAULT);
+    EXPECT_GT(H5DSis_attached(d, rank, 0), 0) << p;
+    EXPECT_EQ(label(d, 0), "rank") << p;
+    H5Dclose(d);
+  }
+  H5Dclose(rank);
+  H5Dclose(step);
+  EXPECT_GE(H5Fclose(f), 0);
+}
+
+// A strata-run/1 file (every /config value a string, counts float64, no scales) still reads.
+TEST_F(Results, SchemaOneFileReads) {
+  RunRecord old = full_record();
+  old.config_types.clear();  // strata-run/1 stored every value as a string
+  strata::write_run_file(old, file("old.h5"));
+  hid_t f = H5Fopen(file("old.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Adelete(f, "schema"), 0);
+  hid_t t = H5Tcopy(H5T_C_S1), scalar = H5Screate(H5S_SCALAR);
+  H5Tset_size(t, H5T_VARIABLE);
+  hid_t a = H5Acreate2(f, "schema", t, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  const char* schema = "strata-run/1";
+  EXPECT_GE(H5Awrite(a, t, &schema), 0);
+  H5Aclose(a);
+  H5Sclose(scalar);
+  H5Tclose(t);
+  ASSERT_GE(H5Fclose(f), 0);
+  replace_by_dataset(file("old.h5"), "/comm/all_reduce/calls", {2, 3},
+                     old.comm["all_reduce"].calls);
+  expect_same(old, strata::read_run_file(file("old.h5")));
 }
 
 TEST_F(Results, ZeroStepsRoundTrip) {
@@ -580,3 +721,18 @@ TEST_F(Results, PerRankDatasetsOfTheWrongShapeAreRefused) {
 }
 
 }  // namespace
+
+// /config floats as text: the shortest that reads back, fixed notation for whole powers below 1e16
+// (results/strata_results.py real_text gives the same texts).
+TEST(RealText, ShortestRoundTripInFixedNotationWhereShort) {
+  using strata::real_text;
+  EXPECT_EQ(real_text(300), "300");
+  EXPECT_EQ(real_text(3e-4), "0.0003");
+  EXPECT_EQ(real_text(1e-300), "1e-300");
+  EXPECT_EQ(real_text(1e16), "1e+16");
+  EXPECT_EQ(real_text(1e15), "1000000000000000");
+  EXPECT_EQ(real_text(123456.5), "123456.5");
+  EXPECT_EQ(real_text(-2.5e7), "-25000000");
+  EXPECT_EQ(real_text(0), "0");
+  EXPECT_EQ(real_text(1.0 / 3), "0.3333333333333333");
+}

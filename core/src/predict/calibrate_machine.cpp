@@ -180,7 +180,7 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   const std::vector<std::size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20};
   RunRecord as_run;  // the points, with the mesh they were measured on (samples_from_run)
   as_run.ranks = mpi::world_size();
-  as_run.config = config.resolved();
+  as_run.config = config.resolved(&as_run.config_types);
   as_run.calibration = calibrate_comm(ctx, ledger, sizes, kCalibrationIterations);
   if (mpi::world_rank() != 0) return;
 

@@ -1,6 +1,7 @@
-// Reads a run file (schema strata-run/1, docs/architecture.md "Run file") back into a RunRecord.
+// Reads a run file (schema strata-run/1 or 1.1, docs/architecture.md "Run file") back into a RunRecord.
 // Strings may be variable-length or fixed-length; attribute order is creation order when the file
 // tracks it (files written by strata do), else name order.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -240,6 +241,51 @@ std::vector<std::pair<std::string, std::string>> string_attrs(hid_t file, const 
   return out;
 }
 
+// One /config attribute as text and its type: a string (every value of a strata-run/1 file), an
+// integer, a float or a boolean (strata-run/1.1, run_record.hpp ConfigType).
+std::string config_value(hid_t config, const std::string& key, ConfigType* type) {
+  const std::string what = "attribute '" + key + "' of '/config'";
+  Attribute a = open_attr(config, "/config", key);
+  Type t(check(H5Aget_type(a), "get type of " + what));
+  const H5T_class_t cls = H5Tget_class(t);
+  if (cls == H5T_STRING) {
+    *type = ConfigType::text;
+    return attr_string(config, "/config", key);
+  }
+  hsize_t n = 0;
+  dims_of({a, true, what}, &n);
+  if (n != 1) throw Error(what + " is not a single value", kDamagedHint);
+  if (cls == H5T_INTEGER) {
+    long long v = 0;
+    check(H5Aread(a, H5T_NATIVE_LLONG, &v), "read " + what);
+    *type = ConfigType::integer;
+    return std::to_string(v);
+  }
+  if (cls == H5T_FLOAT) {
+    double v = 0;
+    check(H5Aread(a, H5T_NATIVE_DOUBLE, &v), "read " + what);
+    *type = ConfigType::real;
+    return real_text(v);
+  }
+  if (cls == H5T_ENUM) {
+    signed char v = 0;
+    Type mem = bool_type();  // converts by member name: FALSE and TRUE only
+    check(H5Aread(a, mem, &v), "read " + what, "a boolean is an enum of FALSE = 0 and TRUE = 1");
+    *type = ConfigType::boolean;
+    return v ? "true" : "false";
+  }
+  throw Error(what + " is not a string, a number or a boolean", kDamagedHint);
+}
+
+void read_config(hid_t file, RunRecord& r) {
+  Group g = open_group(file, "/config");
+  for (const auto& key : attr_names(g, "/config")) {
+    ConfigType type = ConfigType::text;
+    r.config.emplace_back(key, config_value(g, key, &type));
+    if (type != ConfigType::text) r.config_types[key] = type;
+  }
+}
+
 // Every step and comm matrix is [ranks x steps]. The shape comes from the "/steps" attributes
 // "ranks" and "steps" when present, else from the first matrix (`known` tells which).
 void expect_shape(const std::vector<hsize_t>& dims, RunRecord& r, bool& known,
@@ -377,8 +423,9 @@ RunRecord read_contents(hid_t file) {
   if (check(H5Aexists(file, "schema"), "look up attribute 'schema' of '/'") <= 0)
     throw Error("not a strata run file (no 'schema' attribute on '/')", kDamagedHint);
   const std::string schema = attr_string(file, "/", "schema");
-  if (schema != kRunSchema)
-    throw Error("schema is '" + schema + "', expected '" + kRunSchema + "'",
+  if (std::find(std::begin(kRunSchemasRead), std::end(kRunSchemasRead), schema) ==
+      std::end(kRunSchemasRead))
+    throw Error("schema is '" + schema + "', expected 'strata-run/1' or '" + kRunSchema + "'",
                 "the file was written by another tool or another strata version");
   RunRecord r;
   r.run_id = attr_string(file, "/", "run_id");
@@ -386,7 +433,7 @@ RunRecord read_contents(hid_t file) {
   r.error = attr_string(file, "/", "error");
   r.created_utc = attr_string(file, "/", "created_utc");
   r.command_line = attr_string(file, "/", "command_line");
-  r.config = string_attrs(file, "/config");
+  read_config(file, r);
   r.provenance = string_attrs(file, "/provenance");
   r.hostnames = dataset_strings(file, "/provenance/hostnames");
   r.topology = read_topology(file);

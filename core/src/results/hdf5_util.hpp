@@ -109,4 +109,14 @@ inline Type vlen_string_type() {
   return t;
 }
 
+// A boolean as h5py stores numpy.bool_ (and reads it back as one): an enum of int8 with the members
+// FALSE = 0 and TRUE = 1.
+inline Type bool_type() {
+  Type t(check(H5Tenum_create(H5T_NATIVE_INT8), "create boolean type"));
+  const signed char no = 0, yes = 1;
+  check(H5Tenum_insert(t, "FALSE", &no), "create boolean type");
+  check(H5Tenum_insert(t, "TRUE", &yes), "create boolean type");
+  return t;
+}
+
 }  // namespace strata::h5

@@ -1,9 +1,12 @@
-// Writes one run file (schema strata-run/1, docs/architecture.md "Run file") atomically: the file
-// is built under a temporary name in the target directory, closed, then renamed onto the real name.
+// Writes one run file (schema strata-run/1.1, docs/architecture.md "Run file") atomically: the file is built
+// under a temporary name in the target directory, closed, then renamed onto the real name.
 #include <fcntl.h>
+#include <hdf5_hl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -101,6 +104,60 @@ void attr_double(hid_t obj, const std::string& obj_path, const std::string& name
   put_attr(obj, obj_path, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, scalar, &value, 1);
 }
 
+void attr_bool(hid_t obj, const std::string& obj_path, const std::string& name, bool value) {
+  Space scalar(check(H5Screate(H5S_SCALAR), "create dataspace"));
+  const signed char v = value ? 1 : 0;
+  Type t = bool_type();
+  put_attr(obj, obj_path, name, t, t, scalar, &v, 1);
+}
+
+// Counts are whole numbers; floating-point sums may leave them a rounding error away. Values that
+// are unknown (NaN: a rank that never reported) or beyond int64 cannot be counts: false then, and
+// the caller keeps float64.
+bool as_counts(const std::vector<double>& v, std::vector<long long>* out) {
+  out->clear();
+  for (double x : v) {
+    if (!std::isfinite(x) || std::fabs(x) >= 9.2e18) return false;
+    out->push_back(std::llround(x));
+  }
+  return true;
+}
+
+// A measure of /summary (or another numeric attribute) with its unit: int64 when it counts.
+void attr_measure(hid_t obj, const std::string& obj_path, const std::string& name, double value,
+                  const std::string& unit) {
+  std::vector<long long> count;
+  if (is_count_unit(unit) && as_counts({value}, &count))
+    attr_int(obj, obj_path, name, count[0]);
+  else
+    attr_double(obj, obj_path, name, value);
+}
+
+// One /config value, stored with its type (RunRecord::config_types).
+void attr_config(hid_t config, const std::string& key, const std::string& text, ConfigType type) {
+  const char* first = text.data();
+  const char* last = first + text.size();
+  const std::string what = "/config value '" + text + "' of '" + key + "'";
+  if (type == ConfigType::integer) {
+    long long v = 0;
+    const auto [end, ec] = std::from_chars(first, last, v);
+    if (ec != std::errc() || end != last || text.empty())
+      throw Error(what + " is not an integer", kRecordHint);
+    attr_int(config, "/config", key, v);
+  } else if (type == ConfigType::real) {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(first, last, v);
+    if (ec != std::errc() || end != last || text.empty())
+      throw Error(what + " is not a number", kRecordHint);
+    attr_double(config, "/config", key, v);
+  } else if (type == ConfigType::boolean) {
+    if (text != "true" && text != "false") throw Error(what + " is not true or false", kRecordHint);
+    attr_bool(config, "/config", key, text == "true");
+  } else {
+    attr_string(config, "/config", key, text);
+  }
+}
+
 // Dataset at `path` with `dims` and a "unit" attribute. `file_type`/`mem_type` describe `data`.
 void put_dataset(hid_t file, const std::string& path, const std::vector<hsize_t>& dims,
                  hid_t file_type, hid_t mem_type, const void* data, std::size_t n,
@@ -125,7 +182,11 @@ void dataset_doubles(hid_t file, const std::string& path, const std::vector<doub
   if (v.size() != n)
     throw Error("'" + path + "' has " + std::to_string(v.size()) + " values, expected " + shape,
                 kRecordHint);
-  put_dataset(file, path, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, v.data(), n, unit);
+  std::vector<long long> counts;
+  if (is_count_unit(unit) && as_counts(v, &counts))
+    put_dataset(file, path, dims, H5T_STD_I64LE, H5T_NATIVE_LLONG, counts.data(), n, unit);
+  else
+    put_dataset(file, path, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, v.data(), n, unit);
 }
 
 void dataset_strings(hid_t file, const std::string& path, const std::vector<std::string>& v,
@@ -158,7 +219,10 @@ void write_header(hid_t file, const RunRecord& r) {
   attr_string(file, "/", "command_line", r.command_line);
 
   Group config = make_group(file, "/config");
-  for (const auto& [key, value] : r.config) attr_string(config, "/config", key, value);
+  for (const auto& [key, value] : r.config) {
+    const auto type = r.config_types.find(key);
+    attr_config(config, key, value, type == r.config_types.end() ? ConfigType::text : type->second);
+  }
 
   Group prov = make_group(file, "/provenance");
   for (const auto& [key, value] : r.provenance) attr_string(prov, "/provenance", key, value);
@@ -212,7 +276,7 @@ void write_comm(hid_t file, const RunRecord& r) {
     dataset_doubles(file, path + "/time_s", series.time_s, {ranks, steps}, "s");
     dataset_doubles(file, path + "/algbw", series.algbw, {ranks, steps}, "bytes/s");
     dataset_doubles(file, path + "/busbw", series.busbw, {ranks, steps}, "bytes/s");
-    attr_double(g, path, "predicted_bytes_per_step", series.predicted_bytes_per_step);
+    attr_measure(g, path, "predicted_bytes_per_step", series.predicted_bytes_per_step, "bytes");
     attr_string(g, path, "predicted_bytes_per_step.unit", "bytes");
     dataset_doubles(file, path + "/predicted_bytes_per_rank", series.predicted_bytes_per_rank,
                     {rows(series.predicted_bytes_per_rank, ranks)}, "bytes");
@@ -276,6 +340,60 @@ void write_memory(hid_t file, const RunRecord& r) {
                     {rows(r.device_peak_bytes, ranks)}, "bytes");
 }
 
+// The dimension scale /<name>: int64 0, 1, ..., n - 1.
+void make_scale(hid_t file, const std::string& name, hsize_t n, const std::string& unit) {
+  std::vector<long long> index(n);
+  for (hsize_t i = 0; i < n; ++i) index[i] = static_cast<long long>(i);
+  const std::string path = "/" + name;
+  put_dataset(file, path, {n}, H5T_STD_I64LE, H5T_NATIVE_LLONG, index.data(), n, unit);
+  Dataset d(check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open dataset '" + path + "'"));
+  check(H5DSset_scale(d, name.c_str()), "make '" + path + "' a dimension scale");
+}
+
+// Labels the dimensions of dataset `path` with `names` ("" leaves one unlabelled) and attaches
+// the scale of each name that has one (/rank, /step) where the sizes agree (a matrix written
+// with no rows gets the label only).
+void attach_scales(hid_t file, const std::string& path, const std::vector<std::string>& names) {
+  if (!check(H5Lexists(file, path.c_str(), H5P_DEFAULT), "look up '" + path + "'")) return;
+  Dataset d(check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), "open dataset '" + path + "'"));
+  Space space(check(H5Dget_space(d), "get dataspace of '" + path + "'"));
+  std::vector<hsize_t> dims(names.size());
+  if (check(H5Sget_simple_extent_ndims(space), "get rank of '" + path + "'") != int(names.size()))
+    throw Error("'" + path + "' does not have " + std::to_string(names.size()) + " dimensions",
+                kRecordHint);
+  check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), "get dims of '" + path + "'");
+  for (unsigned i = 0; i < names.size(); ++i) {
+    if (names[i].empty()) continue;
+    const std::string what = "dimension " + std::to_string(i) + " of '" + path + "'";
+    check(H5DSset_label(d, i, names[i].c_str()), "label " + what);
+    const std::string scale_path = "/" + names[i];
+    if (H5Lexists(file, scale_path.c_str(), H5P_DEFAULT) <= 0) continue;  // tag: no scale
+    Dataset scale(check(H5Dopen2(file, scale_path.c_str(), H5P_DEFAULT), "open " + scale_path));
+    Space scale_space(check(H5Dget_space(scale), "get dataspace of " + scale_path));
+    if (hsize_t(H5Sget_simple_extent_npoints(scale_space)) != dims[i]) continue;
+    check(H5DSattach_scale(d, scale, i), "attach " + scale_path + " to " + what);
+  }
+}
+
+// /rank and /step, attached to every per-rank and per-step dataset.
+void write_scales(hid_t file, const RunRecord& r) {
+  make_scale(file, "rank", hsize_t(r.ranks), "rank");
+  make_scale(file, "step", hsize_t(r.steps), "step");
+  for (const auto& m : r.step_metrics) attach_scales(file, "/steps/" + m, {"rank", "step"});
+  for (const auto& [op, series] : r.comm) {
+    for (const char* field : {"calls", "bytes", "time_s", "algbw", "busbw"})
+      attach_scales(file, "/comm/" + op + "/" + field, {"rank", "step"});
+    attach_scales(file, "/comm/" + op + "/predicted_bytes_per_rank", {"rank"});
+  }
+  for (const char* m : {"peak_bytes", "predicted_bytes_per_rank"})
+    attach_scales(file, std::string("/memory/") + m, {"rank", "tag"});
+  attach_scales(file, "/memory/predicted_bytes", {"tag"});
+  for (const char* m :
+       {"process_peak_bytes", "baseline_bytes", "tracked_peak_bytes", "device_peak_bytes"})
+    attach_scales(file, std::string("/memory/") + m, {"rank"});
+  attach_scales(file, "/provenance/hostnames", {"rank"});
+}
+
 void write_contents(hid_t file, const RunRecord& r) {
   if (r.ranks < 0 || r.steps < 0)
     throw Error("negative shape: ranks = " + std::to_string(r.ranks) +
@@ -287,9 +405,10 @@ void write_contents(hid_t file, const RunRecord& r) {
   write_comm(file, r);
   write_events(file, r);
   write_memory(file, r);
+  write_scales(file, r);
   Group summary = make_group(file, "/summary");
   for (const auto& m : r.summary) {
-    attr_double(summary, "/summary", m.name, m.value);
+    attr_measure(summary, "/summary", m.name, m.value, m.unit);
     attr_string(summary, "/summary", m.name + ".unit", m.unit);
   }
 }

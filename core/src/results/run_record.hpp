@@ -1,7 +1,15 @@
-// Everything one run file holds (schema strata-run/1, see docs/architecture.md "Run file"),
-// gathered on rank 0 before writing. Matrices are row-major [ranks x steps] or [ranks x tags].
+// Everything one run file holds (schema strata-run/1.1, see docs/architecture.md "Run file"), gathered on rank 0
+// before writing. Matrices are row-major [ranks x steps] or [ranks x tags].
+//
+// strata-run/1.1 has the layout of strata-run/1 with typed values: /config attributes typed by
+// their option (ConfigType), counts (bytes, calls, tokens, ranks) stored as int64, and the
+// dimension scales /rank and /step attached to every per-rank and per-step dataset. The reader
+// reads both; a reader that knows only strata-run/1 refuses 1.1 files by their schema.
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -9,7 +17,38 @@
 
 namespace strata {
 
-inline constexpr const char* kRunSchema = "strata-run/1";
+inline constexpr const char* kRunSchema = "strata-run/1.1";
+// Every schema read_run_file reads (files from before typed values are strata-run/1).
+inline constexpr const char* kRunSchemasRead[] = {"strata-run/1", "strata-run/1.1"};
+
+// How a /config value is stored. The value itself stays text in RunRecord (as printed at start);
+// the writer stores it as int64, float64, a boolean (an HDF5 enum of int8 with FALSE = 0 and
+// TRUE = 1, h5py's own bool type, read by h5py as numpy.bool_) or a UTF-8 string.
+enum class ConfigType { text, integer, real, boolean };
+
+// The shortest "%g" text that reads back as `value` ("0.0003", "300", "1e-300", "1e+16"), in
+// fixed notation for whole powers below 1e16 (300, not 3e+02): /config floats as text, the same
+// on writing and reading (results/strata_results.py real_text formats them alike).
+inline std::string real_text(double value) {
+  char text[40];
+  int digits = 1;
+  for (; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  const char* e = std::strchr(text, 'e');
+  const int exponent = e ? std::atoi(e + 1) : -1;
+  if (exponent >= 0 && exponent < 16) std::snprintf(text, sizeof text, "%.*g", exponent + 1, value);
+  return text;
+}
+
+// The units of values that count something (bytes, calls, tokens, FLOPs, ranks): stored as int64,
+// rounded to the nearest whole; a value that is unknown (NaN, a rank that never reported) keeps
+// its dataset float64.
+inline bool is_count_unit(const std::string& unit) {
+  return unit == "bytes" || unit == "count" || unit == "tokens" || unit == "FLOP" ||
+         unit == "ranks" || unit == "rank";
+}
 
 // A named value with its unit ("s", "bytes", "tokens/s", "1" for a ratio, ...).
 struct Measure {
@@ -73,7 +112,10 @@ struct RunRecord {
   std::string created_utc;  // ISO 8601, e.g. 2026-11-22T02:48:53Z
   std::string command_line;
 
-  std::vector<std::pair<std::string, std::string>> config;      // /config attrs, in order
+  std::vector<std::pair<std::string, std::string>> config;  // /config attrs, in order
+  // How each /config value is stored; a key not listed is text (and every key of a strata-run/1
+  // file, whose /config holds only strings).
+  std::map<std::string, ConfigType> config_types;
   std::vector<std::pair<std::string, std::string>> provenance;  // /provenance attrs, in order
   std::vector<std::string> hostnames;                           // /provenance/hostnames [ranks]
   std::vector<NodeTopology> topology;  // /provenance/topology/<host>: one per distinct host
