@@ -294,10 +294,11 @@ void begin_record(const RunConfig& config, RunState& state) {
   state.record.hostnames = hosts;
 }
 
-void write_failure(RunState& state, const std::string& status, const std::string& error,
+bool write_failure(RunState& state, const std::string& status, const std::string& error,
                    bool replace) {
   std::lock_guard lock(state.mu);
-  if (state.written || state.path.empty()) return;
+  if (state.written) return !state.write_failed;
+  if (state.path.empty()) return false;
   if (!state.root_steps.empty()) fill_partial_steps(state.root_steps, state.record);
   state.record.status = status;
   state.record.error = one_line(error);
@@ -307,9 +308,12 @@ void write_failure(RunState& state, const std::string& status, const std::string
     std::fprintf(stderr, "runner: run file %s (status %s)\n", state.path.c_str(), status.c_str());
     std::error_code ignored;  // an earlier run's timeline, under the same id, would not match
     if (replace) std::filesystem::remove(trace_json_path(state.path), ignored);
+    return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "runner: could not write the failure file: %s\n",
                  one_line(e.what()).c_str());
+    state.write_failed = true;
+    return false;
   }
 }
 
