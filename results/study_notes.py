@@ -131,8 +131,10 @@ def provenance(runs):
                 r.provenance.get("build_type", "?"), r.provenance.get("compiler", "?"),
                 r.provenance.get("mpi_version", "?"))))]
     topology = [r for r in runs if r.provenance.get("topology_summary")]
-    if topology:
-        rows.append(("topology", _distinct(topology, lambda r: r.provenance["topology_summary"])))
+    if topology:  # /provenance topology_summary: newer files only
+        rows.append(("topology", _distinct(topology, lambda r: r.provenance["topology_summary"]) +
+                     ("" if len(topology) == len(runs) else " (%d of %d runs record it)"
+                      % (len(topology), len(runs)))))
     jobs = sorted({r.provenance.get("slurm_job_id") for r in runs} - {None, ""})
     if jobs:
         rows.append(("Slurm job(s)", ", ".join(jobs)))
