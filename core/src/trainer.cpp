@@ -116,9 +116,9 @@ void recheck_peak(const RunConfig& c, const std::vector<double>& step_max, PeakF
   }
   if (mpi::world_rank() != 0) return;
   std::printf(
-      "strata: MFU %.3f above 1 against the node's peak: peak now %.1f GFLOP/s per rank "
+      "strata: MFU %.1f%% above 100%% against the node's peak: peak now %.1f GFLOP/s per rank "
       "(%s: %s)\n",
-      mfu_max, peak.per_rank / 1e9, peak.source.c_str(), peak.detail.c_str());
+      100 * mfu_max, peak.per_rank / 1e9, peak.source.c_str(), peak.detail.c_str());
   std::fflush(stdout);
   record_peak(peak, state);
 }
