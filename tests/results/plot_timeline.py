@@ -6,7 +6,8 @@ of them), none missing and none of an earlier step. Checked on the traced 4-stag
 on a copy of it in which one rank's whole trace is moved earlier, so that its last step begins
 before rank 0's previous optimizer ends (a faster rank): a window common to all ranks, starting
 at rank 0's step, drops that rank's first forward (the defect this test guards against; on the
-gpipe run itself that window drew 3, 1 and 5 of the 8 forwards of ranks 1, 2 and 3).
+gpipe run itself that window drew 3, 1 and 5 of the 8 forwards of ranks 1, 2 and 3); and on a
+copy of that in which the moved rank has no optimizer intervals (as dp's ranks other than 0).
 usage: plot_timeline.py RESULTS_DIR E2E_DIR WORK_DIR
 """
 import json
@@ -104,3 +105,17 @@ _, rank, kind, t0, _ = trace_of(early)
 if not last_step(early)[(moved, "forward")][0] < r0_prev_end:
     fail("the moved rank's forward does not begin before rank 0's previous optimizer end")
 check(early, os.path.join(work, "figures-early"))
+
+# A rank without optimizer intervals (dp updates on rank 0 only): from its last step's first forward.
+bare = os.path.join(work, "bare.h5")
+shutil.copy(early, bare)
+with h5py.File(bare, "r+") as f:
+    t = f["trace"]
+    kinds = [v.decode() if isinstance(v, bytes) else str(v) for v in t["kind"][()]]
+    keep = ~((t["rank"][()] == moved) & (np.array(kinds) == "optimizer"))
+    for name in list(t.keys()):
+        column = t[name][()][keep]
+        dtype = t[name].dtype
+        del t[name]
+        t.create_dataset(name, data=column, dtype=dtype)
+check(bare, os.path.join(work, "figures-bare"))
