@@ -6,6 +6,8 @@ Caveats, each naming its runs:
     oversubscribed   ranks on a host x BLAS threads per rank > the host's cores (ranks then share
                      cores: the timings are for correctness, not for conclusions)
     versions mixed   runs made by different strata versions (or builds of one version)
+    modified tree    built from a checkout with uncommitted changes (git describe ...-dirty):
+                     the version alone does not say what ran
     machines mixed   runs on different CPU models or core counts
     not Release      a build type other than Release (timings of a debug build mean little)
     MFU above 100%   a rank's MFU above its peak: the peak was measured while the node was busy
@@ -161,6 +163,11 @@ def caveats(runs):
     if len({version(r) for r in runs}) > 1:
         out.append("versions mixed: runs of different strata versions or builds: %s"
                    % _distinct(runs, version))
+    dirty = [r for r in runs if r.provenance.get("git_describe", "").endswith("-dirty")]
+    if dirty:
+        out.append("built from a modified tree (git %s): the version alone does not say what ran: "
+                   "%s" % (", ".join(sorted({r.provenance["git_describe"] for r in dirty})),
+                           _named(dirty)))
     if len({_machine(r) for r in runs}) > 1:
         out.append("machines mixed: runs on different CPUs or core counts: %s"
                    % _distinct(runs, _machine))

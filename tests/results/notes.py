@@ -4,7 +4,8 @@
   busy      4 ranks on one host x 1 thread, 2 cores          -> named as oversubscribed
   roomy     the same on 8 cores                              -> not named
   spread    4 ranks on 4 hosts, 2 cores each                 -> not named (1 rank per host)
-  old       another strata version, typed attributes (ints)  -> "versions mixed"; read as text
+  old       another strata version from a modified tree,     -> "versions mixed", "modified
+            typed attributes (ints)                              tree"; read as text
   topo      a topology_summary attribute                     -> shown as the topology line
 usage: notes.py RESULTS_DIR E2E_DIR WORK_DIR
 """
@@ -47,7 +48,8 @@ version = h5py.File(os.path.join(e2e, "ddp.np4.h5"), "r")["provenance"].attrs["s
 make("busy", "2", "1", ["vm"] * 4)
 make("roomy", "8", "1", ["vm"] * 4)
 make("spread", "2", "1", ["n1", "n2", "n3", "n4"])
-make("old", np.int64(8), np.int64(2), ["vm"] * 4, strata_version="0.0.1")
+make("old", np.int64(8), np.int64(2), ["vm"] * 4, strata_version="0.0.1",
+     git_describe="0a1b2c3-dirty")
 make("topo", "8", "2", ["vm"] * 4, topology_summary=TOPOLOGY)
 
 p = subprocess.run([os.path.join(tools, "summary"), os.path.join(work, "study")],
@@ -68,6 +70,9 @@ if "1 of 5 run(s)" not in over[0]:
 mixed = [ln for ln in notes.splitlines() if "versions mixed" in ln]
 if len(mixed) != 1 or "0.0.1" not in mixed[0] or str(version) not in mixed[0]:
     fail("no 'versions mixed' caveat naming both versions: %s" % mixed)
+dirty = [ln for ln in notes.splitlines() if "modified tree (git 0a1b2c3-dirty)" in ln]
+if len(dirty) != 1 or not dirty[0].endswith(": old"):
+    fail("no 'modified tree' caveat for the one dirty run: %s" % dirty)
 topology = [ln for ln in notes.splitlines() if ln.startswith("  topology ")]
 if len(topology) != 1 or not topology[0].endswith(TOPOLOGY + " (1 of 5 runs record it)"):
     fail("topology line: %s" % topology)
