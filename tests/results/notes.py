@@ -72,7 +72,8 @@ if len(mixed) != 1 or "0.0.1" not in mixed[0] or str(version) not in mixed[0]:
     fail("no 'versions mixed' caveat naming both versions: %s" % mixed)
 # (the copies of a run built from a modified tree are named there too)
 dirty = [ln for ln in notes.splitlines() if "modified tree (git " in ln]
-if len(dirty) != 1 or "0a1b2c3-dirty" not in dirty[0] or "old" not in dirty[0].rsplit(": ", 1)[1].split(", "):
+named = dirty[0].rsplit(": ", 1)[1].split(", ") if dirty else []
+if len(dirty) != 1 or "0a1b2c3-dirty" not in dirty[0] or "old" not in named:
     fail("no 'modified tree' caveat for the one dirty run: %s" % dirty)
 topology = [ln for ln in notes.splitlines() if ln.startswith("  topology ")]
 if len(topology) != 1 or not topology[0].endswith(TOPOLOGY + " (1 of 5 runs record it)"):
