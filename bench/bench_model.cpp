@@ -10,7 +10,7 @@
 //                model FLOPs: recomputation is not counted, so it shows as a lower rate and MFU)
 //   activation_bytes  the ledger's activations peak (= Model::activation_bytes for the mode)
 //   sgemm_peak   calibrate_sgemm_flops() in the same process, just before timing (the CPU peak)
-//   mfu          model_flops / sgemm_peak
+//   mfu_pct      100 x model_flops / sgemm_peak (MFU in percent, as everywhere it is read)
 //   tokens_per_s, blas_threads
 // The machine is shared and noisy: prefer --benchmark_repetitions=5 and the median.
 #include <benchmark/benchmark.h>
@@ -86,7 +86,7 @@ void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
   const double model_flops = spec.flops_per_token() * tokens * steps / seconds;
   state.counters["model_flops"] = model_flops;
   state.counters["sgemm_peak"] = peak;
-  state.counters["mfu"] = model_flops / peak;
+  state.counters["mfu_pct"] = 100 * model_flops / peak;
   state.counters["tokens_per_s"] = tokens * steps / seconds;
   state.counters["blas_threads"] = strata::cpu::blas_threads();
   state.counters["activation_bytes"] = double(memory.peak(strata::MemTag::activations));

@@ -201,6 +201,29 @@ def _config_text(value, what):
     raise _malformed("%s is %s, not a string, number or boolean" % (what, _describe(value)))
 
 
+def _provenance(f):
+    """(attributes as str, hostnames per rank) of /provenance; ({}, []) where a file has none.
+    Provenance describes a run and is never needed to use it: what cannot be read is left out."""
+    try:
+        group = f["provenance"] if "provenance" in f else None
+        if not isinstance(group, h5py.Group):
+            return {}, []
+        attrs = {}
+        for k in group.attrs.keys():
+            try:
+                attrs[k] = _config_text(group.attrs[k], k)
+            except RunFileError:
+                continue  # an array or an empty value: not one line of text
+        hosts = []
+        ds = group.get("hostnames")
+        if isinstance(ds, h5py.Dataset) and ds.ndim == 1 and (
+                h5py.check_string_dtype(ds.dtype) or ds.dtype.kind == "S"):
+            hosts = [_text(v) for v in ds[()]]
+        return attrs, hosts
+    except _H5_ERRORS:
+        return {}, []
+
+
 def _strings(value, what):
     """A 1-D array attribute of strings, as a list of str."""
     if not (isinstance(value, np.ndarray) and value.ndim == 1):
@@ -293,6 +316,8 @@ class Run:
         self.nonfinite = []  # where the file holds NaN or inf: "/summary loss_last", "/steps/loss"
         self.run_id = _string(_required_attr(f, "run_id", "/"), "attribute run_id of /")
         self.status = _string(_required_attr(f, "status", "/"), "attribute status of /")
+        created = _scalar(_attr(f, "created_utc", "/"))
+        self.created_utc = _text(created) if isinstance(created, (str, bytes)) else ""
 
         config = _member(f, "config", "group", "/config")
         self.config = {k: _config_text(_attr(config, k, "/config"), "/config attribute %s" % k)
@@ -300,6 +325,8 @@ class Run:
         # Files from before --device ran on the CPU: so the tables, --where and compare's
         # configurations treat them like runs that say device cpu.
         self.config.setdefault("device", "cpu")
+
+        self.provenance, self.hostnames = _provenance(f)
 
         summary = _member(f, "summary", "group", "/summary")
         self.summary = {}

@@ -279,8 +279,8 @@ PeakFlops resolve_peak_flops(const RunConfig& config) {
 PeakFlops remeasure_node_peak(const RunConfig& config, const PeakFlops& too_low, double mfu_max) {
   PeakFlops p = cpu_peak(config, too_low.node);
   char note[160];
-  std::snprintf(note, sizeof note, "; re-measured after MFU %.3f against the %s %.1f GFLOP/s",
-                mfu_max, too_low.source.c_str(), too_low.node / 1e9);
+  std::snprintf(note, sizeof note, "; re-measured after MFU %.1f%% against the %s %.1f GFLOP/s",
+                100 * mfu_max, too_low.source.c_str(), too_low.node / 1e9);
   p.detail += note;
   return p;
 }

@@ -117,9 +117,9 @@ void recheck_peak(const RunConfig& c, const std::vector<double>& step_max, PeakF
   }
   if (mpi::world_rank() != 0) return;
   std::printf(
-      "strata: MFU %.3f above 1 against the node's peak: peak now %.1f GFLOP/s per rank "
+      "strata: MFU %.1f%% above 100%% against the node's peak: peak now %.1f GFLOP/s per rank "
       "(%s: %s)\n",
-      mfu_max, peak.per_rank / 1e9, peak.source.c_str(), peak.detail.c_str());
+      100 * mfu_max, peak.per_rank / 1e9, peak.source.c_str(), peak.detail.c_str());
   std::fflush(stdout);
   record_peak(peak, state);
 }
@@ -298,10 +298,11 @@ void begin_record(const RunConfig& config, RunState& state) {
   state.record.topology = std::move(nodes);
 }
 
-void write_failure(RunState& state, const std::string& status, const std::string& error,
+bool write_failure(RunState& state, const std::string& status, const std::string& error,
                    bool replace) {
   std::lock_guard lock(state.mu);
-  if (state.written || state.path.empty()) return;
+  if (state.written) return !state.write_failed;
+  if (state.path.empty()) return false;
   if (!state.root_steps.empty()) fill_partial_steps(state.root_steps, state.record);
   state.record.status = status;
   state.record.error = one_line(error);
@@ -311,9 +312,12 @@ void write_failure(RunState& state, const std::string& status, const std::string
     std::fprintf(stderr, "runner: run file %s (status %s)\n", state.path.c_str(), status.c_str());
     std::error_code ignored;  // an earlier run's timeline, under the same id, would not match
     if (replace) std::filesystem::remove(trace_json_path(state.path), ignored);
+    return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "runner: could not write the failure file: %s\n",
                  one_line(e.what()).c_str());
+    state.write_failed = true;
+    return false;
   }
 }
 

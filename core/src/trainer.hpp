@@ -19,8 +19,9 @@ namespace strata {
 struct RunState {
   std::mutex mu;
   RunRecord record;
-  std::string path;  // final path of the run file
-  bool written = false;
+  std::string path;                 // final path of the run file
+  bool written = false;             // one attempt made (see write_failure)
+  bool write_failed = false;        // ... and it failed: no run file stands (exit code 1)
   std::vector<StepRow> root_steps;  // rank 0: its steps so far, for the failure file's /steps
 };
 
@@ -36,7 +37,8 @@ void begin_record(const RunConfig& config, RunState& state);
 
 // Write the run file with a failure status, once per process, from any thread. Rank 0 replaces a
 // file of the same name; a fallback writer (replace = false) never replaces one.
-void write_failure(RunState& state, const std::string& status, const std::string& error,
+// True when a run file stands afterwards (this call wrote it, or one was written before).
+bool write_failure(RunState& state, const std::string& status, const std::string& error,
                    bool replace = true);
 
 }  // namespace strata

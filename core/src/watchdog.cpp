@@ -19,6 +19,7 @@
 
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
+#include "exit_codes.hpp"
 #include "format.hpp"
 #include "trainer.hpp"
 
@@ -108,10 +109,10 @@ struct Watchdog::Impl {
   // Write the run file, then end every rank: the others exit when rank 0 says so (a launcher may
   // take seconds to act on MPI_Abort, longer with a stopped rank), MPI_Abort covers the rest.
   [[noreturn]] void end_job(const std::string& status, const std::string& message, int code,
-                            bool replace) {
+                            bool replace) {  // code: exit_codes.hpp
     request_comm_stop();  // a transport wait that polls (NCCL's) gives up instead of spinning
     std::fprintf(stderr, "runner: error: %s\n", one_line(message).c_str());
-    write_failure(state, status, message, replace && may_replace);
+    if (!write_failure(state, status, message, replace && may_replace)) code = exit_code::error;
     if (rank == 0)
       for (int r = 1; r < world; ++r)
         mpi::post_notice(r, mpi::Notice::ending, std::to_string(code));
@@ -173,14 +174,15 @@ struct Watchdog::Impl {
     while (mpi::poll_notice(mpi::Notice::error, &from, &payload)) {
       auto bar = payload.find('|');
       const std::string status = bar == std::string::npos ? "failed" : payload.substr(0, bar);
-      if (status == "timeout") end_job("timeout", diagnosis(t), 1, true);
-      end_job(status, bar == std::string::npos ? payload : payload.substr(bar + 1), 1, true);
+      if (status == "timeout") end_job("timeout", diagnosis(t), exit_code::timeout, true);
+      end_job(status, bar == std::string::npos ? payload : payload.substr(bar + 1),
+              exit_code::for_status(status), true);
     }
     if (mpi::poll_notice(mpi::Notice::cancel, &from, &payload)) cancel_as_root(from, payload);
     InFlight f;
     bool late = oldest_call(&f) && t - f.t0 > timeout_s;
     for (int r = 1; r < world && !late; ++r) late = t - last_seen[r] > timeout_s;
-    if (late) end_job("timeout", diagnosis(t), 1, true);
+    if (late) end_job("timeout", diagnosis(t), exit_code::timeout, true);
   }
 
   void other_check(double t) {
@@ -202,14 +204,15 @@ struct Watchdog::Impl {
                   ": stopped, hung in the kernel, or its node is gone); rank " +
                   std::to_string(rank) + (what.empty() ? " was not blocked" : " waits in " + what) +
                   " (--watchdog " + seconds(timeout_s) + ")",
-              1, false);
+              exit_code::timeout, false);
     }
     InFlight f;
     if (!reported && oldest_call(&f) && t - f.t0 > timeout_s) {
       mpi::send_error_to_root("timeout|rank " + std::to_string(rank) + ": " + describe(f));
       reported = true, reported_at = t;
     }
-    if (reported && t - reported_at > timeout_s + 10) mpi::abort_job(1);  // rank 0 did not act
+    if (reported && t - reported_at > timeout_s + 10)  // rank 0 did not act
+      mpi::abort_job(exit_code::timeout);
   }
 
   // Rank 0: this rank got a signal, or rank `from` reported one (`note`). Hear every other rank
@@ -234,14 +237,14 @@ struct Watchdog::Impl {
     std::string gone;
     for (int r = 0; r < world; ++r)
       if (!heard[r]) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
-    const int code = 128 + (g_signal ? int(g_signal) : SIGTERM);
+    const int code = exit_code::cancelled(g_signal ? int(g_signal) : SIGTERM);
     if (!gone.empty())
       end_job("failed",
               "rank(s) " + gone +
                   " ended without a word (killed by a signal such as SIGKILL or the OOM killer, "
                   "or crashed), then the job was ended (" +
                   first + ")",
-              code, true);
+              exit_code::rank_lost, true);
     end_job("cancelled",
             "cancelled: " + first + " (scancel, Slurm's time limit, the launcher or Ctrl-C)", code,
             true);
@@ -275,7 +278,7 @@ struct Watchdog::Impl {
       write_failure(state, "failed", message, false);
     }
     std::fflush(nullptr);
-    std::_Exit(128 + sig);
+    std::_Exit(exit_code::rank_lost);
   }
 
   void run() {

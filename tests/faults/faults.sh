@@ -2,7 +2,8 @@
 # Fault injection: one case per call. Each case starts a real job, injects its fault, and asserts
 # what the design promises: the job ends (within a bound), nothing of it is left running, the run
 # file at <out>/<run-id>.h5 exists with the right status and a reason naming the culprit, an earlier
-# run file in the same directory is untouched, and no temporary file is left behind.
+# run file in the same directory is untouched, no temporary file is left behind, and (where the
+# runner, not the launcher, ends the job) the exit code names the failure kind.
 # usage: faults.sh CASE RUNNER CHECK_RUN PLUGIN_DIR WORK_DIR MPIRUN [MPI flags...]
 set -u
 case_name=$1 runner=$2 check_run=$3 plugin_dir=$4 work=$5 mpirun=$6
@@ -55,8 +56,12 @@ job_ends_within() {  # job_ends_within SECONDS
     sleep 0.2
   done
   wait "$job" 2>/dev/null
-  echo "job ended after $((SECONDS - t0)) s"
+  job_rc=$?
+  echo "job ended after $((SECONDS - t0)) s, exit code $job_rc"
   pass
+}
+expect_exit() {  # expect_exit CODE: the job's exit code names the failure kind (README table)
+  [[ $job_rc -eq $1 ]] && pass || fail "exit code $job_rc, want $1"
 }
 expect_file() {  # expect_file STATUS TEXT
   if "$check_run" status "$out/$id.h5" "$1" "$2"; then pass; else fail "run file status/reason"; fi
@@ -134,9 +139,10 @@ case $case_name in
       --plugin-opt step=3 --steps 10 --out "$out" --run-id "$id" >"$log" 2>&1 &
     job=$!
     job_ends_within 30
-    want=failed reason="rank 1: faulty plugin: failing on purpose at $at"
-    [[ $mode == oom ]] && want=oom reason="rank 1: std::bad_alloc"
+    want=failed reason="rank 1: faulty plugin: failing on purpose at $at" code=3
+    [[ $mode == oom ]] && want=oom reason="rank 1: std::bad_alloc" code=5
     expect_file "$want" "$reason"
+    expect_exit "$code"
     [[ $(grep -c 'could not write' "$log") -eq 0 ]] && pass || fail "a second, failed write"
     ;;
   hang)  # a rank skips a collective: the watchdog names the call each rank waits in
@@ -146,6 +152,7 @@ case $case_name in
     job=$!
     job_ends_within 20
     expect_file timeout "rank 0 waits in all_reduce on group dp"
+    expect_exit 6
     ;;
   disk-full)  # --out on a full file system: a clear error, no crash, the earlier file intact
     cp "$out/earlier.h5" "$work/disk-full-earlier.h5"

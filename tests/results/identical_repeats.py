@@ -65,7 +65,7 @@ for side, value in VALUES.items():
         fail("%s: x %s mean %r bars %r %r, want the value and bars 0"
              % (side, x, mean[0], below[0], above[0]))
     p = run("summary", study)
-    if len(p.stdout.splitlines()) != 11:
+    if len(p.stdout.split("\n\n")[0].splitlines()) != 11:  # the table, above the notes
         fail("summary: expected a header and 10 rows")
     p = run("compare", "--strict", study, study)
     if "(n=10)" not in p.stdout or "same" not in p.stdout:

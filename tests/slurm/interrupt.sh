@@ -26,7 +26,7 @@ id=tiny_ddp_n1x1_weak_r1
 (study) > "$work/first.log" 2>&1 &
 script=$!
 deadline=$((SECONDS + 60))
-until grep -q "run $id" "$work/first.log" 2>/dev/null && [[ -s $out/$id.log ]]; do
+until grep -qE "run [0-9]+/[0-9]+ $id" "$work/first.log" 2>/dev/null && [[ -s $out/$id.log ]]; do
   ((SECONDS < deadline)) || { fail "the first run never started"; break; }
   sleep 0.2
 done

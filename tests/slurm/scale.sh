@@ -67,7 +67,9 @@ for s in zero3 fsdp; do
       >/dev/null || fail "$s on $n nodes left ddp's trajectory"
   done
 done
-[[ $(wc -l < "$study/summary.txt") -eq 13 ]] || fail "summary.txt: expected a header and 12 rows"
+[[ $(sed '/^$/q' "$study/summary.txt" | grep -c .) -eq 13 ]] || fail "summary.txt: expected a header and 12 rows"
+grep -q "^Provenance" "$study/summary.txt" && grep -q "^Caveats" "$study/summary.txt" \
+  || fail "summary.txt: no provenance and caveats"
 [[ $(wc -l < "$study/summary.csv") -eq 13 ]] || fail "summary.csv: expected a header and 12 rows"
 for fig in throughput efficiency memory comm bubble loss; do
   file "$study/figures/$fig.png" | grep -q 'PNG image' || fail "figures/$fig.png missing"

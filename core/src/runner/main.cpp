@@ -28,6 +28,7 @@
 #include "backend.hpp"
 #include "config.hpp"
 #include "cpu/layers.hpp"
+#include "exit_codes.hpp"
 #include "format.hpp"
 #include "launch.hpp"
 #include "plugin_loader.hpp"
@@ -196,7 +197,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy, const Options& options
     std::printf("memory limit %s per rank (device memory): %s (largest rank needs %s)\n",
                 human_bytes(c.memory_limit).c_str(), fits ? "fits" : "does NOT fit",
                 human_bytes(worst_total).c_str());
-    return fits ? 0 : 4;
+    return fits ? exit_code::ok : exit_code::does_not_fit;
   }
   return 0;
 }
@@ -258,7 +259,7 @@ void check_where_it_runs(RunConfig& config, const LaunchEnv& env) {
 }
 
 bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
-             PluginRegistry& registry, int& exit_code) {
+             PluginRegistry& registry, int& code) {
   config = parse_cli(argc, argv);
   if (answered_request(config, env, registry)) return false;
   if (env.rank ==
@@ -294,7 +295,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   // --calibrate measures any mesh (a pipeline's or tp's groups too): no strategy runs on it.
   if (!config.calibrate) strategy->validate(config.mesh, config.train, config.model);
   if (config.dry_run) {
-    exit_code = dry_run(config, *strategy, options);
+    code = dry_run(config, *strategy, options);
     return false;
   }
   if (!config.profile.empty() && !config.calibrate) {  // predicted beside measured (/summary)
@@ -320,13 +321,14 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   if (auto* se = dynamic_cast<const Error*>(&e); se && !se->hint().empty())
     message += " (hint: " + se->hint() + ")";
   std::fprintf(stderr, "runner: error: %s\n", message.c_str());
+  int code = exit_code::for_status(status);
   if (rank == 0) {
-    write_failure(state, status, message);
+    if (!write_failure(state, status, message)) code = exit_code::error;
   } else {
     mpi::send_error_to_root(status + "|" + message);
     std::this_thread::sleep_for(std::chrono::seconds(10));  // rank 0 writes, then ends the job
   }
-  mpi::abort_job(1);
+  mpi::abort_job(code);
 }
 
 // Where this rank's BLAS thread count came from (blas_threads_for), for /provenance.
@@ -358,16 +360,16 @@ int main(int argc, char** argv) {
   RunConfig config;
   PluginRegistry registry;
   try {
-    int exit_code = 0;
-    if (!prepare(argc, argv, env, config, registry, exit_code)) return exit_code;
+    int code = 0;
+    if (!prepare(argc, argv, env, config, registry, code)) return code;
   } catch (const ConfigError& e) {
     if (env.rank == 0) std::fprintf(stderr, "runner: error: %s\n", one_line(e.what()).c_str());
-    return 2;
+    return exit_code::bad_input;
   } catch (const Error& e) {
     if (env.rank == 0)
       std::fprintf(stderr, "runner: error: %s%s%s\n", e.what(), e.hint().empty() ? "" : " (hint: ",
                    e.hint().empty() ? "" : (e.hint() + ")").c_str());
-    return 1;
+    return exit_code::error;
   }
 
   // A first count before MPI starts its own threads (as if every rank of the host shared this
@@ -378,7 +380,7 @@ int main(int argc, char** argv) {
     mpi::init(&argc, &argv);
   } catch (const Error& e) {
     std::fprintf(stderr, "runner: error: %s (hint: %s)\n", e.what(), e.hint().c_str());
-    return 1;
+    return exit_code::error;
   }
   set_threads_per_rank(config);
   if (config.calibrate) {
@@ -387,7 +389,7 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "runner: error: rank %d: --calibrate: %s\n", mpi::world_rank(),
                    one_line(e.what()).c_str());
-      mpi::abort_job(1);
+      mpi::abort_job(exit_code::failed);
     }
     mpi::control_barrier();
     mpi::finalize();

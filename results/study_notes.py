@@ -1,0 +1,210 @@
+"""Provenance and caveats of a study, for summary.txt (results/summary) and report.html
+(results/plot): where and how the runs were made, read from each run file's /provenance and
+/config, and what a reader must know before trusting the numbers.
+
+Caveats, each naming its runs:
+    oversubscribed   ranks on a host x BLAS threads per rank > the host's cores (ranks then share
+                     cores: the timings are for correctness, not for conclusions)
+    versions mixed   runs made by different strata versions (or builds of one version)
+    modified tree    built from a checkout with uncommitted changes (git describe ...-dirty):
+                     the version alone does not say what ran
+    machines mixed   runs on different CPU models or core counts
+    not Release      a build type other than Release (timings of a debug build mean little)
+    MFU above 100%   a rank's MFU above its peak: the peak was measured while the node was busy
+    few timed steps  fewer than MIN_TIMED_STEPS timed steps: p50/p95 rest on few samples
+    non-finite       NaN or inf in the file (a diverged loss, a NaN throughput)
+Files from before a provenance entry existed lack it: the notes say "unknown", never fail.
+"""
+import collections
+import html
+
+MIN_TIMED_STEPS = 5
+# At most this many distinct values are listed in one provenance line.
+MAX_VALUES = 6
+
+
+def _int(text):
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        return None
+
+
+def _distinct(runs, value_of):
+    """"v" when every run has v, else "v1 (n runs), v2 (m runs), ..." most common first."""
+    counts = collections.Counter(value_of(r) for r in runs)
+    if len(counts) == 1:
+        return next(iter(counts))
+    items = counts.most_common()
+    text = ", ".join("%s (%d run%s)" % (v, n, "" if n == 1 else "s") for v, n in items[:MAX_VALUES])
+    return text + (", and %d more" % (len(items) - MAX_VALUES) if len(items) > MAX_VALUES else "")
+
+
+def version(run):
+    p = run.provenance
+    v = p.get("strata_version", "unknown")
+    return v + (" (git %s)" % p["git_describe"] if p.get("git_describe") else "")
+
+
+def host_ranks(run):
+    """The most ranks of this run on one host (by /provenance/hostnames; without them, the ranks
+    per node of /config)."""
+    if run.hostnames:
+        return max(collections.Counter(run.hostnames).values())
+    return _int(run.config.get("ranks_per_node", "")) or 1
+
+
+def threads(run):
+    return _int(run.provenance.get("blas_threads", ""))
+
+
+def cores(run):
+    return _int(run.provenance.get("cores_online", ""))
+
+
+def oversubscription(run):
+    """"4 ranks x 1 thread on 2 cores" when the run's busiest host had more ranks x threads than
+    cores, else None (also when the file does not say its threads or cores)."""
+    n, t, c = host_ranks(run), threads(run), cores(run)
+    if t is None or c is None or n * t <= c:
+        return None
+    return "%d rank%s x %d thread%s on %d core%s" % (n, "" if n == 1 else "s", t,
+                                                   "" if t == 1 else "s", c, "" if c == 1 else "s")
+
+
+def _hosts(runs):
+    hosts = sorted({h for r in runs for h in r.hostnames})
+    if not hosts:
+        return "unknown (files without /provenance/hostnames)"
+    shown = ", ".join(hosts[:8])
+    return shown + (" and %d more" % (len(hosts) - 8) if len(hosts) > 8 else "")
+
+
+def _dates(runs):
+    dates = sorted(r.created_utc for r in runs if r.created_utc)
+    if not dates:
+        return "unknown"
+    return dates[0] if dates[0] == dates[-1] else "%s to %s" % (dates[0], dates[-1])
+
+
+def _model(run):
+    c = run.config
+    return "%s (%s layers, hidden %s, seq %s, vocab %s, %s)" % (
+        c.get("model", "?"), c.get("layers", "?"), c.get("hidden", "?"), c.get("seq", "?"),
+        c.get("vocab", "?"), c.get("precision", "fp32"))
+
+
+def _steps(run):
+    steps, warmup = _int(run.config.get("steps", "")), run.warmup
+    if steps is None:
+        return "unknown"
+    return "%d (%d warm-up, %d timed)" % (steps, warmup, steps - warmup)
+
+
+def _threads_origin(run):
+    t = threads(run)
+    origin = run.provenance.get("blas_threads_origin", "")
+    return "%s%s" % ("unknown" if t is None else t, " (%s)" % origin if origin else "")
+
+
+def _device(run):
+    p = run.provenance
+    return run.device + (": %s" % p["gpu_names"] if p.get("gpu_names") else "")
+
+
+def _machine(run):
+    c = cores(run)
+    return "%s, %s cores" % (run.provenance.get("cpu_model", "unknown CPU"),
+                             "unknown" if c is None else c)
+
+
+def provenance(runs):
+    """[(label, text)]: the study's provenance, one line each."""
+    rows = [("strata", _distinct(runs, version)),
+            ("date (UTC)", _dates(runs)),
+            ("hosts", _hosts(runs)),
+            ("machine", _distinct(runs, _machine)),
+            ("device", _distinct(runs, _device)),
+            ("model", _distinct(runs, _model)),
+            ("steps", _distinct(runs, _steps)),
+            ("transport", _distinct(runs, lambda r: r.config.get("transport", "mpi"))),
+            ("BLAS threads per rank", _distinct(runs, _threads_origin)),
+            ("build", _distinct(runs, lambda r: "%s, %s, %s" % (
+                r.provenance.get("build_type", "?"), r.provenance.get("compiler", "?"),
+                r.provenance.get("mpi_version", "?"))))]
+    topology = [r for r in runs if r.provenance.get("topology_summary")]
+    if topology:  # /provenance topology_summary: newer files only
+        rows.append(("topology", _distinct(topology, lambda r: r.provenance["topology_summary"]) +
+                     ("" if len(topology) == len(runs) else " (%d of %d runs record it)"
+                      % (len(topology), len(runs)))))
+    jobs = sorted({r.provenance.get("slurm_job_id") for r in runs} - {None, ""})
+    if jobs:
+        rows.append(("Slurm job(s)", ", ".join(jobs)))
+    return rows
+
+
+def _named(runs, detail=None):
+    return ", ".join(r.run_id + (" (%s)" % detail(r) if detail else "") for r in runs)
+
+
+def caveats(runs):
+    """[text]: what a reader must know before trusting the numbers, each naming its runs."""
+    out = []
+    over = [r for r in runs if oversubscription(r)]
+    if over:
+        out.append("oversubscribed: %d of %d run(s) put more ranks x threads on a host than it has "
+                   "cores, so ranks shared cores and their timings, throughput and MFU are for "
+                   "correctness, not for conclusions: %s"
+                   % (len(over), len(runs), _named(over, oversubscription)))
+    unknown = [r for r in runs if threads(r) is None or cores(r) is None]
+    if unknown:
+        out.append("oversubscription unknown: %d run(s) do not record their BLAS threads or cores: "
+                   "%s" % (len(unknown), _named(unknown)))
+    if len({version(r) for r in runs}) > 1:
+        out.append("versions mixed: runs of different strata versions or builds: %s"
+                   % _distinct(runs, version))
+    dirty = [r for r in runs if r.provenance.get("git_describe", "").endswith("-dirty")]
+    if dirty:
+        out.append("built from a modified tree (git %s): the version alone does not say what ran: "
+                   "%s" % (", ".join(sorted({r.provenance["git_describe"] for r in dirty})),
+                           _named(dirty)))
+    if len({_machine(r) for r in runs}) > 1:
+        out.append("machines mixed: runs on different CPUs or core counts: %s"
+                   % _distinct(runs, _machine))
+    debug = [r for r in runs if r.provenance.get("build_type", "Release") != "Release"]
+    if debug:
+        out.append("not a Release build: timings of these runs mean little: %s"
+                   % _named(debug, lambda r: r.provenance["build_type"]))
+    hot = [r for r in runs if r.summary.get("mfu_rank_max", 0) > 1]
+    if hot:
+        out.append("MFU above 100%% on a rank (the peak was measured while the node was busy): %s"
+                   % _named(hot, lambda r: "%.1f%%" % (100 * r.summary["mfu_rank_max"])))
+    few = [r for r in runs if r.steps["loss"].shape[1] - r.warmup < MIN_TIMED_STEPS]
+    if few:
+        out.append("fewer than %d timed steps: step p50/p95 and tokens/s rest on few samples: %s"
+                   % (MIN_TIMED_STEPS, _named(few, lambda r: "%d timed" % (
+                       r.steps["loss"].shape[1] - r.warmup))))
+    bad = [r for r in runs if r.nonfinite]
+    if bad:
+        out.append("non-finite values (NaN or inf) kept: %s" % _named(bad))
+    return out
+
+
+def text(runs):
+    """The notes as lines of text (summary.txt)."""
+    rows = provenance(runs)
+    width = max(len(label) for label, _ in rows)
+    lines = ["", "Provenance"] + ["  %s  %s" % (label.ljust(width), value) for label, value in rows]
+    notes = caveats(runs)
+    lines += ["", "Caveats"] + ["  - " + c for c in notes] if notes else ["", "Caveats", "  none"]
+    return lines
+
+
+def html_block(runs):
+    """The notes as HTML (report.html): a provenance table and the caveats, warnings first."""
+    rows = "".join("<tr><th>%s</th><td>%s</td></tr>" % (html.escape(k), html.escape(v))
+                   for k, v in provenance(runs))
+    notes = caveats(runs)
+    items = "".join('<li class="caveat">%s</li>' % html.escape(c) for c in notes)
+    return ('<h2>Provenance</h2><table class="provenance">%s</table>\n<h2>Caveats</h2>'
+            '<ul id="caveats">%s</ul>\n' % (rows, items or "<li>none</li>"))
