@@ -12,8 +12,9 @@
 #   - the Boost headers plugin.hpp includes (Boost.DLL), through strata::sdk.
 # OUTPUT_DIRECTORY: where the library is built (in the strata tree: the build tree's plugin
 # directory; elsewhere CMAKE_LIBRARY_OUTPUT_DIRECTORY, else the current binary directory: pass it
-# to `runner --plugin-path`). INSTALL_DESTINATION: default <libdir>/strata/plugins, the directory
-# an installed runner of the same prefix reads with no flags.
+# to `runner --plugin-path`). INSTALL_DESTINATION: default strata's plugin directory relative to its
+# prefix (STRATA_PLUGIN_RELDIR, lib/strata/plugins), which an installed runner of the same prefix
+# reads with no flags.
 include_guard(GLOBAL)
 include(GNUInstallDirs)
 
@@ -37,7 +38,11 @@ function(strata_add_plugin name)
     endif()
   endif()
   if(NOT ARG_INSTALL_DESTINATION)
-    set(ARG_INSTALL_DESTINATION "${CMAKE_INSTALL_LIBDIR}/strata/plugins")
+    if(STRATA_PLUGIN_RELDIR)  # strata's own layout (the tree, or strataConfig.cmake)
+      set(ARG_INSTALL_DESTINATION "${STRATA_PLUGIN_RELDIR}")
+    else()
+      set(ARG_INSTALL_DESTINATION "${CMAKE_INSTALL_LIBDIR}/strata/plugins")
+    endif()
   endif()
   set(target strata_${name})
   add_library(${target} MODULE ${ARG_SOURCES})

@@ -36,4 +36,8 @@ run zero3
 "$check_run" layout "$work/runs/zero-lean.h5" 2 4
 "$check_run" trajectory "$work/runs/zero3.h5" "$work/runs/zero-lean.h5" 0
 "$check_run" predicted "$work/runs/zero-lean.h5"
-echo "out-of-tree zero-lean built against $prefix, ran on 2 ranks, the same losses as zero3"
+# strata_add_plugin() installs into the runner's plugin directory of the same prefix: no flag needed.
+cmake --install "$work/build" --prefix "$prefix" >/dev/null
+test -f "$prefix/lib/strata/plugins/libstrata_zero_lean.so" || { echo "FAIL: plugin not installed beside strata's"; exit 1; }
+"$prefix/bin/runner" --list-plugins | grep -E "^zero-lean +" >/dev/null || { echo "FAIL: installed zero-lean not listed"; exit 1; }
+echo "out-of-tree zero-lean built against $prefix, ran on 2 ranks, the same losses as zero3, installed beside its plugins"
