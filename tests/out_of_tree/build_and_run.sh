@@ -3,8 +3,8 @@
 # tests/out_of_tree (find_package(strata) + strata_add_plugin(), nothing from the source tree but
 # its two files), list it, run it on 2 ranks beside the installed zero3 and compare: the same
 # losses (the same algorithm), less or equal peak memory, exposed comm not below zero3's. The
-# prefix is moved after installing: the package's CMake files and the installed runner hold no
-# absolute path of the build or of the install prefix.
+# prefix is moved after installing: the package's CMake and pkg-config files hold no absolute path
+# of the source, the build or the install prefix. Last, the plugin installs beside strata's own.
 # usage: build_and_run.sh SOURCE_DIR BUILD_DIR WORK_DIR CHECK_RUN
 set -eu
 src=$1 build=$2 work=$3 check_run=$4
