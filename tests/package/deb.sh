@@ -2,7 +2,8 @@
 # The Debian package (`make package`: cpack -G DEB) unpacked with dpkg-deb into a temporary root,
 # used from there as a user would:
 #   1. its Depends name exactly the packages of the libraries its ELF files link (objdump NEEDED,
-#      resolved by ldd, owner by dpkg -S): none missing, none extra;
+#      resolved by ldd, owner by dpkg -S): none missing, none extra (a library under /usr/local or
+#      /opt that no package owns, such as NVIDIA's CUDA toolkit, is listed, not declarable);
 #   2. the out-of-tree plugin (tests/out_of_tree) builds against it with find_package(strata) +
 #      strata_add_plugin() (CMAKE_PREFIX_PATH=<root>/usr), and again with pkg-config (strata.pc);
 #   3. the unpacked slurm/scale.sbatch runs a short study of ddp and that plugin
@@ -25,7 +26,7 @@ echo "package $(basename "$deb"): $(find "$root" -type f | wc -l) files"
 
 # 1. Depends = the packages of what the binaries link.
 declared=$(dpkg-deb -f "$deb" Depends | tr ',' '\n' | sed -E 's/\(.*\)//; s/[[:space:]]//g' | sort -u | grep . || true)
-needed_pkgs=() elfs=0
+needed_pkgs=() unowned=() elfs=0
 while IFS= read -r f; do
   [[ $(head -c 4 "$f" | tr -d '\0') == $'\x7fELF' ]] || continue
   elfs=$((elfs + 1))
@@ -35,8 +36,13 @@ while IFS= read -r f; do
     path=$(awk -v l="$lib" '$1 == l && $2 == "=>" {print $3} $1 ~ "/" l "$" {print $1}' <<<"$resolved")
     [[ -n $path && $path != "not" ]] || fail "$f: $lib not found (ldd)"
     [[ $path == "$root"/* ]] && continue  # the package's own library
-    owner=$(dpkg -S "$path" 2>/dev/null || dpkg -S "/usr$path" 2>/dev/null || dpkg -S "${path#/usr}" 2>/dev/null) \
-      || fail "$f: $lib ($path) belongs to no Debian package"
+    if ! owner=$(dpkg -S "$path" 2>/dev/null || dpkg -S "/usr$path" 2>/dev/null || dpkg -S "${path#/usr}" 2>/dev/null); then
+      # A toolkit installed outside apt (NVIDIA's CUDA in /usr/local/cuda) has no package to
+      # declare; a library in the system's own directories must have one.
+      [[ $path == /usr/local/* || $path == /opt/* ]] || fail "$f: $lib ($path) belongs to no Debian package"
+      [[ " ${unowned[*]:-} " == *" $path "* ]] || unowned+=("$path")
+      continue
+    fi
     needed_pkgs+=("$(cut -d: -f1 <<<"${owner%%,*}")")
   done
 done < <(find "$root/usr/bin" "$root/usr/lib" -type f)
@@ -61,6 +67,7 @@ extra=""
 for d in $declared; do [[ -n ${used[$d]:-} ]] || extra+=" $d"; done
 [[ -z $missing ]] || fail "Depends lacks$missing (linked by the binaries); Depends: $(echo $declared)"
 [[ -z $extra ]] || fail "Depends names$extra, which no binary links; linked: $(echo $needed)"
+((${#unowned[@]} == 0)) || echo "linked from outside Debian's packages (nothing to declare): ${unowned[*]}"
 echo "Depends = the $(wc -l <<<"$needed") packages the $elfs ELF files link: $(echo $needed)"
 
 # The unpacked tree holds no path of the build, and the runner uses its own libraries and plugins.
