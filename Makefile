@@ -4,6 +4,7 @@
 #               scripts, archive tools), the ASan + UBSan set and a bounded fuzz run
 #   make fuzz   the libFuzzer targets (clang, ASan + UBSan) in build-fuzz, FUZZ_SECONDS each
 #   make test-gpu  the real-GPU tests only (a machine with a GPU)
+#   make package   the Debian package (CPack DEB): $(BUILD)/strata_<version>_<arch>.deb
 #   make sanitize  ASan+UBSan build (build-asan/) and its tests; make tsan: TSan build (build-tsan/)
 BUILD ?= build
 JOBS  ?= $(shell nproc)
@@ -22,7 +23,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 comma := ,
 
-.PHONY: all deps configure build run test test-gpu install clean fuzz sanitize tsan
+.PHONY: all deps configure build run test test-gpu install package clean fuzz sanitize tsan
 
 all: build
 
@@ -90,6 +91,10 @@ tsan: deps
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
+
+# The Debian package: installs under /usr; Depends from dpkg-shlibdeps (what the binaries link).
+package: build
+	cd $(BUILD) && cpack -G DEB
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log $(FUZZ_BUILD) $(FUZZ_BUILD).configure.log \

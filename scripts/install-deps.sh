@@ -14,7 +14,8 @@ packages=(
   clang libclang-rt-14-dev libomp-dev   # make fuzz: libFuzzer + sanitizer runtimes, clang's OpenMP
   python3-h5py python3-numpy python3-matplotlib  # results/ tools (Debian's /usr/bin/python3)
   python3-pandas                        # tests/results/export.py reads results/export with pandas
-  file                                  # tests check figure file types
+  file                                  # tests check figure file types; CPack DEB with shlibdeps
+  dpkg-dev                              # make package: dpkg-shlibdeps derives the package's Depends
   slurmctld slurmd slurm-client munge libpmix-dev  # slurm/local-cluster, srun --mpi=pmix
 )
 missing=()

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 namespace fs = std::filesystem;
@@ -55,6 +56,17 @@ std::string default_plugin_dir() {
   return (exe.parent_path().parent_path() / STRATA_PLUGIN_RELDIR).lexically_normal().string();
 }
 
+// A file the loader does not open but that looks like a shared library (ELF, or ".so" in its name):
+// most likely a plugin named otherwise (strata_x.so, libx.so.1), worth a line rather than silence.
+// Other files (a build directory's CMakeCache.txt, a README) are passed over without one.
+static bool looks_like_library(const fs::path& f) {
+  if (f.filename().string().find(".so") != std::string::npos) return true;
+  std::ifstream in(f, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' &&
+         magic[3] == 'F';
+}
+
 void PluginRegistry::scan(const std::vector<std::string>& dirs) {
   for (const std::string& dir : dirs) {
     std::error_code ec;
@@ -62,13 +74,20 @@ void PluginRegistry::scan(const std::vector<std::string>& dirs) {
       problems_.push_back("plugin directory " + dir + ": not a directory");
       continue;
     }
-    std::vector<fs::path> files;
+    std::vector<fs::path> files, misnamed;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       const fs::path& f = entry.path();
-      if (entry.is_regular_file() && f.extension() == ".so" &&
-          f.filename().string().rfind("lib", 0) == 0)
+      if (!entry.is_regular_file()) continue;
+      if (f.extension() == ".so" && f.filename().string().rfind("lib", 0) == 0)
         files.push_back(f);
+      else if (looks_like_library(f))
+        misnamed.push_back(f);
     }
+    std::sort(misnamed.begin(), misnamed.end());
+    for (const fs::path& f : misnamed)
+      problems_.push_back("plugin " + f.string() +
+                          ": not named lib<name>.so, so not loaded (plugins are opened only as "
+                          "lib*.so; strata_add_plugin() names them so)");
     std::sort(files.begin(), files.end());
     for (const fs::path& f : files) {
       try {

@@ -33,7 +33,8 @@ std::string default_plugin_dir();
 class PluginRegistry {
  public:
   // Load every lib*.so in each directory. Files that fail are kept in problems(), not fatal: one
-  // broken plugin must not hide the others.
+  // broken plugin must not hide the others; so is each file that looks like a shared library
+  // (ELF, or ".so" in its name) but is not named lib*.so, which is not opened.
   void scan(const std::vector<std::string>& dirs);
   const std::vector<LoadedPlugin>& plugins() const { return plugins_; }
   const std::vector<std::string>& problems() const { return problems_; }
