@@ -227,7 +227,7 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   if (c.transport == "nccl" && c.device != "cuda")
     throw ConfigError("--transport nccl: moves device memory; needs --device cuda");
   if (c.device == "cuda" && c.transport != "nccl")
-    throw ConfigError("--device cuda: needs --transport nccl (mpi and ucx move host memory)");
+    throw ConfigError("--device cuda: needs --transport nccl (mpi, ucx and gloo move host memory)");
   const MixedPrecision& mp = c.train.precision;
   if (mp.reduce == DType::bf16 && mp.param != DType::bf16)
     throw ConfigError("--reduce-dtype bf16: needs --precision bf16 (fp32 parameters reduce fp32)");
