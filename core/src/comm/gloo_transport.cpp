@@ -18,10 +18,10 @@
 //
 // Collectives (gloo's algorithms; n ranks)
 //   all_reduce      gloo::allreduce: ring (reduce-scatter + all-gather), 1 MiB segments
-//   reduce_scatter  gloo::ReduceScatterHalvingDoubling (gloo has no reduce_scatter in its
-//                   options API): the input is copied into the plan's buffer, which the algorithm
-//                   reduces in place; plans are kept per (count, dtype), since building one
-//                   allocates its buffers and registers them with every pair
+//   reduce_scatter  composed as PyTorch's ProcessGroupGloo does it: gloo::allreduce of a copy of
+//                   the input, then this rank's shard (gloo has no usable reduce-scatter: see
+//                   do_reduce_scatter). It moves the all-reduce's bytes: what a PyTorch user of
+//                   gloo pays for FSDP/ZeRO's reduce-scatter.
 //   all_gather      gloo::allgather (ring); in place when the input is this rank's slot
 //   broadcast       gloo::broadcast
 //   reduce          gloo::reduce; a non-root rank reduces into scratch, so its buffer stays as it
@@ -34,7 +34,6 @@
 // a lock (their order must match across ranks anyway); point to point takes none.
 #include "comm/gloo_transport.hpp"
 
-#include <gloo/algorithm.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -43,7 +42,6 @@
 #include <gloo/config.h>
 #include <gloo/context.h>
 #include <gloo/reduce.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/transport/address.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
@@ -58,7 +56,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <limits>
 #include <map>
 #include <mutex>
 
@@ -77,7 +74,6 @@ constexpr std::chrono::minutes kTimeout{30};
 // slots of its algorithm classes (Context::nextSlot).
 constexpr std::uint64_t kP2pSlot = std::uint64_t(0x80) << 56;
 constexpr std::size_t kAddressBytes = ::gloo::transport::Address::kMaxByteSize;
-constexpr std::size_t kMaxPlans = 16;  // reduce-scatter plans kept per group
 
 int world_rank() {
   int initialized = 0, finalized = 0, rank = -1;
@@ -266,44 +262,6 @@ void by_element_size(DType t, F&& f) {
       [t, op](void* c, const void* a, const void* b, std::size_t n) { combine(c, a, b, n, t, op); };
 }
 
-// gloo's algorithm classes take a plain function pointer: one per dtype.
-template <DType D, class T>
-void sum_into(T* x, const T* y, std::size_t n) {
-  combine(x, x, y, n, D, Op::sum);
-}
-template <DType D, class T>
-const ::gloo::ReductionFunction<T>* sum_function() {
-  static const ::gloo::ReductionFunction<T> f(::gloo::SUM, &sum_into<D, T>);
-  return &f;
-}
-template <class T>
-const ::gloo::ReductionFunction<T>* sum_function(DType t) {
-  switch (t) {
-    case DType::f32:
-      return sum_function<DType::f32, T>();
-    case DType::f64:
-      return sum_function<DType::f64, T>();
-    case DType::i32:
-      return sum_function<DType::i32, T>();
-    case DType::i64:
-      return sum_function<DType::i64, T>();
-    case DType::u8:
-      return sum_function<DType::u8, T>();
-    case DType::bf16:
-      return sum_function<DType::bf16, T>();
-  }
-  throw Error("gloo: unknown dtype");
-}
-
-// gloo's halving-doubling reduce-scatter of `count` elements of `dtype`, with the buffer it
-// reduces in place.
-struct ReduceScatterPlan {
-  std::size_t count;
-  DType dtype;
-  std::unique_ptr<std::uint64_t[]> work;
-  std::unique_ptr<::gloo::Algorithm> algorithm;
-};
-
 class GlooGroup final : public Group {
  public:
   GlooGroup(std::string name, int rank, int size, CommLedger* ledger,
@@ -314,16 +272,15 @@ class GlooGroup final : public Group {
   void do_all_reduce(BufferView b, Reduction r) override {
     if (b.count == 0 || size() == 1) return;
     std::lock_guard lock(collective_mu_);
-    by_element_size(b.dtype, [&](auto e) {
-      using T = decltype(e);
-      ::gloo::AllreduceOptions o(context_);
-      o.setOutput(static_cast<T*>(b.data), b.count);  // the output is the input too
-      o.setReduceFunction(reducer(b.dtype, r == Reduction::sum ? Op::sum : Op::max));
-      o.setTag(next_tag());
-      guarded(name(), "allreduce", [&] { ::gloo::allreduce(o); });
-    });
+    allreduce(b.data, b.count, b.dtype, r == Reduction::sum ? Op::sum : Op::max);
   }
 
+  // As PyTorch's ProcessGroupGloo::reduce_scatter_tensor: an all-reduce of a copy of the input,
+  // then this rank's shard. gloo's options API has no reduce-scatter, and its algorithm class
+  // ReduceScatterHalvingDoubling was tried first and dropped: its last phase copies a rank's
+  // result to the front of the buffer without waiting for the send of that front half, which the
+  // tcp device may still be writing. Seen here as wrong sums in --calibrate-comm's 16 MiB
+  // reduce_scatter on 2 ranks, one run in five.
   void do_reduce_scatter(BufferView in, BufferView out) override {
     check_counts(in.count == out.count * std::size_t(size()) && in.dtype == out.dtype,
                  "reduce_scatter needs in.count == out.count * size");
@@ -333,10 +290,10 @@ class GlooGroup final : public Group {
       return;
     }
     std::lock_guard lock(collective_mu_);
-    ReduceScatterPlan& plan = reduce_scatter_plan(in.count, in.dtype);
-    std::memcpy(plan.work.get(), in.data, in.bytes());
-    guarded(name(), "ReduceScatterHalvingDoubling", [&] { plan.algorithm->run(); });
-    std::memcpy(out.data, plan.work.get(), out.bytes());  // this rank's shard comes first
+    char* copy = scratch(in.bytes());
+    std::memcpy(copy, in.data, in.bytes());
+    allreduce(copy, in.count, in.dtype, Op::sum);
+    std::memcpy(out.data, copy + std::size_t(rank()) * out.bytes(), out.bytes());
   }
 
   // In place when in is this rank's slot of out (in.data == out.data + rank * in.bytes()).
@@ -379,13 +336,13 @@ class GlooGroup final : public Group {
     check_rank(root, "reduce root");
     if (b.count == 0 || size() == 1) return;
     std::lock_guard lock(collective_mu_);
-    if (rank() != root && scratch_.size() < b.bytes()) scratch_.resize(b.bytes());
+    char* partial = rank() == root ? nullptr : scratch(b.bytes());
     by_element_size(b.dtype, [&](auto e) {
       using T = decltype(e);
       ::gloo::ReduceOptions o(context_);
       if (rank() != root) {
         o.setInput(static_cast<T*>(b.data), b.count);
-        o.setOutput(reinterpret_cast<T*>(scratch_.data()), b.count);
+        o.setOutput(reinterpret_cast<T*>(partial), b.count);
       } else {
         o.setOutput(static_cast<T*>(b.data), b.count);
       }
@@ -428,29 +385,23 @@ class GlooGroup final : public Group {
   // One tag per collective (under the lock): consecutive collectives never share a slot.
   std::uint32_t next_tag() { return tag_++; }
 
-  // The plan for (count, dtype), built on first use; the oldest goes when kMaxPlans are kept.
-  ReduceScatterPlan& reduce_scatter_plan(std::size_t count, DType t) {
-    for (ReduceScatterPlan& p : plans_)
-      if (p.count == count && p.dtype == t) return p;
-    if (count > std::size_t(std::numeric_limits<int>::max()))
-      throw Error("gloo group '" + name() + "': reduce_scatter of " + std::to_string(count) +
-                      " elements is over gloo's int element count",
-                  "use the mpi transport for reduce_scatter of 2^31 elements or more");
-    if (plans_.size() == kMaxPlans) plans_.pop_front();
-    ReduceScatterPlan& p = plans_.emplace_back();
-    p.count = count;
-    p.dtype = t;
-    p.work.reset(new std::uint64_t[(count * dtype_size(t) + 7) / 8]);
-    const std::vector<int> shards(std::size_t(size()), int(count / std::size_t(size())));
+  // Under the collective lock.
+  void allreduce(void* data, std::size_t count, DType t, Op op) {
     by_element_size(t, [&](auto e) {
       using T = decltype(e);
-      std::vector<T*> ptrs = {reinterpret_cast<T*>(p.work.get())};
-      guarded(name(), "ReduceScatterHalvingDoubling", [&] {
-        p.algorithm = std::make_unique<::gloo::ReduceScatterHalvingDoubling<T>>(
-            context_, ptrs, int(count), shards, sum_function<T>(t));
-      });
+      ::gloo::AllreduceOptions o(context_);
+      o.setOutput(static_cast<T*>(data), count);  // the output is the input too
+      o.setReduceFunction(reducer(t, op));
+      o.setTag(next_tag());
+      guarded(name(), "allreduce", [&] { ::gloo::allreduce(o); });
     });
-    return p;
+  }
+
+  // The group's scratch buffer, at least `bytes` long. Grown, never shrunk: big collectives
+  // repeat, and fresh pages would cost a fault per 4 KiB every call.
+  char* scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
   }
 
   void check_rank(int r, const char* what) const {
@@ -464,9 +415,8 @@ class GlooGroup final : public Group {
   }
 
   std::shared_ptr<MeshContext> context_;
-  std::mutex collective_mu_;  // also owns tag_, plans_ and scratch_
+  std::mutex collective_mu_;  // also owns tag_ and scratch_
   std::uint32_t tag_ = 0;
-  std::deque<ReduceScatterPlan> plans_;
   std::vector<char> scratch_;
   Mailbox self_;
 };
