@@ -14,6 +14,9 @@
 #include <sstream>
 
 #include "comm/transport.hpp"
+#ifdef STRATA_HAVE_GLOO
+#include "comm/gloo_transport.hpp"
+#endif
 #include "config_table.hpp"
 #include "cpu/gemm_bf16.hpp"
 #include "data.hpp"
@@ -228,6 +231,15 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
     throw ConfigError("--transport nccl: moves device memory; needs --device cuda");
   if (c.device == "cuda" && c.transport != "nccl")
     throw ConfigError("--device cuda: needs --transport nccl (mpi, ucx and gloo move host memory)");
+#ifdef STRATA_HAVE_GLOO
+  if (c.transport == "gloo") {  // the interface named in the environment exists
+    try {
+      gloo_comm::interface_choice(true);
+    } catch (const Error& e) {
+      throw ConfigError(e.what());
+    }
+  }
+#endif
   const MixedPrecision& mp = c.train.precision;
   if (mp.reduce == DType::bf16 && mp.param != DType::bf16)
     throw ConfigError("--reduce-dtype bf16: needs --precision bf16 (fp32 parameters reduce fp32)");

@@ -66,6 +66,12 @@ TEST_F(TransportVsMpi, GroupShapeAndVersion) {
   EXPECT_EQ(tr().size(), world_size());
   const std::string v = strata::transport_version(g_transport);
   EXPECT_EQ(v.rfind(g_transport == "ucx" ? "UCX 1." : "gloo 0.", 0), 0u) << v;
+  if (g_transport == "gloo") {  // where the tcp device bound: the named interface, or loopback
+    const char* ifname = std::getenv("STRATA_GLOO_IFNAME");
+    const std::string want = ifname ? "interface " + std::string(ifname) + " (STRATA_GLOO_IFNAME)"
+                                    : "host 127.0.0.1 (every rank on this host)";
+    EXPECT_NE(v.find(want), std::string::npos) << v;
+  }
 }
 
 TEST_F(TransportVsMpi, AllReduceSumAndMax) {

@@ -131,8 +131,10 @@ Binding binding(bool one_host) {
   Binding b;
   if (name != nullptr && *name != '\0') {
     if (std::strchr(name, ',') != nullptr || if_nametoindex(name) == 0)
-      throw Error(std::string(var) + "='" + name + "' is not one network interface of this host",
-                  "name one of: " + interface_names() + " (or unset it: loopback on one host)");
+      throw Error(std::string(var) + "='" + name +
+                      "': not one network interface of this host (it has: " + interface_names() +
+                      ")",
+                  "name one interface, or unset it (one host: loopback; several: the host's name)");
     b.attr.iface = name;
     b.description = "interface " + std::string(name) + " (" + var + ")";
   } else if (one_host) {
