@@ -28,6 +28,9 @@
 
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
+#ifdef STRATA_HAVE_GLOO
+#include "comm/gloo_transport.hpp"
+#endif
 #include "strata/comm.hpp"
 #include "strata/types.hpp"
 #include "transport_conformance.hpp"
@@ -303,6 +306,32 @@ TEST_F(TransportVsMpi, BadArgumentsThrow) {
   // The group is still usable afterwards.
   tr().barrier();
 }
+
+#ifdef STRATA_HAVE_GLOO
+// Where gloo's tcp device binds: the named interface wins; unset, one host binds loopback and
+// several hosts never do (other hosts cannot reach it); a bad name is refused.
+TEST(GlooBinding, InterfaceChoice) {
+  using strata::gloo_comm::interface_choice;
+  const char* saved = std::getenv("STRATA_GLOO_IFNAME");
+  const std::string keep = saved ? saved : "";
+  unsetenv("GLOO_SOCKET_IFNAME");
+  setenv("STRATA_GLOO_IFNAME", "lo", 1);
+  EXPECT_EQ(interface_choice(true), "interface lo (STRATA_GLOO_IFNAME)");
+  EXPECT_EQ(interface_choice(false), "interface lo (STRATA_GLOO_IFNAME)");
+  setenv("STRATA_GLOO_IFNAME", "nosuch0", 1);
+  EXPECT_THROW(interface_choice(true), strata::Error);
+  unsetenv("STRATA_GLOO_IFNAME");
+  EXPECT_EQ(interface_choice(true), "host 127.0.0.1 (every rank on this host)");
+  try {
+    const std::string several = interface_choice(false);
+    EXPECT_EQ(several.find("127."), std::string::npos) << several;
+    EXPECT_NE(several, "interface lo (the first one up, not loopback)");
+  } catch (const strata::Error& e) {  // a host with loopback only: refused, not bound to it
+    EXPECT_NE(std::string(e.what()).find("no interface but loopback"), std::string::npos);
+  }
+  if (saved) setenv("STRATA_GLOO_IFNAME", keep.c_str(), 1);
+}
+#endif
 
 // Non-zero ranks: only failures, with the rank in front.
 

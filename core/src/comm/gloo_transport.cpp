@@ -11,7 +11,8 @@
 // Interface: STRATA_GLOO_IFNAME, else GLOO_SOCKET_IFNAME (PyTorch's variable, so a job that sets
 // it for PyTorch binds the same NIC), names one interface. Unset: when every rank of the world is
 // on one host, loopback (127.0.0.1: nothing leaves the host, as MPI's shared memory); on several
-// hosts, the address this host's name resolves to (gloo's and PyTorch's default).
+// hosts, the address this host's name resolves to (gloo's and PyTorch's default) unless that is
+// loopback or nothing, else NCCL's rule: the first interface up that is not loopback, ib* first.
 //
 // One tcp device (one epoll thread) per process, shared by the groups through a shared_ptr like
 // UCX's context; one gloo context (its pairs) per group.
@@ -34,6 +35,7 @@
 // a lock (their order must match across ranks anyway); point to point takes none.
 #include "comm/gloo_transport.hpp"
 
+#include <arpa/inet.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -47,8 +49,11 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <ifaddrs.h>
 #include <mpi.h>
 #include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -119,6 +124,47 @@ std::string interface_names() {
   return out;
 }
 
+// This host's name when it resolves to an address that is not loopback (Debian's /etc/hosts maps
+// it to 127.0.1.1, which other hosts cannot reach), else "". Checked here because gloo's own
+// lookup reads getaddrinfo's result even when the call failed (a crash, not an error).
+std::string routable_hostname() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) return "";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host, nullptr, &hints, &found) != 0) return "";
+  bool routable = false;
+  for (addrinfo* a = found; a != nullptr && !routable; a = a->ai_next) {
+    if (a->ai_family == AF_INET)
+      routable = (ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) != 127;
+    else if (a->ai_family == AF_INET6)
+      routable = !IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+  }
+  freeaddrinfo(found);
+  return routable ? host : "";
+}
+
+// NCCL's rule for its sockets: the first interface that is up, has an address and is not
+// loopback, InfiniBand (ib*) first; "" when there is none.
+std::string first_network_interface() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string first, first_ib;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    if (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6) continue;
+    const std::string name = i->ifa_name;
+    if (name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0) continue;
+    if (first.empty()) first = name;
+    if (first_ib.empty() && name.rfind("ib", 0) == 0) first_ib = name;
+  }
+  freeifaddrs(list);
+  return first_ib.empty() ? first : first_ib;
+}
+
 struct Binding {
   ::gloo::transport::tcp::attr attr;
   std::string description;
@@ -140,11 +186,17 @@ Binding binding(bool one_host) {
   } else if (one_host) {
     b.attr.hostname = "127.0.0.1";
     b.description = "host 127.0.0.1 (every rank on this host)";
-  } else {
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
+  } else if (const std::string host = routable_hostname(); !host.empty()) {
     b.attr.hostname = host;
-    b.description = "host " + std::string(host) + " (this host's name)";
+    b.description = "host " + host + " (this host's name)";
+  } else if (const std::string nic = first_network_interface(); !nic.empty()) {
+    b.attr.iface = nic;
+    b.description = "interface " + nic + " (the first one up, not loopback)";
+  } else {
+    throw Error(
+        "gloo: the ranks are on several hosts, and this host's name resolves to no "
+        "address other hosts can reach, and no interface but loopback is up",
+        "set STRATA_GLOO_IFNAME to the interface the hosts reach each other on");
   }
   return b;
 }
@@ -158,7 +210,13 @@ std::shared_ptr<::gloo::transport::Device> shared_device(bool one_host) {
   std::lock_guard lock(g_device_mu);
   std::shared_ptr<::gloo::transport::Device> device = g_device.lock();
   if (device && g_binding == b.description) return device;
-  guarded("-", "tcp device", [&] { device = ::gloo::transport::tcp::CreateDevice(b.attr); });
+  try {
+    device = ::gloo::transport::tcp::CreateDevice(b.attr);
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(world_rank()) + ": gloo cannot bind its tcp device to " +
+                    b.description + ": " + e.what(),
+                "set STRATA_GLOO_IFNAME to an interface that has an address (ip -br addr)");
+  }
   g_device = device;
   g_binding = b.description;
   return device;

@@ -17,7 +17,8 @@ std::string library_version();
 
 // Where the tcp device binds, as decided for a world of ranks on one host (`one_host`) or on
 // several: STRATA_GLOO_IFNAME, else GLOO_SOCKET_IFNAME (PyTorch's variable), names an interface;
-// else one host binds loopback (127.0.0.1) and several the address this host's name resolves to.
+// else one host binds loopback (127.0.0.1) and several the address this host's name resolves to
+// when that is not loopback, else the first interface up that is not loopback (ib* first).
 // Returns a description ("interface lo", "host 127.0.0.1"); throws strata::Error when the named
 // interface does not exist.
 std::string interface_choice(bool one_host);
