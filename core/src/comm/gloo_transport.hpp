@@ -12,7 +12,8 @@ namespace strata::gloo_comm {
 // the tcp pairs' addresses): the ranks that pass the same color form one group, ordered by key.
 std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLedger* ledger);
 
-// "gloo 0.5.0 (tcp)": the headers' version (the library reports none at run time).
+// "gloo 0.5.0 (tcp)": the headers' version (the library reports none at run time), with where
+// the tcp device bound while one exists ("gloo 0.5.0 (tcp, host 127.0.0.1 (...))").
 std::string library_version();
 
 // Where the tcp device binds, as decided for a world of ranks on one host (`one_host`) or on

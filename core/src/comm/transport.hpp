@@ -39,7 +39,8 @@ void register_transport(TransportEntry entry);
 void request_comm_stop();
 bool comm_stop_requested();
 
-// Version string of the transport's library ("Open MPI v4.1.4", "UCX 1.13.1", "gloo 0.5.0 (tcp)"), or "not built".
+// Version string of the transport's library ("Open MPI v4.1.4", "UCX 1.13.1", "gloo 0.5.0 (tcp)"),
+// or "not built".
 std::string transport_version(const std::string& transport);
 
 }  // namespace strata
