@@ -3,7 +3,7 @@
 //
 // BM_Coll/<transport>/<op>/<in-place|out-of-place>/bytes:<B>: one Group call of <op> over one
 // group of all ranks (strata::split_group(<transport>, ...)), float32 data, a fixed number of
-// times. <transport>: strata::transports_built() (mpi; ucx in builds with STRATA_HAVE_UCX).
+// times. <transport>: strata::transports_built() (mpi; ucx, gloo in builds with them).
 // <op>: all_reduce (sum), reduce_scatter (sum), all_gather, broadcast (root 0), reduce (sum to
 // root 0), sendrecv (ring: send to rank+1 on a comm stream while receiving from rank-1).
 // Conventions (nccl-tests):

@@ -5,6 +5,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin            # MPI transport and launcher
   libucx-dev                            # UCX transport (--transport ucx)
+  libgloo-dev                           # gloo transport (--transport gloo)
   libhdf5-dev hdf5-tools                # run files
   libhwloc-dev                          # node topology in each run file's /provenance
   libboost-dev libboost-program-options-dev libboost-filesystem-dev  # CLI, Boost.DLL

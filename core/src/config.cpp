@@ -15,6 +15,9 @@
 #include <type_traits>
 
 #include "comm/transport.hpp"
+#ifdef STRATA_HAVE_GLOO
+#include "comm/gloo_transport.hpp"
+#endif
 #include "config_table.hpp"
 #include "cpu/gemm_bf16.hpp"
 #include "data.hpp"
@@ -251,7 +254,16 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   if (c.transport == "nccl" && c.device != "cuda")
     throw ConfigError("--transport nccl: moves device memory; needs --device cuda");
   if (c.device == "cuda" && c.transport != "nccl")
-    throw ConfigError("--device cuda: needs --transport nccl (mpi and ucx move host memory)");
+    throw ConfigError("--device cuda: needs --transport nccl (mpi, ucx and gloo move host memory)");
+#ifdef STRATA_HAVE_GLOO
+  if (c.transport == "gloo") {  // the interface named in the environment exists
+    try {
+      gloo_comm::interface_choice(true);
+    } catch (const Error& e) {
+      throw ConfigError(e.what());
+    }
+  }
+#endif
   const MixedPrecision& mp = c.train.precision;
   if (mp.reduce == DType::bf16 && mp.param != DType::bf16)
     throw ConfigError("--reduce-dtype bf16: needs --precision bf16 (fp32 parameters reduce fp32)");

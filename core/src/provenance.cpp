@@ -81,6 +81,7 @@ Provenance collect_provenance() {
   p.emplace_back("hdf5_version",
                  std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel));
   p.emplace_back("ucx_version", transport_version("ucx"));
+  p.emplace_back("gloo_version", transport_version("gloo"));
   p.emplace_back("nccl_version", "not built");
   p.emplace_back("cuda_version", "not built");
   p.emplace_back("onednn_version", cpu::onednn_version());
@@ -94,7 +95,8 @@ Provenance collect_provenance() {
   // Selected environment: what changes how the transports and BLAS behave.
   for (char** e = environ; *e; ++e) {
     std::string kv(*e);
-    for (const char* prefix : {"OMPI_", "UCX_", "NCCL_", "OPENBLAS_", "OMP_NUM_THREADS", "SLURM_"})
+    for (const char* prefix : {"OMPI_", "UCX_", "NCCL_", "GLOO_", "STRATA_GLOO_", "OPENBLAS_",
+                               "OMP_NUM_THREADS", "SLURM_"})
       if (kv.rfind(prefix, 0) == 0) {
         auto eq = kv.find('=');
         p.emplace_back("env." + kv.substr(0, eq), kv.substr(eq + 1));

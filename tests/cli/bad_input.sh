@@ -34,6 +34,12 @@ check "--steps 0: must be a whole number in 1..1000000000" --plugin ddp --steps 
 check "--model huge: must be one of tiny, small, gpt2-124m" --plugin ddp --model huge
 check "--global-batch 12: must be a multiple of --micro-batch x dp = 8" --plugin ddp --global-batch 12
 check "--transport infiniband: must be one of mpi" --plugin ddp --transport infiniband
+if "$runner" --list-transports | cut -f1 | grep -qx gloo; then  # built with gloo
+  check "STRATA_GLOO_IFNAME='nosuch0': not one network interface of this host (it has: lo" \
+    STRATA_GLOO_IFNAME=nosuch0 --plugin ddp --transport gloo
+  check "GLOO_SOCKET_IFNAME='lo,eth0': not one network interface" GLOO_SOCKET_IFNAME=lo,eth0 \
+    --plugin ddp --transport gloo
+fi
 if "$runner" --list-transports | cut -f1 | grep -qx nccl; then  # built with NCCL
   check "--transport nccl: moves device memory; needs --device cuda" --plugin ddp --transport nccl
 else

@@ -4,7 +4,7 @@
 # figures, submit again and check that nothing is re-run, submit a study with too little time
 # left and check that it starts nothing, let the runner relaunch itself with srun inside an
 # allocation, run a study with STRATA_CPUS_PER_TASK (srun's binding flags, the runner's threads),
-# run a transport A/B study (mpi vs ucx), stop the cluster and check that its
+# run a transport A/B study (mpi vs ucx and gloo), stop the cluster and check that its
 # processes are gone.
 # usage: scale.sh SOURCE_DIR RUNNER CHECK_RUN WORK_DIR PORT
 set -euo pipefail
@@ -117,29 +117,32 @@ grep -q -- "launch: srun --mpi=pmix --nodes=1 --ntasks-per-node=1 --ntasks=1 --k
 threads=$(h5dump -a /provenance/blas_threads "$work/results/bind/tiny_ddp_n1x1_weak_r1.h5" | grep -o '"[0-9]*"')
 [[ $threads == '"1"' ]] || fail "binding job: $threads BLAS threads, not STRATA_CPUS_PER_TASK's 1"
 
-# 5. A transport A/B inside one study (when UCX is built, as in CI): ddp and zero3 on 2 and 4
-#    nodes over mpi and ucx; each UCX run follows its MPI twin's loss trajectory, and
-#    results/compare pairs the twins.
-if "$runner" --list-transports | cut -f1 | grep -qx ucx; then
+# 5. A transport A/B inside one study (when UCX or gloo is built, as in CI): ddp and zero3 on 2 and
+#    4 nodes over mpi and every other host transport; each run follows its MPI twin's loss
+#    trajectory, and results/compare pairs the twins.
+others=$("$runner" --list-transports | cut -f1 | grep -xE 'ucx|gloo' | paste -sd, -)
+if [[ -n $others ]]; then
   # Comma lists cannot go through sbatch --export: the job inherits them from this environment.
-  id=$(export STRATA_STUDY=ab STRATA_STRATEGIES=ddp,zero3 STRATA_NODES=2,4 STRATA_TRANSPORTS=mpi,ucx
+  id=$(export STRATA_STUDY=ab STRATA_STRATEGIES=ddp,zero3 STRATA_NODES=2,4 STRATA_TRANSPORTS=mpi,$others
     submit slurm/scale.sbatch slurm/studies/tiny.study)
   cat "$work/job-$id.out"
   [[ $(job_state "$id") == "JobState=COMPLETED ExitCode=0:0 " ]] || fail "A/B job $id: $(job_state "$id")"
-  for s in ddp zero3; do
-    for n in 2 4; do
-      mpi=$work/results/ab/tiny_${s}_n${n}x1_weak_r1.h5 ucx=$work/results/ab/tiny_${s}_n${n}x1_weak_ucx_r1.h5
-      h5dump -a /config/transport "$ucx" | grep -q '"ucx"' || fail "$ucx did not run over ucx"
-      "$check_run" trajectory "$mpi" "$ucx" 1e-5 >/dev/null || fail "$s on $n nodes: ucx left mpi's trajectory"
+  for t in ${others//,/ }; do
+    for s in ddp zero3; do
+      for n in 2 4; do
+        mpi=$work/results/ab/tiny_${s}_n${n}x1_weak_r1.h5 twin=$work/results/ab/tiny_${s}_n${n}x1_weak_${t}_r1.h5
+        h5dump -a /config/transport "$twin" | grep -q "\"$t\"" || fail "$twin did not run over $t"
+        "$check_run" trajectory "$mpi" "$twin" 1e-5 >/dev/null || fail "$s on $n nodes: $t left mpi's trajectory"
+      done
     done
+    "$src/results/compare" --ignore transport --where-a transport=mpi --where-b transport=$t \
+      "$work/results/ab" "$work/results/ab" > "$work/ab_$t.txt"
+    cat "$work/ab_$t.txt"
+    grep -q "^4 configuration(s)" "$work/ab_$t.txt" && ! grep -q "only in" "$work/ab_$t.txt" \
+      || fail "results/compare did not pair the mpi and $t runs"
   done
-  "$src/results/compare" --ignore transport --where-a transport=mpi --where-b transport=ucx \
-    "$work/results/ab" "$work/results/ab" > "$work/ab.txt"
-  cat "$work/ab.txt"
-  grep -q "^4 configuration(s)" "$work/ab.txt" && ! grep -q "only in" "$work/ab.txt" \
-    || fail "results/compare did not pair the mpi and ucx runs"
 else
-  echo "note: this build has no UCX transport; the transport A/B part did not run"
+  echo "note: this build has neither UCX nor gloo; the transport A/B part did not run"
 fi
 
 # 6. Stop: the daemons it started are gone.

@@ -1,4 +1,4 @@
-// What the transport conformance tests (test_ucx, test_nccl_standin) share: host buffers of a
+// What the transport conformance tests (test_transport, test_nccl_standin) share: host buffers of a
 // dtype chosen at run time filled from small integers (exact in every dtype, so the order in which
 // a transport adds them cannot change a result), bit-for-bit comparison against MPI's result, the
 // values and labels of the cases, and the main() of a GoogleTest MPI program in which only rank 0

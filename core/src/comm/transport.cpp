@@ -9,6 +9,9 @@
 #ifdef STRATA_HAVE_UCX
 #include "comm/ucx_transport.hpp"
 #endif
+#ifdef STRATA_HAVE_GLOO
+#include "comm/gloo_transport.hpp"
+#endif
 
 namespace strata {
 namespace {
@@ -41,6 +44,9 @@ std::vector<std::string> transports_built() {
 #ifdef STRATA_HAVE_UCX
   out.push_back("ucx");
 #endif
+#ifdef STRATA_HAVE_GLOO
+  out.push_back("gloo");
+#endif
   std::lock_guard lock(g_registered_mutex);
   for (const TransportEntry& e : g_registered) out.push_back(e.name);
   return out;
@@ -58,6 +64,9 @@ std::unique_ptr<Group> split_group(const std::string& transport, const std::stri
 #ifdef STRATA_HAVE_UCX
   if (transport == "ucx") return ucx::split(name, color, key, ledger);
 #endif
+#ifdef STRATA_HAVE_GLOO
+  if (transport == "gloo") return gloo_comm::split(name, color, key, ledger);
+#endif
   if (const TransportEntry* e = registered(transport)) return e->split(name, color, key, ledger);
   throw Error("transport '" + transport + "' is not built into this binary",
               "runner --help lists the transports of this build");
@@ -67,6 +76,9 @@ std::string transport_version(const std::string& transport) {
   if (transport == "mpi") return mpi::initialized() ? mpi::library_version() : "MPI";
 #ifdef STRATA_HAVE_UCX
   if (transport == "ucx") return ucx::library_version();
+#endif
+#ifdef STRATA_HAVE_GLOO
+  if (transport == "gloo") return gloo_comm::library_version();
 #endif
   if (const TransportEntry* e = registered(transport)) return e->version();
   return "not built";

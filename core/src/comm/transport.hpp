@@ -2,6 +2,7 @@
 // plane of every run; a transport only decides what carries the Group calls of the mesh groups.
 //   mpi  MPI collectives and MPI_Send/Recv on a split communicator (always built)
 //   ucx  UCP tagged messages between the group's ranks, collectives built on them (STRATA_HAVE_UCX)
+//   gloo gloo's collectives over its tcp device, rendezvous through MPI (STRATA_HAVE_GLOO)
 //   nccl NCCL on device buffers (strata_cuda, registered by the runner when built with NCCL)
 #pragma once
 #include <functional>
@@ -38,7 +39,8 @@ void register_transport(TransportEntry entry);
 void request_comm_stop();
 bool comm_stop_requested();
 
-// Version string of the transport's library ("Open MPI v4.1.4", "UCX 1.13.1"), or "not built".
+// Version string of the transport's library ("Open MPI v4.1.4", "UCX 1.13.1", "gloo 0.5.0 (tcp)"),
+// or "not built".
 std::string transport_version(const std::string& transport);
 
 }  // namespace strata
