@@ -262,12 +262,12 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
              PluginRegistry& registry, int& code) {
   config = parse_cli(argc, argv);
   if (answered_request(config, env, registry)) return false;
-  if (env.rank ==
-      0)  // a library in a named directory that did not load is worth a line in a run too
+  // A library in a named directory that did not load is worth a line in a run too.
+  if (env.rank == 0)
     for (const std::string& problem : registry.problems())
       std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
   if (config.advise) {  // predictions only: no ranks
-    if (env.rank == 0) exit_code = advise_from_config(config, registry);
+    if (env.rank == 0) code = advise_from_config(config, registry);
     return false;
   }
   if (config.calibrate && !config.calibrate_from.empty()) {  // no measurement: no ranks
