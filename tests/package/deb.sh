@@ -121,7 +121,8 @@ for s in ddp zero-lean; do
   "$check_run" trajectory "$study/tiny_ddp_n1x2_strong_r1.h5" "$study/tiny_${s}_n1x2_strong_r1.h5" 1e-5 >/dev/null \
     || fail "$s left ddp's trajectory"
 done
-[[ $(wc -l < "$study/summary.txt") -eq 5 ]] || { cat "$study/summary.txt"; fail "summary.txt: a header and 4 rows expected"; }
+# The table ends at the first blank line (the provenance and caveats block follows).
+[[ $(sed '/^$/q' "$study/summary.txt" | grep -c .) -eq 5 ]] || { cat "$study/summary.txt"; fail "summary.txt: a header and 4 rows expected"; }
 [[ $(grep -c "launch: $runner " "$work/study.log") -eq 4 ]] || fail "the study's runs did not all use $runner"
 [[ -s $study/figures/report.html ]] || fail "no report.html: the unpacked results/plot did not run"
 echo "study of ddp and zero-lean on 1 and 2 ranks from $root: 4 runs, strata_version $version in each"
