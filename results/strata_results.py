@@ -53,6 +53,10 @@ class RunFileError(Exception):
     """A file that cannot be used as a run; the message (one line) says why."""
 
 
+class ProfileFile(RunFileError):
+    """A machine profile (schema strata-profile/1): no run, but no damaged file either."""
+
+
 def one_line(text, limit=200):
     """text with control characters (newlines) escaped and cut to limit: safe for a one-line
     message whatever a file holds."""
@@ -488,6 +492,8 @@ def read_run(path):
         schema = "" if schema is _MISSING else _scalar(schema)
         if not isinstance(schema, (str, bytes)):
             raise RunFileError("schema is %s, not %s" % (_describe(schema), SCHEMAS_TEXT))
+        if _text(schema).startswith("strata-profile/"):
+            raise ProfileFile("a machine profile (%s), not a run file" % _text(schema))
         if _text(schema) not in SCHEMAS:
             raise RunFileError("schema '%s', not %s" % (one_line(_text(schema), 60),
                                                         SCHEMAS_TEXT))
@@ -536,12 +542,18 @@ def run_files(paths):
 
 
 def load(paths):
-    """(runs, skipped): the usable runs, and (path, reason) for every file left out."""
+    """(runs, skipped): the usable runs, and (path, reason) for every file left out. A machine
+    profile found in a directory (a study's profile.h5, STRATA_PROFILE=calibrate) belongs there:
+    left out without a reason; one named on its own is reported."""
     files, skipped = run_files(paths)
+    named = {os.path.realpath(p) for p in paths if not os.path.isdir(p)}
     runs = []
     for path in files:
         try:
             runs.append(read_run(path))
+        except ProfileFile as e:
+            if os.path.realpath(path) in named:
+                skipped.append((path, str(e)))
         except RunFileError as e:
             skipped.append((path, str(e)))
     return runs, skipped

@@ -18,6 +18,8 @@ Files from before a provenance entry existed lack it: the notes say "unknown", n
 import collections
 import html
 
+import numpy as np
+
 MIN_TIMED_STEPS = 5
 # At most this many distinct values are listed in one provenance line.
 MAX_VALUES = 6
@@ -190,6 +192,35 @@ def caveats(runs):
     return out
 
 
+def predicted(runs):
+    """The runs given --profile (a predicted step time), sorted by run id."""
+    return sorted((r for r in runs if "step_s_predicted_error" in r.summary),
+                  key=lambda r: r.run_id)
+
+
+def _errors_line(label, runs):
+    errors = np.abs([r.summary["step_s_predicted_error"] for r in runs])
+    worst = max(runs, key=lambda r: abs(r.summary["step_s_predicted_error"]))
+    return ("%s: %d run(s), median |error| %.1f%%, %d within 10%%, largest %.1f%% (%s)"
+            % (label, len(runs), 100 * float(np.median(errors)), int((errors <= 0.10).sum()),
+               100 * float(errors.max()), worst.run_id))
+
+
+def prediction(runs):
+    """[text]: how well the profile's predicted step times (--profile, STRATA_PROFILE) matched
+    the measured p50, for the runs that did not share cores and for those that did."""
+    runs = predicted(runs)
+    if not runs:
+        return []
+    apart = [r for r in runs if not oversubscription(r)]
+    shared = [r for r in runs if oversubscription(r)]
+    out = [_errors_line("all", runs)]
+    if apart and shared:
+        out += [_errors_line("not oversubscribed", apart),
+                _errors_line("oversubscribed (ranks share cores)", shared)]
+    return out
+
+
 def text(runs):
     """The notes as lines of text (summary.txt)."""
     rows = provenance(runs)
@@ -197,6 +228,9 @@ def text(runs):
     lines = ["", "Provenance"] + ["  %s  %s" % (label.ljust(width), value) for label, value in rows]
     notes = caveats(runs)
     lines += ["", "Caveats"] + ["  - " + c for c in notes] if notes else ["", "Caveats", "  none"]
+    accuracy = prediction(runs)
+    if accuracy:
+        lines += ["", "Predicted step time vs measured p50 (--profile)"] + ["  " + a for a in accuracy]
     return lines
 
 
@@ -206,5 +240,10 @@ def html_block(runs):
                    for k, v in provenance(runs))
     notes = caveats(runs)
     items = "".join('<li class="caveat">%s</li>' % html.escape(c) for c in notes)
-    return ('<h2>Provenance</h2><table class="provenance">%s</table>\n<h2>Caveats</h2>'
-            '<ul id="caveats">%s</ul>\n' % (rows, items or "<li>none</li>"))
+    block = ('<h2>Provenance</h2><table class="provenance">%s</table>\n<h2>Caveats</h2>'
+             '<ul id="caveats">%s</ul>\n' % (rows, items or "<li>none</li>"))
+    accuracy = prediction(runs)
+    if accuracy:
+        block += ('<h2>Predicted step time vs measured p50 (--profile)</h2><ul id="prediction">%s'
+                  '</ul>\n' % "".join("<li>%s</li>" % html.escape(a) for a in accuracy))
+    return block

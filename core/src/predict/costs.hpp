@@ -26,10 +26,21 @@ struct Costs {
   // How many ranks share the node's peak for MFU: the query's ranks per node on a CPU (they split
   // its cores); on a GPU each rank has its own device, one of the entry's ranks per node.
   int peak_shares = 1;
+  // Compute seconds lost per second of comm overlapping it. CPU ranks: 1. The comm stream's
+  // thread spins inside a blocking collective, and the compute threads already fill the cores
+  // (auto BLAS threads = cores / ranks), so the two share a core while it runs. GPU ranks: 0
+  // (the collectives run on the device's own engines).
+  double contention = 0;
   std::vector<std::string> notes;
 
   void note(const std::string& n) {
     if (!n.empty() && std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
+  }
+  // The compute time that `overlapped` seconds of comm beside it cost (contention above).
+  double slowed_by(double overlapped) {
+    if (contention <= 0 || overlapped <= 0) return 0;
+    note("compute slowed by the comm it overlaps (CPU ranks: they share the cores)");
+    return contention * overlapped;
   }
   // (ranks, ranks per node) of rank 0's group on `axis`.
   std::pair<int, int> shape(Axis axis) const {

@@ -18,7 +18,7 @@ namespace time_model {
 void add_tensor_parallel(Costs& c);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
-  Costs c{profile, q, {}, {}, {}, {}, 0, 0, 1, {}};
+  Costs c{profile, q, {}, {}, {}, {}, 0, 0, 1, 0, {}};
   std::string how;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
                               profile_precision(q.train), q.threads, q.mesh.ranks_per_node, &how);
@@ -38,6 +38,7 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.opt_per_param = e->optimizer_s_per_param;
   c.fresh_per_byte = e->fresh_memory_s_per_byte;
   c.peak_shares = q.train.device == Device::cpu ? q.mesh.ranks_per_node : e->ranks_per_node;
+  c.contention = q.train.device == Device::cpu ? 1.0 : 0.0;
   if (q.mesh.tp > 1) add_tensor_parallel(c);
   return c;
 }
@@ -115,7 +116,7 @@ StepTime ddp_step(Costs& c) {
     }
     exposed = std::max(0.0, stream - clock);
   }
-  t.step_s = t.compute_s + exposed;
+  t.step_s = t.compute_s + exposed + c.slowed_by(t.comm_s - exposed);
   return t;
 }
 
@@ -200,13 +201,15 @@ StepTime sharded_step(Costs& c) {
   if (n > 1 && q.train.grad_clip > 0) update_comm += c.comm("all_reduce", 8, shard_axis);
   t.compute_s = m * busy + c.opt_per_param * shard;
   t.comm_s = m * comm + update_comm;
-  t.step_s = m * clock + update_comm + c.opt_per_param * shard;
+  // The schedule's comm that compute hid: its comm time less the compute thread's waits.
+  const double hidden = m * std::max(0.0, comm - (clock - busy));
+  t.step_s = m * clock + update_comm + c.opt_per_param * shard + c.slowed_by(hidden);
   return t;
 }
 
 std::vector<std::string> unmodelled_reasons(const StepQuery& q) {
   std::vector<std::string> r;
-  if (q.options.values().count("dp") && q.options.get("dp") != "allreduce" &&
+  if (q.mesh.dp > 1 && q.options.values().count("dp") && q.options.get("dp") != "allreduce" &&
       q.options.get("dp") != "zero1")
     r.push_back("dp=" + q.options.get("dp") + " with tp or a pipeline is not modelled yet");
   if (q.options.values().count("sp") && q.options.get("sp") == "on")
