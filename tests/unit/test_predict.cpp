@@ -93,6 +93,19 @@ TEST(CommTime, InterpolatesTheSamplesOfItsShape) {
   EXPECT_NEAR(comm_time(p, "all_reduce", 0.5e6, 2, 2), 0, 1e-15);   // first one, down to 0
 }
 
+// A run's /calibration measures every group of a shape (dp and dp_intra_node on one node): one
+// size measured twice interpolates through the faster point (it once divided by zero: inf).
+TEST(CommTime, OneSizeMeasuredTwiceKeepsTheFasterPoint) {
+  MachineProfile p;
+  p.samples = {{"all_reduce", 2, 2, 1e6, 1e-3},
+               {"all_reduce", 2, 2, 1e6, 2e-3},
+               {"all_reduce", 2, 2, 4e6, 4e-3},
+               {"all_reduce", 2, 2, 4e6, 4e-3}};
+  refit_comm(p);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 2.5e6, 2, 2), 2.5e-3, 1e-15);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 8, 2, 2), 8e-9, 1e-15);
+}
+
 TEST(CommTime, CarriesBusBandwidthToAnotherGroupSize) {
   MachineProfile p;
   p.comm.push_back(CommFit{"all_reduce", 2, 2, 1e-5, 1e9, 3, 0});
@@ -241,7 +254,8 @@ TEST(Predictor, DdpOverlapsEarlyBucketsWithBackward) {
   const StepTime many = predict_step_time(p, query("ddp", {{"bucket_mb", "0.05"}}, m, 2, 1, 4, 8));
   ASSERT_TRUE(many.modelled) << many.why;
   const double compute = 26e-3 + 52e-3 + 1e-9 * double(m.total_params());
-  EXPECT_NEAR(many.compute_s, compute, 1e-12);
+  // CPU ranks: the passes and the update, plus the comm hidden beside them (CpuRanksLose...).
+  EXPECT_NEAR(many.compute_s - (many.comm_s - many.exposed_comm_s), compute, 1e-12);
   // Buckets of 13107 floats cut from the end of 120576 (embedding 20480, blocks 49984, head
   // 128): begins 107469, 94362, 81255 (ready after block 2), 68148 .. 28827 (block 1), 15720,
   // 2613, 0 (embedding). Each 0.1 ms + 4 bytes/ns; the block buckets finish during the next
@@ -249,6 +263,27 @@ TEST(Predictor, DdpOverlapsEarlyBucketsWithBackward) {
   EXPECT_NEAR(many.exposed_comm_s, 3e-4 + 4 * (2 * 13107 + 2613) / 1e9, 1e-12);
   EXPECT_NEAR(many.comm_s, 10e-4 + 4 * 120576 / 1e9, 1e-12);
   EXPECT_LT(many.exposed_comm_s, one.exposed_comm_s);
+}
+
+// CPU ranks fill the cores, so comm that backward hides still takes its time from the compute
+// (the comm thread spins beside it); a GPU's collectives run on the device's own engines.
+TEST(Predictor, CpuRanksLoseTheComputeTheirHiddenCommTakes) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4);
+  p.compute.push_back(p.compute[0]);
+  p.compute[1].device = "cuda";
+  StepQuery cpu = query("ddp", {{"bucket_mb", "0.05"}}, m, 2, 1, 4, 8), gpu = cpu;
+  gpu.train.device = Device::cuda;
+  const StepTime on_cpu = predict_step_time(p, cpu), on_gpu = predict_step_time(p, gpu);
+  ASSERT_TRUE(on_cpu.modelled && on_gpu.modelled) << on_cpu.why << on_gpu.why;
+  // The buckets of DdpOverlapsEarlyBucketsWithBackward: comm 1e-3 + 4 x 120576 bytes / 1 GB/s, of
+  // which 3e-4 + 4 x (2 x 13107 + 2613) bytes are exposed.
+  const double compute = 26e-3 + 52e-3 + 1e-9 * double(m.total_params());
+  const double comm = 10e-4 + 4 * 120576 / 1e9, exposed = 3e-4 + 4 * (2 * 13107 + 2613) / 1e9;
+  EXPECT_NEAR(on_gpu.step_s, compute + exposed, 1e-12);
+  EXPECT_NEAR(on_cpu.step_s, compute + comm, 1e-12);  // exposed + hidden
+  EXPECT_NEAR(on_cpu.compute_s, compute + comm - exposed, 1e-12);
+  EXPECT_NEAR(on_cpu.exposed_comm_s, exposed, 1e-12);
 }
 
 // zero3 with its defaults on dp=2, micro-batch 4, global batch 8 (one micro-step).

@@ -12,6 +12,7 @@
 #include "node_peak.hpp"
 #include "predict/predictor.hpp"
 #include "predict/profile.hpp"
+#include "predict/profile_from_runs.hpp"
 #include "predict/published_profile.hpp"
 #include "provenance.hpp"
 #include "strata/data_parallel.hpp"
@@ -89,7 +90,9 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
   e.device = device_name(config.device_kind());
   e.precision = profile_precision(config.train);
   e.threads = threads;
-  e.ranks_per_node = config.mesh.ranks_per_node;
+  // The ranks that share this host's cores: those of the node, or with virtual nodes (--nodes
+  // on one machine) every rank here.
+  e.ranks_per_node = mpi::local_rank().size;
   Model plain(config.model, e.micro_batch, ctx.memory(), Recompute::none, dtype);
   const auto p = time_passes(plain, r, mb, scale);
   e.embedding_forward_s = p[0], e.embedding_backward_s = p[1];
@@ -148,6 +151,49 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
               p.compute.size(), p.comm.size());
 }
 
+// The mean of entries of one configuration (several runs of it).
+ComputeEntry mean_entry(const std::vector<ComputeEntry>& v) {
+  ComputeEntry m = v.front();
+  auto fields = [](ComputeEntry& e) {
+    return std::array<double*, 10>{&e.embedding_forward_s,    &e.embedding_backward_s,
+                                   &e.block_forward_s,        &e.block_backward_s,
+                                   &e.head_forward_s,         &e.head_backward_s,
+                                   &e.block_recompute_full_s, &e.block_recompute_selective_s,
+                                   &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte};
+  };
+  const auto out = fields(m);
+  for (double* f : out) *f = 0;
+  for (ComputeEntry e : v) {
+    const auto in = fields(e);
+    for (std::size_t i = 0; i < in.size(); ++i) *out[i] += *in[i] / double(v.size());
+  }
+  return m;
+}
+
+// Each sharded run's new-buffer rate (the one for which the predictor gives its step), averaged
+// into the entries of its configuration; a configuration without one takes the mean of all.
+void fit_fresh_rates(MachineProfile& more, const std::vector<RunQuestion>& sharded) {
+  std::vector<std::pair<const ComputeEntry*, double>> fits;
+  for (const RunQuestion& q : sharded)
+    if (const auto rate = fit_fresh_rate(more, q.query, q.step_p50_s))
+      for (const ComputeEntry& e : more.compute)
+        if (same_configuration(e, q.entry)) fits.emplace_back(&e, *rate);
+  if (fits.empty()) return;
+  double all = 0;
+  for (const auto& f : fits) all += f.second / double(fits.size());
+  for (ComputeEntry& e : more.compute) {
+    double sum = 0;
+    int n = 0;
+    for (const auto& [entry, rate] : fits)
+      if (entry == &e) sum += rate, ++n;
+    e.fresh_memory_s_per_byte = n ? sum / n : all;
+    std::printf("calibrate: micro-batch %d, %d thread(s) x %d rank(s): new memory %.2f GB/s (%s)\n",
+                e.micro_batch, e.threads, e.ranks_per_node,
+                e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
+                n ? "fitted to its sharded runs' steps" : "the mean of the other fits");
+  }
+}
+
 // Merges `more` into the profile file of --profile (created if missing) and writes it.
 MachineProfile merge_into_file(const RunConfig& config, const MachineProfile& more) {
   MachineProfile profile;
@@ -160,7 +206,7 @@ MachineProfile merge_into_file(const RunConfig& config, const MachineProfile& mo
 
 }  // namespace
 
-void calibrate_from_runs(const RunConfig& config) {
+void calibrate_from_runs(const RunConfig& config, const OptionsOf& options_of) {
   const auto& from = config.calibrate_from;
   const auto is_table = [](const std::string& path) { return path.ends_with(".txt"); };
   if (std::any_of(from.begin(), from.end(), is_table)) {  // published figures: a new profile
@@ -180,14 +226,37 @@ void calibrate_from_runs(const RunConfig& config) {
   MachineProfile more;
   more.created_utc = utc_timestamp();
   more.description = "runner --calibrate-from run files";
+  std::vector<RunQuestion> sharded;                // runs that fit the new-buffer rate
+  std::vector<std::vector<ComputeEntry>> entries;  // per configuration: one per run
   for (const std::string& path : config.calibrate_from) {
-    const std::vector<CommSample> s = samples_from_run(read_run_file(path));
-    if (s.empty())
-      throw ConfigError("--calibrate-from " + path +
-                        ": no /calibration in this run file (run it with --calibrate-comm)");
+    const RunRecord run = read_run_file(path);
+    const std::vector<CommSample> s = samples_from_run(run);
     more.samples.insert(more.samples.end(), s.begin(), s.end());
-    std::printf("calibrate: %zu comm sample(s) from %s\n", s.size(), path.c_str());
+    RunQuestion q = question_of_run(run);
+    std::string why;
+    const auto e = compute_from_run(run, q, &why);
+    if (s.empty() && !e)
+      throw ConfigError("--calibrate-from " + path +
+                        ": no /calibration (--calibrate-comm) and no " + "compute entry (" + why +
+                        ")");
+    std::printf("calibrate: %s: %zu comm sample(s), %s\n", path.c_str(), s.size(),
+                e ? "a compute entry from its phase timers" : ("no compute entry: " + why).c_str());
+    more.node_peak_flops = std::max(more.node_peak_flops, q.node_peak_flops);
+    if (!e) continue;
+    auto same = std::find_if(entries.begin(), entries.end(),
+                             [&](const auto& v) { return same_configuration(v.front(), *e); });
+    if (same == entries.end())
+      entries.push_back({*e});
+    else
+      same->push_back(*e);
+    q.query.options = options_of(q.query.strategy, q.plugin_opts);
+    q.entry = *e;
+    if (q.query.strategy.rfind("zero", 0) == 0 || q.query.strategy.rfind("fsdp", 0) == 0)
+      sharded.push_back(std::move(q));
   }
+  for (const auto& v : entries) more.compute.push_back(mean_entry(v));
+  refit_comm(more);  // the predictor needs the fits of the samples
+  fit_fresh_rates(more, sharded);
   const MachineProfile profile = merge_into_file(config, more);
   std::printf("calibrate: profile %s: %zu compute entries, %zu comm fits\n", config.profile.c_str(),
               profile.compute.size(), profile.comm.size());

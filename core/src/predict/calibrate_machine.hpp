@@ -8,9 +8,12 @@
 //            group of more than one rank, fitted per op and group shape
 // A few seconds on the small model. CPU only in this first landing.
 #pragma once
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "config.hpp"
+#include "strata/plugin.hpp"
 
 namespace strata {
 
@@ -19,8 +22,11 @@ inline constexpr int kComputeIterations = 5;
 // Collective over the world (after MPI init). Rank 0 writes the merged profile and prints it.
 void calibrate_machine(const RunConfig& config, int threads_per_rank);
 
-// --calibrate --calibrate-from RUN.h5...: no measurement, no MPI: the comm samples of each run
-// file's /calibration (with the group shapes of its mesh) merged into --profile, refitted.
-void calibrate_from_runs(const RunConfig& config);
+// --calibrate --calibrate-from RUN.h5...: no measurement, no MPI: each run file's comm samples
+// and compute entry (profile_from_runs.hpp) merged into --profile, refitted. options_of validates
+// a run's strategy options (the plugin's spec, with its defaults).
+using OptionsOf =
+    std::function<Options(const std::string& strategy, const std::vector<std::string>& options)>;
+void calibrate_from_runs(const RunConfig& config, const OptionsOf& options_of);
 
 }  // namespace strata

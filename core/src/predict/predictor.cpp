@@ -20,8 +20,9 @@ void add_tensor_parallel(Costs& c);
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   Costs c{profile, q, {}, {}, {}, {}, 0, 0, 1, 0, {}};
   std::string how;
+  const int on_host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
-                              profile_precision(q.train), q.threads, q.mesh.ranks_per_node, &how);
+                              profile_precision(q.train), q.threads, on_host, &how);
   if (!e)
     throw NoTimeModel{"the profile has no compute entry for this model shape on " +
                       std::string(device_name(q.train.device)) + " " + profile_precision(q.train) +
@@ -37,7 +38,7 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.fwd.push_back(e->head_forward_s), c.bwd.push_back(e->head_backward_s);
   c.opt_per_param = e->optimizer_s_per_param;
   c.fresh_per_byte = e->fresh_memory_s_per_byte;
-  c.peak_shares = q.train.device == Device::cpu ? q.mesh.ranks_per_node : e->ranks_per_node;
+  c.peak_shares = q.train.device == Device::cpu ? on_host : e->ranks_per_node;
   c.contention = q.train.device == Device::cpu ? 1.0 : 0.0;
   if (q.mesh.tp > 1) add_tensor_parallel(c);
   return c;
@@ -116,7 +117,8 @@ StepTime ddp_step(Costs& c) {
     }
     exposed = std::max(0.0, stream - clock);
   }
-  t.step_s = t.compute_s + exposed + c.slowed_by(t.comm_s - exposed);
+  t.compute_s += c.slowed_by(t.comm_s - exposed);
+  t.step_s = t.compute_s + exposed;
   return t;
 }
 
@@ -199,11 +201,12 @@ StepTime sharded_step(Costs& c) {
       update_comm += c.comm("all_gather", per.params * double(g.padded()), shard_axis);
   }
   if (n > 1 && q.train.grad_clip > 0) update_comm += c.comm("all_reduce", 8, shard_axis);
-  t.compute_s = m * busy + c.opt_per_param * shard;
+  // The schedule's comm that compute hid (its comm time less the compute thread's waits) slows
+  // the compute on CPU ranks.
+  const double slowed = c.slowed_by(m * std::max(0.0, comm - (clock - busy)));
+  t.compute_s = m * busy + c.opt_per_param * shard + slowed;
   t.comm_s = m * comm + update_comm;
-  // The schedule's comm that compute hid: its comm time less the compute thread's waits.
-  const double hidden = m * std::max(0.0, comm - (clock - busy));
-  t.step_s = m * clock + update_comm + c.opt_per_param * shard + c.slowed_by(hidden);
+  t.step_s = m * clock + update_comm + c.opt_per_param * shard + slowed;
   return t;
 }
 

@@ -35,6 +35,9 @@ struct StepQuery {
   ModelSpec model;
   TrainSpec train;
   int threads = 1;  // BLAS threads per rank
+  // Ranks computing on this rank's host, when not mesh.ranks_per_node: virtual nodes (--nodes on
+  // one machine) put every rank on it. Picks the compute entry and the ranks sharing the peak.
+  int ranks_on_host = 0;
   // The strategy's predict() for every rank of the mesh: bytes per op, bubble. May be empty for
   // the strategies whose time model does not need it.
   std::vector<Prediction> ranks;

@@ -20,12 +20,6 @@ CommOp parse_op(const std::string& op) {
 
 auto shape_key(const ModelSpec& m) { return std::tie(m.layers, m.hidden, m.heads, m.seq, m.vocab); }
 
-bool same_config(const ComputeEntry& a, const ComputeEntry& b) {
-  return shape_key(a.model) == shape_key(b.model) && a.micro_batch == b.micro_batch &&
-         a.device == b.device && a.precision == b.precision && a.threads == b.threads &&
-         a.ranks_per_node == b.ranks_per_node;
-}
-
 // The samples of one shape by size, without those slower than a larger size of the same op (a
 // rank descheduled during the measurement: time only grows with bytes).
 std::vector<CommSample> monotone(std::vector<CommSample> points) {
@@ -33,8 +27,15 @@ std::vector<CommSample> monotone(std::vector<CommSample> points) {
             [](const CommSample& a, const CommSample& b) { return a.bytes < b.bytes; });
   std::vector<CommSample> kept;
   double faster_above = std::numeric_limits<double>::infinity();
-  for (auto it = points.rbegin(); it != points.rend(); ++it)
-    if (it->time_s <= faster_above) kept.insert(kept.begin(), *it), faster_above = it->time_s;
+  for (auto it = points.rbegin(); it != points.rend(); ++it) {
+    // One point per size (two groups of one shape measured alike): the faster.
+    if (!kept.empty() && kept.front().bytes == it->bytes) {
+      kept.front().time_s = std::min(kept.front().time_s, it->time_s);
+      faster_above = kept.front().time_s;
+    } else if (it->time_s <= faster_above) {
+      kept.insert(kept.begin(), *it), faster_above = it->time_s;
+    }
+  }
   return kept;
 }
 
@@ -51,6 +52,12 @@ double interpolate(const std::vector<CommSample>& points, double bytes) {
 }
 
 }  // namespace
+
+bool same_configuration(const ComputeEntry& a, const ComputeEntry& b) {
+  return shape_key(a.model) == shape_key(b.model) && a.micro_batch == b.micro_batch &&
+         a.device == b.device && a.precision == b.precision && a.threads == b.threads &&
+         a.ranks_per_node == b.ranks_per_node;
+}
 
 CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
   if (all_points.empty()) throw Error("alpha-beta fit: no points");
@@ -99,7 +106,8 @@ void refit_comm(MachineProfile& profile) {
 
 void merge_profile(MachineProfile& profile, const MachineProfile& more) {
   for (const ComputeEntry& e : more.compute) {
-    std::erase_if(profile.compute, [&](const ComputeEntry& old) { return same_config(old, e); });
+    std::erase_if(profile.compute,
+                  [&](const ComputeEntry& old) { return same_configuration(old, e); });
     profile.compute.push_back(e);
   }
   for (const CommSample& s : more.samples) {
@@ -141,17 +149,6 @@ std::vector<CommSample> samples_from_run(const RunRecord& run) {
 }
 
 namespace {
-
-// Forward FLOPs of one token through a unit, as ModelSpec::flops_per_token counts them (a block's
-// GEMMs 24 h^2 and its attention 4 h T; the LM head 2 h V); the embedding's lookup as h.
-struct UnitFlops {
-  double embedding, block, attention, head;
-  explicit UnitFlops(const ModelSpec& m)
-      : embedding(m.hidden),
-        block(24.0 * m.hidden * m.hidden + 4.0 * m.hidden * m.seq),
-        attention(4.0 * m.hidden * m.seq),
-        head(2.0 * m.hidden * m.vocab) {}
-};
 
 // A published profile's entry carried to another shape at the same achieved FLOP rate: every
 // pass scaled by its FLOPs per token (tokens per micro-batch: model.seq).

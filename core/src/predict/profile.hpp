@@ -26,7 +26,7 @@ struct ComputeEntry {
   std::string device = "cpu";
   std::string precision = "fp32";  // fp32 | bf16 (the param dtype)
   int threads = 1;                 // BLAS threads per rank
-  int ranks_per_node = 1;          // ranks computing at the same time on the node
+  int ranks_per_node = 1;          // ranks computing at once on the host (virtual nodes: all)
   double embedding_forward_s = 0, embedding_backward_s = 0;
   double block_forward_s = 0, block_backward_s = 0;
   double head_forward_s = 0, head_backward_s = 0;
@@ -36,6 +36,17 @@ struct ComputeEntry {
   // A new buffer allocated and written once (page faults included), s per byte: what the sharded
   // engine pays per group and micro-batch for its gathered parameters and gradient buffers.
   double fresh_memory_s_per_byte = 0;
+};
+
+// Forward FLOPs of one token through a unit, as ModelSpec::flops_per_token counts them (a block's
+// GEMMs 24 h^2 and its attention 4 h T; the LM head 2 h V); the embedding's lookup as h.
+struct UnitFlops {
+  double embedding, block, attention, head;
+  explicit UnitFlops(const ModelSpec& m)
+      : embedding(m.hidden),
+        block(24.0 * m.hidden * m.hidden + 4.0 * m.hidden * m.seq),
+        attention(4.0 * m.hidden * m.seq),
+        head(2.0 * m.hidden * m.vocab) {}
 };
 
 // One measured comm point: group shape, op, nccl-tests bytes, median time of the slowest rank.
@@ -67,6 +78,10 @@ struct MachineProfile {
   std::vector<CommSample> samples;
   std::vector<CommFit> comm;  // fit_comm(samples), plus fits given directly (published figures)
 };
+
+// Whether two entries describe one configuration (shape, micro-batch, device, precision, threads,
+// ranks per node): a merge replaces the one by the other.
+bool same_configuration(const ComputeEntry& a, const ComputeEntry& b);
 
 // Least-squares alpha-beta fit of (bytes, time) points of one op and group shape, weighted by
 // 1 / time^2 (relative errors), after dropping points slower than a larger size (a descheduled

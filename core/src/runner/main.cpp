@@ -126,10 +126,11 @@ void print_comm_and_transfers(const std::map<std::string, double>& comm) {
 
 // The predictor's question for this run (its ranks' predictions, when the caller has them), with
 // the threads a rank will have when its node's ranks share one mask.
-StepQuery step_query(const RunConfig& c, const Options& options,
-                     std::vector<Prediction> ranks = {}) {
-  StepQuery q{c.plugin, options, c.mesh, c.model, c.train, 0, std::move(ranks)};
-  q.threads = blas_threads_for(c, c.mesh.ranks_per_node);
+StepQuery step_query(const RunConfig& c, const Options& options, std::vector<Prediction> ranks = {},
+                     int ranks_on_host = 0) {
+  StepQuery q{c.plugin, options, c.mesh, c.model, c.train, 0, 0, std::move(ranks)};
+  q.ranks_on_host = ranks_on_host > 0 ? ranks_on_host : c.mesh.ranks_per_node;
+  q.threads = blas_threads_for(c, q.ranks_on_host);
   return q;
 }
 
@@ -271,7 +272,15 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     return false;
   }
   if (config.calibrate && !config.calibrate_from.empty()) {  // no measurement: no ranks
-    if (env.rank == 0) calibrate_from_runs(config);
+    if (env.rank == 0)
+      calibrate_from_runs(config, [&](const std::string& name, const std::vector<std::string>& kv) {
+        const StrategySpec* spec = nullptr;
+        if (!registry.find(name, &spec))
+          throw ConfigError("--calibrate-from: a run of strategy " + name +
+                            ", which is not installed here (found: " + known_strategies(registry) +
+                            ")");
+        return validate_options(*spec, kv);
+      });
     return false;
   }
   if (config.plugin.empty() && config.calibrate) config.plugin = "ddp";  // options only
@@ -299,7 +308,8 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     return false;
   }
   if (!config.profile.empty() && !config.calibrate) {  // predicted beside measured (/summary)
-    const StepTime t = predict_step_time(read_profile(config.profile), step_query(config, options));
+    const StepTime t = predict_step_time(read_profile(config.profile),
+                                         step_query(config, options, {}, env.local_size));
     config.predicted_step_s = t.modelled ? t.step_s : 0;
     if (!t.modelled && env.rank == 0)
       std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());

@@ -1,0 +1,152 @@
+// Machine profiles from finished runs (profile_from_runs.hpp).
+#include "predict/profile_from_runs.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "summary.hpp"
+
+namespace strata {
+namespace {
+
+std::map<std::string, std::string> pairs(
+    const std::vector<std::pair<std::string, std::string>>& v) {
+  return {v.begin(), v.end()};
+}
+
+int integer(const std::map<std::string, std::string>& m, const std::string& key, int fallback) {
+  const auto it = m.find(key);
+  return it == m.end() || it->second.empty() ? fallback : std::atoi(it->second.c_str());
+}
+
+DType dtype_of_name(const std::string& name) { return name == "bf16" ? DType::bf16 : DType::f32; }
+
+// /config plugin_opts: the KEY=VALUE options joined with ','. A piece without '=' belongs to the
+// value before it (stage_layers=1,3).
+std::vector<std::string> split_options(const std::string& joined) {
+  std::vector<std::string> out;
+  for (std::size_t b = 0; b < joined.size();) {
+    const std::size_t e = std::min(joined.find(',', b), joined.size());
+    const std::string piece = joined.substr(b, e - b);
+    if (piece.find('=') == std::string::npos && !out.empty())
+      out.back() += "," + piece;
+    else if (!piece.empty())
+      out.push_back(piece);
+    b = e + 1;
+  }
+  return out;
+}
+
+bool is_sharded(const std::string& strategy) {
+  return strategy.rfind("zero", 0) == 0 || strategy.rfind("fsdp", 0) == 0;
+}
+
+// The timed steps' median of the slowest rank's `metric` (seconds).
+double median_step_max(const RunRecord& run, const std::string& metric, int warmup) {
+  const auto it = run.step_values.find(metric);
+  if (it == run.step_values.end() || run.steps <= warmup) return -1;
+  std::vector<double> per_step;
+  for (int s = warmup; s < run.steps; ++s) {
+    double worst = 0;
+    for (int r = 0; r < run.ranks; ++r)
+      worst = std::max(worst, it->second[std::size_t(r) * std::size_t(run.steps) + std::size_t(s)]);
+    per_step.push_back(worst);
+  }
+  std::nth_element(per_step.begin(), per_step.begin() + per_step.size() / 2, per_step.end());
+  return per_step[per_step.size() / 2];
+}
+
+}  // namespace
+
+RunQuestion question_of_run(const RunRecord& run) {
+  const auto config = pairs(run.config), provenance = pairs(run.provenance);
+  auto text = [&](const std::string& key) {
+    const auto it = config.find(key);
+    return it == config.end() ? std::string() : it->second;
+  };
+  RunQuestion r;
+  StepQuery& q = r.query;
+  q.strategy = text("plugin");
+  ModelSpec& m = q.model;
+  if (is_model_preset(text("model"))) m = model_preset(text("model"));
+  m.preset = text("model");
+  m.layers = integer(config, "layers", m.layers), m.hidden = integer(config, "hidden", m.hidden);
+  m.heads = integer(config, "heads", m.heads), m.seq = integer(config, "seq", m.seq);
+  m.vocab = integer(config, "vocab", m.vocab);
+  TrainSpec& t = q.train;
+  t.micro_batch = integer(config, "micro_batch", t.micro_batch);
+  t.global_batch = integer(config, "global_batch", t.global_batch);
+  t.steps = integer(config, "steps", t.steps), t.warmup = integer(config, "warmup", t.warmup);
+  t.grad_clip = text("grad_clip").empty() ? t.grad_clip : std::atof(text("grad_clip").c_str());
+  parse_recompute(text("recompute"), &t.recompute);
+  t.precision.param = dtype_of_name(text("precision"));
+  t.precision.reduce = dtype_of_name(text("reduce_dtype"));
+  t.device = text("device") == "cuda" ? Device::cuda : Device::cpu;
+  q.mesh = MeshSpec{integer(config, "dp", 1), integer(config, "tp", 1), integer(config, "pp", 1),
+                    integer(config, "nodes", 1), integer(config, "ranks_per_node", run.ranks)};
+  q.threads = integer(provenance, "blas_threads", 1);
+  r.plugin_opts = split_options(text("plugin_opts"));
+  r.step_p50_s = summary_value(run, "step_s_p50");
+  const double peak = summary_value(run, "peak_flops_per_rank");
+  r.node_peak_flops = std::isfinite(peak) && t.device == Device::cpu ? peak * q.mesh.ranks_per_node
+                      : std::isfinite(peak)                          ? peak
+                                                                     : 0;
+  return r;
+}
+
+std::optional<ComputeEntry> compute_from_run(const RunRecord& run, const RunQuestion& r,
+                                             std::string* why) {
+  const StepQuery& q = r.query;
+  if (q.mesh.tp > 1 || q.mesh.pp > 1) {
+    *why = "tp or pp > 1: a rank's phase timers cover part of the model";
+    return std::nullopt;
+  }
+  for (const std::string& o : r.plugin_opts)
+    if (o == "offload=optimizer") {
+      *why = "its optimizer phase is the host's (offload)";
+      return std::nullopt;
+    }
+  const double F = median_step_max(run, "forward_s", q.train.warmup);
+  const double B = median_step_max(run, "backward_s", q.train.warmup);
+  const double O = median_step_max(run, "optimizer_s", q.train.warmup);
+  const int m = q.train.micro_steps(q.mesh);
+  if (F <= 0 || B <= 0 || O < 0 || m < 1) {
+    *why = "no timed steps with forward, backward and optimizer times";
+    return std::nullopt;
+  }
+  ComputeEntry e;
+  e.model = q.model, e.micro_batch = q.train.micro_batch;
+  e.device = device_name(q.train.device), e.precision = profile_precision(q.train);
+  e.threads = q.threads, e.ranks_per_node = q.mesh.ranks_per_node;
+  // Every unit's share of a micro-batch's passes is its share of the forward FLOPs.
+  const UnitFlops f(q.model);
+  const double total = f.embedding + q.model.layers * f.block + f.head;
+  const double fwd = F / m / total, bwd = B / m / total;
+  e.embedding_forward_s = fwd * f.embedding, e.embedding_backward_s = bwd * f.embedding;
+  e.block_forward_s = fwd * f.block, e.block_backward_s = bwd * f.block;
+  e.head_forward_s = fwd * f.head, e.head_backward_s = bwd * f.head;
+  e.block_recompute_full_s = e.block_forward_s;  // a full recompute repeats the forward
+  e.block_recompute_selective_s = fwd * f.attention;
+  // The optimizer updates this rank's shard (sharded strategies; fsdp-hybrid's inside a node).
+  int shards = is_sharded(q.strategy) ? q.mesh.dp : 1;
+  if (q.strategy == "fsdp-hybrid") shards = std::min(q.mesh.dp, q.mesh.ranks_per_node);
+  e.optimizer_s_per_param = O / (double(q.model.total_params()) / shards);
+  return e;
+}
+
+std::optional<double> fit_fresh_rate(MachineProfile profile, const StepQuery& q,
+                                     double measured_s) {
+  if (!is_sharded(q.strategy) || !(measured_s > 0)) return std::nullopt;
+  auto step_at = [&](double rate) {
+    for (ComputeEntry& e : profile.compute) e.fresh_memory_s_per_byte = rate;
+    const StepTime t = predict_step_time(profile, q);
+    return t.modelled ? t.step_s : -1.0;
+  };
+  const double probe = 1e-9;  // 1 GB/s
+  const double t0 = step_at(0), t1 = step_at(probe);
+  if (t0 < 0 || t1 <= t0) return std::nullopt;
+  return std::max(0.0, (measured_s - t0) / ((t1 - t0) / probe));
+}
+
+}  // namespace strata
