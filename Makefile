@@ -44,6 +44,8 @@ run: build
 	STRATA_RESULTS=$(abspath $(dir $(OUT))) STRATA_STUDY=$(notdir $(OUT)) STRATA_RUNNER=$(abspath $(RUNNER)) \
 	  bash slurm/scale.sbatch $(STUDY)
 	@echo "run files in $(OUT)/, summary.txt, figures and report.html in $(OUT)/figures/"
+	@echo "held-out check of the step-time predictor (scripts/heldout.sh; timings, so not fatal):"
+	-@STRATA_RUNNER=$(abspath $(RUNNER)) bash scripts/heldout.sh $(OUT)
 
 # Every test: the main build's, then the ASan + UBSan set, then a bounded fuzz run (TEST_FUZZ_SECONDS
 # per target). About 20 minutes from a fresh clone on 2 cores.

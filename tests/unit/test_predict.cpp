@@ -192,7 +192,7 @@ TEST(PublishedProfile, TableGivesComputeAndFitsAndRefusesBadLines) {
       "hbm_bytes_per_s 2e12\nmemory_efficiency 0.5\noptimizer_bytes_per_param 30\n"
       "reference_model tiny\nmicro_batch 2\nnvlink_bytes_per_s 100e9\nnvlink_efficiency 0.5\n"
       "nvlink_latency_s 1e-5\nnetwork_bytes_per_s 10e9\nnetwork_efficiency 0.5\n"
-      "network_latency_s 2e-5\n";
+      "network_latency_s 2e-5\nhost_link_bytes_per_s 20e9\nhost_link_efficiency 0.5\n";
   auto write = [&](const std::string& text) { std::ofstream(path) << text; };
   write(table);
   const MachineProfile p = profile_from_table(path.string());
@@ -206,6 +206,7 @@ TEST(PublishedProfile, TableGivesComputeAndFitsAndRefusesBadLines) {
   // tiny, 2 x 64 tokens: a block's forward (24 h^2 + 4 h T) per token at 50 TFLOP/s.
   EXPECT_NEAR(e.block_forward_s, 128 * (24.0 * 64 * 64 + 4.0 * 64 * 64) / 50e12, 1e-20);
   EXPECT_NEAR(e.optimizer_s_per_param, 30 / 1e12, 1e-24);
+  EXPECT_NEAR(e.copy_s_per_byte, 1 / 10e9, 1e-24);  // the host link at half its 20 GB/s
   // Inside the node: all_reduce at 50 GB/s busbw over 4 ranks is algbw 50 / 1.5.
   EXPECT_NEAR(comm_time(p, "all_reduce", 1e9, 4, 4), 1e-5 + 1e9 * 1.5 / 50e9, 1e-12);
   EXPECT_NEAR(comm_time(p, "all_gather", 1e9, 2, 1), 2e-5 + 1e9 * 0.5 / 5e9, 1e-12);
@@ -217,7 +218,7 @@ TEST(PublishedProfile, TableGivesComputeAndFitsAndRefusesBadLines) {
   ASSERT_TRUE(t.modelled) << t.why;
   EXPECT_NEAR(t.mfu, t.tokens_per_s * tiny().flops_per_token() / 100e12, 1e-12);
   for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
-           {table + "colour blue\n", "line 19: unknown key 'colour'"},
+           {table + "colour blue\n", "line 21: unknown key 'colour'"},
            {table + "gemm_efficiency fast\n", "gemm_efficiency must be a positive number"},
            {table.substr(table.find("source")), "no 'description' line"}}) {
     write(bad);
@@ -343,6 +344,41 @@ TEST(Predictor, Zero3PaysForItsNewBuffers) {
     bytes += ((u == 1 || u == 2) ? 2 : 1) * 4 * 2 * chunk + 4 * 2 * chunk + 4 * chunk;
   }
   EXPECT_NEAR(t.step_s, 1e-9 * bytes, 1e-12);
+}
+
+// ZeRO-Offload on 1 rank with free passes: every group's gradients and fp32 parameters go down
+// (8 bytes a parameter at 1 ns/byte), the host's AdamW (1 ns/param) follows each group's copy,
+// and the parameters come back (4 bytes) behind the last copy down.
+TEST(Predictor, OffloadCopiesAndTheHostsAdamWPipeline) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4, 0, 1e30);
+  ComputeEntry& e = p.compute[0];
+  e = ComputeEntry{e.model, 4, "cpu", "fp32", 1, 1};
+  e.optimizer_s_per_param = 1e-9, e.copy_s_per_byte = 1e-9;
+  p.compute.push_back(e);
+  p.compute[1].device = "cuda";
+  StepQuery cpu = query("zero3",
+                        {{"bucket_mb", "25"},
+                         {"prefetch", "1"},
+                         {"overlap", "true"},
+                         {"offload", "optimizer"}},
+                        m, 1, 1, 4, 4),
+            gpu = cpu;
+  gpu.train.device = Device::cuda;
+  // Units 20480, 49984, 49984, 128 parameters (V = 120576): the copies down end at 8V, the
+  // host's AdamW of the last group at 8V + 128 ns, the copies up (4V) run from 8V behind it:
+  // 12V. On the CPU the copy thread also takes the cores the AdamW hides it from: V more.
+  const double V = double(m.total_params());
+  ASSERT_EQ(V, 120576);
+  const StepTime on_gpu = predict_step_time(p, gpu), on_cpu = predict_step_time(p, cpu);
+  ASSERT_TRUE(on_gpu.modelled && on_cpu.modelled) << on_gpu.why << on_cpu.why;
+  EXPECT_NEAR(on_gpu.step_s, 12 * V * 1e-9, 1e-15);
+  EXPECT_NEAR(on_cpu.step_s, 13 * V * 1e-9, 1e-15);
+  // A profile without a copy rate (made from runs) has no time model for it.
+  for (ComputeEntry& entry : p.compute) entry.copy_s_per_byte = 0;
+  const StepTime none = predict_step_time(p, cpu);
+  EXPECT_FALSE(none.modelled);
+  EXPECT_NE(none.why.find("copy rate"), std::string::npos) << none.why;
 }
 
 TEST(Predictor, OneFOneBBubbleIsTheFormula) {

@@ -78,6 +78,20 @@ double time_fresh_buffers(Model& model, Replica& r, MemoryLedger& memory, const 
   return median(per_byte);
 }
 
+// Seconds per byte of a copy between two buffers that stay (offload's transfers to and from the
+// host copies the engine keeps for the run): a block's parameters, the median of the copies.
+double time_copies(Replica& r, MemoryLedger& memory, std::size_t block) {
+  DeviceBuffer to(memory, MemTag::workspace, r.params().dtype, block);
+  const BufferView from = slice(r.params(), 0, block);
+  std::vector<double> times;
+  for (int it = -1; it < 3 * kComputeIterations; ++it) {
+    const double t0 = now();
+    copy_across(to.view(), from);
+    if (it >= 0) times.push_back(now() - t0);
+  }
+  return median(times) / double(to.view().bytes());
+}
+
 // This rank's compute entry (before the max over ranks).
 ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int threads) {
   Replica r(ctx);
@@ -114,6 +128,8 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
   e.optimizer_s_per_param = median(times) / double(r.size());
   times.clear();
   e.fresh_memory_s_per_byte = time_fresh_buffers(plain, r, ctx.memory(), mb);
+  e.copy_s_per_byte =
+      time_copies(r, ctx.memory(), std::min(r.size(), ParamLayout(config.model).units()[1].count));
   return e;
 }
 
@@ -123,7 +139,8 @@ void max_over_ranks(ComputeEntry& e) {
                       &e.block_forward_s,        &e.block_backward_s,
                       &e.head_forward_s,         &e.head_backward_s,
                       &e.block_recompute_full_s, &e.block_recompute_selective_s,
-                      &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte};
+                      &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte,
+                      &e.copy_s_per_byte};
   std::vector<double> v;
   for (double* f : fields) v.push_back(*f);
   mpi::control_allreduce_max(v.data(), int(v.size()));
@@ -136,11 +153,13 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
               e.threads, e.ranks_per_node);
   std::printf(
       "  embedding fwd %.3f bwd %.3f | block fwd %.3f bwd %.3f (+%.3f full, +%.3f "
-      "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param | new memory %.2f GB/s\n",
+      "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param | new memory %.2f GB/s | "
+      "copies %.2f GB/s\n",
       e.embedding_forward_s * 1e3, e.embedding_backward_s * 1e3, e.block_forward_s * 1e3,
       e.block_backward_s * 1e3, e.block_recompute_full_s * 1e3, e.block_recompute_selective_s * 1e3,
       e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
-      e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0);
+      e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
+      e.copy_s_per_byte > 0 ? 1e-9 / e.copy_s_per_byte : 0.0);
   for (const CommFit& f : p.comm)
     std::printf(
         "  %-14s %2d rank(s), %2d per node: alpha %8.1f us, beta %8.3f GB/s (%d points, "
@@ -155,11 +174,12 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
 ComputeEntry mean_entry(const std::vector<ComputeEntry>& v) {
   ComputeEntry m = v.front();
   auto fields = [](ComputeEntry& e) {
-    return std::array<double*, 10>{&e.embedding_forward_s,    &e.embedding_backward_s,
+    return std::array<double*, 11>{&e.embedding_forward_s,    &e.embedding_backward_s,
                                    &e.block_forward_s,        &e.block_backward_s,
                                    &e.head_forward_s,         &e.head_backward_s,
                                    &e.block_recompute_full_s, &e.block_recompute_selective_s,
-                                   &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte};
+                                   &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte,
+                                   &e.copy_s_per_byte};
   };
   const auto out = fields(m);
   for (double* f : out) *f = 0;

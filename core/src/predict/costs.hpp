@@ -23,6 +23,7 @@ struct Costs {
   std::vector<double> tp_fwd, tp_bwd;
   double opt_per_param = 0;
   double fresh_per_byte = 0;  // a new buffer allocated and written (the sharded engine's)
+  double copy_per_byte = 0;   // a copy between buffers that stay (offload's transfers); 0: unknown
   // How many ranks share the node's peak for MFU: the query's ranks per node on a CPU (they split
   // its cores); on a GPU each rank has its own device, one of the entry's ranks per node.
   int peak_shares = 1;

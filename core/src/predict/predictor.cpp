@@ -18,7 +18,7 @@ namespace time_model {
 void add_tensor_parallel(Costs& c);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
-  Costs c{profile, q, {}, {}, {}, {}, 0, 0, 1, 0, {}};
+  Costs c{profile, q, {}, {}, {}, {}, 0, 0, 0, 1, 0, {}};
   std::string how;
   const int on_host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
@@ -38,6 +38,7 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.fwd.push_back(e->head_forward_s), c.bwd.push_back(e->head_backward_s);
   c.opt_per_param = e->optimizer_s_per_param;
   c.fresh_per_byte = e->fresh_memory_s_per_byte;
+  c.copy_per_byte = e->copy_s_per_byte;
   c.peak_shares = q.train.device == Device::cpu ? on_host : e->ranks_per_node;
   c.contention = q.train.device == Device::cpu ? 1.0 : 0.0;
   if (q.mesh.tp > 1) add_tensor_parallel(c);
@@ -124,10 +125,38 @@ StepTime ddp_step(Costs& c) {
 
 sharded::EngineConfig engine_config(const StepQuery& q) {
   const Options& o = q.options;
-  if (o.values().count("offload") && o.get("offload") != "none")
-    throw NoTimeModel{"offload copies are not modelled yet"};
   return q.strategy.rfind("zero", 0) == 0 ? sharded::zero_engine_config(q.strategy, o)
                                           : sharded::fsdp_engine_config(q.strategy, o);
+}
+
+// The update of this rank's shard. Offloaded (ZeRO-Offload, Engine::step_offloaded): every group's
+// gradient shard (and fp32 parameters) copied to the host on one copy stream at once, in group
+// order; the host's AdamW of group g once its copy is in; its parameters copied back on the same
+// stream behind the copies still going down. The copies the host's AdamW hides still slow it on
+// CPU ranks (a thread of the same cores does them).
+double update_time(Costs& c, const std::vector<sharded::ShardGroup>& groups, bool offload) {
+  const StepQuery& q = c.q;
+  double shard = 0;
+  for (const sharded::ShardGroup& g : groups) shard += double(g.valid(0));
+  if (!offload) return c.opt_per_param * shard;
+  if (c.copy_per_byte <= 0) throw NoTimeModel{"the profile has no copy rate for offload's copies"};
+  c.note("offload: copies on one stream, the host's AdamW per group as its copy arrives");
+  const StateBytes per = state_bytes_per_param(q.train.precision);
+  const bool params_down = !q.train.precision.mixed();
+  std::vector<double> down(groups.size());
+  double stream = 0, clock = 0, copies = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const double d =
+        c.copy_per_byte * double(groups[g].valid(0)) * (per.grads + (params_down ? per.params : 0));
+    down[g] = stream += d, copies += d;
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    clock = std::max(clock, down[g]) + c.opt_per_param * double(groups[g].valid(0));
+    const double up = c.copy_per_byte * double(groups[g].valid(0)) * per.params;
+    stream = std::max(stream, clock) + up, copies += up;
+  }
+  const double end = std::max(clock, stream);
+  return end + c.slowed_by(copies - (end - c.opt_per_param * shard));
 }
 
 // The sharded engine: its micro-batch action list replayed on a compute clock and one comm stream
@@ -191,9 +220,8 @@ StepTime sharded_step(Costs& c) {
   }
   const double m = q.train.micro_steps(q.mesh);
   StepTime t;
-  double update_comm = 0, shard = 0;
+  double update_comm = 0;
   for (const sharded::ShardGroup& g : groups) {
-    shard += double(g.valid(0));
     if (n < 2) continue;
     if (!cfg.shard_grads)
       update_comm += c.comm("reduce_scatter", per.grads * double(g.padded()), shard_axis);
@@ -204,9 +232,10 @@ StepTime sharded_step(Costs& c) {
   // The schedule's comm that compute hid (its comm time less the compute thread's waits) slows
   // the compute on CPU ranks.
   const double slowed = c.slowed_by(m * std::max(0.0, comm - (clock - busy)));
-  t.compute_s = m * busy + c.opt_per_param * shard + slowed;
+  const double update = update_time(c, groups, cfg.offload_optimizer);
+  t.compute_s = m * busy + update + slowed;
   t.comm_s = m * comm + update_comm;
-  t.step_s = m * clock + update_comm + c.opt_per_param * shard + slowed;
+  t.step_s = m * clock + update_comm + update + slowed;
   return t;
 }
 

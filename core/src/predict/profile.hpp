@@ -36,6 +36,9 @@ struct ComputeEntry {
   // A new buffer allocated and written once (page faults included), s per byte: what the sharded
   // engine pays per group and micro-batch for its gathered parameters and gradient buffers.
   double fresh_memory_s_per_byte = 0;
+  // A copy between buffers that stay (offload's device<->host transfers), s per byte copied; 0:
+  // not measured (files before it; profiles from runs), so offload has no time model.
+  double copy_s_per_byte = 0;
 };
 
 // Forward FLOPs of one token through a unit, as ModelSpec::flops_per_token counts them (a block's

@@ -135,7 +135,8 @@ const std::vector<Column<ComputeEntry>>& compute_columns() {
                                            NUM(E, block_recompute_full_s, "s"),
                                            NUM(E, block_recompute_selective_s, "s"),
                                            NUM(E, optimizer_s_per_param, "s/param"),
-                                           NUM(E, fresh_memory_s_per_byte, "s/byte")};
+                                           NUM(E, fresh_memory_s_per_byte, "s/byte"),
+                                           NUM(E, copy_s_per_byte, "s/byte")};
   return c;
 }
 const std::vector<Column<CommSample>>& sample_columns() {
@@ -189,6 +190,9 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
   bool sized = false;
   for (const Column<Row>& c : columns) {
     const std::string path = column_path(table, c.name);
+    // Columns added after the first files (copy_s_per_byte) may be missing: left at 0.
+    if (sized && c.name == "copy_s_per_byte" && H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
+      continue;
     std::vector<double> v;
     std::vector<std::string> s;
     std::size_t n = 0;

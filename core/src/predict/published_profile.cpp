@@ -25,7 +25,9 @@ const std::set<std::string> kNumbers = {"gpus_per_node",
                                         "network_efficiency",
                                         "network_latency_s",
                                         "micro_batch",
-                                        "optimizer_bytes_per_param"};
+                                        "optimizer_bytes_per_param",
+                                        "host_link_bytes_per_s",
+                                        "host_link_efficiency"};
 const std::set<std::string> kTexts = {"source", "description", "device", "precision",
                                       "reference_model"};
 
@@ -97,6 +99,7 @@ MachineProfile profile_from_table(const std::string& path) {
   e.embedding_backward_s = 2 * e.embedding_forward_s;
   e.optimizer_s_per_param = num("optimizer_bytes_per_param") / bandwidth;
   e.fresh_memory_s_per_byte = 1 / bandwidth;  // a caching allocator: the buffer's write only
+  e.copy_s_per_byte = 1 / (num("host_link_bytes_per_s") * num("host_link_efficiency"));
   p.compute.push_back(e);
 
   const double intra = num("nvlink_bytes_per_s") * num("nvlink_efficiency");
