@@ -6,10 +6,7 @@
 # usage: interrupt.sh SOURCE_DIR RUNNER CHECK_RUN WORK_DIR
 set -u
 src=$1 runner=$2 check_run=$3 work=$4
-rm -rf "$work" && mkdir -p "$work"
-fails=0 checks=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { checks=$((checks + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh" "$work"
 cat > "$work/two.study" <<STUDY
 STRATA_STUDY=interrupt
 STRATA_STRATEGIES=ddp,zero1
@@ -53,5 +50,4 @@ grep -q "done: 2 run (0 failed), 0 already done" "$work/second.log" && ok || fai
 "$check_run" status "$out/$id.h5" ok "" && ok || fail "the resumed run is not ok"
 [[ -e $out/$id.ok && -e $out/tiny_zero1_n1x1_weak_r1.ok ]] && ok || fail "not both marked done"
 if ((fails)); then tail -n 20 "$work/first.log" "$work/second.log"; fi
-echo "$checks passed, $fails failed"
-[[ $fails -eq 0 ]]
+finish

@@ -8,10 +8,7 @@
 # usage: prediction.sh SOURCE_DIR RUNNER WORK_DIR
 set -u
 src=$1 runner=$2 work=$3
-rm -rf "$work" && mkdir -p "$work"
-fails=0 checks=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { checks=$((checks + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh" "$work"
 cat > "$work/p.study" <<STUDY
 STRATA_STUDY=prediction
 STRATA_STRATEGIES=ddp,zero2,zero3,1f1b
@@ -68,5 +65,4 @@ grep -qE "^held-out: 4 run\(s\) predicted, median \|error\| [0-9.]+%, 0 beyond 1
 # A study without the training runs is a usage error (exit 2), not a pass.
 HELDOUT_TRAIN=fsdp STRATA_RUNNER=$runner bash "$src/scripts/heldout.sh" "$out" > /dev/null 2>&1
 (($? == 2)) && ok || fail "no fsdp runs: want exit 2"
-echo "$checks passed, $fails failed"
-((fails == 0))
+finish

@@ -6,10 +6,7 @@
 # usage: progress.sh SOURCE_DIR RUNNER PLUGIN_DIR WORK_DIR
 set -u
 src=$1 runner=$2 plugins=$3 work=$4
-rm -rf "$work" && mkdir -p "$work"
-fails=0 checks=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-ok() { checks=$((checks + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh" "$work"
 cat > "$work/p.study" <<STUDY
 STRATA_STUDY=progress
 STRATA_STRATEGIES=ddp,zero1,faulty:mode=oom:rank=0:step=1
@@ -37,5 +34,4 @@ grep -q "FAILED tiny_faulty.* (exit 5: out of memory, " "$work/study.log" && ok 
 grep -qP "\tfailed\(rc=5 out of memory\)\t" "$out/runs.tsv" && ok || fail "runs.tsv: $(cat "$out/runs.tsv")"
 [[ $(grep -c $'\tok\t' "$out/runs.tsv") -eq 2 ]] && ok || fail "runs.tsv: want 2 ok runs"
 grep -q "done: 3 run (1 failed)" "$work/study.log" && ok || fail "no done line with the failure"
-echo "$checks passed, $fails failed"
-[[ $fails -eq 0 ]]
+finish
