@@ -84,7 +84,7 @@ measured=$(/usr/bin/python3 "$home/results/summary" --csv "$study" 2> /dev/null)
   done
 } > "$study/heldout.txt"
 # The verdict: median |error| (sorted first: mawk has no sort) and the runs beyond the limit.
-awk 'NR > 2 { e = $4; sub(/%/, "", e); print (e == "-" ? "nan" : (e < 0 ? -e : e)) }' \
+awk 'NR > 2 { e = $4; sub(/%/, "", e); if (e == "-") print "nan"; else { e += 0; print (e < 0 ? -e : e) } }' \
   "$study/heldout.txt" | sort -g | awk -v limit="$limit" '
   { n++; if ($1 == "nan") { bad++; next } v[++m] = $1; if ($1 + 0 > limit + 0) bad++ }
   END { med = m == 0 ? 0 : m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2

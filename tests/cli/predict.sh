@@ -10,7 +10,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 # Two ranks of one node (the runner's own mpirun): unit passes, AdamW, and the dp collectives.
 "$runner" --calibrate --profile "$profile" --model tiny --micro-batch 4 --ranks-per-node 2 >"$dir/calibrate.txt" 2>&1 \
   || { cat "$dir/calibrate.txt"; fail "calibrate"; }
-grep -qE "^  all_reduce +2 rank\(s\), +2 per node: alpha" "$dir/calibrate.txt" || { cat "$dir/calibrate.txt"; fail "no all_reduce fit"; }
+grep -qE "^  all_reduce +2 rank\(s\), +2 per node, +2 on the host: alpha" "$dir/calibrate.txt" || { cat "$dir/calibrate.txt"; fail "no all_reduce fit"; }
 /usr/bin/python3 - "$profile" <<'PY'
 import sys, h5py
 f = h5py.File(sys.argv[1])
@@ -43,15 +43,19 @@ out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --rank
 grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "unknown shape"; }
 out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --mesh tp=2 --ranks-per-node 2 --plugin-opt sp=on)
 grep -q "no time model: sequence parallelism" <<<"$out" || { echo "$out"; fail "tp sp=on"; }
-# The comm part from a finished run's /calibration (--calibrate-comm), without measuring again.
+# A profile from a finished run, without measuring again: the comm samples of its /calibration
+# (--calibrate-comm) and a compute entry from its phase timers (test_profile_from_runs has the
+# arithmetic).
 "$runner" --plugin ddp --model tiny --micro-batch 4 --ranks-per-node 2 --steps 3 --warmup 1 --calibrate-comm \
   --quiet --out "$dir" --run-id cal >/dev/null 2>&1 || fail "run with --calibrate-comm"
 out=$("$runner" --calibrate --calibrate-from "$dir/cal.h5" --profile "$dir/from-run.h5")
-# 3 ops x 3 sizes on dp and on dp_intra_node (the same 2 ranks: one shape, the later kept)
-grep -q "^calibrate: 18 comm sample(s) from $dir/cal.h5" <<<"$out" && grep -q "0 compute entries, 3 comm fits" <<<"$out" \
-  || { echo "$out"; fail "--calibrate-from"; }
+# 3 ops x 3 sizes on dp and on dp_intra_node (the same 2 ranks: one shape, the faster point kept)
+grep -q "^calibrate: $dir/cal.h5: 18 comm sample(s), a compute entry from its phase timers" <<<"$out" \
+  && grep -q "1 compute entries, 3 comm fits" <<<"$out" || { echo "$out"; fail "--calibrate-from"; }
 out=$("$runner" --dry-run --profile "$dir/from-run.h5" --plugin ddp --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2)
-grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "comm-only profile"; }
+grep -qE "^  step +[0-9.]+ ms$" <<<"$out" || { echo "$out"; fail "a profile from a run"; }
+out=$("$runner" --dry-run --profile "$dir/from-run.h5" --plugin ddp --model small --micro-batch 4 --global-batch 8 --ranks-per-node 2)
+grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "another model shape"; }
 # A run given --profile stores its prediction beside the measured step time.
 "$runner" --plugin zero3 --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2 --steps 4 --warmup 1 \
   --quiet --out "$dir" --run-id predicted --profile "$profile" >/dev/null 2>&1 || fail "run with --profile"

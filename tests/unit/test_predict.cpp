@@ -121,7 +121,9 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   p.description = "unit test";
   p.host = "h";
   p.created_utc = "2026-11-24T00:00:00Z";
-  p.samples.push_back({"all_gather", 4, 2, 65536, 3.5e-4});
+  p.samples.push_back({"all_gather", 4, 2, 65536, 3.5e-4, 4});
+  p.compute[0].copy_s_per_byte = 2e-10;
+  p.comm[1].host_ranks = 2;
   const fs::path path =
       fs::temp_directory_path() / ("strata-profile-" + std::to_string(::getpid()) + ".h5");
   write_profile(p, path.string());
@@ -141,12 +143,35 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   EXPECT_DOUBLE_EQ(e.block_backward_s, 20e-3);
   EXPECT_DOUBLE_EQ(e.block_recompute_full_s, 10e-3);
   EXPECT_DOUBLE_EQ(e.optimizer_s_per_param, 1e-9);
+  EXPECT_DOUBLE_EQ(e.copy_s_per_byte, 2e-10);
   ASSERT_EQ(q.comm.size(), 3u);
   EXPECT_EQ(q.comm[1].op, "reduce_scatter");
   EXPECT_DOUBLE_EQ(q.comm[1].alpha_s, 1e-4);
+  EXPECT_EQ(q.comm[1].host_ranks, 2);
   ASSERT_EQ(q.samples.size(), 1u);
   EXPECT_EQ(q.samples[0].ranks, 4);
   EXPECT_DOUBLE_EQ(q.samples[0].time_s, 3.5e-4);
+  EXPECT_EQ(q.samples[0].host_ranks, 4);
+}
+
+// Virtual nodes measure a 2-rank group among 4 ranks on one host: slower than 2 ranks alone.
+// A run takes the measurement made with as many ranks on its host.
+TEST(CommTime, PrefersTheFitMeasuredWithAsManyRanksOnTheHost) {
+  MachineProfile p;
+  p.comm.push_back(CommFit{"all_reduce", 2, 2, 0, 4e9, 4, 0, 2});
+  p.comm.push_back(CommFit{"all_reduce", 2, 2, 0, 1e9, 4, 0, 4});
+  EXPECT_DOUBLE_EQ(comm_time(p, "all_reduce", 4e6, 2, 2, nullptr, 2), 1e-3);
+  EXPECT_DOUBLE_EQ(comm_time(p, "all_reduce", 4e6, 2, 2, nullptr, 4), 4e-3);
+  // Samples of both: each host's own, merged under one shape (refit keeps them apart).
+  p.comm.clear();
+  p.samples = {{"all_reduce", 2, 2, 1e6, 1e-3, 2},
+               {"all_reduce", 2, 2, 2e6, 2e-3, 2},
+               {"all_reduce", 2, 2, 1e6, 3e-3, 4},
+               {"all_reduce", 2, 2, 2e6, 6e-3, 4}};
+  refit_comm(p);
+  ASSERT_EQ(p.comm.size(), 2u);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 1.5e6, 2, 2, nullptr, 2), 1.5e-3, 1e-15);
+  EXPECT_NEAR(comm_time(p, "all_reduce", 1.5e6, 2, 2, nullptr, 4), 4.5e-3, 1e-15);
 }
 
 TEST(ProfileFile, RefusesAFileThatIsNotAProfile) {

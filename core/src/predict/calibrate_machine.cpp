@@ -148,7 +148,7 @@ void max_over_ranks(ComputeEntry& e) {
 }
 
 void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::string& path) {
-  std::printf("calibrate: %s, micro-batch %d, %s %s, %d thread(s) x %d rank(s) per node (ms):\n",
+  std::printf("calibrate: %s, micro-batch %d, %s %s, %d thread(s) x %d rank(s) on the host (ms):\n",
               e.model.preset.c_str(), e.micro_batch, e.device.c_str(), e.precision.c_str(),
               e.threads, e.ranks_per_node);
   std::printf(
@@ -162,10 +162,10 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
       e.copy_s_per_byte > 0 ? 1e-9 / e.copy_s_per_byte : 0.0);
   for (const CommFit& f : p.comm)
     std::printf(
-        "  %-14s %2d rank(s), %2d per node: alpha %8.1f us, beta %8.3f GB/s (%d points, "
-        "max error %.0f%%)\n",
-        f.op.c_str(), f.ranks, f.ranks_per_node, f.alpha_s * 1e6, f.beta_bytes_per_s / 1e9,
-        f.points, 100 * f.max_rel_error);
+        "  %-14s %2d rank(s), %2d per node, %2d on the host: alpha %8.1f us, beta %8.3f GB/s "
+        "(%d points, max error %.0f%%)\n",
+        f.op.c_str(), f.ranks, f.ranks_per_node, f.host_ranks, f.alpha_s * 1e6,
+        f.beta_bytes_per_s / 1e9, f.points, 100 * f.max_rel_error);
   std::printf("calibrate: profile %s: %zu compute entries, %zu comm fits\n", path.c_str(),
               p.compute.size(), p.comm.size());
 }
@@ -303,6 +303,7 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   more.node_peak_flops = peak.node;
   more.compute.push_back(entry);
   more.samples = samples_from_run(as_run);
+  for (CommSample& s : more.samples) s.host_ranks = entry.ranks_per_node;  // ranks on this host
   more.description = "runner --calibrate on " + more.host + " (" + config.transport + ")";
   const MachineProfile profile = merge_into_file(config, more);
   print_profile(profile, entry, config.profile);

@@ -66,7 +66,8 @@ struct Costs {
     } else if (op == "broadcast") {
       use = "all_gather", note("broadcast timed as all_gather");
     }
-    const double t = comm_time(profile, use, bytes, ranks, per_node, &how);
+    const int host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
+    const double t = comm_time(profile, use, bytes, ranks, per_node, &how, host);
     if (t < 0) throw NoTimeModel{"the profile has no " + use + " fit"};
     note(how);
     return t;

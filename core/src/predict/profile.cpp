@@ -66,6 +66,7 @@ CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
   f.op = points.front().op;
   f.ranks = points.front().ranks;
   f.ranks_per_node = points.front().ranks_per_node;
+  f.host_ranks = points.front().host_ranks;
   f.points = int(points.size());
   // Weighted by 1 / time^2: relative errors count, so the small sizes (latency) weigh as much as
   // the large ones (bandwidth) instead of being lost in the large ones' absolute residuals.
@@ -92,11 +93,11 @@ CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
 }
 
 void refit_comm(MachineProfile& profile) {
-  std::map<std::tuple<std::string, int, int>, std::vector<CommSample>> by_shape;
+  std::map<std::tuple<std::string, int, int, int>, std::vector<CommSample>> by_shape;
   for (const CommSample& s : profile.samples)
-    by_shape[{s.op, s.ranks, s.ranks_per_node}].push_back(s);
+    by_shape[{s.op, s.ranks, s.ranks_per_node, s.host_ranks}].push_back(s);
   std::erase_if(profile.comm, [&](const CommFit& f) {
-    return by_shape.count({f.op, f.ranks, f.ranks_per_node}) > 0;
+    return by_shape.count({f.op, f.ranks, f.ranks_per_node, f.host_ranks}) > 0;
   });
   for (const auto& [key, points] : by_shape) {
     CommFit f = fit_alpha_beta(points);
@@ -113,7 +114,7 @@ void merge_profile(MachineProfile& profile, const MachineProfile& more) {
   for (const CommSample& s : more.samples) {
     std::erase_if(profile.samples, [&](const CommSample& old) {
       return old.op == s.op && old.ranks == s.ranks && old.ranks_per_node == s.ranks_per_node &&
-             old.bytes == s.bytes;
+             old.host_ranks == s.host_ranks && old.bytes == s.bytes;
     });
     profile.samples.push_back(s);
   }
@@ -130,9 +131,14 @@ std::vector<CommSample> samples_from_run(const RunRecord& run) {
     return it == config.end() ? fallback : std::atoi(it->second.c_str());
   };
   const int nodes = number("nodes", 1), per_node = number("ranks_per_node", run.ranks);
+  // The ranks on rank 0's host (virtual nodes: all of them); unknown without hostnames.
+  const int host_ranks =
+      run.hostnames.empty()
+          ? 0
+          : int(std::count(run.hostnames.begin(), run.hostnames.end(), run.hostnames.front()));
   std::vector<CommSample> out;
   for (const CalibrationPoint& c : run.calibration) {
-    CommSample s{c.op, int(c.ranks), 0, c.bytes, c.time_s};
+    CommSample s{c.op, int(c.ranks), 0, c.bytes, c.time_s, host_ranks};
     // dp spans the world; the intra-node group is one node's; the inter-node one rank per node.
     // tp sits inside a node when it fits; pp stages one per node when there are nodes.
     if (c.group == "dp_intra_node")
@@ -210,23 +216,27 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
 }
 
 double comm_time(const MachineProfile& p, const std::string& op, double bytes, int ranks,
-                 int ranks_per_node, std::string* how) {
+                 int ranks_per_node, std::string* how, int host_ranks) {
   if (ranks < 2 || bytes <= 0) return 0;
   const bool intra = ranks_per_node >= ranks;
+  // Measured with as many ranks sharing the host first (unknown on either side: no preference).
+  auto host_gap = [&](int h) { return h > 0 && host_ranks > 0 ? std::abs(h - host_ranks) : 0; };
   const CommFit* best = nullptr;
-  std::tuple<int, int, int> best_distance{};
+  std::tuple<int, int, int, int> best_distance{};
   for (const CommFit& f : p.comm) {
     if (f.op != op) continue;
-    const std::tuple<int, int, int> d{(f.ranks_per_node >= f.ranks) != intra,
-                                      std::abs(f.ranks_per_node - ranks_per_node),
-                                      std::abs(f.ranks - ranks)};
+    const std::tuple<int, int, int, int> d{
+        (f.ranks_per_node >= f.ranks) != intra, host_gap(f.host_ranks),
+        std::abs(f.ranks_per_node - ranks_per_node), std::abs(f.ranks - ranks)};
     if (!best || d < best_distance) best = &f, best_distance = d;
   }
   if (!best) return -1;
   if (best->ranks == ranks && best->ranks_per_node == ranks_per_node) {
     std::vector<CommSample> same;
     for (const CommSample& s : p.samples)
-      if (s.op == op && s.ranks == ranks && s.ranks_per_node == ranks_per_node) same.push_back(s);
+      if (s.op == op && s.ranks == ranks && s.ranks_per_node == ranks_per_node &&
+          s.host_ranks == best->host_ranks)
+        same.push_back(s);
     const double t = interpolate(monotone(same), bytes);
     if (how) *how = t >= 0 ? "" : "alpha-beta fit (no samples to interpolate)";
     return t >= 0 ? t : best->time_s(bytes);

@@ -57,6 +57,10 @@ struct CommSample {
   std::string op;  // all_reduce | reduce_scatter | all_gather
   int ranks = 0, ranks_per_node = 0;
   double bytes = 0, time_s = 0;
+  // Ranks computing on the measuring host (0: unknown). Virtual nodes put every rank on one
+  // machine: a 2-rank group measured there among 4 ranks is slower than on 2 alone, so the two
+  // are kept apart.
+  int host_ranks = 0;
 };
 
 // time(bytes) = alpha_s + bytes / beta, for `op` on groups of `ranks` ranks, `ranks_per_node` of
@@ -68,6 +72,7 @@ struct CommFit {
   double beta_bytes_per_s = 0;  // algbw for large messages (bytes / s)
   int points = 0;
   double max_rel_error = 0;  // largest |fit - measured| / measured over its points
+  int host_ranks = 0;        // of its samples (CommSample::host_ranks)
   double time_s(double bytes) const { return alpha_s + bytes / beta_bytes_per_s; }
 };
 
@@ -114,10 +119,11 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
 // a shape with measured samples, piecewise-linear through them (end segments extended); with
 // only a fit of that shape (published figures), the fit; else of the nearest shape on the same side
 // of the node boundary (intra: all ranks in one node) with its bus bandwidth carried over
-// (nccl-tests busbw is meant not to depend on the ranks). `*how` says which fit. Negative when the
-// profile has no fit for `op`.
+// (nccl-tests busbw is meant not to depend on the ranks). Among shapes alike, the one measured
+// with `host_ranks` ranks on the host (0: any). `*how` says which fit. Negative when the profile
+// has no fit for `op`.
 double comm_time(const MachineProfile& p, const std::string& op, double bytes, int ranks,
-                 int ranks_per_node, std::string* how = nullptr);
+                 int ranks_per_node, std::string* how = nullptr, int host_ranks = 0);
 
 // The HDF5 file: written atomically (temporary name, then rename); read back exactly.
 void write_profile(const MachineProfile& profile, const std::string& path);

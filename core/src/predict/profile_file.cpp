@@ -141,9 +141,12 @@ const std::vector<Column<ComputeEntry>>& compute_columns() {
 }
 const std::vector<Column<CommSample>>& sample_columns() {
   using S = CommSample;
-  static const std::vector<Column<S>> c = {STR(S, op), NUM(S, ranks, "ranks"),
-                                           NUM(S, ranks_per_node, "ranks"), NUM(S, bytes, "bytes"),
-                                           NUM(S, time_s, "s")};
+  static const std::vector<Column<S>> c = {STR(S, op),
+                                           NUM(S, ranks, "ranks"),
+                                           NUM(S, ranks_per_node, "ranks"),
+                                           NUM(S, bytes, "bytes"),
+                                           NUM(S, time_s, "s"),
+                                           NUM(S, host_ranks, "ranks")};
   return c;
 }
 const std::vector<Column<CommFit>>& fit_columns() {
@@ -154,7 +157,8 @@ const std::vector<Column<CommFit>>& fit_columns() {
                                            NUM(F, alpha_s, "s"),
                                            NUM(F, beta_bytes_per_s, "bytes/s"),
                                            NUM(F, points, "points"),
-                                           NUM(F, max_rel_error, "1")};
+                                           NUM(F, max_rel_error, "1"),
+                                           NUM(F, host_ranks, "ranks")};
   return c;
 }
 #undef NUM
@@ -190,8 +194,9 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
   bool sized = false;
   for (const Column<Row>& c : columns) {
     const std::string path = column_path(table, c.name);
-    // Columns added after the first files (copy_s_per_byte) may be missing: left at 0.
-    if (sized && c.name == "copy_s_per_byte" && H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
+    // Columns added after the first files (copy_s_per_byte, host_ranks) may be missing: 0.
+    if (sized && (c.name == "copy_s_per_byte" || c.name == "host_ranks") &&
+        H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
       continue;
     std::vector<double> v;
     std::vector<std::string> s;
