@@ -273,6 +273,18 @@ TEST(Predictor, DdpWithOneBucketExposesTheWholeAllReduce) {
   EXPECT_NEAR(t.mfu, t.tokens_per_s * m.flops_per_token() / 2 / 50e9, 1e-12);
 }
 
+// The template plugin (plugins/template): one all-reduce of every gradient after backward.
+TEST(Predictor, TemplatePluginsAllReduceFollowsTheBackward) {
+  const ModelSpec m = tiny();
+  const StepTime t =
+      predict_step_time(synthetic_profile(m, 4), query("allreduce", {}, m, 2, 1, 4, 16));
+  ASSERT_TRUE(t.modelled) << t.why;
+  const double N = double(m.total_params());
+  const double F = 1e-3 + 2 * 10e-3 + 5e-3, B = 2e-3 + 2 * 20e-3 + 10e-3;
+  EXPECT_NEAR(t.step_s, 2 * (F + B) + 1e-9 * N + 1e-4 + 4 * N / 1e9, 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s, 1e-4 + 4 * N / 1e9, 1e-12);
+}
+
 TEST(Predictor, DdpOverlapsEarlyBucketsWithBackward) {
   const ModelSpec m = tiny();
   const MachineProfile p = synthetic_profile(m, 4);

@@ -87,6 +87,18 @@ StepTime dp_step(Costs& c) {
   return t;
 }
 
+// allreduce (the template plugin): micro-batches, one all-reduce of every gradient, the update;
+// nothing overlaps.
+StepTime allreduce_step(Costs& c) {
+  const StepQuery& q = c.q;
+  const double n = double(q.model.total_params()), m = q.train.micro_steps(q.mesh);
+  StepTime t;
+  t.compute_s = m * (sum(c.fwd) + sum(c.bwd)) + c.opt_per_param * n;
+  if (q.mesh.dp > 1) t.comm_s = c.comm("all_reduce", grad_bytes(q.train) * n, Axis::dp);
+  t.step_s = t.compute_s + t.comm_s;
+  return t;
+}
+
 // ddp: the plugin's buckets (from the end of the flat buffer, ready when backward has passed the
 // unit holding their first element) all-reduced on one comm stream during the last backward.
 StepTime ddp_step(Costs& c) {
@@ -271,6 +283,8 @@ StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
       t = dp_step(c);
     else if (q.strategy == "ddp")
       t = ddp_step(c);
+    else if (q.strategy == "allreduce")
+      t = allreduce_step(c);
     else if (q.strategy.rfind("zero", 0) == 0 || q.strategy.rfind("fsdp", 0) == 0)
       t = sharded_step(c);
     else if (pipeline)
