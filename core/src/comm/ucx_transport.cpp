@@ -185,8 +185,6 @@ class UcxGroup final : public Group {
   // In place when out is this rank's shard of in (out.data == in.data + rank * out.bytes()): the
   // ring reads in's chunk `rank` only in its last step, which writes that chunk's result.
   void do_reduce_scatter(BufferView in, BufferView out) override {
-    check_counts(in.count == out.count * std::size_t(size()) && in.dtype == out.dtype,
-                 "reduce_scatter needs in.count == out.count * size");
     if (out.count == 0) return;
     if (size() == 1) {
       if (in.data != out.data) std::memmove(out.data, in.data, out.bytes());
@@ -200,8 +198,6 @@ class UcxGroup final : public Group {
 
   // In place when in is this rank's slot of out (in.data == out.data + rank * in.bytes()).
   void do_all_gather(BufferView in, BufferView out) override {
-    check_counts(out.count == in.count * std::size_t(size()) && in.dtype == out.dtype,
-                 "all_gather needs out.count == in.count * size");
     if (in.count == 0) return;
     char* slot = static_cast<char*>(out.data) + std::size_t(rank()) * in.bytes();
     if (size() == 1) {
@@ -398,9 +394,6 @@ class UcxGroup final : public Group {
       throw Error("ucx group '" + name() + "': " + what + " " + std::to_string(r) +
                       " is out of range (the group has " + std::to_string(size()) + " ranks)",
                   "ranks are numbered within the group, 0 to size()-1");
-  }
-  void check_counts(bool ok, const char* what) const {
-    if (!ok) throw Error("ucx group '" + name() + "': " + what + " and equal dtypes");
   }
 
   // Regions of the group's scratch buffer, each 64-byte aligned. Grown, never shrunk: big
