@@ -123,6 +123,7 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   p.created_utc = "2026-11-24T00:00:00Z";
   p.samples.push_back({"all_gather", 4, 2, 65536, 3.5e-4, 4});
   p.compute[0].copy_s_per_byte = 2e-10;
+  p.compute[0].tp = 2;
   p.comm[1].host_ranks = 2;
   const fs::path path =
       fs::temp_directory_path() / ("strata-profile-" + std::to_string(::getpid()) + ".h5");
@@ -144,6 +145,7 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   EXPECT_DOUBLE_EQ(e.block_recompute_full_s, 10e-3);
   EXPECT_DOUBLE_EQ(e.optimizer_s_per_param, 1e-9);
   EXPECT_DOUBLE_EQ(e.copy_s_per_byte, 2e-10);
+  EXPECT_EQ(e.tp, 2);
   ASSERT_EQ(q.comm.size(), 3u);
   EXPECT_EQ(q.comm[1].op, "reduce_scatter");
   EXPECT_DOUBLE_EQ(q.comm[1].alpha_s, 1e-4);
@@ -483,6 +485,31 @@ TEST(Predictor, TensorParallelismHandComputed) {
   // A full recompute adds a block forward (10/2 ms) and one all-reduce per block and micro-batch.
   q.train.recompute = Recompute::full;
   EXPECT_NEAR(predict_step_time(p, q).step_s - t.step_s, 2 * 2 * (5e-3 + ar), 1e-12);
+}
+
+// A profile with the tp ranks' own passes (--calibrate on a tp mesh) is taken as measured: no
+// 1/tp scaling, no all-reduces added (they are inside); a tp 4 query still falls back to tp 1's.
+TEST(Predictor, TensorParallelEntryStandsAsMeasured) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4);
+  ComputeEntry tp2 = p.compute[0];
+  tp2.tp = 2;
+  tp2.embedding_forward_s = 3e-3, tp2.block_forward_s = 7e-3, tp2.head_forward_s = 4e-3;
+  tp2.embedding_backward_s = 1e-3, tp2.block_backward_s = 13e-3, tp2.head_backward_s = 6e-3;
+  p.compute.push_back(tp2);
+  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8);  // m = 2
+  q.mesh.tp = 2, q.mesh.ranks_per_node = 2;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  const double f = 3e-3 + 2 * 7e-3 + 4e-3, b = 1e-3 + 2 * 13e-3 + 6e-3;
+  EXPECT_NEAR(t.step_s, 2 * (f + b) + 1e-9 * 120576 / 2, 1e-12);
+  // The all-reduces' calibrated times say how much of it is comm (as TensorParallelism...).
+  const double ar = 1e-4 + 65536 / 1e9, ce = (1e-4 + 1024 / 1e9) + (1e-4 + 2048 / 1e9);
+  EXPECT_NEAR(t.exposed_comm_s, 2 * (10 * ar + ce), 1e-12);
+  EXPECT_NE(t.notes.find("the profile's tp 2 passes"), std::string::npos) << t.notes;
+  // Another tp takes the tp 1 entry at 1/tp (the tp 2 one says nothing of tp 4's passes).
+  q.mesh.tp = 4, q.mesh.ranks_per_node = 4;
+  EXPECT_NE(predict_step_time(p, q).notes.find("at 1/4 of the profile's time"), std::string::npos);
 }
 
 TEST(Predictor, PipelineTimesTensorParallel) {

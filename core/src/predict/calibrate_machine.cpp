@@ -16,6 +16,8 @@
 #include "predict/published_profile.hpp"
 #include "provenance.hpp"
 #include "strata/data_parallel.hpp"
+#include "strata/stage_model.hpp"
+#include "strata/tensor_parallel.hpp"
 
 namespace strata {
 namespace {
@@ -92,6 +94,47 @@ double time_copies(Replica& r, MemoryLedger& memory, std::size_t block) {
   return median(times) / double(to.view().bytes());
 }
 
+// A tp rank's own passes (issue 16: the 1/tp of the whole model's they were taken as is
+// optimistic on narrow GEMMs): the whole model split over the mesh's tp group as the tp plugin
+// splits it (StageModel), forward and backward of one micro-batch with its tp all-reduces, the
+// median of kComputeIterations after a warm-up; split over the units by their forward FLOPs
+// (only a stage's sum is used: tp alone, or a pipeline's stages). No recompute entries: those
+// stay the tp 1 entry's, scaled.
+ComputeEntry measure_tensor_parallel(const RunConfig& config, CoreContext& ctx,
+                                     const ComputeEntry& plain) {
+  const ModelSpec& m = config.model;
+  const int units = m.layers + 2;
+  const Partition part{0, units - 1, config.mesh.tp, ctx.coord().tp, false};
+  const DType dtype = config.train.precision.param;
+  StageModel stage(m, config.train.micro_batch, part, ctx.memory(), Recompute::none, dtype);
+  DeviceBuffer params(ctx.memory(), MemTag::params, dtype, stage.param_count());
+  DeviceBuffer grads(ctx.memory(), MemTag::grads, dtype, stage.param_count());
+  stage.init_params(config.train.seed, params.view());
+  SyncTensorParallelComm tp(ctx.group(Axis::tp));
+  const MicroBatch mb = ctx.micro_batch(0, 0);
+  const float scale = float(grad_scale(ctx));
+  const int slot = stage.acquire_slot();
+  std::vector<double> fwd, bwd;
+  for (int it = -1; it < kComputeIterations; ++it) {
+    const double t0 = now();
+    stage.forward(slot, params.view(), mb, &tp);
+    const double t1 = now();
+    stage.backward(slot, params.view(), grads.view(), &tp, scale);
+    if (it >= 0) fwd.push_back(t1 - t0), bwd.push_back(now() - t1);
+  }
+  stage.release_slot(slot);
+  ComputeEntry e = plain;
+  e.tp = config.mesh.tp;
+  const UnitFlops f(m);
+  const double total = f.embedding + m.layers * f.block + f.head;
+  const double F = median(fwd) / total, B = median(bwd) / total;
+  e.embedding_forward_s = F * f.embedding, e.embedding_backward_s = B * f.embedding;
+  e.block_forward_s = F * f.block, e.block_backward_s = B * f.block;
+  e.head_forward_s = F * f.head, e.head_backward_s = B * f.head;
+  e.block_recompute_full_s /= e.tp, e.block_recompute_selective_s /= e.tp;
+  return e;
+}
+
 // This rank's compute entry (before the max over ranks).
 ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int threads) {
   Replica r(ctx);
@@ -147,10 +190,11 @@ void max_over_ranks(ComputeEntry& e) {
   for (std::size_t i = 0; i < v.size(); ++i) *fields[i] = v[i];
 }
 
-void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::string& path) {
-  std::printf("calibrate: %s, micro-batch %d, %s %s, %d thread(s) x %d rank(s) on the host (ms):\n",
-              e.model.preset.c_str(), e.micro_batch, e.device.c_str(), e.precision.c_str(),
-              e.threads, e.ranks_per_node);
+void print_entry(const ComputeEntry& e) {
+  std::printf(
+      "calibrate: %s, micro-batch %d, tp %d, %s %s, %d thread(s) x %d rank(s) on the host (ms):\n",
+      e.model.preset.c_str(), e.micro_batch, e.tp, e.device.c_str(), e.precision.c_str(), e.threads,
+      e.ranks_per_node);
   std::printf(
       "  embedding fwd %.3f bwd %.3f | block fwd %.3f bwd %.3f (+%.3f full, +%.3f "
       "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param | new memory %.2f GB/s | "
@@ -160,6 +204,9 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
       e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
       e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
       e.copy_s_per_byte > 0 ? 1e-9 / e.copy_s_per_byte : 0.0);
+}
+
+void print_fits(const MachineProfile& p, const std::string& path) {
   for (const CommFit& f : p.comm)
     std::printf(
         "  %-14s %2d rank(s), %2d per node, %2d on the host: alpha %8.1f us, beta %8.3f GB/s "
@@ -168,6 +215,12 @@ void print_profile(const MachineProfile& p, const ComputeEntry& e, const std::st
         f.beta_bytes_per_s / 1e9, f.points, 100 * f.max_rel_error);
   std::printf("calibrate: profile %s: %zu compute entries, %zu comm fits\n", path.c_str(),
               p.compute.size(), p.comm.size());
+}
+
+void print_profile(const MachineProfile& p, const std::vector<ComputeEntry>& entries,
+                   const std::string& path) {
+  for (const ComputeEntry& e : entries) print_entry(e);
+  print_fits(p, path);
 }
 
 // The mean of entries of one configuration (several runs of it).
@@ -290,6 +343,11 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   CoreContext ctx(config, ledger);
   ComputeEntry entry = measure_compute(config, ctx, threads_per_rank);
   max_over_ranks(entry);
+  std::vector<ComputeEntry> entries{entry};
+  if (config.mesh.tp > 1) {  // with a tp group: its ranks' own passes too
+    entries.push_back(measure_tensor_parallel(config, ctx, entry));
+    max_over_ranks(entries.back());
+  }
   const std::vector<std::size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20};
   RunRecord as_run;  // the points, with the mesh they were measured on (samples_from_run)
   as_run.ranks = mpi::world_size();
@@ -301,12 +359,12 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   more.created_utc = utc_timestamp();
   more.host = mpi::processor_name();
   more.node_peak_flops = peak.node;
-  more.compute.push_back(entry);
+  more.compute = entries;
   more.samples = samples_from_run(as_run);
   for (CommSample& s : more.samples) s.host_ranks = entry.ranks_per_node;  // ranks on this host
   more.description = "runner --calibrate on " + more.host + " (" + config.transport + ")";
   const MachineProfile profile = merge_into_file(config, more);
-  print_profile(profile, entry, config.profile);
+  print_profile(profile, entries, config.profile);
 }
 
 }  // namespace strata

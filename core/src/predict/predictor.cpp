@@ -15,14 +15,14 @@
 namespace strata {
 namespace time_model {
 
-void add_tensor_parallel(Costs& c);
+void add_tensor_parallel(Costs& c, bool measured);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   Costs c{profile, q, {}, {}, {}, {}, 0, 0, 0, 1, 0, {}};
   std::string how;
   const int on_host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
-                              profile_precision(q.train), q.threads, on_host, &how);
+                              profile_precision(q.train), q.threads, on_host, &how, q.mesh.tp);
   if (!e)
     throw NoTimeModel{"the profile has no compute entry for this model shape on " +
                       std::string(device_name(q.train.device)) + " " + profile_precision(q.train) +
@@ -41,7 +41,7 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.copy_per_byte = e->copy_s_per_byte;
   c.peak_shares = q.train.device == Device::cpu ? on_host : e->ranks_per_node;
   c.contention = q.train.device == Device::cpu ? 1.0 : 0.0;
-  if (q.mesh.tp > 1) add_tensor_parallel(c);
+  if (q.mesh.tp > 1) add_tensor_parallel(c, e->tp == q.mesh.tp);
   return c;
 }
 
@@ -52,21 +52,30 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
 // (add_tensor_parallel_bytes), on the compute thread, not overlapped: a block's attention and MLP
 // outputs in forward (2) and their input gradients in backward (2, and the attention's again when
 // a full recompute repeats the forward), the embedding's output, the head's input gradient and
-// the cross-entropy's row max and (sum of exp, target) pairs.
-void add_tensor_parallel(Costs& c) {
+// the cross-entropy's row max and (sum of exp, target) pairs. `measured`: the profile has the tp
+// ranks' own passes (--calibrate on a tp mesh), all-reduces included: they stand as they are, and
+// the all-reduces' calibrated times only say how much of them is comm.
+void add_tensor_parallel(Costs& c, bool measured) {
   const StepQuery& q = c.q;
   const double tp = q.mesh.tp, tokens = double(q.train.micro_batch) * q.model.seq;
   const double E = tokens * q.model.hidden * sizeof(float);
   const double ar = c.comm("all_reduce", E, Axis::tp);
   const std::size_t head = c.fwd.size() - 1;
   c.tp_fwd.assign(c.fwd.size(), 0), c.tp_bwd.assign(c.bwd.size(), 0);
-  for (std::size_t u = 1; u <= head; ++u) c.fwd[u] /= tp, c.bwd[u] /= tp;
+  if (!measured)
+    for (std::size_t u = 1; u <= head; ++u) c.fwd[u] /= tp, c.bwd[u] /= tp;
   c.tp_fwd[0] = ar;
   for (std::size_t u = 1; u < head; ++u)
     c.tp_fwd[u] = 2 * ar, c.tp_bwd[u] = (q.train.recompute == Recompute::full ? 3 : 2) * ar;
   c.tp_fwd[head] = c.comm("all_reduce", tokens * sizeof(float), Axis::tp) +
                    c.comm("all_reduce", 2 * tokens * sizeof(float), Axis::tp);
   c.tp_bwd[head] = ar;
+  if (measured) {  // the calibrated tp passes hold their all-reduces already
+    c.note("tp: the profile's tp " + std::to_string(q.mesh.tp) +
+           " passes (their all-reduces included), local parameters ~ 1/" +
+           std::to_string(q.mesh.tp));
+    return;
+  }
   for (std::size_t u = 0; u <= head; ++u) c.fwd[u] += c.tp_fwd[u], c.bwd[u] += c.tp_bwd[u];
   c.note("tp: GEMM passes at 1/" + std::to_string(q.mesh.tp) +
          " of the profile's time, local parameters ~ 1/" + std::to_string(q.mesh.tp));

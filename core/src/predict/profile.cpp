@@ -56,7 +56,7 @@ double interpolate(const std::vector<CommSample>& points, double bytes) {
 bool same_configuration(const ComputeEntry& a, const ComputeEntry& b) {
   return shape_key(a.model) == shape_key(b.model) && a.micro_batch == b.micro_batch &&
          a.device == b.device && a.precision == b.precision && a.threads == b.threads &&
-         a.ranks_per_node == b.ranks_per_node;
+         a.ranks_per_node == b.ranks_per_node && a.tp == b.tp;
 }
 
 CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
@@ -175,9 +175,9 @@ void scale_to_shape(ComputeEntry& e, const ModelSpec& model) {
 std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpec& model,
                                          int micro_batch, const std::string& device,
                                          const std::string& precision, int threads,
-                                         int ranks_per_node, std::string* how) {
+                                         int ranks_per_node, std::string* how, int tp) {
   const ComputeEntry* best = nullptr;
-  std::tuple<int, int, int, int> best_distance{};
+  std::tuple<int, int, int, int, int> best_distance{};
   // Measured profiles answer only for shapes they measured; a published one's achieved rate
   // carries to any shape (FLOP-proportional, the entry with the nearest FLOPs per token).
   const bool any_shape = p.source == "published";
@@ -185,9 +185,10 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
     const bool same = shape_key(e.model) == shape_key(model);
     if ((!same && !any_shape) || e.device != device || e.precision != precision) continue;
     const double flop_gap = std::abs(std::log(e.model.flops_per_token() / model.flops_per_token()));
-    const std::tuple<int, int, int, int> d{int(1e6 * flop_gap), std::abs(e.threads - threads),
-                                           std::abs(e.ranks_per_node - ranks_per_node),
-                                           std::abs(e.micro_batch - micro_batch)};
+    if (e.tp != 1 && e.tp != tp) continue;  // another tp's passes say nothing of this one's
+    const std::tuple<int, int, int, int, int> d{
+        int(1e6 * flop_gap), e.tp == tp ? 0 : 1, std::abs(e.threads - threads),
+        std::abs(e.ranks_per_node - ranks_per_node), std::abs(e.micro_batch - micro_batch)};
     if (!best || d < best_distance) best = &e, best_distance = d;
   }
   if (!best) return std::nullopt;

@@ -27,6 +27,9 @@ struct ComputeEntry {
   std::string precision = "fp32";  // fp32 | bf16 (the param dtype)
   int threads = 1;                 // BLAS threads per rank
   int ranks_per_node = 1;          // ranks computing at once on the host (virtual nodes: all)
+  // 1: the whole model's passes; > 1: a tp rank's own (StageModel split over tp ranks, its tp
+  // all-reduces included), so a tp run's passes need not be taken as 1/tp of the whole's.
+  int tp = 1;
   double embedding_forward_s = 0, embedding_backward_s = 0;
   double block_forward_s = 0, block_backward_s = 0;
   double head_forward_s = 0, head_backward_s = 0;
@@ -108,12 +111,12 @@ void merge_profile(MachineProfile& profile, const MachineProfile& more);
 std::vector<CommSample> samples_from_run(const RunRecord& run);
 
 // The compute entry for this configuration: same model shape, device and precision; then the
-// closest threads, ranks per node and micro-batch (`*how` says what differed, "" for exact).
-// nullopt when no entry has the shape, device and precision.
+// same tp (else a tp 1 entry), the closest threads, ranks per node and micro-batch (`*how` says
+// what differed, "" for exact). nullopt when no entry has the shape, device and precision.
 std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpec& model,
                                          int micro_batch, const std::string& device,
                                          const std::string& precision, int threads,
-                                         int ranks_per_node, std::string* how);
+                                         int ranks_per_node, std::string* how, int tp = 1);
 
 // Seconds of `op` moving nccl-tests `bytes` on a group of `ranks` (ranks_per_node per node): for
 // a shape with measured samples, piecewise-linear through them (end segments extended); with

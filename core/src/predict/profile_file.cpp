@@ -126,6 +126,7 @@ const std::vector<Column<ComputeEntry>>& compute_columns() {
                                            STR(E, precision),
                                            NUM(E, threads, "threads"),
                                            NUM(E, ranks_per_node, "ranks"),
+                                           NUM(E, tp, "ranks"),
                                            NUM(E, embedding_forward_s, "s"),
                                            NUM(E, embedding_backward_s, "s"),
                                            NUM(E, block_forward_s, "s"),
@@ -194,8 +195,9 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
   bool sized = false;
   for (const Column<Row>& c : columns) {
     const std::string path = column_path(table, c.name);
-    // Columns added after the first files (copy_s_per_byte, host_ranks) may be missing: 0.
-    if (sized && (c.name == "copy_s_per_byte" || c.name == "host_ranks") &&
+    // Columns added after the first files (copy_s_per_byte, host_ranks, tp) may be missing: they
+    // keep the row's default (0; tp 1).
+    if (sized && (c.name == "copy_s_per_byte" || c.name == "host_ranks" || c.name == "tp") &&
         H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
       continue;
     std::vector<double> v;
