@@ -38,6 +38,16 @@ grep -qE "^  bubble +[0-9.]+ ms" <<<"$out" && grep -q "^  step " <<<"$out" || { 
 # tp: the GEMM passes split, the tp all-reduces exposed (test_predict checks the numbers).
 out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --micro-batch 4 --mesh tp=2 --ranks-per-node 2)
 grep -qE "^  exposed comm +[0-9.]+ ms" <<<"$out" && grep -q "^  step " <<<"$out" || { echo "$out"; fail "tp"; }
+# On a tp mesh --calibrate also times the tp ranks' own passes (an entry with tp 2), which a tp
+# prediction then takes as measured.
+"$runner" --calibrate --profile "$dir/tp.h5" --model tiny --micro-batch 4 --ranks-per-node 2 --mesh tp=2 \
+  >"$dir/calibrate-tp.txt" 2>&1 || { cat "$dir/calibrate-tp.txt"; fail "calibrate on tp=2"; }
+grep -q "^calibrate: tiny, micro-batch 4, tp 2, cpu fp32" "$dir/calibrate-tp.txt" \
+  || { cat "$dir/calibrate-tp.txt"; fail "no tp 2 entry"; }
+/usr/bin/python3 -c "import sys, h5py; f = h5py.File('$dir/tp.h5'); sys.exit(sorted(f['compute/tp'][:]) != [1, 2])" \
+  || fail "tp.h5: want entries of tp 1 and 2"
+out=$("$runner" --dry-run --profile "$dir/tp.h5" --plugin tp --model tiny --micro-batch 4 --mesh tp=2 --ranks-per-node 2)
+grep -q "the profile's tp 2 passes" <<<"$out" || { echo "$out"; fail "tp from its own passes"; }
 # Beyond the profile: a model shape it never saw, sequence parallelism: said, not guessed.
 out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --ranks-per-node 2)
 grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "unknown shape"; }
