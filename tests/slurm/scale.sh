@@ -123,9 +123,30 @@ threads=$(h5dump -a /provenance/blas_threads "$work/results/bind/tiny_ddp_n1x1_w
 others=$("$runner" --list-transports | cut -f1 | grep -xE 'ucx|gloo' | paste -sd, -)
 if [[ -n $others ]]; then
   # Comma lists cannot go through sbatch --export: the job inherits them from this environment.
-  id=$(export STRATA_STUDY=ab STRATA_STRATEGIES=ddp,zero3 STRATA_NODES=2,4 STRATA_TRANSPORTS=mpi,$others
-    submit slurm/scale.sbatch slurm/studies/tiny.study)
+  ab() {
+    export STRATA_STUDY=ab STRATA_STRATEGIES=ddp,zero3 STRATA_NODES=2,4 STRATA_TRANSPORTS=mpi,$others
+    submit slurm/scale.sbatch slurm/studies/tiny.study
+  }
+  id=$(ab)
   cat "$work/job-$id.out"
+  # A rank that segfaulted at start-up, before strata wrote anything (UCX's handler reports it;
+  # seen about once in several CI runs under load, never alone), fails its run: the study is
+  # submitted again, as a user would, and only its failed runs run again. Any other failure,
+  # or a second one, fails the test.
+  if [[ $(job_state "$id") != "JobState=COMPLETED ExitCode=0:0 " ]]; then
+    failed=$(awk -F'\t' '$3 ~ /^failed/ {print $2}' "$work/results/ab/runs.tsv")
+    startup=1
+    for r in $failed; do
+      [[ ! -e $work/results/ab/$r.h5 ]] && grep -q "Segmentation fault" "$work/results/ab/$r.log" || startup=0
+    done
+    if [[ -n $failed && $startup == 1 ]]; then
+      echo "note: A/B job $id: $(echo $failed) died at start-up (segfault, no run file); resubmitting"
+      id=$(ab)
+      cat "$work/job-$id.out"
+      grep -q "done: $(wc -w <<<"$failed") run (0 failed), " "$work/job-$id.out" \
+        || fail "the resubmitted A/B job ran more than the failed runs again"
+    fi
+  fi
   [[ $(job_state "$id") == "JobState=COMPLETED ExitCode=0:0 " ]] || fail "A/B job $id: $(job_state "$id")"
   for t in ${others//,/ }; do
     for s in ddp zero3; do
