@@ -22,10 +22,7 @@ STRATA_MICROBATCHES=2
 STRATA_PROFILE=calibrate
 STRATA_RUNNER_ARGS=--warmup 1 --calibrate-comm
 STUDY
-STRATA_RESULTS=$work STRATA_RUNNER=$runner bash "$src/slurm/scale.sbatch" "$work/p.study" \
-  > "$work/study.log" 2>&1
-code=$?
-cat "$work/study.log"
+run_study "$work/p.study"
 out=$work/prediction
 ((code == 0)) && ok || fail "the study exited $code"
 # One calibration per node shape and micro-batch: every run here has micro-batch 4 (1x2: dp 2 x

@@ -18,10 +18,7 @@ STRATA_MICRO_BATCH=2
 STRATA_RUNNER_ARGS=--blas-threads 1
 STRATA_PLUGIN_PATH=$plugins
 STUDY
-STRATA_RESULTS=$work STRATA_RUNNER=$runner bash "$src/slurm/scale.sbatch" "$work/p.study" \
-  > "$work/study.log" 2>&1
-code=$?
-cat "$work/study.log"
+run_study "$work/p.study"
 out=$work/progress
 ((code == 1)) && ok || fail "a study with a failed run exited $code, want 1"
 grep -q "scale: 3 configuration(s) to run" "$work/study.log" && ok || fail "no count of configurations"
