@@ -125,12 +125,7 @@ ComputeEntry measure_tensor_parallel(const RunConfig& config, CoreContext& ctx,
   stage.release_slot(slot);
   ComputeEntry e = plain;
   e.tp = config.mesh.tp;
-  const UnitFlops f(m);
-  const double total = f.embedding + m.layers * f.block + f.head;
-  const double F = median(fwd) / total, B = median(bwd) / total;
-  e.embedding_forward_s = F * f.embedding, e.embedding_backward_s = B * f.embedding;
-  e.block_forward_s = F * f.block, e.block_backward_s = B * f.block;
-  e.head_forward_s = F * f.head, e.head_backward_s = B * f.head;
+  split_passes_by_flops(e, m, median(fwd), median(bwd));
   e.block_recompute_full_s /= e.tp, e.block_recompute_selective_s /= e.tp;
   return e;
 }
@@ -178,12 +173,7 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
 
 // The slowest rank's times: every field of the entry reduced with max over the world.
 void max_over_ranks(ComputeEntry& e) {
-  double* fields[] = {&e.embedding_forward_s,    &e.embedding_backward_s,
-                      &e.block_forward_s,        &e.block_backward_s,
-                      &e.head_forward_s,         &e.head_backward_s,
-                      &e.block_recompute_full_s, &e.block_recompute_selective_s,
-                      &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte,
-                      &e.copy_s_per_byte};
+  const auto fields = timed_fields(e);
   std::vector<double> v;
   for (double* f : fields) v.push_back(*f);
   mpi::control_allreduce_max(v.data(), int(v.size()));
@@ -226,18 +216,10 @@ void print_profile(const MachineProfile& p, const std::vector<ComputeEntry>& ent
 // The mean of entries of one configuration (several runs of it).
 ComputeEntry mean_entry(const std::vector<ComputeEntry>& v) {
   ComputeEntry m = v.front();
-  auto fields = [](ComputeEntry& e) {
-    return std::array<double*, 11>{&e.embedding_forward_s,    &e.embedding_backward_s,
-                                   &e.block_forward_s,        &e.block_backward_s,
-                                   &e.head_forward_s,         &e.head_backward_s,
-                                   &e.block_recompute_full_s, &e.block_recompute_selective_s,
-                                   &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte,
-                                   &e.copy_s_per_byte};
-  };
-  const auto out = fields(m);
+  const auto out = timed_fields(m);
   for (double* f : out) *f = 0;
   for (ComputeEntry e : v) {
-    const auto in = fields(e);
+    const auto in = timed_fields(e);
     for (std::size_t i = 0; i < in.size(); ++i) *out[i] += *in[i] / double(v.size());
   }
   return m;

@@ -59,6 +59,25 @@ bool same_configuration(const ComputeEntry& a, const ComputeEntry& b) {
          a.ranks_per_node == b.ranks_per_node && a.tp == b.tp;
 }
 
+std::array<double*, 11> timed_fields(ComputeEntry& e) {
+  return {&e.embedding_forward_s,    &e.embedding_backward_s,
+          &e.block_forward_s,        &e.block_backward_s,
+          &e.head_forward_s,         &e.head_backward_s,
+          &e.block_recompute_full_s, &e.block_recompute_selective_s,
+          &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte,
+          &e.copy_s_per_byte};
+}
+
+void split_passes_by_flops(ComputeEntry& e, const ModelSpec& model, double forward_s,
+                           double backward_s) {
+  const UnitFlops f(model);
+  const double total = f.embedding + model.layers * f.block + f.head;
+  const double F = forward_s / total, B = backward_s / total;
+  e.embedding_forward_s = F * f.embedding, e.embedding_backward_s = B * f.embedding;
+  e.block_forward_s = F * f.block, e.block_backward_s = B * f.block;
+  e.head_forward_s = F * f.head, e.head_backward_s = B * f.head;
+}
+
 CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
   if (all_points.empty()) throw Error("alpha-beta fit: no points");
   const std::vector<CommSample> points = monotone(all_points);

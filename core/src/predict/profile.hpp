@@ -7,6 +7,7 @@
 // optimizer in seconds per parameter updated. Comm: per op and group shape (ranks, ranks per
 // node), an alpha-beta fit time(bytes) = alpha + bytes / beta from measured (bytes, time) points.
 #pragma once
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,6 +55,15 @@ struct UnitFlops {
         attention(4.0 * m.hidden * m.seq),
         head(2.0 * m.hidden * m.vocab) {}
 };
+
+// Every timed field of an entry (passes, recompute, optimizer, new buffers, copies), for the
+// operations over all of them: the max over ranks, the mean over runs.
+std::array<double*, 11> timed_fields(ComputeEntry& e);
+
+// Sets an entry's six unit passes from the whole model's forward and backward of one micro-batch
+// (seconds), split over the units in proportion to their forward FLOPs (UnitFlops).
+void split_passes_by_flops(ComputeEntry& e, const ModelSpec& model, double forward_s,
+                           double backward_s);
 
 // One measured comm point: group shape, op, nccl-tests bytes, median time of the slowest rank.
 struct CommSample {

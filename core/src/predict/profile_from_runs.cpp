@@ -120,14 +120,10 @@ std::optional<ComputeEntry> compute_from_run(const RunRecord& run, const RunQues
   e.device = device_name(q.train.device), e.precision = profile_precision(q.train);
   e.threads = q.threads, e.ranks_per_node = q.mesh.ranks_per_node;
   // Every unit's share of a micro-batch's passes is its share of the forward FLOPs.
-  const UnitFlops f(q.model);
-  const double total = f.embedding + q.model.layers * f.block + f.head;
-  const double fwd = F / m / total, bwd = B / m / total;
-  e.embedding_forward_s = fwd * f.embedding, e.embedding_backward_s = bwd * f.embedding;
-  e.block_forward_s = fwd * f.block, e.block_backward_s = bwd * f.block;
-  e.head_forward_s = fwd * f.head, e.head_backward_s = bwd * f.head;
+  split_passes_by_flops(e, q.model, F / m, B / m);
   e.block_recompute_full_s = e.block_forward_s;  // a full recompute repeats the forward
-  e.block_recompute_selective_s = fwd * f.attention;
+  e.block_recompute_selective_s =
+      e.block_forward_s * UnitFlops(q.model).attention / UnitFlops(q.model).block;
   // The optimizer updates this rank's shard (sharded strategies; fsdp-hybrid's inside a node).
   int shards = is_sharded(q.strategy) ? q.mesh.dp : 1;
   if (q.strategy == "fsdp-hybrid") shards = std::min(q.mesh.dp, q.mesh.ranks_per_node);
