@@ -37,17 +37,34 @@ class BucketedDdp final : public Strategy {
     return p;
   }
 
+  // The micro-batches before the last as they are; in the last, each bucket's all-reduce issued
+  // on the comm stream as soon as backward has passed its ready unit; then the wait and the update.
+  StepPlan plan_step(const PredictInput& in) const override {
+    const ParamLayout layout(in.model);
+    const int units = layout.num_units(), m = in.train.micro_steps(in.mesh);
+    StepPlan plan;
+    plan_forward_backward(units, plan.micro_batch);
+    plan.micro_batches = m - 1;
+    const double grad_bytes = state_bytes_per_param(in.train.precision).grads;
+    const std::vector<Bucket> buckets = make_buckets(layout, grad_bytes);
+    std::size_t next = 0;
+    for (int u = 0; u < units; ++u) plan.step.push_back(plan_forward(u));
+    for (int u = units - 1; u >= 0; --u) {
+      plan.step.push_back(plan_backward(u));
+      for (; in.mesh.dp > 1 && next < buckets.size() && buckets[next].ready_unit >= u; ++next)
+        plan.step.push_back(plan_comm("all_reduce",
+                                      grad_bytes * double(buckets[next].end - buckets[next].begin),
+                                      Axis::dp, 0));
+    }
+    plan.step.push_back(plan_wait());
+    plan.step.push_back(plan_update(double(layout.total())));
+    return plan;
+  }
+
   void setup(Context& ctx) override {
     replica_.emplace(ctx);
     optimizer_.emplace(make_adamw(ctx, 0, replica_->size()));
-    const ParamLayout& layout = ctx.model().layout();
-    const std::size_t per_bucket = std::max<std::size_t>(
-        1, std::size_t(bucket_mb_ * 1024 * 1024 / double(dtype_size(replica_->grads().dtype))));
-    for (std::size_t end = layout.total(); end > 0;) {
-      std::size_t begin = end > per_bucket ? end - per_bucket : 0;
-      buckets_.push_back({begin, end, layout.tensor_at(begin).unit});
-      end = begin;
-    }
+    buckets_ = make_buckets(ctx.model().layout(), double(dtype_size(replica_->grads().dtype)));
   }
 
   void train_step(Context& ctx, int step) override {
@@ -79,6 +96,19 @@ class BucketedDdp final : public Strategy {
   }
 
  private:
+  // The flat gradient buffer cut from its end into buckets of bucket_mb.
+  std::vector<Bucket> make_buckets(const ParamLayout& layout, double grad_bytes) const {
+    const std::size_t per_bucket =
+        std::max<std::size_t>(1, std::size_t(bucket_mb_ * 1024 * 1024 / grad_bytes));
+    std::vector<Bucket> buckets;
+    for (std::size_t end = layout.total(); end > 0;) {
+      const std::size_t begin = end > per_bucket ? end - per_bucket : 0;
+      buckets.push_back({begin, end, layout.tensor_at(begin).unit});
+      end = begin;
+    }
+    return buckets;
+  }
+
   double bucket_mb_;
   std::optional<Replica> replica_;
   std::optional<AdamW> optimizer_;

@@ -30,6 +30,20 @@ class SingleMaster final : public Strategy {
     return p;
   }
 
+  // Every micro-batch's passes, then the reduce, rank 0's update and the broadcast, one after the
+  // other on the compute thread.
+  StepPlan plan_step(const PredictInput& in) const override {
+    StepPlan plan;
+    plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
+    plan.micro_batches = in.train.micro_steps(in.mesh);
+    const StateBytes per = state_bytes_per_param(in.train.precision);
+    const double n = double(in.model.total_params());
+    if (in.mesh.dp > 1) plan.step.push_back(plan_comm("reduce", per.grads * n, Axis::dp));
+    if (mesh_coord(in.mesh, in.rank).dp == 0) plan.step.push_back(plan_update(n));
+    if (in.mesh.dp > 1) plan.step.push_back(plan_comm("broadcast", per.params * n, Axis::dp));
+    return plan;
+  }
+
   void setup(Context& ctx) override {
     replica_.emplace(ctx);
     if (ctx.coord().dp == 0) optimizer_.emplace(make_adamw(ctx, 0, replica_->size()));

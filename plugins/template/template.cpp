@@ -33,6 +33,21 @@ class SyncAllReduce final : public Strategy {
     return p;
   }
 
+  // plan_step(): the same step as data, for the step-time predictor (runner --dry-run --profile,
+  // the advisor): what train_step() below issues, in order. The core times each action from a
+  // machine profile; without this method the strategy is reported as having "no time model".
+  StepPlan plan_step(const PredictInput& in) const override {
+    StepPlan plan;
+    plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);  // one micro-batch
+    plan.micro_batches = in.train.micro_steps(in.mesh);                          // ... this often
+    const double n = double(in.model.total_params());
+    const double grad_bytes = state_bytes_per_param(in.train.precision).grads;
+    if (in.mesh.dp > 1)  // blocking: no stream given, so the compute thread waits for it
+      plan.step.push_back(plan_comm("all_reduce", grad_bytes * n, Axis::dp));
+    plan.step.push_back(plan_update(n));
+    return plan;
+  }
+
   // setup(): allocate through the context so the memory ledger sees every byte.
   void setup(Context& ctx) override {
     replica_.emplace(ctx);  // parameters initialised from the run's seed, zeroed gradients

@@ -48,11 +48,15 @@ grep -q "^calibrate: tiny, micro-batch 4, tp 2, cpu fp32" "$dir/calibrate-tp.txt
   || fail "tp.h5: want entries of tp 1 and 2"
 out=$("$runner" --dry-run --profile "$dir/tp.h5" --plugin tp --model tiny --micro-batch 4 --mesh tp=2 --ranks-per-node 2)
 grep -q "the profile's tp 2 passes" <<<"$out" || { echo "$out"; fail "tp from its own passes"; }
-# Beyond the profile: a model shape it never saw, sequence parallelism: said, not guessed.
+# Sequence parallelism: the tp collectives as all-gathers and reduce-scatters; dp=fsdp on tp's dp
+# axis: the per-unit shards (test_predict checks the numbers).
+out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --micro-batch 4 --mesh tp=2 --ranks-per-node 2 --plugin-opt sp=on)
+grep -q "^  step " <<<"$out" && grep -q "sp: the tp collectives" <<<"$out" || { echo "$out"; fail "tp sp=on"; }
+out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --micro-batch 4 --global-batch 8 --mesh dp=2 --ranks-per-node 2 --plugin-opt dp=fsdp)
+grep -q "^  step " <<<"$out" || { echo "$out"; fail "tp dp=fsdp"; }
+# Beyond the profile: a model shape it never saw: said, not guessed.
 out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --ranks-per-node 2)
 grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "unknown shape"; }
-out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --mesh tp=2 --ranks-per-node 2 --plugin-opt sp=on)
-grep -q "no time model: sequence parallelism" <<<"$out" || { echo "$out"; fail "tp sp=on"; }
 # A profile from a finished run, without measuring again: the comm samples of its /calibration
 # (--calibrate-comm) and a compute entry from its phase timers (test_profile_from_runs has the
 # arithmetic).

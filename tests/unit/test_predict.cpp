@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "installed_plugins.hpp"
 #include "predict/predictor.hpp"
 #include "predict/profile.hpp"
 #include "predict/published_profile.hpp"
@@ -45,17 +46,15 @@ MachineProfile synthetic_profile(const ModelSpec& m, int micro_batch, double alp
   return p;
 }
 
-StepQuery query(const std::string& strategy, std::map<std::string, std::string> options,
-                const ModelSpec& m, int dp, int pp, int micro_batch, int global_batch) {
-  StepQuery q;
-  q.strategy = strategy;
-  q.options = Options(std::move(options));
-  q.mesh = MeshSpec{dp, 1, pp, 1, dp * pp};
-  q.model = m;
-  q.train.micro_batch = micro_batch;
-  q.train.global_batch = global_batch;
-  q.threads = 1;
-  return q;
+// The plugin's own step plans for a mesh dp x tp x pp on `nodes` nodes.
+StepQuery query(const std::string& strategy, const std::map<std::string, std::string>& options,
+                const ModelSpec& m, int dp, int pp, int micro_batch, int global_batch, int tp = 1,
+                int nodes = 1) {
+  const MeshSpec mesh{dp, tp, pp, nodes, dp * tp * pp / nodes};
+  TrainSpec train;
+  train.micro_batch = micro_batch;
+  train.global_batch = global_batch;
+  return step_query(strategy, *installed_strategy(strategy, options), mesh, m, train, 1);
 }
 
 TEST(AlphaBetaFit, RecoversLatencyAndBandwidthOfExactPoints) {
@@ -455,31 +454,35 @@ TEST(Predictor, PipelineTransfersDelayEachHop) {
   ASSERT_TRUE(t.modelled) << t.why;
   // GPipe, p 2, m 2, f 2, b 4, x 0.5: stage 1 starts at f + x = 2.5 and runs F0 F1 B0 B1 back to
   // back (F1 arrives at 4.5 = its end of F0): ends 2.5 + 2 + 2 + 4 + 4 = 14.5; stage 0's B1
-  // needs stage 1's B1 (14.5) + x, ends 15 + 4 = 19 ms. Then the tied-embedding send between
-  // the stages and the norm's all-reduce over pp: 0.5 ms each.
-  EXPECT_NEAR(t.step_s, 19e-3 + 0.5e-3 + 0.5e-3, 1e-9);
-  // Each stage computes 2 x 2 + 2 x 4 = 12 ms of the 19: 7 ms idle (transfers included); the
-  // exchange and the all-reduce after the schedule are exposed.
-  EXPECT_NEAR(t.bubble_s, 7e-3, 1e-9);
-  EXPECT_NEAR(t.exposed_comm_s, 1e-3, 1e-9);
+  // needs stage 1's B1 (14.5) + x, ends 15 + 4 = 19 ms. Then the tied-embedding exchange: stage
+  // 1's copy arrived at 15, stage 0's arrives at stage 1 at 19.5; then the norm's all-reduce over
+  // pp, 0.5 ms: stage 0 ends at 19.5, stage 1 at 20.
+  EXPECT_NEAR(t.step_s, 20e-3, 1e-9);
+  // Each stage computes 2 x 2 + 2 x 4 = 12 ms of the 20. Stage 0 idles 7 ms for its inputs and
+  // 0.5 at the end; stage 1 2.5 ms for its inputs and 5 for stage 0's tied gradient: both wait
+  // for the pipeline (the runs' bubble timer covers the exchange too). The all-reduce is exposed.
+  EXPECT_NEAR(t.bubble_s, 7.5e-3, 1e-9);
+  EXPECT_NEAR(t.exposed_comm_s, 0.5e-3, 1e-9);
 }
 
 TEST(Predictor, TensorParallelismHandComputed) {
   const ModelSpec m = tiny();                        // C 64, T 64; emb, 2 blocks, head
   const MachineProfile p = synthetic_profile(m, 4);  // alpha 100 us, beta 1 GB/s
-  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8);  // m = 2
-  q.mesh.tp = 2, q.mesh.ranks_per_node = 2;
+  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8, 2);  // m = 2
   const StepTime t = predict_step_time(p, q);
   ASSERT_TRUE(t.modelled) << t.why;
   // One [B*T, C] fp32 activation all-reduced: 4 x 64 x 64 x 4 bytes = 65536 -> 165.536 us.
   const double ar = 1e-4 + 65536 / 1e9;
   const double ce = (1e-4 + 1024 / 1e9) + (1e-4 + 2048 / 1e9);  // row max, (sum, target)
   // Forward: emb 1 ms + ar; 2 blocks of 10/2 ms + 2 ar; head 5/2 ms + ce. Backward: emb 2 ms;
-  // 2 blocks of 20/2 ms + 2 ar; head 10/2 ms + ar. Then AdamW over 120576 / 2 parameters.
+  // 2 blocks of 20/2 ms + 2 ar; head 10/2 ms + ar. Then the norm's all-reduce over tp and AdamW
+  // over this rank's parameters: half of the 120576, plus half of the 4992 that every tp rank
+  // holds whole (wpe 4096; per block 2 LayerNorms, 2 output biases: 384; ln_f 128).
   const double f = 1e-3 + ar + 2 * (5e-3 + 2 * ar) + 2.5e-3 + ce;
   const double b = 2e-3 + 2 * (10e-3 + 2 * ar) + 5e-3 + ar;
-  EXPECT_NEAR(t.step_s, 2 * (f + b) + 1e-9 * 120576 / 2, 1e-12);
-  const double tp_comm = 2 * (10 * ar + ce);
+  const double norm = 1e-4 + 8 / 1e9, local = (120576 + 4992) / 2;
+  EXPECT_NEAR(t.step_s, 2 * (f + b) + norm + 1e-9 * local, 1e-12);
+  const double tp_comm = 2 * (10 * ar + ce) + norm;
   EXPECT_NEAR(t.exposed_comm_s, tp_comm, 1e-12);
   EXPECT_NEAR(t.compute_s, t.step_s - tp_comm, 1e-12);
   // A full recompute adds a block forward (10/2 ms) and one all-reduce per block and micro-batch.
@@ -497,18 +500,18 @@ TEST(Predictor, TensorParallelEntryStandsAsMeasured) {
   tp2.embedding_forward_s = 3e-3, tp2.block_forward_s = 7e-3, tp2.head_forward_s = 4e-3;
   tp2.embedding_backward_s = 1e-3, tp2.block_backward_s = 13e-3, tp2.head_backward_s = 6e-3;
   p.compute.push_back(tp2);
-  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8);  // m = 2
-  q.mesh.tp = 2, q.mesh.ranks_per_node = 2;
+  StepQuery q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8, 2);  // m = 2
   const StepTime t = predict_step_time(p, q);
   ASSERT_TRUE(t.modelled) << t.why;
   const double f = 3e-3 + 2 * 7e-3 + 4e-3, b = 1e-3 + 2 * 13e-3 + 6e-3;
-  EXPECT_NEAR(t.step_s, 2 * (f + b) + 1e-9 * 120576 / 2, 1e-12);
-  // The all-reduces' calibrated times say how much of it is comm (as TensorParallelism...).
+  const double norm = 1e-4 + 8 / 1e9;  // the norm's all-reduce over tp, as TensorParallelism...
+  EXPECT_NEAR(t.step_s, 2 * (f + b) + norm + 1e-9 * (120576 + 4992) / 2, 1e-12);
+  // The all-reduces' calibrated times say how much of it is comm.
   const double ar = 1e-4 + 65536 / 1e9, ce = (1e-4 + 1024 / 1e9) + (1e-4 + 2048 / 1e9);
-  EXPECT_NEAR(t.exposed_comm_s, 2 * (10 * ar + ce), 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s, 2 * (10 * ar + ce) + norm, 1e-12);
   EXPECT_NE(t.notes.find("the profile's tp 2 passes"), std::string::npos) << t.notes;
   // Another tp takes the tp 1 entry at 1/tp (the tp 2 one says nothing of tp 4's passes).
-  q.mesh.tp = 4, q.mesh.ranks_per_node = 4;
+  q = query("tp", {{"sp", "off"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8, 4);
   EXPECT_NE(predict_step_time(p, q).notes.find("at 1/4 of the profile's time"), std::string::npos);
 }
 
@@ -521,32 +524,78 @@ TEST(Predictor, PipelineTimesTensorParallel) {
   e.block_forward_s = 2e-3, e.block_backward_s = 4e-3, e.optimizer_s_per_param = 0;
   p.comm.push_back(CommFit{"all_gather", 2, 1, 0, 1e30, 2, 0});  // pp across the 2 nodes
   p.comm.push_back(CommFit{"all_reduce", 2, 1, 0, 1e30, 2, 0});
-  StepQuery q = query(
-      "1f1b", {{"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}}, m,
-      1, 2, 2, 8);  // pp 2, m = 4
-  q.mesh.tp = 2, q.mesh.nodes = 2, q.mesh.ranks_per_node = 2;
+  const std::map<std::string, std::string> options{
+      {"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}};
+  StepQuery q = query("1f1b", options, m, 1, 2, 2, 8, 2, 2);  // pp 2 across 2 nodes, m = 4
   const StepTime t = predict_step_time(p, q);
   ASSERT_TRUE(t.modelled) << t.why;
   // At tp 2 the blocks take 1 / 2 ms: 2 blocks per stage, f = 2, b = 4 ms, (m + p - 1)(f + b) =
   // 5 x 6 ms; at tp 1 twice that.
   EXPECT_NEAR(t.step_s, 30e-3, 1e-12);
   EXPECT_NEAR(t.bubble_s / t.step_s, 1.0 / 5, 1e-12);
-  q.mesh.tp = 1, q.mesh.ranks_per_node = 1;
+  q = query("1f1b", options, m, 1, 2, 2, 8, 1, 2);
   p.compute[0].ranks_per_node = 1;
   EXPECT_NEAR(predict_step_time(p, q).step_s, 60e-3, 1e-12);
 }
 
-TEST(Predictor, SequenceParallelismAndUnknownStrategiesHaveNoTimeModel) {
+// Megatron's sequence parallelism: each tp all-reduce of a pass becomes an all-gather and a
+// reduce-scatter (here each as long as the all-reduce: the synthetic fits are alike), and the
+// replicated tensors' partial gradients are all-reduced over tp after the micro-batches.
+TEST(Predictor, SequenceParallelismGathersAndScatters) {
   const ModelSpec m = tiny();
   const MachineProfile p = synthetic_profile(m, 4);
-  StepQuery q = query("tp", {{"sp", "on"}, {"dp", "allreduce"}}, m, 1, 1, 4, 4);
-  q.mesh.tp = 2;
-  StepTime t = predict_step_time(p, q);
+  const StepTime t =
+      predict_step_time(p, query("tp", {{"sp", "on"}, {"dp", "allreduce"}}, m, 1, 1, 4, 8, 2));
+  ASSERT_TRUE(t.modelled) << t.why;
+  const double c = 1e-4 + 65536 / 1e9;  // an all-gather or reduce-scatter of [B*T, C] fp32
+  const double ce = (1e-4 + 1024 / 1e9) + (1e-4 + 2048 / 1e9);
+  // Forward: emb 1 ms + rs; 2 blocks of 10/2 ms + 2 (ag + rs); head 5/2 ms + ag + ce. Backward:
+  // emb 2 ms + ag; 2 blocks of 20/2 ms + 2 (ag + rs); head 10/2 ms + rs.
+  const double f = 1e-3 + c + 2 * (5e-3 + 4 * c) + 2.5e-3 + c + ce;
+  const double b = 2e-3 + c + 2 * (10e-3 + 4 * c) + 5e-3 + c;
+  // The 4992 replicated parameters' gradients (fp32) over tp, the norm, AdamW of 62784.
+  const double after = (1e-4 + 4 * 4992 / 1e9) + (1e-4 + 8 / 1e9) + 1e-9 * 62784;
+  EXPECT_NEAR(t.step_s, 2 * (f + b) + after, 1e-12);
+  EXPECT_NE(t.notes.find("sp:"), std::string::npos) << t.notes;
+}
+
+// dp=zero2 and dp=fsdp on the tp plugin's dp axis (DpUnits): every unit its own shard group.
+// Compute free: only the collectives, each waited for before the next can start.
+TEST(Predictor, TensorParallelsZero2AndFsdpUnitsCommBound) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4);
+  ComputeEntry& e = p.compute[0];
+  e = ComputeEntry{e.model, 4, "cpu", "fp32", 1, 2};
+  const ParamLayout layout(m);
+  double units = 0;  // per unit: one all-gather or reduce-scatter of its padded fp32 elements
+  for (const UnitInfo& u : layout.units()) units += 1e-4 + 4 * double((u.count + 1) / 2 * 2) / 1e9;
+  const double norm = 1e-4 + 8 / 1e9;
+  // fsdp: every unit gathered before its forward and again before its backward, reduced once.
+  StepTime t = predict_step_time(p, query("tp", {{"sp", "off"}, {"dp", "fsdp"}}, m, 2, 1, 4, 8));
+  ASSERT_TRUE(t.modelled) << t.why;
+  EXPECT_NEAR(t.step_s, 3 * units + norm, 1e-12);
+  // zero2: reduced once, the updated shards all-gathered after the step.
+  t = predict_step_time(p, query("tp", {{"sp", "off"}, {"dp", "zero2"}}, m, 2, 1, 4, 8));
+  ASSERT_TRUE(t.modelled) << t.why;
+  EXPECT_NEAR(t.step_s, 2 * units + norm, 1e-12);
+}
+
+TEST(Predictor, UnplannedStrategiesAndUnknownShapesHaveNoTimeModel) {
+  const ModelSpec m = tiny();
+  const MachineProfile p = synthetic_profile(m, 4);
+  StepTime t;
+  // An out-of-tree strategy that does not describe its step (Strategy::plan_step's default).
+  struct Unplanned final : Strategy {
+    Prediction predict(const PredictInput& in) const override { return replicated_prediction(in); }
+    void setup(Context&) override {}
+    void train_step(Context&, int) override {}
+  };
+  TrainSpec train;
+  train.micro_batch = 4, train.global_batch = 8;
+  t = predict_step_time(
+      p, step_query("my-strategy", Unplanned{}, MeshSpec{2, 1, 1, 1, 2}, m, train, 1));
   EXPECT_FALSE(t.modelled);
-  EXPECT_NE(t.why.find("sequence parallelism"), std::string::npos) << t.why;
-  t = predict_step_time(p, query("my-strategy", {}, m, 2, 1, 4, 8));
-  EXPECT_FALSE(t.modelled);
-  EXPECT_NE(t.why.find("my-strategy"), std::string::npos) << t.why;
+  EXPECT_NE(t.why.find("'my-strategy' gives no step plan"), std::string::npos) << t.why;
   // A shape the profile never saw.
   ModelSpec other = m;
   other.hidden = 128;

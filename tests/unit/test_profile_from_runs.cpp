@@ -3,6 +3,7 @@
 // FLOPs, and the new-buffer rate fitted to a sharded run's step.
 #include <gtest/gtest.h>
 
+#include "installed_plugins.hpp"
 #include "predict/profile_from_runs.hpp"
 #include "strata/data_parallel.hpp"
 
@@ -95,8 +96,12 @@ TEST(ProfileFromRuns, LeavesOutRunsThatDoNotRunTheWholeModel) {
 TEST(ProfileFromRuns, FitsTheNewBufferRateThatGivesTheMeasuredStep) {
   const RunRecord run = two_rank_run("zero3", "");
   RunQuestion q = question_of_run(run);
-  q.query.options =
-      Options({{"bucket_mb", "25"}, {"prefetch", "1"}, {"overlap", "true"}, {"offload", "none"}});
+  auto replan = [&q](const std::string& strategy) {
+    const StepQuery& as_run = q.query;
+    q.query = step_query(strategy, *installed_strategy(strategy, {}), as_run.mesh, as_run.model,
+                         as_run.train, as_run.threads);
+  };
+  replan("zero3");
   std::string why;
   auto e = compute_from_run(run, q, &why);
   ASSERT_TRUE(e) << why;
@@ -112,8 +117,7 @@ TEST(ProfileFromRuns, FitsTheNewBufferRateThatGivesTheMeasuredStep) {
   ASSERT_TRUE(rate);
   EXPECT_NEAR(*rate, 2e-9, 1e-15);
   // ddp allocates nothing per step: no rate to fit.
-  q.query.strategy = "ddp";
-  q.query.options = Options(std::map<std::string, std::string>{{"bucket_mb", "25"}});
+  replan("ddp");
   EXPECT_FALSE(fit_fresh_rate(p, q.query, t.step_s));
 }
 

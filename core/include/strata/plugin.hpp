@@ -5,7 +5,8 @@
 //   strata_descriptor    -> const PluginDescriptor& (family, strategies, typed options, help)
 //   strata_create        -> std::unique_ptr<Strategy>(strategy name, validated Options)
 // Lifecycle per run: validate(mesh, train, model) -> setup(ctx) -> train_step(ctx, step) per step.
-// predict() answers without running: memory per tag and collective bytes per step.
+// predict() answers without running: memory per tag and collective bytes per step; plan_step()
+// describes one step as data for the step-time predictor (strata/step_plan.hpp).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -15,11 +16,12 @@
 #include <vector>
 
 #include "strata/context.hpp"
+#include "strata/step_plan.hpp"
 
 namespace strata {
 
 // Bump when any SDK type crossing the plugin boundary changes layout or meaning.
-inline constexpr std::uint32_t kPluginAbiVersion = 4;
+inline constexpr std::uint32_t kPluginAbiVersion = 5;
 
 enum class OptionType { integer, real, boolean, string, choice };
 const char* option_type_name(OptionType t);
@@ -85,6 +87,13 @@ class Strategy {
   // cannot run under this strategy. Called before any rank allocates.
   virtual void validate(const MeshSpec&, const TrainSpec&, const ModelSpec&) const {}
   virtual Prediction predict(const PredictInput& in) const = 0;
+  // One step of rank in.rank as the actions its train_step() issues (strata/step_plan.hpp), for
+  // `runner --dry-run --profile`, the advisor and the prediction stored beside each run. The
+  // default, an empty plan, reports the strategy as having no time model.
+  virtual StepPlan plan_step(const PredictInput& in) const {
+    (void)in;
+    return {};
+  }
   virtual void setup(Context& ctx) = 0;
   // One optimizer step: every micro-batch's forward and backward, the gradient exchange and the
   // update. Report the loss through the helpers (forward_backward does it).

@@ -102,7 +102,7 @@ bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant&
   c.memory_bytes = device_memory(*v.strategy, c.mesh, r, train);
   if (c.memory_bytes > r.memory_limit) return exclude(Exclusion::memory, "");
   c.time = predict_step_time(
-      profile, StepQuery{c.strategy, c.options, c.mesh, r.model, train, r.threads, 0, {}});
+      profile, step_query(c.strategy, *v.strategy, c.mesh, r.model, train, r.threads));
   if (!c.time.modelled) return exclude(Exclusion::no_time_model, c.time.why);
   out.ranked.push_back(c);
   return true;

@@ -261,7 +261,7 @@ MachineProfile merge_into_file(const RunConfig& config, const MachineProfile& mo
 
 }  // namespace
 
-void calibrate_from_runs(const RunConfig& config, const OptionsOf& options_of) {
+void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of) {
   const auto& from = config.calibrate_from;
   const auto is_table = [](const std::string& path) { return path.ends_with(".txt"); };
   if (std::any_of(from.begin(), from.end(), is_table)) {  // published figures: a new profile
@@ -304,10 +304,14 @@ void calibrate_from_runs(const RunConfig& config, const OptionsOf& options_of) {
       entries.push_back({*e});
     else
       same->push_back(*e);
-    q.query.options = options_of(q.query.strategy, q.plugin_opts);
     q.entry = *e;
-    if (q.query.strategy.rfind("zero", 0) == 0 || q.query.strategy.rfind("fsdp", 0) == 0)
+    if (q.query.strategy.rfind("zero", 0) == 0 || q.query.strategy.rfind("fsdp", 0) == 0) {
+      const StepQuery& as_run = q.query;
+      q.query =
+          step_query(as_run.strategy, *strategy_of(as_run.strategy, q.plugin_opts), as_run.mesh,
+                     as_run.model, as_run.train, as_run.threads, as_run.ranks_on_host);
       sharded.push_back(std::move(q));
+    }
   }
   for (const auto& v : entries) more.compute.push_back(mean_entry(v));
   refit_comm(more);  // the predictor needs the fits of the samples

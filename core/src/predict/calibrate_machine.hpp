@@ -9,6 +9,7 @@
 // A few seconds on the small model. CPU only in this first landing.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,10 +24,10 @@ inline constexpr int kComputeIterations = 5;
 void calibrate_machine(const RunConfig& config, int threads_per_rank);
 
 // --calibrate --calibrate-from RUN.h5...: no measurement, no MPI: each run file's comm samples
-// and compute entry (profile_from_runs.hpp) merged into --profile, refitted. options_of validates
-// a run's strategy options (the plugin's spec, with its defaults).
-using OptionsOf =
-    std::function<Options(const std::string& strategy, const std::vector<std::string>& options)>;
-void calibrate_from_runs(const RunConfig& config, const OptionsOf& options_of);
+// and compute entry (profile_from_runs.hpp) merged into --profile, refitted. strategy_of makes a
+// run's strategy from its options (validated against the plugin's spec, defaults filled in).
+using StrategyOf = std::function<std::shared_ptr<Strategy>(
+    const std::string& strategy, const std::vector<std::string>& options)>;
+void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of);
 
 }  // namespace strata

@@ -1,8 +1,10 @@
-// Internal to the predictor: calibrated durations of one query, shared by the time models of
-// predictor.cpp and pipeline_time.cpp.
+// Internal to the predictor: calibrated durations of one query (predictor.cpp), which the replay
+// of the strategy's step plans (plan_replay.cpp) charges.
 #pragma once
 #include <algorithm>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "predict/predictor.hpp"
@@ -33,6 +35,7 @@ struct Costs {
   // (the collectives run on the device's own engines).
   double contention = 0;
   std::vector<std::string> notes;
+  std::map<std::tuple<std::string, double, Axis>, double> comm_memo;  // comm(): plans repeat ops
 
   void note(const std::string& n) {
     if (!n.empty() && std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
@@ -55,6 +58,11 @@ struct Costs {
   // not measure borrow a measured op's fit: reduce that of all_reduce, broadcast that of
   // all_gather, a send of b bytes a 2-rank all_gather of 2b (each rank sends b).
   double comm(const std::string& op, double bytes, Axis axis) {
+    const auto key = std::make_tuple(op, bytes, axis);
+    if (const auto it = comm_memo.find(key); it != comm_memo.end()) return it->second;
+    return comm_memo[key] = comm_uncached(op, bytes, axis);
+  }
+  double comm_uncached(const std::string& op, double bytes, Axis axis) {
     auto [ranks, per_node] = shape(axis);
     std::string use = op, how;
     if (op == "send" || op == "recv") {
@@ -82,7 +90,7 @@ inline double sum(const std::vector<double>& v) {
   return s;
 }
 
-// Pipelines (gpipe, 1f1b, interleaved) and tp (one stage): pipeline_time.cpp.
-StepTime pipeline_step(Costs& c);
+// The plans of `ranks` (rank 0's pp group, one per stage) replayed with c's durations.
+StepTime replay_plans(Costs& c, const std::vector<StepPlan>& plans, const std::vector<int>& ranks);
 
 }  // namespace strata::time_model

@@ -1,24 +1,15 @@
 // Predicted step time (README "Predicting step time"): a machine profile's calibrated unit passes
-// and comm fits replayed through each strategy's own schedule, beside the strategy's exact
-// predict() (bytes, memory, bubble).
+// and comm fits charged to the strategy's own step plan (Strategy::plan_step,
+// strata/step_plan.hpp), replayed per pipeline stage with a compute clock and the comm streams'
+// overlap, beside the strategy's exact predict() (bytes, memory, bubble). The core knows no
+// strategy by name: a plugin whose plan_step() gives no plan (or says why not) is reported as "no
+// time model".
 //
-// Time models, by strategy name (core-side in this first landing: a plugin the predictor does not
-// know is reported as "no time model"):
-//   dp           every micro-batch's passes, then reduce + broadcast + the update, all exposed
-//   ddp          ddp's own buckets replayed: each all-reduce starts when backward of the last
-//                micro-batch fills its bucket, on one comm stream; what outlasts backward is
-//                exposed; then the update of every parameter
-//   zero1/2/3,   the sharded engine's action list (sharded::micro_batch_schedule) replayed with a
-//   fsdp*        compute clock and one comm stream (gathers and reduce-scatters in issue order),
-//                then the update of this rank's shard, with zero1's reduce-scatter and zero1/2's
-//                all-gather exposed
-//   gpipe, 1f1b, the pipeline schedule (pp::pipeline_schedule) of every stage replayed with the
-//   interleaved  chunks' pass times and point-to-point transfer times (sends never block), then
-//                the tied-embedding exchange, the dp gradient reduction and the update
-//   tp > 1       (tp, and the pipelines' tp x pp) the GEMM passes at 1/tp of the profile's time
-//                and the tp all-reduces of Megatron's split (2 per block forward, 2 backward)
-//                on the compute thread, exposed
-// Not modelled yet: sp=on, offload copies, dp=zero2|fsdp on tp x pp meshes.
+// What the core charges, whatever the plugin: a unit's forward or backward as this mesh's
+// StageModel runs it (tp > 1: the profile's tp passes when it has them, else the GEMM passes at
+// 1/tp of its time plus the tp all-reduces of Megatron's split on the compute thread), the
+// optimizer per parameter, a new buffer per byte, a host copy per byte, each collective by its fit
+// for the group's shape, and on CPU ranks the compute the hidden comm takes (Costs::contention).
 #pragma once
 #include <string>
 #include <vector>
@@ -29,8 +20,7 @@
 namespace strata {
 
 struct StepQuery {
-  std::string strategy;  // a strategy name (ddp, zero3, 1f1b, ...)
-  Options options;       // its validated options (defaults filled in)
+  std::string strategy;  // a strategy name (ddp, zero3, 1f1b, ...), for messages
   MeshSpec mesh;
   ModelSpec model;
   TrainSpec train;
@@ -38,10 +28,14 @@ struct StepQuery {
   // Ranks computing on this rank's host, when not mesh.ranks_per_node: virtual nodes (--nodes on
   // one machine) put every rank on it. Picks the compute entry and the ranks sharing the peak.
   int ranks_on_host = 0;
-  // The strategy's predict() for every rank of the mesh: bytes per op, bubble. May be empty for
-  // the strategies whose time model does not need it.
-  std::vector<Prediction> ranks;
+  // plan_step() of rank 0's pp group, one per stage (step_query below).
+  std::vector<StepPlan> plans;
 };
+
+// The question for `strategy` on this configuration, its plans asked of rank 0's pp group.
+StepQuery step_query(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
+                     const ModelSpec& model, const TrainSpec& train, int threads,
+                     int ranks_on_host = 0);
 
 struct StepTime {
   bool modelled = false;

@@ -19,8 +19,8 @@
 
 namespace strata {
 
-// What a run file says it ran, as the predictor's question (options: left empty; the caller
-// validates `plugin_opts` against the plugin's spec), and its measured step p50.
+// What a run file says it ran, as the predictor's question (its plans: left empty; the caller
+// makes them with step_query from the run's strategy and `plugin_opts`), and its measured step p50.
 struct RunQuestion {
   StepQuery query;
   std::vector<std::string> plugin_opts;  // KEY=VALUE, as given to the run

@@ -124,21 +124,18 @@ void print_comm_and_transfers(const std::map<std::string, double>& comm) {
   }
 }
 
-// The predictor's question for this run (its ranks' predictions, when the caller has them), with
-// the threads a rank will have when its node's ranks share one mask.
-StepQuery step_query(const RunConfig& c, const Options& options, std::vector<Prediction> ranks = {},
-                     int ranks_on_host = 0) {
-  StepQuery q{c.plugin, options, c.mesh, c.model, c.train, 0, 0, std::move(ranks)};
-  q.ranks_on_host = ranks_on_host > 0 ? ranks_on_host : c.mesh.ranks_per_node;
-  q.threads = blas_threads_for(c, q.ranks_on_host);
-  return q;
+// The predictor's question for this run, with the threads a rank will have when its node's ranks
+// share one mask.
+StepQuery run_query(const RunConfig& c, const Strategy& strategy, int ranks_on_host = 0) {
+  const int on_host = ranks_on_host > 0 ? ranks_on_host : c.mesh.ranks_per_node;
+  return step_query(c.plugin, strategy, c.mesh, c.model, c.train, blas_threads_for(c, on_host),
+                    on_host);
 }
 
 // --dry-run --profile: the predicted step time from the machine profile (predictor.hpp).
-void print_step_time(const RunConfig& c, const Options& options,
-                     const std::vector<Prediction>& ranks) {
+void print_step_time(const RunConfig& c, const Strategy& strategy) {
   const MachineProfile profile = read_profile(c.profile);
-  const StepTime t = predict_step_time(profile, step_query(c, options, ranks));
+  const StepTime t = predict_step_time(profile, run_query(c, strategy));
   std::printf("predicted time per step (profile %s, %s)\n", c.profile.c_str(),
               profile.source.c_str());
   if (!t.modelled) {
@@ -160,7 +157,7 @@ void print_step_time(const RunConfig& c, const Options& options,
 
 // --dry-run: the strategy's predictions for every rank of the mesh, without starting any rank.
 // Returns the exit code: 0, or 4 when --memory-limit is given and the largest rank does not fit.
-int dry_run(const RunConfig& c, const Strategy& strategy, const Options& options) {
+int dry_run(const RunConfig& c, const Strategy& strategy) {
   const int world = c.mesh.world();
   std::array<double, kNumMemTags> peak{};
   std::map<std::string, double> comm;
@@ -168,10 +165,8 @@ int dry_run(const RunConfig& c, const Strategy& strategy, const Options& options
   int worst_rank = 0, worst_host_rank = 0;
   std::string notes;
   double bubble = -1;
-  std::vector<Prediction> ranks;
   for (int r = 0; r < world; ++r) {
     Prediction p = strategy.predict(PredictInput{c.mesh, c.model, c.train, r});
-    if (!c.profile.empty() && world <= 4096) ranks.push_back(p);
     double total = 0, host = 0;
     for (int t = 0; t < kNumMemTags; ++t) {
       peak[t] = std::max(peak[t], p.memory_bytes[t]);
@@ -192,7 +187,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy, const Options& options
   print_comm_and_transfers(comm);
   if (bubble >= 0) std::printf("predicted pipeline bubble: %.1f%% of a step\n", 100 * bubble);
   if (!notes.empty()) std::printf("notes: %s\n", notes.c_str());
-  if (!c.profile.empty()) print_step_time(c, options, ranks);
+  if (!c.profile.empty()) print_step_time(c, strategy);
   if (c.memory_limit > 0) {
     bool fits = worst_total <= c.memory_limit;
     std::printf("memory limit %s per rank (device memory): %s (largest rank needs %s)\n",
@@ -279,7 +274,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
           throw ConfigError("--calibrate-from: a run of strategy " + name +
                             ", which is not installed here (found: " + known_strategies(registry) +
                             ")");
-        return validate_options(*spec, kv);
+        return registry.create(name, validate_options(*spec, kv));
       });
     return false;
   }
@@ -304,12 +299,12 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   // --calibrate measures any mesh (a pipeline's or tp's groups too): no strategy runs on it.
   if (!config.calibrate) strategy->validate(config.mesh, config.train, config.model);
   if (config.dry_run) {
-    code = dry_run(config, *strategy, options);
+    code = dry_run(config, *strategy);
     return false;
   }
   if (!config.profile.empty() && !config.calibrate) {  // predicted beside measured (/summary)
     const StepTime t = predict_step_time(read_profile(config.profile),
-                                         step_query(config, options, {}, env.local_size));
+                                         run_query(config, *strategy, env.local_size));
     config.predicted_step_s = t.modelled ? t.step_s : 0;
     if (!t.modelled && env.rank == 0)
       std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());

@@ -68,6 +68,8 @@ std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
 void validate(const MeshSpec& mesh, const TrainSpec& train, const ModelSpec& model,
               const MpConfig& config);
 Prediction predict(const PredictInput& in, const MpConfig& config);
+// One step of rank in.rank as the step-time predictor replays it (src/mp_plan.cpp).
+StepPlan plan_step(const PredictInput& in, const MpConfig& config);
 
 class Engine;
 
@@ -80,6 +82,7 @@ class MpStrategy final : public Strategy {
     mp::validate(mesh, train, model, config_);
   }
   Prediction predict(const PredictInput& in) const override { return mp::predict(in, config_); }
+  StepPlan plan_step(const PredictInput& in) const override { return mp::plan_step(in, config_); }
   void setup(Context& ctx) override;
   void train_step(Context& ctx, int step) override;
 

@@ -83,6 +83,8 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
 std::string describe_schedule(const std::vector<Action>& actions);
 
 Prediction predict(const PredictInput& in, const EngineConfig& c);
+// One step of rank in.rank as the step-time predictor replays it (src/sharded_plan.cpp).
+StepPlan plan_step(const PredictInput& in, const EngineConfig& c);
 
 class Engine {
  public:
@@ -138,6 +140,9 @@ class EngineStrategy final : public Strategy {
   void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override;
   Prediction predict(const PredictInput& in) const override {
     return sharded::predict(in, config_);
+  }
+  StepPlan plan_step(const PredictInput& in) const override {
+    return sharded::plan_step(in, config_);
   }
   void setup(Context& ctx) override { engine_.emplace(ctx, config_); }
   void train_step(Context& ctx, int step) override { engine_->train_step(ctx, step); }

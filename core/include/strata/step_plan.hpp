@@ -1,0 +1,113 @@
+// strata SDK: a strategy's step as data, for the step-time predictor (README "Predicting step
+// time"). Strategy::plan_step() returns one rank's actions in the order the rank issues them; the
+// core replays them with a machine profile's calibrated durations: unit passes, the optimizer,
+// comm fitted per op, bytes and group shape. The policy (what to gather, reduce, send, when) is
+// the plugin's, as in its train_step(); the durations are the machine's.
+//
+// The replay's rules, one compute clock per rank:
+//   forward, backward, update, fresh   advance the compute clock by their calibrated time
+//   comm on a stream (stream >= 0)     starts when both the clock has issued it and the stream is
+//                                      free; the stream's time advances, the clock does not
+//   comm with stream < 0               blocks the compute clock for its time (an all-reduce on the
+//                                      compute thread)
+//   copy                               host <-> device on a stream, like a comm on a stream
+//   wait                               the clock waits for `event` (the end of the last comm or
+//                                      copy that carried it), or for every stream when event < 0
+//   send, recv                         point to point with rank `peer`: a send never blocks (it
+//                                      runs on a comm stream); the recv of the same tag waits for
+//                                      the send's issue plus its transfer time
+// At the end of the step the clock waits for every stream. Collectives are costs of the rank's
+// own group (its peers run the same plan); sends and receives pair ranks of different pipeline
+// stages, so the predictor asks for the plan of every stage (rank 0's pp group).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "strata/mesh.hpp"
+
+namespace strata {
+
+enum class PlanOp { forward, backward, update, fresh, comm, copy, wait, send, recv };
+
+struct PlanAction {
+  PlanOp op = PlanOp::forward;
+  int unit = -1;           // forward, backward: a unit of the model (ParamLayout's numbering), one
+                           // micro-batch, as this mesh's StageModel runs it (tp split included)
+  double count = 0;        // update: parameters the optimizer steps
+  double bytes = 0;        // fresh, copy, send, recv; comm: nccl-tests bytes of `collective`
+  std::string collective;  // comm: all_reduce, reduce_scatter, all_gather, reduce, broadcast
+  Axis axis = Axis::dp;    // comm: the group it runs on
+  int stream = -1;         // comm, copy: the stream it is issued on; comm only: < 0 blocks
+  int event = -1;          // comm, copy: the event its end sets; wait: the event waited for
+  int peer = -1;           // send, recv: the other rank
+  int tag = 0;             // send, recv: pairs a recv with its send
+};
+
+// One rank's step: `micro_batch` replayed `micro_batches` times, then `step` once.
+struct StepPlan {
+  std::vector<PlanAction> micro_batch;
+  int micro_batches = 0;
+  std::vector<PlanAction> step;
+  // The units run with Megatron's sequence parallelism (Partition::sequence_parallel): the core
+  // charges their tp collectives as all-gathers and reduce-scatters instead of all-reduces.
+  bool sequence_parallel = false;
+  // Empty plan: why this configuration has no time model ("sequence parallelism ...").
+  std::string unmodelled;
+  bool empty() const { return micro_batch.empty() && step.empty(); }
+};
+
+// Builders, so that a plan reads like the train_step it describes.
+inline PlanAction plan_forward(int unit) {
+  PlanAction a;
+  a.op = PlanOp::forward, a.unit = unit;
+  return a;
+}
+inline PlanAction plan_backward(int unit) {
+  PlanAction a;
+  a.op = PlanOp::backward, a.unit = unit;
+  return a;
+}
+inline PlanAction plan_update(double params) {
+  PlanAction a;
+  a.op = PlanOp::update, a.count = params;
+  return a;
+}
+inline PlanAction plan_fresh(double bytes) {
+  PlanAction a;
+  a.op = PlanOp::fresh, a.bytes = bytes;
+  return a;
+}
+// A collective: blocking with stream < 0, else on that comm stream, setting `event` at its end.
+inline PlanAction plan_comm(const std::string& collective, double bytes, Axis axis, int stream = -1,
+                            int event = -1) {
+  PlanAction a;
+  a.op = PlanOp::comm, a.collective = collective, a.bytes = bytes, a.axis = axis;
+  a.stream = stream, a.event = event;
+  return a;
+}
+inline PlanAction plan_copy(double bytes, int stream, int event = -1) {
+  PlanAction a;
+  a.op = PlanOp::copy, a.bytes = bytes, a.stream = stream, a.event = event;
+  return a;
+}
+inline PlanAction plan_wait(int event = -1) {
+  PlanAction a;
+  a.op = PlanOp::wait, a.event = event;
+  return a;
+}
+inline PlanAction plan_send(int peer, int tag, double bytes) {
+  PlanAction a;
+  a.op = PlanOp::send, a.peer = peer, a.tag = tag, a.bytes = bytes, a.axis = Axis::pp;
+  return a;
+}
+inline PlanAction plan_recv(int peer, int tag, double bytes) {
+  PlanAction a;
+  a.op = PlanOp::recv, a.peer = peer, a.tag = tag, a.bytes = bytes, a.axis = Axis::pp;
+  return a;
+}
+
+// Every unit's forward then backward (in reverse) of one micro-batch, nothing else: the compute
+// of a replica or a pipeline-free rank.
+void plan_forward_backward(int num_units, std::vector<PlanAction>& out);
+
+}  // namespace strata

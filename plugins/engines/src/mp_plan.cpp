@@ -1,0 +1,157 @@
+// The model-parallel engine's step as a plan (strata/step_plan.hpp): the pipeline schedule's
+// actions with their receives and sends, then what Engine::train_step does after the schedule.
+#include <algorithm>
+#include <cmath>
+
+#include "dp_units.hpp"
+#include "strata/data_parallel.hpp"
+#include "strata/engines/model_parallel.hpp"
+
+namespace strata::mp {
+namespace {
+
+// Tags pairing a send with its recv: chunk k's input activation and its output gradient of one
+// micro-batch, and the tied embedding's gradient.
+int activation_tag(int micro, int k, int K) { return 2 * (micro * K + k); }
+int gradient_tag(int micro, int k, int K) { return 2 * (micro * K + k) + 1; }
+constexpr int kTiedTag = -1;
+
+std::string unmodelled(const PredictInput& in, const MpConfig& cfg) {
+  if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1 && in.mesh.pp > 1)
+    return std::string("dp=") + dp_mode_name(cfg.dp) + " runs with pp = 1 only";
+  return {};
+}
+
+// dp=zero2|fsdp at dp > 1 (pp = 1; DpUnits): every unit its own shard group over dp. fsdp
+// all-gathers a unit into a new buffer before each pass over it (the embedding once per pass,
+// held for the head); every unit's gradient gets a new padded buffer, and after its backward a
+// reduce-scatter on the comm stream, the one before it waited for first (one in flight; the
+// embedding's, the last, at once). Then DpUnits::step: the norm over dp and tp, AdamW of the
+// owned shards, zero2's all-gather of every unit.
+void dp_units_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord& me,
+                   StepPlan& plan) {
+  const bool fsdp = cfg.dp == DpMode::fsdp;
+  const int units = ParamLayout(in.model).num_units();
+  const Partition part{0, units - 1, in.mesh.tp, me.tp, plan.sequence_parallel};
+  const UnitGroups u = unit_groups(in.model, part, in.mesh.dp);
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  std::vector<PlanAction>& mb = plan.micro_batch;
+  auto padded = [&](int g) { return double(u.groups[std::size_t(g)].padded()); };
+  auto gather = [&](int g) {
+    if (!fsdp) return;
+    mb.push_back(plan_fresh(per.params * padded(g)));
+    mb.push_back(plan_comm("all_gather", per.params * padded(g), Axis::dp));
+  };
+  for (int g = 0; g < units; ++g) gather(g), mb.push_back(plan_forward(g));
+  gather(0);  // the embedding, held through the backward (the head's wte)
+  constexpr int kReduced = 0;
+  for (int g = units - 1; g >= 0; --g) {
+    if (g > 0) gather(g);
+    mb.push_back(plan_fresh(per.grads * padded(g)));
+    mb.push_back(plan_backward(g));
+    if (g < units - 1) mb.push_back(plan_wait(kReduced));
+    mb.push_back(plan_fresh(per.grads * double(u.groups[std::size_t(g)].chunk)));
+    mb.push_back(
+        plan_comm("reduce_scatter", per.grads * padded(g), Axis::dp, g > 0 ? 0 : -1, kReduced));
+  }
+  plan.micro_batches = in.train.micro_steps(in.mesh);
+  double partial = 0;  // sp: the owned parts of the replicated tensors' partial gradients
+  for (const OwnedSlice& o : owned_partials(in.model, part, u, me.dp)) partial += double(o.count);
+  if (partial > 0) plan.step.push_back(plan_comm("all_reduce", per.grads * partial, Axis::tp));
+  plan.step.push_back(plan_comm("all_reduce", sizeof(double), Axis::dp));
+  if (in.mesh.tp > 1) plan.step.push_back(plan_comm("all_reduce", sizeof(double), Axis::tp));
+  double owned = 0;
+  for (const sharded::ShardGroup& g : u.groups) owned += double(g.valid(me.dp));
+  plan.step.push_back(plan_update(owned));
+  if (!fsdp)
+    for (int g = 0; g < units; ++g)
+      plan.step.push_back(plan_comm("all_gather", per.params * padded(g), Axis::dp));
+}
+
+// The schedule of stage me.pp: a forward receives its input from the previous chunk's stage and
+// sends its output on; a backward receives its output's gradient and sends its input's back.
+void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord& me,
+                   const std::vector<std::pair<int, int>>& units, bool sp,
+                   std::vector<PlanAction>& out) {
+  const int P = in.mesh.pp, v = cfg.virtual_stages, K = P * v, m = in.train.micro_steps(in.mesh);
+  // Every boundary carries one micro-batch's [B, T, C] fp32 residual stream (sp: this rank's
+  // token rows of it).
+  const Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
+  const double bytes =
+      double(StageModel::boundary_count(in.model, in.train.micro_batch, second)) * sizeof(float);
+  const Mesh mesh(in.mesh);
+  auto stage_of = [&](int k) { return mesh.rank_of(me.dp, me.tp, k % P); };
+  for (const pp::PipeAction& a : pp::pipeline_schedule(cfg.schedule, P, me.pp, m, v)) {
+    const int k = pp::global_chunk(P, me.pp, a.chunk);
+    const auto [first, last] = units[std::size_t(k)];
+    if (a.forward) {
+      if (k > 0) out.push_back(plan_recv(stage_of(k - 1), activation_tag(a.micro, k, K), bytes));
+      for (int u = first; u <= last; ++u) out.push_back(plan_forward(u));
+      if (k < K - 1)
+        out.push_back(plan_send(stage_of(k + 1), activation_tag(a.micro, k + 1, K), bytes));
+    } else {
+      if (k < K - 1) out.push_back(plan_recv(stage_of(k + 1), gradient_tag(a.micro, k, K), bytes));
+      for (int u = last; u >= first; --u) out.push_back(plan_backward(u));
+      if (k > 0) out.push_back(plan_send(stage_of(k - 1), gradient_tag(a.micro, k - 1, K), bytes));
+    }
+  }
+}
+
+}  // namespace
+
+StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
+  StepPlan plan;
+  plan.unmodelled = unmodelled(in, cfg);
+  if (!plan.unmodelled.empty()) return plan;
+  const MeshCoord me = mesh_coord(in.mesh, in.rank);
+  plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
+  if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1) {
+    dp_units_plan(in, cfg, me, plan);
+    return plan;
+  }
+  const int P = in.mesh.pp, v = cfg.pipeline ? cfg.virtual_stages : 1;
+  const auto units = chunk_units(in.model, P * v, cfg.stage_layers);
+  std::vector<PlanAction>& step = plan.step;
+  if (P > 1) {
+    schedule_plan(in, cfg, me, units, plan.sequence_parallel, step);
+  } else {  // tp alone: every micro-batch through the whole model
+    plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
+    plan.micro_batches = in.train.micro_steps(in.mesh);
+  }
+  // This rank's local parameters (StageModel's tp shards), and those replicated over tp whose
+  // gradients are partial under sp (all-reduced over tp after the schedule).
+  double params = 0, partial = 0;
+  for (int c = 0; c < v; ++c) {
+    const auto [first, last] = units[std::size_t(pp::global_chunk(P, me.pp, c))];
+    for (const LocalTensor& t : StageModel::local_tensors(
+             in.model, Partition{first, last, in.mesh.tp, me.tp, plan.sequence_parallel})) {
+      params += double(t.count);
+      if (plan.sequence_parallel && t.shard == ShardKind::replicated) partial += double(t.count);
+    }
+  }
+  // After the schedule (Engine::train_step): the tied embedding's gradient between the first and
+  // the last stage, the gradients over dp (zero1: reduce-scattered, the shards updated and
+  // all-gathered), the norm over dp, tp and pp, the update.
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  if (P > 1 && (me.pp == 0 || me.pp == P - 1)) {
+    const int peer = Mesh(in.mesh).rank_of(me.dp, me.tp, me.pp == 0 ? P - 1 : 0);
+    const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
+    step.push_back(plan_send(peer, kTiedTag, wte));
+    step.push_back(plan_recv(peer, kTiedTag, wte));
+  }
+  if (partial > 0) step.push_back(plan_comm("all_reduce", per.grads * partial, Axis::tp));
+  const bool zero1 = cfg.dp == DpMode::zero1 && in.mesh.dp > 1;
+  const double padded = std::ceil(params / in.mesh.dp) * in.mesh.dp;
+  if (zero1)
+    step.push_back(plan_comm("reduce_scatter", per.grads * padded, Axis::dp)),
+        step.push_back(plan_comm("all_reduce", sizeof(double), Axis::dp));
+  else if (in.mesh.dp > 1)
+    step.push_back(plan_comm("all_reduce", per.grads * params, Axis::dp));
+  if (in.mesh.tp > 1) step.push_back(plan_comm("all_reduce", sizeof(double), Axis::tp));
+  if (P > 1) step.push_back(plan_comm("all_reduce", sizeof(double), Axis::pp));
+  step.push_back(plan_update(zero1 ? padded / in.mesh.dp : params));
+  if (zero1) step.push_back(plan_comm("all_gather", per.params * padded, Axis::dp));
+  return plan;
+}
+
+}  // namespace strata::mp

@@ -1,0 +1,108 @@
+// The sharded engine's step as a plan (strata/step_plan.hpp): its micro-batch action list
+// (micro_batch_schedule) with the collectives it issues on comm stream 0, then Engine::update().
+#include "strata/engines/sharded.hpp"
+
+namespace strata::sharded {
+namespace {
+
+// Events: a group's gather, its gradient reduction, its offload copy to the host.
+int gather_event(int g) { return 3 * g; }
+int reduce_event(int g) { return 3 * g + 1; }
+int offload_event(int g) { return 3 * g + 2; }
+
+// One micro-batch: new buffers written on the compute thread, gathers and reductions on stream 0.
+std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, int units,
+                                         const EngineConfig& c, const StateBytes& per,
+                                         Axis shard_axis, int n, int replicas) {
+  std::vector<PlanAction> out;
+  for (const Action& a : micro_batch_schedule(groups, units, c)) {
+    const int g = a.index;
+    const double padded = a.act == Act::forward || a.act == Act::backward
+                              ? 0
+                              : double(groups[std::size_t(g)].padded());
+    switch (a.act) {
+      case Act::gather:  // a new buffer for the group, then its all-gather
+        out.push_back(plan_fresh(per.params * padded));
+        if (n > 1)
+          out.push_back(
+              plan_comm("all_gather", per.params * padded, shard_axis, 0, gather_event(g)));
+        break;
+      case Act::wait_gather:
+        if (n > 1) out.push_back(plan_wait(gather_event(g)));
+        break;
+      case Act::forward:
+        out.push_back(plan_forward(g));
+        break;
+      case Act::backward:
+        out.push_back(plan_backward(g));
+        break;
+      case Act::alloc_grads:
+        out.push_back(plan_fresh(per.grads * padded));
+        break;
+      case Act::reduce_grads:
+        out.push_back(plan_fresh(per.grads * double(groups[std::size_t(g)].chunk)));
+        if (n > 1)
+          out.push_back(
+              plan_comm("reduce_scatter", per.grads * padded, shard_axis, 0, reduce_event(g)));
+        if (replicas > 1)
+          out.push_back(plan_comm("all_reduce", per.grads * double(groups[std::size_t(g)].chunk),
+                                  Axis::dp_inter_node, 0, reduce_event(g)));
+        break;
+      case Act::finish_grads:
+        if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
+        break;
+      case Act::free_params:
+        break;
+    }
+  }
+  return out;
+}
+
+// Engine::step_offloaded: every group's shard down to the host on the offload stream at once, the
+// host's AdamW of a group once its copy is in, its parameters back up behind the copies going down.
+void offloaded_update(const std::vector<ShardGroup>& groups, int index, const TrainSpec& train,
+                      std::vector<PlanAction>& out) {
+  const StateBytes per = state_bytes_per_param(train.precision);
+  const double down = per.grads + (train.precision.param == DType::f32 ? per.params : 0.0);
+  const int stream = 3;  // Engine::kOffloadStream
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    out.push_back(plan_copy(down * double(groups[g].valid(index)), stream, offload_event(int(g))));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    out.push_back(plan_wait(offload_event(int(g))));
+    out.push_back(plan_update(double(groups[g].valid(index))));
+    out.push_back(plan_copy(per.params * double(groups[g].valid(index)), stream));
+  }
+  out.push_back(plan_wait());
+}
+
+}  // namespace
+
+StepPlan plan_step(const PredictInput& in, const EngineConfig& c) {
+  const Mesh mesh(in.mesh);
+  const Axis shard_axis = c.hybrid ? Axis::dp_intra_node : Axis::dp;
+  const int n = int(mesh.group(shard_axis, in.rank).size()), replicas = in.mesh.dp / n;
+  const int index = mesh.index_in_group(shard_axis, in.rank);
+  const ParamLayout layout(in.model);
+  const auto groups = make_groups(layout, n, c);
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  StepPlan plan;
+  plan.micro_batch = micro_batch_plan(groups, layout.num_units(), c, per, shard_axis, n, replicas);
+  plan.micro_batches = in.train.micro_steps(in.mesh);
+  // Engine::update(): zero1's reduce-scatters, the norm, AdamW of this rank's shard (on the host
+  // with offload), zero1/2's all-gathers of the updated shards; each waited for at once.
+  std::vector<PlanAction>& step = plan.step;
+  for (const ShardGroup& g : groups)
+    if (n > 1 && !c.shard_grads)
+      step.push_back(plan_comm("reduce_scatter", per.grads * double(g.padded()), shard_axis));
+  if (n > 1 && in.train.grad_clip > 0) step.push_back(plan_comm("all_reduce", 8, shard_axis));
+  if (c.offload_optimizer)
+    offloaded_update(groups, index, in.train, step);
+  else
+    for (const ShardGroup& g : groups) step.push_back(plan_update(double(g.valid(index))));
+  for (const ShardGroup& g : groups)
+    if (n > 1 && !c.shard_params)
+      step.push_back(plan_comm("all_gather", per.params * double(g.padded()), shard_axis));
+  return plan;
+}
+
+}  // namespace strata::sharded
