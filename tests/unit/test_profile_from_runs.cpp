@@ -46,6 +46,15 @@ RunRecord two_rank_run(const std::string& plugin, const std::string& plugin_opts
   return r;
 }
 
+// The run's question with the plans of its strategy (the run's options not needed here).
+RunQuestion planned(const RunRecord& run, const std::string& strategy) {
+  RunQuestion q = question_of_run(run);
+  const StepQuery& as_run = q.query;
+  q.query = step_query(strategy, *installed_strategy(strategy, {}), as_run.mesh, as_run.model,
+                       as_run.train, as_run.threads);
+  return q;
+}
+
 TEST(ProfileFromRuns, ReadsTheRunsQuestionBack) {
   const RunQuestion q = question_of_run(two_rank_run("1f1b", "stage_layers=1,1,dp=zero1"));
   EXPECT_EQ(q.query.strategy, "1f1b");
@@ -61,7 +70,7 @@ TEST(ProfileFromRuns, ReadsTheRunsQuestionBack) {
 
 TEST(ProfileFromRuns, SplitsTheSlowestRanksPhasesByFlops) {
   const RunRecord run = two_rank_run("zero1", "");
-  const RunQuestion q = question_of_run(run);
+  const RunQuestion q = planned(run, "zero1");
   std::string why;
   const auto e = compute_from_run(run, q, &why);
   ASSERT_TRUE(e) << why;
@@ -73,8 +82,12 @@ TEST(ProfileFromRuns, SplitsTheSlowestRanksPhasesByFlops) {
   EXPECT_NEAR(e->embedding_forward_s + 2 * e->block_forward_s + e->head_forward_s, 0.0155, 1e-15);
   EXPECT_NEAR(e->embedding_backward_s + 2 * e->block_backward_s + e->head_backward_s, 0.030, 1e-15);
   EXPECT_NEAR(e->block_recompute_full_s, e->block_forward_s, 1e-15);
-  // zero1 updates this rank's half of the parameters.
+  // zero1's plan updates this rank's half of the parameters; ddp's all of them.
   EXPECT_NEAR(e->optimizer_s_per_param, 0.001 / (double(m.total_params()) / 2), 1e-18);
+  EXPECT_NEAR(compute_from_run(run, planned(run, "ddp"), &why)->optimizer_s_per_param,
+              0.001 / double(m.total_params()), 1e-18);
+  EXPECT_FALSE(compute_from_run(run, question_of_run(run), &why));  // no plan
+  EXPECT_NE(why.find("plan"), std::string::npos) << why;
   EXPECT_EQ(e->threads, 1);
   EXPECT_EQ(e->ranks_per_node, 2);
   EXPECT_EQ(e->micro_batch, 4);
@@ -95,13 +108,7 @@ TEST(ProfileFromRuns, LeavesOutRunsThatDoNotRunTheWholeModel) {
 
 TEST(ProfileFromRuns, FitsTheNewBufferRateThatGivesTheMeasuredStep) {
   const RunRecord run = two_rank_run("zero3", "");
-  RunQuestion q = question_of_run(run);
-  auto replan = [&q](const std::string& strategy) {
-    const StepQuery& as_run = q.query;
-    q.query = step_query(strategy, *installed_strategy(strategy, {}), as_run.mesh, as_run.model,
-                         as_run.train, as_run.threads);
-  };
-  replan("zero3");
+  RunQuestion q = planned(run, "zero3");
   std::string why;
   auto e = compute_from_run(run, q, &why);
   ASSERT_TRUE(e) << why;
@@ -117,8 +124,7 @@ TEST(ProfileFromRuns, FitsTheNewBufferRateThatGivesTheMeasuredStep) {
   ASSERT_TRUE(rate);
   EXPECT_NEAR(*rate, 2e-9, 1e-15);
   // ddp allocates nothing per step: no rate to fit.
-  replan("ddp");
-  EXPECT_FALSE(fit_fresh_rate(p, q.query, t.step_s));
+  EXPECT_FALSE(fit_fresh_rate(p, planned(run, "ddp").query, t.step_s));
 }
 
 }  // namespace

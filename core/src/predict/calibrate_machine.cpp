@@ -227,9 +227,9 @@ ComputeEntry mean_entry(const std::vector<ComputeEntry>& v) {
 
 // Each sharded run's new-buffer rate (the one for which the predictor gives its step), averaged
 // into the entries of its configuration; a configuration without one takes the mean of all.
-void fit_fresh_rates(MachineProfile& more, const std::vector<RunQuestion>& sharded) {
+void fit_fresh_rates(MachineProfile& more, const std::vector<RunQuestion>& runs) {
   std::vector<std::pair<const ComputeEntry*, double>> fits;
-  for (const RunQuestion& q : sharded)
+  for (const RunQuestion& q : runs)  // those whose plans allocate per step (sharded ones)
     if (const auto rate = fit_fresh_rate(more, q.query, q.step_p50_s))
       for (const ComputeEntry& e : more.compute)
         if (same_configuration(e, q.entry)) fits.emplace_back(&e, *rate);
@@ -281,13 +281,16 @@ void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of)
   MachineProfile more;
   more.created_utc = utc_timestamp();
   more.description = "runner --calibrate-from run files";
-  std::vector<RunQuestion> sharded;                // runs that fit the new-buffer rate
+  std::vector<RunQuestion> with_entry;  // the runs whose steps may fit the new-buffer rate
   std::vector<std::vector<ComputeEntry>> entries;  // per configuration: one per run
   for (const std::string& path : config.calibrate_from) {
     const RunRecord run = read_run_file(path);
     const std::vector<CommSample> s = samples_from_run(run);
     more.samples.insert(more.samples.end(), s.begin(), s.end());
     RunQuestion q = question_of_run(run);
+    const StepQuery& as_run = q.query;  // with the plans of the run's strategy and options
+    q.query = step_query(as_run.strategy, *strategy_of(as_run.strategy, q.plugin_opts), as_run.mesh,
+                         as_run.model, as_run.train, as_run.threads, as_run.ranks_on_host);
     std::string why;
     const auto e = compute_from_run(run, q, &why);
     if (s.empty() && !e)
@@ -305,17 +308,11 @@ void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of)
     else
       same->push_back(*e);
     q.entry = *e;
-    if (q.query.strategy.rfind("zero", 0) == 0 || q.query.strategy.rfind("fsdp", 0) == 0) {
-      const StepQuery& as_run = q.query;
-      q.query =
-          step_query(as_run.strategy, *strategy_of(as_run.strategy, q.plugin_opts), as_run.mesh,
-                     as_run.model, as_run.train, as_run.threads, as_run.ranks_on_host);
-      sharded.push_back(std::move(q));
-    }
+    with_entry.push_back(std::move(q));
   }
   for (const auto& v : entries) more.compute.push_back(mean_entry(v));
   refit_comm(more);  // the predictor needs the fits of the samples
-  fit_fresh_rates(more, sharded);
+  fit_fresh_rates(more, with_entry);
   const MachineProfile profile = merge_into_file(config, more);
   std::printf("calibrate: profile %s: %zu compute entries, %zu comm fits\n", config.profile.c_str(),
               profile.compute.size(), profile.comm.size());

@@ -38,8 +38,14 @@ std::vector<std::string> split_options(const std::string& joined) {
   return out;
 }
 
-bool is_sharded(const std::string& strategy) {
-  return strategy.rfind("zero", 0) == 0 || strategy.rfind("fsdp", 0) == 0;
+// Parameters the plan's optimizer updates in one step (a sharded rank: its shard).
+double updated_params(const StepPlan& plan) {
+  double n = 0;
+  for (const PlanAction& a : plan.micro_batch)
+    if (a.op == PlanOp::update) n += a.count * plan.micro_batches;
+  for (const PlanAction& a : plan.step)
+    if (a.op == PlanOp::update) n += a.count;
+  return n;
 }
 
 // The timed steps' median of the slowest rank's `metric` (seconds).
@@ -124,16 +130,19 @@ std::optional<ComputeEntry> compute_from_run(const RunRecord& run, const RunQues
   e.block_recompute_full_s = e.block_forward_s;  // a full recompute repeats the forward
   e.block_recompute_selective_s =
       e.block_forward_s * UnitFlops(q.model).attention / UnitFlops(q.model).block;
-  // The optimizer updates this rank's shard (sharded strategies; fsdp-hybrid's inside a node).
-  int shards = is_sharded(q.strategy) ? q.mesh.dp : 1;
-  if (q.strategy == "fsdp-hybrid") shards = std::min(q.mesh.dp, q.mesh.ranks_per_node);
-  e.optimizer_s_per_param = O / (double(q.model.total_params()) / shards);
+  // The optimizer phase updates what rank 0's step plan updates (a sharded rank: its shard).
+  const double updated = q.plans.empty() ? 0 : updated_params(q.plans.front());
+  if (!(updated > 0)) {
+    *why = "its strategy's step plan updates no parameters (or it has no plan)";
+    return std::nullopt;
+  }
+  e.optimizer_s_per_param = O / updated;
   return e;
 }
 
 std::optional<double> fit_fresh_rate(MachineProfile profile, const StepQuery& q,
                                      double measured_s) {
-  if (!is_sharded(q.strategy) || !(measured_s > 0)) return std::nullopt;
+  if (!(measured_s > 0)) return std::nullopt;
   auto step_at = [&](double rate) {
     for (ComputeEntry& e : profile.compute) e.fresh_memory_s_per_byte = rate;
     const StepTime t = predict_step_time(profile, q);

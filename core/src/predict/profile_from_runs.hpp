@@ -30,13 +30,13 @@ struct RunQuestion {
 };
 RunQuestion question_of_run(const RunRecord& run);
 
-// The compute entry of a run whose every rank ran the whole model (fresh_memory_s_per_byte 0);
-// nullopt with *why otherwise.
+// The compute entry of a run whose every rank ran the whole model (fresh_memory_s_per_byte 0),
+// its optimizer time over the parameters q.query's plan updates; nullopt with *why otherwise.
 std::optional<ComputeEntry> compute_from_run(const RunRecord& run, const RunQuestion& q,
                                              std::string* why);
 
 // The new-buffer rate for which predict_step_time(profile, q) gives `measured_s`; nullopt when
-// the query's time model does not depend on it (not a sharded strategy) or is not modelled.
+// the query's plan allocates no new buffer (not a sharded strategy) or is not modelled.
 std::optional<double> fit_fresh_rate(MachineProfile profile, const StepQuery& q, double measured_s);
 
 }  // namespace strata

@@ -141,15 +141,16 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   }
   if (partial > 0) step.push_back(plan_comm("all_reduce", per.grads * partial, Axis::tp));
   const bool zero1 = cfg.dp == DpMode::zero1 && in.mesh.dp > 1;
-  const double padded = std::ceil(params / in.mesh.dp) * in.mesh.dp;
-  if (zero1)
-    step.push_back(plan_comm("reduce_scatter", per.grads * padded, Axis::dp)),
-        step.push_back(plan_comm("all_reduce", sizeof(double), Axis::dp));
-  else if (in.mesh.dp > 1)
+  const double chunk = std::ceil(params / in.mesh.dp), padded = chunk * in.mesh.dp;  // zero1's
+  if (zero1) {
+    step.push_back(plan_comm("reduce_scatter", per.grads * padded, Axis::dp));
+    step.push_back(plan_comm("all_reduce", sizeof(double), Axis::dp));
+  } else if (in.mesh.dp > 1) {
     step.push_back(plan_comm("all_reduce", per.grads * params, Axis::dp));
+  }
   if (in.mesh.tp > 1) step.push_back(plan_comm("all_reduce", sizeof(double), Axis::tp));
   if (P > 1) step.push_back(plan_comm("all_reduce", sizeof(double), Axis::pp));
-  step.push_back(plan_update(zero1 ? padded / in.mesh.dp : params));
+  step.push_back(plan_update(zero1 ? chunk : params));
   if (zero1) step.push_back(plan_comm("all_gather", per.params * padded, Axis::dp));
   return plan;
 }
