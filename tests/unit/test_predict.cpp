@@ -11,6 +11,7 @@
 #include "predict/profile.hpp"
 #include "predict/published_profile.hpp"
 #include "strata/data_parallel.hpp"
+#include "strata/stage_model.hpp"
 
 namespace strata {
 namespace {
@@ -602,6 +603,67 @@ TEST(Predictor, UnplannedStrategiesAndUnknownShapesHaveNoTimeModel) {
   t = predict_step_time(p, query("ddp", {{"bucket_mb", "25"}}, other, 2, 1, 4, 8));
   EXPECT_FALSE(t.modelled);
   EXPECT_NE(t.why.find("compute entry"), std::string::npos) << t.why;
+}
+
+// A plan moves the bytes its strategy's predict() says, op by op, on rank 0 (the plan's
+// collectives and point-to-point, plus the tp collectives inside the passes, the core's part):
+// the plans and the exact byte predictions every run checks describe the same step.
+TEST(StepPlan, MovesTheBytesItsStrategysPredictSays) {
+  ModelSpec m = tiny();
+  m.preset = "custom", m.layers = 4;
+  struct Case {
+    std::string strategy;
+    std::map<std::string, std::string> options;
+    MeshSpec mesh;
+  };
+  const MeshSpec dp2{2, 1, 1, 1, 2}, dp4{4, 1, 1, 2, 2}, dp2_pp2{2, 1, 2, 1, 4},
+      dp2_tp2{2, 2, 1, 1, 4};
+  const std::vector<Case> cases = {{"dp", {}, dp2},
+                                   {"ddp", {{"bucket_mb", "0.05"}}, dp2},
+                                   {"allreduce", {}, dp2},
+                                   {"zero1", {}, dp2},
+                                   {"zero2", {}, dp4},
+                                   {"zero3", {}, dp2},
+                                   {"fsdp", {}, dp2},
+                                   {"fsdp-grad-op", {}, dp2},
+                                   {"fsdp-hybrid", {}, dp4},
+                                   {"gpipe", {}, dp2_pp2},
+                                   {"1f1b", {{"dp", "zero1"}}, dp2_pp2},
+                                   {"interleaved", {{"virtual_stages", "2"}}, dp2_pp2},
+                                   {"tp", {}, dp2_tp2},
+                                   {"tp", {{"dp", "zero1"}, {"sp", "on"}}, dp2_tp2},
+                                   {"tp", {{"dp", "zero2"}}, dp2_tp2},
+                                   {"tp", {{"dp", "fsdp"}, {"sp", "on"}}, dp2_tp2}};
+  TrainSpec train;
+  train.micro_batch = 2, train.global_batch = 16;
+  for (const Case& c : cases) {
+    const auto strategy = installed_strategy(c.strategy, c.options);
+    const PredictInput in{c.mesh, m, train, 0};
+    strategy->validate(c.mesh, train, m);
+    const Prediction p = strategy->predict(in);
+    const StepPlan plan = strategy->plan_step(in);
+    ASSERT_FALSE(plan.empty()) << c.strategy << ": " << plan.unmodelled;
+    std::map<std::string, double> bytes;
+    auto add = [&](const PlanAction& a, double times) {
+      if (a.op == PlanOp::comm) bytes[a.collective] += times * a.bytes;
+      if (a.op == PlanOp::send || a.op == PlanOp::recv)
+        bytes[a.op == PlanOp::send ? "send" : "recv"] += times * a.bytes;
+    };
+    for (const PlanAction& a : plan.micro_batch) add(a, plan.micro_batches);
+    for (const PlanAction& a : plan.step) add(a, 1);
+    if (c.mesh.tp > 1) {  // the tp strategy: one partition, the whole model
+      std::map<std::string, double> tp_bytes;
+      const Partition whole{0, m.layers + 1, c.mesh.tp, 0, plan.sequence_parallel};
+      add_tensor_parallel_bytes(m, train.micro_batch, whole, train.recompute, tp_bytes);
+      for (const auto& [op, b] : tp_bytes) bytes[op] += b * train.micro_steps(c.mesh);
+    }
+    const std::string label =
+        c.strategy + (c.options.empty() ? "" : " " + c.options.begin()->second);
+    for (const auto& [op, b] : p.comm_bytes_per_step)
+      if (op != "d2h" && op != "h2d") EXPECT_NEAR(bytes[op], b, 1e-9 * b) << label << " " << op;
+    for (const auto& [op, b] : bytes)
+      EXPECT_TRUE(b == 0 || p.comm_bytes_per_step.count(op)) << label << " plans " << op;
+  }
 }
 
 }  // namespace
