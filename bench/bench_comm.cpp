@@ -31,7 +31,9 @@
 //   --min-bytes=8 --max-bytes=256M --step-factor=2 --iters=20 --warmup-iters=5 --check=1
 //   --transports=mpi,ucx (default: all built) --ops=all_reduce,... (default: all six)
 // Google Benchmark flags work (--benchmark_filter, --benchmark_format=json, --benchmark_out=FILE,
-// written by rank 0 only), except those that would make ranks diverge and deadlock:
+// written by rank 0 only; its context has `ranks` and `ranks_per_node`, so that `runner
+// --calibrate --calibrate-from FILE.json` takes the points into a machine profile), except those
+// that would make ranks diverge and deadlock:
 // --benchmark_enable_random_interleaving and --benchmark_min_warmup_time are refused.
 // Run:
 //   mpirun -np 4 build/bin/bench_comm --max-bytes=256M --benchmark_format=json
@@ -345,12 +347,14 @@ int main(int argc, char** argv) {
     for (const std::string& t : opt.transports)
       groups.push_back(strata::split_group(t, "bench_" + t, 0, rank, &ledger));
     register_all(opt, groups, stream, ledger);
+    const int on_host = mpi::node_ranks_with(0);  // rank 0's host: what a profile keys samples by
     benchmark::Initialize(&argc, argv);
     if (argc > 1) {  // the same argv on every rank: all stop
       if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv);
       status = 2;
     } else {
       benchmark::AddCustomContext("ranks", std::to_string(mpi::world_size()));
+      benchmark::AddCustomContext("ranks_per_node", std::to_string(on_host));
       for (const std::string& t : opt.transports)
         benchmark::AddCustomContext("transport." + t, strata::transport_version(t));
       NullReporter null;

@@ -3,6 +3,9 @@
 // FLOPs, and the new-buffer rate fitted to a sharded run's step.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "installed_plugins.hpp"
 #include "predict/profile_from_runs.hpp"
 #include "strata/data_parallel.hpp"
@@ -125,6 +128,53 @@ TEST(ProfileFromRuns, FitsTheNewBufferRateThatGivesTheMeasuredStep) {
   EXPECT_NEAR(*rate, 2e-9, 1e-15);
   // ddp allocates nothing per step: no rate to fit.
   EXPECT_FALSE(fit_fresh_rate(p, planned(run, "ddp").query, t.step_s));
+}
+
+// bench_comm's --benchmark_out JSON: the three collectives the predictor fits, all_gather in
+// place, the mean time of the slowest rank in the file's unit; anything else refused in one line.
+TEST(ProfileFromBench, ReadsTheCollectivesPoints) {
+  const std::string path = ::testing::TempDir() + "bench_comm_points.json";
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  auto point = [](const std::string& name, double bytes, double us) {
+    return R"({"name": ")" + name + R"(/iterations:3/manual_time", "run_type": "iteration",
+               "real_time": )" +
+           std::to_string(us) + R"(, "time_unit": "us", "bytes": )" + std::to_string(bytes) +
+           R"(, "ranks": 4})";
+  };
+  const std::string context = R"({"context": {"ranks": "4", "ranks_per_node": "2"}, )";
+  write(context + R"("benchmarks": [)" +
+        point("BM_Coll/mpi/all_reduce/in-place/bytes:65536", 65536, 120) + ", " +
+        point("BM_Coll/mpi/all_gather/out-of-place/bytes:65536", 65536, 90) + ", " +
+        point("BM_Coll/mpi/all_gather/in-place/bytes:65536", 65536, 80) + ", " +
+        point("BM_Coll/mpi/sendrecv/out-of-place/bytes:65536", 65536, 50) + "]}");
+  std::string transport;
+  const std::vector<CommSample> s = samples_from_bench(path, &transport);
+  EXPECT_EQ(transport, "mpi");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].op, "all_reduce");
+  EXPECT_EQ(s[1].op, "all_gather");
+  EXPECT_NEAR(s[1].time_s, 80e-6, 1e-15);
+  EXPECT_EQ(s[0].ranks, 4);
+  EXPECT_EQ(s[0].ranks_per_node, 2);
+  EXPECT_EQ(s[0].host_ranks, 2);
+  EXPECT_DOUBLE_EQ(s[0].bytes, 65536);
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"{not json", "not readable as JSON"},
+           {R"({"benchmarks": []})", "no context.ranks_per_node"},
+           {context + R"("benchmarks": []})", "no all_reduce, reduce_scatter or all_gather point"},
+           {context + R"("benchmarks": [)" +
+                point("BM_Coll/mpi/all_reduce/in-place/bytes:8", 8, 1) + ", " +
+                point("BM_Coll/ucx/all_reduce/in-place/bytes:8", 8, 1) + "]}",
+            "2 transports; a profile is of one"}}) {
+    write(text);
+    try {
+      samples_from_bench(path, &transport);
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

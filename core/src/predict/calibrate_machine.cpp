@@ -284,6 +284,14 @@ void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of)
   std::vector<RunQuestion> with_entry;  // the runs whose steps may fit the new-buffer rate
   std::vector<std::vector<ComputeEntry>> entries;  // per configuration: one per run
   for (const std::string& path : config.calibrate_from) {
+    if (path.ends_with(".json")) {  // bench_comm's points: comm only
+      std::string transport;
+      const std::vector<CommSample> s = samples_from_bench(path, &transport);
+      more.samples.insert(more.samples.end(), s.begin(), s.end());
+      std::printf("calibrate: %s: %zu comm sample(s) of bench_comm over %s\n", path.c_str(),
+                  s.size(), transport.c_str());
+      continue;
+    }
     const RunRecord run = read_run_file(path);
     const std::vector<CommSample> s = samples_from_run(run);
     more.samples.insert(more.samples.end(), s.begin(), s.end());

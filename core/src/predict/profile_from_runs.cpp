@@ -2,8 +2,12 @@
 #include "predict/profile_from_runs.hpp"
 
 #include <algorithm>
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
 #include <cmath>
 #include <map>
+#include <set>
+#include <sstream>
 
 #include "summary.hpp"
 
@@ -63,7 +67,66 @@ double median_step_max(const RunRecord& run, const std::string& metric, int warm
   return per_step[per_step.size() / 2];
 }
 
+// "BM_Coll/<transport>/<op>/<mode>/bytes:<B>[/iterations:N/manual_time]" split at '/'.
+std::vector<std::string> name_parts(const std::string& name) {
+  std::vector<std::string> parts;
+  std::stringstream in(name);
+  for (std::string p; std::getline(in, p, '/');) parts.push_back(p);
+  return parts;
+}
+
+double seconds_per(const std::string& unit) {
+  return unit == "ns" ? 1e-9 : unit == "us" ? 1e-6 : unit == "ms" ? 1e-3 : unit == "s" ? 1 : 0;
+}
+
 }  // namespace
+
+std::vector<CommSample> samples_from_bench(const std::string& path, std::string* transport) {
+  namespace pt = boost::property_tree;
+  auto bad = [&](const std::string& what) {
+    return ConfigError("--calibrate-from " + path + ": " + what);
+  };
+  pt::ptree root;
+  try {
+    pt::read_json(path, root);
+  } catch (const pt::json_parser_error& e) {
+    throw bad(std::string("not readable as JSON (") + e.what() + ")");
+  }
+  const int per_node = root.get<int>("context.ranks_per_node", 0);
+  if (per_node < 1)
+    throw bad("no context.ranks_per_node: not bench_comm's --benchmark_out JSON (of this version)");
+  std::vector<CommSample> out;
+  std::set<std::string> transports;
+  const auto benchmarks = root.get_child_optional("benchmarks");
+  if (!benchmarks) throw bad("no benchmarks: not bench_comm's --benchmark_out JSON");
+  for (const auto& [key, b] : *benchmarks) {
+    const std::vector<std::string> part = name_parts(b.get<std::string>("name", ""));
+    if (part.size() < 5 || part[0] != "BM_Coll" ||
+        b.get<std::string>("run_type", "") != "iteration")
+      continue;
+    const std::string& op = part[2];
+    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather") continue;
+    if (op == "all_gather" && part[3] != "in-place") continue;  // the engines' layout
+    CommSample s{op,
+                 int(b.get<double>("ranks", 0)),
+                 0,
+                 b.get<double>("bytes", 0),
+                 b.get<double>("real_time", 0) * seconds_per(b.get<std::string>("time_unit", "")),
+                 per_node};
+    s.ranks_per_node = std::min(s.ranks, per_node);
+    if (s.ranks < 2 || !(s.bytes > 0) || !(s.time_s > 0) || b.get<bool>("error_occurred", false))
+      continue;
+    transports.insert(part[1]);
+    out.push_back(s);
+  }
+  if (out.empty())
+    throw bad("no all_reduce, reduce_scatter or all_gather point of 2 or more ranks");
+  if (transports.size() > 1)
+    throw bad("points of " + std::to_string(transports.size()) +
+              " transports; a profile is of one: run bench_comm with --transports=NAME");
+  *transport = *transports.begin();
+  return out;
+}
 
 RunQuestion question_of_run(const RunRecord& run) {
   const auto config = pairs(run.config), provenance = pairs(run.provenance);

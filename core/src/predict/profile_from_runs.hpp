@@ -35,6 +35,13 @@ RunQuestion question_of_run(const RunRecord& run);
 std::optional<ComputeEntry> compute_from_run(const RunRecord& run, const RunQuestion& q,
                                              std::string* why);
 
+// The collectives' points of bench_comm's Google Benchmark JSON (--benchmark_out=FILE): all_reduce,
+// reduce_scatter and all_gather (in place, as the engines gather) over the group of every rank,
+// time = the slowest rank's mean, on
+// the context's ranks_per_node (all of them on the measuring host). One transport per file (its
+// name in *transport). Throws ConfigError naming the file and what is wrong.
+std::vector<CommSample> samples_from_bench(const std::string& path, std::string* transport);
+
 // The new-buffer rate for which predict_step_time(profile, q) gives `measured_s`; nullopt when
 // the query's plan allocates no new buffer (not a sharded strategy) or is not modelled.
 std::optional<double> fit_fresh_rate(MachineProfile profile, const StepQuery& q, double measured_s);
