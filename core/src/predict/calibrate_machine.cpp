@@ -98,35 +98,40 @@ double time_copies(Replica& r, MemoryLedger& memory, std::size_t block) {
 // optimistic on narrow GEMMs): the whole model split over the mesh's tp group as the tp plugin
 // splits it (StageModel), forward and backward of one micro-batch with its tp all-reduces, the
 // median of kComputeIterations after a warm-up; split over the units by their forward FLOPs
-// (only a stage's sum is used: tp alone, or a pipeline's stages). No recompute entries: those
-// stay the tp 1 entry's, scaled.
+// (only a stage's sum is used: tp alone, or a pipeline's stages). Each recompute mode's extra
+// backward time, over the blocks, is its recompute entry.
 ComputeEntry measure_tensor_parallel(const RunConfig& config, CoreContext& ctx,
                                      const ComputeEntry& plain) {
   const ModelSpec& m = config.model;
-  const int units = m.layers + 2;
-  const Partition part{0, units - 1, config.mesh.tp, ctx.coord().tp, false};
+  const Partition part{0, m.layers + 1, config.mesh.tp, ctx.coord().tp, false};
   const DType dtype = config.train.precision.param;
-  StageModel stage(m, config.train.micro_batch, part, ctx.memory(), Recompute::none, dtype);
-  DeviceBuffer params(ctx.memory(), MemTag::params, dtype, stage.param_count());
-  DeviceBuffer grads(ctx.memory(), MemTag::grads, dtype, stage.param_count());
-  stage.init_params(config.train.seed, params.view());
   SyncTensorParallelComm tp(ctx.group(Axis::tp));
   const MicroBatch mb = ctx.micro_batch(0, 0);
   const float scale = float(grad_scale(ctx));
-  const int slot = stage.acquire_slot();
-  std::vector<double> fwd, bwd;
-  for (int it = -1; it < kComputeIterations; ++it) {
-    const double t0 = now();
-    stage.forward(slot, params.view(), mb, &tp);
-    const double t1 = now();
-    stage.backward(slot, params.view(), grads.view(), &tp, scale);
-    if (it >= 0) fwd.push_back(t1 - t0), bwd.push_back(now() - t1);
-  }
-  stage.release_slot(slot);
+  auto time_stage = [&](Recompute mode) {  // median forward and backward seconds
+    StageModel stage(m, config.train.micro_batch, part, ctx.memory(), mode, dtype);
+    DeviceBuffer params(ctx.memory(), MemTag::params, dtype, stage.param_count());
+    DeviceBuffer grads(ctx.memory(), MemTag::grads, dtype, stage.param_count());
+    stage.init_params(config.train.seed, params.view());
+    const int slot = stage.acquire_slot();
+    std::vector<double> fwd, bwd;
+    for (int it = -1; it < kComputeIterations; ++it) {
+      const double t0 = now();
+      stage.forward(slot, params.view(), mb, &tp);
+      const double t1 = now();
+      stage.backward(slot, params.view(), grads.view(), &tp, scale);
+      if (it >= 0) fwd.push_back(t1 - t0), bwd.push_back(now() - t1);
+    }
+    stage.release_slot(slot);
+    return std::pair{median(fwd), median(bwd)};
+  };
   ComputeEntry e = plain;
   e.tp = config.mesh.tp;
-  split_passes_by_flops(e, m, median(fwd), median(bwd));
-  e.block_recompute_full_s /= e.tp, e.block_recompute_selective_s /= e.tp;
+  const auto [fwd, bwd] = time_stage(Recompute::none);
+  split_passes_by_flops(e, m, fwd, bwd);
+  for (Recompute mode : {Recompute::full, Recompute::selective})
+    (mode == Recompute::full ? e.block_recompute_full_s : e.block_recompute_selective_s) =
+        std::max(0.0, time_stage(mode).second - bwd) / m.layers;
   return e;
 }
 
