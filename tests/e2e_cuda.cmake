@@ -109,3 +109,10 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   strata_e2e_cuda(zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16
                   --reduce-dtype bf16)
 endif()
+
+# runner --calibrate on --device cuda (the emulator): a cuda profile entry and comm fits over nccl,
+# used by --dry-run --profile and stored beside a run's measurement.
+add_test(NAME cli.calibrate_cuda COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/calibrate_cuda.sh
+                                         $<TARGET_FILE:runner_emu> ${E2E_DIR}/calibrate_cuda)
+set_tests_properties(cli.calibrate_cuda PROPERTIES LABELS cli ENVIRONMENT "${E2E_CUDA_ENV}"
+                     TIMEOUT 300 RESOURCE_LOCK cores)

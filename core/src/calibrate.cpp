@@ -21,28 +21,29 @@ constexpr std::pair<Axis, const char*> kAxes[] = {{Axis::dp, "dp"},
                                                   {Axis::dp_inter_node, "dp_inter_node"}};
 constexpr CommOp kOps[] = {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather};
 
-// One call of `op` with nccl-tests `bytes` on `g`: in holds ones, so every output element must be
-// g.size() (reductions) or 1 (all_gather).
-void run_op(Group& g, CommOp op, std::vector<float>& in, std::vector<float>& out) {
-  const std::size_t n = in.size(), shard = n / std::size_t(g.size());
+// One call of `op` on `g` over `n` elements of `in` (all_gather: its shard) into `out`.
+void run_op(Group& g, CommOp op, BufferView in, BufferView out) {
+  const std::size_t n = in.count, shard = n / std::size_t(g.size());
   switch (op) {
     case CommOp::all_reduce:
-      g.all_reduce(view(in.data(), n));
+      g.all_reduce(in);
       break;
     case CommOp::reduce_scatter:
-      g.reduce_scatter(view(in.data(), n), view(out.data(), shard));
+      g.reduce_scatter(in, slice(out, 0, shard));
       break;
     default:
-      g.all_gather(view(in.data(), shard), view(out.data(), n));
+      g.all_gather(slice(in, 0, shard), out);
       break;
   }
 }
 
-void check_result(const Group& g, CommOp op, const std::vector<float>& in,
-                  const std::vector<float>& out) {
-  const std::size_t n = in.size(), shard = n / std::size_t(g.size());
-  const float* got = op == CommOp::all_reduce ? in.data() : out.data();
+// `in` held ones, so every output element must be g.size() (reductions) or 1 (all_gather);
+// sampled elements, copied to the host first (the buffers are on the run's device).
+void check_result(const Group& g, CommOp op, BufferView in, BufferView out) {
+  const std::size_t n = in.count, shard = n / std::size_t(g.size());
   const std::size_t count = op == CommOp::reduce_scatter ? shard : n;
+  std::vector<float> got(count);
+  copy_across(view(got.data(), count), slice(op == CommOp::all_reduce ? in : out, 0, count));
   const float want = op == CommOp::all_gather ? 1.0f : float(g.size());
   for (std::size_t i = 0; i < count; i += std::max<std::size_t>(1, count / 97))
     if (got[i] != want)
@@ -58,6 +59,8 @@ std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
                                              const std::vector<std::size_t>& sizes,
                                              int iterations) {
   const OutsideProcessPeak outside_peak;  // its buffers are measurement, not training
+  // On the run's device (NCCL moves device memory), in a ledger of their own: not the run's.
+  MemoryLedger scratch(ctx.memory().device());
   std::vector<CalibrationPoint> points;
   std::vector<double>
       medians;  // this rank's, one per point; the max over ranks is taken at the end
@@ -72,17 +75,19 @@ std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
         // Whole elements, divisible by the group so the shards are equal.
         const std::size_t unit = std::size_t(g.size());
         const std::size_t n = std::max<std::size_t>(unit, bytes / sizeof(float) / unit * unit);
-        std::vector<float> in(n), out(n);
+        DeviceBuffer in(scratch, MemTag::workspace, DType::f32, n),
+            out(scratch, MemTag::workspace, DType::f32, n);
         std::vector<double> times;
         for (int it = -1; it < iterations; ++it) {  // iteration -1 warms up (connections, pages)
-          std::fill(in.begin(), in.end(), 1.0f);
+          ctx.ops().fill(in.view(), 1.0);
+          ctx.compute_event().wait();  // a GPU's fill done before the clock starts
           g.barrier();
           const double t0 = now();
-          run_op(g, op, in, out);
+          run_op(g, op, in.view(), out.view());
           const double t1 = now();
           if (it >= 0) times.push_back(t1 - t0);
         }
-        check_result(g, op, in, out);
+        check_result(g, op, in.view(), out.view());
         std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
         medians.push_back(times[times.size() / 2]);
         CalibrationPoint p;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "backend.hpp"
 #include "calibrate.hpp"
 #include "comm/mpi_transport.hpp"
 #include "core_context.hpp"
@@ -28,22 +29,30 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The time once everything enqueued so far has finished: a GPU runs kernels after the host has
+// enqueued them (the CPU backend computes in the call: a no-op there).
+double settled_now(CoreContext& ctx) {
+  ctx.synchronize_streams();
+  return now();
+}
+
 // Median seconds of each unit's forward and backward through `model` (its recompute mode), after
 // one warm-up pass; blocks pooled (they have one shape). Order: embedding, block, head (fwd, bwd).
-std::array<double, 6> time_passes(Model& model, Replica& r, const MicroBatch& mb, float scale) {
+std::array<double, 6> time_passes(CoreContext& ctx, Model& model, Replica& r, const MicroBatch& mb,
+                                  float scale) {
   const int units = model.layout().num_units();
   std::map<int, std::vector<double>> fwd, bwd;  // key: 0 embedding, 1 block, 2 head
   auto kind = [&](int u) { return u == 0 ? 0 : u == units - 1 ? 2 : 1; };
   for (int it = -1; it < kComputeIterations; ++it) {
     for (int u = 0; u < units; ++u) {
-      const double t0 = now();
+      const double t0 = settled_now(ctx);
       model.forward(u, r.param_ptrs(), mb);
-      if (it >= 0) fwd[kind(u)].push_back(now() - t0);
+      if (it >= 0) fwd[kind(u)].push_back(settled_now(ctx) - t0);
     }
     for (int u = units - 1; u >= 0; --u) {
-      const double t0 = now();
+      const double t0 = settled_now(ctx);
       model.backward(u, r.param_ptrs(), r.grad_ptrs(), mb, scale);
-      if (it >= 0) bwd[kind(u)].push_back(now() - t0);
+      if (it >= 0) bwd[kind(u)].push_back(settled_now(ctx) - t0);
     }
   }
   return {median(fwd[0]), median(bwd[0]), median(fwd[1]),
@@ -55,7 +64,8 @@ std::array<double, 6> time_passes(Model& model, Replica& r, const MicroBatch& mb
 // pages go back to the system and fault in again next time). Timed in place, as the difference
 // between the unit's forward with and without its buffer, paired per iteration: the page faults,
 // the release and the caches the pass no longer finds warm.
-double time_fresh_buffers(Model& model, Replica& r, MemoryLedger& memory, const MicroBatch& mb) {
+double time_fresh_buffers(CoreContext& ctx, Model& model, Replica& r, const MicroBatch& mb) {
+  MemoryLedger& memory = ctx.memory();
   const ParamLayout& layout = model.layout();
   const auto params = r.param_ptrs();
   std::vector<double> per_byte;
@@ -63,16 +73,16 @@ double time_fresh_buffers(Model& model, Replica& r, MemoryLedger& memory, const 
     double with = 0, without = 0, bytes = 0;
     for (int u = 0; u < layout.num_units(); ++u) {
       const UnitInfo& unit = layout.units()[std::size_t(u)];
-      double t0 = now();
+      double t0 = settled_now(ctx);
       {
         DeviceBuffer fresh(memory, MemTag::workspace, r.params().dtype, unit.count);
         copy_across(fresh.view(), slice(r.params(), unit.offset, unit.count));
         model.forward(u, params, mb);
       }
-      with += now() - t0;
-      t0 = now();
+      with += settled_now(ctx) - t0;
+      t0 = settled_now(ctx);
       model.forward(u, params, mb);
-      without += now() - t0;
+      without += settled_now(ctx) - t0;
       bytes += double(unit.count * dtype_size(r.params().dtype));
     }
     if (it >= 0) per_byte.push_back(std::max(0.0, with - without) / bytes);
@@ -80,18 +90,21 @@ double time_fresh_buffers(Model& model, Replica& r, MemoryLedger& memory, const 
   return median(per_byte);
 }
 
-// Seconds per byte of a copy between two buffers that stay (offload's transfers to and from the
-// host copies the engine keeps for the run): a block's parameters, the median of the copies.
-double time_copies(Replica& r, MemoryLedger& memory, std::size_t block) {
-  DeviceBuffer to(memory, MemTag::workspace, r.params().dtype, block);
+// Seconds per byte of a copy between the device and host buffers that stay (offload's transfers
+// to and from the host copies the engine keeps for the run; page-locked on a GPU): a block's
+// parameters down and back, the median of the round trips over twice their bytes.
+double time_copies(CoreContext& ctx, Replica& r, std::size_t block) {
+  DeviceBuffer host(ctx.memory(), MemTag::offload, r.params().dtype, block);
+  DeviceBuffer back(ctx.memory(), MemTag::workspace, r.params().dtype, block);
   const BufferView from = slice(r.params(), 0, block);
   std::vector<double> times;
   for (int it = -1; it < 3 * kComputeIterations; ++it) {
-    const double t0 = now();
-    copy_across(to.view(), from);
-    if (it >= 0) times.push_back(now() - t0);
+    const double t0 = settled_now(ctx);
+    ctx.copy_to_host(host.view(), from);
+    ctx.copy_to_device(back.view(), host.view());
+    if (it >= 0) times.push_back(settled_now(ctx) - t0);
   }
-  return median(times) / double(to.view().bytes());
+  return median(times) / double(2 * host.view().bytes());
 }
 
 // A tp rank's own passes (issue 16: the 1/tp of the whole model's they were taken as is
@@ -116,11 +129,11 @@ ComputeEntry measure_tensor_parallel(const RunConfig& config, CoreContext& ctx,
     const int slot = stage.acquire_slot();
     std::vector<double> fwd, bwd;
     for (int it = -1; it < kComputeIterations; ++it) {
-      const double t0 = now();
+      const double t0 = settled_now(ctx);
       stage.forward(slot, params.view(), mb, &tp);
-      const double t1 = now();
+      const double t1 = settled_now(ctx);
       stage.backward(slot, params.view(), grads.view(), &tp, scale);
-      if (it >= 0) fwd.push_back(t1 - t0), bwd.push_back(now() - t1);
+      if (it >= 0) fwd.push_back(t1 - t0), bwd.push_back(settled_now(ctx) - t1);
     }
     stage.release_slot(slot);
     return std::pair{median(fwd), median(bwd)};
@@ -151,28 +164,28 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
   // on one machine) every rank here.
   e.ranks_per_node = mpi::local_rank().size;
   Model plain(config.model, e.micro_batch, ctx.memory(), Recompute::none, dtype);
-  const auto p = time_passes(plain, r, mb, scale);
+  const auto p = time_passes(ctx, plain, r, mb, scale);
   e.embedding_forward_s = p[0], e.embedding_backward_s = p[1];
   e.block_forward_s = p[2], e.block_backward_s = p[3];
   e.head_forward_s = p[4], e.head_backward_s = p[5];
   for (Recompute mode : {Recompute::full, Recompute::selective}) {
     Model m(config.model, e.micro_batch, ctx.memory(), mode, dtype);
-    const double extra = std::max(0.0, time_passes(m, r, mb, scale)[3] - p[3]);
+    const double extra = std::max(0.0, time_passes(ctx, m, r, mb, scale)[3] - p[3]);
     (mode == Recompute::full ? e.block_recompute_full_s : e.block_recompute_selective_s) = extra;
   }
   AdamW adamw = make_adamw(ctx, 0, r.size());
   std::vector<double> times;
   for (int it = -1; it < kComputeIterations; ++it) {
-    const double t0 = now();  // the norm and the update, as the strategies' optimizer phase does
+    const double t0 = settled_now(ctx);  // the norm and the update, as the optimizer phase does
     const double norm = std::sqrt(ctx.ops().sum_of_squares(r.grads()));
     adamw.step(r.params(), r.grads(), it + 2, clip_scale(norm, config.train.grad_clip));
-    if (it >= 0) times.push_back(now() - t0);
+    if (it >= 0) times.push_back(settled_now(ctx) - t0);
   }
   e.optimizer_s_per_param = median(times) / double(r.size());
   times.clear();
-  e.fresh_memory_s_per_byte = time_fresh_buffers(plain, r, ctx.memory(), mb);
+  e.fresh_memory_s_per_byte = time_fresh_buffers(ctx, plain, r, mb);
   e.copy_s_per_byte =
-      time_copies(r, ctx.memory(), std::min(r.size(), ParamLayout(config.model).units()[1].count));
+      time_copies(ctx, r, std::min(r.size(), ParamLayout(config.model).units()[1].count));
   return e;
 }
 
@@ -332,8 +345,10 @@ void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of)
 }
 
 void calibrate_machine(const RunConfig& config, int threads_per_rank) {
-  if (config.device_kind() != Device::cpu)
-    throw ConfigError("--calibrate: measures the CPU backend only in this version");
+  if (config.device_kind() != Device::cpu) {  // this rank's GPU, as a run opens it
+    const mpi::LocalRank local = mpi::local_rank();
+    open_backend(config.device_kind(), {local.rank, local.size});
+  }
   const PeakFlops peak = resolve_peak_flops(config);  // collective: the node's, cached
   CommLedger ledger;
   CoreContext ctx(config, ledger);
