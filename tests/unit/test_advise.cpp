@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "plugin_loader.hpp"
+#include "installed_plugins.hpp"
 #include "predict/advisor.hpp"
 
 namespace strata {
@@ -32,13 +32,12 @@ MachineProfile synthetic_profile(const ModelSpec& m) {
 
 class Advisor : public ::testing::Test {
  protected:
-  void SetUp() override { registry_.scan({STRATA_TEST_PLUGIN_DIR}); }
   std::vector<AdviseStrategy> only(std::vector<std::string> names) {
     std::vector<AdviseStrategy> out;
     for (const std::string& n : names) {
       const StrategySpec* spec = nullptr;
-      EXPECT_TRUE(registry_.find(n, &spec)) << n;
-      out.push_back({n, spec, [this, n](const Options& o) { return registry_.create(n, o); }});
+      EXPECT_TRUE(installed_plugins().find(n, &spec)) << n;
+      out.push_back({n, spec, [n](const Options& o) { return installed_plugins().create(n, o); }});
     }
     return out;
   }
@@ -48,7 +47,6 @@ class Advisor : public ::testing::Test {
     r.micro_batches = {4}, r.global_batch = 8;
     return r;
   }
-  PluginRegistry registry_;
 };
 
 const Candidate* find(const std::vector<Candidate>& v, const std::string& label) {

@@ -31,16 +31,16 @@ enum class PlanOp { forward, backward, update, fresh, comm, copy, wait, send, re
 
 struct PlanAction {
   PlanOp op = PlanOp::forward;
-  int unit = -1;           // forward, backward: a unit of the model (ParamLayout's numbering), one
-                           // micro-batch, as this mesh's StageModel runs it (tp split included)
-  double count = 0;        // update: parameters the optimizer steps
-  double bytes = 0;        // fresh, copy, send, recv; comm: nccl-tests bytes of `collective`
-  std::string collective;  // comm: all_reduce, reduce_scatter, all_gather, reduce, broadcast
-  Axis axis = Axis::dp;    // comm: the group it runs on
-  int stream = -1;         // comm, copy: the stream it is issued on; comm only: < 0 blocks
-  int event = -1;          // comm, copy: the event its end sets; wait: the event waited for
-  int peer = -1;           // send, recv: the other rank
-  int tag = 0;             // send, recv: pairs a recv with its send
+  int unit = -1;     // forward, backward: a unit of the model (ParamLayout's numbering), one
+                     // micro-batch, as this mesh's StageModel runs it (tp split included)
+  double count = 0;  // update: parameters the optimizer steps
+  double bytes = 0;  // fresh, copy, send, recv; comm: nccl-tests bytes of `collective`
+  std::string collective = {};  // comm: all_reduce, reduce_scatter, all_gather, reduce, broadcast
+  Axis axis = Axis::dp;         // comm: the group it runs on
+  int stream = -1;              // comm, copy: the stream it is issued on; comm only: < 0 blocks
+  int event = -1;               // comm, copy: the event its end sets; wait: the event waited for
+  int peer = -1;                // send, recv: the other rank
+  int tag = 0;                  // send, recv: pairs a recv with its send
 };
 
 // One rank's step: `micro_batch` replayed `micro_batches` times, then `step` once.
@@ -57,53 +57,29 @@ struct StepPlan {
 };
 
 // Builders, so that a plan reads like the train_step it describes.
-inline PlanAction plan_forward(int unit) {
-  PlanAction a;
-  a.op = PlanOp::forward, a.unit = unit;
-  return a;
-}
-inline PlanAction plan_backward(int unit) {
-  PlanAction a;
-  a.op = PlanOp::backward, a.unit = unit;
-  return a;
-}
-inline PlanAction plan_update(double params) {
-  PlanAction a;
-  a.op = PlanOp::update, a.count = params;
-  return a;
-}
-inline PlanAction plan_fresh(double bytes) {
-  PlanAction a;
-  a.op = PlanOp::fresh, a.bytes = bytes;
-  return a;
-}
+inline PlanAction plan_forward(int unit) { return {.op = PlanOp::forward, .unit = unit}; }
+inline PlanAction plan_backward(int unit) { return {.op = PlanOp::backward, .unit = unit}; }
+inline PlanAction plan_update(double params) { return {.op = PlanOp::update, .count = params}; }
+inline PlanAction plan_fresh(double bytes) { return {.op = PlanOp::fresh, .bytes = bytes}; }
 // A collective: blocking with stream < 0, else on that comm stream, setting `event` at its end.
 inline PlanAction plan_comm(const std::string& collective, double bytes, Axis axis, int stream = -1,
                             int event = -1) {
-  PlanAction a;
-  a.op = PlanOp::comm, a.collective = collective, a.bytes = bytes, a.axis = axis;
-  a.stream = stream, a.event = event;
-  return a;
+  return {.op = PlanOp::comm,
+          .bytes = bytes,
+          .collective = collective,
+          .axis = axis,
+          .stream = stream,
+          .event = event};
 }
 inline PlanAction plan_copy(double bytes, int stream, int event = -1) {
-  PlanAction a;
-  a.op = PlanOp::copy, a.bytes = bytes, a.stream = stream, a.event = event;
-  return a;
+  return {.op = PlanOp::copy, .bytes = bytes, .stream = stream, .event = event};
 }
-inline PlanAction plan_wait(int event = -1) {
-  PlanAction a;
-  a.op = PlanOp::wait, a.event = event;
-  return a;
-}
+inline PlanAction plan_wait(int event = -1) { return {.op = PlanOp::wait, .event = event}; }
 inline PlanAction plan_send(int peer, int tag, double bytes) {
-  PlanAction a;
-  a.op = PlanOp::send, a.peer = peer, a.tag = tag, a.bytes = bytes, a.axis = Axis::pp;
-  return a;
+  return {.op = PlanOp::send, .bytes = bytes, .axis = Axis::pp, .peer = peer, .tag = tag};
 }
 inline PlanAction plan_recv(int peer, int tag, double bytes) {
-  PlanAction a;
-  a.op = PlanOp::recv, a.peer = peer, a.tag = tag, a.bytes = bytes, a.axis = Axis::pp;
-  return a;
+  return {.op = PlanOp::recv, .bytes = bytes, .axis = Axis::pp, .peer = peer, .tag = tag};
 }
 
 // Every unit's forward then backward (in reverse) of one micro-batch, nothing else: the compute

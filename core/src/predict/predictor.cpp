@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include "predict/costs.hpp"
-#include "strata/data_parallel.hpp"
 
 namespace strata {
 namespace time_model {

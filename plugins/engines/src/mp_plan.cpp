@@ -16,12 +16,6 @@ int activation_tag(int micro, int k, int K) { return 2 * (micro * K + k); }
 int gradient_tag(int micro, int k, int K) { return 2 * (micro * K + k) + 1; }
 constexpr int kTiedTag = -1;
 
-std::string unmodelled(const PredictInput& in, const MpConfig& cfg) {
-  if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1 && in.mesh.pp > 1)
-    return std::string("dp=") + dp_mode_name(cfg.dp) + " runs with pp = 1 only";
-  return {};
-}
-
 // dp=zero2|fsdp at dp > 1 (pp = 1; DpUnits): every unit its own shard group over dp. fsdp
 // all-gathers a unit into a new buffer before each pass over it (the embedding once per pass,
 // held for the head); every unit's gradient gets a new padded buffer, and after its backward a
@@ -101,12 +95,13 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
 
 StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   StepPlan plan;
-  plan.unmodelled = unmodelled(in, cfg);
-  if (!plan.unmodelled.empty()) return plan;
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1) {
-    dp_units_plan(in, cfg, me, plan);
+    if (in.mesh.pp > 1)  // validate() refuses it; a plan asked anyway says so
+      plan.unmodelled = std::string("dp=") + dp_mode_name(cfg.dp) + " runs with pp = 1 only";
+    else
+      dp_units_plan(in, cfg, me, plan);
     return plan;
   }
   const int P = in.mesh.pp, v = cfg.pipeline ? cfg.virtual_stages : 1;

@@ -15,17 +15,16 @@ std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, 
                                          const EngineConfig& c, const StateBytes& per,
                                          Axis shard_axis, int n, int replicas) {
   std::vector<PlanAction> out;
+  auto padded = [&](int g) { return double(groups[std::size_t(g)].padded()); };
+  auto chunk_of = [&](int g) { return double(groups[std::size_t(g)].chunk); };
   for (const Action& a : micro_batch_schedule(groups, units, c)) {
     const int g = a.index;
-    const double padded = a.act == Act::forward || a.act == Act::backward
-                              ? 0
-                              : double(groups[std::size_t(g)].padded());
     switch (a.act) {
       case Act::gather:  // a new buffer for the group, then its all-gather
-        out.push_back(plan_fresh(per.params * padded));
+        out.push_back(plan_fresh(per.params * padded(g)));
         if (n > 1)
           out.push_back(
-              plan_comm("all_gather", per.params * padded, shard_axis, 0, gather_event(g)));
+              plan_comm("all_gather", per.params * padded(g), shard_axis, 0, gather_event(g)));
         break;
       case Act::wait_gather:
         if (n > 1) out.push_back(plan_wait(gather_event(g)));
@@ -37,16 +36,16 @@ std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, 
         out.push_back(plan_backward(g));
         break;
       case Act::alloc_grads:
-        out.push_back(plan_fresh(per.grads * padded));
+        out.push_back(plan_fresh(per.grads * padded(g)));
         break;
       case Act::reduce_grads:
-        out.push_back(plan_fresh(per.grads * double(groups[std::size_t(g)].chunk)));
+        out.push_back(plan_fresh(per.grads * chunk_of(g)));
         if (n > 1)
           out.push_back(
-              plan_comm("reduce_scatter", per.grads * padded, shard_axis, 0, reduce_event(g)));
+              plan_comm("reduce_scatter", per.grads * padded(g), shard_axis, 0, reduce_event(g)));
         if (replicas > 1)
-          out.push_back(plan_comm("all_reduce", per.grads * double(groups[std::size_t(g)].chunk),
-                                  Axis::dp_inter_node, 0, reduce_event(g)));
+          out.push_back(plan_comm("all_reduce", per.grads * chunk_of(g), Axis::dp_inter_node, 0,
+                                  reduce_event(g)));
         break;
       case Act::finish_grads:
         if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
