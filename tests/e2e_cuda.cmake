@@ -116,3 +116,23 @@ add_test(NAME cli.calibrate_cuda COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/ca
                                          $<TARGET_FILE:runner_emu> ${E2E_DIR}/calibrate_cuda)
 set_tests_properties(cli.calibrate_cuda PROPERTIES LABELS cli ENVIRONMENT "${E2E_CUDA_ENV}"
                      TIMEOUT 300 RESOURCE_LOCK cores)
+
+# The run's profiler ranges (NVTX on a GPU; the emulator logs them): steps, micro-batches, phases
+# and comm calls named as in --trace, on every rank, each closed.
+add_test(NAME cli.nvtx_ranges COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/nvtx_ranges.sh
+                                      $<TARGET_FILE:runner_emu> ${E2E_DIR}/nvtx_ranges)
+set_tests_properties(cli.nvtx_ranges PROPERTIES LABELS cli ENVIRONMENT "${E2E_CUDA_ENV}"
+                     TIMEOUT 300 RESOURCE_LOCK cores)
+
+# --attention own refused before any work where the tensor-core kernel cannot run: an fp32 run,
+# and a head size that is no multiple of 16 (72 / 3 = 24).
+add_test(NAME cli.attention_own_fp32
+         COMMAND runner_emu --plugin ddp --device cuda --transport nccl --attention own
+                 --out ${E2E_DIR})
+add_test(NAME cli.attention_own_head_size
+         COMMAND runner_emu --plugin ddp --device cuda --transport nccl --attention own
+                 --precision bf16 --hidden 72 --heads 3 --out ${E2E_DIR})
+set_tests_properties(cli.attention_own_fp32 PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
+                     PASS_REGULAR_EXPRESSION "runner: error: --attention own: bf16 tensor cores; needs --precision bf16")
+set_tests_properties(cli.attention_own_head_size PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
+                     PASS_REGULAR_EXPRESSION "--attention own: head size 24 \\(--hidden / --heads\\) must be a multiple of 16")

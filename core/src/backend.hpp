@@ -44,10 +44,12 @@ class DeviceBackend {
   virtual std::uint64_t peak_device_bytes() = 0;
 };
 
-// Which local GPU a rank takes: local_rank of local_size ranks on its node.
+// Which local GPU a rank takes (local_rank of local_size ranks on its node), and the attention
+// kernels its model runs.
 struct BackendRequest {
   int local_rank = 0;
   int local_size = 1;
+  AttentionKernel attention = AttentionKernel::reference;  // the model's (--attention)
 };
 
 struct BackendFactory {

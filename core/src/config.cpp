@@ -229,6 +229,23 @@ void check_advise(const RunConfig& c, const std::vector<Given>& given) {
         "--ranks-per-node instead");
 }
 
+// --attention own: the tensor-core kernel computes in bf16 on a GPU, for the shapes it tiles.
+void check_attention(const RunConfig& c) {
+  if (c.attention != "own") return;
+  if (c.device != "cuda")
+    throw ConfigError(
+        "--attention own: a GPU kernel; needs --device cuda (the CPU computes its reference)");
+  if (c.train.precision.param != DType::bf16)
+    throw ConfigError(
+        "--attention own: bf16 tensor cores; needs --precision bf16 (or "
+        "--attention reference|auto)");
+  const ModelSpec& m = c.model;
+  if (!cuda_tensor_core_attention(c.train.micro_batch, m.hidden, m.heads))
+    throw ConfigError("--attention own: head size " + std::to_string(m.hidden / m.heads) +
+                      " (--hidden / --heads) must be a multiple of 16 up to 128, and "
+                      "--micro-batch x --heads at most 65535");
+}
+
 // Checks across options, after every value is known.
 void check_combination(RunConfig& c, const std::vector<Given>& given) {
   const ModelSpec& m = c.model;
@@ -242,6 +259,7 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
     throw ConfigError(
         "--memory-limit: only with --dry-run or --advise (a run measures its memory)");
   check_advise(c, given);
+  check_attention(c);
   if (c.calibrate && c.profile.empty())
     throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
   if (!c.calibrate_from.empty() && !c.calibrate)
@@ -360,6 +378,14 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
   if (t.warmup >= t.steps) t.warmup = t.steps > 1 ? 1 : 0;  // only the default can get here
 }
 
+AttentionKernel RunConfig::attention_kernel() const {
+  const bool own =
+      attention == "own" ||
+      (attention == "auto" && device == "cuda" && train.precision.param == DType::bf16 &&
+       cuda_tensor_core_attention(train.micro_batch, model.hidden, model.heads));
+  return own ? AttentionKernel::own : AttentionKernel::reference;
+}
+
 std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
     std::map<std::string, ConfigType>* types) const {
   std::vector<std::pair<std::string, std::string>> r;
@@ -385,6 +411,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("plugin_opts", join(plugin_opts, ","));
   add("transport", transport);
   add("device", device);
+  add("attention", attention_kernel_name(attention_kernel()));
   add("model", model.preset);
   add("layers", model.layers);
   add("hidden", model.hidden);

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels.hpp"
 #include "results/run_record.hpp"
 #include "strata/context.hpp"
 #include "strata/model.hpp"
@@ -25,6 +26,10 @@ struct RunConfig {
   std::string transport = "mpi";
   std::string device = "cpu";
   Device device_kind() const { return train.device; }  // `device` as a Device
+  std::string attention = "auto";                      // --attention: auto, own or reference
+  // What --attention resolves to: own where it was asked for, or with auto on --device cuda in a
+  // --precision bf16 run whose head size the tensor-core kernel takes; else reference.
+  AttentionKernel attention_kernel() const;
   // The workload
   ModelSpec model;
   TrainSpec train;

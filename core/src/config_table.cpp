@@ -303,6 +303,12 @@ std::vector<Row> what_to_run_rows() {
                   }),
              backend_built(Device::cuda) ? std::vector<std::string>{"cpu", "cuda"}
                                          : std::vector<std::string>{"cpu"}),
+      choice(text("attention", W, K::choice, "auto",
+                  "attention kernels of --device cuda: own (strata's bf16 tensor-core flash "
+                  "kernel; --precision bf16), reference (the fp32 flash kernel on CUDA cores), "
+                  "auto (own where it applies, else reference); the CPU computes its reference",
+                  [](RunConfig& c, const std::string& s) { c.attention = s; }),
+             {"auto", "own", "reference"}),
       with_rule(text("config", W, K::text, "",
                      "INI file of options (same names as the CLI); also STRATA_CONFIG",
                      [](RunConfig&, const std::string&) {}),

@@ -4,15 +4,18 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "backend.hpp"
 #include "comm/host_copy.hpp"
+#include "comm/idle_clock.hpp"
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
 #include "config.hpp"
 #include "data.hpp"
+#include "profiler_ranges.hpp"
 #include "strata/context.hpp"
 
 namespace strata {
@@ -86,14 +89,25 @@ class CoreContext final : public Context {
     std::int32_t* host = backend_ ? host_tokens_.data() : tokens_.data();
     for (int b = 0; b < B; ++b) data_->fill(step, first + b, host + b * T, host + n + b * T);
     if (backend_) backend_->copy(tokens_.data(), host, 2 * n * sizeof(std::int32_t));
+    open_micro_batch_range(micro);
     return MicroBatch{tokens_.data(), tokens_.data() + n, B, T};
   }
   void add_phase_time(Phase phase, double seconds) override {
     phase_s_[static_cast<int>(phase)] += seconds;
   }
-  // On a GPU a phase ends when its kernels have finished, not when the host has enqueued them:
-  // the compute stream is synchronised and the end taken then (PhaseTimer passes now() as t1).
+  // On a GPU a phase lasts from the compute stream's mark at its start (begin_phase) to the mark
+  // at its end, measured once the step has synchronised the stream (resolve_device_phases): the
+  // kernels' time, not the host's enqueueing, and no synchronisation inside the step. A phase
+  // reported without begin_phase (a plugin calling this directly) ends when the stream drains.
+  void begin_phase(Phase) override {
+    if (IdleClock* clock = device_clock()) open_phase_marks_.push_back(clock->mark());
+  }
   void add_phase_interval(Phase phase, double t0, double t1) override {
+    if (IdleClock* clock = device_clock(); clock && !open_phase_marks_.empty()) {
+      device_phases_.push_back({phase, open_phase_marks_.back(), clock->mark()});
+      open_phase_marks_.pop_back();
+      return;
+    }
     if (backend_) {
       backend_->synchronize();
       t1 = now();
@@ -117,6 +131,35 @@ class CoreContext final : public Context {
     phase_s_.fill(0);
     loss_sum_ = loss_tokens_ = 0;
   }
+  // The profiler's micro-batch range: from a micro-batch's tokens being handed out to the next
+  // micro-batch's, or to the end of the step (a pipeline stage without tokens opens none).
+  void open_micro_batch_range(int micro) {
+    close_micro_batch_range();
+    if (profiler_attached())
+      micro_batch_range_ = profiler_range_start(("micro_batch " + std::to_string(micro)).c_str());
+  }
+  void close_micro_batch_range() { profiler_range_end(std::exchange(micro_batch_range_, 0)); }
+  // After the step's synchronisation: each device-timed phase's seconds, and for --trace its
+  // interval on the host clock, placed by a last mark that the drained stream passes at once.
+  void resolve_device_phases() {
+    if (device_phases_.empty()) return;
+    IdleClock& clock = *device_clock();
+    const std::uint64_t last = clock.mark();
+    backend_->synchronize();
+    const double t_last = now();
+    for (const DevicePhase& p : device_phases_) {
+      const double seconds = clock.seconds_between(p.start, p.end);
+      phase_s_[static_cast<int>(p.phase)] += seconds;
+      if (config_.trace) {
+        const double t1 = t_last - clock.seconds_between(p.end, last);
+        intervals_.push_back({p.phase, t1 - seconds, t1});
+      }
+      clock.release(p.start);
+      clock.release(p.end);
+    }
+    clock.release(last);
+    device_phases_.clear();
+  }
   void synchronize_streams() {
     for (auto& s : streams_) s->synchronize();
     if (backend_) backend_->synchronize();
@@ -137,7 +180,15 @@ class CoreContext final : public Context {
   MeshCoord coord_;
   CommLedger& ledger_;
   MemoryLedger memory_;
-  DeviceBackend* backend_;  // null on the CPU
+  DeviceBackend* backend_;               // null on the CPU
+  std::uint64_t micro_batch_range_ = 0;  // the open profiler range, 0 when none
+  IdleClock* device_clock() const { return backend_ ? idle_clock() : nullptr; }
+  struct DevicePhase {
+    Phase phase;
+    std::uint64_t start, end;  // marks on the compute stream (idle_clock())
+  };
+  std::vector<std::uint64_t> open_phase_marks_;  // phases begun, not yet ended (innermost last)
+  std::vector<DevicePhase> device_phases_;       // ended this step, not yet measured
   std::map<Axis, std::unique_ptr<Group>> groups_;
   std::vector<std::unique_ptr<CommStream>> streams_;
   std::unique_ptr<DataSource> data_;

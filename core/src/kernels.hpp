@@ -76,6 +76,11 @@ class Kernels {
   // added to dbias in chunk order (a GPU sums the chunks in parallel, bit for bit the CPU's).
   virtual void add_bias(float* out, const float* bias, std::size_t rows, int C) = 0;
   virtual void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) = 0;
+  // round_to_bf16(out, dout, rows * C) and bias_grad(dbias, dout, rows, C), the same values, in
+  // one pass over dout on a GPU: a bf16 linear layer's backward reads its output gradient once for
+  // the GEMMs' operand and the bias gradient.
+  virtual void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout,
+                                       std::size_t rows, int C) = 0;
   // dst[i] = bf16(float(dst[i]) + src[i]): fp32 partial gradients into bf16 ones.
   virtual void add_into_bf16(bf16* dst, const float* src, std::size_t n) = 0;
   // Vocab-parallel embedding: rows[n, :] = wte[tokens[n] - v0, :] (f32 or bf16 table) when the
@@ -126,6 +131,23 @@ class Kernels {
 
 // The CPU backend's kernels (stateless).
 Kernels& cpu_kernels();
+
+// The attention kernels of a CUDA run (--attention, RunConfig::attention_kernel()): reference,
+// the fp32 flash kernel on CUDA cores (cuda/attention.cu: what the CPU computes, to summation
+// order); own, strata's bf16 tensor-core flash kernel (cuda/attention_tc.cu: bf16 products, fp32
+// softmax and accumulation). Both keep the same state (a log-sum-exp per row), so the memory plan
+// does not depend on the choice. The CPU always computes its reference attention.
+enum class AttentionKernel { reference, own };
+inline const char* attention_kernel_name(AttentionKernel kernel) {
+  return kernel == AttentionKernel::own ? "own" : "reference";
+}
+
+// Whether the own tensor-core kernel takes a shape: a head size that is a multiple of 16 (the
+// tensor-core tile) up to 128, and at most 65535 (batch, head) pairs.
+inline bool cuda_tensor_core_attention(int B, int C, int NH) {
+  return NH > 0 && C % NH == 0 && (C / NH) % 16 == 0 && C / NH <= 128 &&
+         std::int64_t(B) * NH <= 65535;
+}
 
 // Whether the CUDA backend's fused attention (cuda/attention.cu) takes a shape: a head size of at
 // most 128 and at most 65535 (batch, head) pairs, the grid's y dimension.

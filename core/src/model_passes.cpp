@@ -113,9 +113,11 @@ void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, cons
                        static_cast<const float*>(w.data), N, C, OC);
     return;
   }
-  k_.round_to_bf16(g_.op_out, dout, std::size_t(N) * OC);
+  if (dbias)  // one pass over dout for the operand and the bias gradient
+    k_.round_to_bf16_bias_grad(g_.op_out, dbias, dout, std::size_t(N), OC);
+  else
+    k_.round_to_bf16(g_.op_out, dout, std::size_t(N) * OC);
   matmul_backward_bf16(dinp, dw, g_.op_out, inp, w, N, C, OC);
-  if (dbias) k_.bias_grad(dbias, dout, std::size_t(N), OC);
 }
 
 void ModelPasses::matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout,

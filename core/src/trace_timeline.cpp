@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "strata/comm.hpp"
+#include "strata/context.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -15,7 +16,6 @@ namespace {
 
 const std::vector<std::string> kTraceStreams = {"compute", "comm0", "comm1", "comm2", "comm3",
                                                 "comm4",   "comm5", "comm6", "comm7"};
-const std::array<const char*, 4> kPhaseNames = {"forward", "backward", "optimizer", "bubble"};
 
 // The compute phases, then every comm op (kCommOpNames, d2h and h2d included).
 std::vector<std::string> trace_kinds() {
@@ -37,8 +37,6 @@ double index_of(const std::vector<std::string>& table, const std::string& s, boo
 }
 
 }  // namespace
-
-const char* trace_phase_name(int phase) { return kPhaseNames.at(std::size_t(phase)); }
 
 void add_trace(std::vector<double>& out, const std::string& stream, const std::string& kind,
                const std::string& name, double t0, double t1, double bytes) {

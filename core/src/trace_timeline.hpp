@@ -13,9 +13,6 @@ namespace strata {
 void add_trace(std::vector<double>& events, const std::string& stream, const std::string& kind,
                const std::string& name, double t0, double t1, double bytes);
 
-// The name of a compute phase as a trace kind: Phase::forward -> "forward".
-const char* trace_phase_name(int phase);
-
 // Rank 0: the gathered events (index = rank) into record.trace, and the timeline as Chrome trace
 // JSON at json_path (chrome://tracing, ui.perfetto.dev): one process per rank, one thread per
 // stream.

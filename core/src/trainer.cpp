@@ -17,6 +17,7 @@
 #include "format.hpp"
 #include "node_peak.hpp"
 #include "process_memory.hpp"
+#include "profiler_ranges.hpp"
 #include "provenance.hpp"
 #include "summary.hpp"
 #include "topology.hpp"
@@ -130,10 +131,15 @@ StepRow run_step(Run& run, int step) {
   run.ledger.set_step(step);
   ctx.begin_step();
   const double t0 = now();
-  run.strategy->train_step(ctx, step);
-  ctx.synchronize_streams();
+  {
+    const ProfilerRange range("step", std::to_string(step));
+    run.strategy->train_step(ctx, step);
+    ctx.synchronize_streams();
+    ctx.close_micro_batch_range();
+  }
   const double t1 = now();
   resolve_idle_waits();  // the compute stream has passed every mark of the step
+  ctx.resolve_device_phases();
   run.ledger.set_step(-1);
 
   StepRow row;
@@ -152,8 +158,8 @@ StepRow run_step(Run& run, int step) {
       add_trace(run.trace, r.stream, op_name(r.op), r.group, r.t0 - run.t_base, r.t1 - run.t_base,
                 double(r.bytes));
     for (const CoreContext::Interval& i : ctx.take_intervals())
-      add_trace(run.trace, "compute", trace_phase_name(static_cast<int>(i.phase)), "",
-                i.t0 - run.t_base, i.t1 - run.t_base, 0);
+      add_trace(run.trace, "compute", phase_name(i.phase), "", i.t0 - run.t_base, i.t1 - run.t_base,
+                0);
   }
   return row;
 }
@@ -332,7 +338,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   // A GPU run: this rank's GPU (one per local rank), before anything is allocated on it.
   if (config.device_kind() != Device::cpu) {
     const mpi::LocalRank local = mpi::local_rank();
-    check_one_gpu_per_rank(open_backend(config.device_kind(), {local.rank, local.size}));
+    check_one_gpu_per_rank(
+        open_backend(config.device_kind(), {local.rank, local.size, config.attention_kernel()}));
   }
   PeakFlops peak = resolve_peak_flops(config);  // collective: the node's, shared
   if (root) record_peak(peak, state);

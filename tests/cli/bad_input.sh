@@ -34,6 +34,7 @@ check "--steps 0: must be a whole number in 1..1000000000" --plugin ddp --steps 
 check "--model huge: must be one of tiny, small, gpt2-124m" --plugin ddp --model huge
 check "--global-batch 12: must be a multiple of --micro-batch x dp = 8" --plugin ddp --global-batch 12
 check "--transport infiniband: must be one of mpi" --plugin ddp --transport infiniband
+check "--attention own: a GPU kernel; needs --device cuda" --plugin ddp --attention own
 if "$runner" --list-transports | cut -f1 | grep -qx gloo; then  # built with gloo
   check "STRATA_GLOO_IFNAME='nosuch0': not one network interface of this host (it has: lo" \
     STRATA_GLOO_IFNAME=nosuch0 --plugin ddp --transport gloo

@@ -105,7 +105,7 @@ static void layout(const RunRecord& r, int ranks, int steps) {
          r.command_line.c_str());
   for (const char* key : {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab",
                           "micro_batch", "global_batch", "steps", "seed", "lr", "nodes",
-                          "ranks_per_node", "dp", "precision", "reduce_dtype"})
+                          "ranks_per_node", "dp", "precision", "reduce_dtype", "attention"})
     EXPECT(!config(r, key).empty(), "/config missing %s\n", key);
   bool has_mpi = false;
   for (const auto& [k, v] : r.provenance) has_mpi |= k == "mpi_version" && !v.empty();

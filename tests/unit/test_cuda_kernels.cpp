@@ -150,8 +150,8 @@ TEST_F(CudaKernelsTest, ElementwiseStepsMatchBitForBit) {
 }
 
 // Gathers and scatter-adds of the vocab-parallel embedding, f32 and bf16 tables.
-// bias_grad over several rounds of chunks (32 chunks of kBiasGradRows rows per round), a partial
-// last chunk and a partial last block of columns: the GPU's parallel chunk sums are the CPU's bit
+// bias_grad over many chunks of kBiasGradRows rows (several blocks of 8 chunks), a partial last
+// chunk and a partial last block of columns: the GPU's parallel chunk sums are the CPU's bit
 // for bit, and both are the column sums (against double, to fp32 rounding of ~rows additions).
 TEST_F(CudaKernelsTest, BiasGradSumsChunksInTheCpusOrder) {
   STRATA_REQUIRE_GPU();
@@ -168,6 +168,30 @@ TEST_F(CudaKernelsTest, BiasGradSumsChunksInTheCpusOrder) {
   sync();
   expect_bits("bias_grad", d_dbias.host(), dbias);
   for (int c = 0; c < cols; ++c) EXPECT_NEAR(dbias[c], want[c], 1e-4) << "column " << c;
+}
+
+// The fused round_to_bf16_bias_grad against its unfused composition, round_to_bf16 then bias_grad,
+// on the same backend: the bf16 operand and the bias gradient bit for bit (a partial last chunk
+// and a partial last block of columns), and the CPU's composition equal to both.
+TEST_F(CudaKernelsTest, RoundingWithBiasGradIsTheUnfusedComposition) {
+  STRATA_REQUIRE_GPU();
+  constexpr std::size_t rows = 9 * kBiasGradRows + 5;
+  constexpr int cols = 45;
+  const std::vector<float> dout = random_floats(rows * cols, 64, -3, 3);
+  const std::vector<float> dbias0 = random_floats(cols, 65, -1, 1);
+  Dev<float> d_dout(dout), d_fused_bias(dbias0), d_bias(dbias0);
+  Dev<bf16> d_fused(std::vector<bf16>(rows * cols)), d_rounded(std::vector<bf16>(rows * cols));
+  gpu->round_to_bf16_bias_grad(d_fused.p, d_fused_bias.p, d_dout.p, rows, cols);
+  gpu->round_to_bf16(d_rounded.p, d_dout.p, rows * cols);
+  gpu->bias_grad(d_bias.p, d_dout.p, rows, cols);
+  std::vector<bf16> cpu_rounded(rows * cols);
+  std::vector<float> cpu_bias = dbias0;
+  cpu.round_to_bf16_bias_grad(cpu_rounded.data(), cpu_bias.data(), dout.data(), rows, cols);
+  sync();
+  expect_bits("fused rounding", d_fused.host(), d_rounded.host());
+  expect_bits("cpu fused rounding", cpu_rounded, d_rounded.host());
+  expect_bits("fused bias_grad", d_fused_bias.host(), d_bias.host());
+  expect_bits("cpu fused bias_grad", cpu_bias, d_bias.host());
 }
 
 TEST_F(CudaKernelsTest, EmbeddingsMatchBitForBit) {
@@ -506,6 +530,34 @@ TEST_F(CudaKernelsTest, CublasLtAlgorithmKeepsItsAlignment) {
   double sum = 0;
   for (int c = 0; c < K; ++c) sum += double(to_float(x[c])) * to_float(w[c]);
   EXPECT_NEAR(got[1], sum, 1e-5 * (1 + std::fabs(sum)));
+}
+
+// matmul_bf16_forward keeps cuBLASLt's plan of a shape: its second call asks the heuristic
+// nothing, and still uses that call's own bias, aux and output pointers (set on the cached
+// descriptor per call), not the first call's.
+TEST_F(CudaKernelsTest, CublasLtPlanIsReusedWithEachCallsPointers) {
+  constexpr int Nr = 8, Ci = 16, OC = 16;
+  Dev<bf16> d_x(random_bf16(Nr * Ci, 60)), d_w(random_bf16(OC * Ci, 61));
+  const std::vector<float> bias1 = random_floats(OC, 62, -2, 2),
+                           bias2 = random_floats(OC, 63, 3, 5);
+  Dev<float> d_b1(bias1), d_b2(bias2), d_out1(std::vector<float>(Nr * OC)),
+      d_out2(std::vector<float>(Nr * OC)), d_g1(std::vector<float>(Nr * OC)),
+      d_g2(std::vector<float>(Nr * OC));
+  gpu->matmul_bf16_forward(d_out1.p, d_g1.p, d_x.p, d_w.p, d_b1.p, Nr, Ci, OC, nullptr, 0);
+  const long long asked = strata_emu::lt_heuristic_calls();
+  gpu->matmul_bf16_forward(d_out2.p, d_g2.p, d_x.p, d_w.p, d_b2.p, Nr, Ci, OC, nullptr, 0);
+  EXPECT_EQ(strata_emu::lt_heuristic_calls(), asked) << "the plan was made again";
+  sync();
+  const std::vector<float> out1 = d_out1.host(), out2 = d_out2.host(), g2 = d_g2.host();
+  for (int n = 0; n < Nr; ++n)
+    for (int o = 0; o < OC; ++o) {
+      const int i = n * OC + o;
+      // Same product, the bias swapped: the aux (pre-GELU) outputs differ by exactly that.
+      EXPECT_NEAR(out2[i] - out1[i], bias2[o] - bias1[o], 1e-5 * (1 + std::fabs(out2[i])))
+          << "out[" << i << "]";
+      EXPECT_NEAR(g2[i], gelu_reference(out2[i]), 5e-7 * (1 + std::fabs(out2[i])))
+          << "gelu_out[" << i << "]";
+    }
 }
 #endif
 

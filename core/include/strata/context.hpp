@@ -1,6 +1,7 @@
 // strata SDK: what a strategy sees of the run. The core implements Context; a plugin receives it
 // in setup() and train_step().
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -34,6 +35,15 @@ struct TrainSpec {
 // bubble: time a pipeline stage sits idle waiting for its neighbours (blocked in the receive of an
 // activation or gradient, or in the completion of its own send before reusing a buffer).
 enum class Phase { forward, backward, optimizer, bubble };
+inline constexpr std::array<const char*, 4> kPhaseNames = {"forward", "backward", "optimizer",
+                                                           "bubble"};
+inline const char* phase_name(Phase phase) { return kPhaseNames[static_cast<int>(phase)]; }
+
+// A named range on an attached profiler's timeline: NVTX in CUDA builds, so Nsight Systems shows
+// a run's phases, micro-batches and comm calls under the names its --trace timeline uses. Opened
+// and closed on any thread; without a profiler (or in a CPU build) a call costs a branch.
+std::uint64_t profiler_range_start(const char* name);
+void profiler_range_end(std::uint64_t range);
 
 class Context {
  public:
@@ -73,20 +83,32 @@ class Context {
   // copy (a Context without a ledger, e.g. a test's).
   virtual void copy_to_host(BufferView host, BufferView device) { copy_across(host, device); }
   virtual void copy_to_device(BufferView device, BufferView host) { copy_across(device, host); }
+  // A phase starts (PhaseTimer calls this; add_phase_interval ends it). On a GPU the core marks
+  // the compute stream here and at the end, so the phase's time is the device's, from events,
+  // without synchronising the stream inside the step.
+  virtual void begin_phase(Phase phase) { (void)phase; }
 };
 
 // Times a region into a phase of the current step record.
 class PhaseTimer {
  public:
-  PhaseTimer(Context& ctx, Phase phase) : ctx_(ctx), phase_(phase), t0_(now()) {}
-  ~PhaseTimer() { ctx_.add_phase_interval(phase_, t0_, now()); }
+  PhaseTimer(Context& ctx, Phase phase)
+      : ctx_(ctx), phase_(phase), range_(profiler_range_start(phase_name(phase))) {
+    ctx_.begin_phase(phase_);
+    t0_ = now();
+  }
+  ~PhaseTimer() {
+    ctx_.add_phase_interval(phase_, t0_, now());
+    profiler_range_end(range_);
+  }
   PhaseTimer(const PhaseTimer&) = delete;
   PhaseTimer& operator=(const PhaseTimer&) = delete;
 
  private:
   Context& ctx_;
   Phase phase_;
-  double t0_;
+  std::uint64_t range_;
+  double t0_ = 0;
 };
 
 }  // namespace strata

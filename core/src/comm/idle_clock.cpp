@@ -26,6 +26,11 @@ void set_idle_clock(IdleClock* clock) {
   pending.clear();
 }
 
+IdleClock* idle_clock() {
+  std::lock_guard lock(mu);
+  return the_clock;
+}
+
 WaitStart begin_wait() {
   WaitStart start;
   std::lock_guard lock(mu);
@@ -49,6 +54,8 @@ void resolve_idle_waits() {
   std::lock_guard lock(mu);
   for (const PendingWait& w : pending) {
     const double idle = the_clock->seconds_between(w.mark0, w.mark1);
+    the_clock->release(w.mark0);
+    the_clock->release(w.mark1);
     w.ledger->record_wait(std::clamp(w.t1 - idle, w.t0, w.t1), w.t1);
   }
   pending.clear();

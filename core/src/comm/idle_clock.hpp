@@ -20,13 +20,15 @@ class IdleClock {
   // A mark on the compute stream, now (in stream order).
   virtual std::uint64_t mark() = 0;
   // Seconds of the compute stream from mark a to mark b, both passed (after a synchronisation of
-  // the stream); releases both.
+  // the stream).
   virtual double seconds_between(std::uint64_t a, std::uint64_t b) = 0;
+  virtual void release(std::uint64_t mark) = 0;  // a mark measured for the last time
 };
 
 // The process's clock, or null (the host's intervals are the compute's). A device backend sets it
 // when it opens and clears it when it closes (pending waits are dropped then).
 void set_idle_clock(IdleClock* clock);
+IdleClock* idle_clock();  // the clock set, or null
 
 // The compute thread waits on comm: begin_wait() before, end_wait() after. Without a clock the
 // interval goes into the ledger at once; with one, when resolve_idle_waits() runs.

@@ -5,6 +5,7 @@
 #include "comm/host_copy.hpp"
 #include "comm/idle_clock.hpp"
 #include "comm/thread_role.hpp"
+#include "profiler_ranges.hpp"
 #include "strata/comm.hpp"
 #include "strata/device.hpp"
 
@@ -92,6 +93,7 @@ void CommLedger::clear() {
 
 template <class F>
 void Group::recorded(CommOp op, std::uint64_t bytes, F&& f) {
+  const ProfilerRange range(op_name(op), name_);  // "all_reduce tp": the ledger's op and group
   int token = ledger_ ? ledger_->begin_call(op, name_, bytes) : -1;
   const bool compute_waits = ledger_ && !t_on_comm_worker;
   const WaitStart start = compute_waits ? begin_wait() : WaitStart{};
@@ -117,6 +119,7 @@ void recorded_host_copy(CommLedger& ledger, CommOp op, BufferView dst, BufferVie
   // The wait encloses the call: on the CPU all of the copy's time is exposed.
   const bool compute_waits = !t_on_comm_worker;
   const WaitStart start = compute_waits ? begin_wait() : WaitStart{};
+  const ProfilerRange range(op_name(op), kHostGroupName);
   const int token = ledger.begin_call(op, kHostGroupName, dst.bytes());
   try {
     copy_across(dst, src);

@@ -116,6 +116,11 @@ class CpuKernels final : public Kernels {
 #pragma omp simd
       for (int c = 0; c < C; ++c) out[n * C + c] += bias[c];
   }
+  void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
+                               int C) override {
+    cpu::round_to_bf16(out, dout, rows * std::size_t(C));
+    bias_grad(dbias, dout, rows, C);
+  }
   void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) override {
     constexpr int kCols = 256;  // a tile of columns, its chunk sums on the stack
     for (int c0 = 0; c0 < C; c0 += kCols) {

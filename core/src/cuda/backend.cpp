@@ -35,19 +35,24 @@ double StreamIdleClock::seconds_between(std::uint64_t a, std::uint64_t b) {
   const auto first = marks_.find(a), second = marks_.find(b);
   if (first == marks_.end() || second == marks_.end())
     throw Error("StreamIdleClock: mark " + std::to_string(first == marks_.end() ? a : b) +
-                " was not recorded or was measured already");
+                " was not recorded or was released already");
   float ms = 0.0f;
   STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, first->second, second->second));
-  free_.push_back(first->second);
-  free_.push_back(second->second);
-  marks_.erase(first);
-  marks_.erase(second);
   return double(ms) * 1e-3;
 }
 
-CudaBackend::CudaBackend(int device)
+void StreamIdleClock::release(std::uint64_t mark) {
+  std::lock_guard lock(mu_);
+  const auto it = marks_.find(mark);
+  if (it == marks_.end())
+    throw Error("StreamIdleClock: mark " + std::to_string(mark) + " released twice");
+  free_.push_back(it->second);
+  marks_.erase(it);
+}
+
+CudaBackend::CudaBackend(int device, AttentionKernel attention)
     : context_(device),
-      kernels_(context_),
+      kernels_(context_, attention),
       ops_(context_.stream),
       name_(cuda_device_name(device)),
       idle_clock_(context_.stream) {
@@ -181,7 +186,7 @@ void register_backend() {
   BackendFactory f;
   f.unavailable = [](const BackendRequest& r) { return cuda_unavailable(r.local_size); };
   f.open = [](const BackendRequest& r) -> std::unique_ptr<DeviceBackend> {
-    return std::make_unique<CudaBackend>(cuda_device_for(r.local_rank, r.local_size));
+    return std::make_unique<CudaBackend>(cuda_device_for(r.local_rank, r.local_size), r.attention);
   };
   strata::register_backend(Device::cuda, f);
 }

@@ -29,6 +29,7 @@ class StreamIdleClock final : public IdleClock {
   ~StreamIdleClock() override;
   std::uint64_t mark() override;
   double seconds_between(std::uint64_t a, std::uint64_t b) override;
+  void release(std::uint64_t mark) override;
 
  private:
   cudaStream_t stream_;
@@ -40,7 +41,7 @@ class StreamIdleClock final : public IdleClock {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  explicit CudaBackend(int device);
+  CudaBackend(int device, AttentionKernel attention);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;

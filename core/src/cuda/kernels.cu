@@ -21,7 +21,8 @@ __global__ void widen_bf16_kernel(float* out, const std::uint16_t* in, std::size
 
 }  // namespace
 
-CudaKernels::CudaKernels(const CudaContext& ctx) : ctx_(ctx) {}
+CudaKernels::CudaKernels(const CudaContext& ctx, AttentionKernel attention)
+    : ctx_(ctx), attention_(attention) {}
 CudaKernels::~CudaKernels() = default;
 
 // --- layer passes: cuda/layers.cuh on the context
@@ -50,13 +51,15 @@ void CudaKernels::matmul_backward(float* dinp, float* dweight, float* dbias, con
                                   const float* inp, const float* weight, int N, int C, int OC) {
   cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
-// The fused attention (attention.cu) where its kernels fit the shape: att then holds only the
-// log-sum-exp of each row [B,NH,T] and datt the backward's row sums [B,NH,T]; else the
-// probabilities through cuBLAS (layers.cu).
-bool CudaKernels::fused_attention(int B, int C, int NH) { return cuda_fused_attention(B, C, NH); }
+// The own tensor-core kernel (attention_tc.cu) where it was chosen and takes the shape; else the
+// fp32 flash kernel (attention.cu) where it takes the shape; else the probabilities through cuBLAS
+// (layers.cu). The two flash kernels keep the same state: att the log-sum-exp of each row
+// [B,NH,T], datt the backward's row sums [B,NH,T] (attention_state_floats).
 void CudaKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                     int NH) {
-  if (fused_attention(B, C, NH))
+  if (attention_ == AttentionKernel::own && cuda_tensor_core_attention(B, C, NH))
+    cuda::flash_attention_forward(/*MERGE*/ ctx_, out, att, qkv, B, T, C, NH);
+  else if (cuda_fused_attention(B, C, NH))
     cuda::flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
   else
     cuda::attention_forward(ctx_, out, att, qkv, B, T, C, NH);
@@ -64,7 +67,9 @@ void CudaKernels::attention_forward(float* out, float* att, const float* qkv, in
 void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                      const float* att, const float* out, int B, int T, int C,
                                      int NH) {
-  if (fused_attention(B, C, NH))
+  if (attention_ == AttentionKernel::own && cuda_tensor_core_attention(B, C, NH))
+    cuda::flash_attention_backward(/*MERGE*/ ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
+  else if (cuda_fused_attention(B, C, NH))
     cuda::flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
   else
     cuda::attention_backward(ctx_, dqkv, datt, dout, qkv, att, B, T, C, NH);

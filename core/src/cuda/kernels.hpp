@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "../kernels.hpp"  // strata::Kernels ("kernels.hpp" would be this file)
 #include "cuda/layers.cuh"
@@ -18,8 +19,10 @@ namespace strata::cuda {
 
 class CudaKernels final : public Kernels {
  public:
-  // The context must outlive this object.
-  explicit CudaKernels(const CudaContext& ctx);
+  // The context must outlive this object. `attention`: the kernels attention_forward/backward run
+  // where they take the shape (kernels.hpp's AttentionKernel).
+  explicit CudaKernels(const CudaContext& ctx,
+                       AttentionKernel attention = AttentionKernel::reference);
   ~CudaKernels() override;
   CudaKernels(const CudaKernels&) = delete;
   CudaKernels& operator=(const CudaKernels&) = delete;
@@ -41,7 +44,6 @@ class CudaKernels final : public Kernels {
                          int NH) override;
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, const float* out, int B, int T, int C, int NH) override;
-  static bool fused_attention(int B, int C, int NH);
   void gelu_forward(float* out, const float* inp, std::int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
   void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override;
@@ -69,6 +71,8 @@ class CudaKernels final : public Kernels {
   void zero(float* p, std::size_t n) override;
   void add_bias(float* out, const float* bias, std::size_t rows, int C) override;
   void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) override;
+  void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
+                               int C) override;
   void add_into_bf16(bf16* dst, const float* src, std::size_t n) override;
   void embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N, BufferView wte,
                       std::size_t v0, std::size_t Vl, int C) override;
@@ -96,8 +100,22 @@ class CudaKernels final : public Kernels {
   double sum(const float* x, std::size_t n) override;
 
  private:
+  // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null (kernels_steps.cu).
+  void bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout, std::size_t rows,
+                          int C);
+  // cublasLtMatmul with a cached plan (matmul_lt.cpp); false where cuBLASLt has no algorithm.
+  bool lt_matmul(cublasLtEpilogue_t epilogue, float* d, float* aux, const void* inp,
+                 const void* weight, const float* bias, int N, int C, int OC);
+
   const CudaContext& ctx_;
+  AttentionKernel attention_;
   DeviceSum sum_;
+  // cuBLASLt's descriptors and algorithm per shape, epilogue and alignment (matmul_lt.cpp).
+  struct LtPlans;
+  struct LtPlansDeleter {
+    void operator()(LtPlans* p) const;
+  };
+  std::unique_ptr<LtPlans, LtPlansDeleter> lt_plans_;
 };
 
 }  // namespace strata::cuda

@@ -55,32 +55,38 @@ __global__ void add_positions_kernel(float* x, const void* wpe, bool bf16, std::
   }
 }
 
-// Column sums in Kernels::bias_grad's order. A block is 32 columns (coalesced rows) x 32 warps; in
-// round r warp w sums chunk 32r + w of kBiasGradRows rows, then warp 0 adds the round's 32 chunk
-// sums to dbias in chunk order. On an H100, gpt2-124m bf16 micro-batch 8 (8192 rows): one thread
-// per column adding all rows in order took 43.7 ms of a 131 ms step (48 calls), 8 warps 6.2 ms.
-constexpr int kBiasGradWarps = 32;
-__global__ void bias_grad_kernel(float* dbias, const float* dout, std::size_t rows, int C) {
-  __shared__ float sums[kBiasGradWarps][32];
-  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const int c = int(blockIdx.x) * 32 + lane;
-  const std::size_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
-  float s = warp == 0 && c < C ? dbias[c] : 0.0f;
-  for (std::size_t k0 = 0; k0 < chunks; k0 += kBiasGradWarps) {  // the same rounds in every thread
-    const std::size_t k = k0 + warp;
-    float sum = 0.0f;
-    if (c < C && k < chunks) {
-      const std::size_t end = (k + 1) * kBiasGradRows < rows ? (k + 1) * kBiasGradRows : rows;
-      for (std::size_t n = k * kBiasGradRows; n < end; ++n) sum = __fadd_rn(sum, dout[n * C + c]);
-    }
-    sums[warp][lane] = sum;
-    __syncthreads();
-    if (warp == 0)
-      for (std::size_t w = 0; w < kBiasGradWarps && k0 + w < chunks; ++w)
-        s = __fadd_rn(s, sums[w][lane]);
-    __syncthreads();
+// Column sums in Kernels::bias_grad's order, in two launches: every (chunk of kBiasGradRows rows,
+// column) summed from 0 in row order into a [chunks, C] scratch, then each column's chunk sums
+// added to dbias in chunk order. A block of the first is 32 columns (a warp reads 128 coalesced
+// bytes of a row) x 8 chunks. On an H100, gpt2-124m bf16 micro-batch 8 (8192 rows, 48 calls a
+// step): one thread per column adding all rows took 43.7 ms of a 131 ms step; one block of 32
+// warps per 32 columns, chunk sums added by warp 0, 6.2 ms, since C / 32 blocks (24 for C = 768)
+// leave most of the 132 SMs idle. Here the first launch has C x chunks threads.
+constexpr int kBiasGradChunksPerBlock = 8;
+// out[k * C + c] = sum of rows [64 k, 64 k + 64) of column c, with `bf16_out` (when not null)
+// the bf16 rounding of every element read (the GEMMs' operand).
+__global__ void bias_chunk_sums_kernel(float* out, std::uint16_t* bf16_out, const float* dout,
+                                       std::size_t rows, int C) {
+  const int c = int(blockIdx.x) * 32 + int(threadIdx.x);
+  const std::size_t k = std::size_t(blockIdx.y) * kBiasGradChunksPerBlock + threadIdx.y;
+  const std::size_t begin = k * kBiasGradRows;
+  if (c >= C || begin >= rows) return;
+  const std::size_t end = begin + kBiasGradRows < rows ? begin + kBiasGradRows : rows;
+  float sum = 0.0f;
+  for (std::size_t n = begin; n < end; ++n) {
+    const float v = dout[n * C + c];
+    if (bf16_out) bf16_out[n * C + c] = float_to_bf16(v);
+    sum = __fadd_rn(sum, v);
   }
-  if (warp == 0 && c < C) dbias[c] = s;
+  out[k * C + c] = sum;
+}
+// dbias[c] += chunk sums of column c, in chunk order.
+__global__ void bias_add_chunks_kernel(float* dbias, const float* sums, std::size_t chunks, int C) {
+  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  float s = dbias[c];
+  for (std::size_t k = 0; k < chunks; ++k) s = __fadd_rn(s, sums[k * C + c]);
+  dbias[c] = s;
 }
 
 // --- scatter-adds: one thread per output element, adding its rows in ascending order
@@ -207,10 +213,31 @@ void CudaKernels::add_bias(float* out, const float* bias, std::size_t rows, int 
   STRATA_CUDA_CHECK_LAUNCH();
 }
 void CudaKernels::bias_grad(float* dbias, const float* dout, std::size_t rows, int C) {
+  bias_grad_rounding(dbias, nullptr, dout, rows, C);
+}
+void CudaKernels::round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout,
+                                          std::size_t rows, int C) {
+  bias_grad_rounding(dbias, out, dout, rows, C);
+}
+// The chunk sums live in a stream-ordered allocation of the backend's pool for the two launches
+// (rows / 64 x C floats, 1/16 of dout): counted in the device peak, not in the memory ledger, as
+// cuBLAS's workspace.
+void CudaKernels::bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout,
+                                     std::size_t rows, int C) {
   if (rows == 0 || C <= 0) return;
-  STRATA_LAUNCH(bias_grad_kernel, unsigned((C + 31) / 32), 32 * kBiasGradWarps, 0, ctx_.stream)
-  (dbias, dout, rows, C);
+  const std::size_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
+  float* sums = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&sums),
+                                    chunks * std::size_t(C) * sizeof(float), ctx_.stream));
+  const dim3 grid(unsigned((C + 31) / 32),
+                  unsigned((chunks + kBiasGradChunksPerBlock - 1) / kBiasGradChunksPerBlock));
+  STRATA_LAUNCH(bias_chunk_sums_kernel, grid, dim3(32, kBiasGradChunksPerBlock), 0, ctx_.stream)
+  (sums, reinterpret_cast<std::uint16_t*>(dout_bf16), dout, rows, C);
   STRATA_CUDA_CHECK_LAUNCH();
+  STRATA_LAUNCH(bias_add_chunks_kernel, unsigned((C + 127) / 128), 128, 0, ctx_.stream)
+  (dbias, sums, chunks, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+  STRATA_CUDA_CHECK(cudaFreeAsync(sums, ctx_.stream));
 }
 void CudaKernels::add_into_bf16(bf16* dst, const float* src, std::size_t n) {
   if (n == 0) return;

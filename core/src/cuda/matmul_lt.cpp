@@ -11,7 +11,10 @@
 // values differ from the separate kernel's by a few fp32 ulp.
 #include <cublasLt.h>
 
+#include <compare>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "cuda/device.hpp"
@@ -65,45 +68,85 @@ std::uint32_t alignment_of(const void* p) {
   return a;
 }
 
-// D[OC,N] (fp32) = epilogue(W^T-op inp); false, with nothing queued, where cuBLASLt has no
-// algorithm for the configuration.
-bool lt_matmul(const CudaContext& ctx, cublasLtEpilogue_t epilogue, float* d, float* aux,
-               const void* inp, const void* weight, const float* bias, int N, int C, int OC) {
+// What a plan depends on: the epilogue, the shape and the operands' alignments (the heuristic's
+// minimums). The bias and aux pointers are not: they are set on the plan's descriptor per call.
+struct LtPlanKey {
+  cublasLtEpilogue_t epilogue;
+  int N, C, OC;
+  std::uint32_t align_weight, align_inp, align_d;
+  auto operator<=>(const LtPlanKey&) const = default;
+};
+
+// The descriptors of D[OC,N] (fp32) = epilogue(W^T-op inp) and the algorithm the heuristic chose.
+struct LtPlan {
+  explicit LtPlan(const LtPlanKey& k)
+      : a(CUDA_R_16BF, k.C, k.OC, k.C),
+        b(CUDA_R_16BF, k.C, k.N, k.C),
+        cd(CUDA_R_32F, k.OC, k.N, k.OC) {
+    desc.set(CUBLASLT_MATMUL_DESC_TRANSA, std::int32_t(CUBLAS_OP_T));
+    desc.set(CUBLASLT_MATMUL_DESC_TRANSB, std::int32_t(CUBLAS_OP_N));
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, std::uint32_t(k.epilogue));
+    if (k.epilogue != CUBLASLT_EPILOGUE_DEFAULT && k.epilogue != CUBLASLT_EPILOGUE_GELU_AUX)
+      desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, std::int32_t(CUDA_R_32F));
+    if (k.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || k.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, std::int64_t(k.OC));
+      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, std::int32_t(CUDA_R_32F));
+    }
+  }
   LtDesc desc;
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, std::int32_t(CUBLAS_OP_T));
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, std::int32_t(CUBLAS_OP_N));
-  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, std::uint32_t(epilogue));
-  if (bias) {
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, std::int32_t(CUDA_R_32F));
-  }
-  if (aux) {
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, std::int64_t(OC));
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, std::int32_t(CUDA_R_32F));
-  }
-  const LtLayout a(CUDA_R_16BF, C, OC, C), b(CUDA_R_16BF, C, N, C), cd(CUDA_R_32F, OC, N, OC);
+  LtLayout a, b, cd;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// The plan of `key`, or null where cuBLASLt has no algorithm for it.
+std::unique_ptr<LtPlan> make_plan(const CudaContext& ctx, const LtPlanKey& key) {
+  auto plan = std::make_unique<LtPlan>(key);
   LtPreference pref;
   pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t(ctx.workspace_bytes));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(weight));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(inp));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(d));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(d));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_weight);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_inp);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, desc.p, a.p, b.p, cd.p,
-                                                           cd.p, pref.p, 1, &heuristic, &found);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, plan->desc.p, plan->a.p, plan->b.p, plan->cd.p,
+                                     plan->cd.p, pref.p, 1, &heuristic, &found);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
-    return false;
+    return nullptr;
   STRATA_CUBLAS_CHECK(st);
-  const float alpha = 1.0f, beta = 0.0f;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(ctx.cublaslt, desc.p, &alpha, weight, a.p, inp, b.p, &beta, d,
-                                     cd.p, d, cd.p, &heuristic.algo, ctx.workspace,
-                                     ctx.workspace_bytes, ctx.stream));
-  return true;
+  plan->algo = heuristic.algo;
+  return plan;
 }
 
 }  // namespace
+
+// Plans by key, made at a shape's first call: the heuristic and the descriptors cost host time
+// at every call otherwise (each linear layer, each micro-batch), and a CUDA graph wants the same
+// algorithm at every replay.
+struct CudaKernels::LtPlans {
+  std::map<LtPlanKey, std::unique_ptr<LtPlan>> plans;  // null: cuBLASLt has no algorithm
+};
+void CudaKernels::LtPlansDeleter::operator()(LtPlans* p) const { delete p; }
+
+// D[OC,N] (fp32) = epilogue(W^T-op inp); false, with nothing queued, where cuBLASLt has no
+// algorithm for the configuration.
+bool CudaKernels::lt_matmul(cublasLtEpilogue_t epilogue, float* d, float* aux, const void* inp,
+                            const void* weight, const float* bias, int N, int C, int OC) {
+  if (!lt_plans_) lt_plans_.reset(new LtPlans);
+  const LtPlanKey key{epilogue, N, C, OC, alignment_of(weight), alignment_of(inp), alignment_of(d)};
+  auto it = lt_plans_->plans.find(key);
+  if (it == lt_plans_->plans.end()) it = lt_plans_->plans.emplace(key, make_plan(ctx_, key)).first;
+  LtPlan* plan = it->second.get();
+  if (!plan) return false;
+  if (bias) plan->desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+  if (aux) plan->desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
+  const float alpha = 1.0f, beta = 0.0f;
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(ctx_.cublaslt, plan->desc.p, &alpha, weight, plan->a.p, inp,
+                                     plan->b.p, &beta, d, plan->cd.p, d, plan->cd.p, &plan->algo,
+                                     ctx_.workspace, ctx_.workspace_bytes, ctx_.stream));
+  return true;
+}
 
 void CudaKernels::matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp,
                                       const bf16* weight, const float* bias, int N, int C, int OC,
@@ -117,7 +160,7 @@ void CudaKernels::matmul_bf16_forward(float* out, float* gelu_out, const bf16* i
   const cublasLtEpilogue_t epilogue =
       fused_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                  : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-  const bool done = C > 0 && lt_matmul(ctx_, epilogue, fused_gelu ? gelu_out : out,
+  const bool done = C > 0 && lt_matmul(epilogue, fused_gelu ? gelu_out : out,
                                        fused_gelu ? out : nullptr, inp, weight, bias, N, C, OC);
   if (!done) {
     gemm_bf16(false, true, N, OC, C, inp, weight, out, DType::f32, false, scratchpad,

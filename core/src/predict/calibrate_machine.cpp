@@ -347,7 +347,7 @@ void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of)
 void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   if (config.device_kind() != Device::cpu) {  // this rank's GPU, as a run opens it
     const mpi::LocalRank local = mpi::local_rank();
-    open_backend(config.device_kind(), {local.rank, local.size});
+    open_backend(config.device_kind(), {local.rank, local.size, config.attention_kernel()});
   }
   const PeakFlops peak = resolve_peak_flops(config);  // collective: the node's, cached
   CommLedger ledger;

@@ -21,6 +21,7 @@
 #endif
 #ifdef STRATA_HAVE_CUDA_BACKEND
 #include "cuda/backend.hpp"
+#include "cuda/nvtx_ranges.hpp"
 #endif
 #ifdef STRATA_HAVE_NCCL
 #include "cuda/nccl_transport.hpp"
@@ -357,6 +358,7 @@ int main(int argc, char** argv) {
 #endif
 #ifdef STRATA_HAVE_CUDA_BACKEND
   cuda::register_backend();  // before the options: --device's choices come from the registry
+  cuda::attach_nvtx();       // the run's ranges on an Nsight Systems timeline
 #endif
 #ifdef STRATA_HAVE_NCCL
   nccl::register_transport();  // before the options: --transport's choices come from the registry

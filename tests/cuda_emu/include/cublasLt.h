@@ -139,3 +139,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
                               void* workspace, std::size_t workspaceSizeInBytes,
                               cudaStream_t stream);
 }
+
+namespace strata_emu {
+// How many cublasLtMatmulAlgoGetHeuristic calls this process made (the tests' window on plan
+// caching: a shape's second matmul must not ask again).
+long long lt_heuristic_calls();
+}  // namespace strata_emu

@@ -1,6 +1,7 @@
 // The CUDA emulator's reference cuBLASLt (see cublasLt.h for what it checks and computes).
 #include <cublasLt.h>
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -197,7 +198,12 @@ cublasStatus_t check_algo(const cublasLtMatmulAlgo_t* algo, const void* const (&
   return CUBLAS_STATUS_SUCCESS;
 }
 
+std::atomic<long long> g_heuristic_calls{0};
+
 }  // namespace
+
+long long lt_heuristic_calls() { return g_heuristic_calls.load(); }
+
 }  // namespace strata_emu
 
 using strata_emu::set_field;
@@ -333,6 +339,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
                                               cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t results[],
                                               int* returned) {
+  strata_emu::g_heuristic_calls.fetch_add(1);
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!desc || !a || !b || !c || !d || !pref || requested <= 0 || !results || !returned)
     return CUBLAS_STATUS_INVALID_VALUE;

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packs a build made here for a GPU machine that has the CUDA driver, cuBLAS and NCCL but not the
+# rest of strata's run-time libraries (the device tool's machines: Ubuntu, nothing to fetch), in
+# under 64 MiB: the build's programs and libraries, and the Debian packages of every other shared
+# library they load (Open MPI, UCX, HDF5, Boost, OpenBLAS, oneDNN, ...), as .deb files.
+#
+#   scripts/gpu-bundle.sh [BUILD_DIR] [OUT_DIR]        (defaults: build, .gpu)
+#
+# On the GPU machine, scripts/gpu-check.sh OUT_DIR/build unpacks nothing itself; run it as
+#   STRATA_GPU_DEBS=OUT_DIR/debs scripts/gpu-check.sh OUT_DIR/build report.md
+# after `tar -xf OUT_DIR/build.tar.xz -C OUT_DIR`. The packages are unpacked under a prefix of
+# their own (never over the machine's /), found through LD_LIBRARY_PATH and OPAL_PREFIX.
+set -euo pipefail
+build=${1:-build}
+out=${2:-.gpu}
+[ -x "$build/bin/runner" ] || { echo "gpu-bundle: $build/bin/runner is not built"; exit 2; }
+rm -rf "$out" && mkdir -p "$out/debs"
+
+# The programs the GPU check runs, and every library of the build.
+files=$(cd "$build" && ls -d bin/runner bin/check_run bin/bench_kernels bin/test_cuda_* \
+  bin/test_nccl lib 2>/dev/null || true)
+tar -C "$build" -cf - $files | xz -T2 -6 >"$out/build.tar.xz"
+
+# Libraries the machine brings itself: the C and C++ run-times, CUDA's, NVIDIA's.
+system_lib='^(ld-linux|libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvidia|libnvrtc|libnvJitLink)[.-]'
+libs=$(find "$build/bin" "$build/lib" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
+  xargs -0 ldd 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u)
+packages=$(for lib in $libs; do
+  base=$(basename "$lib")
+  [[ $base =~ $system_lib ]] && continue
+  dpkg -S "$(readlink -f "$lib")" 2>/dev/null | cut -d: -f1
+done | sort -u)
+# Open MPI's components and data (loaded at MPI_Init, not linked) come with its packages.
+packages="$packages openmpi-common libopenmpi3 libpmix2 libprrte3 libhwloc15"
+(cd "$out/debs" && apt-get download $(echo "$packages" | tr ' ' '\n' | sort -u) >/dev/null)
+du -sh "$out"/build.tar.xz "$out"/debs
+echo "gpu-bundle: $out ($(du -sm "$out" | cut -f1) MiB; the device tool carries at most 64)"

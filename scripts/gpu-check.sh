@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Every check that needs a real GPU, in one call of under 8 minutes on an H100, into one markdown
+# file: the real-GPU tests (`make test-gpu`'s programs), a performance table of one-rank training
+# runs, the GPU kernel benchmarks and, where Nsight Systems or Nsight Compute is installed, a
+# per-kernel breakdown of one bf16 step. It builds nothing: it runs the build it is given.
+#
+#   scripts/gpu-check.sh [BUILD_DIR] [REPORT.md]      (defaults: build, gpu-check.md)
+#
+# Environment: STRATA_GPU_DEBS, a folder of Debian packages of the libraries the build needs that
+# the GPU machine lacks (scripts/gpu-bundle.sh packs a build made elsewhere with them): unpacked
+# under a temporary prefix, not over /, and put ahead on LD_LIBRARY_PATH. GPU_CHECK_QUICK=1 runs
+# one row of the table and a few benchmarks (a smoke test of the script itself).
+# Each part has a time limit, so a hang in one still leaves the others' results in the report.
+set -uo pipefail
+build=$(cd "${1:-build}" && pwd) || { echo "gpu-check: no build folder ${1:-build}"; exit 2; }
+report=${2:-gpu-check.md}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -n "${STRATA_GPU_DEBS:-}" ]; then
+  for deb in "$STRATA_GPU_DEBS"/*.deb; do dpkg -x "$deb" "$work/prefix"; done
+  multiarch=$work/prefix/usr/lib/x86_64-linux-gnu
+  export OPAL_PREFIX=$multiarch/openmpi
+  export LD_LIBRARY_PATH="$multiarch:$multiarch/openmpi/lib:$work/prefix/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+# A bundled build's binaries name the library folder of the machine that built them.
+export LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+runner=$build/bin/runner
+[ -x "$runner" ] || { echo "gpu-check: $runner is not built"; exit 2; }
+t_start=$(date +%s)
+
+say() { printf '%s\n' "$*" >>"$report"; }
+elapsed() { echo $(($(date +%s) - t_start)); }
+
+# --- The machine --------------------------------------------------------------------------------
+: >"$report"
+say "# strata GPU check, $(date -u +%Y-%m-%d\ %H:%M) UTC"
+say ""
+say "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+say "- runner: $("$runner" --version 2>&1 | head -1)"
+say "- build: $build"
+say ""
+
+# --- The real-GPU tests -------------------------------------------------------------------------
+say "## Real-GPU tests (ctest -L gpu)"
+say '```'
+if [ -f "$build/CTestTestfile.cmake" ]; then  # a build tree: make test-gpu's tests
+  (cd "$build" && timeout 200 ctest -L '^gpu$' --output-on-failure -j 4 >"$work/ctest.txt" 2>&1)
+  echo "ctest exit $?" >>"$work/ctest.txt"
+  grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|\*\*\*|ctest exit' "$work/ctest.txt" \
+    >>"$report"
+else  # a bundle (gpu-bundle.sh): the same programs, run directly
+  for t in "$build"/bin/test_cuda_* "$build"/bin/test_nccl; do
+    [ -x "$t" ] || continue
+    timeout 120 "$t" >"$work/t.txt" 2>&1
+    echo "$(basename "$t"): exit $? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$work/t.txt" | tr '\n' ' ')" \
+      >>"$report"
+    grep -E '^\[  FAILED  \]' "$work/t.txt" >>"$report"
+  done
+fi
+say '```'
+echo "gpu-check: tests done at $(elapsed) s"
+
+# --- Training runs, one rank --------------------------------------------------------------------
+# row LABEL ARGS...: one run; its throughput, step time, MFU and device peak as a table row.
+row() {
+  local label=$1
+  shift
+  local out=$work/run.txt
+  timeout 120 "$runner" --device cuda --transport nccl --steps 12 --warmup 4 --quiet \
+    --out "$work/runs" "$@" >"$out" 2>&1
+  local rc=$?
+  if [ $rc != 0 ]; then
+    say "| $label | failed (exit $rc): $(grep -m1 -iE 'error|what' "$out" | cut -c1-120) | | | |"
+    return
+  fi
+  local tput p50 mfu peak
+  tput=$(sed -nE 's/^  throughput +([0-9]+) tokens\/s.*/\1/p' "$out")
+  p50=$(sed -nE 's/.*step p50 ([0-9.]+) ms.*/\1/p' "$out")
+  mfu=$(sed -nE 's/.*MFU ([0-9.]+)%.*/\1/p' "$out")
+  peak=$(sed -nE 's/^ +device peak ([^ ]+ [A-Za-z]+) =.*/\1/p' "$out")
+  say "| $label | $tput | $p50 | $mfu% | $peak |"
+}
+say ""
+say "## One rank, 12 steps (4 warm-up)"
+say ""
+say "| run | tokens/s | step p50 ms | MFU | device peak |"
+say "|---|---|---|---|---|"
+gpt2=(--model gpt2-124m --plugin ddp)
+row "gpt2-124m bf16 mb 8 ddp" "${gpt2[@]}" --precision bf16 --micro-batch 8
+if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
+  row "gpt2-124m bf16 mb 8 ddp, attention reference" "${gpt2[@]}" --precision bf16 \
+    --micro-batch 8 --attention reference
+  row "gpt2-124m bf16 mb 16 ddp" "${gpt2[@]}" --precision bf16 --micro-batch 16
+  row "gpt2-124m bf16 mb 16 zero3" --model gpt2-124m --plugin zero3 --precision bf16 \
+    --micro-batch 16
+  row "gpt2-124m fp32 mb 8 ddp" "${gpt2[@]}" --micro-batch 8
+  row "gpt2-124m fp32 mb 16 zero3" --model gpt2-124m --plugin zero3 --micro-batch 16
+  # About 1.3B parameters: GPT-2's vocabulary, 24 layers of hidden 2048 in 16 heads of 128.
+  xl=(--model gpt2-124m --layers 24 --hidden 2048 --heads 16 --seq 1024)
+  row "1.3B bf16 mb 4 ddp" "${xl[@]}" --plugin ddp --precision bf16 --micro-batch 4
+  row "1.3B bf16 mb 4 zero3" "${xl[@]}" --plugin zero3 --precision bf16 --micro-batch 4
+  row "1.3B fp32 mb 2 ddp" "${xl[@]}" --plugin ddp --micro-batch 2
+fi
+echo "gpu-check: runs done at $(elapsed) s"
+
+# --- Kernel benchmarks --------------------------------------------------------------------------
+say ""
+say "## Kernel benchmarks (bench_kernels, cuda cases)"
+say '```'
+filter='/cuda/|BM_Gpu'
+[ "${GPU_CHECK_QUICK:-0}" = 1 ] && filter='BM_GpuAttention/.*/gpt2-124m'
+if [ -x "$build/bin/bench_kernels" ]; then
+  timeout 150 "$build/bin/bench_kernels" --benchmark_filter="$filter" --benchmark_min_time=0.05s \
+    >"$work/bench.txt" 2>&1
+  echo "bench_kernels exit $?" >>"$work/bench.txt"
+  grep -vE '^\*\*\*|^-+$' "$work/bench.txt" | cut -c1-200 >>"$report"
+else
+  say "bench_kernels is not built (STRATA_BUILD_BENCH=OFF)"
+fi
+say '```'
+echo "gpu-check: benchmarks done at $(elapsed) s"
+
+# --- Per-kernel time of one bf16 step -----------------------------------------------------------
+say ""
+say "## Per-kernel time, gpt2-124m bf16 micro-batch 8 (4 steps)"
+say '```'
+step=(--device cuda --transport nccl --model gpt2-124m --plugin ddp --precision bf16
+      --micro-batch 8 --steps 4 --warmup 1 --quiet --out "$work/runs")
+if command -v nsys >/dev/null; then
+  timeout 150 nsys profile -o "$work/step" --force-overwrite true "$runner" "${step[@]}" \
+    >"$work/nsys.txt" 2>&1
+  timeout 60 nsys stats --report cuda_gpu_kern_sum --format csv "$work/step.nsys-rep" \
+    2>/dev/null | head -40 | cut -c1-200 >>"$report"
+elif command -v ncu >/dev/null; then
+  # About one step's kernels (a gpt2-124m bf16 step launched 778 on 2026-11-24): those after the
+  # first two steps'. Base units: the time column in ns, whatever its size.
+  timeout 180 ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 2000 \
+    --launch-count 800 "$runner" "${step[@]}" >"$work/ncu.txt" 2>&1
+  awk -F'","' '/gpu__time_duration.sum/ { v = $NF; gsub(/[",]/, "", v); t[$5] += v; c[$5]++ }
+    END { for (k in t) printf "%12.3f ms %5d  %s\n", t[k] / 1e6, c[k], k }' "$work/ncu.txt" |
+    sort -rn | head -30 | cut -c1-200 >>"$report"
+else
+  say "neither nsys nor ncu is installed"
+fi
+say '```'
+say ""
+say "Total $(elapsed) s."
+echo "gpu-check: wrote $report in $(elapsed) s"
