@@ -1,7 +1,7 @@
 # --device cuda --transport nccl end to end, on any machine: runner_emu (the runner with the CUDA
 # backend on the CUDA emulator and the NCCL transport on the NCCL stand-in) against the CPU runner
 # on the same arguments. dp, ddp, zero3 and 1f1b at 1 and 2 ranks, fsdp, tp (sp), interleaved and
-# zero3 with offload=optimizer at 2, in fp32, and two bf16 runs:
+# zero3 with offload=optimizer at 2, in fp32, and four bf16 runs (ddp, zero3, tp and 1f1b):
 # each follows the CPU run's loss trajectory, keeps the memory and bytes predict() gives, and
 # records a device peak. Short runs (6 steps, micro-batch 2): the emulator runs every CUDA thread
 # of every kernel on the host, with its threads as fibers (STRATA_CUDA_EMU_FIBERS: one host thread,
@@ -108,6 +108,11 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   strata_e2e_cuda(ddp.np2.bf16 2 2e-3 --plugin ddp --micro-batch 2 --precision bf16)
   strata_e2e_cuda(zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16
                   --reduce-dtype bf16)
+  # Activations in bf16 across the tp collectives (sp: all-gathers, reduce-scatters) and the
+  # pipeline's sends, rounded and widened by the device's kernels (--tp-comm-dtype's default).
+  strata_e2e_cuda(tp.np2.bf16 2 2e-3 --plugin tp --mesh tp=2 --micro-batch 2 --plugin-opt sp=on
+                  --precision bf16)
+  strata_e2e_cuda(1f1b.pp2.bf16 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2 --precision bf16)
 endif()
 
 # runner --calibrate on --device cuda (the emulator): a cuda profile entry and comm fits over nccl,

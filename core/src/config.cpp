@@ -285,6 +285,10 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   const MixedPrecision& mp = c.train.precision;
   if (mp.reduce == DType::bf16 && mp.param != DType::bf16)
     throw ConfigError("--reduce-dtype bf16: needs --precision bf16 (fp32 parameters reduce fp32)");
+  if (mp.tp_comm == DType::bf16 && mp.param != DType::bf16)
+    throw ConfigError(
+        "--tp-comm-dtype bf16: needs --precision bf16 (an fp32 run moves fp32 activations); "
+        "allowed with --precision fp32: fp32");
   if (mp.param == DType::bf16 && c.device == "cpu" && !cpu::have_bf16_gemm())
     throw ConfigError(
         "--precision bf16: this build's CPU backend has no bf16 matmul (built without oneDNN); "
@@ -431,6 +435,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("recompute", recompute_name(train.recompute));
   add("precision", dtype_name(train.precision.param));
   add("reduce_dtype", dtype_name(train.precision.reduce));
+  add("tp_comm_dtype", dtype_name(train.precision.tp_comm));
   add("data", data_file.empty() ? "synthetic" : data_file);
   add("nodes", mesh.nodes);
   add("ranks_per_node", mesh.ranks_per_node);

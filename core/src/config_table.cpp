@@ -377,17 +377,28 @@ std::vector<Row> training_rows() {
                "(attention core)",
                [](RunConfig& c, const std::string& s) { parse_recompute(s, &c.train.recompute); }),
           {"none", "full", "selective"}),
+      // Rows apply in table order: precision sets tp_comm's default, tp-comm-dtype (below)
+      // overrides it when given.
       choice(text("precision", T, K::choice, "fp32",
                   "parameter and matmul dtype: fp32, or bf16 (bf16 parameters and matmul "
                   "operands, fp32 master weights, AdamW state, LayerNorm, softmax and loss)",
                   [](RunConfig& c, const std::string& s) {
                     c.train.precision.param = s == "bf16" ? DType::bf16 : DType::f32;
+                    c.train.precision.tp_comm = c.train.precision.param;
                   }),
              {"fp32", "bf16"}),
       choice(text("reduce-dtype", T, K::choice, "fp32",
                   "dtype gradients are accumulated and reduced in; bf16 needs --precision bf16",
                   [](RunConfig& c, const std::string& s) {
                     c.train.precision.reduce = s == "bf16" ? DType::bf16 : DType::f32;
+                  }),
+             {"fp32", "bf16"}),
+      choice(text("tp-comm-dtype", T, K::choice, "",
+                  "dtype activations and their gradients move in across tensor-parallel "
+                  "collectives and pipeline stages (default: --precision); bf16 needs "
+                  "--precision bf16",
+                  [](RunConfig& c, const std::string& s) {
+                    c.train.precision.tp_comm = s == "bf16" ? DType::bf16 : DType::f32;
                   }),
              {"fp32", "bf16"}),
       with_rule(text("data", T, K::text, "",

@@ -269,7 +269,8 @@ struct Model::Impl {
       : spec(s),
         layout(s),
         B(micro_batch),
-        passes(s, micro_batch, whole_model(s), r, param_dtype, ledger),
+        // tp 1: no tensor-parallel collectives, so no tp comm dtype to choose
+        passes(s, micro_batch, whole_model(s), r, param_dtype, DType::f32, ledger),
         slot(passes.make_slot()),
         wpe_off(layout.tensors()[1].offset),
         device(ledger.device()) {}

@@ -34,7 +34,7 @@ void check_tokens(Device device, const std::int32_t* tok, std::size_t n, int V, 
 // ModelPasses (the plan they run on, Dims and the carves: model_plan.cpp)
 
 ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                         DType param_dtype, MemoryLedger& memory)
+                         DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory)
     : spec_(spec),
       part_(part),
       recompute_(r),
@@ -57,6 +57,10 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
   scratch_memory_ = Buffer<float>(memory, MemTag::activations, count.used);
   Carver c{scratch_memory_.data(), 0};
   g_.carve(alloc_, r, param_dtype, c);
+  if (tp_comm_dtype != DType::f32 && tp_comm_dtype != DType::bf16)
+    throw ConfigError(std::string("model: tensor-parallel comm in ") + dtype_name(tp_comm_dtype) +
+                      "; fp32 or bf16 are allowed");
+  comm_ = Buffer<bf16>(memory, MemTag::comm_buffers, tp_comm_buffer_count(alloc_, tp_comm_dtype));
 }
 
 std::unique_ptr<ModelPasses::Slot> ModelPasses::make_slot() {
@@ -80,16 +84,35 @@ double ModelPasses::loss_sum(const SlotActs& s, std::size_t rows) const {
   return k_.sum(s.losses, rows);
 }
 
-// --- tensor-parallel communication (never called at tp 1)
+// --- tensor-parallel communication (never called at tp 1). Activations and their gradients move
+// in the tp comm dtype (MixedPrecision::tp_comm); with bf16, the fp32 tensor is rounded into the
+// comm buffer, the collective sums bf16 (every transport reduces bf16, as for --reduce-dtype bf16)
+// and the result is widened back, so the passes around it stay fp32.
+
+void ModelPasses::all_reduce_activation(TensorParallelComm* tp, float* data, std::size_t n) {
+  if (comm_.size() == 0) return tp->all_reduce_sum(view(data, n));
+  k_.round_to_bf16(comm_.data(), data, n);
+  tp->all_reduce_sum(view(comm_.data(), n));
+  k_.widen_bf16(data, comm_.data(), n);
+}
 
 void ModelPasses::gather(TensorParallelComm* tp, const float* shard,
                          float* full) {  // [Nl,C] -> [N,C]
-  tp->all_gather(view(const_cast<float*>(shard), run_.Nl * run_.C), view(full, run_.N * run_.C));
+  const std::size_t nl = run_.Nl * run_.C, n = run_.N * run_.C;
+  if (comm_.size() == 0) return tp->all_gather(view(const_cast<float*>(shard), nl), view(full, n));
+  bf16* mine = comm_.data() + std::size_t(part_.tp_rank) * nl;  // in place: the rank's own slot
+  k_.round_to_bf16(mine, shard, nl);
+  tp->all_gather(view(mine, nl), view(comm_.data(), n));
+  k_.widen_bf16(full, comm_.data(), n);
 }
 
 void ModelPasses::scatter(TensorParallelComm* tp, float* full,
                           float* shard) {  // [N,C] partial -> [Nl,C]
-  tp->reduce_scatter(view(full, run_.N * run_.C), view(shard, run_.Nl * run_.C));
+  const std::size_t nl = run_.Nl * run_.C, n = run_.N * run_.C;
+  if (comm_.size() == 0) return tp->reduce_scatter(view(full, n), view(shard, nl));
+  k_.round_to_bf16(comm_.data(), full, n);
+  tp->reduce_scatter(view(comm_.data(), n), view(comm_.data() + n, nl));
+  k_.widen_bf16(shard, comm_.data() + n, nl);
 }
 
 // --- dtype-aware pieces: the GEMMs and a unit's small tensors
@@ -170,7 +193,7 @@ void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, const float* 
     scatter(tp, g_.partial, out);
   } else {
     matmul_forward(out, inp, w, nullptr, int(d.N), icl, d.C);
-    tp->all_reduce_sum(view(out, d.N * d.C));
+    all_reduce_activation(tp, out, d.N * d.C);
   }
   k_.add_bias(out, bias, d.Nl, d.C);
 }
@@ -182,7 +205,7 @@ float* ModelPasses::reduce_input_grad(TensorParallelComm* tp) {
     scatter(tp, g_.partial, g_.shard);
     return g_.shard;
   }
-  tp->all_reduce_sum(view(g_.partial, run_.N * run_.C));
+  all_reduce_activation(tp, g_.partial, run_.N * run_.C);
   return g_.partial;
 }
 
@@ -290,7 +313,7 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   if (d.sp)
     scatter(tp, g_.partial, x0);
   else if (d.tp > 1)
-    tp->all_reduce_sum(view(x0, d.N * C));
+    all_reduce_activation(tp, x0, d.N * C);
   k_.add_positions(x0, wpe, d.Nl, d.row0, d.T, C);
 }
 
@@ -310,7 +333,10 @@ void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std
 }
 
 // Vocab-parallel softmax cross-entropy over logits [N,Vl] (in probs): the row max and the
-// (sum of exp, target logit) pairs are all-reduced; the logits never leave the rank.
+// (sum of exp, target logit) pairs are all-reduced; the logits never leave the rank. These
+// reductions stay fp32 whatever the tp comm dtype: they are row statistics, not activations, a
+// bf16 log-sum-exp would put its rounding into every token's loss, and they are 3N floats
+// against the blocks' N x C (Megatron-LM keeps them fp32 too).
 void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
                                       TensorParallelComm* tp) {
   const std::size_t N = run_.N, Vl = run_.Vl;
@@ -346,7 +372,7 @@ void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, Buffe
       k_.softmax_crossentropy_grad_bf16(dlogits, losses, logits, tg, rows, Vl);
       continue;
     }
-    float* mx = g_.ce;            // [rows]
+    float* mx = g_.ce;            // [rows]; fp32 statistics, as in vocab_parallel_xent
     float* sum_t = g_.ce + rows;  // [rows] sums of exp | [rows] target logit - max
     k_.xent_row_max(mx, logits, rows, Vl);
     tp->all_reduce_max(view(mx, rows));

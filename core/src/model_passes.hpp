@@ -40,6 +40,9 @@ struct Dims {
   Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device);
 };
 
+// bf16 elements of ModelPasses' tp comm buffer: 0 at tp 1 or with fp32 tp comm.
+std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype);
+
 // With bf16 parameters the head's fp32 logits exist one chunk of token rows at a time, in the
 // shared scratch: as many rows as fit kHeadLogitsBudget bytes (at least 1, at most N).
 constexpr std::size_t kHeadLogitsBudget = std::size_t(256) << 20;
@@ -140,9 +143,11 @@ class ModelPasses {
   // Validates, then allocates the shared scratch (MemTag::activations).
   // param_dtype f32 or bf16 (MixedPrecision::param): the dtype of the parameter views the passes
   // get; gradient views are f32, or bf16 with bf16 parameters.
+  // tp_comm_dtype f32 or bf16 (MixedPrecision::tp_comm): what the activation collectives move;
+  // bf16 at tp > 1 allocates the bf16 comm buffer (MemTag::comm_buffers, tp_comm_buffer_count).
   // The compute runs on the kernels of the memory's device (device_kernels(memory.device())).
   ModelPasses(const ModelSpec& spec, int micro_batch, const Partition& part, Recompute recompute,
-              DType param_dtype, MemoryLedger& memory);
+              DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory);
   std::unique_ptr<Slot> make_slot();
 
   const Dims& dims() const { return alloc_; }
@@ -175,6 +180,9 @@ class ModelPasses {
   double loss_sum(const SlotActs& s, std::size_t rows) const;
 
  private:
+  // The activation collectives (never called at tp 1), in the tp comm dtype: fp32 in place, or
+  // rounded into comm_, moved as bf16 and widened back.
+  void all_reduce_activation(TensorParallelComm* tp, float* data, std::size_t n);
   void gather(TensorParallelComm* tp, const float* shard, float* full);
   void scatter(TensorParallelComm* tp, float* full, float* shard);
   void row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
@@ -204,6 +212,9 @@ class ModelPasses {
   std::size_t block_off_[kBlockTensors] = {};
   Buffer<float> scratch_memory_;
   Scratch g_;
+  // bf16 tp comm only (else empty): [N,C] for an all-reduce or a gather's full rows, then with
+  // sequence parallelism [Nl,C] for a reduce-scatter's output (not in place: MPI's is not).
+  Buffer<bf16> comm_;
   Kernels& k_;
 };
 

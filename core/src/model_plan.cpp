@@ -223,12 +223,24 @@ ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partitio
 
 // ---------------------------------------------------------------------------------------------
 
+std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype) {
+  if (d.tp == 1 || tp_comm_dtype == DType::f32) return 0;
+  return d.N * d.C + (d.sp ? d.Nl * d.C : 0);
+}
+
+std::uint64_t StageModel::tp_comm_buffer_bytes(const ModelSpec& spec, int B, const Partition& part,
+                                               DType tp_comm_dtype) {
+  const Dims d(spec, B, part, Device::cpu);  // the same on any device
+  return tp_comm_buffer_count(d, tp_comm_dtype) * dtype_size(tp_comm_dtype);
+}
+
 void add_tensor_parallel_bytes(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                               std::map<std::string, double>& bytes) {
+                               DType tp_comm_dtype, std::map<std::string, double>& bytes) {
   const Dims d(spec, B, part, Device::cpu);  // the tensor-parallel volume is the same on any device
   if (d.tp == 1) return;
-  const double E = double(d.N) * d.C * sizeof(float);  // one [N,C] activation
-  const double ce = double(d.N) * sizeof(float) * 3;   // row max, then (sum of exp, target)
+  // One [N,C] activation in the tp comm dtype; the cross-entropy's statistics are always fp32.
+  const double E = double(d.N) * d.C * double(dtype_size(tp_comm_dtype));
+  const double ce = double(d.N) * sizeof(float) * 3;  // row max, then (sum of exp, target)
   // A full recompute repeats a block's forward up to FC1 in backward: the attention's reduction
   // and, with sp, the two LayerNorm gathers.
   const double again = r == Recompute::full ? d.blocks : 0;

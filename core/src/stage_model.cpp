@@ -33,7 +33,8 @@ struct StageModel::Impl {
   std::vector<std::unique_ptr<Slot>> slots;
 
   // memory = null builds only the tensor table (for predictions).
-  Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r, DType dt)
+  Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r, DType dt,
+       DType tp_comm = DType::f32)
       : spec(s),
         layout(s),
         part(p),
@@ -41,7 +42,7 @@ struct StageModel::Impl {
            Dims(s, B, p, m ? m->device() : Device::cpu))),
         memory(m) {
     build_tensors();
-    if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, *m);
+    if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, tp_comm, *m);
   }
 
   std::size_t local_count(const TensorInfo& t, ShardKind k) const {
@@ -162,8 +163,10 @@ struct StageModel::Impl {
 };
 
 StageModel::StageModel(const ModelSpec& spec, int micro_batch, const Partition& part,
-                       MemoryLedger& memory, Recompute recompute, DType param_dtype)
-    : impl_(std::make_unique<Impl>(spec, micro_batch, part, &memory, recompute, param_dtype)) {}
+                       MemoryLedger& memory, Recompute recompute, DType param_dtype,
+                       DType tp_comm_dtype)
+    : impl_(std::make_unique<Impl>(spec, micro_batch, part, &memory, recompute, param_dtype,
+                                   tp_comm_dtype)) {}
 StageModel::~StageModel() = default;
 
 const Partition& StageModel::partition() const { return impl_->part; }

@@ -58,6 +58,10 @@ check "--mesh: ddp is data parallel only" --plugin ddp --mesh dp=1,tp=2 --nodes 
 check "unrecognised option '--bogus'" --plugin ddp --bogus
 check "--data /nonexistent: cannot open the file" --plugin ddp --data /nonexistent
 check "--recompute some: must be one of none, full, selective" --plugin ddp --recompute some
+check "--tp-comm-dtype bf16: needs --precision bf16 (an fp32 run moves fp32 activations); allowed with --precision fp32: fp32" \
+  --plugin tp --tp-comm-dtype bf16 --precision fp32
+check "--tp-comm-dtype bf16: needs --precision bf16" --plugin 1f1b --tp-comm-dtype bf16
+check "--tp-comm-dtype fp16: must be one of fp32, bf16" --plugin tp --tp-comm-dtype fp16
 check "--memory-limit lots: must be a size such as 80GiB" --plugin ddp --dry-run --memory-limit lots
 check "--peak-tflops -1: must be a number in [0, 1e+06]" --plugin ddp --peak-tflops -1
 check "--log-interval 0: must be a whole number in 1..1000000000" --plugin ddp --log-interval 0

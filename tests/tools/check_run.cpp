@@ -10,7 +10,8 @@
 //                                            step = predicted, D2H and H2D bytes summed over ranks
 //   check_run absent FILE OP...              /comm has no series of any OP
 //   check_run less-memory A B TAG            A's peak bytes of TAG (max over ranks) < B's
-//   check_run comm-ratio A B OP RATIO        A's bytes of OP = RATIO x B's, every rank and step
+//   check_run comm-ratio A B OP RATIO [BYTES]  A's bytes of OP = RATIO x B's (+ BYTES), every rank
+//                                            and step (BYTES: what A keeps of B's unscaled share)
 //   check_run memory-ratio A B TAG RATIO BYTES  A's peak bytes of TAG = RATIO x B's within BYTES,
 //                                            rank by rank (same mesh)
 //   check_run memory-plus A B TAG TAG_B BYTES  A's peak bytes of TAG = B's of TAG_B + BYTES
@@ -105,7 +106,8 @@ static void layout(const RunRecord& r, int ranks, int steps) {
          r.command_line.c_str());
   for (const char* key : {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab",
                           "micro_batch", "global_batch", "steps", "seed", "lr", "nodes",
-                          "ranks_per_node", "dp", "precision", "reduce_dtype", "attention"})
+                          "ranks_per_node", "dp", "precision", "reduce_dtype", "tp_comm_dtype",
+                          "attention"})
     EXPECT(!config(r, key).empty(), "/config missing %s\n", key);
   bool has_mpi = false;
   for (const auto& [k, v] : r.provenance) has_mpi |= k == "mpi_version" && !v.empty();
@@ -184,8 +186,8 @@ static void device(const RunRecord& r, const std::string& want) {
 
 // Bytes on the wire of one op in two runs of the same shape (e.g. gradients reduced in bf16 and
 // in fp32): ratio exact to rounding, on every rank and step, and not zero.
-static void comm_ratio(const RunRecord& a, const RunRecord& b, const std::string& op,
-                       double ratio) {
+static void comm_ratio(const RunRecord& a, const RunRecord& b, const std::string& op, double ratio,
+                       double plus) {
   auto ia = a.comm.find(op), ib = b.comm.find(op);
   EXPECT(ia != a.comm.end() && ib != b.comm.end(), "%s missing in /comm\n", op.c_str());
   if (ia == a.comm.end() || ib == b.comm.end()) return;
@@ -193,10 +195,11 @@ static void comm_ratio(const RunRecord& a, const RunRecord& b, const std::string
   EXPECT(x.size() == y.size() && !x.empty(), "%s: shapes %zu vs %zu\n", op.c_str(), x.size(),
          y.size());
   for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i)
-    EXPECT(y[i] > 0 && std::fabs(x[i] - ratio * y[i]) <= 1e-9 * y[i],
-           "%s at %zu: %.0f bytes vs %.0f (want ratio %g)\n", op.c_str(), i, x[i], y[i], ratio);
-  std::printf("%s: %.0f bytes per step vs %.0f (ratio %g)\n", op.c_str(), x.empty() ? 0 : x[0],
-              y.empty() ? 0 : y[0], ratio);
+    EXPECT(y[i] > 0 && std::fabs(x[i] - (ratio * y[i] + plus)) <= 1e-9 * y[i],
+           "%s at %zu: %.0f bytes vs %.0f (want ratio %g + %.0f)\n", op.c_str(), i, x[i], y[i],
+           ratio, plus);
+  std::printf("%s: %.0f bytes per step vs %.0f (ratio %g + %.0f)\n", op.c_str(),
+              x.empty() ? 0 : x[0], y.empty() ? 0 : y[0], ratio, plus);
 }
 
 static double tag_peak(const RunRecord& r, int k, const std::string& tag) {
@@ -502,8 +505,9 @@ int main(int argc, char** argv) {
       EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", argv[4], peak(a),
              peak(b));
       std::printf("%s: %.0f < %.0f bytes\n", argv[4], peak(a), peak(b));
-    } else if (cmd == "comm-ratio" && argc == 6) {
-      comm_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]));
+    } else if (cmd == "comm-ratio" && (argc == 6 || argc == 7)) {
+      comm_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]),
+                 argc == 7 ? std::atof(argv[6]) : 0.0);
     } else if (cmd == "memory-ratio" && argc == 7) {
       memory_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]),
                    std::atof(argv[6]));

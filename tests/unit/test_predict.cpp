@@ -605,9 +605,43 @@ TEST(Predictor, UnplannedStrategiesAndUnknownShapesHaveNoTimeModel) {
   EXPECT_NE(t.why.find("compute entry"), std::string::npos) << t.why;
 }
 
-// A plan moves the bytes its strategy's predict() says, op by op, on rank 0 (the plan's
-// collectives and point-to-point, plus the tp collectives inside the passes, the core's part):
-// the plans and the exact byte predictions every run checks describe the same step.
+// Rank 0's plan of a strategy moves the bytes its predict() says, op by op (the plan's collectives
+// and point-to-point, plus the tp collectives inside the passes, the core's part).
+void expect_plan_moves_predicted_bytes(const std::string& name,
+                                       const std::map<std::string, std::string>& options,
+                                       const MeshSpec& mesh, const ModelSpec& m,
+                                       const TrainSpec& train) {
+  const auto strategy = installed_strategy(name, options);
+  const PredictInput in{mesh, m, train, 0};
+  strategy->validate(mesh, train, m);
+  const Prediction p = strategy->predict(in);
+  const StepPlan plan = strategy->plan_step(in);
+  ASSERT_FALSE(plan.empty()) << name << ": " << plan.unmodelled;
+  std::map<std::string, double> bytes;
+  auto add = [&](const PlanAction& a, double times) {
+    if (a.op == PlanOp::comm) bytes[a.collective] += times * a.bytes;
+    if (a.op == PlanOp::send || a.op == PlanOp::recv)
+      bytes[a.op == PlanOp::send ? "send" : "recv"] += times * a.bytes;
+  };
+  for (const PlanAction& a : plan.micro_batch) add(a, plan.micro_batches);
+  for (const PlanAction& a : plan.step) add(a, 1);
+  if (mesh.tp > 1) {  // the tp strategy: one partition, the whole model
+    std::map<std::string, double> tp_bytes;
+    const Partition whole{0, m.layers + 1, mesh.tp, 0, plan.sequence_parallel};
+    add_tensor_parallel_bytes(m, train.micro_batch, whole, train.recompute, train.precision.tp_comm,
+                              tp_bytes);
+    for (const auto& [op, b] : tp_bytes) bytes[op] += b * train.micro_steps(mesh);
+  }
+  const std::string label = name + (options.empty() ? "" : " " + options.begin()->second) +
+                            " tp comm " + dtype_name(train.precision.tp_comm);
+  for (const auto& [op, b] : p.comm_bytes_per_step)
+    if (op != "d2h" && op != "h2d") EXPECT_NEAR(bytes[op], b, 1e-9 * b) << label << " " << op;
+  for (const auto& [op, b] : bytes)
+    EXPECT_TRUE(b == 0 || p.comm_bytes_per_step.count(op)) << label << " plans " << op;
+}
+
+// The plans and the exact byte predictions every run checks describe the same step; the
+// model-parallel strategies also with bf16 tp comm (--precision bf16's default).
 TEST(StepPlan, MovesTheBytesItsStrategysPredictSays) {
   ModelSpec m = tiny();
   m.preset = "custom", m.layers = 4;
@@ -634,35 +668,65 @@ TEST(StepPlan, MovesTheBytesItsStrategysPredictSays) {
                                    {"tp", {{"dp", "zero1"}, {"sp", "on"}}, dp2_tp2},
                                    {"tp", {{"dp", "zero2"}}, dp2_tp2},
                                    {"tp", {{"dp", "fsdp"}, {"sp", "on"}}, dp2_tp2}};
-  TrainSpec train;
-  train.micro_batch = 2, train.global_batch = 16;
-  for (const Case& c : cases) {
-    const auto strategy = installed_strategy(c.strategy, c.options);
-    const PredictInput in{c.mesh, m, train, 0};
-    strategy->validate(c.mesh, train, m);
-    const Prediction p = strategy->predict(in);
-    const StepPlan plan = strategy->plan_step(in);
-    ASSERT_FALSE(plan.empty()) << c.strategy << ": " << plan.unmodelled;
-    std::map<std::string, double> bytes;
-    auto add = [&](const PlanAction& a, double times) {
-      if (a.op == PlanOp::comm) bytes[a.collective] += times * a.bytes;
-      if (a.op == PlanOp::send || a.op == PlanOp::recv)
-        bytes[a.op == PlanOp::send ? "send" : "recv"] += times * a.bytes;
-    };
-    for (const PlanAction& a : plan.micro_batch) add(a, plan.micro_batches);
-    for (const PlanAction& a : plan.step) add(a, 1);
-    if (c.mesh.tp > 1) {  // the tp strategy: one partition, the whole model
-      std::map<std::string, double> tp_bytes;
-      const Partition whole{0, m.layers + 1, c.mesh.tp, 0, plan.sequence_parallel};
-      add_tensor_parallel_bytes(m, train.micro_batch, whole, train.recompute, tp_bytes);
-      for (const auto& [op, b] : tp_bytes) bytes[op] += b * train.micro_steps(c.mesh);
+  for (DType comm : {DType::f32, DType::bf16})
+    for (const Case& c : cases) {
+      if (comm == DType::bf16 && c.mesh.tp == 1 && c.mesh.pp == 1) continue;
+      TrainSpec train;
+      train.micro_batch = 2, train.global_batch = 16;
+      train.precision.param = train.precision.tp_comm = comm;
+      expect_plan_moves_predicted_bytes(c.strategy, c.options, c.mesh, m, train);
     }
-    const std::string label =
-        c.strategy + (c.options.empty() ? "" : " " + c.options.begin()->second);
-    for (const auto& [op, b] : p.comm_bytes_per_step)
-      if (op != "d2h" && op != "h2d") EXPECT_NEAR(bytes[op], b, 1e-9 * b) << label << " " << op;
-    for (const auto& [op, b] : bytes)
-      EXPECT_TRUE(b == 0 || p.comm_bytes_per_step.count(op)) << label << " plans " << op;
+}
+
+// The bf16 tp comm dtype halves every activation collective of tp (with and without sequence
+// parallelism) and the pipeline's sends and receives; the cross-entropy's statistics stay fp32.
+TEST(StepPlan, Bf16TpCommHalvesTheActivationBytes) {
+  ModelSpec m = tiny();
+  m.preset = "custom", m.layers = 4;
+  const int B = 2;
+  const double N = double(B) * m.seq, ce = 3 * N * sizeof(float);
+  const double E = N * m.hidden * sizeof(float);  // one fp32 [N, C] activation
+  for (bool sp : {false, true}) {
+    const Partition whole{0, m.layers + 1, 2, 0, sp};
+    std::map<std::string, double> fp32, bf16;
+    add_tensor_parallel_bytes(m, B, whole, Recompute::none, DType::f32, fp32);
+    add_tensor_parallel_bytes(m, B, whole, Recompute::none, DType::bf16, bf16);
+    // Per block 4 activations (sp: 4 all-gathers and 4 reduce-scatters), the embedding's and
+    // the head's one each.
+    const double acts = (4 * m.layers + 2) * E;
+    if (sp) {
+      EXPECT_EQ(fp32["all_gather"], acts);
+      EXPECT_EQ(bf16["all_gather"], acts / 2);
+      EXPECT_EQ(bf16["reduce_scatter"], acts / 2);
+      EXPECT_EQ(bf16["all_reduce"], ce);
+    } else {
+      EXPECT_EQ(fp32["all_reduce"], acts + ce);
+      EXPECT_EQ(bf16["all_reduce"], acts / 2 + ce);
+    }
+    EXPECT_EQ(StageModel::tp_comm_buffer_bytes(m, B, whole, DType::f32), 0u);
+    EXPECT_EQ(double(StageModel::tp_comm_buffer_bytes(m, B, whole, DType::bf16)),
+              E / 2 * (sp ? 1.5 : 1.0));
+  }
+  // 1f1b at pp 2, 4 micro-batches: each stage sends and receives one [N, C] boundary per
+  // micro-batch each way, plus the tied wte's gradient (reduce dtype: fp32) once.
+  const MeshSpec pp2{1, 1, 2, 1, 2};
+  const auto strategy = installed_strategy("1f1b", {});
+  const double wte = double(m.vocab) * m.hidden * sizeof(float);
+  for (int rank : {0, 1}) {
+    TrainSpec train;
+    train.micro_batch = B, train.global_batch = 4 * B;
+    const Prediction f = strategy->predict({pp2, m, train, rank});
+    train.precision.param = train.precision.tp_comm = DType::bf16;
+    const Prediction h = strategy->predict({pp2, m, train, rank});
+    for (const char* op : {"send", "recv"}) {
+      EXPECT_EQ(f.comm_bytes_per_step.at(op), 4 * E + wte) << op;
+      EXPECT_EQ(h.comm_bytes_per_step.at(op), 4 * E / 2 + wte) << op;
+    }
+    // bf16: a send buffer per slot in flight (1f1b: pp - stage) and the receive buffer.
+    const auto comm_buffers = [](const Prediction& p) {
+      return p.memory_bytes[static_cast<int>(MemTag::comm_buffers)];
+    };
+    EXPECT_EQ(comm_buffers(h) - comm_buffers(f), (2 - rank + 1) * E / 2) << "rank " << rank;
   }
 }
 

@@ -411,7 +411,7 @@ TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMem
         const std::vector<RankResult> got = r == Recompute::none ? ref : run_tp(spec, B, part, r);
         const ActivationBytes predicted = predict_activations(spec, B, part, r);
         std::map<std::string, double> tp_bytes;
-        add_tensor_parallel_bytes(spec, B, part, r, tp_bytes);
+        add_tensor_parallel_bytes(spec, B, part, r, DType::f32, tp_bytes);
         for (int rank = 0; rank < 2; ++rank) {
           const RankResult& a = ref[rank];
           const RankResult& b = got[rank];

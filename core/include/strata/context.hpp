@@ -24,8 +24,9 @@ struct TrainSpec {
   double grad_clip = 1.0;  // global-norm clipping; 0 = off
   double weight_decay = 0.1;
   Recompute recompute = Recompute::none;  // activation recomputation (Megatron's modes)
-  MixedPrecision precision;               // param and gradient dtypes (--precision, --reduce-dtype)
-  Device device = Device::cpu;            // where the model computes (--device)
+  // param, gradient and activation-comm dtypes (--precision, --reduce-dtype, --tp-comm-dtype)
+  MixedPrecision precision;
+  Device device = Device::cpu;  // where the model computes (--device)
   // Micro-batches per rank per step (gradient accumulation) on this mesh.
   int micro_steps(const MeshSpec& m) const {
     return int(global_batch / (std::int64_t(micro_batch) * m.dp));

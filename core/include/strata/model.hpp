@@ -109,11 +109,19 @@ void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begi
 //           the fp32 master copy and the AdamW state kept by the optimizer (strata/optimizer.hpp)
 //   reduce  the dtype gradients are accumulated and reduced in (Megatron-LM keeps them in fp32 by
 //           default, accumulate_allreduce_grads_in_fp32): f32, or bf16 (bytes on the wire halve)
+//   tp_comm the dtype activations and their gradients cross model-parallel boundaries in: tensor
+//           parallelism's all-reduces (row-parallel outputs, column-parallel input gradients, the
+//           vocab-parallel embedding) and sequence parallelism's all-gathers / reduce-scatters,
+//           and a pipeline's activation and activation-gradient sends. bf16 (Megatron-LM's
+//           choice) rounds the fp32 tensor into a bf16 comm buffer, moves it and widens it back:
+//           half the bytes. The cross-entropy's row statistics stay fp32 whatever it says.
 // Matmuls then take bf16 operands and accumulate in fp32; LayerNorm, softmax, GELU, the residual
-// stream and the loss stay fp32. --precision bf16 sets param to bf16; --reduce-dtype sets reduce.
+// stream and the loss stay fp32. --precision bf16 sets param (and, unless --tp-comm-dtype says
+// otherwise, tp_comm) to bf16; --reduce-dtype sets reduce; --tp-comm-dtype sets tp_comm.
 struct MixedPrecision {
   DType param = DType::f32;
   DType reduce = DType::f32;
+  DType tp_comm = DType::f32;
   bool mixed() const { return param != DType::f32; }
 };
 

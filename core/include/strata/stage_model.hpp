@@ -61,8 +61,12 @@ struct LocalTensor {
 class StageModel {
  public:
   // param_dtype: fp32, or bf16 (MixedPrecision::param) for the parameter views the passes get.
+  // tp_comm_dtype: fp32, or bf16 (MixedPrecision::tp_comm): the dtype the tensor-parallel
+  // collectives move activations and their gradients in (bf16: through a comm buffer of
+  // tp_comm_buffer_bytes(), MemTag::comm_buffers); the cross-entropy's statistics stay fp32.
   StageModel(const ModelSpec& spec, int micro_batch, const Partition& part, MemoryLedger& memory,
-             Recompute recompute = Recompute::none, DType param_dtype = DType::f32);
+             Recompute recompute = Recompute::none, DType param_dtype = DType::f32,
+             DType tp_comm_dtype = DType::f32);
   ~StageModel();
   StageModel(const StageModel&) = delete;
   StageModel& operator=(const StageModel&) = delete;
@@ -153,6 +157,11 @@ class StageModel {
   // Exact bytes of one slot's token copies (MemTag::workspace; its activations:
   // predict_activations()).
   static std::uint64_t slot_token_bytes(const ModelSpec& spec, int micro_batch);
+  // Exact bytes of the tp comm buffer a partition built with this tp comm dtype holds
+  // (MemTag::comm_buffers): 0 at tp 1 or in fp32; in bf16 an [N,C] activation, and with sequence
+  // parallelism a reduce-scatter's [N/tp,C] output beside it.
+  static std::uint64_t tp_comm_buffer_bytes(const ModelSpec& spec, int micro_batch,
+                                            const Partition& part, DType tp_comm_dtype);
   // The tensor table of a partition without building it (for predictions).
   static std::vector<LocalTensor> local_tensors(const ModelSpec& spec, const Partition& part);
 
@@ -163,8 +172,10 @@ class StageModel {
 
 // Bytes of tensor-parallel collectives one micro-batch's forward + backward of `part` moves, per
 // op name (nccl-tests size convention), as StageModel issues them, the collectives a full
-// recompute repeats in backward included. Zero for tp_size 1.
+// recompute repeats in backward included: activations in tp_comm_dtype (2 bytes an element in
+// bf16), the cross-entropy's statistics in fp32. Zero for tp_size 1.
 void add_tensor_parallel_bytes(const ModelSpec& spec, int micro_batch, const Partition& part,
-                               Recompute recompute, std::map<std::string, double>& bytes);
+                               Recompute recompute, DType tp_comm_dtype,
+                               std::map<std::string, double>& bytes);
 
 }  // namespace strata

@@ -15,6 +15,8 @@
 
 namespace strata {
 
+// The views are fp32, or bf16 for activations and their gradients when the run's tp comm dtype
+// (MixedPrecision::tp_comm) is bf16: StageModel rounds them into its comm buffer first.
 class TensorParallelComm {
  public:
   virtual ~TensorParallelComm() = default;

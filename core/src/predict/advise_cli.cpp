@@ -21,7 +21,8 @@ void take_profile_device(const MachineProfile& p, const std::string& path, Train
                       "precision (found " + std::to_string(devices.size()) + " and " +
                       std::to_string(precisions.size()) + ")");
   train.device = *devices.begin() == "cuda" ? Device::cuda : Device::cpu;
-  if (*precisions.begin() == "bf16") train.precision.param = DType::bf16;
+  if (*precisions.begin() == "bf16" && train.precision.param != DType::bf16)
+    train.precision.param = train.precision.tp_comm = DType::bf16;  // tp comm follows, by default
   if (*precisions.begin() == "fp32") train.precision = MixedPrecision{};
 }
 

@@ -122,7 +122,8 @@ ComputeEntry measure_tensor_parallel(const RunConfig& config, CoreContext& ctx,
   const MicroBatch mb = ctx.micro_batch(0, 0);
   const float scale = float(grad_scale(ctx));
   auto time_stage = [&](Recompute mode) {  // median forward and backward seconds
-    StageModel stage(m, config.train.micro_batch, part, ctx.memory(), mode, dtype);
+    StageModel stage(m, config.train.micro_batch, part, ctx.memory(), mode, dtype,
+                     config.train.precision.tp_comm);
     DeviceBuffer params(ctx.memory(), MemTag::params, dtype, stage.param_count());
     DeviceBuffer grads(ctx.memory(), MemTag::grads, dtype, stage.param_count());
     stage.init_params(config.train.seed, params.view());

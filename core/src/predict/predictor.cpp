@@ -42,21 +42,23 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
 }
 
 // The tp group's collectives inside each unit's passes of one micro-batch, as StageModel does
-// them (add_tensor_parallel_bytes), on the compute thread, not overlapped; E: one [B*T, C] fp32
-// activation. sp off: all-reduces of E, a block's attention and MLP outputs in forward (2) and
-// their input gradients in backward (2, and the attention's again when a full recompute repeats
-// the forward), the embedding's output, the head's input gradient. sp on (Megatron's sequence
-// parallelism): each of those an all-gather of E before and a reduce-scatter after the tp
-// region: 2 + 2 per block and pass (a full recompute 2 all-gathers and a reduce-scatter more),
-// the embedding's reduce-scatter forward and all-gather backward, the head's the other way
-// round. Both: the cross-entropy's row max and (sum of exp, target) pairs.
+// them (add_tensor_parallel_bytes), on the compute thread, not overlapped; E: one [B*T, C]
+// activation in the tp comm dtype (--tp-comm-dtype: 4 or 2 bytes an element). sp off: all-reduces
+// of E, a block's attention and MLP outputs in forward (2) and their input gradients in backward
+// (2, and the attention's again when a full recompute repeats the forward), the embedding's output,
+// the head's input gradient. sp on (Megatron's sequence parallelism): each of those an all-gather
+// of E before and a reduce-scatter after the tp region: 2 + 2 per block and pass (a full recompute
+// 2 all-gathers and a reduce-scatter more), the embedding's reduce-scatter forward and all-gather
+// backward, the head's the other way round. Both: the cross-entropy's row max and (sum of exp,
+// target) pairs.
 void tp_collectives(Costs& c, bool sp, std::vector<double>& fwd, std::vector<double>& bwd) {
   const StepQuery& q = c.q;
   const double tokens = double(q.train.micro_batch) * q.model.seq;
-  const double E = tokens * q.model.hidden * sizeof(float);
+  const double E = tokens * q.model.hidden * double(dtype_size(q.train.precision.tp_comm));
   const bool full = q.train.recompute == Recompute::full;
   const std::size_t head = c.fwd.size() - 1;
   fwd.assign(c.fwd.size(), 0), bwd.assign(c.bwd.size(), 0);
+  // The cross-entropy's statistics: fp32 whatever the tp comm dtype.
   const double ce = c.comm("all_reduce", tokens * sizeof(float), Axis::tp) +
                     c.comm("all_reduce", 2 * tokens * sizeof(float), Axis::tp);
   if (!sp) {

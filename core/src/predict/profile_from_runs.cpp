@@ -151,6 +151,8 @@ RunQuestion question_of_run(const RunRecord& run) {
   parse_recompute(text("recompute"), &t.recompute);
   t.precision.param = dtype_of_name(text("precision"));
   t.precision.reduce = dtype_of_name(text("reduce_dtype"));
+  // Files from before --tp-comm-dtype have no tp_comm_dtype: they moved fp32 activations.
+  t.precision.tp_comm = dtype_of_name(text("tp_comm_dtype"));
   t.device = text("device") == "cuda" ? Device::cuda : Device::cpu;
   q.mesh = MeshSpec{integer(config, "dp", 1), integer(config, "tp", 1), integer(config, "pp", 1),
                     integer(config, "nodes", 1), integer(config, "ranks_per_node", run.ranks)};

@@ -274,6 +274,7 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   const MeshCoord coord = mesh_coord(in.mesh, in.rank);
   const Plan plan = make_plan(in.mesh, coord, in.model, in.train, cfg);
   const int B = in.train.micro_batch;
+  const DType tp_comm = in.train.precision.tp_comm;
   Prediction p;
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
   auto& comm = p.comm_bytes_per_step;
@@ -293,12 +294,17 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
                                                      in.train.precision.param, in.train.device);
     mem(MemTag::activations) += in_flight * double(acts.slot) + double(acts.scratch);
     mem(MemTag::workspace) += in_flight * double(StageModel::slot_token_bytes(in.model, B));
-    // Tensor parallel collectives, per micro-batch.
+    // Tensor parallel collectives, per micro-batch, and their bf16 comm buffer.
     std::map<std::string, double> tp_bytes;
-    add_tensor_parallel_bytes(in.model, B, part, in.train.recompute, tp_bytes);
+    add_tensor_parallel_bytes(in.model, B, part, in.train.recompute, tp_comm, tp_bytes);
     for (const auto& [op, bytes] : tp_bytes) comm[op] += bytes * plan.m;
-    // Pipeline sends and receives, per micro-batch.
-    const double boundary = double(StageModel::boundary_count(in.model, B, part)) * sizeof(float);
+    mem(MemTag::comm_buffers) +=
+        double(StageModel::tp_comm_buffer_bytes(in.model, B, part, tp_comm));
+    // Pipeline sends and receives, per micro-batch, in the tp comm dtype; in bf16 each slot in
+    // flight has its send buffer (BoundaryBuffers).
+    const double boundary =
+        double(StageModel::boundary_count(in.model, B, part)) * double(dtype_size(tp_comm));
+    if (plan.K > 1 && tp_comm != DType::f32) mem(MemTag::comm_buffers) += in_flight * boundary;
     const int k = plan.global[c];
     if (k > 0) {  // receive the activation, send its gradient
       comm["recv"] += boundary * plan.m;
@@ -309,8 +315,10 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
       comm["recv"] += boundary * plan.m;
     }
   }
-  // Activations and what crosses stage boundaries stay fp32 (the residual stream is fp32 in
-  // every precision); the rest by precision.
+  if (plan.K > 1 && tp_comm != DType::f32)  // the one receive buffer (BoundaryBuffers)
+    mem(MemTag::comm_buffers) +=
+        double(StageModel::boundary_count(in.model, B, plan.parts[0])) * dtype_size(tp_comm);
+  // Activations stay fp32 (the residual stream is fp32 in every precision); the rest by precision.
   predict_dp_axis(in, cfg, plan, coord, params, partial, p);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
@@ -333,6 +341,50 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// What crosses a stage boundary (one micro-batch's boundary_count() fp32 elements: an activation
+// forward, its gradient backward), moved in the tp comm dtype (MixedPrecision::tp_comm). fp32:
+// the slot's own tensors are sent and received into. bf16 (Megatron-LM's choice, half the bytes):
+// a tensor is rounded into its slot's send buffer, which the send reads until it completes, and
+// received into the one receive buffer, then widened into place on the compute thread. All
+// MemTag::comm_buffers; a slot's send buffer is made with the slot, so there are as many as the
+// schedule has slots in flight (what predict() counts).
+class BoundaryBuffers {
+ public:
+  BoundaryBuffers(MemoryLedger& memory, DType dtype, std::size_t count, std::size_t chunks)
+      : memory_(memory), dtype_(dtype), count_(count), send_(chunks) {
+    if (dtype_ != DType::f32) recv_ = DeviceBuffer(memory_, MemTag::comm_buffers, dtype_, count_);
+  }
+  bool converts() const { return dtype_ != DType::f32; }
+  // The view a send of `src` reads: src itself, or src rounded into the slot's send buffer (whose
+  // previous send must have completed: the caller waits for the slot's sends first).
+  BufferView outgoing(DeviceOps& ops, int chunk, int slot, const float* src) {
+    const BufferView fp32 = device_view(const_cast<float*>(src));
+    if (!converts()) return fp32;
+    std::vector<DeviceBuffer>& bufs = send_[std::size_t(chunk)];
+    while (int(bufs.size()) <= slot)
+      bufs.emplace_back(memory_, MemTag::comm_buffers, dtype_, count_);
+    ops.cast(bufs[std::size_t(slot)].view(), fp32);
+    return bufs[std::size_t(slot)].view();
+  }
+  // The view a receive for `dst` fills; then arrived(dst) puts it in place.
+  BufferView incoming(float* dst) { return converts() ? recv_.view() : device_view(dst); }
+  void arrived(DeviceOps& ops, float* dst) {
+    if (converts()) ops.cast(device_view(dst), recv_.view());
+  }
+
+ private:
+  BufferView device_view(float* p) const { return {p, count_, DType::f32, memory_.device()}; }
+  MemoryLedger& memory_;
+  DType dtype_;
+  std::size_t count_;
+  std::vector<std::vector<DeviceBuffer>> send_;  // [chunk][slot]
+  DeviceBuffer recv_;
+};
+
+}  // namespace
+
 class Engine {
  public:
   Engine(Context& ctx, const MpConfig& cfg)
@@ -341,14 +393,17 @@ class Engine {
     std::vector<AdamWSegment> segments;
     std::size_t total = 0;
     for (const Partition& part : plan_.parts) {
-      chunks_.push_back(std::make_unique<StageModel>(ctx.model_spec(), ctx.train().micro_batch,
-                                                     part, mem, ctx.train().recompute,
-                                                     ctx.train().precision.param));
+      chunks_.push_back(std::make_unique<StageModel>(
+          ctx.model_spec(), ctx.train().micro_batch, part, mem, ctx.train().recompute,
+          ctx.train().precision.param, ctx.train().precision.tp_comm));
       offset_.push_back(total);
       total += chunks_.back()->param_count();
       for (const AdamWSegment& s : chunks_.back()->adamw_segments()) segments.push_back(s);
     }
     pending_.resize(chunks_.size());
+    if (plan_.K > 1)
+      boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
+                        chunks_.size());
     if (ctx.mesh().tp > 1)
       tp_comm_ = cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
                                   : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
@@ -525,15 +580,17 @@ class Engine {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk], slot = sm.acquire_slot();
     const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
-    const std::size_t n = sm.boundary_count();
     wait_sends(ctx, a.chunk, slot);
     // Middle stages do not read tokens: no data is generated for them.
     const MicroBatch mb = sm.needs_tokens() ? ctx.micro_batch(step, a.micro)
                                             : MicroBatch{nullptr, nullptr, ctx.train().micro_batch,
                                                          ctx.model_spec().seq};
     if (k > 0) {
-      PhaseTimer idle(ctx, Phase::bubble);
-      pp.recv(view(sm.input(slot), n), prev, kTagActivation);
+      {
+        PhaseTimer idle(ctx, Phase::bubble);
+        pp.recv(boundary_->incoming(sm.input(slot)), prev, kTagActivation);
+      }
+      boundary_->arrived(ctx.ops(), sm.input(slot));
     }
     {
       PhaseTimer t(ctx, Phase::forward);
@@ -545,12 +602,11 @@ class Engine {
     if (sm.has_head())
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
     if (k < plan_.K - 1) {
-      float* out = const_cast<float*>(sm.output(slot));
+      const BufferView out = boundary_->outgoing(ctx.ops(), a.chunk, slot, sm.output(slot));
       pending(a.chunk, slot)
-          .push_back(
-              ctx.comm_stream(kStreamNext)
-                  .enqueue([&pp, out, n, next] { pp.send(view(out, n), next, kTagActivation); },
-                           ctx.compute_event()));
+          .push_back(ctx.comm_stream(kStreamNext)
+                         .enqueue([&pp, out, next] { pp.send(out, next, kTagActivation); },
+                                  ctx.compute_event()));
     }
     return slot;
   }
@@ -560,10 +616,12 @@ class Engine {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk];
     const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
-    const std::size_t n = sm.boundary_count();
     if (k < plan_.K - 1) {
-      PhaseTimer idle(ctx, Phase::bubble);
-      pp.recv(view(sm.output_grad(), n), next, kTagGradient);
+      {
+        PhaseTimer idle(ctx, Phase::bubble);
+        pp.recv(boundary_->incoming(sm.output_grad()), next, kTagGradient);
+      }
+      boundary_->arrived(ctx.ops(), sm.output_grad());
     }
     {
       PhaseTimer t(ctx, Phase::backward);
@@ -575,12 +633,14 @@ class Engine {
                     float(grad_scale(ctx)));
     }
     if (k > 0) {
-      float* din = const_cast<float*>(sm.input_grad(slot));
+      // The slot's send buffer last carried its activation: that send is done (the next stage
+      // received it before sending this gradient), and waiting makes it so on every transport.
+      if (boundary_->converts()) wait_sends(ctx, a.chunk, slot);
+      const BufferView din = boundary_->outgoing(ctx.ops(), a.chunk, slot, sm.input_grad(slot));
       pending(a.chunk, slot)
-          .push_back(
-              ctx.comm_stream(kStreamPrev)
-                  .enqueue([&pp, din, n, prev] { pp.send(view(din, n), prev, kTagGradient); },
-                           ctx.compute_event()));
+          .push_back(ctx.comm_stream(kStreamPrev)
+                         .enqueue([&pp, din, prev] { pp.send(din, prev, kTagGradient); },
+                                  ctx.compute_event()));
     }
     sm.release_slot(slot);
   }
@@ -619,6 +679,7 @@ class Engine {
   std::optional<AdamW> optimizer_;
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
+  std::optional<BoundaryBuffers> boundary_;               // pipelines (more than one chunk)
   std::unique_ptr<DpUnits> units_;                        // zero2, fsdp (else null)
 };
 

@@ -68,11 +68,11 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
                    const std::vector<std::pair<int, int>>& units, bool sp,
                    std::vector<PlanAction>& out) {
   const int P = in.mesh.pp, v = cfg.virtual_stages, K = P * v, m = in.train.micro_steps(in.mesh);
-  // Every boundary carries one micro-batch's [B, T, C] fp32 residual stream (sp: this rank's
-  // token rows of it).
+  // Every boundary carries one micro-batch's [B, T, C] residual stream (sp: this rank's token rows
+  // of it) in the tp comm dtype.
   const Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
-  const double bytes =
-      double(StageModel::boundary_count(in.model, in.train.micro_batch, second)) * sizeof(float);
+  const double bytes = double(StageModel::boundary_count(in.model, in.train.micro_batch, second)) *
+                       double(dtype_size(in.train.precision.tp_comm));
   const Mesh mesh(in.mesh);
   auto stage_of = [&](int k) { return mesh.rank_of(me.dp, me.tp, k % P); };
   for (const pp::PipeAction& a : pp::pipeline_schedule(cfg.schedule, P, me.pp, m, v)) {
