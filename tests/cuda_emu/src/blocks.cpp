@@ -49,6 +49,9 @@ struct Warp {
   // Which shuffle of the block (1, 2, ...) each slot holds: a lane that exited or diverged has
   // not published the reader's shuffle.
   std::uint32_t numbers[2][32] = {};
+  // The pointers of a warp-collective operation (warp_collective_begin): read only between its
+  // two barriers, so one set does.
+  const void* published[32] = {};
   std::uint32_t lanes = 0;  // lanes that exist in this block
 };
 
@@ -430,5 +433,32 @@ std::uint64_t shuffle_bits(unsigned mask, std::uint64_t bits, int src_lane) {
           src_lane);
   return warp.slots[number % 2][src_lane];
 }
+
+// The numbers of warp-collective operations share the shuffles' count (so a lane at a shuffle and
+// one at a WMMA call are told apart) with this bit set.
+constexpr std::uint32_t kCollectiveBit = 0x80000000u;
+
+const void* const* warp_collective_begin(const char* what, const void* mine) {
+  if (tls_grid == nullptr) fatal("%s outside a kernel", what);
+  Warp& warp = my_warp();
+  const char* name = tls_grid->config.name;
+  if (warp.lanes != ~0u)
+    fatal("kernel %s: %s in a warp of fewer than 32 threads (0x%08x): undefined on a GPU", name,
+          what, warp.lanes);
+  const std::uint32_t number = ++tls_shuffles;
+  const int lane = lane_id();
+  warp.published[lane] = mine;
+  warp.numbers[number % 2][lane] = number | kCollectiveBit;
+  wait_at_warp_barrier(warp);
+  for (int l = 0; l < 32; ++l)
+    if (warp.numbers[number % 2][l] != (number | kCollectiveBit))
+      fatal(
+          "kernel %s, thread %u: lane %d is not in %s (warp operation %u): it has exited or is at "
+          "another warp operation; undefined on a GPU",
+          name, tls_thread, l, what, number);
+  return warp.published;
+}
+
+void warp_collective_end() { wait_at_warp_barrier(my_warp()); }
 
 }  // namespace strata_emu
