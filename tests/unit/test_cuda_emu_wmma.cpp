@@ -180,4 +180,31 @@ TEST(CudaEmuWmmaDeathTest, PartOfAWarpIsRefused) {
   cudaFree(out);
 }
 
+// A fragment load from memory WMMA does not accept (misaligned, or a leading dimension that is
+// not a multiple of 16 bytes): undefined on a GPU, stopped with a message here.
+__global__ void misaligned_load_kernel(const __nv_bfloat16* a, unsigned offset, unsigned ldm) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> f;
+  wmma::load_matrix_sync(f, a + offset, ldm);
+}
+
+TEST(CudaEmuWmmaDeathTest, MisalignedMemoryIsRefused) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  __nv_bfloat16* a = device_copy(std::vector<__nv_bfloat16>(kN * 32));
+  STRATA_LAUNCH(misaligned_load_kernel, 1, 32, 0, nullptr)(a, 16, 24);  // 32 bytes in, 48 B rows
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        STRATA_LAUNCH(misaligned_load_kernel, 1, 32, 0, nullptr)(a, 8, 16);  // 16 bytes in
+        (void)cudaDeviceSynchronize();
+      },
+      "must be 32-byte aligned");
+  EXPECT_DEATH(
+      {
+        STRATA_LAUNCH(misaligned_load_kernel, 1, 32, 0, nullptr)(a, 0, 20);  // 40-byte rows
+        (void)cudaDeviceSynchronize();
+      },
+      "not as WMMA requires");
+  cudaFree(a);
+}
+
 }  // namespace

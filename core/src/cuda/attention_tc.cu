@@ -96,6 +96,12 @@ constexpr std::size_t kRowValueBytes = sizeof(float) * kRows;
 template <int kD>
 constexpr std::size_t kAccBytes = sizeof(float) * kRows* kAccStride<kD>;
 
+// The unit of the dynamic shared memory: declaring it 128-byte aligned makes the base as aligned
+// as WMMA's 32-byte fragments need (CUDA promises only 16 bytes for an array of floats).
+struct alignas(128) SharedUnit {
+  unsigned char bytes[128];
+};
+
 // Carves consecutive buffers out of the dynamic shared memory.
 struct SharedCarver {
   unsigned char* next;
@@ -237,8 +243,8 @@ __global__ void __launch_bounds__(kThreads)
                       float* lse,        // [B, NH, T]
                       const float* qkv,  // [B, T, 3C]
                       int T, int C, int NH, float scale_log2) {
-  STRATA_DYNAMIC_SHARED(float, smem);
-  SharedCarver carve{reinterpret_cast<unsigned char*>(smem)};
+  STRATA_DYNAMIC_SHARED(SharedUnit, smem);
+  SharedCarver carve{smem->bytes};
   bfloat16* q_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
   bfloat16* k_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
   bfloat16* v_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
@@ -352,8 +358,8 @@ __global__ void __launch_bounds__(kThreads)
                             const float* lse,    // [B, NH, T]
                             const float* delta,  // [B, NH, T]
                             int T, int C, int NH, float scale, float scale_log2) {
-  STRATA_DYNAMIC_SHARED(float, smem);
-  SharedCarver carve{reinterpret_cast<unsigned char*>(smem)};
+  STRATA_DYNAMIC_SHARED(SharedUnit, smem);
+  SharedCarver carve{smem->bytes};
   bfloat16* k_tile = carve.take<bfloat16>(kTileBytes<kD>);   // [64 keys, kD + 8]
   bfloat16* v_tile = carve.take<bfloat16>(kTileBytes<kD>);   // [64 keys, kD + 8]
   bfloat16* q_tile = carve.take<bfloat16>(kTileBytes<kD>);   // [64 queries, kD + 8]
@@ -427,8 +433,8 @@ __global__ void __launch_bounds__(kThreads)
                           const float* lse,    // [B, NH, T]
                           const float* delta,  // [B, NH, T]
                           int T, int C, int NH, float scale, float scale_log2) {
-  STRATA_DYNAMIC_SHARED(float, smem);
-  SharedCarver carve{reinterpret_cast<unsigned char*>(smem)};
+  STRATA_DYNAMIC_SHARED(SharedUnit, smem);
+  SharedCarver carve{smem->bytes};
   bfloat16* q_tile = carve.take<bfloat16>(kTileBytes<kD>);   // [64 queries, kD + 8]
   bfloat16* do_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64 queries, kD + 8]
   bfloat16* k_tile = carve.take<bfloat16>(kTileBytes<kD>);   // [64 keys, kD + 8]

@@ -18,6 +18,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda_emu/kernel.hpp"
@@ -54,6 +55,17 @@ constexpr int kLanes = 32;
 inline int element_row(int i) { return (kLanes * i + strata_emu::lane_id()) / kTile; }
 inline int element_col(int i) { return (kLanes * i + strata_emu::lane_id()) % kTile; }
 
+// CUDA's requirements of a fragment load or store: a 256-bit aligned pointer and a leading
+// dimension of a multiple of 16 bytes (8 bf16, 4 floats); undefined on a GPU otherwise.
+template <class T>
+void check_memory(const char* what, const T* p, unsigned ldm) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0 || ldm * sizeof(T) % 16 != 0)
+    strata_emu::fatal_in_kernel(
+        "%s: pointer %p (must be 32-byte aligned) or ldm %u (must be a multiple of %zu elements) "
+        "not as WMMA requires",
+        what, static_cast<const void*>(p), ldm, 16 / sizeof(T));
+}
+
 // Offset of tile element (row, col) in memory with leading dimension ldm.
 inline unsigned offset(int row, int col, unsigned ldm, bool row_major) {
   return row_major ? unsigned(row) * ldm + unsigned(col) : unsigned(col) * ldm + unsigned(row);
@@ -73,6 +85,7 @@ template <class Use, class T, class Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& a, const T* p, unsigned ldm) {
   static_assert(!std::is_same_v<Use, accumulator>, "an accumulator load names its memory layout");
   strata_emu::warp_collective_begin("wmma::load_matrix_sync", nullptr);
+  detail::check_memory("wmma::load_matrix_sync", p, ldm);
   for (int i = 0; i < a.num_elements; ++i)
     a.x[i] = p[detail::offset(detail::element_row(i), detail::element_col(i), ldm,
                               std::is_same_v<Layout, row_major>)];
@@ -81,6 +94,7 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& a, const T* p, unsig
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& c, const float* p,
                              unsigned ldm, layout_t layout) {
   strata_emu::warp_collective_begin("wmma::load_matrix_sync", nullptr);
+  detail::check_memory("wmma::load_matrix_sync", p, ldm);
   for (int i = 0; i < c.num_elements; ++i)
     c.x[i] = p[detail::offset(detail::element_row(i), detail::element_col(i), ldm,
                               layout == mem_row_major)];
@@ -89,6 +103,7 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& c, const 
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& c,
                               unsigned ldm, layout_t layout) {
   strata_emu::warp_collective_begin("wmma::store_matrix_sync", nullptr);
+  detail::check_memory("wmma::store_matrix_sync", p, ldm);
   for (int i = 0; i < c.num_elements; ++i)
     p[detail::offset(detail::element_row(i), detail::element_col(i), ldm,
                      layout == mem_row_major)] = c.x[i];

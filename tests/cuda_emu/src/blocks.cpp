@@ -20,7 +20,9 @@
 #include <algorithm>
 #include <barrier>
 #include <condition_variable>
+#include <cstdarg>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -70,7 +72,8 @@ struct Grid {
         nthreads(c.block.x * c.block.y * c.block.z),
         nblocks(std::uint64_t(c.grid.x) * c.grid.y * c.grid.z),
         warps(std::make_unique<Warp[]>((nthreads + 31) / 32)),
-        smem(c.smem > 0 ? std::make_unique<std::byte[]>(c.smem) : nullptr),
+        smem(c.smem > 0 ? static_cast<std::byte*>(::operator new[](c.smem, kSharedAlignment))
+                        : nullptr),
         block_end(nthreads, NextBlock{this}),
         active(nthreads) {
     reset_block();
@@ -95,7 +98,12 @@ struct Grid {
   std::uint64_t block = 0;  // changed only by NextBlock, while every thread waits
   std::optional<std::barrier<>> sync;
   std::unique_ptr<Warp[]> warps;
-  std::unique_ptr<std::byte[]> smem;
+  // Aligned as a GPU's dynamic shared memory is at least (WMMA wants 32-byte aligned tiles).
+  static constexpr std::align_val_t kSharedAlignment{128};
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete[](p, kSharedAlignment); }
+  };
+  std::unique_ptr<std::byte[], AlignedDelete> smem;
   std::barrier<NextBlock> block_end;
   unsigned active;  // workers still in this grid (under the pool's mutex)
 };
@@ -460,5 +468,15 @@ const void* const* warp_collective_begin(const char* what, const void* mine) {
 }
 
 void warp_collective_end() { wait_at_warp_barrier(my_warp()); }
+
+void fatal_in_kernel(const char* format, ...) {
+  char message[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(message, sizeof message, format, args);
+  va_end(args);
+  if (tls_grid == nullptr) fatal("%s (outside a kernel)", message);
+  fatal("kernel %s, thread %u: %s", tls_grid->config.name, tls_thread, message);
+}
 
 }  // namespace strata_emu

@@ -56,6 +56,8 @@ int lane_id();
 // fill) calls warp_collective_begin(what, nullptr) alone: one barrier.
 const void* const* warp_collective_begin(const char* what, const void* mine);
 void warp_collective_end();
+// Stops the run with "kernel <name>, thread <n>: <message>" (misuse a GPU leaves undefined).
+[[noreturn]] void fatal_in_kernel(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 template <class T>
 T shuffle(unsigned mask, T value, int src_lane) {
