@@ -13,10 +13,12 @@
 // tile loads (__syncthreads) a warp only orders itself (__syncwarp).
 //
 // Forward, one block per (query tile of 64 rows, b, h), longest first. The warp keeps its Q rows
-// as WMMA fragments; per key tile: S = Q K^T (4 x hs/16 MMAs) into shared fp32, the online softmax
-// of its 16 rows (2 lanes per row) rescales the shared fp32 O rows by exp(m_old - m_new) and
-// writes P as bf16, then O += P V through fragments loaded from and stored to shared O (the
-// rescale needs O by rows, which a fragment's unspecified element mapping does not give).
+// as WMMA fragments and its O rows as fp32 accumulator fragments (registers); per key tile:
+// S = Q K^T (4 x hs/16 MMAs) into shared fp32, the online softmax of its 16 rows (2 lanes per row)
+// writes P as bf16 and each row's factor exp(m_old - m_new), then O = O * factor + P V. The
+// factor is per row, and CUDA does not say which rows a lane's fragment elements are in: the warp
+// reads that back once from a tile of row indices (load_row_ids), so the rescale is element-wise.
+// O goes through shared memory once, at the end, to be divided by l and written out.
 //
 // Backward, three launches: delta = rowsum(dout * out) (one warp per row), then
 //   dK, dV: one block per (key tile, b, h), its warps' K and V rows as fragments; per query tile
@@ -148,8 +150,7 @@ __device__ __forceinline__ void write_warp_rows(float* dst, int ld, const float*
   }
 }
 
-// --- Warp-level WMMA steps
-// ------------------------------------------------------------------------
+// --- Warp-level WMMA steps -----------------------------------------------------------------------
 
 // frags[i] = rows 0..15, columns 16 i.. of a bf16 head tile (the warp's A operands, kept).
 template <int kD>
@@ -204,15 +205,14 @@ __device__ __forceinline__ void clear_warp_rows(float* acc_rows) {
     acc_rows[(e / kD) * kAccStride<kD> + e % kD] = 0.0f;
 }
 
-// --- Forward
-// --------------------------------------------------------------------------------------
+// --- Forward -------------------------------------------------------------------------------------
 
 // One online-softmax step of the warp's 16 rows over the key tile at k0: lane pair (2 r, 2 r + 1)
 // owns row r, even / odd columns. Scores s (raw q.k) become P = exp2(s scale_log2 - m_new) in
-// bf16 (0 where masked); m, l (of the rounded P) and the O row are rescaled to the new max.
-template <int kD>
-__device__ __forceinline__ void online_softmax_step(float* s_rows, bfloat16* p_rows, float* o_rows,
-                                                    float* m_rows, float* l_rows, int q_row0,
+// bf16 (0 where masked); m and l (of the rounded P) move to the new max, and c_rows[r] is the
+// factor exp2(m_old - m_new) by which the row's O must be rescaled.
+__device__ __forceinline__ void online_softmax_step(float* s_rows, bfloat16* p_rows, float* m_rows,
+                                                    float* l_rows, float* c_rows, int q_row0,
                                                     int k0, int T, float scale_log2) {
   const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2, qi = q_row0 + r;
   float* s = s_rows + r * kScoreStride;
@@ -232,8 +232,43 @@ __device__ __forceinline__ void online_softmax_step(float* s_rows, bfloat16* p_r
     sum += __bfloat162float(p);  // l sums the weights P V uses
   }
   sum += __shfl_xor_sync(kFull, sum, 1);  // also orders both lanes' reads of m, l before the write
-  if (half == 0) m_rows[r] = m_new, l_rows[r] = l_rows[r] * correction + sum;
-  for (int d = half; d < kD; d += 2) o_rows[r * kAccStride<kD> + d] *= correction;
+  if (half == 0)
+    m_rows[r] = m_new, l_rows[r] = l_rows[r] * correction + sum, c_rows[r] = correction;
+}
+
+// ids.x[i] = the row (0..15) of element i of this lane's accumulator fragments. CUDA does not name
+// the mapping, so it is read back from a tile whose every element is its row index; with it a
+// per-row factor is an element-wise operation. `area`: 16 x 16 floats (ldm kScoreStride) of the
+// warp's own, overwritten afterwards.
+__device__ __forceinline__ void load_row_ids(FragAcc& ids, float* area) {
+  for (int e = threadIdx.x % 32; e < kScratchFloats; e += 32)
+    area[(e / kFrag) * kScoreStride + e % kFrag] = float(e / kFrag);
+  __syncwarp();  // the index tile written
+  wmma::load_matrix_sync(ids, area, kScoreStride, wmma::mem_row_major);
+  __syncwarp();  // read before the scores overwrite it
+}
+
+// o = o * c_rows[row] + P V: the rescale of the online softmax, then this key tile's product (P
+// the warp's 16 bf16 rows, V the key tile), all in the warp's O fragments (registers).
+template <int kD>
+__device__ __forceinline__ void rescale_and_accumulate(FragAcc (&o)[kD / kFrag],
+                                                       const FragAcc& row_ids, const float* c_rows,
+                                                       const bfloat16* p_rows,
+                                                       const bfloat16* v_tile) {
+  FragA p[kColFrags];
+  STRATA_UNROLL
+  for (int j = 0; j < kColFrags; ++j) wmma::load_matrix_sync(p[j], p_rows + j * kFrag, kProbStride);
+  STRATA_UNROLL
+  for (int n = 0; n < kD / kFrag; ++n) {
+    STRATA_UNROLL
+    for (int i = 0; i < o[n].num_elements; ++i) o[n].x[i] *= c_rows[int(row_ids.x[i])];
+    STRATA_UNROLL
+    for (int j = 0; j < kColFrags; ++j) {
+      FragBRow v;
+      wmma::load_matrix_sync(v, v_tile + j * kFrag * kTileStride<kD> + n * kFrag, kTileStride<kD>);
+      wmma::mma_sync(o[n], p[j], v, o[n]);
+    }
+  }
 }
 
 // out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
@@ -250,20 +285,24 @@ __global__ void __launch_bounds__(kThreads)
   bfloat16* v_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
   bfloat16* p_tile = carve.take<bfloat16>(kProbBytes);      // [64, 72]
   float* s_tile = carve.take<float>(kScoreBytes);           // [64, 68]
-  float* o_tile = carve.take<float>(kAccBytes<kD>);         // [64, kD + 4]
+  float* o_tile = carve.take<float>(kAccBytes<kD>);         // [64, kD + 4] O at the end
   float* m_rows = carve.take<float>(kRowValueBytes);        // [64] running max (base 2)
   float* l_rows = carve.take<float>(kRowValueBytes);        // [64] running sum
+  float* c_rows = carve.take<float>(kRowValueBytes);        // [64] this tile's rescale factor
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kRows;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w0 = warp * kFrag;
   const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
 
   load_tile_bf16<kD>(q_tile, q, C3, q0, T, hs);
-  clear_warp_rows<kD>(o_tile + w0 * kAccStride<kD>);
   if (lane < kFrag) m_rows[w0 + lane] = -INFINITY, l_rows[w0 + lane] = 0.0f;
   __syncthreads();  // the Q tile loaded
   FragA q_frags[kD / kFrag];
   load_row_frags<kD>(q_frags, q_tile + w0 * kTileStride<kD>);
+  FragAcc o_frags[kD / kFrag], row_ids;
+  load_row_ids(row_ids, s_tile + w0 * kScoreStride);
+  STRATA_UNROLL
+  for (int n = 0; n < kD / kFrag; ++n) wmma::fill_fragment(o_frags[n], 0.0f);
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kCols;
     load_tile_bf16<kD>(k_tile, q + C, C3, k0, T, hs);
@@ -274,13 +313,17 @@ __global__ void __launch_bounds__(kThreads)
       dot_rows<kD>(s_tile + w0 * kScoreStride + j * kFrag, kScoreStride, q_frags,
                    k_tile + j * kFrag * kTileStride<kD>);
     __syncwarp();  // the warp's score rows stored (fragment lanes != softmax lanes)
-    online_softmax_step<kD>(s_tile + w0 * kScoreStride, p_tile + w0 * kProbStride,
-                            o_tile + w0 * kAccStride<kD>, m_rows + w0, l_rows + w0, q0 + w0, k0, T,
-                            scale_log2);
-    __syncwarp();  // P rows written, O rows rescaled
-    accumulate_product<kD>(o_tile + w0 * kAccStride<kD>, p_tile + w0 * kProbStride, v_tile);
+    online_softmax_step(s_tile + w0 * kScoreStride, p_tile + w0 * kProbStride, m_rows + w0,
+                        l_rows + w0, c_rows + w0, q0 + w0, k0, T, scale_log2);
+    __syncwarp();  // P rows and the rescale factors written
+    rescale_and_accumulate<kD>(o_frags, row_ids, c_rows + w0, p_tile + w0 * kProbStride, v_tile);
     __syncthreads();  // K, V read before the next tile overwrites them
   }
+  STRATA_UNROLL
+  for (int n = 0; n < kD / kFrag; ++n)
+    wmma::store_matrix_sync(o_tile + w0 * kAccStride<kD> + n * kFrag, o_frags[n], kAccStride<kD>,
+                            wmma::mem_row_major);
+  __syncwarp();  // O rows stored (fragment lanes != writing lanes)
   if (lane < kFrag && q0 + w0 + lane < T)
     lse[std::int64_t(bh) * T + q0 + w0 + lane] =
         (m_rows[w0 + lane] + log2f(l_rows[w0 + lane])) * kLn2;
@@ -288,8 +331,7 @@ __global__ void __launch_bounds__(kThreads)
                              o_tile + w0 * kAccStride<kD>, l_rows + w0, 1.0f, q0 + w0, T, hs);
 }
 
-// --- Backward
-// -------------------------------------------------------------------------------------
+// --- Backward ------------------------------------------------------------------------------------
 
 // delta[b,h,t] = dout[b,t,h head] . out[b,t,h head]; one warp per row (b, h, t).
 __global__ void tc_delta_kernel(float* delta,       // [B, NH, T]
@@ -473,12 +515,11 @@ __global__ void __launch_bounds__(kThreads)
                             dq_tile + w0 * kAccStride<kD>, nullptr, scale, q0 + w0, T, hs);
 }
 
-// --- Host side
-// ------------------------------------------------------------------------------------
+// --- Host side -----------------------------------------------------------------------------------
 
 template <int kD>
 constexpr std::size_t forward_smem_bytes() {
-  return 3 * kTileBytes<kD> + kProbBytes + kScoreBytes + kAccBytes<kD> + 2 * kRowValueBytes;
+  return 3 * kTileBytes<kD> + kProbBytes + kScoreBytes + kAccBytes<kD> + 3 * kRowValueBytes;
 }
 template <int kD>
 constexpr std::size_t dkdv_smem_bytes() {
