@@ -24,9 +24,11 @@
 //   dK, dV: one block per (key tile, b, h), its warps' K and V rows as fragments; per query tile
 //     and per 16 queries: S^T = K q^T and dP^T = V dout^T (fragments into a per-warp 16 x 16
 //     scratch), P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta) as bf16 tiles; then
-//     dV += P^T dout, dK += dS^T q (shared fp32 accumulators; dK scaled at the end);
+//     dV += P^T dout, dK += dS^T q (fp32 accumulator fragments in registers up to kD 64, in
+//     shared memory at kD 128, where registers would spill; dK scaled at the end);
 //   dQ: one block per (query tile, b, h), its Q and dout rows as fragments; per key tile the same
-//     P and dS (not transposed), then dQ += dS K.
+//     P and dS (not transposed), then dQ += dS K (a shared fp32 accumulator: in registers it
+//     spilled on sm_90).
 //   P and dP are computed twice (dK/dV and dQ): the price of no atomics.
 //
 // Shared memory: bf16 tiles have rows of kD + 8 (16 bytes of padding: WMMA wants a leading
@@ -196,6 +198,38 @@ __device__ __forceinline__ void accumulate_product(float* acc_rows, const bfloat
     }
     wmma::store_matrix_sync(acc_rows + n * kFrag, acc, kAccStride<kD>, wmma::mem_row_major);
   }
+}
+
+// acc[n] += P[16 x 64] M[64 x 16 n..]: the same product into the warp's accumulator fragments
+// (registers), for accumulators that need no per-row rescale.
+template <int kD>
+__device__ __forceinline__ void accumulate_product(FragAcc (&acc)[kD / kFrag],
+                                                   const bfloat16* p_rows, const bfloat16* m_tile) {
+  FragA p[kColFrags];
+  STRATA_UNROLL
+  for (int j = 0; j < kColFrags; ++j) wmma::load_matrix_sync(p[j], p_rows + j * kFrag, kProbStride);
+  STRATA_UNROLL
+  for (int n = 0; n < kD / kFrag; ++n) {
+    STRATA_UNROLL
+    for (int j = 0; j < kColFrags; ++j) {
+      FragBRow m;
+      wmma::load_matrix_sync(m, m_tile + j * kFrag * kTileStride<kD> + n * kFrag, kTileStride<kD>);
+      wmma::mma_sync(acc[n], p[j], m, acc[n]);
+    }
+  }
+}
+
+// The warp's accumulator fragments set to zero, and stored as its 16 fp32 rows (ldm kAccStride).
+template <int kD>
+__device__ __forceinline__ void clear_frags(FragAcc (&acc)[kD / kFrag]) {
+  STRATA_UNROLL
+  for (int n = 0; n < kD / kFrag; ++n) wmma::fill_fragment(acc[n], 0.0f);
+}
+template <int kD>
+__device__ __forceinline__ void store_frags(float* acc_rows, const FragAcc (&acc)[kD / kFrag]) {
+  STRATA_UNROLL
+  for (int n = 0; n < kD / kFrag; ++n)
+    wmma::store_matrix_sync(acc_rows + n * kFrag, acc[n], kAccStride<kD>, wmma::mem_row_major);
 }
 
 // The warp's 16 accumulator rows set to zero.
@@ -421,12 +455,21 @@ __global__ void __launch_bounds__(kThreads)
 
   load_tile_bf16<kD>(k_tile, q + C, C3, k0, T, hs);
   load_tile_bf16<kD>(v_tile, q + 2 * C, C3, k0, T, hs);
-  clear_warp_rows<kD>(dk_tile + w0 * kAccStride<kD>);
-  clear_warp_rows<kD>(dv_tile + w0 * kAccStride<kD>);
   __syncthreads();  // K, V tiles loaded
   FragA k_frags[kD / kFrag], v_frags[kD / kFrag];
   load_row_frags<kD>(k_frags, k_tile + w0 * kTileStride<kD>);
   load_row_frags<kD>(v_frags, v_tile + w0 * kTileStride<kD>);
+  // dK, dV in registers up to kD 64; at kD 128 (16 fragments more) the kernel would spill, so there
+  // they accumulate in shared memory.
+  constexpr bool kRegisters = kD <= 64;
+  FragAcc dk[kD / kFrag], dv[kD / kFrag];
+  if constexpr (kRegisters) {
+    clear_frags<kD>(dk);
+    clear_frags<kD>(dv);
+  } else {
+    clear_warp_rows<kD>(dk_tile + w0 * kAccStride<kD>);
+    clear_warp_rows<kD>(dv_tile + w0 * kAccStride<kD>);
+  }
   for (int qt = kt; qt < tiles; ++qt) {  // query tile qt * 64 == key tile kt * 64 on the diagonal
     const int q0 = qt * kCols;
     load_tile_bf16<kD>(q_tile, q, C3, q0, T, hs);
@@ -437,14 +480,25 @@ __global__ void __launch_bounds__(kThreads)
     key_rows_p_and_ds<kD>(pt_tile + w0 * kProbStride, dst_tile + w0 * kProbStride,
                           scratch + warp * 2 * kScratchFloats, k_frags, v_frags, q_tile, do_tile,
                           lse2_rows, delta_rows, k0 + w0, q0, T, scale_log2);
-    accumulate_product<kD>(dv_tile + w0 * kAccStride<kD>, pt_tile + w0 * kProbStride, do_tile);
-    accumulate_product<kD>(dk_tile + w0 * kAccStride<kD>, dst_tile + w0 * kProbStride, q_tile);
+    if constexpr (kRegisters) {
+      accumulate_product<kD>(dv, pt_tile + w0 * kProbStride, do_tile);  // dV += P^T dout
+      accumulate_product<kD>(dk, dst_tile + w0 * kProbStride, q_tile);  // dK += dS^T q
+    } else {
+      accumulate_product<kD>(dv_tile + w0 * kAccStride<kD>, pt_tile + w0 * kProbStride, do_tile);
+      accumulate_product<kD>(dk_tile + w0 * kAccStride<kD>, dst_tile + w0 * kProbStride, q_tile);
+    }
     __syncthreads();  // Q, dout read before the next query tile overwrites them
   }
-  float* dk = dqkv + std::int64_t(b) * T * C3 + C + h * hs;
-  write_warp_rows<kD, true>(dk, C3, dk_tile + w0 * kAccStride<kD>, nullptr, scale, k0 + w0, T, hs);
-  write_warp_rows<kD, true>(dk + C, C3, dv_tile + w0 * kAccStride<kD>, nullptr, 1.0f, k0 + w0, T,
+  if constexpr (kRegisters) {
+    store_frags<kD>(dk_tile + w0 * kAccStride<kD>, dk);
+    store_frags<kD>(dv_tile + w0 * kAccStride<kD>, dv);
+    __syncwarp();  // dK, dV rows stored (fragment lanes != writing lanes)
+  }
+  float* dk_out = dqkv + std::int64_t(b) * T * C3 + C + h * hs;  // dv at + C
+  write_warp_rows<kD, true>(dk_out, C3, dk_tile + w0 * kAccStride<kD>, nullptr, scale, k0 + w0, T,
                             hs);
+  write_warp_rows<kD, true>(dk_out + C, C3, dv_tile + w0 * kAccStride<kD>, nullptr, 1.0f, k0 + w0,
+                            T, hs);
 }
 
 // dS of the warp's 16 queries (q, dout its fragments) against the 64 keys of the loaded tile.
