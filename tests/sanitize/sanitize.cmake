@@ -59,9 +59,12 @@ if(STRATA_SANITIZE MATCHES "thread")
   # The CUDA emulator's block runner (every CUDA thread a host thread) with the kernels whose
   # threads share memory through barriers: LayerNorm backward (dynamic shared memory), softmax +
   # cross-entropy (block reductions in static shared memory) and the matmul bias gradient (a
-  # shared-memory column sum). A missing __syncthreads there is a race TSan reports.
+  # shared-memory column sum), and the tensor-core attention (warps that exchange WMMA tiles
+  # through shared memory: its causality test, 3 tiles forward and backward, about 30 s). A missing
+  # __syncthreads or __syncwarp there is a race TSan reports.
   set(SANITIZE_UNIT_EXECUTABLES test_comm test_cuda_layers_emu)
-  set(SANITIZE_EMU_TESTS "^emu[.].*(CudaLayerNorm|CudaCrossEntropy|CudaMatmul)[.]")
+  set(SANITIZE_EMU_TESTS
+      "^emu[.](.*(CudaLayerNorm|CudaCrossEntropy|CudaMatmul)[.]|CudaLayers[.]TcAttentionIsCausal)")
   set(SANITIZE_UNIT_TESTS ucx.collectives.np2 ucx.collectives.np3)
   set(SANITIZE_FIXTURES run.reference run.reference.l8 run.ddp.np4 run.zero3.np2 run.zero3.np4
                         run.zero3.np4.ucx run.gpipe.pp4 fail.throw fail.oom fail.hang)

@@ -11,6 +11,8 @@
 //     rtol 1e-4, atol 1e-5 -- summation order differs (warp trees vs sequential SIMD lanes).
 //   GEMM-derived outputs (matmul, attention): rtol 1e-4, atol 1e-5 on K <= 80-long dot products
 //     of O(1) values, whose reordering error is ~ sqrt(K) * 6e-8 * |terms| ~ 1e-6.
+//   tensor-core attention (bf16 operands): per-element first-order bounds from the reference's
+//     terms, derived above CudaTcAttention.
 //   GELU backward: against a double reference, |gpu - ref| <= 1e-6 + 1e-5 (|dinp0| + |dout|). In
 //     fp32, tanh's 1-ulp error (6e-8) is multiplied by 0.5 |x| du/dx (up to 14 at |x| = 6) in the
 //     derivative, ~1.7e-6 |dout|, and the += onto dinp0 can cancel the sum to near 0: the error
@@ -28,10 +30,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/layers.hpp"
@@ -377,6 +381,243 @@ TEST_F(CudaLayers, FlashAttentionRejectsUnsupportedHeads) {
       EXPECT_NE(e.hint().find("128"), std::string::npos) << e.hint();
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// The tensor-core attention (attention_tc.cu) against the fp32 CPU reference. It rounds Q, K, V and
+// dout to bf16 (unit roundoff u = 2^-9) as it loads them, and P and dS as GEMM operands; the rest
+// is fp32 (its rounding, ~2^-24 per term, is far below). First-order error bounds, per element,
+// from the reference's own terms (all in double):
+//   a score s_tj = scale q_t . k_j moves by at most 2u a_tj, a_tj = scale sum_d |q_td k_jd|
+//     (two rounded operands); with A = max a_tj the softmax weights move by at most a factor
+//     exp(+-4uA) (the normalisation doubles it), i.e. relatively 4uA;
+//   out_td = sum_j p_tj v_jd: + u for the rounded P (l sums the rounded weights, so at most one
+//     more u from the normalisation) + u for v: |err| <= u (4A + 4) sum_j p_tj |v_jd|;
+//   lse_t: 2uA from the scores + u from l: |err| <= u (2A + 2) (absolute);
+//   dV_jd = sum_t p_tj dout_td: the same, |err| <= u (4A + 4) sum_t p_tj |dout_td|;
+//   dS_tj = p_tj (dP_tj - delta_t), dP_tj = dout_t . v_j, delta_t = dout_t . out_t: with
+//     D_tj = sum_d |dout_td v_jd| and E_t = sum_j p_tj D_tj (which bounds sum_d |dout_td|
+//     |out_td|), G_tj = p_tj (D_tj + |delta_t| + E_t) bounds every term, and the errors add to at
+//     most u (4A + 2 + 4A + 4 + 1) G_tj (P; dP's two operands; delta through out; dS's rounding);
+//   dQ_td = scale sum_j dS_tj k_jd and dK_jd = scale sum_t dS_tj q_td, one more u for k or q:
+//     |err| <= u (8A + 8) scale sum_j G_tj |k_jd| (dK: sum over t with |q_td|).
+// Inputs in [-1, 1] keep A near 2-3 (hs 64: 8 of the 64 |q k| terms' mean 1/4), so the bounds are
+// 2-6% of the terms' magnitude; an index or transposition error is of the order of the magnitude
+// itself (10x and more outside), and the causality check below catches a single leaked key.
+struct TcShape {
+  int B, T, C, NH;
+};
+void PrintTo(const TcShape& s, std::ostream* os) {
+  *os << "B " << s.B << ", T " << s.T << ", C " << s.C << ", NH " << s.NH << " (hs " << s.C / s.NH
+      << ")";
+}
+
+// The bounds above for every out, lse and dqkv element, from the CPU reference's values.
+struct TcBounds {
+  std::vector<double> out, lse, dqkv;
+};
+TcBounds tc_bounds(const std::vector<float>& qkv, const std::vector<float>& att,
+                   const std::vector<float>& out, const std::vector<float>& dout,
+                   const TcShape& s) {
+  const int hs = s.C / s.NH, C3 = 3 * s.C, T = s.T;
+  const double u = std::ldexp(1.0, -9), scale = 1.0 / std::sqrt(double(hs));
+  TcBounds bound{std::vector<double>(out.size()), std::vector<double>(std::size_t(s.B) * s.NH * T),
+                 std::vector<double>(qkv.size())};
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h) {
+      const auto q = [&](int t, int d) {
+        return double(qkv[(std::size_t(b) * T + t) * C3 + h * hs + d]);
+      };
+      const auto k = [&](int t, int d) { return q(t, d + s.C); };
+      const auto v = [&](int t, int d) { return q(t, d + 2 * s.C); };
+      const auto dO = [&](int t, int d) {
+        return double(dout[(std::size_t(b) * T + t) * s.C + h * hs + d]);
+      };
+      const auto p = [&](int t, int j) {
+        return double(att[((std::size_t(b) * s.NH + h) * T + t) * T + j]);
+      };
+      double A = 0.0;
+      std::vector<double> D(std::size_t(T) * T), E(T, 0.0), delta(T, 0.0);
+      for (int t = 0; t < T; ++t) {
+        for (int d = 0; d < hs; ++d)
+          delta[t] += dO(t, d) * out[(std::size_t(b) * T + t) * s.C + h * hs + d];
+        for (int j = 0; j <= t; ++j) {
+          double a = 0.0, dd = 0.0;
+          for (int d = 0; d < hs; ++d)
+            a += std::fabs(q(t, d) * k(j, d)), dd += std::fabs(dO(t, d) * v(j, d));
+          A = std::max(A, scale * a);
+          D[std::size_t(t) * T + j] = dd;
+          E[t] += p(t, j) * dd;
+        }
+      }
+      const auto G = [&](int t, int j) {
+        return p(t, j) * (D[std::size_t(t) * T + j] + std::fabs(delta[t]) + E[t]);
+      };
+      for (int t = 0; t < T; ++t) {
+        bound.lse[(std::size_t(b) * s.NH + h) * T + t] = u * (2 * A + 2);
+        for (int d = 0; d < hs; ++d) {
+          double mo = 0.0, mdv = 0.0, mdq = 0.0, mdk = 0.0;
+          for (int j = 0; j <= t; ++j)
+            mo += p(t, j) * std::fabs(v(j, d)), mdq += G(t, j) * std::fabs(k(j, d));
+          for (int i = t; i < T; ++i)
+            mdv += p(i, t) * std::fabs(dO(i, d)), mdk += G(i, t) * std::fabs(q(i, d));
+          const std::size_t row = (std::size_t(b) * T + t) * C3 + h * hs + d;
+          bound.out[(std::size_t(b) * T + t) * s.C + h * hs + d] = u * (4 * A + 4) * mo;
+          bound.dqkv[row] = u * (8 * A + 8) * scale * mdq;
+          bound.dqkv[row + s.C] = u * (8 * A + 8) * scale * mdk;
+          bound.dqkv[row + 2 * s.C] = u * (4 * A + 4) * mdv;
+        }
+      }
+    }
+  return bound;
+}
+
+// Every |got - want| within atol + bound; returns the largest error / bound.
+double expect_within(const char* what, const std::vector<float>& got,
+                     const std::vector<float>& want, const std::vector<double>& bound,
+                     double atol) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want[i]), lim = atol + bound[i];
+    if (!(err <= lim)) ++bad;
+    const double ratio = std::isnan(err) ? 1e300 : err / lim;
+    if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " elements outside the bound; worst at " << worst << ": gpu " << got[worst]
+                     << " reference " << want[worst] << " bound " << atol + bound[worst];
+  return worst_ratio;
+}
+
+class CudaTcAttention : public ::testing::TestWithParam<TcShape> {};
+
+TEST_P(CudaTcAttention, ForwardLseAndBackward) {
+  STRATA_REQUIRE_GPU();
+  gpu::CudaContext ctx(0);
+  const TcShape s = GetParam();
+  ASSERT_TRUE(gpu::tc_attention_supported(s.B, s.C, s.NH));
+  const std::size_t rows = std::size_t(s.B) * s.T, nqkv = rows * 3 * s.C,
+                    nlse = std::size_t(s.B) * s.NH * s.T;
+  const auto qkv = random_floats(nqkv, 60);
+  std::vector<float> out(rows * s.C), att(nlse * s.T);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  DeviceBuffer<float> d_qkv(qkv), d_out(random_floats(out.size(), 61)),
+      d_lse(random_floats(nlse, 62));
+  gpu::tc_flash_attention_forward(ctx, d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, s.C, s.NH);
+  const auto dout = random_floats(out.size(), 63);
+  const TcBounds bound = tc_bounds(qkv, att, out, dout, s);
+  constexpr double kAtol = 1e-6;  // fp32 rounding of near-zero results
+  const auto got_out = d_out.host();
+  const double r_out = expect_within("out", got_out, out, bound.out, kAtol);
+  double out_error = 0.0;
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out_error = std::max(out_error, std::fabs(double(got_out[i]) - out[i]));
+  const auto lse = host_lse(qkv, FlashShape{s.B, s.T, s.C, s.NH});
+  const double r_lse = expect_within("lse", d_lse.host(),
+                                     std::vector<float>(lse.begin(), lse.end()), bound.lse, kAtol);
+
+  // Backward from the forward's own out and lse; dqkv starts non-zero (+=), the scratch full of
+  // values it must overwrite.
+  auto dqkv = random_floats(nqkv, 64);
+  std::vector<float> datt(att.size());
+  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv), d_delta(random_floats(nlse, 65));
+  cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), s.B, s.T,
+                          s.C, s.NH);
+  gpu::tc_flash_attention_backward(ctx, d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(),
+                                   d_out.get(), d_lse.get(), s.B, s.T, s.C, s.NH);
+  const auto got = d_dqkv.host();
+  const double r_dqkv = expect_within("dqkv", got, dqkv, bound.dqkv, kAtol);
+  // The largest |error| of the dq, dk or dv columns (part 0, 1, 2 of each row of 3C).
+  const auto max_error = [&](int part) {
+    double e = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (int(i % (3 * s.C)) / s.C == part) e = std::max(e, std::fabs(double(got[i]) - dqkv[i]));
+    return e;
+  };
+  std::printf(
+      "tc attention B %d T %d C %d NH %d: max error / bound: out %.3g, lse %.3g, dqkv %.3g; max "
+      "|error|: out %.3g, dq %.3g, dk %.3g, dv %.3g\n",
+      s.B, s.T, s.C, s.NH, r_out, r_lse, r_dqkv, out_error, max_error(0), max_error(1),
+      max_error(2));
+
+  // No atomics: a second run gives the same bits.
+  DeviceBuffer<float> d_dqkv2(random_floats(nqkv, 64));
+  gpu::tc_flash_attention_backward(ctx, d_dqkv2.get(), d_delta.get(), d_dout.get(), d_qkv.get(),
+                                   d_out.get(), d_lse.get(), s.B, s.T, s.C, s.NH);
+  EXPECT_TRUE(d_dqkv2.host() == got) << "tc_flash_attention_backward is not deterministic";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaTcAttention,
+                         ::testing::Values(TcShape{2, 1, 128, 2},    // hs 64, one row
+                                           TcShape{2, 17, 256, 2},   // hs 128, one partial tile
+                                           TcShape{2, 77, 128, 2},   // hs 64, 2 tiles, partial
+                                           TcShape{1, 130, 128, 1},  // hs 128, 3 tiles
+                                           TcShape{1, 40, 96, 2}),   // hs 48 padded to 64
+                         [](const auto& info) {
+                           const TcShape& p = info.param;
+                           return "B" + std::to_string(p.B) + "_T" + std::to_string(p.T) + "_C" +
+                                  std::to_string(p.C) + "_NH" + std::to_string(p.NH);
+                         });
+
+// Causality and the masking of rows and keys past T, exactly: a sequence of 77 and the same
+// sequence continued to 130 (dout 0 on the rows past 77) give the same bits for the first 77 rows
+// of out and lse and for every dq, dk, dv of the first 77 positions (the later rows add P * 0 and
+// dS = 0), and leave the later positions' dk, dv as they were (no earlier query sees them). A
+// query that saw a later key, or a padded key or row that leaked in, breaks one of these.
+TEST_F(CudaLayers, TcAttentionIsCausalAndMasksPastT) {
+  constexpr int Bc = 1, T0 = 77, T1 = 130, Cc = 64, NHc = 1;
+  const auto qkv1 = random_floats(std::size_t(T1) * 3 * Cc, 70);
+  const std::vector<float> qkv0(qkv1.begin(), qkv1.begin() + std::size_t(T0) * 3 * Cc);
+  auto dout1 = random_floats(std::size_t(T1) * Cc, 71);
+  std::fill(dout1.begin() + std::size_t(T0) * Cc, dout1.end(), 0.0f);
+  const std::vector<float> dout0(dout1.begin(), dout1.begin() + std::size_t(T0) * Cc);
+  const auto dqkv1_init = random_floats(qkv1.size(), 72);
+  const std::vector<float> dqkv0_init(dqkv1_init.begin(), dqkv1_init.begin() + qkv0.size());
+  // Runs forward and backward over T tokens; returns out | lse | dqkv.
+  const auto run = [&](const std::vector<float>& qkv, const std::vector<float>& dout,
+                       const std::vector<float>& dqkv_init, int T) {
+    DeviceBuffer<float> d_qkv(qkv), d_out(std::size_t(T) * Cc), d_lse(std::size_t(NHc) * T),
+        d_delta(std::size_t(NHc) * T), d_dout(dout), d_dqkv(dqkv_init);
+    gpu::tc_flash_attention_forward(ctx(), d_out.get(), d_lse.get(), d_qkv.get(), Bc, T, Cc, NHc);
+    gpu::tc_flash_attention_backward(ctx(), d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(),
+                                     d_out.get(), d_lse.get(), Bc, T, Cc, NHc);
+    return std::tuple{d_out.host(), d_lse.host(), d_dqkv.host()};
+  };
+  const auto [out0, lse0, dqkv0] = run(qkv0, dout0, dqkv0_init, T0);
+  const auto [out1, lse1, dqkv1] = run(qkv1, dout1, dqkv1_init, T1);
+  EXPECT_TRUE(std::equal(out0.begin(), out0.end(), out1.begin())) << "out of the first 77 rows";
+  for (int h = 0; h < NHc; ++h)
+    EXPECT_TRUE(
+        std::equal(lse0.begin() + h * T0, lse0.begin() + (h + 1) * T0, lse1.begin() + h * T1))
+        << "lse of head " << h;
+  EXPECT_TRUE(std::equal(dqkv0.begin(), dqkv0.end(), dqkv1.begin())) << "dqkv of the first 77 rows";
+  EXPECT_TRUE(
+      std::equal(dqkv1.begin() + dqkv0.size(), dqkv1.end(), dqkv1_init.begin() + dqkv0.size()))
+      << "dqkv of the rows past 77 (dout 0 there; no earlier query sees their keys)";
+  EXPECT_NE(dqkv0, dqkv0_init);  // the backward did run
+}
+
+TEST_F(CudaLayers, TcAttentionRejectsUnsupportedHeads) {
+  EXPECT_TRUE(gpu::tc_attention_supported(4, 768, 12));     // GPT-2: hs 64
+  EXPECT_FALSE(gpu::tc_attention_supported(1, 48, 4));      // hs 12: not a multiple of 16
+  EXPECT_FALSE(gpu::tc_attention_supported(1, 288, 1));     // hs 288 > 128
+  EXPECT_FALSE(gpu::tc_attention_supported(1, 48, 5));      // 5 does not divide 48
+  EXPECT_FALSE(gpu::tc_attention_supported(65536, 64, 1));  // B * NH > 65535
+  DeviceBuffer<float> d_buf(std::size_t(3) * 288);
+  try {
+    gpu::tc_flash_attention_forward(ctx(), d_buf.get(), d_buf.get(), d_buf.get(), 1, 1, 48, 4);
+    FAIL() << "hs 12 did not throw";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tc_flash_attention_forward"), std::string::npos);
+    EXPECT_NE(e.hint().find("multiple of 16"), std::string::npos) << e.hint();
+  }
+  EXPECT_THROW(
+      gpu::tc_flash_attention_backward(ctx(), d_buf.get(), d_buf.get(), d_buf.get(), d_buf.get(),
+                                       d_buf.get(), d_buf.get(), 1, 1, 288, 1),
+      strata::Error);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -92,6 +92,20 @@ void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
                               const float* qkv, const float* out, const float* lse, int B, int T,
                               int C, int NH);
 
+// The same attention on tensor cores (cuda/attention_tc.cu): WMMA bf16 16x16x16 tiles with fp32
+// accumulation, tiles of 64 queries x 64 keys. Q, K, V and dout are rounded to bf16 (to nearest
+// even) as they are loaded, P and dS as the operands of the second GEMMs; softmax, lse, delta and
+// every accumulator are fp32. Same shapes, state and += convention as flash_attention_*:
+// out[B,T,C], lse[B,NH,T] (natural log); dqkv[B,T,3C] +=, delta[B,NH,T] scratch; deterministic.
+// Whether the shape is one it runs: hs = C / NH a multiple of 16 and at most 128, B * NH <= 65535.
+bool tc_attention_supported(int B, int C, int NH);
+// Unsupported shapes throw strata::Error (naming the call), as flash_attention_forward does.
+void tc_flash_attention_forward(const CudaContext& ctx, float* out, float* lse, const float* qkv,
+                                int B, int T, int C, int NH);
+void tc_flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
+                                 const float* dout, const float* qkv, const float* out,
+                                 const float* lse, int B, int T, int C, int NH);
+
 // tanh-approximation GELU, elementwise over n.
 void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n);
 // dinp[n] += gelu'(inp) * dout

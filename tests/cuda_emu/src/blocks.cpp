@@ -20,7 +20,9 @@
 #include <algorithm>
 #include <barrier>
 #include <condition_variable>
+#include <cstdarg>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -49,6 +51,9 @@ struct Warp {
   // Which shuffle of the block (1, 2, ...) each slot holds: a lane that exited or diverged has
   // not published the reader's shuffle.
   std::uint32_t numbers[2][32] = {};
+  // The pointers of a warp-collective operation (warp_collective_begin): read only between its
+  // two barriers, so one set does.
+  const void* published[32] = {};
   std::uint32_t lanes = 0;  // lanes that exist in this block
 };
 
@@ -67,7 +72,8 @@ struct Grid {
         nthreads(c.block.x * c.block.y * c.block.z),
         nblocks(std::uint64_t(c.grid.x) * c.grid.y * c.grid.z),
         warps(std::make_unique<Warp[]>((nthreads + 31) / 32)),
-        smem(c.smem > 0 ? std::make_unique<std::byte[]>(c.smem) : nullptr),
+        smem(c.smem > 0 ? static_cast<std::byte*>(::operator new[](c.smem, kSharedAlignment))
+                        : nullptr),
         block_end(nthreads, NextBlock{this}),
         active(nthreads) {
     reset_block();
@@ -92,7 +98,12 @@ struct Grid {
   std::uint64_t block = 0;  // changed only by NextBlock, while every thread waits
   std::optional<std::barrier<>> sync;
   std::unique_ptr<Warp[]> warps;
-  std::unique_ptr<std::byte[]> smem;
+  // Aligned as a GPU's dynamic shared memory is at least (WMMA wants 32-byte aligned tiles).
+  static constexpr std::align_val_t kSharedAlignment{128};
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete[](p, kSharedAlignment); }
+  };
+  std::unique_ptr<std::byte[], AlignedDelete> smem;
   std::barrier<NextBlock> block_end;
   unsigned active;  // workers still in this grid (under the pool's mutex)
 };
@@ -429,6 +440,43 @@ std::uint64_t shuffle_bits(unsigned mask, std::uint64_t bits, int src_lane) {
     fatal("kernel %s, thread %u: shuffle reads lane %d, outside the mask", name, tls_thread,
           src_lane);
   return warp.slots[number % 2][src_lane];
+}
+
+// The numbers of warp-collective operations share the shuffles' count (so a lane at a shuffle and
+// one at a WMMA call are told apart) with this bit set.
+constexpr std::uint32_t kCollectiveBit = 0x80000000u;
+
+const void* const* warp_collective_begin(const char* what, const void* mine) {
+  if (tls_grid == nullptr) fatal("%s outside a kernel", what);
+  Warp& warp = my_warp();
+  const char* name = tls_grid->config.name;
+  if (warp.lanes != ~0u)
+    fatal("kernel %s: %s in a warp of fewer than 32 threads (0x%08x): undefined on a GPU", name,
+          what, warp.lanes);
+  const std::uint32_t number = ++tls_shuffles;
+  const int lane = lane_id();
+  warp.published[lane] = mine;
+  warp.numbers[number % 2][lane] = number | kCollectiveBit;
+  wait_at_warp_barrier(warp);
+  for (int l = 0; l < 32; ++l)
+    if (warp.numbers[number % 2][l] != (number | kCollectiveBit))
+      fatal(
+          "kernel %s, thread %u: lane %d is not in %s (warp operation %u): it has exited or is at "
+          "another warp operation; undefined on a GPU",
+          name, tls_thread, l, what, number);
+  return warp.published;
+}
+
+void warp_collective_end() { wait_at_warp_barrier(my_warp()); }
+
+void fatal_in_kernel(const char* format, ...) {
+  char message[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(message, sizeof message, format, args);
+  va_end(args);
+  if (tls_grid == nullptr) fatal("%s (outside a kernel)", message);
+  fatal("kernel %s, thread %u: %s", tls_grid->config.name, tls_thread, message);
 }
 
 }  // namespace strata_emu

@@ -6,10 +6,10 @@
 // two barriers, std::atomic_ref. Blocks of a launch run one after another and launches one at a
 // time, so `__shared__` can be a function-local static (one instance per running block).
 #pragma once
-#include <bit>
 #include <math.h>
 
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -47,6 +47,17 @@ void sync_warp(unsigned mask);
 std::uint64_t shuffle_bits(unsigned mask, std::uint64_t bits, int src_lane);
 // This thread's lane in its warp (threads numbered x fastest, as CUDA does).
 int lane_id();
+// A warp-collective operation other than a shuffle (the WMMA calls of mma.h), named `what` in the
+// messages: every lane of a full warp must make the same call, as on a GPU (the emulator stops
+// with a message otherwise, as for shuffles). The lane publishes `mine`, waits for the whole warp
+// and gets the 32 lanes' pointers, valid until it calls warp_collective_end(), which waits for the
+// whole warp again, so that no lane returns and changes what it published while another lane is
+// still reading it. An operation that reads nothing of the other lanes' (a fragment load, store or
+// fill) calls warp_collective_begin(what, nullptr) alone: one barrier.
+const void* const* warp_collective_begin(const char* what, const void* mine);
+void warp_collective_end();
+// Stops the run with "kernel <name>, thread <n>: <message>" (misuse a GPU leaves undefined).
+[[noreturn]] void fatal_in_kernel(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 template <class T>
 T shuffle(unsigned mask, T value, int src_lane) {
