@@ -12,6 +12,8 @@
 //   attention_forward / attention_backward at B, T, C, NH (att[B,NH,T,T] from one forward).
 // BM_LayerNorm/<backend>/<preset>/<forward|backward>/micro_batch:<B>: layernorm_forward /
 //   layernorm_backward over N rows of C.
+// With a CUDA device, also the GPU-only cases of bench_gpu_kernels.cpp (each attention kernel, the
+// bf16 GEMMs through cuBLASLt, elementwise passes) against the device's peaks.
 // <backend>: cpu (cpu/layers.hpp; OpenBLAS on OPENBLAS_NUM_THREADS threads) and, in a build with
 // the CUDA backend, cuda (cuda/layers.cuh on device 0: device buffers, cudaEvent timing on the
 // context's stream). Without a CUDA device the cuda benchmarks are not registered and one line
@@ -54,6 +56,11 @@
 
 #include "cuda/device.hpp"
 #include "cuda/layers.cuh"
+
+namespace strata::bench {
+void register_gpu_benchmarks();  // bench_gpu_kernels.cpp: attention kernels, bf16 GEMMs,
+                                 // elementwise
+}
 #endif
 
 namespace {
@@ -360,9 +367,10 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_kernels: %s\n", e.what());
   }
-  if (devices > 0)
+  if (devices > 0) {
     register_backend(cuda_backend());
-  else
+    strata::bench::register_gpu_benchmarks();
+  } else
     std::fprintf(stderr, "bench_kernels: no CUDA device: cuda benchmarks skipped\n");
 #endif
   benchmark::RunSpecifiedBenchmarks();

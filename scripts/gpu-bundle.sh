@@ -6,10 +6,12 @@
 #
 #   scripts/gpu-bundle.sh [BUILD_DIR] [OUT_DIR]        (defaults: build, .gpu)
 #
-# On the GPU machine, scripts/gpu-check.sh OUT_DIR/build unpacks nothing itself; run it as
-#   STRATA_GPU_DEBS=OUT_DIR/debs scripts/gpu-check.sh OUT_DIR/build report.md
-# after `tar -xf OUT_DIR/build.tar.xz -C OUT_DIR`. The packages are unpacked under a prefix of
-# their own (never over the machine's /), found through LD_LIBRARY_PATH and OPAL_PREFIX.
+# On the GPU machine, unpack the build and point scripts/gpu-check.sh at it and at the packages,
+# which it unpacks under a prefix of its own (never over the machine's /) and finds through
+# LD_LIBRARY_PATH and OPAL_PREFIX. The default OUT_DIR, .gpu, is ignored by git; the device tool
+# takes it with carry [".gpu"]:
+#   mkdir -p /tmp/g && tar -xf .gpu/build.tar.xz -C /tmp/g &&
+#   STRATA_GPU_DEBS=.gpu/debs scripts/gpu-check.sh /tmp/g "$OUT/gpu-check.md"
 set -euo pipefail
 build=${1:-build}
 out=${2:-.gpu}
@@ -18,7 +20,7 @@ rm -rf "$out" && mkdir -p "$out/debs"
 
 # The programs the GPU check runs, and every library of the build.
 files=$(cd "$build" && ls -d bin/runner bin/check_run bin/bench_kernels bin/test_cuda_* \
-  bin/test_nccl lib 2>/dev/null || true)
+  bin/test_nccl lib 2>/dev/null | grep -v emu || true)
 tar -C "$build" -cf - $files | xz -T2 -6 >"$out/build.tar.xz"
 
 # Libraries the machine brings itself: the C and C++ run-times, CUDA's, NVIDIA's.
@@ -28,10 +30,10 @@ libs=$(find "$build/bin" "$build/lib" -type f \( -perm -u+x -o -name '*.so*' \) 
 packages=$(for lib in $libs; do
   base=$(basename "$lib")
   [[ $base =~ $system_lib ]] && continue
-  dpkg -S "$(readlink -f "$lib")" 2>/dev/null | cut -d: -f1
+  dpkg -S "$(readlink -f "$lib")" 2>/dev/null | cut -d: -f1 || true  # the build's own: no package
 done | sort -u)
 # Open MPI's components and data (loaded at MPI_Init, not linked) come with its packages.
-packages="$packages openmpi-common libopenmpi3 libpmix2 libprrte3 libhwloc15"
+packages="$packages openmpi-common libopenmpi3 libpmix2 libhwloc15"
 (cd "$out/debs" && apt-get download $(echo "$packages" | tr ' ' '\n' | sort -u) >/dev/null)
 du -sh "$out"/build.tar.xz "$out"/debs
 echo "gpu-bundle: $out ($(du -sm "$out" | cut -f1) MiB; the device tool carries at most 64)"

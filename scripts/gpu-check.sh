@@ -49,13 +49,14 @@ if [ -f "$build/CTestTestfile.cmake" ]; then  # a build tree: make test-gpu's te
   echo "ctest exit $?" >>"$work/ctest.txt"
   grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|\*\*\*|ctest exit' "$work/ctest.txt" \
     >>"$report"
-else  # a bundle (gpu-bundle.sh): the same programs, run directly
+else  # a bundle (gpu-bundle.sh): the same programs, run directly (not the emulator's)
   for t in "$build"/bin/test_cuda_* "$build"/bin/test_nccl; do
-    [ -x "$t" ] || continue
+    [[ -x $t && $t != *emu* ]] || continue
     timeout 120 "$t" >"$work/t.txt" 2>&1
-    echo "$(basename "$t"): exit $? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$work/t.txt" | tr '\n' ' ')" \
-      >>"$report"
-    grep -E '^\[  FAILED  \]' "$work/t.txt" >>"$report"
+    rc=$?
+    counts=$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?' "$work/t.txt" | tr -s ' ' | tr '\n' ' ')
+    say "$(basename "$t"): exit $rc; $counts"
+    grep -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$work/t.txt" >>"$report"
   done
 fi
 say '```'
@@ -111,7 +112,7 @@ say '```'
 filter='/cuda/|BM_Gpu'
 [ "${GPU_CHECK_QUICK:-0}" = 1 ] && filter='BM_GpuAttention/.*/gpt2-124m'
 if [ -x "$build/bin/bench_kernels" ]; then
-  timeout 150 "$build/bin/bench_kernels" --benchmark_filter="$filter" --benchmark_min_time=0.05s \
+  timeout 150 "$build/bin/bench_kernels" --benchmark_filter="$filter" --benchmark_min_time=0.05 \
     >"$work/bench.txt" 2>&1
   echo "bench_kernels exit $?" >>"$work/bench.txt"
   grep -vE '^\*\*\*|^-+$' "$work/bench.txt" | cut -c1-200 >>"$report"

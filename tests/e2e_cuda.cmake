@@ -36,9 +36,15 @@ function(strata_e2e_cuda id ranks tol)
                          ENVIRONMENT "${E2E_CUDA_ENV}" TIMEOUT 300 RESOURCE_LOCK cores)
   endforeach()
   set(gpu ${E2E_DIR}/cuda.${id}.gpu.h5)
+  # --attention auto: the own tensor-core kernel in a bf16 run (tiny's head size 16 is one it
+  # takes), the fp32 reference otherwise.
+  set(attention reference)
+  if("bf16" IN_LIST ARGN)
+    set(attention own)
+  endif()
   add_test(NAME e2e.layout.cuda.${id} COMMAND check_run layout ${gpu} ${ranks} ${E2E_CUDA_STEPS})
   add_test(NAME e2e.predicted.cuda.${id} COMMAND check_run predicted ${gpu})
-  add_test(NAME e2e.device.cuda.${id} COMMAND check_run device ${gpu} cuda)
+  add_test(NAME e2e.device.cuda.${id} COMMAND check_run device ${gpu} cuda ${attention})
   set_tests_properties(e2e.layout.cuda.${id} e2e.predicted.cuda.${id} e2e.device.cuda.${id}
                        PROPERTIES FIXTURES_REQUIRED run.cuda.${id}.gpu LABELS e2e)
   add_test(NAME e2e.cuda-follows-cpu.${id}
@@ -111,7 +117,11 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   # Activations in bf16 across the tp collectives (sp: all-gathers, reduce-scatters) and the
   # pipeline's sends, rounded and widened by the device's kernels (--tp-comm-dtype's default).
   strata_e2e_cuda(tp.np2.bf16 2 2e-3 --plugin tp --mesh tp=2 --micro-batch 2 --plugin-opt sp=on
-                  --precision bf16)
+                  --precision bf16 --trace)
+  # Its phases timed by compute-stream events: each rank's trace intervals add up to /steps.
+  add_test(NAME e2e.trace.cuda.tp.np2.bf16 COMMAND check_run trace ${E2E_DIR}/cuda.tp.np2.bf16.gpu.h5)
+  set_tests_properties(e2e.trace.cuda.tp.np2.bf16 PROPERTIES LABELS e2e
+                       FIXTURES_REQUIRED run.cuda.tp.np2.bf16.gpu)
   strata_e2e_cuda(1f1b.pp2.bf16 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2 --precision bf16)
 endif()
 

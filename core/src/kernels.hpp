@@ -44,6 +44,11 @@ class Kernels {
   virtual void gelu_forward(float* out, const float* inp, std::int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, std::int64_t n) = 0;
+  // sum[N,C] = a + b (sum may be a), then layernorm_forward(out, mean, rstd, sum, ...): the
+  // residual add and the next LayerNorm, in one pass on a GPU (the two calls' values).
+  virtual void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd,
+                                          const float* a, const float* b, const float* weight,
+                                          const float* bias, int N, int C) = 0;
   virtual void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                             const std::int32_t* targets, int N, int V) = 0;
   virtual void crossentropy_softmax_backward(float* dlogits, const float* probs,
@@ -79,8 +84,8 @@ class Kernels {
   // round_to_bf16(out, dout, rows * C) and bias_grad(dbias, dout, rows, C), the same values, in
   // one pass over dout on a GPU: a bf16 linear layer's backward reads its output gradient once for
   // the GEMMs' operand and the bias gradient.
-  virtual void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout,
-                                       std::size_t rows, int C) = 0;
+  virtual void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
+                                       int C) = 0;
   // dst[i] = bf16(float(dst[i]) + src[i]): fp32 partial gradients into bf16 ones.
   virtual void add_into_bf16(bf16* dst, const float* src, std::size_t n) = 0;
   // Vocab-parallel embedding: rows[n, :] = wte[tokens[n] - v0, :] (f32 or bf16 table) when the

@@ -232,9 +232,8 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   matmul_forward(a.qkv, a.ln1_full, at(p, o[kQkvW]), small.param(o[kQkvB], 3 * d.Cl), N, C, 3 * Cl);
   k_.attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
   row_parallel(tp, a.xmid, a.atty, at(p, o[kProjW]), small.param(o[kProjB], C), Cl);
-  k_.residual_forward(a.xmid, a.xmid, x_in, std::int64_t(Nl) * C);
-  k_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, small.param(o[kLn2W], C),
-                       small.param(o[kLn2B], C), Nl, C);
+  k_.residual_layernorm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, x_in,
+                                small.param(o[kLn2W], C), small.param(o[kLn2B], C), Nl, C);
   if (d.sp) gather(tp, a.ln2, a.ln2_full);
   matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl,
                  a.fch_gelu);

@@ -26,7 +26,8 @@
 //                                            tracked peak within +-BYTES, plus the rank's largest
 //                                            reduction (MPI's scratch) above
 //   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
-//   check_run device FILE DEVICE             /config device is DEVICE; a GPU run has a device
+//   check_run device FILE DEVICE [ATTENTION] /config device is DEVICE (and attention ATTENTION);
+//                                            a GPU run has a device
 //                                            peak per rank of at least its tracked peak
 // Prints what it compared; exits 1 on the first mismatch.
 #include <algorithm>
@@ -165,9 +166,11 @@ static void trajectory(const RunRecord& ref, const RunRecord& r, double tol) {
               r.steps, tol);
 }
 
-static void device(const RunRecord& r, const std::string& want) {
+static void device(const RunRecord& r, const std::string& want, const std::string& attention) {
   EXPECT(config(r, "device") == want, "device %s, want %s\n", config(r, "device").c_str(),
          want.c_str());
+  EXPECT(attention.empty() || config(r, "attention") == attention, "attention %s, want %s\n",
+         config(r, "attention").c_str(), attention.c_str());
   if (want == "cpu") {
     EXPECT(r.device_peak_bytes.empty(), "a CPU run with a device peak\n");
     return;
@@ -251,6 +254,20 @@ static void trace(const RunRecord& r, const std::string& path) {
   for (int k = 0; k < r.ranks; ++k)
     EXPECT(forward[k] > 0 && backward[k] > 0, "rank %d: %d forward, %d backward intervals\n", k,
            forward[k], backward[k]);
+  // Each rank's compute intervals of a phase add up to its /steps time of that phase (on a GPU
+  // both come from the same pair of events per phase).
+  std::map<std::pair<int, std::string>, double> traced_s;
+  for (const TraceEvent& e : r.trace)
+    if (e.stream == "compute") traced_s[{e.rank, e.kind}] += e.t1 - e.t0;
+  for (const char* phase : {"forward", "backward", "optimizer"})
+    for (int k = 0; k < r.ranks; ++k) {
+      double steps_s = 0;
+      for (int s = 0; s < r.steps; ++s)
+        steps_s += r.step_values.at(std::string(phase) + "_s")[std::size_t(k) * r.steps + s];
+      const double t = traced_s[{k, phase}];
+      EXPECT(std::fabs(t - steps_s) <= 1e-6 * steps_s + 1e-9,
+             "rank %d %s: trace intervals %.9f s, /steps %.9f s\n", k, phase, t, steps_s);
+    }
   for (const auto& [op, cs] : r.comm)
     for (int k = 0; k < r.ranks; ++k) {
       double ledger = 0;
@@ -466,8 +483,8 @@ int main(int argc, char** argv) {
       calibration(read_run_file(argv[2]), argv[3]);
     else if (cmd == "untracked" && argc == 4)
       untracked(read_run_file(argv[2]), std::atof(argv[3]));
-    else if (cmd == "device" && argc == 4)
-      device(read_run_file(argv[2]), argv[3]);
+    else if (cmd == "device" && (argc == 4 || argc == 5))
+      device(read_run_file(argv[2]), argv[3], argc == 5 ? argv[4] : "");
     else if (cmd == "transfers" && argc == 5)
       transfers(read_run_file(argv[2]), std::atof(argv[3]), std::atof(argv[4]));
     else if (cmd == "absent" && argc >= 4) {

@@ -170,6 +170,32 @@ TEST_F(CudaKernelsTest, BiasGradSumsChunksInTheCpusOrder) {
   for (int c = 0; c < cols; ++c) EXPECT_NEAR(dbias[c], want[c], 1e-4) << "column " << c;
 }
 
+// The fused residual_layernorm_forward against its unfused composition on the same backend,
+// residual_forward then layernorm_forward: the sum, output, mean and rstd bit for bit, with the sum
+// in place over its first input as the model runs it (xmid = xmid + x), C not a multiple of 32.
+TEST_F(CudaKernelsTest, ResidualLayerNormIsTheUnfusedComposition) {
+  STRATA_REQUIRE_GPU();
+  constexpr int Nr = 37, Cc = 70;
+  const std::vector<float> a = random_floats(Nr * Cc, 70, -2, 2),
+                           b = random_floats(Nr * Cc, 71, -2, 2);
+  const std::vector<float> w = random_floats(Cc, 72, 0.5, 1.5), bias = random_floats(Cc, 73, -1, 1);
+  Dev<float> d_fused_sum(a), d_sum(a), d_b(b), d_w(w), d_bias(bias);
+  const std::vector<float> rows_c(Nr * Cc), rows(Nr);
+  Dev<float> d_fused_out(rows_c), d_out(rows_c), d_fused_mean(rows), d_mean(rows),
+      d_fused_rstd(rows), d_rstd(rows);
+  gpu->residual_layernorm_forward(d_fused_sum.p, d_fused_out.p, d_fused_mean.p, d_fused_rstd.p,
+                                  d_fused_sum.p, d_b.p, d_w.p, d_bias.p, Nr, Cc);
+  gpu->residual_forward(d_sum.p, d_sum.p, d_b.p, std::int64_t(Nr) * Cc);
+  gpu->layernorm_forward(d_out.p, d_mean.p, d_rstd.p, d_sum.p, d_w.p, d_bias.p, Nr, Cc);
+  sync();
+  expect_bits("sum", d_fused_sum.host(), d_sum.host());
+  expect_bits("out", d_fused_out.host(), d_out.host());
+  expect_bits("mean", d_fused_mean.host(), d_mean.host());
+  expect_bits("rstd", d_fused_rstd.host(), d_rstd.host());
+  const std::vector<float> sum = d_sum.host();
+  for (int i = 0; i < Nr * Cc; ++i) ASSERT_EQ(sum[i], a[i] + b[i]) << "sum[" << i << "]";
+}
+
 // The fused round_to_bf16_bias_grad against its unfused composition, round_to_bf16 then bias_grad,
 // on the same backend: the bf16 operand and the bias gradient bit for bit (a partial last chunk
 // and a partial last block of columns), and the CPU's composition equal to both.

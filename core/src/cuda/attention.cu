@@ -452,6 +452,17 @@ void flash_attention_forward(const CudaContext& ctx, float* out, float* lse, con
   });
 }
 
+void attention_delta(const CudaContext& ctx, float* delta, const float* dout, const float* out,
+                     int B, int T, int C, int NH) {
+  const std::int64_t rows = std::int64_t(B) * NH * T;
+  if (rows == 0) return;
+  const unsigned blocks = unsigned(std::min<std::int64_t>(
+      (rows + kDeltaThreads / 32 - 1) / (kDeltaThreads / 32), std::int64_t(1) << 16));
+  STRATA_LAUNCH(attention_delta_kernel, blocks, kDeltaThreads, 0, ctx.stream)
+  (delta, dout, out, rows, T, C, NH);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
 void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta, const float* dout,
                               const float* qkv, const float* out, const float* lse, int B, int T,
                               int C, int NH) {
@@ -459,12 +470,7 @@ void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
     const float scale = 1.0f / std::sqrt(float(C / NH));
-    const std::int64_t rows = std::int64_t(B) * NH * T;
-    const unsigned delta_blocks = unsigned(std::min<std::int64_t>(
-        (rows + kDeltaThreads / 32 - 1) / (kDeltaThreads / 32), std::int64_t(1) << 16));
-    STRATA_LAUNCH(attention_delta_kernel, delta_blocks, kDeltaThreads, 0, ctx.stream)
-    (delta, dout, out, rows, T, C, NH);
-    STRATA_CUDA_CHECK_LAUNCH();
+    attention_delta(ctx, delta, dout, out, B, T, C, NH);
 
     allow_shared_memory(flash_backward_dkdv_kernel<kD>, dkdv_smem_bytes<kD>());
     STRATA_LAUNCH(flash_backward_dkdv_kernel<kD>, tile_grid(B, T, NH), kTileThreads,

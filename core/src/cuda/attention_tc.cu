@@ -46,6 +46,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../kernels.hpp"  // cuda_tensor_core_attention ("kernels.hpp" is cuda/kernels.hpp here)
 #include "cuda/device.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/layers.cuh"
@@ -79,7 +80,6 @@ constexpr int kScoreStride = kCols + 4;   // fp32 [16 x 64] score rows
 constexpr int kProbStride = kCols + 8;    // bf16 [16 x 64] P / dS rows
 constexpr int kScratchFloats = kFrag * kFrag;  // a warp's 16 x 16 fp32 scratch, ldm 16
 constexpr int kMaxHead = 128;
-constexpr int kDeltaThreads = 256;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -367,25 +367,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- Backward ------------------------------------------------------------------------------------
 
-// delta[b,h,t] = dout[b,t,h head] . out[b,t,h head]; one warp per row (b, h, t).
-__global__ void tc_delta_kernel(float* delta,       // [B, NH, T]
-                                const float* dout,  // [B, T, C]
-                                const float* out,   // [B, T, C]
-                                std::int64_t rows, int T, int C, int NH) {
-  constexpr int kDeltaWarps = kDeltaThreads / 32;
-  const int lane = threadIdx.x % 32, hs = C / NH;
-  for (std::int64_t row = blockIdx.x * std::int64_t(kDeltaWarps) + threadIdx.x / 32; row < rows;
-       row += std::int64_t(gridDim.x) * kDeltaWarps) {
-    const std::int64_t bh = row / T, b = bh / NH;
-    const int t = int(row % T), h = int(bh % NH);
-    const std::int64_t off = (b * T + t) * C + std::int64_t(h) * hs;
-    float s = 0.0f;
-    for (int d = lane; d < hs; d += 32) s += dout[off + d] * out[off + d];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
-    if (lane == 0) delta[row] = s;
-  }
-}
-
 // P and dS of one 16 x 16 fragment from the warp's scratch (s: raw scores, dp: dout . v), written
 // as bf16 at p_out / ds_out (ldm kProbStride; p_out may be null). Row r is key key0 + r and column
 // c query query0 + c when kKeyRows (dK/dV: P^T, dS^T), else row r query query0 + r and column c
@@ -625,8 +606,8 @@ float scale_of(int C, int NH) { return 1.0f / std::sqrt(float(C / NH)); }
 }  // namespace
 
 bool tc_attention_supported(int B, int C, int NH) {
-  return B >= 0 && C > 0 && NH > 0 && C % NH == 0 && (C / NH) % kFrag == 0 && C / NH <= kMaxHead &&
-         std::int64_t(B) * NH <= 65535;
+  static_assert(kFrag == 16 && kMaxHead == 128, "the shapes kernels.hpp says the kernel takes");
+  return B >= 0 && cuda_tensor_core_attention(B, C, NH);
 }
 
 void tc_flash_attention_forward(const CudaContext& ctx, float* out, float* lse, const float* qkv,
@@ -649,12 +630,7 @@ void tc_flash_attention_backward(const CudaContext& ctx, float* dqkv, float* del
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
     const float scale = scale_of(C, NH);
-    const std::int64_t rows = std::int64_t(B) * NH * T;
-    const unsigned delta_blocks = unsigned(std::min<std::int64_t>(
-        (rows + kDeltaThreads / 32 - 1) / (kDeltaThreads / 32), std::int64_t(1) << 16));
-    STRATA_LAUNCH(tc_delta_kernel, delta_blocks, kDeltaThreads, 0, ctx.stream)
-    (delta, dout, out, rows, T, C, NH);
-    STRATA_CUDA_CHECK_LAUNCH();
+    attention_delta(ctx, delta, dout, out, B, T, C, NH);
 
     allow_shared_memory(tc_backward_dkdv_kernel<kD>, dkdv_smem_bytes<kD>());
     STRATA_LAUNCH(tc_backward_dkdv_kernel<kD>, tc_grid(B, T, NH), kThreads, dkdv_smem_bytes<kD>(),

@@ -57,8 +57,8 @@ void CudaKernels::matmul_backward(float* dinp, float* dweight, float* dbias, con
 // [B,NH,T], datt the backward's row sums [B,NH,T] (attention_state_floats).
 void CudaKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                     int NH) {
-  if (attention_ == AttentionKernel::own && cuda_tensor_core_attention(B, C, NH))
-    cuda::flash_attention_forward(/*MERGE*/ ctx_, out, att, qkv, B, T, C, NH);
+  if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
+    cuda::tc_flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
   else if (cuda_fused_attention(B, C, NH))
     cuda::flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
   else
@@ -67,8 +67,8 @@ void CudaKernels::attention_forward(float* out, float* att, const float* qkv, in
 void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                      const float* att, const float* out, int B, int T, int C,
                                      int NH) {
-  if (attention_ == AttentionKernel::own && cuda_tensor_core_attention(B, C, NH))
-    cuda::flash_attention_backward(/*MERGE*/ ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
+  if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
+    cuda::tc_flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
   else if (cuda_fused_attention(B, C, NH))
     cuda::flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
   else
@@ -82,6 +82,11 @@ void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout
 }
 void CudaKernels::residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
   cuda::residual_forward(ctx_, out, a, b, n);
+}
+void CudaKernels::residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd,
+                                             const float* a, const float* b, const float* weight,
+                                             const float* bias, int N, int C) {
+  cuda::residual_layernorm_forward(ctx_, sum, out, mean, rstd, a, b, weight, bias, N, C);
 }
 void CudaKernels::softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                                const std::int32_t* targets, int N, int V) {

@@ -47,6 +47,9 @@ class CudaKernels final : public Kernels {
   void gelu_forward(float* out, const float* inp, std::int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
   void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override;
+  void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* weight, const float* bias, int N,
+                                  int C) override;
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override;
   void crossentropy_softmax_backward(float* dlogits, const float* probs,
@@ -100,7 +103,8 @@ class CudaKernels final : public Kernels {
   double sum(const float* x, std::size_t n) override;
 
  private:
-  // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null (kernels_steps.cu).
+  // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null
+  // (kernels_steps.cu).
   void bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout, std::size_t rows,
                           int C);
   // cublasLtMatmul with a cached plan (matmul_lt.cpp); false where cuBLASLt has no algorithm.

@@ -103,18 +103,28 @@ __global__ void encoder_backward_kernel(float* dwte,                 // [V, C] +
 }
 
 // One warp per row: mean, biased variance (two passes, fp32), normalise, scale and shift.
-__global__ void layernorm_forward_kernel(float* out,           // [N, C]
-                                         float* mean,          // [N]
-                                         float* rstd,          // [N]
-                                         const float* inp,     // [N, C]
-                                         const float* weight,  // [C]
-                                         const float* bias,    // [C]
+// With `residual` (not null) the row is first sum = inp + residual (the residual stream, which
+// may be inp itself), written by the lane that reads it back: residual_forward then
+// layernorm_forward of sum, the same arithmetic in one pass.
+__global__ void layernorm_forward_kernel(float* out,             // [N, C]
+                                         float* mean,            // [N]
+                                         float* rstd,            // [N]
+                                         float* sum,             // [N, C] or null
+                                         const float* inp,       // [N, C]
+                                         const float* residual,  // [N, C] or null
+                                         const float* weight,    // [C]
+                                         const float* bias,      // [C]
                                          int N, int C) {
   const int lane = threadIdx.x % 32;
   for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
        row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
     const float* x = inp + row * C;
     float* o = out + row * C;
+    if (residual) {
+      float* xs = sum + row * C;
+      for (int i = lane; i < C; i += 32) xs[i] = x[i] + residual[row * C + i];
+      x = xs;
+    }
     float s = 0.0f;
     for (int i = lane; i < C; i += 32) s += x[i];
     const float m = warp_sum(s) / float(C);
@@ -437,7 +447,16 @@ void layernorm_forward(const CudaContext& ctx, float* out, float* mean, float* r
                        const float* inp, const float* weight, const float* bias, int N, int C) {
   if (N == 0) return;
   STRATA_LAUNCH(layernorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
-  (out, mean, rstd, inp, weight, bias, N, C);
+  (out, mean, rstd, nullptr, inp, nullptr, weight, bias, N, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void residual_layernorm_forward(const CudaContext& ctx, float* sum, float* out, float* mean,
+                                float* rstd, const float* a, const float* b, const float* weight,
+                                const float* bias, int N, int C) {
+  if (N == 0) return;
+  STRATA_LAUNCH(layernorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
+  (out, mean, rstd, sum, a, b, weight, bias, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 

@@ -59,6 +59,11 @@ void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const fl
 // out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]
 void layernorm_forward(const CudaContext& ctx, float* out, float* mean, float* rstd,
                        const float* inp, const float* weight, const float* bias, int N, int C);
+// sum[N,C] = a + b (sum may be a), then out, mean, rstd = layernorm_forward(sum): a residual add
+// and the next LayerNorm in one pass, the same arithmetic as the two calls.
+void residual_layernorm_forward(const CudaContext& ctx, float* sum, float* out, float* mean,
+                                float* rstd, const float* a, const float* b, const float* weight,
+                                const float* bias, int N, int C);
 void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
                         const float* dout, const float* inp, const float* weight, const float* mean,
                         const float* rstd, int N, int C);
@@ -91,6 +96,11 @@ void flash_attention_forward(const CudaContext& ctx, float* out, float* lse, con
 void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta, const float* dout,
                               const float* qkv, const float* out, const float* lse, int B, int T,
                               int C, int NH);
+
+// delta[B,NH,T] = rowsum(dout * out) per head: the first step of both flash backwards (their
+// dS = P (dP - delta)), one warp per row (attention.cu).
+void attention_delta(const CudaContext& ctx, float* delta, const float* dout, const float* out,
+                     int B, int T, int C, int NH);
 
 // The same attention on tensor cores (cuda/attention_tc.cu): WMMA bf16 16x16x16 tiles with fp32
 // accumulation, tiles of 64 queries x 64 keys. Q, K, V and dout are rounded to bf16 (to nearest

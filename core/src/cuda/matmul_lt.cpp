@@ -21,7 +21,8 @@
 #include "cuda/kernels.hpp"
 
 namespace strata::cuda {
-namespace {
+// Named, not anonymous: CudaKernels::LtPlans (a member of a class with linkage) holds these.
+namespace lt {
 
 // Owners of cuBLASLt's descriptors (host objects; destroying them after the matmul is queued is
 // allowed).
@@ -119,13 +120,13 @@ std::unique_ptr<LtPlan> make_plan(const CudaContext& ctx, const LtPlanKey& key) 
   return plan;
 }
 
-}  // namespace
+}  // namespace lt
 
 // Plans by key, made at a shape's first call: the heuristic and the descriptors cost host time
 // at every call otherwise (each linear layer, each micro-batch), and a CUDA graph wants the same
 // algorithm at every replay.
 struct CudaKernels::LtPlans {
-  std::map<LtPlanKey, std::unique_ptr<LtPlan>> plans;  // null: cuBLASLt has no algorithm
+  std::map<lt::LtPlanKey, std::unique_ptr<lt::LtPlan>> plans;  // null: cuBLASLt has no algorithm
 };
 void CudaKernels::LtPlansDeleter::operator()(LtPlans* p) const { delete p; }
 
@@ -133,6 +134,7 @@ void CudaKernels::LtPlansDeleter::operator()(LtPlans* p) const { delete p; }
 // algorithm for the configuration.
 bool CudaKernels::lt_matmul(cublasLtEpilogue_t epilogue, float* d, float* aux, const void* inp,
                             const void* weight, const float* bias, int N, int C, int OC) {
+  using namespace lt;
   if (!lt_plans_) lt_plans_.reset(new LtPlans);
   const LtPlanKey key{epilogue, N, C, OC, alignment_of(weight), alignment_of(inp), alignment_of(d)};
   auto it = lt_plans_->plans.find(key);

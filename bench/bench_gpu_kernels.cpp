@@ -1,0 +1,210 @@
+// The GPU-only kernel benchmarks of bench_kernels (registered by its main() where a CUDA device
+// exists): what a bf16 step of the model runs, against the device's data-sheet peaks.
+//
+// BM_GpuAttention/<reference|own>/<shape>/<forward|backward|forward_backward>: the fp32 flash
+//   kernel on CUDA cores (cuda/attention.cu) and the own bf16 tensor-core kernel
+//   (cuda/attention_tc.cu), causal. Shapes: hs64 = gpt2-124m at micro-batch 8 (B 8, T 1024,
+//   C 768, NH 12), hs128 = the 1.3B shape of scripts/gpu-check.sh (B 4, T 1024, C 2048, NH 16).
+//   FLOPs as FlashAttention counts them, causal (half the T x T products): forward 2 B T^2 C
+//   (S = QK^T and PV), backward 2.5x forward (dV, dP, dQ, dK; the recomputed S not counted).
+// BM_GpuGemmBf16/<gemm>/<forward|backward>: a gpt2-124m block's linear layers at N = 8 x 1024
+//   rows: forward as the model runs it (cublasLtMatmul with the bias, and GELU for fc1, in the
+//   epilogue: Kernels::matmul_bf16_forward), backward the two bf16 GEMMs (dinp, dweight) of
+//   cublasGemmEx. FLOPs 2 N K OC per GEMM.
+// BM_GpuElementwise/<kernel>: the passes between the GEMMs that a fused step would remove (GELU
+//   backward, the residual add, rounding to bf16), at N x 4C (GELU) or N x C: GB/s, each tensor
+//   read or written once.
+// Counters: TFLOPs and frac_of_peak (against the bf16 dense tensor-core peak for bf16 work, the
+// fp32 peak for the reference attention; omitted for a GPU the table does not know), or GBps.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/layers.cuh"
+#include "strata/types.hpp"
+
+namespace strata::bench {
+namespace {
+
+namespace gpu = strata::cuda;
+
+const gpu::CudaContext& context() {
+  static const gpu::CudaContext ctx(0);
+  return ctx;
+}
+gpu::CudaKernels& kernels() {
+  static gpu::CudaKernels k(context());
+  return k;
+}
+
+// n elements of T on the device, a fixed pattern in [-1, 1) (never zeros: they run faster).
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n) : n_(n) {
+    std::vector<T> host(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = float((std::uint32_t(i) * 2654435761u) >> 16) / 32768.0f - 1.0f;
+      if constexpr (std::is_same_v<T, float>)
+        host[i] = v;
+      else
+        host[i] = to_bf16(v);
+    }
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+    STRATA_CUDA_CHECK(cudaMemcpy(p_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    STRATA_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~DeviceArray() { cudaFree(p_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  operator T*() const { return p_; }
+
+ private:
+  std::size_t n_;
+  T* p_ = nullptr;
+};
+
+// One untimed pass, then each iteration's pass timed with events on the context's stream.
+double time_passes(benchmark::State& state, const std::function<void()>& pass) {
+  static cudaEvent_t start = nullptr, stop = nullptr;
+  if (!start) {
+    STRATA_CUDA_CHECK(cudaEventCreate(&start));
+    STRATA_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  pass();
+  context().synchronize();
+  double total = 0;
+  for (auto _ : state) {
+    STRATA_CUDA_CHECK(cudaEventRecord(start, context().stream));
+    pass();
+    STRATA_CUDA_CHECK(cudaEventRecord(stop, context().stream));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(double(ms) * 1e-3);
+    total += double(ms) * 1e-3;
+  }
+  return total;
+}
+
+void set_rate(benchmark::State& state, double flops_per_pass, double seconds, bool bf16) {
+  const double rate = flops_per_pass * double(state.iterations()) / seconds;
+  state.counters["TFLOPs"] = rate * 1e-12;
+  const double peak = gpu::peak_dense_flops(gpu::cuda_device_name(0), bf16);
+  if (peak > 0) state.counters["frac_of_peak"] = rate / peak;
+}
+
+struct AttentionShape {
+  const char* name;
+  int B, T, C, NH;
+};
+constexpr AttentionShape kAttentionShapes[] = {{"hs64", 8, 1024, 768, 12},
+                                               {"hs128", 4, 1024, 2048, 16}};
+
+// pass: 0 forward, 1 backward, 2 both.
+void BM_GpuAttention(benchmark::State& state, bool own, const AttentionShape& s, int pass) {
+  const std::size_t btc = std::size_t(s.B) * s.T * s.C, rows = std::size_t(s.B) * s.NH * s.T;
+  DeviceArray<float> qkv(3 * btc), out(btc), lse(rows), dout(btc), dqkv(3 * btc), delta(rows);
+  const auto& ctx = context();
+  auto forward = [&] {
+    if (own)
+      gpu::tc_flash_attention_forward(ctx, out, lse, qkv, s.B, s.T, s.C, s.NH);
+    else
+      gpu::flash_attention_forward(ctx, out, lse, qkv, s.B, s.T, s.C, s.NH);
+  };
+  auto backward = [&] {
+    if (own)
+      gpu::tc_flash_attention_backward(ctx, dqkv, delta, dout, qkv, out, lse, s.B, s.T, s.C, s.NH);
+    else
+      gpu::flash_attention_backward(ctx, dqkv, delta, dout, qkv, out, lse, s.B, s.T, s.C, s.NH);
+  };
+  forward();  // the out and lse that backward reads
+  const double seconds = time_passes(state, [&] {
+    if (pass != 1) forward();
+    if (pass != 0) backward();
+  });
+  const double fwd_flops = 2.0 * s.B * double(s.T) * s.T * s.C;
+  set_rate(state, fwd_flops * (pass == 0 ? 1.0 : pass == 1 ? 2.5 : 3.5), seconds, own);
+}
+
+struct Linear {
+  const char* name;
+  int K, OC;
+  bool gelu;
+};
+
+void BM_GpuGemmBf16(benchmark::State& state, const Linear& g, bool backward) {
+  const int N = 8 * 1024, K = g.K, OC = g.OC;
+  const std::size_t nk = std::size_t(N) * K, no = std::size_t(N) * OC, ok = std::size_t(OC) * K;
+  DeviceArray<bf16> inp(nk), w(ok), dout(no);
+  DeviceArray<float> bias(OC), out(no), gelu_out(g.gelu ? no : 1), dinp(nk), dw(ok);
+  Kernels& k = kernels();
+  const double seconds = time_passes(state, [&] {
+    if (!backward) {
+      k.matmul_bf16_forward(out, g.gelu ? static_cast<float*>(gelu_out) : nullptr, inp, w, bias, N,
+                            K, OC, nullptr, 0);
+    } else {  // dinp[N,K] = dout[N,OC] W[OC,K]; dweight[OC,K] += dout^T inp
+      k.gemm_bf16(false, false, N, K, OC, dout, w, dinp, DType::f32, false, nullptr, 0);
+      k.gemm_bf16(true, false, OC, K, N, dout, inp, dw, DType::f32, true, nullptr, 0);
+    }
+  });
+  set_rate(state, 2.0 * N * double(K) * OC * (backward ? 2 : 1), seconds, true);
+}
+
+void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
+  const std::int64_t n = std::int64_t(8) * 1024 * 768 * (kernel == "gelu_backward" ? 4 : 1);
+  DeviceArray<float> a{std::size_t(n)}, b{std::size_t(n)}, c{std::size_t(n)};
+  DeviceArray<bf16> h{std::size_t(n)};
+  Kernels& k = kernels();
+  double bytes = 0;  // per pass, each tensor once
+  std::function<void()> pass;
+  if (kernel == "gelu_backward") {  // read inp, dout, dinp; write dinp
+    pass = [&] { k.gelu_backward(c, a, b, n); };
+    bytes = 16.0 * double(n);
+  } else if (kernel == "residual") {  // read a, b; write out
+    pass = [&] { k.residual_forward(c, a, b, n); };
+    bytes = 12.0 * double(n);
+  } else {  // round_to_bf16: read fp32, write bf16
+    pass = [&] { k.round_to_bf16(h, a, std::size_t(n)); };
+    bytes = 6.0 * double(n);
+  }
+  const double seconds = time_passes(state, pass);
+  state.counters["GBps"] = bytes * double(state.iterations()) / seconds * 1e-9;
+}
+
+template <class Fn>
+void add(const std::string& name, Fn fn) {
+  benchmark::RegisterBenchmark(name.c_str(), fn)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+void register_gpu_benchmarks() {
+  const char* passes[] = {"forward", "backward", "forward_backward"};
+  for (const bool own : {false, true})
+    for (const AttentionShape& s : kAttentionShapes)
+      for (int p = 0; p < 3; ++p)
+        add(std::string("BM_GpuAttention/") + (own ? "own/" : "reference/") + s.name + "/" +
+                passes[p],
+            [own, s, p](benchmark::State& st) { BM_GpuAttention(st, own, s, p); });
+  const Linear linears[] = {{"qkv", 768, 2304, false},
+                            {"attn_proj", 768, 768, false},
+                            {"fc1", 768, 3072, true},
+                            {"fc2", 3072, 768, false}};
+  for (const Linear& g : linears)
+    for (const bool bwd : {false, true})
+      add(std::string("BM_GpuGemmBf16/") + g.name + (bwd ? "/backward" : "/forward"),
+          [g, bwd](benchmark::State& st) { BM_GpuGemmBf16(st, g, bwd); });
+  for (const char* k : {"gelu_backward", "residual", "round_to_bf16"})
+    add(std::string("BM_GpuElementwise/") + k,
+        [k](benchmark::State& st) { BM_GpuElementwise(st, k); });
+}
+
+}  // namespace strata::bench
