@@ -105,10 +105,10 @@ static void layout(const RunRecord& r, int ranks, int steps) {
   EXPECT(!r.run_id.empty() && r.created_utc.size() == 20, "run_id/created_utc\n");
   EXPECT(r.command_line.find("runner") != std::string::npos, "command_line %s\n",
          r.command_line.c_str());
-  for (const char* key : {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab",
-                          "micro_batch", "global_batch", "steps", "seed", "lr", "nodes",
-                          "ranks_per_node", "dp", "precision", "reduce_dtype", "tp_comm_dtype",
-                          "attention"})
+  for (const char* key :
+       {"plugin", "model", "layers", "hidden", "heads", "seq", "vocab", "micro_batch",
+        "global_batch", "steps", "seed", "lr", "nodes", "ranks_per_node", "dp", "precision",
+        "reduce_dtype", "tp_comm_dtype", "attention"})
     EXPECT(!config(r, key).empty(), "/config missing %s\n", key);
   bool has_mpi = false;
   for (const auto& [k, v] : r.provenance) has_mpi |= k == "mpi_version" && !v.empty();
