@@ -24,16 +24,19 @@ files=$(cd "$build" && ls -d bin/runner bin/check_run bin/bench_kernels bin/test
 tar -C "$build" -cf - $files | xz -T2 -6 >"$out/build.tar.xz"
 
 # Libraries the machine brings itself: the C and C++ run-times, CUDA's, NVIDIA's.
-system_lib='^(ld-linux|libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvidia|libnvrtc|libnvJitLink)[.-]'
+system_lib='^(ld-linux|libc|libm|libdl|librt|libresolv|libpthread|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvidia|libnvrtc|libnvJitLink)[.-]'
 libs=$(find "$build/bin" "$build/lib" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
   xargs -0 ldd 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u)
 packages=$(for lib in $libs; do
   base=$(basename "$lib")
   [[ $base =~ $system_lib ]] && continue
-  dpkg -S "$(readlink -f "$lib")" 2>/dev/null | cut -d: -f1 || true  # the build's own: no package
+  # By its path, else by its name (/lib and /usr/lib are one folder here; alternatives links).
+  { dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "*/$base" 2>/dev/null | grep -v 'i386\|lib32'; } |
+    head -1 | cut -d: -f1 || true  # the build's own: no package
 done | sort -u)
-# Open MPI's components and data (loaded at MPI_Init, not linked) come with its packages.
-packages="$packages openmpi-common libopenmpi3 libpmix2 libhwloc15"
+# Open MPI's components and data (loaded at MPI_Init, not linked) come with its packages, and its
+# orted: a singleton MPI_Init (a runner started without mpirun) forks one.
+packages="$packages openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15"
 (cd "$out/debs" && apt-get download $(echo "$packages" | tr ' ' '\n' | sort -u) >/dev/null)
 du -sh "$out"/build.tar.xz "$out"/debs
 echo "gpu-bundle: $out ($(du -sm "$out" | cut -f1) MiB; the device tool carries at most 64)"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every check that needs a real GPU, in one call of under 8 minutes on an H100, into one markdown
 # file: the real-GPU tests (`make test-gpu`'s programs), a performance table of one-rank training
-# runs, the GPU kernel benchmarks and, where Nsight Systems or Nsight Compute is installed, a
-# per-kernel breakdown of one bf16 step. It builds nothing: it runs the build it is given.
+# runs, the GPU kernel benchmarks and a per-kernel breakdown of one bf16 step (CUPTI's activity
+# records). It builds nothing: it runs the build it is given.
 #
 #   scripts/gpu-check.sh [BUILD_DIR] [REPORT.md]      (defaults: build, gpu-check.md)
 #
@@ -19,9 +19,15 @@ trap 'rm -rf "$work"' EXIT
 if [ -n "${STRATA_GPU_DEBS:-}" ]; then
   for deb in "$STRATA_GPU_DEBS"/*.deb; do dpkg -x "$deb" "$work/prefix"; done
   multiarch=$work/prefix/usr/lib/x86_64-linux-gnu
-  export OPAL_PREFIX=$multiarch/openmpi
+  export OPAL_PREFIX=$work/prefix/usr  # Debian configures Open MPI with prefix /usr
   export LD_LIBRARY_PATH="$multiarch:$multiarch/openmpi/lib:$work/prefix/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  # libgloo0 puts its library in /usr/lib; OpenBLAS's is found through an alternatives link here.
+  export LD_LIBRARY_PATH="$work/prefix/usr/lib:$multiarch/openblas-pthread:$LD_LIBRARY_PATH"
 fi
+# CUPTI (the kernel-time library's) sits beside the toolkit's libraries or in extras/.
+for d in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
+done
 # A bundled build's binaries name the library folder of the machine that built them.
 export LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -57,6 +63,7 @@ else  # a bundle (gpu-bundle.sh): the same programs, run directly (not the emula
     counts=$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?' "$work/t.txt" | tr -s ' ' | tr '\n' ' ')
     say "$(basename "$t"): exit $rc; $counts"
     grep -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$work/t.txt" >>"$report"
+    [ $rc = 0 ] || tail -n 15 "$work/t.txt" | sed 's/^/    /' >>"$report"
   done
 fi
 say '```'
@@ -73,6 +80,7 @@ row() {
   local rc=$?
   if [ $rc != 0 ]; then
     say "| $label | failed (exit $rc): $(grep -m1 -iE 'error|what' "$out" | cut -c1-120) | | | |"
+    tail -n 25 "$out" | sed 's/^/    /' >>"$work/failures.txt"
     return
   fi
   local tput p50 mfu peak
@@ -103,6 +111,13 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   row "1.3B bf16 mb 4 zero3" "${xl[@]}" --plugin zero3 --precision bf16 --micro-batch 4
   row "1.3B fp32 mb 2 ddp" "${xl[@]}" --plugin ddp --micro-batch 2
 fi
+if [ -s "$work/failures.txt" ]; then
+  say ""
+  say "The failed runs' last lines:"
+  say '```'
+  cat "$work/failures.txt" >>"$report"
+  say '```'
+fi
 echo "gpu-check: runs done at $(elapsed) s"
 
 # --- Kernel benchmarks --------------------------------------------------------------------------
@@ -123,26 +138,34 @@ say '```'
 echo "gpu-check: benchmarks done at $(elapsed) s"
 
 # --- Per-kernel time of one bf16 step -----------------------------------------------------------
+# CUPTI's activity records (bench/kernel_times.cpp, an injection library) of two runs that differ
+# only in --steps: the difference is 8 steps' kernels, whatever runs before and after the steps.
+# (Nsight Compute replays each kernel, and took more than 140 s without reaching one step on
+# 2026-11-27; Nsight Systems is not installed on the device tool's machines.)
 say ""
-say "## Per-kernel time, gpt2-124m bf16 micro-batch 8 (4 steps)"
+say "## Per-kernel time of one step, gpt2-124m bf16 micro-batch 8 (runs of 12 and 4 steps)"
 say '```'
+times_lib=$build/lib/libstrata_kernel_times.so
 step=(--device cuda --transport nccl --model gpt2-124m --plugin ddp --precision bf16
-      --micro-batch 8 --steps 4 --warmup 1 --quiet --out "$work/runs")
-if command -v nsys >/dev/null; then
-  timeout 150 nsys profile -o "$work/step" --force-overwrite true "$runner" "${step[@]}" \
-    >"$work/nsys.txt" 2>&1
-  timeout 60 nsys stats --report cuda_gpu_kern_sum --format csv "$work/step.nsys-rep" \
-    2>/dev/null | head -40 | cut -c1-200 >>"$report"
-elif command -v ncu >/dev/null; then
-  # About one step's kernels (a gpt2-124m bf16 step launched 778 on 2026-11-24): those after the
-  # first two steps'. Base units: the time column in ns, whatever its size.
-  timeout 180 ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 2000 \
-    --launch-count 800 "$runner" "${step[@]}" >"$work/ncu.txt" 2>&1
-  awk -F'","' '/gpu__time_duration.sum/ { v = $NF; gsub(/[",]/, "", v); t[$5] += v; c[$5]++ }
-    END { for (k in t) printf "%12.3f ms %5d  %s\n", t[k] / 1e6, c[k], k }' "$work/ncu.txt" |
-    sort -rn | head -30 | cut -c1-200 >>"$report"
+      --micro-batch 8 --warmup 1 --quiet --out "$work/runs")
+if [ -f "$times_lib" ]; then
+  for n in 4 12; do
+    CUDA_INJECTION64_PATH=$times_lib STRATA_KERNEL_TIMES=$work/times$n.txt timeout 90 "$runner" \
+      "${step[@]}" --steps $n >"$work/times_run$n.txt" 2>&1 || tail -n 5 "$work/times_run$n.txt" >>"$report"
+  done
+  if [ -s "$work/times4.txt" ] && [ -s "$work/times12.txt" ]; then
+    # "ns count name" lines; per step: (12-step run - 4-step run) / 8.
+    awk '{ k = $0; sub(/^[0-9]+ [0-9]+ /, "", k) }
+      NR == FNR { ns[k] = $1; n[k] = $2; next }
+      { t = ($1 - ns[k]) / 8e6; c = ($2 - n[k]) / 8
+        if (c > 0) { printf "%9.3f ms %6.1f  %s\n", t, c, k; total += t; launches += c } }
+      END { printf "%9.3f ms %6.1f  total per step\n", total, launches }' \
+      "$work/times4.txt" "$work/times12.txt" | sort -rn | head -40 | cut -c1-200 >>"$report"
+  else
+    say "no kernel times (the runs' last lines are above)"
+  fi
 else
-  say "neither nsys nor ncu is installed"
+  say "$times_lib is not built (no CUPTI in the CUDA toolkit)"
 fi
 say '```'
 say ""
