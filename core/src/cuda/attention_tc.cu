@@ -99,6 +99,10 @@ constexpr std::size_t kScratchBytes = sizeof(float) * kWarps * 2 * kScratchFloat
 constexpr std::size_t kRowValueBytes = sizeof(float) * kRows;
 template <int kD>
 constexpr std::size_t kAccBytes = sizeof(float) * kRows* kAccStride<kD>;
+// The dK/dV kernel keeps its accumulators in registers up to kD 64; at kD 128 (16 fragments more)
+// they would spill, so there they live in shared memory.
+template <int kD>
+constexpr bool kDkDvInRegisters = kD <= 64;
 
 // The unit of the dynamic shared memory: declaring it 128-byte aligned makes the base as aligned
 // as WMMA's 32-byte fragments need (CUDA promises only 16 bytes for an array of floats).
@@ -120,9 +124,23 @@ struct SharedCarver {
 // --- Global memory: the only functions that read or write the fp32 activations -----------------
 
 // tile[r][d] = bf16(src[(row0 + r) * ld + d]) for r < 64, d < kD; 0 where row0 + r >= T or d >= hs.
-template <int kD>
+// kVector: four columns a thread where src and ld allow 16-byte loads (hs is a multiple of 16, so
+// four columns never straddle hs), a quarter of the load instructions. Off in the dK/dV kernel:
+// its fragments leave no registers for the loads in flight (ptxas spilled it at 168 registers).
+template <int kD, bool kVector = true>
 __device__ __forceinline__ void load_tile_bf16(bfloat16* tile, const float* src, int ld, int row0,
                                                int T, int hs) {
+  if (kVector && ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(src) % 16 == 0) {
+    for (int e = 4 * int(threadIdx.x); e < kRows * kD; e += 4 * kThreads) {
+      const int r = e / kD, d = e % kD, t = row0 + r;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (t < T && d < hs) v = *reinterpret_cast<const float4*>(src + std::int64_t(t) * ld + d);
+      bfloat16* out = tile + r * kTileStride<kD> + d;  // 8-byte aligned: kTileStride and d even
+      out[0] = __float2bfloat16_rn(v.x), out[1] = __float2bfloat16_rn(v.y);
+      out[2] = __float2bfloat16_rn(v.z), out[3] = __float2bfloat16_rn(v.w);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < kRows * kD; e += kThreads) {
     const int r = e / kD, d = e % kD, t = row0 + r;
     const float v = t < T && d < hs ? src[std::int64_t(t) * ld + d] : 0.0f;
@@ -319,7 +337,7 @@ __global__ void __launch_bounds__(kThreads)
   bfloat16* v_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
   bfloat16* p_tile = carve.take<bfloat16>(kProbBytes);      // [64, 72]
   float* s_tile = carve.take<float>(kScoreBytes);           // [64, 68]
-  float* o_tile = carve.take<float>(kAccBytes<kD>);         // [64, kD + 4] O at the end
+  float* o_tile = reinterpret_cast<float*>(k_tile);         // [64, kD + 4] O at the end, over K, V
   float* m_rows = carve.take<float>(kRowValueBytes);        // [64] running max (base 2)
   float* l_rows = carve.take<float>(kRowValueBytes);        // [64] running sum
   float* c_rows = carve.take<float>(kRowValueBytes);        // [64] this tile's rescale factor
@@ -353,6 +371,7 @@ __global__ void __launch_bounds__(kThreads)
     rescale_and_accumulate<kD>(o_frags, row_ids, c_rows + w0, p_tile + w0 * kProbStride, v_tile);
     __syncthreads();  // K, V read before the next tile overwrites them
   }
+  // The loop's last __syncthreads: every warp is done with K and V, whose space O now takes.
   STRATA_UNROLL
   for (int n = 0; n < kD / kFrag; ++n)
     wmma::store_matrix_sync(o_tile + w0 * kAccStride<kD> + n * kFrag, o_frags[n], kAccStride<kD>,
@@ -424,25 +443,25 @@ __global__ void __launch_bounds__(kThreads)
   bfloat16* pt_tile = carve.take<bfloat16>(kProbBytes);      // [64 keys, 72] P^T
   bfloat16* dst_tile = carve.take<bfloat16>(kProbBytes);     // [64 keys, 72] dS^T
   float* scratch = carve.take<float>(kScratchBytes);         // per warp [2][16 x 16]
-  float* dk_tile = carve.take<float>(kAccBytes<kD>);         // [64 keys, kD + 4]
-  float* dv_tile = carve.take<float>(kAccBytes<kD>);         // [64 keys, kD + 4]
-  float* lse2_rows = carve.take<float>(kRowValueBytes);      // [64] lse log2(e) of the queries
-  float* delta_rows = carve.take<float>(kRowValueBytes);     // [64]
+  // dK, dV [64 keys, kD + 4]: from registers, stored at the end over Q, dout, P^T and dS^T; or
+  // accumulated in shared memory of their own (kDkDvInRegisters).
+  constexpr bool kRegisters = kDkDvInRegisters<kD>;
+  float* dk_tile = kRegisters ? reinterpret_cast<float*>(q_tile) : carve.take<float>(kAccBytes<kD>);
+  float* dv_tile = kRegisters ? dk_tile + kRows * kAccStride<kD> : carve.take<float>(kAccBytes<kD>);
+  float* lse2_rows = carve.take<float>(kRowValueBytes);   // [64] lse log2(e) of the queries
+  float* delta_rows = carve.take<float>(kRowValueBytes);  // [64]
   const int kt = blockIdx.x, k0 = kt * kRows, tiles = gridDim.x;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int warp = threadIdx.x / 32, w0 = warp * kFrag;
   const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
   const float* dob = dout + std::int64_t(b) * T * C + h * hs;
 
-  load_tile_bf16<kD>(k_tile, q + C, C3, k0, T, hs);
-  load_tile_bf16<kD>(v_tile, q + 2 * C, C3, k0, T, hs);
+  load_tile_bf16<kD, false>(k_tile, q + C, C3, k0, T, hs);
+  load_tile_bf16<kD, false>(v_tile, q + 2 * C, C3, k0, T, hs);
   __syncthreads();  // K, V tiles loaded
   FragA k_frags[kD / kFrag], v_frags[kD / kFrag];
   load_row_frags<kD>(k_frags, k_tile + w0 * kTileStride<kD>);
   load_row_frags<kD>(v_frags, v_tile + w0 * kTileStride<kD>);
-  // dK, dV in registers up to kD 64; at kD 128 (16 fragments more) the kernel would spill, so there
-  // they accumulate in shared memory.
-  constexpr bool kRegisters = kD <= 64;
   FragAcc dk[kD / kFrag], dv[kD / kFrag];
   if constexpr (kRegisters) {
     clear_frags<kD>(dk);
@@ -453,8 +472,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int qt = kt; qt < tiles; ++qt) {  // query tile qt * 64 == key tile kt * 64 on the diagonal
     const int q0 = qt * kCols;
-    load_tile_bf16<kD>(q_tile, q, C3, q0, T, hs);
-    load_tile_bf16<kD>(do_tile, dob, C, q0, T, hs);
+    load_tile_bf16<kD, false>(q_tile, q, C3, q0, T, hs);
+    load_tile_bf16<kD, false>(do_tile, dob, C, q0, T, hs);
     load_row_values(lse2_rows, lse, bh, q0, T, kLog2e);
     load_row_values(delta_rows, delta, bh, q0, T, 1.0f);
     __syncthreads();  // tiles loaded
@@ -470,7 +489,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // Q, dout read before the next query tile overwrites them
   }
-  if constexpr (kRegisters) {
+  if constexpr (kRegisters) {  // after the loop's last __syncthreads: Q, dout, P^T, dS^T are free
     store_frags<kD>(dk_tile + w0 * kAccStride<kD>, dk);
     store_frags<kD>(dv_tile + w0 * kAccStride<kD>, dv);
     __syncwarp();  // dK, dV rows stored (fragment lanes != writing lanes)
@@ -552,14 +571,19 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- Host side -----------------------------------------------------------------------------------
 
+// Shared memory sets how many blocks share an SM (up to 227 KiB on sm_90): buffers used only at a
+// kernel's end take the space of tiles the loop no longer needs.
 template <int kD>
 constexpr std::size_t forward_smem_bytes() {
-  return 3 * kTileBytes<kD> + kProbBytes + kScoreBytes + kAccBytes<kD> + 3 * kRowValueBytes;
+  static_assert(kAccBytes<kD> <= 2 * kTileBytes<kD>, "O fits over the K and V tiles");
+  return 3 * kTileBytes<kD> + kProbBytes + kScoreBytes + 3 * kRowValueBytes;
 }
 template <int kD>
 constexpr std::size_t dkdv_smem_bytes() {
-  return 4 * kTileBytes<kD> + 2 * kProbBytes + kScratchBytes + 2 * kAccBytes<kD> +
-         2 * kRowValueBytes;
+  static_assert(2 * kAccBytes<64> <= 2 * kTileBytes<64> + 2 * kProbBytes,
+                "dK, dV fit over the Q, dout, P^T and dS^T tiles");
+  const std::size_t accumulators = kDkDvInRegisters<kD> ? 0 : 2 * kAccBytes<kD>;
+  return 4 * kTileBytes<kD> + 2 * kProbBytes + kScratchBytes + accumulators + 2 * kRowValueBytes;
 }
 template <int kD>
 constexpr std::size_t dq_smem_bytes() {

@@ -27,6 +27,12 @@ struct dim3 {
 struct uint3 {
   unsigned x, y, z;
 };
+// CUDA's 16-byte vector (vector_types.h): its alignment is what makes a float4 load one 16-byte
+// access, and a misaligned one a fault on a GPU; the emulator's sanitizer builds see the latter.
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+constexpr float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 enum cudaError {
   cudaSuccess = 0,
