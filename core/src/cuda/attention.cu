@@ -406,14 +406,6 @@ constexpr std::size_t dq_smem_bytes() {
   return sizeof(float) * (4 * kHeadTileFloats<kD> + kTile * kPStride + 2 * kTile);
 }
 
-// Above the default 48 KiB of dynamic shared memory a kernel must opt in.
-template <class Kernel>
-void allow_shared_memory(Kernel kernel, std::size_t bytes) {
-  if (bytes > 48 * 1024)
-    STRATA_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 // Checks the shape and calls f(std::integral_constant<int, kD>) with the head size's padding.
 template <class F>
 void with_head_size(const char* op, int B, int T, int C, int NH, F&& f) {

@@ -600,14 +600,6 @@ static_assert(kTileBytes<64> % 32 == 0 && kTileBytes<128> % 32 == 0 && kProbByte
                   kAccBytes<128> % 32 == 0,
               "every shared buffer starts 32-byte aligned (WMMA)");
 
-// Above the default 48 KiB of dynamic shared memory a kernel must opt in.
-template <class Kernel>
-void allow_shared_memory(Kernel kernel, std::size_t bytes) {
-  if (bytes > 48 * 1024)
-    STRATA_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 // Checks the shape and calls f(std::integral_constant<int, kD>) with the head size's padding.
 template <class F>
 void with_tc_head_size(const char* op, int B, int T, int C, int NH, F&& f) {

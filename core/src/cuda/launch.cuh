@@ -6,8 +6,13 @@
 //
 //   STRATA_LAUNCH(kernel, grid, block, smem_bytes, stream)(args...);
 //   STRATA_DYNAMIC_SHARED(float, shared);  // in a kernel: the launch's smem_bytes as float[]
+//   allow_shared_memory(kernel, smem_bytes);  // before a launch of more than 48 KiB
 #pragma once
 #include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/device.hpp"  // STRATA_CUDA_CHECK
 
 #if defined(__CUDACC__)
 #define STRATA_LAUNCH(kernel, grid, block, smem, stream) \
@@ -24,3 +29,16 @@
 #else
 #error "cuda/launch.cuh: compile with nvcc, or against the CUDA emulator's headers (tests/cuda_emu)"
 #endif
+
+namespace strata::cuda {
+
+// Above the default 48 KiB of dynamic shared memory a kernel must opt in (CUDA refuses the launch
+// otherwise; the emulator checks the same).
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, std::size_t bytes) {
+  if (bytes > 48 * 1024)
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace strata::cuda
