@@ -307,20 +307,12 @@ __device__ __forceinline__ void rescale_and_accumulate(FragAcc (&o)[kD / kFrag],
                                                        const FragAcc& row_ids, const float* c_rows,
                                                        const bfloat16* p_rows,
                                                        const bfloat16* v_tile) {
-  FragA p[kColFrags];
-  STRATA_UNROLL
-  for (int j = 0; j < kColFrags; ++j) wmma::load_matrix_sync(p[j], p_rows + j * kFrag, kProbStride);
   STRATA_UNROLL
   for (int n = 0; n < kD / kFrag; ++n) {
     STRATA_UNROLL
     for (int i = 0; i < o[n].num_elements; ++i) o[n].x[i] *= c_rows[int(row_ids.x[i])];
-    STRATA_UNROLL
-    for (int j = 0; j < kColFrags; ++j) {
-      FragBRow v;
-      wmma::load_matrix_sync(v, v_tile + j * kFrag * kTileStride<kD> + n * kFrag, kTileStride<kD>);
-      wmma::mma_sync(o[n], p[j], v, o[n]);
-    }
   }
+  accumulate_product<kD>(o, p_rows, v_tile);
 }
 
 // out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
