@@ -125,7 +125,7 @@ say ""
 say "## Kernel benchmarks (bench_kernels, cuda cases)"
 say '```'
 filter='/cuda/|BM_Gpu'
-[ "${GPU_CHECK_QUICK:-0}" = 1 ] && filter='BM_GpuAttention/.*/gpt2-124m'
+[ "${GPU_CHECK_QUICK:-0}" = 1 ] && filter='BM_GpuAttention/.*/hs64/forward_backward'
 if [ -x "$build/bin/bench_kernels" ]; then
   timeout 150 "$build/bin/bench_kernels" --benchmark_filter="$filter" --benchmark_min_time=0.05 \
     >"$work/bench.txt" 2>&1
