@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench_cuda.hpp"
 #include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/layers.cuh"
@@ -35,12 +36,8 @@ namespace {
 
 namespace gpu = strata::cuda;
 
-const gpu::CudaContext& context() {
-  static const gpu::CudaContext ctx(0);
-  return ctx;
-}
 gpu::CudaKernels& kernels() {
-  static gpu::CudaKernels k(context());
+  static gpu::CudaKernels k(cuda_ctx());
   return k;
 }
 
@@ -49,13 +46,14 @@ template <class T>
 class DeviceArray {
  public:
   explicit DeviceArray(std::size_t n) : n_(n) {
+    std::vector<float> pattern(n);
+    fill_pattern(pattern.data(), n);
     std::vector<T> host(n);
     for (std::size_t i = 0; i < n; ++i) {
-      const float v = float((std::uint32_t(i) * 2654435761u) >> 16) / 32768.0f - 1.0f;
       if constexpr (std::is_same_v<T, float>)
-        host[i] = v;
+        host[i] = pattern[i];
       else
-        host[i] = to_bf16(v);
+        host[i] = to_bf16(pattern[i]);
     }
     STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
     STRATA_CUDA_CHECK(cudaMemcpy(p_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
@@ -73,23 +71,15 @@ class DeviceArray {
 
 // One untimed pass, then each iteration's pass timed with events on the context's stream.
 double time_passes(benchmark::State& state, const std::function<void()>& pass) {
-  static cudaEvent_t start = nullptr, stop = nullptr;
-  if (!start) {
-    STRATA_CUDA_CHECK(cudaEventCreate(&start));
-    STRATA_CUDA_CHECK(cudaEventCreate(&stop));
-  }
   pass();
-  context().synchronize();
+  cuda_ctx().synchronize();
   double total = 0;
   for (auto _ : state) {
-    STRATA_CUDA_CHECK(cudaEventRecord(start, context().stream));
+    cuda_clock_start();
     pass();
-    STRATA_CUDA_CHECK(cudaEventRecord(stop, context().stream));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(double(ms) * 1e-3);
-    total += double(ms) * 1e-3;
+    const double seconds = cuda_clock_stop();
+    state.SetIterationTime(seconds);
+    total += seconds;
   }
   return total;
 }
@@ -112,7 +102,7 @@ constexpr AttentionShape kAttentionShapes[] = {{"hs64", 8, 1024, 768, 12},
 void BM_GpuAttention(benchmark::State& state, bool own, const AttentionShape& s, int pass) {
   const std::size_t btc = std::size_t(s.B) * s.T * s.C, rows = std::size_t(s.B) * s.NH * s.T;
   DeviceArray<float> qkv(3 * btc), out(btc), lse(rows), dout(btc), dqkv(3 * btc), delta(rows);
-  const auto& ctx = context();
+  const auto& ctx = cuda_ctx();
   auto forward = [&] {
     if (own)
       gpu::tc_flash_attention_forward(ctx, out, lse, qkv, s.B, s.T, s.C, s.NH);

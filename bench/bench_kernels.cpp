@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda.hpp"
 #include "cpu/layers.hpp"
 #include "strata/model.hpp"
 
@@ -56,14 +57,47 @@
 
 #include "cuda/device.hpp"
 #include "cuda/layers.cuh"
+#endif
 
 namespace strata::bench {
+
+void fill_pattern(float* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    p[i] = float((std::uint32_t(i) * 2654435761u) >> 16) / 32768.0f - 1.0f;
+}
+
+#if STRATA_BENCH_CUDA
 void register_gpu_benchmarks();  // bench_gpu_kernels.cpp: attention kernels, bf16 GEMMs,
                                  // elementwise
+
+const cuda::CudaContext& cuda_ctx() {
+  static const cuda::CudaContext ctx(0);
+  return ctx;
+}
+
+namespace {
+cudaEvent_t cuda_event(int i) {
+  static cudaEvent_t ev[2] = {nullptr, nullptr};
+  if (!ev[i]) STRATA_CUDA_CHECK(cudaEventCreate(&ev[i]));
+  return ev[i];
+}
+}  // namespace
+
+void cuda_clock_start() { STRATA_CUDA_CHECK(cudaEventRecord(cuda_event(0), cuda_ctx().stream)); }
+
+double cuda_clock_stop() {
+  STRATA_CUDA_CHECK(cudaEventRecord(cuda_event(1), cuda_ctx().stream));
+  STRATA_CUDA_CHECK(cudaEventSynchronize(cuda_event(1)));
+  float ms = 0.0f;
+  STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, cuda_event(0), cuda_event(1)));
+  return double(ms) * 1e-3;
 }
 #endif
 
+}  // namespace strata::bench
+
 namespace {
+using strata::bench::fill_pattern;
 
 using strata::ModelSpec;
 
@@ -90,11 +124,6 @@ struct Backend {
   void (*layernorm_backward)(float*, float*, float*, const float*, const float*, const float*,
                              const float*, const float*, int, int);
 };
-
-void fill_pattern(float* p, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i)
-    p[i] = float((std::uint32_t(i) * 2654435761u) >> 16) / 32768.0f - 1.0f;
-}
 
 // A backend buffer of n floats (null when n == 0), released on scope exit.
 class Buf {
@@ -170,17 +199,7 @@ const Backend& cpu_backend() {
 #if STRATA_BENCH_CUDA
 namespace gpu = strata::cuda;
 
-// Created on first use, i.e. only once a device is known to exist.
-const gpu::CudaContext& cuda_ctx() {
-  static const gpu::CudaContext ctx(0);
-  return ctx;
-}
-
-cudaEvent_t cuda_event(int i) {
-  static cudaEvent_t ev[2] = {nullptr, nullptr};
-  if (!ev[i]) STRATA_CUDA_CHECK(cudaEventCreate(&ev[i]));
-  return ev[i];
-}
+using strata::bench::cuda_ctx;
 
 // A cuda:: layer pass as a cpu::-signature function: the first argument is always cuda_ctx().
 template <auto F>
@@ -206,14 +225,8 @@ const Backend& cuda_backend() {
       },
       [](float* p) { cudaFree(p); },
       [] { cuda_ctx().synchronize(); },
-      [] { STRATA_CUDA_CHECK(cudaEventRecord(cuda_event(0), cuda_ctx().stream)); },
-      [] {
-        STRATA_CUDA_CHECK(cudaEventRecord(cuda_event(1), cuda_ctx().stream));
-        STRATA_CUDA_CHECK(cudaEventSynchronize(cuda_event(1)));
-        float ms = 0.0f;
-        STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, cuda_event(0), cuda_event(1)));
-        return double(ms) * 1e-3;
-      },
+      &strata::bench::cuda_clock_start,
+      &strata::bench::cuda_clock_stop,
       [] {
         static const double peak = gpu::peak_dense_flops(gpu::cuda_device_name(0), false);
         return peak;

@@ -45,10 +45,14 @@ class Kernels {
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, std::int64_t n) = 0;
   // sum[N,C] = a + b (sum may be a), then layernorm_forward(out, mean, rstd, sum, ...): the
-  // residual add and the next LayerNorm, in one pass on a GPU (the two calls' values).
+  // residual add and the next LayerNorm. This is the two calls; a GPU overrides it with one pass
+  // of the same values.
   virtual void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd,
                                           const float* a, const float* b, const float* weight,
-                                          const float* bias, int N, int C) = 0;
+                                          const float* bias, int N, int C) {
+    residual_forward(sum, a, b, std::int64_t(N) * C);
+    layernorm_forward(out, mean, rstd, sum, weight, bias, N, C);
+  }
   virtual void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                             const std::int32_t* targets, int N, int V) = 0;
   virtual void crossentropy_softmax_backward(float* dlogits, const float* probs,

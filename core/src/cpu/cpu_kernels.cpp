@@ -74,12 +74,6 @@ class CpuKernels final : public Kernels {
   void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override {
     cpu::residual_forward(out, a, b, n);
   }
-  void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* weight, const float* bias, int N,
-                                  int C) override {
-    cpu::residual_forward(sum, a, b, std::int64_t(N) * C);
-    cpu::layernorm_forward(out, mean, rstd, sum, weight, bias, N, C);
-  }
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override {
     cpu::softmax_crossentropy_forward(probs, losses, logits, targets, N, V);
