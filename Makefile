@@ -13,11 +13,11 @@ OUT   ?= results/local
 # The main job: a local scaling study (slurm/studies/local.study): every installed strategy at 1, 2
 # and 4 ranks (4 = 2 virtual nodes x 2), then its tables, figures and report.html under $(OUT).
 STUDY ?= slurm/studies/local.study
-# Fuzzing (tests/fuzz, README "Fuzzing"): its own clang build with sanitizers, then run.sh.
+# Fuzzing (tests/fuzz, docs/testing.md "Fuzzing"): its own clang build with sanitizers, then run.sh.
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-# Sanitizer builds (README "Sanitizers"): each configures its own build directory with
+# Sanitizer builds (docs/testing.md "Sanitizers"): each configures its own build directory with
 # STRATA_SANITIZE and runs the tests labelled `sanitize` there (tests/sanitize/sanitize.cmake).
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan

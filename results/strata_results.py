@@ -8,7 +8,7 @@ configuration, a truncated copy or a damaged file is still a study. The reasons:
     status S: ERROR               a run that did not end ok
     malformed: WHAT               a strata run file, but a group, dataset or attribute the tools
                                   read is missing, of the wrong kind, shape or type
-strata-run/1.1 is strata-run/1 with typed values (README "Run files"): /config attributes are
+strata-run/1.1 is strata-run/1 with typed values (docs/run-file.md): /config attributes are
 int64, float64, booleans (h5py's enum) or strings; counts are int64; /rank and /step are
 dimension scales. Run.config holds every /config value as text, the same for both schemas (as
 the runner prints it: 3, 0.0003, true), so that --where and compare's configurations match

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The held-out check of the step-time predictor (README "Predicting step time"): a machine profile
+# The held-out check of the step-time predictor (docs/predict.md "Predicting step time"): a machine profile
 # made only from some strategies' runs of a study predicts the runs of other strategies it never
 # saw, and each prediction is compared with the measured step p50.
 #

@@ -1,6 +1,6 @@
 // The runner's exit codes: one per kind of failure, so that a script (scale.sbatch, CI) can tell
 // a refused configuration from a crash, a hang or an out-of-memory without opening the run file.
-// The run file's status says the same (README, "Exit codes").
+// The run file's status says the same (docs/running.md, "Exit codes").
 #pragma once
 
 #include <csignal>

@@ -1,7 +1,8 @@
 // What the process holds in memory as the kernel sees it (/proc/self/status), next to what the
 // memory ledger tracks, so that a run file can say how much of the process the ledger explains:
 //   untracked = process peak - runtime baseline - tracked peak (the ledger's total at its peak).
-// README "Memory: tracked, runtime, untracked" gives the measurements behind these choices.
+// docs/measures.md "Memory: tracked, runtime, untracked" gives the measurements behind these
+// choices.
 #pragma once
 #include <cstdint>
 

@@ -64,7 +64,7 @@ assert mem <= 80, row[0]
 # Megatron-LM (Narayanan et al. 2021): 175B on 1,024 A100s at 44% of peak; an H100-class
 # profile with a 60% GEMM efficiency should land in the same range.
 assert 25 <= mfu <= 60, row[0]
-# How long advising takes is a benchmark figure (README), not a test: only that it is reported.
+# How long advising takes is a benchmark figure (docs/predict.md), not a test: only that it is reported.
 assert re.search(r"advised in [0-9.]+ s", text), text
 assert "excluded, memory:" in text and "excluded, divisibility:" in text, text
 PY

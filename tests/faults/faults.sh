@@ -60,7 +60,7 @@ job_ends_within() {  # job_ends_within SECONDS
   echo "job ended after $((SECONDS - t0)) s, exit code $job_rc"
   pass
 }
-expect_exit() {  # expect_exit CODE: the job's exit code names the failure kind (README table)
+expect_exit() {  # expect_exit CODE: the job's exit code names the failure kind (docs/running.md, "Exit codes")
   [[ $job_rc -eq $1 ]] && pass || fail "exit code $job_rc, want $1"
 }
 expect_file() {  # expect_file STATUS TEXT

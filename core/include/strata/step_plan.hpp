@@ -1,8 +1,8 @@
-// strata SDK: a strategy's step as data, for the step-time predictor (README "Predicting step
-// time"). Strategy::plan_step() returns one rank's actions in the order the rank issues them; the
-// core replays them with a machine profile's calibrated durations: unit passes, the optimizer,
-// comm fitted per op, bytes and group shape. The policy (what to gather, reduce, send, when) is
-// the plugin's, as in its train_step(); the durations are the machine's.
+// strata SDK: a strategy's step as data, for the step-time predictor (docs/predict.md,
+// "Predicting step time"). Strategy::plan_step() returns one rank's actions in the order the
+// rank issues them; the core replays them with a machine profile's calibrated durations: unit
+// passes, the optimizer, comm fitted per op, bytes and group shape. The policy (what to gather,
+// reduce, send, when) is the plugin's, as in its train_step(); the durations are the machine's.
 //
 // The replay's rules, one compute clock per rank:
 //   forward, backward, update, fresh   advance the compute clock by their calibrated time

@@ -1,6 +1,6 @@
-// The advisor (`runner --advise`, README "The advisor"): for a model on N devices with a memory
-// limit per device and a machine profile, every strategy given (each installed plugin, with each
-// choice of its `dp` option), every mesh dp x tp x pp (tp inside a node), micro-batch size and
+// The advisor (`runner --advise`, docs/predict.md "The advisor"): for a model on N devices with a
+// memory limit per device and a machine profile, every strategy given (each installed plugin, with
+// each choice of its `dp` option), every mesh dp x tp x pp (tp inside a node), micro-batch size and
 // recompute mode is checked in order: divisibility (the global batch, then the strategy's own
 // validate()), memory (the strategy's predict(): the first and last pipeline stage at both ends
 // of dp and tp), then time (predict_step_time); those that pass are ranked by predicted tokens/s.

@@ -1,5 +1,5 @@
-// Predicted step time (README "Predicting step time"): a machine profile's calibrated unit passes
-// and comm fits charged to the strategy's own step plan (Strategy::plan_step,
+// Predicted step time (docs/predict.md "Predicting step time"): a machine profile's calibrated unit
+// passes and comm fits charged to the strategy's own step plan (Strategy::plan_step,
 // strata/step_plan.hpp), replayed per pipeline stage with a compute clock and the comm streams'
 // overlap, beside the strategy's exact predict() (bytes, memory, bubble). The core knows no
 // strategy by name: a plugin whose plan_step() gives no plan (or says why not) is reported as "no

@@ -1,6 +1,6 @@
-// A machine profile (schema strata-profile/1, README "Predicting step time"): what one node type
-// computes and communicates, measured by `runner --calibrate` or taken from run files, so that a
-// step time can be predicted for configurations that never ran (predictor.hpp).
+// A machine profile (schema strata-profile/1, docs/predict.md "Predicting step time"): what one
+// node type computes and communicates, measured by `runner --calibrate` or taken from run files, so
+// that a step time can be predicted for configurations that never ran (predictor.hpp).
 //
 // Compute: seconds of one unit pass (forward, backward, recompute) for one micro-batch, per model
 // shape, micro-batch size, device, precision, threads per rank and ranks sharing the node; the

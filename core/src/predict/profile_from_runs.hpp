@@ -1,5 +1,5 @@
-// A machine profile from finished runs (`runner --calibrate --calibrate-from RUN.h5...`, README
-// "Predicting step time"): nothing is measured again. Each run file gives
+// A machine profile from finished runs (`runner --calibrate --calibrate-from RUN.h5...`,
+// docs/predict.md "Predicting step time"): nothing is measured again. Each run file gives
 //   comm     the samples of its /calibration (--calibrate-comm), with its mesh's group shapes
 //   compute  from its phase timers, when every rank ran the whole model (tp = pp = 1): the timed
 //            steps' median of the slowest rank's forward and backward per micro-batch, split over

@@ -1,5 +1,5 @@
 // A machine profile made from published figures (source "published"), not from measurement: a
-// small text table (profiles/*.txt, README "The advisor") of a device's peak FLOP/s, the
+// small text table (profiles/*.txt, docs/predict.md "The advisor") of a device's peak FLOP/s, the
 // fraction of it GEMM-bound passes achieve, memory bandwidth, and the links within and between
 // nodes, turned into one compute entry (a reference shape; others scale FLOP-proportionally,
 // find_compute) and alpha-beta comm fits for groups inside one node and across nodes.
