@@ -149,15 +149,20 @@ void BM_GpuGemmBf16(benchmark::State& state, const Linear& g, bool backward) {
 }
 
 void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
-  const std::int64_t n = std::int64_t(8) * 1024 * 768 * (kernel == "gelu_backward" ? 4 : 1);
+  const bool mlp = kernel.rfind("gelu_backward", 0) == 0;  // on fc1's output [8192, 3072]
+  const std::int64_t n = std::int64_t(8) * 1024 * 768 * (mlp ? 4 : 1);
   DeviceArray<float> a{std::size_t(n)}, b{std::size_t(n)}, c{std::size_t(n)};
   DeviceArray<bf16> h{std::size_t(n)};
+  DeviceArray<float> dbias{3072};
   Kernels& k = kernels();
   double bytes = 0;  // per pass, each tensor once
   std::function<void()> pass;
   if (kernel == "gelu_backward") {  // read inp, dout, dinp; write dinp
     pass = [&] { k.gelu_backward(c, a, b, n); };
     bytes = 16.0 * double(n);
+  } else if (kernel == "gelu_backward_bf16_bias_grad") {  // read inp, dout; write bf16
+    pass = [&] { k.gelu_backward_bf16_bias_grad(h, dbias, c, a, b, std::size_t(n / 3072), 3072); };
+    bytes = 10.0 * double(n);
   } else if (kernel == "residual") {  // read a, b; write out
     pass = [&] { k.residual_forward(c, a, b, n); };
     bytes = 12.0 * double(n);
@@ -192,7 +197,8 @@ void register_gpu_benchmarks() {
     for (const bool bwd : {false, true})
       add(std::string("BM_GpuGemmBf16/") + g.name + (bwd ? "/backward" : "/forward"),
           [g, bwd](benchmark::State& st) { BM_GpuGemmBf16(st, g, bwd); });
-  for (const char* k : {"gelu_backward", "residual", "round_to_bf16"})
+  for (const char* k :
+       {"gelu_backward", "gelu_backward_bf16_bias_grad", "residual", "round_to_bf16"})
     add(std::string("BM_GpuElementwise/") + k,
         [k](benchmark::State& st) { BM_GpuElementwise(st, k); });
 }

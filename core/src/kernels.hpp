@@ -90,6 +90,18 @@ class Kernels {
   // the GEMMs' operand and the bias gradient.
   virtual void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
                                        int C) = 0;
+  // The GELU's backward feeding a bf16 linear layer's backward: d = GELU'(inp) * dout [rows, C]
+  // (the values gelu_backward adds into zeros), then round_to_bf16_bias_grad(out, dbias, d). This
+  // is the three calls, d in `scratch` [rows, C]; a GPU overrides it with one pass over inp and
+  // dout that never writes d (scratch unused).
+  virtual void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch,
+                                            const float* inp, const float* dout, std::size_t rows,
+                                            int C) {
+    const std::size_t n = rows * std::size_t(C);
+    zero(scratch, n);
+    gelu_backward(scratch, inp, dout, std::int64_t(n));
+    round_to_bf16_bias_grad(out, dbias, scratch, rows, C);
+  }
   // dst[i] = bf16(float(dst[i]) + src[i]): fp32 partial gradients into bf16 ones.
   virtual void add_into_bf16(bf16* dst, const float* src, std::size_t n) = 0;
   // Vocab-parallel embedding: rows[n, :] = wte[tokens[n] - v0, :] (f32 or bf16 table) when the

@@ -132,6 +132,7 @@ void ModelPasses::matmul_forward(float* out, const float* inp, BufferView w, con
 void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
                                   const float* inp, BufferView w, int N, int C, int OC) {
   if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
+    k_.zero(dinp, std::size_t(N) * C);  // the fp32 kernel accumulates
     k_.matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp,
                        static_cast<const float*>(w.data), N, C, OC);
     return;
@@ -146,10 +147,24 @@ void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, cons
 void ModelPasses::matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout,
                                        const float* inp, BufferView w, int N, int C, int OC) {
   k_.gemm_bf16(false, false, N, C, OC, dout, static_cast<const bf16*>(w.data), dinp, DType::f32,
-               true, g_.gemm_pad, g_.gemm_pad_bytes);  // dout@W
+               false, g_.gemm_pad, g_.gemm_pad_bytes);  // dout@W
   k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
   k_.gemm_bf16(true, false, OC, C, N, dout, g_.op_in, dw.data, dw.dtype, true, g_.gemm_pad,
                g_.gemm_pad_bytes);  // dout^T @ inp
+}
+
+void ModelPasses::gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
+                                       const float* pre_gelu, const float* inp, BufferView w, int N,
+                                       int C, int OC) {
+  const std::size_t n = std::size_t(N) * OC;
+  if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
+    k_.zero(g_.b, n);
+    k_.gelu_backward(g_.b, pre_gelu, dgelu, std::int64_t(n));
+    matmul_backward(dinp, dw, dbias, g_.b, inp, w, N, C, OC);
+    return;
+  }
+  k_.gelu_backward_bf16_bias_grad(g_.op_out, dbias, g_.b, pre_gelu, dgelu, std::size_t(N), OC);
+  matmul_backward_bf16(dinp, dw, g_.op_out, inp, w, N, C, OC);
 }
 
 const float* SmallTensors::param(std::size_t offset, std::size_t count) {
@@ -252,21 +267,17 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   if (recompute_ == Recompute::full) forward_block(l, s, p, tp, true);
   const BlockActs& a = s.block[l];
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
-  const std::size_t NC = d.N * C, NCl = d.N * d.Cl;
+  const std::size_t NCl = d.N * d.Cl;
   const bool tp1 = d.tp == 1;
   SmallTensors small(k_, p, g_.small_params), gsmall(k_, gr, g_.small_grads);
   // MLP: x_out = xmid + fcproj(gelu(fc(ln2(xmid)))). d(x_out) is all-gathered with sp.
   if (d.sp) gather(tp, g_.dres, g_.full);
   float* g_fcproj_b = gsmall.grad(o[kFcprojB], C);
   if (!tp1) k_.bias_grad(g_fcproj_b, g_.dres, d.Nl, C);
-  k_.zero(g_.a, 4 * NCl);
   matmul_backward(g_.a, at(gr, o[kFcprojW]), tp1 ? g_fcproj_b : nullptr, g_.full, a.fch_gelu,
                   at(p, o[kFcprojW]), N, 4 * Cl, C);
-  k_.zero(g_.b, 4 * NCl);
-  k_.gelu_backward(g_.b, a.fch, g_.a, std::int64_t(N) * 4 * Cl);
-  k_.zero(g_.partial, NC);
-  matmul_backward(g_.partial, at(gr, o[kFcW]), gsmall.grad(o[kFcB], 4 * d.Cl), g_.b, a.ln2_full,
-                  at(p, o[kFcW]), N, C, 4 * Cl);
+  gelu_matmul_backward(g_.partial, at(gr, o[kFcW]), gsmall.grad(o[kFcB], 4 * d.Cl), g_.a, a.fch,
+                       a.ln2_full, at(p, o[kFcW]), N, C, 4 * Cl);
   const float* dln2 = reduce_input_grad(tp);
   k_.layernorm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gsmall.grad(o[kLn2B], C), dln2, a.xmid,
                         small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl, C);
@@ -275,7 +286,6 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   float* g_proj_b = gsmall.grad(o[kProjB], C);
   if (!tp1) k_.bias_grad(g_proj_b, g_.dres, d.Nl, C);
   float* datty = g_.partial;
-  k_.zero(datty, NCl);
   matmul_backward(datty, at(gr, o[kProjW]), tp1 ? g_proj_b : nullptr, g_.full, a.atty,
                   at(p, o[kProjW]), N, Cl, C);
   // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
@@ -285,7 +295,6 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   float* dqkv = g_.a;
   k_.zero(dqkv, 3 * NCl);
   k_.attention_backward(dqkv, g_.b, datty, a.qkv, a.att, a.atty, d.B, d.T, Cl, int(d.NHl));
-  k_.zero(g_.partial, NC);
   matmul_backward(g_.partial, at(gr, o[kQkvW]), gsmall.grad(o[kQkvB], 3 * d.Cl), dqkv, a.ln1_full,
                   at(p, o[kQkvW]), N, C, 3 * Cl);
   const float* dln1 = reduce_input_grad(tp);
@@ -408,7 +417,6 @@ void ModelPasses::backward_head(SlotActs& s, BufferView lnf, BufferView wte, Buf
   const int C = d.C;
   const std::size_t N = d.N, Vl = d.Vl;
   // Tied LM head: logits = lnf @ wte^T, so wte's gradient lands in the embedding's tensor.
-  k_.zero(g_.partial, N * C);
   if (param_dtype_ == DType::bf16) {  // the forward's bf16 (softmax - onehot), scaled in place
     k_.scale_bf16(s.dlogits, scale, N * Vl);
     matmul_backward_bf16(g_.partial, gwte, s.dlogits, s.lnf_full, wte, int(N), C, int(Vl));

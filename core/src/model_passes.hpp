@@ -192,12 +192,19 @@ class ModelPasses {
   // bias and GELU in cuBLASLt's epilogue on a GPU).
   void matmul_forward(float* out, const float* inp, BufferView w, const float* bias, int N, int C,
                       int OC, float* gelu_out = nullptr);
-  // dinp[N,C] += dout @ w; dw[OC,C] += dout^T @ inp (dw f32 or bf16); dbias += sum_n dout.
+  // dinp[N,C] = dout @ w (overwritten: a bf16 GEMM writes it with beta 0, no zeroing pass);
+  // dw[OC,C] += dout^T @ inp (dw f32 or bf16); dbias += sum_n dout.
   void matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
                        const float* inp, BufferView w, int N, int C, int OC);
   // The same for bf16 weights and a d(output) already in bf16 (no bias): inp rounded to bf16.
   void matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout, const float* inp,
                             BufferView w, int N, int C, int OC);
+  // matmul_backward of d(output) = GELU'(pre_gelu) * dgelu [N,OC], formed in scratch b; with bf16
+  // weights in one pass that writes the bf16 operand and the bias gradient
+  // (Kernels::gelu_backward_bf16_bias_grad), never the fp32 d(output).
+  void gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
+                            const float* pre_gelu, const float* inp, BufferView w, int N, int C,
+                            int OC);
   float* reduce_input_grad(TensorParallelComm* tp);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
   void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,

@@ -129,7 +129,7 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
     const int IC = int(ic), OC = int(oc);
     for (std::size_t bytes :
          {cpu::gemm_bf16_scratchpad_bytes(false, true, N, OC, IC, DType::f32, false),
-          cpu::gemm_bf16_scratchpad_bytes(false, false, N, IC, OC, DType::f32, true),
+          cpu::gemm_bf16_scratchpad_bytes(false, false, N, IC, OC, DType::f32, false),
           cpu::gemm_bf16_scratchpad_bytes(true, false, OC, IC, N, DType::f32, true),
           cpu::gemm_bf16_scratchpad_bytes(true, false, OC, IC, N, DType::bf16, true)})
       most = std::max(most, bytes);

@@ -220,6 +220,46 @@ TEST_F(CudaKernelsTest, RoundingWithBiasGradIsTheUnfusedComposition) {
   expect_bits("cpu fused bias_grad", cpu_bias, d_bias.host());
 }
 
+// The fused GELU backward (gelu_backward_bf16_bias_grad: one pass, no fp32 d(output)) against
+// the three calls it replaces on the same backend: zero, gelu_backward, round_to_bf16_bias_grad.
+// The bf16 operand and the bias gradient bit for bit, a partial last chunk and block of columns;
+// the CPU (whose GELU differs by ulps) runs the default composition and is checked for its bias
+// gradient being the column sums of its own fp32 d(output).
+TEST_F(CudaKernelsTest, GeluBackwardWithRoundingAndBiasGradIsTheUnfusedComposition) {
+  STRATA_REQUIRE_GPU();
+  constexpr std::size_t rows = 9 * kBiasGradRows + 5;
+  constexpr int cols = 45;
+  constexpr std::size_t n = rows * cols;
+  const std::vector<float> pre = random_floats(n, 66, -4, 4);
+  const std::vector<float> dgelu = random_floats(n, 67, -3, 3);
+  const std::vector<float> dbias0 = random_floats(cols, 68, -1, 1);
+  Dev<float> d_pre(pre), d_dgelu(dgelu), d_fused_bias(dbias0), d_bias(dbias0);
+  Dev<float> d_scratch{std::vector<float>(n, NAN)}, d_d{std::vector<float>(n, 0.0f)};
+  Dev<bf16> d_fused{std::vector<bf16>(n)}, d_rounded{std::vector<bf16>(n)};
+  gpu->gelu_backward_bf16_bias_grad(d_fused.p, d_fused_bias.p, d_scratch.p, d_pre.p, d_dgelu.p,
+                                    rows, cols);
+  gpu->gelu_backward(d_d.p, d_pre.p, d_dgelu.p, std::int64_t(n));
+  gpu->round_to_bf16_bias_grad(d_rounded.p, d_bias.p, d_d.p, rows, cols);
+  std::vector<bf16> cpu_rounded(n);
+  std::vector<float> cpu_bias = dbias0, cpu_scratch(n, NAN), cpu_d(n, 0.0f), cpu_sums = dbias0;
+  cpu.gelu_backward_bf16_bias_grad(cpu_rounded.data(), cpu_bias.data(), cpu_scratch.data(),
+                                   pre.data(), dgelu.data(), rows, cols);
+  cpu.gelu_backward(cpu_d.data(), pre.data(), dgelu.data(), std::int64_t(n));
+  cpu.bias_grad(cpu_sums.data(), cpu_d.data(), rows, cols);
+  sync();
+  expect_bits("fused rounding", d_fused.host(), d_rounded.host());
+  expect_bits("fused bias_grad", d_fused_bias.host(), d_bias.host());
+  expect_bits("cpu bias_grad", cpu_bias, cpu_sums);
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_EQ(to_float(cpu_rounded[i]), to_float(to_bf16(cpu_d[i])))
+        << "cpu rounding [" << i << "]";
+  // The GELU's local gradient reached the result: not dgelu itself rounded.
+  std::size_t differs = 0;
+  const std::vector<bf16> fused = d_fused.host();
+  for (std::size_t i = 0; i < n; ++i) differs += to_float(fused[i]) != to_float(to_bf16(dgelu[i]));
+  EXPECT_GT(differs, n / 2);
+}
+
 TEST_F(CudaKernelsTest, EmbeddingsMatchBitForBit) {
   STRATA_REQUIRE_GPU();
   const std::vector<std::int32_t> tokens = random_tokens(N, V, 5);  // repeats, in and out of shard

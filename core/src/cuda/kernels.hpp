@@ -76,6 +76,8 @@ class CudaKernels final : public Kernels {
   void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) override;
   void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
                                int C) override;
+  void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch, const float* inp,
+                                    const float* dout, std::size_t rows, int C) override;
   void add_into_bf16(bf16* dst, const float* src, std::size_t n) override;
   void embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N, BufferView wte,
                       std::size_t v0, std::size_t Vl, int C) override;
@@ -103,10 +105,10 @@ class CudaKernels final : public Kernels {
   double sum(const float* x, std::size_t n) override;
 
  private:
-  // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null
-  // (kernels_steps.cu).
-  void bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout, std::size_t rows,
-                          int C);
+  // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null, of
+  // GELU'(gelu_inp) * dout instead of dout where gelu_inp is not null (kernels_steps.cu).
+  void bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout, std::size_t rows, int C,
+                          const float* gelu_inp = nullptr);
   // cublasLtMatmul with a cached plan (matmul_lt.cpp); false where cuBLASLt has no algorithm.
   bool lt_matmul(cublasLtEpilogue_t epilogue, float* d, float* aux, const void* inp,
                  const void* weight, const float* bias, int N, int C, int OC);

@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "cuda/device.hpp"
+#include "cuda/gelu.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/layers.cuh"
 
@@ -24,8 +25,6 @@ namespace strata::cuda {
 
 namespace {
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
 constexpr float kLayerNormEps = 1e-5f;
 constexpr int kBlock = 256;  // threads per block of the elementwise kernels
 constexpr int kWarpsPerBlock = kBlock / 32;
@@ -272,17 +271,14 @@ __global__ void gelu_forward_kernel(float* out,        // [n]
   }
 }
 
-// dinp += GELU'(x) dout,  GELU'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx.
+// dinp += GELU'(x) dout (gelu.cuh).
 __global__ void gelu_backward_kernel(float* dinp,        // [n] +=
                                      const float* inp,   // [n]
                                      const float* dout,  // [n]
                                      std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const float x = inp[i];
-    const float th = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
-    const float dudx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * dudx) * dout[i];
+    dinp[i] += gelu_local_grad(inp[i]) * dout[i];
   }
 }
 
