@@ -12,6 +12,8 @@ Caveats, each naming its runs:
     not Release      a build type other than Release (timings of a debug build mean little)
     MFU above 100%   a rank's MFU above its peak: the peak was measured while the node was busy
     few timed steps  fewer than MIN_TIMED_STEPS timed steps: p50/p95 rest on few samples
+    unstable         the timed steps' coefficient of variation above the run's --max-cv
+                     (/summary unstable): one run's figures are not to be compared as they are
     non-finite       NaN or inf in the file (a diverged loss, a NaN throughput)
 Files from before a provenance entry existed lack it: the notes say "unknown", never fail.
 """
@@ -186,6 +188,13 @@ def caveats(runs):
         out.append("fewer than %d timed steps: step p50/p95 and tokens/s rest on few samples: %s"
                    % (MIN_TIMED_STEPS, _named(few, lambda r: "%d timed" % (
                        r.steps["loss"].shape[1] - r.warmup))))
+    shaky = [r for r in runs if r.summary.get("unstable", 0) > 0]
+    if shaky:
+        out.append("unstable: the step time varied by more than the run's --max-cv (%s), so these "
+                   "runs' figures may say more about the machine than about the strategy; repeat "
+                   "them: %s" % (_distinct(shaky, lambda r: "%g%%" % (
+                       100 * float(r.config.get("max_cv", "nan")))),
+                       _named(shaky, lambda r: "CV %.1f%%" % (100 * r.summary["step_s_cv"]))))
     bad = [r for r in runs if r.nonfinite]
     if bad:
         out.append("non-finite values (NaN or inf) kept: %s" % _named(bad))

@@ -427,6 +427,8 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("global_batch", train.global_batch);
   add("micro_steps", train.global_batch ? train.micro_steps(mesh) : 0);
   add("steps", train.steps);
+  add("steps_requested", train.steps);
+  add("target_ci", target_ci);
   add("warmup", train.warmup);
   add("seed", train.seed);
   add("lr", train.lr);
@@ -446,6 +448,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("blas_threads", blas_threads);
   add("watchdog_s", watchdog_s);
   add("peak_tflops", peak_tflops);
+  add("max_cv", max_cv);
   add("trace", trace);
   add("calibrate_comm", calibrate_comm);
   if (!profile.empty()) add("profile", profile);

@@ -43,6 +43,8 @@ struct RunConfig {
   int blas_threads = 0;  // 0: auto (affinity mask / ranks sharing it, launch.hpp)
   double watchdog_s = 300;
   double peak_tflops = 0;  // > 0: the peak per rank for MFU instead of the calibrated one
+  double max_cv = 0.1;     // --max-cv: a larger CV of the timed steps marks the run unstable
+  double target_ci = 0;    // --target-ci: stop once the median step's 95% interval is within it
   bool quiet = false;
   int log_interval = 1;  // --log-interval: a progress line every this many steps
   bool trace = false;    // --trace: every compute and comm interval into /trace and a JSON timeline

@@ -360,6 +360,10 @@ std::vector<Row> training_rows() {
               [](RunConfig& c, long long v) { c.train.global_batch = int(v); }),
       integer("steps", T, "20", 1, 1e9, "optimizer steps",
               [](RunConfig& c, long long v) { c.train.steps = int(v); }),
+      real("target-ci", T, "0", 0, 1, false,
+           "stop the steps once the median step time's 95% interval is within +-this fraction of "
+           "it (from 6 timed steps on), --steps being the most; 0: run --steps",
+           [](RunConfig& c, double v) { c.target_ci = v; }),
       integer("warmup", T, "2", 0, 1e9, "first steps left out of the summary statistics",
               [](RunConfig& c, long long v) { c.train.warmup = int(v); }),
       integer("seed", T, "1234", 0, 9007199254740991.0, "seed of initialisation and data",
@@ -445,6 +449,10 @@ std::vector<Row> results_rows() {
       real("peak-tflops", R, "0", 0, 1e6, false,
            "peak TFLOP/s per rank for MFU (0 = the node's cached GEMM peak / its ranks)",
            [](RunConfig& c, double v) { c.peak_tflops = v; }),
+      real("max-cv", R, "0.1", 0, 1e9, false,
+           "coefficient of variation of the timed steps above which the run is marked unstable "
+           "(/summary unstable; summary.txt and report.html name it)",
+           [](RunConfig& c, double v) { c.max_cv = v; }),
       real("watchdog", R, "300", 1, 604800, false,
            "seconds a blocking call may take, and a rank may be silent, before the job is ended",
            [](RunConfig& c, double v) { c.watchdog_s = v; }),

@@ -50,6 +50,32 @@ double percentile(std::vector<double> v, double q) {
   return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
 }
 
+StepNoise step_noise(std::vector<double> v) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  StepNoise noise{nan, nan, nan};
+  const std::size_t n = v.size();
+  if (n < 2) return noise;
+  double mean = 0, ss = 0;
+  for (double x : v) mean += x;
+  mean /= double(n);
+  for (double x : v) ss += (x - mean) * (x - mean);
+  noise.cv = mean > 0 ? std::sqrt(ss / double(n - 1)) / mean : nan;
+  // P(B < k) summed in log space (n may be large); k grows while the tail stays within 2.5%.
+  std::size_t k = 0;
+  double tail = 0;
+  const double log_total = std::lgamma(double(n) + 1) - double(n) * std::log(2.0);
+  while (k < n / 2) {
+    const double pk =
+        std::exp(log_total - std::lgamma(double(k) + 1) - std::lgamma(double(n - k) + 1));
+    if (tail + pk > 0.025) break;
+    tail += pk, ++k;
+  }
+  if (k == 0) return noise;
+  std::sort(v.begin(), v.end());
+  noise.median_low = v[k - 1], noise.median_high = v[n - k];
+  return noise;
+}
+
 void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double>& step_max,
                const std::vector<double>& loss, const std::vector<double>& peaks,
                double predicted_bubble) {
@@ -69,6 +95,7 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
     }
   }
   const double p50 = percentile(timed, 0.5);
+  const StepNoise noise = step_noise(timed);
   const double tokens_per_s = global_tokens / p50;
   const double flops_per_token = config.model.flops_per_token();
   const double flops_per_rank = tokens_per_s * flops_per_token / world;
@@ -90,6 +117,9 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
       {"tokens_per_s", tokens_per_s, "tokens/s"},
       {"step_s_p50", p50, "s"},
       {"step_s_p95", percentile(timed, 0.95), "s"},
+      {"step_s_p5", percentile(timed, 0.05), "s"},
+      // --max-cv: a run whose steps vary more than this is marked unstable (not a failure).
+      {"unstable", noise.cv > config.max_cv ? 1.0 : 0.0, "1"},
       {"tflops_per_rank", flops_per_rank / 1e12, "TFLOP/s"},
       // No peak (a GPU not in the table, without --peak-tflops): no MFU.
       {"mfu", peak > 0 ? flops_per_rank / peak : std::numeric_limits<double>::quiet_NaN(), "1"},
@@ -106,6 +136,13 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
       {"loss_last", loss.back(), "nats"},
       {"timed_steps", double(timed.size()), "count"},
   };
+  // Undefined figures are left out rather than stored as NaN (which the archive tools flag):
+  // the CV below 2 timed steps, the median's interval below 6.
+  if (!std::isnan(noise.cv)) rec.summary.push_back({"step_s_cv", noise.cv, "1"});
+  if (!std::isnan(noise.median_low)) {
+    rec.summary.push_back({"step_s_p50_ci_low", noise.median_low, "s"});
+    rec.summary.push_back({"step_s_p50_ci_high", noise.median_high, "s"});
+  }
   if (predicted_bubble >= 0)
     rec.summary.push_back({"bubble_fraction_predicted", predicted_bubble, "1"});
   // --profile: the step time predicted before the run (predict/predictor.hpp) beside p50, and
@@ -199,6 +236,33 @@ void print_topology(const RunRecord& rec) {
                 rec.topology.size() - shown);
 }
 
+// The timed steps' spread, and a warning when it is above --max-cv.
+void print_noise(const RunConfig& config, const RunRecord& rec) {
+  const double cv = summary_value(rec, "step_s_cv");
+  if (std::isnan(cv)) return;  // a single timed step
+  const double low = summary_value(rec, "step_s_p50_ci_low"),
+               high = summary_value(rec, "step_s_p50_ci_high");
+  std::printf("  noise        CV %.1f%% of the timed steps, p5 %.1f ms", 100 * cv,
+              summary_value(rec, "step_s_p5") * 1e3);
+  if (std::isnan(low))
+    std::printf(", too few for a median interval\n");
+  else
+    std::printf(", median's 95%% interval %.1f-%.1f ms\n", low * 1e3, high * 1e3);
+  if (config.target_ci > 0 && rec.steps < config.train.steps)
+    std::printf("  steps        %d of --steps %d: the median's interval came within +-%g%%\n",
+                rec.steps, config.train.steps, 100 * config.target_ci);
+  else if (config.target_ci > 0)
+    std::printf(
+        "  steps        all %d: the median's interval is not within +-%g%% "
+        "(--target-ci); raise --steps for a tighter median\n",
+        rec.steps, 100 * config.target_ci);
+  if (summary_value(rec, "unstable") > 0)
+    std::printf(
+        "  warning      unstable: the step time varies by CV %.1f%% > --max-cv %.1f%%; repeat the "
+        "run, or run it on a quieter machine, before comparing it\n",
+        100 * cv, 100 * config.max_cv);
+}
+
 }  // namespace
 
 void print_summary(const RunConfig& config, const RunRecord& rec, const std::string& path) {
@@ -221,6 +285,7 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
     std::printf("  compute      %.4f TFLOP/s per rank, MFU %.1f%% of %.1f GFLOP/s (peak %s: %s)\n",
                 get("tflops_per_rank"), 100 * get("mfu"), get("peak_flops_per_rank") / 1e9,
                 source.c_str(), detail.c_str());
+  print_noise(config, rec);
   if (config.predicted_step_s > 0)
     std::printf("  predicted    step %.1f ms from --profile (%+.1f%% of the measured p50)\n",
                 config.predicted_step_s * 1e3, 100 * get("step_s_predicted_error"));

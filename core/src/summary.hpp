@@ -24,4 +24,13 @@ double summary_value(const RunRecord& record, const std::string& name);
 
 double percentile(std::vector<double> v, double q);  // linear interpolation, q in [0, 1]
 
+// The spread of a run's timed step times: the coefficient of variation (sample standard deviation
+// / mean; NaN below 2 steps) and a distribution-free 95% confidence interval of the median, the
+// order statistics x(k) and x(n+1-k) with k the largest rank whose binomial tail P(B(n, 1/2) < k)
+// is at most 2.5% (coverage at least 95%; NaN bounds below 6 steps, where no k exists).
+struct StepNoise {
+  double cv, median_low, median_high;
+};
+StepNoise step_noise(std::vector<double> times);
+
 }  // namespace strata

@@ -180,10 +180,10 @@ std::string clock_text(double seconds) {
 // Rank 0, every --log-interval steps and at the last: the steps since the previous line (Megatron's
 // log interval): their mean loss and slowest-rank step time, throughput, and the run's elapsed time
 // and ETA at its pace so far.
-void print_progress(const RunConfig& c, int step, double elapsed_s,
+void print_progress(const RunConfig& c, int step, bool last, double elapsed_s,
                     const std::vector<double>& global_loss, const std::vector<double>& step_max) {
   const int done = step + 1;
-  if (c.quiet || (done % c.log_interval != 0 && done != c.train.steps)) return;
+  if (c.quiet || (done % c.log_interval != 0 && !last)) return;
   const int first = std::max(0, done - c.log_interval);
   double loss = 0, seconds = 0;
   for (int s = first; s < done; ++s) loss += global_loss[s], seconds += step_max[s];
@@ -195,13 +195,25 @@ void print_progress(const RunConfig& c, int step, double elapsed_s,
       "step %4d/%d | elapsed %s | ETA %s | loss %.4f | %8.1f ms/step | %10.0f tok/s | %.3f "
       "TFLOP/s/rank\n",
       done, c.train.steps, clock_text(elapsed_s).c_str(),
-      clock_text(elapsed_s / done * (c.train.steps - done)).c_str(), loss / steps, mean_s * 1e3,
-      tokens_per_s, tflops_per_rank);
+      clock_text(last ? 0.0 : elapsed_s / done * (c.train.steps - done)).c_str(), loss / steps,
+      mean_s * 1e3, tokens_per_s, tflops_per_rank);
   std::fflush(stdout);
 }
 
-// Every step; each step's global loss and slowest rank's time are reduced over the ranks, and
-// rank 0 keeps its rows in `state` for a failure file.
+// --target-ci: whether the timed steps so far pin their median down, its 95% interval within
+// +-target of it (from 6 timed steps, step_noise's smallest). Every rank holds the same step_max
+// (reduced over the ranks), so every rank stops after the same step.
+bool median_settled(const RunConfig& c, const std::vector<double>& step_max) {
+  if (c.target_ci <= 0 || int(step_max.size()) <= c.train.warmup) return false;
+  const std::vector<double> timed(step_max.begin() + c.train.warmup, step_max.end());
+  const StepNoise noise = step_noise(timed);
+  if (std::isnan(noise.median_low)) return false;
+  const double p50 = percentile(timed, 0.5);
+  return std::max(p50 - noise.median_low, noise.median_high - p50) <= c.target_ci * p50;
+}
+
+// Every step, up to --steps (fewer when --target-ci is met); each step's global loss and slowest
+// rank's time are reduced over the ranks, and rank 0 keeps its rows in `state` for a failure file.
 void run_steps(Run& run, RunState& state, RankReport& report, std::vector<double>& global_loss,
                std::vector<double>& step_max) {
   const RunConfig& c = run.config;
@@ -218,13 +230,21 @@ void run_steps(Run& run, RunState& state, RankReport& report, std::vector<double
     report.steps.push_back(row);
     global_loss.push_back(loss);
     step_max.push_back(smax);
-    if (!root) continue;
-    {
+    const bool last = step + 1 == c.train.steps || median_settled(c, step_max);
+    if (root) {
       std::lock_guard lock(state.mu);
       state.root_steps.push_back(row);
     }
-    print_progress(c, step, now() - t_start, global_loss, step_max);
+    if (root) print_progress(c, step, last, now() - t_start, global_loss, step_max);
+    if (last) break;
   }
+}
+
+// The steps run, where --target-ci stopped before --steps: /config steps is what ran (the width
+// of /steps), steps_requested the bound.
+void record_steps_run(RunRecord& record, int steps) {
+  for (auto& [key, value] : record.config)
+    if (key == "steps") value = std::to_string(steps);
 }
 
 // This rank's memory, predictions and peak, after its steps.
@@ -397,7 +417,9 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   // The watchdog wrote a failure file while the gathers above were in flight (a signal, a
   // timeout): that file stands, and the watchdog ends the process.
   if (state.written) return;
-  const std::vector<RankReport> reports = RankReport::unpack_all(gathered, config.train.steps);
+  const int steps_run = int(global_loss.size());
+  record_steps_run(state.record, steps_run);
+  const std::vector<RankReport> reports = RankReport::unpack_all(gathered, steps_run);
   fill_record(reports, state.record);
   std::vector<double> peaks;
   for (const RankReport& r : reports) peaks.push_back(r.peak_flops);

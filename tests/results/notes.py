@@ -7,6 +7,7 @@
   old       another strata version from a modified tree,     -> "versions mixed", "modified
             typed attributes (ints)                              tree"; read as text
   topo      a topology_summary attribute                     -> shown as the topology line
+  roomy is also marked unstable (CV 25% > --max-cv 10%)        -> the only one "unstable"
 usage: notes.py RESULTS_DIR E2E_DIR WORK_DIR
 """
 import os
@@ -27,11 +28,15 @@ def fail(msg):
     sys.exit(1)
 
 
-def make(name, cores, threads, hosts, **more):
+def make(name, cores, threads, hosts, unstable=False, **more):
     path = os.path.join(work, "study", name + ".h5")
     shutil.copy(os.path.join(e2e, "ddp.np4.h5"), path)
     with h5py.File(path, "r+") as f:
         f.attrs["run_id"] = name
+        # The source run's own noise (4 ranks on 2 cores) is replaced by a known one.
+        f["summary"].attrs["unstable"] = 1.0 if unstable else 0.0
+        f["summary"].attrs["step_s_cv"] = 0.25 if unstable else 0.01
+        f["config"].attrs["max_cv"] = 0.1
         p = f["provenance"]
         p.attrs["cores_online"] = cores
         p.attrs["blas_threads"] = threads
@@ -48,7 +53,7 @@ shutil.rmtree(work, ignore_errors=True)
 os.makedirs(os.path.join(work, "study"))
 version = h5py.File(os.path.join(e2e, "ddp.np4.h5"), "r")["provenance"].attrs["strata_version"]
 make("busy", "2", "1", ["vm"] * 4)
-make("roomy", "8", "1", ["vm"] * 4)
+make("roomy", "8", "1", ["vm"] * 4, unstable=True)
 make("spread", "2", "1", ["n1", "n2", "n3", "n4"])
 make("old", np.int64(8), np.int64(2), ["vm"] * 4, strata_version="0.0.1",
      git_describe="0a1b2c3-dirty")
@@ -77,6 +82,9 @@ dirty = [ln for ln in notes.splitlines() if "modified tree (git " in ln]
 named = dirty[0].rsplit(": ", 1)[1].split(", ") if dirty else []
 if len(dirty) != 1 or "0a1b2c3-dirty" not in dirty[0] or "old" not in named:
     fail("no 'modified tree' caveat for the one dirty run: %s" % dirty)
+shaky = [ln for ln in notes.splitlines() if "unstable:" in ln]
+if len(shaky) != 1 or not shaky[0].endswith(": roomy (CV 25.0%)") or "--max-cv (10%)" not in shaky[0]:
+    fail("no 'unstable' caveat naming roomy alone: %s" % shaky)
 topology = [ln for ln in notes.splitlines() if ln.startswith("  topology ")]
 if len(topology) != 1 or not topology[0].endswith(TOPOLOGY + " (1 of 5 runs record it)"):
     fail("topology line: %s" % topology)
@@ -93,8 +101,8 @@ if p.returncode != 0:
     fail("plot exit %d: %s" % (p.returncode, p.stderr))
 page = open(os.path.join(work, "study", "figures", "report.html")).read()
 for want in ("<h2>Provenance</h2>", "<h2>Caveats</h2>", "busy (4 ranks x 1 thread on 2 cores)",
-             "versions mixed", "<th>topology</th>", "MFU (% of peak)"):
+             "versions mixed", "<th>topology</th>", "MFU (% of peak)", "roomy (CV 25.0%)"):
     if want not in page:
         fail("report.html lacks %r" % want)
-print("notes: busy named as oversubscribed (not roomy, spread, old, topo), versions mixed, "
-      "topology shown, in summary and report")
+print("notes: busy named as oversubscribed (not roomy, spread, old, topo), roomy as unstable, "
+      "versions mixed, topology shown, in summary and report")

@@ -10,11 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "results/run_record.hpp"
 #include "strata/types.hpp"
+#include "summary.hpp"
 
 namespace {
 
@@ -735,4 +737,46 @@ TEST(RealText, ShortestRoundTripInFixedNotationWhereShort) {
   EXPECT_EQ(real_text(-2.5e7), "-25000000");
   EXPECT_EQ(real_text(0), "0");
   EXPECT_EQ(real_text(1.0 / 3), "0.3333333333333333");
+}
+
+// The timed steps' spread (/summary step_s_cv, step_s_p50_ci_low/high): the sample CV, and the
+// median's order-statistic interval at the ranks of the binomial table (n 20: x(6), x(15)).
+TEST(StepNoise, CoefficientOfVariationAndTheMediansInterval) {
+  using strata::step_noise, strata::StepNoise;
+  const StepNoise five = step_noise({5, 1, 4, 2, 3});
+  EXPECT_NEAR(five.cv, std::sqrt(2.5) / 3, 1e-15);
+  EXPECT_TRUE(std::isnan(five.median_low) && std::isnan(five.median_high)) << "5 steps: none";
+  const StepNoise six = step_noise({6, 5, 4, 3, 2, 1});
+  EXPECT_EQ(six.median_low, 1);  // P(B(6, 1/2) = 0) = 1/64 <= 2.5%
+  EXPECT_EQ(six.median_high, 6);
+  std::vector<double> twenty;
+  for (int i = 20; i >= 1; --i) twenty.push_back(i);
+  const StepNoise t = step_noise(twenty);
+  EXPECT_EQ(t.median_low, 6);  // P(B(20, 1/2) <= 5) = 2.07%, <= 6: 5.77%
+  EXPECT_EQ(t.median_high, 15);
+  EXPECT_EQ(step_noise({2, 2, 2}).cv, 0);
+  EXPECT_TRUE(std::isnan(step_noise({2}).cv));
+  EXPECT_TRUE(std::isnan(step_noise({}).cv));
+}
+
+// The interval covers the true median at least 95% of the time, and not much more (it is the
+// tightest the order statistics give): 4000 samples of 15 and of 61 exponential step times.
+TEST(StepNoise, TheMediansIntervalCoversTheMedianAtLeast95Percent) {
+  using strata::step_noise, strata::StepNoise;
+  std::mt19937_64 rng(7);
+  std::exponential_distribution<double> time(1.0);
+  const double median = std::log(2.0);
+  for (int n : {15, 61}) {
+    int covered = 0;
+    constexpr int kTrials = 4000;
+    for (int trial = 0; trial < kTrials; ++trial) {
+      std::vector<double> v(n);
+      for (double& x : v) x = 1 + time(rng);
+      const StepNoise noise = step_noise(v);
+      covered += noise.median_low <= 1 + median && 1 + median <= noise.median_high;
+    }
+    const double coverage = double(covered) / kTrials;
+    EXPECT_GE(coverage, 0.94) << n << " steps";  // 95% less 3 standard errors of the estimate
+    EXPECT_LE(coverage, 0.99) << n << " steps";
+  }
 }
