@@ -474,6 +474,34 @@ def _required_attr(obj, name, where):
     return value
 
 
+# What a configuration is: what was run (strategy and its options, mesh, nodes, model, batch,
+# transport, device). Runs of one configuration in a study are its repeats (results/compare,
+# results/summary).
+KEY_FIELDS = ["plugin", "plugin_opts", "dp", "tp", "pp", "nodes", "ranks_per_node", "model",
+              "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch",
+              "recompute", "transport", "device"]
+
+
+def config_key(run, ignore=()):
+    return tuple("*" if k in ignore else run.config.get(k, "") for k in KEY_FIELDS)
+
+
+def describe(key):
+    c = dict(zip(KEY_FIELDS, key))
+    opts = " " + c["plugin_opts"] if c["plugin_opts"] else ""
+    return one_line("%s%s dp%s.tp%s.pp%s %sx%s %s mb%s/gb%s %s %s" % (
+        c["plugin"], opts, c["dp"], c["tp"], c["pp"], c["nodes"], c["ranks_per_node"], c["model"],
+        c["micro_batch"], c["global_batch"], c["transport"], c["device"]), 400)
+
+
+def group(runs, ignore=()):
+    """{configuration key: [runs]}, in the order the configurations first appear."""
+    out = {}
+    for r in runs:
+        out.setdefault(config_key(r, ignore), []).append(r)
+    return out
+
+
 def read_run(path):
     """The Run of the file at path; RunFileError (and no other exception) when it cannot be
     used, its message the reason."""

@@ -30,6 +30,8 @@ for v in 0 2y "1,,2" "" x2 "2x0" 999999999999999999999; do check NODES "$v"; don
 for v in nosuch "" "ddp,,zero1" ",ddp"; do check STRATEGIES "$v"; done
 for v in huge "" "tiny,"; do check MODEL "$v"; done
 for v in nosuch; do check TRACE "$v"; done
+for v in random "" LISTED; do check ORDER "$v"; done
+for v in abc -1 "" 1.5 9999999999; do check ORDER_SEED "$v"; done
 # A study file: an unknown key, a malformed line.
 for line in "STRATA_STEPZ=3" "STEPS=3" "STRATA_STEPS 3" "STRATA_STEPS=0"; do
   cases=$((cases + 1))

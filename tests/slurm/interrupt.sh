@@ -14,6 +14,7 @@ STRATA_NODES=1
 STRATA_RANKS_PER_NODE=1
 STRATA_MODEL=tiny
 STRATA_STEPS=1500
+STRATA_ORDER=listed
 STRATA_RUNNER_ARGS=--blas-threads 1
 STUDY
 study() { STRATA_RESULTS=$work STRATA_RUNNER=$runner exec bash "$src/slurm/scale.sbatch" "$work/two.study"; }
