@@ -56,6 +56,8 @@ std::uint64_t affinity_fingerprint() {
   return h;
 }
 
+int slurm_cpus_per_task() { return env_int("SLURM_CPUS_PER_TASK", 0); }
+
 int auto_blas_threads(int mask_cpus, int ranks_sharing_mask, int slurm_cpus_per_task) {
   int threads = std::max(1, mask_cpus / std::max(1, ranks_sharing_mask));
   if (slurm_cpus_per_task > 0) threads = std::min(threads, slurm_cpus_per_task);
@@ -74,7 +76,7 @@ int blas_threads_for(const RunConfig& config, int ranks_sharing_mask, std::strin
     say("OPENBLAS_NUM_THREADS");
     return from_env;
   }
-  const int cpus = affinity_cpus(), slurm = env_int("SLURM_CPUS_PER_TASK", 0);
+  const int cpus = affinity_cpus(), slurm = slurm_cpus_per_task();
   say("auto: " + std::to_string(cpus) + " CPU(s) in the affinity mask / " +
       std::to_string(std::max(1, ranks_sharing_mask)) + " rank(s) sharing it" +
       (slurm > 0 ? ", SLURM_CPUS_PER_TASK " + std::to_string(slurm) : ""));

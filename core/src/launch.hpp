@@ -21,6 +21,7 @@ LaunchEnv detect_launch_env();
 // and a fingerprint of the mask, equal for the ranks of a node that share one mask.
 int affinity_cpus();
 std::uint64_t affinity_fingerprint();
+int slurm_cpus_per_task();  // SLURM_CPUS_PER_TASK, 0 when not set
 // Automatic BLAS threads: the mask's CPUs split among the ranks bound to that same mask (mpirun
 // --bind-to none, srun without binding), at most SLURM_CPUS_PER_TASK (0: not set); at least 1.
 int auto_blas_threads(int mask_cpus, int ranks_sharing_mask, int slurm_cpus_per_task);

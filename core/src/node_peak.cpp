@@ -16,11 +16,19 @@
 #include "config.hpp"
 #include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
+#include "launch.hpp"
 
 namespace strata {
 
-double rank_share_of_node_peak(double node_peak, int ranks_on_node) {
-  return node_peak / double(std::max(1, ranks_on_node));
+double rank_cpu_share(const RankCpus& w) {
+  double cpus = double(std::max(1, w.mask_cpus)) / std::max(1, w.ranks_sharing_mask);
+  cpus = std::min(cpus, double(std::max(1, w.node_cpus)) / std::max(1, w.node_ranks));
+  if (w.cpus_per_task > 0) cpus = std::min(cpus, double(w.cpus_per_task));
+  return cpus;
+}
+
+double rank_share_of_node_peak(double node_peak, const RankCpus& where) {
+  return node_peak * rank_cpu_share(where) / double(std::max(1, where.node_cpus));
 }
 
 double node_peak_from_rates(double all_cpus_rate, double one_cpu_rate, int cpus, bool* busy) {
@@ -242,13 +250,20 @@ PeakFlops cpu_peak(const RunConfig& config, double floor) {
   PeakFlops p;
   p.node = shared[0];
   p.node_ranks = local.size;
-  p.per_rank = rank_share_of_node_peak(p.node, local.size);
+  RankCpus where;
+  where.node_cpus = int(shared[2]), where.node_ranks = local.size;
+  where.mask_cpus = affinity_cpus();
+  where.ranks_sharing_mask = mpi::node_ranks_with(affinity_fingerprint());  // node-collective
+  where.cpus_per_task = slurm_cpus_per_task();
+  p.per_rank = rank_share_of_node_peak(p.node, where);
   p.source = shared[1] > 0 ? "cache" : "measured";
   const std::string path = peak_cache_path();
-  char line[256];
-  std::snprintf(line, sizeof line, "node %s %.1f GFLOP/s on %d CPU(s) / %d rank(s) on the node",
-                gemm_name(config.train.precision.mixed()), p.node / 1e9, int(shared[2]),
-                local.size);
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "node %s %.1f GFLOP/s on %d CPU(s) x this rank's %.3g of them (its mask's %d "
+                "CPU(s) / %d rank(s) on it, %d rank(s) on the node)",
+                gemm_name(config.train.precision.mixed()), p.node / 1e9, where.node_cpus,
+                rank_cpu_share(where), where.mask_cpus, where.ranks_sharing_mask, local.size);
   p.detail = std::string(line) +
              (shared[3] > 0 ? " (poor all-CPU scaling: CPUs x one CPU's rate)" : "") +
              (path.empty() ? ", not cached" : ", cache " + path);

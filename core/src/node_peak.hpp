@@ -3,9 +3,12 @@
 // On the CPU the peak belongs to the node, not to a process: one rank per node (local rank 0)
 // measures the node's GEMM rate in the run's precision on all of the node's CPUs while the node's
 // other ranks sleep, the value is cached per node (host, CPU model, CPUs, precision, GEMM library)
-// so later runs reuse it, and each rank's peak is the node's divided by the ranks sharing the
-// node. Ranks that share cores therefore split one stable figure instead of each measuring the
-// contended rate, and their MFUs add up to at most the node's.
+// so later runs reuse it, and each rank's peak is its share of the node's CPUs times the node's
+// peak per CPU: the CPUs of its affinity mask split among the ranks sharing that mask, at most
+// the node's CPUs split among the node's ranks (and SLURM_CPUS_PER_TASK). Ranks that share cores
+// therefore split one stable figure instead of each measuring the contended rate, their MFUs add
+// up to at most the node's, and a rank confined to fewer CPUs (taskset, srun --cpu-bind) is
+// measured against those.
 #pragma once
 
 #include <optional>
@@ -23,8 +26,16 @@ struct PeakFlops {
   std::string detail;   // one line for the summary and the run file: what, how, where cached
 };
 
-// A rank's share of its node's peak: the node's divided by the ranks on the node.
-double rank_share_of_node_peak(double node_peak, int ranks_on_node);
+// Where a rank may run: the node's CPUs and ranks, the CPUs of the rank's affinity mask and the
+// node's ranks bound to that same mask, SLURM_CPUS_PER_TASK (0: not set).
+struct RankCpus {
+  int node_cpus = 1, node_ranks = 1, mask_cpus = 1, ranks_sharing_mask = 1, cpus_per_task = 0;
+};
+// The CPUs a rank computes on (fractional when ranks share cores): mask CPUs / ranks sharing the
+// mask, at most node CPUs / node ranks and cpus_per_task.
+double rank_cpu_share(const RankCpus& where);
+// A rank's share of its node's peak: node_peak x rank_cpu_share / node CPUs.
+double rank_share_of_node_peak(double node_peak, const RankCpus& where);
 
 // The node's peak from its GEMM rate on all its CPUs and on one. On a busy node (other work holding
 // some cores) the all-CPU GEMM runs at the pace of its slowest thread while one thread still finds

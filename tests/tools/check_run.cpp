@@ -460,7 +460,7 @@ static void mfu(const RunRecord& r, const std::string& source, int node_ranks) {
   EXPECT(got && *got == source, "/provenance peak_flops_source '%s', want '%s'\n",
          got ? got->c_str() : "(absent)", source.c_str());
   const std::string* detail = provenance(r, "peak_flops_detail");
-  const std::string share = "/ " + std::to_string(node_ranks) + " rank(s) on the node";
+  const std::string share = ", " + std::to_string(node_ranks) + " rank(s) on the node)";
   EXPECT(detail && detail->find(share) != std::string::npos,
          "/provenance peak_flops_detail '%s' "
          "lacks '%s'\n",

@@ -31,11 +31,32 @@ class NodePeakCache : public ::testing::Test {
   std::string path;
 };
 
-TEST(NodePeak, RankShareIsTheNodePeakOverTheRanksOnTheNode) {
-  EXPECT_DOUBLE_EQ(strata::rank_share_of_node_peak(400e9, 4), 100e9);
-  EXPECT_DOUBLE_EQ(strata::rank_share_of_node_peak(400e9, 1), 400e9);
-  EXPECT_DOUBLE_EQ(strata::rank_share_of_node_peak(300e9, 3) * 3, 300e9);
-  EXPECT_DOUBLE_EQ(strata::rank_share_of_node_peak(400e9, 0), 400e9);  // no ranks: not a division
+// A rank's peak is its CPUs' share of the node's: ranks sharing the node's CPUs (no binding) split
+// it; a rank bound to fewer CPUs (taskset -c 0, srun --cpu-bind) gets those CPUs' share, never
+// more than an even split of the node, nor SLURM_CPUS_PER_TASK's.
+TEST(NodePeak, RankShareIsItsCpusShareOfTheNodePeak) {
+  using strata::RankCpus, strata::rank_share_of_node_peak, strata::rank_cpu_share;
+  auto where = [](int node_cpus, int node_ranks, int mask, int sharing, int cpt = 0) {
+    RankCpus w;
+    w.node_cpus = node_cpus, w.node_ranks = node_ranks, w.mask_cpus = mask;
+    w.ranks_sharing_mask = sharing, w.cpus_per_task = cpt;
+    return w;
+  };
+  // Unbound: every rank's mask is the node's, shared by all its ranks.
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(400e9, where(4, 4, 4, 4)), 100e9);
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(400e9, where(4, 1, 4, 1)), 400e9);
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(300e9, where(2, 3, 2, 3)) * 3, 300e9);
+  EXPECT_DOUBLE_EQ(rank_cpu_share(where(2, 4, 2, 4)), 0.5);  // 4 ranks on 2 cores
+  // taskset -c 0 on a 2-CPU node, one rank: one CPU's half of the node.
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(200e9, where(2, 1, 1, 1)), 100e9);
+  // srun --cpu-bind=cores, 2 ranks on 8 CPUs with 2 each: a quarter each (not a half).
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(800e9, where(8, 2, 2, 1)), 200e9);
+  // A mask wider than an even split (2 ranks bound to overlapping masks) is capped at the split.
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(800e9, where(8, 2, 8, 1)), 400e9);
+  // SLURM_CPUS_PER_TASK narrows it.
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(800e9, where(8, 1, 8, 1, 2)), 200e9);
+  // Zeros are not divisions.
+  EXPECT_DOUBLE_EQ(rank_share_of_node_peak(400e9, where(0, 0, 0, 0)), 400e9);
 }
 
 TEST(NodePeak, BusyNodeTakesCpusTimesOneCpuRate) {
