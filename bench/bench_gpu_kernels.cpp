@@ -149,11 +149,12 @@ void BM_GpuGemmBf16(benchmark::State& state, const Linear& g, bool backward) {
 }
 
 void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
-  const bool mlp = kernel.rfind("gelu_backward", 0) == 0;  // on fc1's output [8192, 3072]
-  const std::int64_t n = std::int64_t(8) * 1024 * 768 * (mlp ? 4 : 1);
+  constexpr int kFc1 = 4 * 768;  // fc1's output columns; its rows: 8 x 1024 tokens
+  const bool mlp = kernel.rfind("gelu_backward", 0) == 0;  // on fc1's output [8192, kFc1]
+  const std::int64_t n = std::int64_t(8) * 1024 * (mlp ? kFc1 : 768);
   DeviceArray<float> a{std::size_t(n)}, b{std::size_t(n)}, c{std::size_t(n)};
   DeviceArray<bf16> h{std::size_t(n)};
-  DeviceArray<float> dbias{3072};
+  DeviceArray<float> dbias{std::size_t(kFc1)};
   Kernels& k = kernels();
   double bytes = 0;  // per pass, each tensor once
   std::function<void()> pass;
@@ -161,7 +162,7 @@ void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
     pass = [&] { k.gelu_backward(c, a, b, n); };
     bytes = 16.0 * double(n);
   } else if (kernel == "gelu_backward_bf16_bias_grad") {  // read inp, dout; write bf16
-    pass = [&] { k.gelu_backward_bf16_bias_grad(h, dbias, c, a, b, std::size_t(n / 3072), 3072); };
+    pass = [&] { k.gelu_backward_bf16_bias_grad(h, dbias, c, a, b, std::size_t(n / kFc1), kFc1); };
     bytes = 10.0 * double(n);
   } else if (kernel == "residual") {  // read a, b; write out
     pass = [&] { k.residual_forward(c, a, b, n); };
