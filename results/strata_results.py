@@ -625,6 +625,14 @@ def finite_nonnegative(text):
     return value
 
 
+def coverage_level(text):
+    """argparse type: a probability strictly between 0 and 1 (an interval's coverage)."""
+    value = finite_nonnegative(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError("'%s' is not a coverage strictly between 0 and 1" % text)
+    return value
+
+
 def main_guard(prog, main):
     """Run main() and exit with its code: quiet on a closed pipe and on Ctrl-C, and a bug is one
     line and exit code 4, never a traceback."""

@@ -21,6 +21,7 @@ import collections
 import html
 
 import numpy as np
+from strata_results import group
 
 MIN_TIMED_STEPS = 5
 # At most this many distinct values are listed in one provenance line.
@@ -227,7 +228,25 @@ def prediction(runs):
     if apart and shared:
         out += [_errors_line("not oversubscribed", apart),
                 _errors_line("oversubscribed (ranks share cores)", shared)]
-    return out
+    return out + _repeats_line(apart)
+
+
+def _repeats_line(runs):
+    """[text] for a study with repeats: each configuration's predicted step time (the median of its
+    runs' predictions) against the median of its runs' p50, for the not-oversubscribed runs."""
+    configs = group(runs).values()
+    if not any(len(rs) > 1 for rs in configs):
+        return []
+    errors = []
+    for rs in configs:
+        measured = float(np.median([r.summary["step_s_p50"] for r in rs]))
+        predicted_s = float(np.median([r.summary["step_s_predicted"] for r in rs]))
+        errors.append((predicted_s - measured) / measured)
+    errors = np.abs(errors)
+    return ["configurations against their repeats' median p50 (not oversubscribed): %d, median "
+            "|error| %.1f%%, %d within 10%%, largest %.1f%%"
+            % (len(errors), 100 * float(np.median(errors)), int((errors <= 0.10).sum()),
+               100 * float(errors.max()))]
 
 
 def text(runs):

@@ -66,6 +66,27 @@ out=$("$runner" --calibrate --calibrate-from "$dir/cal.h5" --profile "$dir/from-
 # 3 ops x 3 sizes on dp and on dp_intra_node (the same 2 ranks: one shape, the faster point kept)
 grep -q "^calibrate: $dir/cal.h5: 18 comm sample(s), a compute entry from its phase timers" <<<"$out" \
   && grep -q "1 compute entries, 3 comm fits" <<<"$out" || { echo "$out"; fail "--calibrate-from"; }
+# Repeats give the median, not the mean: with a third copy of the run 10x slower (its phase timers
+# and its comm samples), the profile from the three copies is the profile from the run alone.
+for i in 1 2 3; do cp "$dir/cal.h5" "$dir/rep$i.h5"; done
+/usr/bin/python3 - "$dir/rep3.h5" <<'PY' || fail "could not slow down a copy"
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    for ds in (f["steps/forward_s"], f["steps/backward_s"], f["steps/optimizer_s"],
+               f["calibration/time_s"]):
+        ds[...] = ds[...] * 10
+PY
+"$runner" --calibrate --calibrate-from "$dir/rep1.h5" --calibrate-from "$dir/rep2.h5" \
+  --calibrate-from "$dir/rep3.h5" --profile "$dir/from-repeats.h5" >/dev/null || fail "from repeats"
+/usr/bin/python3 - "$dir/from-run.h5" "$dir/from-repeats.h5" <<'PY' || fail "repeats: not the median"
+import sys, h5py
+one, three = (h5py.File(p) for p in sys.argv[1:3])
+for table in ("compute", "comm_samples"):
+    a, b = one[table], three[table]
+    for name in a.keys():
+        assert list(a[name][()]) == list(b[name][()]), (table, name, a[name][()], b[name][()])
+print("repeats: the profile from 3 runs (one 10x slower) is the profile from one")
+PY
 out=$("$runner" --dry-run --profile "$dir/from-run.h5" --plugin ddp --model tiny --micro-batch 4 --global-batch 8 --ranks-per-node 2)
 grep -qE "^  step +[0-9.]+ ms$" <<<"$out" || { echo "$out"; fail "a profile from a run"; }
 out=$("$runner" --dry-run --profile "$dir/from-run.h5" --plugin ddp --model small --micro-batch 4 --global-batch 8 --ranks-per-node 2)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # results/compare on two generated studies with 3 repeats per configuration: ddp made 2x slower in
-# B (flagged), tp within its repeat noise (same), the reference only in B, a truncated file
+# B (flagged: the intervals of the medians are apart), tp within its repeat noise (no difference:
+# they overlap), the reference only in B, a truncated file
 # skipped. --strict turns a flag into exit code 3.
 # usage: compare.sh RESULTS_DIR E2E_DIR WORK_DIR
 set -eu
@@ -27,8 +28,8 @@ head -c 4096 "$e2e/ddp.np4.h5" > "$work/b/truncated.h5"
 fail() { echo "FAIL: $*"; exit 1; }
 "$tools/compare" "$work/a" "$work/b" > "$work/out.txt" 2> "$work/err.txt" || fail "exit $?"
 cat "$work/out.txt" "$work/err.txt"
-grep -E "^ddp .*\(n=3\).*\(n=3\) +-50\.0% .*SLOWER$" "$work/out.txt" || fail "ddp not flagged slower"
-grep -E "^tp .*\(n=3\).*same$" "$work/out.txt" || fail "tp flagged although within noise"
+grep -E "^ddp .*\(n=3\) +\[.*\] 75% +.*\(n=3\) .* -50\.0% +SLOWER$" "$work/out.txt" || fail "ddp not flagged slower"
+grep -E "^tp .*\(n=3\).*no difference$" "$work/out.txt" || fail "tp flagged although within noise"
 grep -E "^dp .*only in B$" "$work/out.txt" || fail "reference not listed as only in B"
 grep -q "3 configuration(s), 1 flagged" "$work/out.txt" || fail "count line"
 grep -q "truncated.h5: unreadable or partial" "$work/err.txt" || fail "truncated file not listed"

@@ -19,7 +19,7 @@ cat "$work/plain.txt"
 cat "$work/ab.txt"
 grep -q "2 configuration(s)" "$work/ab.txt" || fail "expected 2 paired configurations"
 for s in ddp zero3; do
-  grep -E "^$s .*\(n=1\) +[0-9.e+]+ \(n=1\)" "$work/ab.txt" >/dev/null || fail "$s not paired"
+  grep -E "^$s .*\(n=1\) +- +[0-9.e+]+ \(n=1\) +- " "$work/ab.txt" >/dev/null || fail "$s not paired"
 done
 ! grep -E "memory|loss|only in" "$work/ab.txt" || fail "memory or loss differ between transports"
 if "$tools/compare" --where-a transport "$work/study" "$work/study" 2>/dev/null; then

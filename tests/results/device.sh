@@ -40,7 +40,7 @@ grep -qE "^ddp .* nccl cuda +- .*only in B$" "$work/apart.txt" || fail "cuda run
 "$tools/compare" --ignore device --ignore transport "$work/cpu" "$work/gpu" > "$work/across.txt" \
   || fail "compare across devices exit $?"
 cat "$work/across.txt"
-grep -qE "^ddp .*\(n=1\).*\(n=1\) +\+300\.0% .*faster$" "$work/across.txt" \
+grep -qE "^ddp .*\(n=1\).*\(n=1\) +- +\+300\.0% .*faster$" "$work/across.txt" \
   || fail "cpu vs cuda not compared"
 "$tools/compare" --where-a device=cpu --where-b device=cuda --ignore device --ignore transport \
   "$work/cpu" "$work/gpu" | grep -q "1 configuration(s), 1 flagged" || fail "--where device"

@@ -341,7 +341,7 @@ def main():
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     bases = [(p, sr.read_run(p)) for p in args.files]  # valid files: they must load
-    cmp_args = argparse.Namespace(ignore=[], sigmas=3.0, min_change=0.02, loss_tol=1e-5)
+    cmp_args = argparse.Namespace(ignore=[], level=0.95, min_change=0.02, loss_tol=1e-5)
 
     def tools(run, base):
         summary.row(run)

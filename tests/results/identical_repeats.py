@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """results/plot on studies of 10 identical repeats (copies of one run file, run ids rep0..rep9):
-the throughput error bars (min to max around the mean) are exactly zero, never negative. The
+the throughput error bars (the median's interval) are exactly zero, never negative. The
 float mean of 10 equal values can lie an ulp below (255813.95671368227) or above
 (3103.947297759582) the value itself, which made matplotlib refuse a negative bar; both are tried.
-summary lists the 10 runs and compare of a study with itself calls them the same.
+summary lists the 10 runs and compare of a study with itself finds no difference.
 usage: identical_repeats.py RESULTS_DIR E2E_DIR WORK_DIR
 """
 import importlib.machinery
@@ -68,6 +68,6 @@ for side, value in VALUES.items():
     if len(p.stdout.split("\n\n")[0].splitlines()) != 11:  # the table, above the notes
         fail("summary: expected a header and 10 rows")
     p = run("compare", "--strict", study, study)
-    if "(n=10)" not in p.stdout or "same" not in p.stdout:
+    if "(n=10)" not in p.stdout or "no difference" not in p.stdout:
         fail("compare of 10 identical repeats with themselves")
 print("identical repeats: 2 studies of 10 plotted, error bars exactly 0")

@@ -19,6 +19,7 @@
 #include "strata/data_parallel.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/tensor_parallel.hpp"
+#include "summary.hpp"
 
 namespace strata {
 namespace {
@@ -232,20 +233,56 @@ void print_profile(const MachineProfile& p, const std::vector<ComputeEntry>& ent
   print_fits(p, path);
 }
 
-// The mean of entries of one configuration (several runs of it).
-ComputeEntry mean_entry(const std::vector<ComputeEntry>& v) {
+// The median of each timed field over the entries of one configuration (its runs: repeats, or
+// several strategies' runs of one shape), so that one slow run on a busy machine does not move it.
+ComputeEntry median_entry(const std::vector<ComputeEntry>& v) {
   ComputeEntry m = v.front();
   const auto out = timed_fields(m);
-  for (double* f : out) *f = 0;
-  for (ComputeEntry e : v) {
-    const auto in = timed_fields(e);
-    for (std::size_t i = 0; i < in.size(); ++i) *out[i] += *in[i] / double(v.size());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> values;
+    for (ComputeEntry e : v) values.push_back(*timed_fields(e)[i]);
+    *out[i] = percentile(values, 0.5);
   }
   return m;
 }
 
-// Each sharded run's new-buffer rate (the one for which the predictor gives its step), averaged
-// into the entries of its configuration; a configuration without one takes the mean of all.
+bool same_point(const CommSample& a, const CommSample& b) {
+  return a.op == b.op && a.ranks == b.ranks && a.ranks_per_node == b.ranks_per_node &&
+         a.host_ranks == b.host_ranks && a.bytes == b.bytes;
+}
+
+// One comm sample per op, group shape, ranks on the host and size: within a run the faster of
+// its groups of one shape (as the fit takes them), then over runs (repeats) the median time, so
+// that one slow run does not move it (merge_profile would keep only the last).
+std::vector<CommSample> median_samples(const std::vector<std::vector<CommSample>>& per_run) {
+  std::vector<CommSample> out;
+  std::vector<std::vector<double>> times;
+  for (const std::vector<CommSample>& run : per_run) {
+    std::vector<CommSample> fastest;
+    for (const CommSample& s : run) {
+      auto same = std::find_if(fastest.begin(), fastest.end(),
+                               [&](const CommSample& o) { return same_point(o, s); });
+      if (same == fastest.end())
+        fastest.push_back(s);
+      else
+        same->time_s = std::min(same->time_s, s.time_s);
+    }
+    for (const CommSample& s : fastest) {
+      auto same = std::find_if(out.begin(), out.end(),
+                               [&](const CommSample& o) { return same_point(o, s); });
+      if (same == out.end())
+        out.push_back(s), times.push_back({s.time_s});
+      else
+        times[std::size_t(same - out.begin())].push_back(s.time_s);
+    }
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) out[i].time_s = percentile(times[i], 0.5);
+  return out;
+}
+
+// Each sharded run's new-buffer rate (the one for which the predictor gives its step); the median
+// of them goes into the entries of its configuration, and a configuration without one takes the
+// median of all.
 void fit_fresh_rates(MachineProfile& more, const std::vector<RunQuestion>& runs) {
   std::vector<std::pair<const ComputeEntry*, double>> fits;
   for (const RunQuestion& q : runs)  // those whose plans allocate per step (sharded ones)
@@ -253,18 +290,18 @@ void fit_fresh_rates(MachineProfile& more, const std::vector<RunQuestion>& runs)
       for (const ComputeEntry& e : more.compute)
         if (same_configuration(e, q.entry)) fits.emplace_back(&e, *rate);
   if (fits.empty()) return;
-  double all = 0;
-  for (const auto& f : fits) all += f.second / double(fits.size());
+  std::vector<double> all;
+  for (const auto& f : fits) all.push_back(f.second);
   for (ComputeEntry& e : more.compute) {
-    double sum = 0;
-    int n = 0;
+    std::vector<double> mine;
     for (const auto& [entry, rate] : fits)
-      if (entry == &e) sum += rate, ++n;
-    e.fresh_memory_s_per_byte = n ? sum / n : all;
-    std::printf("calibrate: micro-batch %d, %d thread(s) x %d rank(s): new memory %.2f GB/s (%s)\n",
-                e.micro_batch, e.threads, e.ranks_per_node,
-                e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
-                n ? "fitted to its sharded runs' steps" : "the mean of the other fits");
+      if (entry == &e) mine.push_back(rate);
+    e.fresh_memory_s_per_byte = percentile(mine.empty() ? all : mine, 0.5);
+    std::printf(
+        "calibrate: micro-batch %d, %d thread(s) x %d rank(s): new memory %.2f GB/s (%s)\n",
+        e.micro_batch, e.threads, e.ranks_per_node,
+        e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
+        mine.empty() ? "the median of the other fits" : "fitted to its sharded runs' steps");
   }
 }
 
@@ -302,18 +339,19 @@ void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of)
   more.description = "runner --calibrate-from run files";
   std::vector<RunQuestion> with_entry;  // the runs whose steps may fit the new-buffer rate
   std::vector<std::vector<ComputeEntry>> entries;  // per configuration: one per run
+  std::vector<std::vector<CommSample>> samples_per_run;
   for (const std::string& path : config.calibrate_from) {
     if (path.ends_with(".json")) {  // bench_comm's points: comm only
       std::string transport;
       const std::vector<CommSample> s = samples_from_bench(path, &transport);
-      more.samples.insert(more.samples.end(), s.begin(), s.end());
+      samples_per_run.push_back(s);
       std::printf("calibrate: %s: %zu comm sample(s) of bench_comm over %s\n", path.c_str(),
                   s.size(), transport.c_str());
       continue;
     }
     const RunRecord run = read_run_file(path);
     const std::vector<CommSample> s = samples_from_run(run);
-    more.samples.insert(more.samples.end(), s.begin(), s.end());
+    samples_per_run.push_back(s);
     RunQuestion q = question_of_run(run);
     const StepQuery& as_run = q.query;  // with the plans of the run's strategy and options
     q.query = step_query(as_run.strategy, *strategy_of(as_run.strategy, q.plugin_opts), as_run.mesh,
@@ -337,7 +375,8 @@ void calibrate_from_runs(const RunConfig& config, const StrategyOf& strategy_of)
     q.entry = *e;
     with_entry.push_back(std::move(q));
   }
-  for (const auto& v : entries) more.compute.push_back(mean_entry(v));
+  for (const auto& v : entries) more.compute.push_back(median_entry(v));
+  more.samples = median_samples(samples_per_run);
   refit_comm(more);  // the predictor needs the fits of the samples
   fit_fresh_rates(more, with_entry);
   const MachineProfile profile = merge_into_file(config, more);

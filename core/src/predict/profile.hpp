@@ -57,7 +57,7 @@ struct UnitFlops {
 };
 
 // Every timed field of an entry (passes, recompute, optimizer, new buffers, copies), for the
-// operations over all of them: the max over ranks, the mean over runs.
+// operations over all of them: the max over ranks, the median over runs.
 std::array<double*, 11> timed_fields(ComputeEntry& e);
 
 // Sets an entry's six unit passes from the whole model's forward and backward of one micro-batch
