@@ -10,8 +10,9 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 RUNNER = $(BUILD)/bin/runner
 OUT   ?= results/local
-# The main job: a local scaling study (slurm/studies/local.study): every installed strategy at 1, 2
-# and 4 ranks (4 = 2 virtual nodes x 2), then its tables, figures and report.html under $(OUT).
+# The main job: a local scaling study (slurm/studies/local.study): seven strategies at 1, 2 and 4
+# ranks (4 = 2 virtual nodes x 2; 1 and 2 ranks repeated three times), then its tables, figures
+# and report.html under $(OUT), then three held-out checks of the step-time predictor.
 STUDY ?= slurm/studies/local.study
 # Fuzzing (tests/fuzz, docs/testing.md "Fuzzing"): its own clang build with sanitizers, then run.sh.
 FUZZ_BUILD   ?= build-fuzz
@@ -44,8 +45,11 @@ run: build
 	STRATA_RESULTS=$(abspath $(dir $(OUT))) STRATA_STUDY=$(notdir $(OUT)) STRATA_RUNNER=$(abspath $(RUNNER)) \
 	  bash slurm/scale.sbatch $(STUDY)
 	@echo "run files in $(OUT)/, summary.txt, figures and report.html in $(OUT)/figures/"
-	@echo "held-out check of the step-time predictor (scripts/heldout.sh; timings, so not fatal):"
-	-@STRATA_RUNNER=$(abspath $(RUNNER)) bash scripts/heldout.sh $(OUT)
+	@echo "held-out checks of the step-time predictor, a profile from each pair of ddp, zero1 and zero2"
+	@echo "predicting the other strategies (scripts/heldout.sh; timings, so not fatal):"
+	-@for pair in ddp,zero1 ddp,zero2 zero1,zero2; do \
+	  HELDOUT_TRAIN=$$pair HELDOUT_NAME=heldout-$$(echo $$pair | tr , -) STRATA_RUNNER=$(abspath $(RUNNER)) \
+	    bash scripts/heldout.sh $(OUT); done
 
 # Every test: the main build's, then the ASan + UBSan set, then a bounded fuzz run (TEST_FUZZ_SECONDS
 # per target). About 20 minutes from a fresh clone on 2 cores.

@@ -15,15 +15,21 @@ Caveats, each naming its runs:
     unstable         the timed steps' coefficient of variation above the run's --max-cv
                      (/summary unstable): one run's figures are not to be compared as they are
     non-finite       NaN or inf in the file (a diverged loss, a NaN throughput)
+    calibration moved  a study's profile.end.h5 (STRATA_PROFILE=calibrate measures the repeated
+                     node shapes again at its end) whose micro-batch passes differ from profile.h5's
+                     by more than the larger of the two calibrations' rounds' spreads
 Files from before a provenance entry existed lack it: the notes say "unknown", never fail.
 """
 import collections
 import html
+import os
 
+import h5py
 import numpy as np
 from strata_results import group
 
 MIN_TIMED_STEPS = 5
+DRIFT_TITLE = "Calibration at the start (profile.h5) and the end (profile.end.h5) of the study"
 # At most this many distinct values are listed in one provenance line.
 MAX_VALUES = 6
 
@@ -196,9 +202,65 @@ def caveats(runs):
                    "them: %s" % (_distinct(shaky, lambda r: "%g%%" % (
                        100 * float(r.config.get("max_cv", "nan")))),
                        _named(shaky, lambda r: "CV %.1f%%" % (100 * r.summary["step_s_cv"]))))
+    moved = [text for text, flagged in calibration_drift(runs) if flagged]
+    if moved:
+        out.append("calibration moved: measured again at the end of the study, %d profile "
+                   "entr%s moved by more than the calibration's own spread, so the machine was not "
+                   "the same throughout and predictions from it carry that change: %s"
+                   % (len(moved), "y" if len(moved) == 1 else "ies", "; ".join(moved)))
     bad = [r for r in runs if r.nonfinite]
     if bad:
         out.append("non-finite values (NaN or inf) kept: %s" % _named(bad))
+    return out
+
+
+# What makes two compute entries of a profile one configuration (profile.hpp same_configuration).
+ENTRY_KEY = ("preset", "micro_batch", "device", "precision", "threads", "ranks_per_node", "tp")
+
+
+def _entries(path):
+    """{configuration: (pass seconds of a micro-batch, spread)} of a profile's /compute table."""
+    with h5py.File(path, "r") as f:
+        c = f["compute"]
+        col = {k: c[k][()] for k in c.keys()}
+    n = len(col["preset"])
+    text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+    out = {}
+    for i in range(n):
+        key = tuple(text(col[k][i]) if k in ("preset", "device", "precision") else
+                    int(col[k][i]) if k in col else 1 for k in ENTRY_KEY)
+        passes = (col["embedding_forward_s"][i] + col["embedding_backward_s"][i]
+                  + col["layers"][i] * (col["block_forward_s"][i] + col["block_backward_s"][i])
+                  + col["head_forward_s"][i] + col["head_backward_s"][i])
+        out[key] = (float(passes), float(col["pass_spread"][i]) if "pass_spread" in col else 0.0)
+    return out
+
+
+def calibration_drift(runs):
+    """[(text, moved)] per compute entry measured both at the start (profile.h5) and at the end
+    (profile.end.h5) of the studies the runs are in: its micro-batch passes then and now, and
+    whether it moved more than the larger spread of the two. A profile that cannot be read is
+    left out (the notes never fail on it)."""
+    out = []
+    for d in sorted({os.path.dirname(os.path.abspath(r.path)) for r in runs}):
+        start, end = os.path.join(d, "profile.h5"), os.path.join(d, "profile.end.h5")
+        if not (os.path.isfile(start) and os.path.isfile(end)):
+            continue
+        try:
+            a, b = _entries(start), _entries(end)
+        except (OSError, KeyError, ValueError, TypeError, IndexError):
+            continue
+        for key in sorted(set(a) & set(b)):
+            (t0, s0), (t1, s1) = a[key], b[key]
+            if not (t0 > 0 and np.isfinite(t0) and np.isfinite(t1)):
+                continue
+            change, spread = t1 / t0 - 1, max(s0, s1)
+            label = "%s mb%s %s %s, %s thread(s) x %s rank(s)%s" % (
+                key[0], key[1], key[2], key[3], key[4], key[5],
+                ", tp %s" % key[6] if key[6] != 1 else "")
+            out.append(("%s: passes %.1f ms at the start, %.1f ms at the end (%+.1f%%; spread %.1f%%)"
+                        % (label, 1e3 * t0, 1e3 * t1, 100 * change, 100 * spread),
+                        abs(change) > spread))
     return out
 
 
@@ -259,6 +321,9 @@ def text(runs):
     accuracy = prediction(runs)
     if accuracy:
         lines += ["", "Predicted step time vs measured p50 (--profile)"] + ["  " + a for a in accuracy]
+    drift = calibration_drift(runs)
+    if drift:
+        lines += ["", DRIFT_TITLE] + ["  %s%s" % (t, " (moved)" if m else "") for t, m in drift]
     return lines
 
 
@@ -274,4 +339,8 @@ def html_block(runs):
     if accuracy:
         block += ('<h2>Predicted step time vs measured p50 (--profile)</h2><ul id="prediction">%s'
                   '</ul>\n' % "".join("<li>%s</li>" % html.escape(a) for a in accuracy))
+    drift = calibration_drift(runs)
+    if drift:
+        block += '<h2>%s</h2><ul id="calibration">%s</ul>\n' % (html.escape(DRIFT_TITLE), "".join(
+            "<li>%s%s</li>" % (html.escape(t), " (moved)" if m else "") for t, m in drift))
     return block

@@ -8,6 +8,8 @@
             typed attributes (ints)                              tree"; read as text
   topo      a topology_summary attribute                     -> shown as the topology line
   roomy is also marked unstable (CV 25% > --max-cv 10%)        -> the only one "unstable"
+  profile.h5 and profile.end.h5 beside them, one entry moved 20% -> "calibration moved", that
+            (spread 5%), one 1% (spread 3%)                         entry alone
 usage: notes.py RESULTS_DIR E2E_DIR WORK_DIR
 """
 import os
@@ -59,13 +61,19 @@ make("old", np.int64(8), np.int64(2), ["vm"] * 4, strata_version="0.0.1",
      git_describe="0a1b2c3-dirty")
 make("topo", "8", "2", ["vm"] * 4, topology_summary=TOPOLOGY)
 
-p = subprocess.run([os.path.join(tools, "summary"), os.path.join(work, "study")],
-                   capture_output=True, text=True)
-if p.returncode != 0:
-    fail("summary exit %d: %s" % (p.returncode, p.stderr))
-text = p.stdout
-print(text)
-notes = text.split("\n\n", 1)[1]
+
+
+def run_summary():
+    """The notes below summary's table (its stdout after the first blank line)."""
+    p = subprocess.run([os.path.join(tools, "summary"), os.path.join(work, "study")],
+                       capture_output=True, text=True)
+    if p.returncode != 0 or p.stderr:
+        fail("summary exit %d: %s" % (p.returncode, p.stderr))
+    print(p.stdout)
+    return p.stdout.split("\n\n", 1)[1]
+
+
+notes = run_summary()
 over = [ln for ln in notes.splitlines() if "oversubscribed:" in ln]
 if len(over) != 1 or "busy (4 ranks x 1 thread on 2 cores)" not in over[0]:
     fail("busy is not named as oversubscribed: %s" % over)
@@ -95,13 +103,51 @@ for label in ("strata", "date (UTC)", "hosts", "machine", "device", "model", "st
 if "2 (test) (1 run)" not in notes and "2 (test) (2 runs)" not in notes:
     fail("BLAS threads and their origin not listed: %s" % notes)
 
+
+
+def profile(name, block_s, spreads):
+    """A profile's /compute table, as runner --calibrate writes it, with two entries (micro-batch
+    8 and 4) of block passes block_s and rounds' spreads."""
+    with h5py.File(os.path.join(work, "study", name), "w") as f:
+        f.attrs["schema"] = "strata-profile/1"
+        c = f.create_group("compute")
+        for k, v in (("preset", [b"small"] * 2), ("device", [b"cpu"] * 2),
+                     ("precision", [b"fp32"] * 2)):
+            c[k] = np.array(v, dtype=h5py.string_dtype())
+        ints = {"micro_batch": [8, 4], "threads": [1, 1], "ranks_per_node": [2, 2], "tp": [1, 1],
+                "layers": [4, 4]}
+        for k, v in ints.items():
+            c[k] = np.array(v, dtype=float)
+        for k in ("embedding_forward_s", "embedding_backward_s", "head_forward_s",
+                  "head_backward_s"):
+            c[k] = np.zeros(2)
+        c["block_forward_s"] = np.array(block_s) / 3
+        c["block_backward_s"] = 2 * np.array(block_s) / 3
+        c["pass_spread"] = np.array(spreads)
+
+
+# The calibration measured again at the end: micro-batch 8 moved by 20% (spreads 5% and 4%),
+# micro-batch 4 by 1% (spread 3%): only the first is a caveat; both are listed.
+profile("profile.h5", [0.030, 0.020], [0.05, 0.03])
+profile("profile.end.h5", [0.036, 0.0202], [0.04, 0.01])
+notes = run_summary()
+moved = [ln for ln in notes.splitlines() if "calibration moved:" in ln]
+if len(moved) != 1 or "1 profile entry moved" not in moved[0] or "small mb8 " not in moved[0] \
+        or "small mb4 " in moved[0] or "passes 120.0 ms at the start, 144.0 ms at the end " \
+        "(+20.0%; spread 5.0%)" not in moved[0]:
+    fail("calibration moved: want small mb8 alone, +20%%: %s" % moved)
+listed = notes[notes.index("Calibration at the start"):].splitlines()[1:3]
+if len(listed) != 2 or not listed[1].endswith("(moved)") or "(+1.0%; spread 3.0%)" not in listed[0]:
+    fail("the calibration lines: %s" % listed)
+
 p = subprocess.run([os.path.join(tools, "plot"), os.path.join(work, "study")],
                    capture_output=True, text=True)
 if p.returncode != 0:
     fail("plot exit %d: %s" % (p.returncode, p.stderr))
 page = open(os.path.join(work, "study", "figures", "report.html")).read()
 for want in ("<h2>Provenance</h2>", "<h2>Caveats</h2>", "busy (4 ranks x 1 thread on 2 cores)",
-             "versions mixed", "<th>topology</th>", "MFU (% of peak)", "roomy (CV 25.0%)"):
+             "versions mixed", "<th>topology</th>", "MFU (% of peak)", "roomy (CV 25.0%)",
+             '<ul id="calibration">', "calibration moved"):
     if want not in page:
         fail("report.html lacks %r" % want)
 print("notes: busy named as oversubscribed (not roomy, spread, old, topo), roomy as unstable, "

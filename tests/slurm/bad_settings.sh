@@ -32,6 +32,7 @@ for v in huge "" "tiny,"; do check MODEL "$v"; done
 for v in nosuch; do check TRACE "$v"; done
 for v in random "" LISTED; do check ORDER "$v"; done
 for v in abc -1 "" 1.5 9999999999; do check ORDER_SEED "$v"; done
+for v in 3 "" "1,,2" 1x2; do check REPEAT_NODES "$v"; done
 # A study file: an unknown key, a malformed line.
 for line in "STRATA_STEPZ=3" "STEPS=3" "STRATA_STEPS 3" "STRATA_STEPS=0"; do
   cases=$((cases + 1))

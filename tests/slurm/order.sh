@@ -2,7 +2,7 @@
 # STRATA_ORDER=shuffled (the default) with STRATA_REPEATS=2: the runs go round-robin, every
 # configuration's first run before any second, each round in a seeded random order that a second
 # study with the same seed repeats; results/summary gives each configuration's median over its
-# repeats. Outside Slurm (bash slurm/scale.sbatch), as make run does.
+# repeats; STRATA_REPEAT_NODES repeats only some node shapes. Outside Slurm (bash slurm/scale.sbatch), as make run does.
 # usage: order.sh SOURCE_DIR RUNNER WORK_DIR
 set -u
 src=$1 runner=$2 work=$3
@@ -47,4 +47,24 @@ cp "$work/study.log" "$work/second.log"
 table=$("$src/results/summary" "$work/first") || fail "results/summary exit $?"
 [[ $(grep -cE "^  (ddp|zero1|zero2|zero3) dp1.tp1.pp1 1x1 tiny .*: 2 runs, tokens/s median " <<< "$table") -eq 4 ]] \
   && ok || { echo "$table"; fail "no median over repeats for each of the 4 configurations"; }
+# STRATA_REPEAT_NODES: only the 1-node configurations are repeated, the 2-node ones run once.
+cat > "$work/shapes.study" <<STUDY
+STRATA_STUDY=shapes
+STRATA_STRATEGIES=ddp,zero1
+STRATA_NODES=1,2
+STRATA_RANKS_PER_NODE=1
+STRATA_MODEL=tiny
+STRATA_STEPS=3
+STRATA_MICRO_BATCH=2
+STRATA_REPEATS=2
+STRATA_REPEAT_NODES=1
+STRATA_RUNNER_ARGS=--blas-threads 1 --warmup 1
+STUDY
+run_study "$work/shapes.study"
+((code == 0)) && ok || fail "the shapes study exited $code"
+ids=$(grep -oE "run [0-9]+/6 [^ ]+" "$work/study.log" | awk '{print $3}' | sort | tr '\n' ' ')
+want="tiny_ddp_n1x1_weak_r1 tiny_ddp_n1x1_weak_r2 tiny_ddp_n2x1_weak_r1 tiny_zero1_n1x1_weak_r1 tiny_zero1_n1x1_weak_r2 tiny_zero1_n2x1_weak_r1 "
+[[ $ids == "$want" ]] && ok || fail "STRATA_REPEAT_NODES=1: ran $ids, want $want"
+grep -q "2 repeat(s) (on node shapes 1; the others once) in shuffled order" "$work/study.log" && ok \
+  || fail "the study line does not name the repeated node shapes"
 finish

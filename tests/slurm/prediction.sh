@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# STRATA_PROFILE=calibrate and the held-out check, outside Slurm (bash slurm/scale.sbatch, as make
-# run): the study calibrates one machine profile per node shape and micro-batch before its runs,
-# every run records its predicted step time and error, summary.txt and report.html state the
-# prediction's accuracy and figures/prediction.png draws it; then scripts/heldout.sh makes a
-# profile from the ddp and zero2 runs alone and predicts zero3 from it. Timings on a shared
-# machine: the errors are checked to be numbers, not to be small (that is the study's report).
+# STRATA_PROFILE=calibrate and the held-out checks, outside Slurm (bash slurm/scale.sbatch, as make
+# run): the study calibrates one machine profile per node shape and micro-batch before its runs
+# (and again at its end), runs each configuration three times, every run records its predicted
+# step time and error, summary.txt and report.html state the prediction's accuracy and
+# figures/prediction.png draws it; then scripts/heldout.sh makes a profile from each pair of ddp,
+# zero1 and zero2 and predicts the other strategies from it. The accuracy has real bounds, loose
+# enough for tiny's 4-7 ms steps on a shared 2-core machine (where one configuration's repeats
+# spread by up to 40%, and 2-rank steps came out 25-50% off in one study of 2026-11-27) and tight
+# enough that a predictor off by a quarter overall, or twice off on one configuration, fails:
+#   against the repeats' median p50: median |error| <= 20%, every configuration within 75%
+#   each held-out pair: median |error| <= 25%, every configuration within 100% (HELDOUT_LIMIT)
+# The small model's study (make run) is where the accuracy figures are measured (CHANGELOG.md).
 # usage: prediction.sh SOURCE_DIR RUNNER WORK_DIR
 set -u
 src=$1 runner=$2 work=$3
 source "$(dirname "${BASH_SOURCE[0]}")/checks.sh" "$work"
 cat > "$work/p.study" <<STUDY
 STRATA_STUDY=prediction
-STRATA_STRATEGIES=ddp,zero2,zero3,1f1b
+STRATA_STRATEGIES=ddp,zero1,zero2,zero3,1f1b
 STRATA_NODES=1x1,1x2
 STRATA_MODEL=tiny
-STRATA_STEPS=5
+STRATA_STEPS=8
 STRATA_MODE=strong
 STRATA_GLOBAL_BATCH=8
 STRATA_MICRO_BATCH=4
 STRATA_MICROBATCHES=2
+STRATA_REPEATS=3
 STRATA_PROFILE=calibrate
-STRATA_RUNNER_ARGS=--warmup 1 --calibrate-comm
+STRATA_RUNNER_ARGS=--warmup 2 --calibrate-comm
 STUDY
 run_study "$work/p.study"
 out=$work/prediction
@@ -30,35 +37,52 @@ out=$work/prediction
 for tag in tiny_n1x1_mb4_mpi tiny_n1x2_mb4_mpi; do
   [[ -f $out/profile.$tag.ok ]] && ok || fail "no calibration $tag ($(ls "$out" | grep '^profile' | tr '\n' ' '))"
 done
-[[ $(grep -c "scale: calibrate: " "$work/study.log") -eq 2 ]] && ok || fail "want 2 calibrations"
-grep -- "launch: .*--profile $out/profile.h5" "$work/study.log" | wc -l | grep -qx 8 && ok \
-  || fail "want 8 runs given --profile"
+# Two at the start into profile.h5, the same two again at the end into profile.end.h5.
+[[ $(grep -c "scale: calibrate: .*--profile $out/profile.h5 " "$work/study.log") -eq 2 &&
+  $(grep -c "scale: calibrate: .*--profile $out/profile.end.h5 " "$work/study.log") -eq 2 ]] && ok \
+  || fail "want 2 calibrations at the start and 2 at the end"
+grep -- "launch: .*--profile $out/profile.h5" "$work/study.log" | wc -l | grep -qx 30 && ok \
+  || fail "want 30 runs given --profile"
 # Every run has a predicted step and an error (summary --csv), and the notes say how well.
 csv=$(/usr/bin/python3 "$src/results/summary" --csv "$out")
 rows=$(awk -F, 'NR == 1 { for (c = 1; c <= NF; c++) col[$c] = c; next }
   $col["step_ms_predicted"] ~ /^[0-9.]+$/ && $col["predicted_error"] ~ /^-?[0-9.e-]+$/' <<< "$csv" | wc -l)
-((rows == 8)) && ok || fail "$rows of 8 runs with a predicted step and its error: $csv"
-grep -qE "^  all: 8 run\(s\), median \|error\| [0-9.]+%, [0-8] within 10%, largest" "$out/summary.txt" \
+((rows == 30)) && ok || fail "$rows of 30 runs with a predicted step and its error: $csv"
+grep -qE "^  all: 30 run\(s\), median \|error\| [0-9.]+%, [0-9]+ within 10%, largest" "$out/summary.txt" \
   && ok || fail "summary.txt: no accuracy line: $(tail -n 3 "$out/summary.txt")"
-grep -q '<ul id="prediction"><li>all: 8 run(s)' "$out/figures/report.html" && ok \
+grep -q '<ul id="prediction"><li>all: 30 run(s)' "$out/figures/report.html" && ok \
   || fail "report.html: no accuracy block"
+# The bound: each configuration's prediction against its repeats' median p50.
+line=$(grep -E "^  configurations against their repeats' median p50" "$out/summary.txt")
+awk '{ for (i = 1; i <= NF; i++) { if ($i == "|error|") med = $(i + 1); if ($i == "largest") big = $(i + 1) } }
+  END { sub(/%,?/, "", med); sub(/%,?/, "", big); exit !(med != "" && med + 0 <= 20 && big + 0 <= 75) }' <<< "$line" \
+  && ok || fail "prediction against the repeats' median beyond its bound (median 20%, largest 75%): $line"
+grep -q "Calibration at the start (profile.h5) and the end (profile.end.h5)" "$out/summary.txt" && ok \
+  || fail "summary.txt: no calibration drift lines"
 [[ -s $out/figures/prediction.png ]] && ok || fail "no figures/prediction.png"
 # The profile is no run: summary reads the directory without a complaint about it.
 /usr/bin/python3 "$src/results/summary" "$out" 2>&1 >/dev/null | grep -q "profile.h5" \
   && fail "summary complains about profile.h5" || ok
 
-# The held-out check: ddp and zero2 make the profile, zero3 and 1f1b are predicted.
-STRATA_RUNNER=$runner HELDOUT_LIMIT=1000 bash "$src/scripts/heldout.sh" "$out" > "$work/heldout.out" 2>&1
-code=$?
-cat "$work/heldout.out"
-((code == 0)) && ok || fail "heldout.sh exited $code"
-grep -q "a compute entry from its phase timers" "$out/heldout.log" && ok || fail "no compute entry from a run"
-grep -q "new memory .* (fitted to its sharded runs' steps)" "$out/heldout.log" && ok \
-  || fail "no new-buffer rate fitted: $(cat "$out/heldout.log")"
-[[ $(grep -cE "^tiny_(zero3|1f1b)_n1x[12]_strong_r1 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%$" "$out/heldout.txt") -eq 4 ]] \
-  && ok || fail "heldout.txt: want 4 predicted runs"
-grep -qE "^held-out: 4 run\(s\) predicted, median \|error\| [0-9.]+%, 0 beyond 1000%$" "$out/heldout.txt" \
-  && ok || fail "heldout.txt: no verdict"
+# The held-out checks: each pair of ddp, zero1 and zero2 makes a profile that predicts the others.
+for pair in ddp,zero1 ddp,zero2 zero1,zero2; do
+  name=heldout-${pair/,/-}
+  STRATA_RUNNER=$runner HELDOUT_TRAIN=$pair HELDOUT_NAME=$name HELDOUT_LIMIT=100 \
+    bash "$src/scripts/heldout.sh" "$out" > "$work/$name.out" 2>&1
+  code=$?
+  cat "$work/$name.out"
+  ((code == 0)) && ok || fail "heldout.sh $pair exited $code (a configuration beyond 100%?)"
+  [[ $(grep -cE "^tiny_[a-z0-9]+_n1x[12]_strong +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%$" "$out/$name.txt") -eq 6 ]] \
+    && ok || fail "$name.txt: want 6 predicted configurations (the 3 other strategies x 2 shapes)"
+  verdict=$(grep -E "^held-out: 6 configuration\(s\) predicted" "$out/$name.txt")
+  awk '{ m = $7; sub(/%,?/, "", m); exit !(m != "" && m + 0 <= 25) }' <<< "$verdict" && ok \
+    || fail "$pair: median |error| beyond 25%: $verdict"
+done
+grep -q "a compute entry from its phase timers" "$out/heldout-ddp-zero2.log" && ok || fail "no compute entry from a run"
+grep -q "new memory .* (fitted to its sharded runs' steps)" "$out/heldout-ddp-zero2.log" && ok \
+  || fail "no new-buffer rate fitted: $(cat "$out/heldout-ddp-zero2.log")"
+grep -q "heldout: fresh_memory_s_per_byte of .* from the calibration" "$out/heldout-ddp-zero1.log" && ok \
+  || fail "ddp and zero1 cannot fit the new-buffer rate: it should come from the calibration"
 # A study without the training runs is a usage error (exit 2), not a pass.
 HELDOUT_TRAIN=fsdp STRATA_RUNNER=$runner bash "$src/scripts/heldout.sh" "$out" > /dev/null 2>&1
 (($? == 2)) && ok || fail "no fsdp runs: want exit 2"

@@ -123,6 +123,7 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   p.created_utc = "2026-11-24T00:00:00Z";
   p.samples.push_back({"all_gather", 4, 2, 65536, 3.5e-4, 4});
   p.compute[0].copy_s_per_byte = 2e-10;
+  p.compute[0].pass_spread = 0.034;
   p.compute[0].tp = 2;
   p.comm[1].host_ranks = 2;
   const fs::path path =
@@ -145,6 +146,7 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   EXPECT_DOUBLE_EQ(e.block_recompute_full_s, 10e-3);
   EXPECT_DOUBLE_EQ(e.optimizer_s_per_param, 1e-9);
   EXPECT_DOUBLE_EQ(e.copy_s_per_byte, 2e-10);
+  EXPECT_DOUBLE_EQ(e.pass_spread, 0.034);
   EXPECT_EQ(e.tp, 2);
   ASSERT_EQ(q.comm.size(), 3u);
   EXPECT_EQ(q.comm[1].op, "reduce_scatter");

@@ -200,52 +200,6 @@ void max_over_ranks(ComputeEntry& e) {
   for (std::size_t i = 0; i < v.size(); ++i) *fields[i] = v[i];
 }
 
-void print_entry(const ComputeEntry& e) {
-  std::printf(
-      "calibrate: %s, micro-batch %d, tp %d, %s %s, %d thread(s) x %d rank(s) on the host (ms):\n",
-      e.model.preset.c_str(), e.micro_batch, e.tp, e.device.c_str(), e.precision.c_str(), e.threads,
-      e.ranks_per_node);
-  std::printf(
-      "  embedding fwd %.3f bwd %.3f | block fwd %.3f bwd %.3f (+%.3f full, +%.3f "
-      "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param | new memory %.2f GB/s | "
-      "copies %.2f GB/s\n",
-      e.embedding_forward_s * 1e3, e.embedding_backward_s * 1e3, e.block_forward_s * 1e3,
-      e.block_backward_s * 1e3, e.block_recompute_full_s * 1e3, e.block_recompute_selective_s * 1e3,
-      e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
-      e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
-      e.copy_s_per_byte > 0 ? 1e-9 / e.copy_s_per_byte : 0.0);
-}
-
-void print_fits(const MachineProfile& p, const std::string& path) {
-  for (const CommFit& f : p.comm)
-    std::printf(
-        "  %-14s %2d rank(s), %2d per node, %2d on the host: alpha %8.1f us, beta %8.3f GB/s "
-        "(%d points, max error %.0f%%)\n",
-        f.op.c_str(), f.ranks, f.ranks_per_node, f.host_ranks, f.alpha_s * 1e6,
-        f.beta_bytes_per_s / 1e9, f.points, 100 * f.max_rel_error);
-  std::printf("calibrate: profile %s: %zu compute entries, %zu comm fits\n", path.c_str(),
-              p.compute.size(), p.comm.size());
-}
-
-void print_profile(const MachineProfile& p, const std::vector<ComputeEntry>& entries,
-                   const std::string& path) {
-  for (const ComputeEntry& e : entries) print_entry(e);
-  print_fits(p, path);
-}
-
-// The median of each timed field over the entries of one configuration (its runs: repeats, or
-// several strategies' runs of one shape), so that one slow run on a busy machine does not move it.
-ComputeEntry median_entry(const std::vector<ComputeEntry>& v) {
-  ComputeEntry m = v.front();
-  const auto out = timed_fields(m);
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    std::vector<double> values;
-    for (ComputeEntry e : v) values.push_back(*timed_fields(e)[i]);
-    *out[i] = percentile(values, 0.5);
-  }
-  return m;
-}
-
 bool same_point(const CommSample& a, const CommSample& b) {
   return a.op == b.op && a.ranks == b.ranks && a.ranks_per_node == b.ranks_per_node &&
          a.host_ranks == b.host_ranks && a.bytes == b.bytes;
@@ -278,6 +232,77 @@ std::vector<CommSample> median_samples(const std::vector<std::vector<CommSample>
   }
   for (std::size_t i = 0; i < out.size(); ++i) out[i].time_s = percentile(times[i], 0.5);
   return out;
+}
+
+// What runner --calibrate measures on this allocation: the compute entry and the comm samples.
+struct Measured {
+  ComputeEntry entry;
+  std::vector<CommSample> samples;
+};
+
+// kCalibrationRounds rounds of every measure (the compute passes, then the collectives), one
+// round after the other, so that a slow spell of a shared machine lands on one round of each
+// measure rather than on all of one. Each compute field is the median over the rounds (each round
+// the slowest rank's) and pass_spread says how far apart the rounds' micro-batch passes lay; each
+// comm point is the median of its rounds.
+Measured measure_rounds(const RunConfig& config, CoreContext& ctx, CommLedger& ledger,
+                        int threads) {
+  // 256 and 512 KiB beside the powers of 16: Open MPI's shared-memory all-reduce on 2 ranks here
+  // took 83 us at 512 KiB and 2.6 ms at 1 MiB (a protocol switch), so a line from 64 KiB to 1 MiB
+  // put a 471 KiB all-reduce at 1.1 ms instead of 0.08.
+  const std::vector<std::size_t> sizes = {4u << 10,   64u << 10, 256u << 10,
+                                          512u << 10, 1u << 20,  16u << 20};
+  RunRecord as_run;  // the points, with the mesh they were measured on (samples_from_run)
+  as_run.ranks = mpi::world_size();
+  as_run.config = config.resolved(&as_run.config_types);
+  std::vector<ComputeEntry> rounds;
+  std::vector<double> passes;
+  std::vector<std::vector<CommSample>> comm_rounds;
+  for (int i = 0; i < kCalibrationRounds; ++i) {
+    rounds.push_back(measure_compute(config, ctx, threads));
+    max_over_ranks(rounds.back());
+    passes.push_back(pass_seconds(rounds.back()));
+    as_run.calibration = calibrate_comm(ctx, ledger, sizes, kCalibrationIterations);
+    comm_rounds.push_back(samples_from_run(as_run));
+  }
+  Measured m{median_entry(rounds), median_samples(comm_rounds)};
+  const auto [low, high] = std::minmax_element(passes.begin(), passes.end());
+  m.entry.pass_spread = (*high - *low) / percentile(passes, 0.5);
+  for (CommSample& s : m.samples) s.host_ranks = m.entry.ranks_per_node;  // ranks on this host
+  return m;
+}
+
+void print_entry(const ComputeEntry& e) {
+  std::printf(
+      "calibrate: %s, micro-batch %d, tp %d, %s %s, %d thread(s) x %d rank(s) on the host (ms):\n",
+      e.model.preset.c_str(), e.micro_batch, e.tp, e.device.c_str(), e.precision.c_str(), e.threads,
+      e.ranks_per_node);
+  std::printf(
+      "  embedding fwd %.3f bwd %.3f | block fwd %.3f bwd %.3f (+%.3f full, +%.3f "
+      "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param | new memory %.2f GB/s | "
+      "copies %.2f GB/s | rounds' spread %.1f%%\n",
+      e.embedding_forward_s * 1e3, e.embedding_backward_s * 1e3, e.block_forward_s * 1e3,
+      e.block_backward_s * 1e3, e.block_recompute_full_s * 1e3, e.block_recompute_selective_s * 1e3,
+      e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
+      e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
+      e.copy_s_per_byte > 0 ? 1e-9 / e.copy_s_per_byte : 0.0, 100 * e.pass_spread);
+}
+
+void print_fits(const MachineProfile& p, const std::string& path) {
+  for (const CommFit& f : p.comm)
+    std::printf(
+        "  %-14s %2d rank(s), %2d per node, %2d on the host: alpha %8.1f us, beta %8.3f GB/s "
+        "(%d points, max error %.0f%%)\n",
+        f.op.c_str(), f.ranks, f.ranks_per_node, f.host_ranks, f.alpha_s * 1e6,
+        f.beta_bytes_per_s / 1e9, f.points, 100 * f.max_rel_error);
+  std::printf("calibrate: profile %s: %zu compute entries, %zu comm fits\n", path.c_str(),
+              p.compute.size(), p.comm.size());
+}
+
+void print_profile(const MachineProfile& p, const std::vector<ComputeEntry>& entries,
+                   const std::string& path) {
+  for (const ComputeEntry& e : entries) print_entry(e);
+  print_fits(p, path);
 }
 
 // Each sharded run's new-buffer rate (the one for which the predictor gives its step); the median
@@ -392,18 +417,12 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   const PeakFlops peak = resolve_peak_flops(config);  // collective: the node's, cached
   CommLedger ledger;
   CoreContext ctx(config, ledger);
-  ComputeEntry entry = measure_compute(config, ctx, threads_per_rank);
-  max_over_ranks(entry);
-  std::vector<ComputeEntry> entries{entry};
+  const Measured measured = measure_rounds(config, ctx, ledger, threads_per_rank);
+  std::vector<ComputeEntry> entries{measured.entry};
   if (config.mesh.tp > 1) {  // with a tp group: its ranks' own passes too
-    entries.push_back(measure_tensor_parallel(config, ctx, entry));
+    entries.push_back(measure_tensor_parallel(config, ctx, measured.entry));
     max_over_ranks(entries.back());
   }
-  const std::vector<std::size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20};
-  RunRecord as_run;  // the points, with the mesh they were measured on (samples_from_run)
-  as_run.ranks = mpi::world_size();
-  as_run.config = config.resolved(&as_run.config_types);
-  as_run.calibration = calibrate_comm(ctx, ledger, sizes, kCalibrationIterations);
   if (mpi::world_rank() != 0) return;
 
   MachineProfile more;
@@ -411,8 +430,7 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   more.host = mpi::processor_name();
   more.node_peak_flops = peak.node;
   more.compute = entries;
-  more.samples = samples_from_run(as_run);
-  for (CommSample& s : more.samples) s.host_ranks = entry.ranks_per_node;  // ranks on this host
+  more.samples = measured.samples;
   more.description = "runner --calibrate on " + more.host + " (" + config.transport + ")";
   const MachineProfile profile = merge_into_file(config, more);
   print_profile(profile, entries, config.profile);

@@ -6,6 +6,8 @@
 //            kComputeIterations after a warm-up, the slowest rank's; AdamW per parameter
 //   comm     --calibrate-comm's measurement (calibrate.hpp) at 4 KiB .. 16 MiB on every mesh
 //            group of more than one rank, fitted per op and group shape
+// Compute and comm are measured in kCalibrationRounds rounds, one after the other; the median of
+// the rounds is kept, and the compute entry's pass_spread says how far apart they lay.
 // A few seconds on the small model. CPU only in this first landing.
 #pragma once
 #include <functional>
@@ -18,7 +20,8 @@
 
 namespace strata {
 
-inline constexpr int kComputeIterations = 5;
+inline constexpr int kComputeIterations = 3;
+inline constexpr int kCalibrationRounds = 3;
 
 // Collective over the world (after MPI init). Rank 0 writes the merged profile and prints it.
 void calibrate_machine(const RunConfig& config, int threads_per_rank);

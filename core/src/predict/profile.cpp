@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "strata/comm.hpp"
+#include "summary.hpp"
 
 namespace strata {
 namespace {
@@ -66,6 +67,23 @@ std::array<double*, 11> timed_fields(ComputeEntry& e) {
           &e.block_recompute_full_s, &e.block_recompute_selective_s,
           &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte,
           &e.copy_s_per_byte};
+}
+
+double pass_seconds(const ComputeEntry& e) {
+  return e.embedding_forward_s + e.embedding_backward_s +
+         e.model.layers * (e.block_forward_s + e.block_backward_s) + e.head_forward_s +
+         e.head_backward_s;
+}
+
+ComputeEntry median_entry(const std::vector<ComputeEntry>& entries) {
+  ComputeEntry m = entries.front();
+  const auto out = timed_fields(m);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> values;
+    for (ComputeEntry e : entries) values.push_back(*timed_fields(e)[i]);
+    *out[i] = percentile(values, 0.5);
+  }
+  return m;
 }
 
 void split_passes_by_flops(ComputeEntry& e, const ModelSpec& model, double forward_s,

@@ -43,7 +43,18 @@ struct ComputeEntry {
   // A copy between buffers that stay (offload's device<->host transfers), s per byte copied; 0:
   // not measured (files before it; profiles from runs), so offload has no time model.
   double copy_s_per_byte = 0;
+  // How far apart runner --calibrate's rounds measured one micro-batch's passes (all units,
+  // forward and backward): (max - min) / median; 0: not measured (profiles from runs, files
+  // before it). A study's second calibration that moved more than this is flagged.
+  double pass_spread = 0;
 };
+
+// Seconds of one micro-batch's passes through every unit, forward and backward (no recompute).
+double pass_seconds(const ComputeEntry& e);
+
+// The median of each timed field (timed_fields) over entries of one configuration, the others
+// from the first: one slow measurement on a busy machine does not move it.
+ComputeEntry median_entry(const std::vector<ComputeEntry>& entries);
 
 // Forward FLOPs of one token through a unit, as ModelSpec::flops_per_token counts them (a block's
 // GEMMs 24 h^2 and its attention 4 h T; the LM head 2 h V); the embedding's lookup as h.

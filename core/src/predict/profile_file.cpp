@@ -137,7 +137,8 @@ const std::vector<Column<ComputeEntry>>& compute_columns() {
                                            NUM(E, block_recompute_selective_s, "s"),
                                            NUM(E, optimizer_s_per_param, "s/param"),
                                            NUM(E, fresh_memory_s_per_byte, "s/byte"),
-                                           NUM(E, copy_s_per_byte, "s/byte")};
+                                           NUM(E, copy_s_per_byte, "s/byte"),
+                                           NUM(E, pass_spread, "1")};
   return c;
 }
 const std::vector<Column<CommSample>>& sample_columns() {
@@ -195,9 +196,11 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
   bool sized = false;
   for (const Column<Row>& c : columns) {
     const std::string path = column_path(table, c.name);
-    // Columns added after the first files (copy_s_per_byte, host_ranks, tp) may be missing: they
-    // keep the row's default (0; tp 1).
-    if (sized && (c.name == "copy_s_per_byte" || c.name == "host_ranks" || c.name == "tp") &&
+    // Columns added after the first files (copy_s_per_byte, host_ranks, tp, pass_spread) may be
+    // missing: they keep the row's default (0; tp 1).
+    if (sized &&
+        (c.name == "copy_s_per_byte" || c.name == "host_ranks" || c.name == "tp" ||
+         c.name == "pass_spread") &&
         H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
       continue;
     std::vector<double> v;
