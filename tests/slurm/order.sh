@@ -7,9 +7,11 @@
 set -u
 src=$1 runner=$2 work=$3
 source "$(dirname "${BASH_SOURCE[0]}")/checks.sh" "$work"
-study_file() {  # study_file NAME: four configurations, two repeats, seed 7
-  cat > "$work/$1.study" <<STUDY
-STRATA_STUDY=$1
+study_file() {  # study_file NAME [KEY=VALUE...]: four configurations, two repeats, seed 7
+  local name=$1; shift
+  {
+    cat <<STUDY
+STRATA_STUDY=$name
 STRATA_STRATEGIES=ddp,zero1,zero2,zero3
 STRATA_NODES=1
 STRATA_RANKS_PER_NODE=1
@@ -20,6 +22,8 @@ STRATA_REPEATS=2
 STRATA_ORDER_SEED=7
 STRATA_RUNNER_ARGS=--blas-threads 1 --warmup 1
 STUDY
+    printf '%s\n' "$@"  # later lines override earlier ones
+  } > "$work/$name.study"
 }
 # The run ids in the order the study started them (its k/N lines).
 started() { grep -oE "run [0-9]+/8 [^ ]+" "$work/$1.log" | awk '{print $3}' | tr '\n' ' '; }
@@ -48,18 +52,7 @@ table=$("$src/results/summary" "$work/first") || fail "results/summary exit $?"
 [[ $(grep -cE "^  (ddp|zero1|zero2|zero3) dp1.tp1.pp1 1x1 tiny .*: 2 runs, tokens/s median " <<< "$table") -eq 4 ]] \
   && ok || { echo "$table"; fail "no median over repeats for each of the 4 configurations"; }
 # STRATA_REPEAT_NODES: only the 1-node configurations are repeated, the 2-node ones run once.
-cat > "$work/shapes.study" <<STUDY
-STRATA_STUDY=shapes
-STRATA_STRATEGIES=ddp,zero1
-STRATA_NODES=1,2
-STRATA_RANKS_PER_NODE=1
-STRATA_MODEL=tiny
-STRATA_STEPS=3
-STRATA_MICRO_BATCH=2
-STRATA_REPEATS=2
-STRATA_REPEAT_NODES=1
-STRATA_RUNNER_ARGS=--blas-threads 1 --warmup 1
-STUDY
+study_file shapes STRATA_STRATEGIES=ddp,zero1 STRATA_NODES=1,2 STRATA_REPEAT_NODES=1
 run_study "$work/shapes.study"
 ((code == 0)) && ok || fail "the shapes study exited $code"
 ids=$(grep -oE "run [0-9]+/6 [^ ]+" "$work/study.log" | awk '{print $3}' | sort | tr '\n' ' ')

@@ -200,11 +200,6 @@ void max_over_ranks(ComputeEntry& e) {
   for (std::size_t i = 0; i < v.size(); ++i) *fields[i] = v[i];
 }
 
-bool same_point(const CommSample& a, const CommSample& b) {
-  return a.op == b.op && a.ranks == b.ranks && a.ranks_per_node == b.ranks_per_node &&
-         a.host_ranks == b.host_ranks && a.bytes == b.bytes;
-}
-
 // One comm sample per op, group shape, ranks on the host and size: within a run the faster of
 // its groups of one shape (as the fit takes them), then over runs (repeats) the median time, so
 // that one slow run does not move it (merge_profile would keep only the last).

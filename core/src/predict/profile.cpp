@@ -142,6 +142,11 @@ void refit_comm(MachineProfile& profile) {
   }
 }
 
+bool same_point(const CommSample& a, const CommSample& b) {
+  return a.op == b.op && a.ranks == b.ranks && a.ranks_per_node == b.ranks_per_node &&
+         a.host_ranks == b.host_ranks && a.bytes == b.bytes;
+}
+
 void merge_profile(MachineProfile& profile, const MachineProfile& more) {
   for (const ComputeEntry& e : more.compute) {
     std::erase_if(profile.compute,
@@ -149,10 +154,7 @@ void merge_profile(MachineProfile& profile, const MachineProfile& more) {
     profile.compute.push_back(e);
   }
   for (const CommSample& s : more.samples) {
-    std::erase_if(profile.samples, [&](const CommSample& old) {
-      return old.op == s.op && old.ranks == s.ranks && old.ranks_per_node == s.ranks_per_node &&
-             old.host_ranks == s.host_ranks && old.bytes == s.bytes;
-    });
+    std::erase_if(profile.samples, [&](const CommSample& old) { return same_point(old, s); });
     profile.samples.push_back(s);
   }
   if (more.node_peak_flops > 0) profile.node_peak_flops = more.node_peak_flops;

@@ -87,6 +87,9 @@ struct CommSample {
   int host_ranks = 0;
 };
 
+// Whether two samples measure one point: op, group shape, ranks on the host and bytes.
+bool same_point(const CommSample& a, const CommSample& b);
+
 // time(bytes) = alpha_s + bytes / beta, for `op` on groups of `ranks` ranks, `ranks_per_node` of
 // them on each node (ranks_per_node == ranks: inside one node; 1: one rank per node).
 struct CommFit {
