@@ -89,7 +89,9 @@ row() {
   mfu=$(sed -nE 's/.*MFU ([0-9.]+)%.*/\1/p' "$out")
   peak=$(sed -nE 's/^ +device peak ([^ ]+ [A-Za-z]+) =.*/\1/p' "$out")
   say "| $label | $tput | $p50 | $mfu% | $peak |"
+  p50_of[$label]=$p50
 }
+declare -A p50_of
 say ""
 say "## One rank, 12 steps (4 warm-up)"
 say ""
@@ -119,6 +121,52 @@ if [ -s "$work/failures.txt" ]; then
   say '```'
 fi
 echo "gpu-check: runs done at $(elapsed) s"
+
+# --- Predicted step times -----------------------------------------------------------------------
+# predicted LABEL PROFILE ARGS...: the dry run's step against the measured row LABEL.
+predicted() {
+  local label=$1 profile=$2
+  shift 2
+  local step how
+  step=$("$runner" --dry-run --device cuda --transport nccl --profile "$profile" "$@" 2>&1 |
+    sed -nE 's/^  step +([0-9.]+) ms$/\1/p')
+  how=$("$runner" --dry-run --device cuda --transport nccl --profile "$profile" "$@" 2>&1 |
+    sed -nE 's/^  assumptions: //p' | cut -c1-110)
+  local measured=${p50_of[$label]:-}
+  if [ -n "$step" ] && [ -n "$measured" ]; then
+    say "| $label | $(basename "$profile") | $step | $measured | $(awk -v p="$step" -v m="$measured" \
+      'BEGIN { printf "%+.1f%%", 100 * (p / m - 1) }') | $how |"
+  else
+    say "| $label | $(basename "$profile") | ${step:-none} | ${measured:-none} | | $how |"
+  fi
+}
+say ""
+say "## Predicted against measured (issue 27 item 6: GEMM time by shape)"
+say ""
+say "| run | profile | predicted ms | measured ms | error | assumptions |"
+say "|---|---|---|---|---|---|"
+"$runner" --calibrate --calibrate-from profiles/h100-sxm-published.txt --profile "$work/published.h5" \
+  >/dev/null 2>&1
+predicted "gpt2-124m bf16 mb 8 ddp" "$work/published.h5" "${gpt2[@]}" --precision bf16 --micro-batch 8
+if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
+  # A profile calibrated on gpt2-124m (its GEMM sweep through cuBLASLt) carried to the 1.3B shape.
+  timeout 150 "$runner" --calibrate --device cuda --transport nccl --profile "$work/gpt2.h5" \
+    "${gpt2[@]}" --precision bf16 --micro-batch 8 >"$work/calibrate.txt" 2>&1 ||
+    tail -n 5 "$work/calibrate.txt" >>"$report"
+  predicted "gpt2-124m bf16 mb 8 ddp" "$work/gpt2.h5" "${gpt2[@]}" --precision bf16 --micro-batch 8
+  predicted "1.3B bf16 mb 4 ddp" "$work/gpt2.h5" "${xl[@]}" --plugin ddp --precision bf16 \
+    --micro-batch 4
+  predicted "1.3B bf16 mb 4 ddp" "$work/published.h5" "${xl[@]}" --plugin ddp --precision bf16 \
+    --micro-batch 4
+fi
+if [ -s "$work/calibrate.txt" ]; then
+  say ""
+  say "The calibration's GEMM sweep:"
+  say '```'
+  grep -E "GEMM sweep|block fwd" "$work/calibrate.txt" | cut -c1-200 >>"$report"
+  say '```'
+fi
+echo "gpu-check: predictions done at $(elapsed) s"
 
 # --- Kernel benchmarks --------------------------------------------------------------------------
 say ""

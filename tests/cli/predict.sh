@@ -55,8 +55,12 @@ out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --micro-
 grep -q "^  step " <<<"$out" && grep -q "sp: the tp collectives" <<<"$out" || { echo "$out"; fail "tp sp=on"; }
 out=$("$runner" --dry-run --profile "$profile" --plugin tp --model tiny --micro-batch 4 --global-batch 8 --mesh dp=2 --ranks-per-node 2 --plugin-opt dp=fsdp)
 grep -q "^  step " <<<"$out" || { echo "$out"; fail "tp dp=fsdp"; }
-# Beyond the profile: a model shape it never saw: said, not guessed.
+# Beyond the profile: a model shape it never saw, carried from tiny by the calibration's GEMM
+# sweep (cli.predict_shape checks the accuracy); another precision is said, not guessed.
 out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --ranks-per-node 2)
+grep -q "carried from the tiny entry (h 64, 2 layers) by its GEMM sweep" <<<"$out" \
+  && grep -qE "^  step +[0-9.]+ ms$" <<<"$out" || { echo "$out"; fail "another shape by the sweep"; }
+out=$("$runner" --dry-run --profile "$profile" --plugin ddp --model small --ranks-per-node 2 --precision bf16)
 grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$out"; fail "unknown shape"; }
 # A profile from a finished run, without measuring again: the comm samples of its /calibration
 # (--calibrate-comm) and a compute entry from its phase timers (test_profile_from_runs has the

@@ -246,6 +246,18 @@ TEST(PublishedProfile, TableGivesComputeAndFitsAndRefusesBadLines) {
   const StepTime t = predict_step_time(p, q);
   ASSERT_TRUE(t.modelled) << t.why;
   EXPECT_NEAR(t.mfu, t.tokens_per_s * tiny().flops_per_token() / 100e12, 1e-12);
+  // Without sm_count other shapes scale by FLOPs; with it, by the GEMM roofline (gemm_model).
+  EXPECT_EQ(p.roofline.flops_per_s, 0);
+  write(table + "sm_count 4\n");
+  const MachineProfile r = profile_from_table(path.string());
+  EXPECT_EQ(r.roofline.flops_per_s, 50e12);
+  EXPECT_EQ(r.roofline.bytes_per_s, 1e12);
+  EXPECT_EQ(r.roofline.sms, 4);
+  ModelSpec wide = tiny();
+  wide.preset = "custom", wide.hidden = 128;
+  std::string how;
+  ASSERT_TRUE(find_compute(r, wide, 2, "cuda", "bf16", 1, 4, &how));
+  EXPECT_NE(how.find("by the GEMM roofline (4 SMs, 128x128 tiles)"), std::string::npos) << how;
   for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
            {table + "colour blue\n", "line 21: unknown key 'colour'"},
            {table + "gemm_efficiency fast\n", "gemm_efficiency must be a positive number"},

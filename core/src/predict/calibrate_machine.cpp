@@ -10,7 +10,9 @@
 #include "calibrate.hpp"
 #include "comm/mpi_transport.hpp"
 #include "core_context.hpp"
+#include "kernels.hpp"
 #include "node_peak.hpp"
+#include "predict/gemm_model.hpp"
 #include "predict/predictor.hpp"
 #include "predict/profile.hpp"
 #include "predict/profile_from_runs.hpp"
@@ -191,6 +193,69 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
   return e;
 }
 
+// Seconds of one GEMM of the sweep on this rank, through the kernels the model passes call for
+// the precision (fp32: matmul_forward, matmul_backward; bf16: its forward and the two GEMMs of its
+// backward), on buffers of a small constant (written, so their pages are in). One call: the
+// median over the calibration's rounds is what is kept.
+double time_gemm(CoreContext& ctx, const GemmSample& s) {
+  Kernels& k = device_kernels(ctx.memory().device());
+  MemoryLedger& mem = ctx.memory();
+  const bool in_bf16 = s.precision == "bf16";
+  const DType op = in_bf16 ? DType::bf16 : DType::f32;
+  const std::size_t m = std::size_t(s.m), n = std::size_t(s.n), kk = std::size_t(s.k);
+  DeviceBuffer in{mem, MemTag::workspace, op, m * kk}, w{mem, MemTag::workspace, op, n * kk};
+  DeviceBuffer dout{mem, MemTag::workspace, op, m * n};
+  DeviceBuffer out{mem, MemTag::workspace, DType::f32, m * n};
+  DeviceBuffer din{mem, MemTag::workspace, DType::f32, m * kk};
+  DeviceBuffer dw{mem, MemTag::workspace, DType::f32, n * kk};
+  for (BufferView v : {in.view(), w.view(), dout.view(), out.view(), din.view(), dw.view()})
+    ctx.ops().fill(v, 0.01);
+  const std::size_t pad_bytes =
+      in_bf16
+          ? std::max({k.gemm_bf16_scratchpad_bytes(false, true, s.m, s.n, s.k, DType::f32, false),
+                      k.gemm_bf16_scratchpad_bytes(false, false, s.m, s.k, s.n, DType::f32, false),
+                      k.gemm_bf16_scratchpad_bytes(true, false, s.n, s.k, s.m, DType::f32, true)})
+          : 0;
+  DeviceBuffer pad{mem, MemTag::workspace, DType::u8, std::max<std::size_t>(pad_bytes, 1)};
+  const auto* a = static_cast<const bf16*>(in.view().data);
+  const auto* b = static_cast<const bf16*>(w.view().data);
+  const auto* d = static_cast<const bf16*>(dout.view().data);
+  auto* o = static_cast<float*>(out.view().data);
+  auto* di = static_cast<float*>(din.view().data);
+  auto* dwp = static_cast<float*>(dw.view().data);
+  void* p = pad.view().data;
+  auto run = [&] {
+    const bool forward = s.pass == "forward";
+    if (!in_bf16 && forward)
+      k.matmul_forward(o, reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b),
+                       nullptr, s.m, s.k, s.n);
+    else if (!in_bf16)
+      k.matmul_backward(di, dwp, nullptr, reinterpret_cast<const float*>(d),
+                        reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b), s.m,
+                        s.k, s.n);
+    else if (forward)
+      k.matmul_bf16_forward(o, nullptr, a, b, nullptr, s.m, s.k, s.n, p, pad_bytes);
+    else {
+      k.gemm_bf16(false, false, s.m, s.k, s.n, d, b, di, DType::f32, false, p, pad_bytes);
+      k.gemm_bf16(true, false, s.n, s.k, s.m, d, a, dwp, DType::f32, true, p, pad_bytes);
+    }
+  };
+  const double t0 = settled_now(ctx);
+  run();
+  return settled_now(ctx) - t0;
+}
+
+// The sweep of an entry's conditions (gemm_sweep_shapes), each GEMM the slowest rank's.
+std::vector<GemmSample> measure_gemms(CoreContext& ctx, const ComputeEntry& e) {
+  std::vector<GemmSample> sweep = gemm_sweep_shapes(e);
+  time_gemm(ctx, sweep.front());  // the BLAS's (cuBLASLt's) set-up outside the times
+  std::vector<double> times;
+  for (const GemmSample& s : sweep) times.push_back(time_gemm(ctx, s));
+  mpi::control_allreduce_max(times.data(), int(times.size()));
+  for (std::size_t i = 0; i < sweep.size(); ++i) sweep[i].time_s = times[i];
+  return sweep;
+}
+
 // The slowest rank's times: every field of the entry reduced with max over the world.
 void max_over_ranks(ComputeEntry& e) {
   const auto fields = timed_fields(e);
@@ -233,6 +298,7 @@ std::vector<CommSample> median_samples(const std::vector<std::vector<CommSample>
 struct Measured {
   ComputeEntry entry;
   std::vector<CommSample> samples;
+  std::vector<GemmSample> gemms;
 };
 
 // kCalibrationRounds rounds of every measure (the compute passes, then the collectives), one
@@ -253,14 +319,21 @@ Measured measure_rounds(const RunConfig& config, CoreContext& ctx, CommLedger& l
   std::vector<ComputeEntry> rounds;
   std::vector<double> passes;
   std::vector<std::vector<CommSample>> comm_rounds;
+  std::vector<std::vector<GemmSample>> gemm_rounds;
   for (int i = 0; i < kCalibrationRounds; ++i) {
     rounds.push_back(measure_compute(config, ctx, threads));
     max_over_ranks(rounds.back());
     passes.push_back(pass_seconds(rounds.back()));
+    gemm_rounds.push_back(measure_gemms(ctx, rounds.back()));
     as_run.calibration = calibrate_comm(ctx, ledger, sizes, kCalibrationIterations);
     comm_rounds.push_back(samples_from_run(as_run));
   }
-  Measured m{median_entry(rounds), median_samples(comm_rounds)};
+  Measured m{median_entry(rounds), median_samples(comm_rounds), gemm_rounds.front()};
+  for (std::size_t g = 0; g < m.gemms.size(); ++g) {  // the median over the rounds
+    std::vector<double> t;
+    for (const auto& round : gemm_rounds) t.push_back(round[g].time_s);
+    m.gemms[g].time_s = percentile(t, 0.5);
+  }
   const auto [low, high] = std::minmax_element(passes.begin(), passes.end());
   m.entry.pass_spread = (*high - *low) / percentile(passes, 0.5);
   for (CommSample& s : m.samples) s.host_ranks = m.entry.ranks_per_node;  // ranks on this host
@@ -281,6 +354,23 @@ void print_entry(const ComputeEntry& e) {
       e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
       e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
       e.copy_s_per_byte > 0 ? 1e-9 / e.copy_s_per_byte : 0.0, 100 * e.pass_spread);
+}
+
+// The sweep's rates, forward and backward, from its smallest to its largest GEMM.
+void print_sweep(const std::vector<GemmSample>& sweep) {
+  for (const char* pass : {"forward", "backward"}) {
+    std::vector<const GemmSample*> of;
+    for (const GemmSample& s : sweep)
+      if (s.pass == pass) of.push_back(&s);
+    if (of.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(
+        of.begin(), of.end(), [](auto* a, auto* b) { return a->flops() < b->flops(); });
+    auto rate = [](const GemmSample* s) { return s->flops() / s->time_s / 1e9; };
+    std::printf(
+        "  GEMM sweep %-8s %zu shapes: %.1f GFLOP/s (%dx%dx%d) to %.1f GFLOP/s (%dx%dx%d)\n", pass,
+        of.size(), rate(*lo), (*lo)->m, (*lo)->n, (*lo)->k, rate(*hi), (*hi)->m, (*hi)->n,
+        (*hi)->k);
+  }
 }
 
 void print_fits(const MachineProfile& p, const std::string& path) {
@@ -426,6 +516,8 @@ void calibrate_machine(const RunConfig& config, int threads_per_rank) {
   more.node_peak_flops = peak.node;
   more.compute = entries;
   more.samples = measured.samples;
+  more.gemms = measured.gemms;
+  print_sweep(measured.gemms);
   more.description = "runner --calibrate on " + more.host + " (" + config.transport + ")";
   const MachineProfile profile = merge_into_file(config, more);
   print_profile(profile, entries, config.profile);

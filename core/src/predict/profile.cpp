@@ -7,6 +7,7 @@
 #include <map>
 #include <tuple>
 
+#include "predict/gemm_model.hpp"
 #include "strata/comm.hpp"
 #include "summary.hpp"
 
@@ -142,6 +143,12 @@ void refit_comm(MachineProfile& profile) {
   }
 }
 
+bool same_gemm(const GemmSample& a, const GemmSample& b) {
+  return a.device == b.device && a.precision == b.precision && a.threads == b.threads &&
+         a.ranks_per_node == b.ranks_per_node && a.pass == b.pass && a.m == b.m && a.n == b.n &&
+         a.k == b.k;
+}
+
 bool same_point(const CommSample& a, const CommSample& b) {
   return a.op == b.op && a.ranks == b.ranks && a.ranks_per_node == b.ranks_per_node &&
          a.host_ranks == b.host_ranks && a.bytes == b.bytes;
@@ -157,7 +164,12 @@ void merge_profile(MachineProfile& profile, const MachineProfile& more) {
     std::erase_if(profile.samples, [&](const CommSample& old) { return same_point(old, s); });
     profile.samples.push_back(s);
   }
+  for (const GemmSample& g : more.gemms) {
+    std::erase_if(profile.gemms, [&](const GemmSample& old) { return same_gemm(old, g); });
+    profile.gemms.push_back(g);
+  }
   if (more.node_peak_flops > 0) profile.node_peak_flops = more.node_peak_flops;
+  if (more.roofline.flops_per_s > 0) profile.roofline = more.roofline;
   if (!more.host.empty()) profile.host = more.host;
   if (!more.created_utc.empty()) profile.created_utc = more.created_utc;
   refit_comm(profile);
@@ -217,12 +229,13 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
                                          int ranks_per_node, std::string* how, int tp) {
   const ComputeEntry* best = nullptr;
   std::tuple<int, int, int, int, int> best_distance{};
-  // Measured profiles answer only for shapes they measured; a published one's achieved rate
-  // carries to any shape (FLOP-proportional, the entry with the nearest FLOPs per token).
-  const bool any_shape = p.source == "published";
+  // Measured entries answer for their own shape, or for another one by their GEMM sweep; a
+  // published profile's for any shape (its roofline). Among those, the nearest FLOPs per token.
+  const bool published = p.source == "published";
   for (const ComputeEntry& e : p.compute) {
     const bool same = shape_key(e.model) == shape_key(model);
-    if ((!same && !any_shape) || e.device != device || e.precision != precision) continue;
+    const bool carried = published || (e.tp == 1 && !sweep_of(p, e).empty());
+    if ((!same && !carried) || e.device != device || e.precision != precision) continue;
     const double flop_gap = std::abs(std::log(e.model.flops_per_token() / model.flops_per_token()));
     if (e.tp != 1 && e.tp != tp) continue;  // another tp's passes say nothing of this one's
     const std::tuple<int, int, int, int, int> d{
@@ -235,8 +248,25 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
   std::string differs;
   auto note = [&](const std::string& s) { differs += (differs.empty() ? "" : ", ") + s; };
   if (shape_key(e.model) != shape_key(model)) {
-    note("compute scaled FLOP-proportionally from the " + e.model.preset + " entry");
-    scale_to_shape(e, model);
+    if (!published) {
+      const std::vector<GemmSample> sweep = sweep_of(p, e);
+      note("compute carried from the " + e.model.preset + " entry (h " +
+           std::to_string(e.model.hidden) + ", " + std::to_string(e.model.layers) +
+           " layers) by its GEMM sweep");
+      carry_by_gemms(e, model, micro_batch, [&](const std::string& pass, int m, int n, int k) {
+        return sweep_gemm_seconds(sweep, pass, m, n, k);
+      });
+    } else if (p.roofline.flops_per_s > 0) {
+      note("compute carried from the " + e.model.preset + " entry by the GEMM roofline (" +
+           std::to_string(p.roofline.sms) + " SMs, " + std::to_string(p.roofline.tile) + "x" +
+           std::to_string(p.roofline.tile) + " tiles)");
+      carry_by_gemms(e, model, micro_batch, [&](const std::string& pass, int m, int n, int k) {
+        return p.roofline.seconds(pass, m, n, k);
+      });
+    } else {
+      note("compute scaled FLOP-proportionally from the " + e.model.preset + " entry");
+      scale_to_shape(e, model);
+    }
   }
   if (e.threads != threads) note("measured with " + std::to_string(e.threads) + " thread(s)");
   if (e.ranks_per_node != ranks_per_node)

@@ -103,6 +103,41 @@ struct CommFit {
   double time_s(double bytes) const { return alpha_s + bytes / beta_bytes_per_s; }
 };
 
+// One GEMM of runner --calibrate's sweep: a linear layer's forward, out[m,n] = in[m,k] W[n,k]^T,
+// or its backward (d(in) and d(W) together), through the kernels the model passes call; the
+// median over the rounds of the slowest rank's seconds. Its conditions (device, precision, BLAS
+// threads, ranks computing on the host) are those of the compute entry measured with it.
+struct GemmSample {
+  std::string device = "cpu";
+  std::string precision = "fp32";
+  int threads = 1, ranks_per_node = 1;
+  std::string pass = "forward";  // forward | backward
+  int m = 0, n = 0, k = 0;
+  double time_s = 0;
+  double flops() const {
+    return (pass == "forward" ? 2.0 : 4.0) * double(m) * double(n) * double(k);
+  }
+};
+
+// Whether two samples measure one GEMM under one set of conditions.
+bool same_gemm(const GemmSample& a, const GemmSample& b);
+
+// A published profile's GEMM time by shape, a model with its assumptions stated (gemm_model.cpp):
+// output tiles of tile x tile elements run in waves over the device's SMs, each wave taking one
+// full tile's FLOPs at one SM's share of flops_per_s (partial tiles and a last partial wave cost a
+// whole one: tile and wave quantization), unless moving the operands and the result once at
+// bytes_per_s takes longer (a roofline of arithmetic intensity against HBM bandwidth).
+struct GemmRoofline {
+  double flops_per_s = 0;  // one device's achieved dense rate (peak x gemm_efficiency); 0: none
+  double bytes_per_s = 0;  // its achieved memory bandwidth (HBM x memory_efficiency)
+  int sms = 0;             // streaming multiprocessors
+  int tile = 128;          // output tile edge (cuBLAS's and CUTLASS's common 128 x 128)
+  double element_bytes = 2;
+  // Seconds of a linear layer's forward out[m,n] = in[m,k] W[n,k]^T, or of its backward (the two
+  // GEMMs d(in)[m,k] and d(W)[n,k]).
+  double seconds(const std::string& pass, int m, int n, int k) const;
+};
+
 struct MachineProfile {
   std::string source = "measured";  // measured | published | synthetic
   std::string description;          // what machine, how made
@@ -112,6 +147,10 @@ struct MachineProfile {
   std::vector<ComputeEntry> compute;
   std::vector<CommSample> samples;
   std::vector<CommFit> comm;  // fit_comm(samples), plus fits given directly (published figures)
+  // runner --calibrate's GEMM sweep (empty: files before it, profiles from runs): what lets a
+  // measured entry answer for another model shape (find_compute, gemm_model.hpp).
+  std::vector<GemmSample> gemms;
+  GemmRoofline roofline;  // published profiles with the device's SM count (flops_per_s > 0)
 };
 
 // Whether two entries describe one configuration (shape, micro-batch, device, precision, threads,
@@ -126,8 +165,9 @@ CommFit fit_alpha_beta(const std::vector<CommSample>& points);
 // Replaces the fits of every (op, ranks, ranks_per_node) that has samples by a fit of them.
 void refit_comm(MachineProfile& profile);
 
-// Adds samples and compute entries of `more` to `profile`; an entry for the same configuration
-// (or a sample for the same op, shape and bytes) replaces the old one. Then refits.
+// Adds samples, GEMMs and compute entries of `more` to `profile`; an entry for the same
+// configuration (or a sample for the same op, shape and bytes; a GEMM of the same shape and
+// conditions) replaces the old one. Then refits.
 void merge_profile(MachineProfile& profile, const MachineProfile& more);
 
 // Comm samples from a run file's /calibration (--calibrate-comm), with the group shape taken from
@@ -136,7 +176,11 @@ std::vector<CommSample> samples_from_run(const RunRecord& run);
 
 // The compute entry for this configuration: same model shape, device and precision; then the
 // same tp (else a tp 1 entry), the closest threads, ranks per node and micro-batch (`*how` says
-// what differed, "" for exact). nullopt when no entry has the shape, device and precision.
+// what differed, "" for exact). Another shape answers where the profile can carry an entry to it:
+// a measured tp 1 entry with a GEMM sweep of its conditions, or any entry of a published profile
+// (by its roofline, carry_by_gemms; without one, FLOP-proportionally at the entry's rate); the
+// entry with the nearest FLOPs per token is carried.
+// nullopt when no entry has the shape (or can be carried), device and precision.
 std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpec& model,
                                          int micro_batch, const std::string& device,
                                          const std::string& precision, int threads,

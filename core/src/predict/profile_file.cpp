@@ -7,6 +7,10 @@
 //   /comm_samples/... one row per CommSample (op, ranks, ranks_per_node, bytes, time_s)
 //   /comm_fits/...    one row per CommFit (op, ranks, ranks_per_node, alpha_s, beta_bytes_per_s,
 //                     points, max_rel_error)
+//   /gemm/...         one row per GemmSample (device, precision, threads, ranks_per_node, pass,
+//                     m, n, k, time_s); absent in files before the sweep
+//   /gemm_roofline/.. one row, a published profile's GemmRoofline (flops_per_s, bytes_per_s,
+//                     sms, tile, element_bytes); absent without one
 #include <unistd.h>
 
 #include <cstdio>
@@ -163,6 +167,26 @@ const std::vector<Column<CommFit>>& fit_columns() {
                                            NUM(F, host_ranks, "ranks")};
   return c;
 }
+const std::vector<Column<GemmSample>>& gemm_columns() {
+  using G = GemmSample;
+  static const std::vector<Column<G>> c = {STR(G, device),
+                                           STR(G, precision),
+                                           NUM(G, threads, "threads"),
+                                           NUM(G, ranks_per_node, "ranks"),
+                                           STR(G, pass),
+                                           NUM(G, m, "rows"),
+                                           NUM(G, n, "columns"),
+                                           NUM(G, k, "columns"),
+                                           NUM(G, time_s, "s")};
+  return c;
+}
+const std::vector<Column<GemmRoofline>>& roofline_columns() {
+  using R = GemmRoofline;
+  static const std::vector<Column<R>> c = {
+      NUM(R, flops_per_s, "FLOP/s"), NUM(R, bytes_per_s, "bytes/s"), NUM(R, sms, "SMs"),
+      NUM(R, tile, "elements"), NUM(R, element_bytes, "bytes")};
+  return c;
+}
 #undef NUM
 #undef STR
 
@@ -237,6 +261,9 @@ void write_profile(const MachineProfile& p, const std::string& path) {
       write_table(f, "/compute", p.compute, compute_columns());
       write_table(f, "/comm_samples", p.samples, sample_columns());
       write_table(f, "/comm_fits", p.comm, fit_columns());
+      write_table(f, "/gemm", p.gemms, gemm_columns());
+      if (p.roofline.flops_per_s > 0)
+        write_table(f, "/gemm_roofline", std::vector{p.roofline}, roofline_columns());
       check(f.close(), "close");
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("rename " + tmp + " failed");
@@ -264,6 +291,13 @@ MachineProfile read_profile(const std::string& path) {
     p.compute = read_table(f, "/compute", compute_columns());
     p.samples = read_table(f, "/comm_samples", sample_columns());
     p.comm = read_table(f, "/comm_fits", fit_columns());
+    if (H5Lexists(f, "/gemm", H5P_DEFAULT) > 0) p.gemms = read_table(f, "/gemm", gemm_columns());
+    if (H5Lexists(f, "/gemm_roofline", H5P_DEFAULT) > 0) {
+      const auto rows = read_table(f, "/gemm_roofline", roofline_columns());
+      if (rows.size() != 1)
+        throw Error("/gemm_roofline has " + std::to_string(rows.size()) + " rows, not 1");
+      p.roofline = rows.front();
+    }
     return p;
   } catch (const Error& e) {
     throw Error("--profile " + path + ": not a readable " + kProfileSchema + " file: " + e.what(),

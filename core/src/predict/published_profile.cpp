@@ -28,6 +28,9 @@ const std::set<std::string> kNumbers = {"gpus_per_node",
                                         "optimizer_bytes_per_param",
                                         "host_link_bytes_per_s",
                                         "host_link_efficiency"};
+// Optional: with it, GEMMs are timed by shape (GemmRoofline); without, other model shapes scale
+// FLOP-proportionally from the reference entry.
+const std::set<std::string> kOptionalNumbers = {"sm_count"};
 const std::set<std::string> kTexts = {"source", "description", "device", "precision",
                                       "reference_model"};
 
@@ -44,11 +47,11 @@ std::map<std::string, std::string> read_table(const std::string& path) {
     std::getline(words >> std::ws, value);
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.pop_back();
     const std::string where = "--calibrate-from " + path + " line " + std::to_string(n) + ": ";
-    if (!kNumbers.count(key) && !kTexts.count(key))
-      throw ConfigError(where + "unknown key '" + key + "'");
+    const bool number = kNumbers.count(key) || kOptionalNumbers.count(key);
+    if (!number && !kTexts.count(key)) throw ConfigError(where + "unknown key '" + key + "'");
     char* end = nullptr;
-    if (kNumbers.count(key) && (value.empty() || (std::strtod(value.c_str(), &end), *end) ||
-                                !(std::strtod(value.c_str(), nullptr) > 0)))
+    if (number && (value.empty() || (std::strtod(value.c_str(), &end), *end) ||
+                   !(std::strtod(value.c_str(), nullptr) > 0)))
       throw ConfigError(where + key + " must be a positive number, not '" + value + "'");
     if (value.empty()) throw ConfigError(where + key + " has no value");
     table[key] = value;
@@ -101,6 +104,7 @@ MachineProfile profile_from_table(const std::string& path) {
   e.fresh_memory_s_per_byte = 1 / bandwidth;  // a caching allocator: the buffer's write only
   e.copy_s_per_byte = 1 / (num("host_link_bytes_per_s") * num("host_link_efficiency"));
   p.compute.push_back(e);
+  if (t.count("sm_count")) p.roofline = GemmRoofline{rate, bandwidth, int(num("sm_count")), 128, 2};
 
   const double intra = num("nvlink_bytes_per_s") * num("nvlink_efficiency");
   const double inter = num("network_bytes_per_s") * num("network_efficiency");
