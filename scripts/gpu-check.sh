@@ -127,11 +127,10 @@ echo "gpu-check: runs done at $(elapsed) s"
 predicted() {
   local label=$1 profile=$2
   shift 2
-  local step how
-  step=$("$runner" --dry-run --device cuda --transport nccl --profile "$profile" "$@" 2>&1 |
-    sed -nE 's/^  step +([0-9.]+) ms$/\1/p')
-  how=$("$runner" --dry-run --device cuda --transport nccl --profile "$profile" "$@" 2>&1 |
-    sed -nE 's/^  assumptions: //p' | cut -c1-110)
+  local out step how
+  out=$("$runner" --dry-run --device cuda --transport nccl --profile "$profile" "$@" 2>&1)
+  step=$(sed -nE 's/^  step +([0-9.]+) ms$/\1/p' <<<"$out")
+  how=$(sed -nE 's/^  assumptions: //p' <<<"$out" | cut -c1-110)
   local measured=${p50_of[$label]:-}
   if [ -n "$step" ] && [ -n "$measured" ]; then
     say "| $label | $(basename "$profile") | $step | $measured | $(awk -v p="$step" -v m="$measured" \

@@ -217,27 +217,23 @@ double time_gemm(CoreContext& ctx, const GemmSample& s) {
                       k.gemm_bf16_scratchpad_bytes(true, false, s.n, s.k, s.m, DType::f32, true)})
           : 0;
   DeviceBuffer pad{mem, MemTag::workspace, DType::u8, std::max<std::size_t>(pad_bytes, 1)};
-  const auto* a = static_cast<const bf16*>(in.view().data);
-  const auto* b = static_cast<const bf16*>(w.view().data);
-  const auto* d = static_cast<const bf16*>(dout.view().data);
-  auto* o = static_cast<float*>(out.view().data);
-  auto* di = static_cast<float*>(din.view().data);
-  auto* dwp = static_cast<float*>(dw.view().data);
+  auto f32 = [](DeviceBuffer& b) { return static_cast<float*>(b.view().data); };
+  auto half = [](DeviceBuffer& b) { return static_cast<const bf16*>(b.view().data); };
   void* p = pad.view().data;
   auto run = [&] {
     const bool forward = s.pass == "forward";
     if (!in_bf16 && forward)
-      k.matmul_forward(o, reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b),
-                       nullptr, s.m, s.k, s.n);
+      k.matmul_forward(f32(out), f32(in), f32(w), nullptr, s.m, s.k, s.n);
     else if (!in_bf16)
-      k.matmul_backward(di, dwp, nullptr, reinterpret_cast<const float*>(d),
-                        reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b), s.m,
-                        s.k, s.n);
+      k.matmul_backward(f32(din), f32(dw), nullptr, f32(dout), f32(in), f32(w), s.m, s.k, s.n);
     else if (forward)
-      k.matmul_bf16_forward(o, nullptr, a, b, nullptr, s.m, s.k, s.n, p, pad_bytes);
+      k.matmul_bf16_forward(f32(out), nullptr, half(in), half(w), nullptr, s.m, s.k, s.n, p,
+                            pad_bytes);
     else {
-      k.gemm_bf16(false, false, s.m, s.k, s.n, d, b, di, DType::f32, false, p, pad_bytes);
-      k.gemm_bf16(true, false, s.n, s.k, s.m, d, a, dwp, DType::f32, true, p, pad_bytes);
+      k.gemm_bf16(false, false, s.m, s.k, s.n, half(dout), half(w), f32(din), DType::f32, false, p,
+                  pad_bytes);
+      k.gemm_bf16(true, false, s.n, s.k, s.m, half(dout), half(in), f32(dw), DType::f32, true, p,
+                  pad_bytes);
     }
   };
   const double t0 = settled_now(ctx);

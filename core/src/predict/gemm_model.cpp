@@ -97,13 +97,13 @@ double sweep_gemm_seconds(const std::vector<GemmSample>& sweep, const std::strin
   const std::size_t two = std::min<std::size_t>(2, near.size());
   std::partial_sort(near.begin(), near.begin() + long(two), near.end(),
                     [](const auto& a, const auto& b) { return a.first < b.first; });
-  const GemmSample at{"", "", 0, 0, pass, m, n, k, 0};
+  const double flops = linear_flops(pass, m, n, k);
   const auto log_rate = [](const GemmSample* s) { return std::log(s->flops() / s->time_s); };
-  if (two == 1 || near[0].first < 1e-9) return at.flops() / std::exp(log_rate(near[0].second));
+  if (two == 1 || near[0].first < 1e-9) return flops / std::exp(log_rate(near[0].second));
   const double w0 = 1 / near[0].first, w1 = 1 / near[1].first;
   const double rate =
       std::exp((w0 * log_rate(near[0].second) + w1 * log_rate(near[1].second)) / (w0 + w1));
-  return at.flops() / rate;
+  return flops / rate;
 }
 
 void carry_by_gemms(ComputeEntry& e, const ModelSpec& to, int micro_batch,

@@ -234,8 +234,8 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
   const bool published = p.source == "published";
   for (const ComputeEntry& e : p.compute) {
     const bool same = shape_key(e.model) == shape_key(model);
-    const bool carried = published || (e.tp == 1 && !sweep_of(p, e).empty());
-    if ((!same && !carried) || e.device != device || e.precision != precision) continue;
+    if (e.device != device || e.precision != precision) continue;
+    if (!same && !published && !(e.tp == 1 && !sweep_of(p, e).empty())) continue;
     const double flop_gap = std::abs(std::log(e.model.flops_per_token() / model.flops_per_token()));
     if (e.tp != 1 && e.tp != tp) continue;  // another tp's passes say nothing of this one's
     const std::tuple<int, int, int, int, int> d{

@@ -103,6 +103,12 @@ struct CommFit {
   double time_s(double bytes) const { return alpha_s + bytes / beta_bytes_per_s; }
 };
 
+// FLOPs of a linear layer's pass on m rows, n outputs, k inputs: forward 2mnk, backward (d(in)
+// and d(W)) 4mnk.
+inline double linear_flops(const std::string& pass, double m, double n, double k) {
+  return (pass == "forward" ? 2.0 : 4.0) * m * n * k;
+}
+
 // One GEMM of runner --calibrate's sweep: a linear layer's forward, out[m,n] = in[m,k] W[n,k]^T,
 // or its backward (d(in) and d(W) together), through the kernels the model passes call; the
 // median over the rounds of the slowest rank's seconds. Its conditions (device, precision, BLAS
@@ -114,9 +120,7 @@ struct GemmSample {
   std::string pass = "forward";  // forward | backward
   int m = 0, n = 0, k = 0;
   double time_s = 0;
-  double flops() const {
-    return (pass == "forward" ? 2.0 : 4.0) * double(m) * double(n) * double(k);
-  }
+  double flops() const { return linear_flops(pass, m, n, k); }
 };
 
 // Whether two samples measure one GEMM under one set of conditions.
