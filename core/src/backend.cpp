@@ -2,12 +2,16 @@
 // the allocation of every Buffer (strata/memory.hpp) on its ledger's device.
 #include "backend.hpp"
 
+#include <dlfcn.h>
+
 #include <array>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "strata/memory.hpp"
 
@@ -28,6 +32,47 @@ Registry& registry() {
 
 int index_of(Device d) { return static_cast<int>(d); }
 
+// A declared backend library (declare_backend_library): loaded at most once per process.
+struct BackendLibrary {
+  Device device;
+  std::string path;
+  std::vector<std::string> transports;
+  bool tried = false;
+  std::string error;  // why it did not load; "" once loaded
+};
+
+std::mutex g_libraries_mutex;
+std::vector<BackendLibrary> g_libraries;
+
+// "" once `lib` is loaded and attached; else why not (the same answer on every later call).
+std::string load_locked(BackendLibrary& lib) {
+  if (lib.tried) return lib.error;
+  lib.tried = true;
+  // RTLD_LOCAL: its symbols serve only itself; libstrata_core (already loaded) stays the one
+  // registry both sides see.
+  void* handle = dlopen(lib.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) return lib.error = std::string("cannot load ") + dlerror();
+  void* attach = dlsym(handle, "strata_attach_backend");
+  if (!attach) return lib.error = lib.path + " has no strata_attach_backend (not a strata backend)";
+  reinterpret_cast<void (*)()>(attach)();  // never closed: its code runs until the process exits
+  return "";
+}
+
+// Loads the library declared for `device`, if any: "" when loaded or none declared.
+std::string load_library_of(Device device) {
+  std::lock_guard lock(g_libraries_mutex);
+  for (BackendLibrary& lib : g_libraries)
+    if (lib.device == device) return load_locked(lib);
+  return "";
+}
+
+bool library_declared(Device device) {
+  std::lock_guard lock(g_libraries_mutex);
+  for (const BackendLibrary& lib : g_libraries)
+    if (lib.device == device) return true;
+  return false;
+}
+
 DeviceBackend& backend_of(Device d, const char* what) {
   if (DeviceBackend* b = opened_backend(d)) return *b;
   throw Error(std::string(what) + ": no " + device_name(d) + " backend is open in this process",
@@ -41,12 +86,37 @@ void register_backend(Device device, const BackendFactory& factory) {
   registry().factories[index_of(device)] = factory;
 }
 
+void declare_backend_library(Device device, const std::string& library,
+                             const std::vector<std::string>& transports) {
+  std::lock_guard lock(g_libraries_mutex);
+  g_libraries.push_back(BackendLibrary{device, library, transports, false, ""});
+}
+
+std::vector<std::string> declared_transports() {
+  std::lock_guard lock(g_libraries_mutex);
+  std::vector<std::string> out;
+  for (const BackendLibrary& lib : g_libraries)
+    if (!lib.tried || !lib.error.empty())  // once loaded, its own registration names them
+      out.insert(out.end(), lib.transports.begin(), lib.transports.end());
+  return out;
+}
+
+std::string load_backend_library_of(const std::string& transport) {
+  std::lock_guard lock(g_libraries_mutex);
+  for (BackendLibrary& lib : g_libraries)
+    for (const std::string& t : lib.transports)
+      if (t == transport) return load_locked(lib);
+  return "";
+}
+
 bool backend_built(Device device) {
-  return device == Device::cpu || registry().factories[index_of(device)].open != nullptr;
+  return device == Device::cpu || registry().factories[index_of(device)].open != nullptr ||
+         library_declared(device);
 }
 
 std::string backend_unavailable(Device device, const BackendRequest& request) {
   if (device == Device::cpu) return "";
+  if (std::string why = load_library_of(device); !why.empty()) return why;
   const BackendFactory& f = registry().factories[index_of(device)];
   if (!f.open)
     return std::string("this build has no ") + device_name(device) +

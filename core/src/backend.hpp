@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels.hpp"
 #include "strata/device.hpp"
@@ -60,6 +61,19 @@ struct BackendFactory {
 
 // Registration (before the options are parsed) and the process's one backend.
 void register_backend(Device device, const BackendFactory& factory);
+// A backend built as a library of its own, loaded by the first call that needs it: the runner's
+// CUDA backend, since loading cuBLAS and cuBLASLt alone takes about 0.4 s, which every CPU run,
+// `--help` and refused option would pay. The library's `extern "C" void strata_attach_backend()`
+// registers the backend, the transports named here and its provenance, as a backend linked in
+// does. backend_built() and transports_built() answer from the declaration without loading it;
+// backend_unavailable(), open_backend() and the named transports' calls load it first.
+void declare_backend_library(Device device, const std::string& library,
+                             const std::vector<std::string>& transports);
+// The transports declared by backend libraries not loaded (yet, or because they failed to).
+std::vector<std::string> declared_transports();
+// Loads the library that declared `transport` (once): "" when it is loaded or none declared it,
+// else why it could not be loaded.
+std::string load_backend_library_of(const std::string& transport);
 bool backend_built(Device device);
 // "" when `device` can run here: the CPU always; else the factory's reason, or that the build has
 // no such backend.

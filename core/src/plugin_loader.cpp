@@ -49,12 +49,14 @@ LoadedPlugin load_plugin(const std::string& path) {
   return p;
 }
 
-std::string default_plugin_dir() {
+std::string path_from_prefix(const std::string& relative) {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return STRATA_PLUGIN_RELDIR;
-  return (exe.parent_path().parent_path() / STRATA_PLUGIN_RELDIR).lexically_normal().string();
+  if (ec) return relative;
+  return (exe.parent_path().parent_path() / relative).lexically_normal().string();
 }
+
+std::string default_plugin_dir() { return path_from_prefix(STRATA_PLUGIN_RELDIR); }
 
 // A file the loader does not open but that looks like a shared library (ELF, or ".so" in its name):
 // most likely a plugin named otherwise (strata_x.so, libx.so.1), worth a line rather than silence.

@@ -25,9 +25,11 @@ struct LoadedPlugin {
 // library, not a strata plugin, or built for another ABI version.
 LoadedPlugin load_plugin(const std::string& path);
 
-// The directory runner finds plugins in with no flags: <dir of the
-// executable>/../lib/strata/plugins (the same relative place in the build tree and after cmake
-// --install).
+// `relative` (to the install prefix) from the running executable: <dir of the executable>/../
+// `relative`, the same place in the build tree and after cmake --install.
+std::string path_from_prefix(const std::string& relative);
+
+// The directory runner finds plugins in with no flags: path_from_prefix("lib/strata/plugins").
 std::string default_plugin_dir();
 
 class PluginRegistry {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "backend.hpp"
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
 #include "cpu/gemm_bf16.hpp"
@@ -82,8 +83,11 @@ Provenance collect_provenance() {
                  std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel));
   p.emplace_back("ucx_version", transport_version("ucx"));
   p.emplace_back("gloo_version", transport_version("gloo"));
-  p.emplace_back("nccl_version", "not built");
-  p.emplace_back("cuda_version", "not built");
+  // A backend library a run did not use is not loaded (backend.hpp); a loaded one's provider
+  // (add_registered) replaces these with its versions.
+  const char* unused = "not loaded (not used by this run)";
+  p.emplace_back("nccl_version", transport_built("nccl") ? unused : "not built");
+  p.emplace_back("cuda_version", backend_built(Device::cuda) ? unused : "not built");
   p.emplace_back("onednn_version", cpu::onednn_version());
   p.emplace_back("onednn_bf16_gemm_impl", cpu::bf16_gemm_impl());
   p.emplace_back("blas_threads", std::to_string(cpu::blas_threads()));

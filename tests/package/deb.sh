@@ -78,6 +78,14 @@ ldd "$runner" | grep -E "libstrata_core.so.[0-9.]+ => $root/usr/(bin/../)?lib/" 
 [[ $("$runner" --version) == "runner: strata $version "* ]] || fail "runner --version: $("$runner" --version)"
 "$runner" --describe ddp | grep "plugin  $root/usr/lib/strata/plugins/libstrata_ddp.so" >/dev/null \
   || fail "the unpacked runner loads plugins from outside $root"
+# The CUDA backend's library: installed beside the plugins, loaded only when a run needs it (the
+# runner links no CUDA library), from the unpacked tree.
+if [[ -f $build/lib/strata/libstrata_cuda.so ]]; then
+  [[ -f $root/usr/lib/strata/libstrata_cuda.so ]] || fail "no usr/lib/strata/libstrata_cuda.so"
+  ! ldd "$runner" | grep -E 'libcu(blas|dart)' >/dev/null || fail "runner links CUDA libraries"
+  "$runner" --list-transports | grep -P '^nccl\tNCCL [0-9]' >/dev/null \
+    || fail "runner --list-transports: nccl's version not from $root's libstrata_cuda.so"
+fi
 
 # 2. The out-of-tree plugin against the unpacked package: CMake, then pkg-config.
 plugin=$work/plugin

@@ -5,6 +5,7 @@
 #include <deque>
 #include <mutex>
 
+#include "backend.hpp"
 #include "comm/mpi_transport.hpp"
 #ifdef STRATA_HAVE_UCX
 #include "comm/ucx_transport.hpp"
@@ -27,6 +28,14 @@ const TransportEntry* registered(const std::string& transport) {
   return nullptr;
 }
 
+// The entry of `transport`, loading the backend library that declared it first if need be; null
+// when none has it, with `why` saying what failed to load.
+const TransportEntry* entry_of(const std::string& transport, std::string& why) {
+  if (const TransportEntry* e = registered(transport)) return e;
+  why = load_backend_library_of(transport);
+  return registered(transport);
+}
+
 }  // namespace
 
 void register_transport(TransportEntry entry) {
@@ -47,8 +56,11 @@ std::vector<std::string> transports_built() {
 #ifdef STRATA_HAVE_GLOO
   out.push_back("gloo");
 #endif
-  std::lock_guard lock(g_registered_mutex);
-  for (const TransportEntry& e : g_registered) out.push_back(e.name);
+  {
+    std::lock_guard lock(g_registered_mutex);
+    for (const TransportEntry& e : g_registered) out.push_back(e.name);
+  }
+  for (std::string& t : declared_transports()) out.push_back(std::move(t));
   return out;
 }
 
@@ -67,7 +79,9 @@ std::unique_ptr<Group> split_group(const std::string& transport, const std::stri
 #ifdef STRATA_HAVE_GLOO
   if (transport == "gloo") return gloo_comm::split(name, color, key, ledger);
 #endif
-  if (const TransportEntry* e = registered(transport)) return e->split(name, color, key, ledger);
+  std::string why;
+  if (const TransportEntry* e = entry_of(transport, why)) return e->split(name, color, key, ledger);
+  if (!why.empty()) throw Error("transport '" + transport + "': " + why);
   throw Error("transport '" + transport + "' is not built into this binary",
               "runner --help lists the transports of this build");
 }
@@ -80,8 +94,9 @@ std::string transport_version(const std::string& transport) {
 #ifdef STRATA_HAVE_GLOO
   if (transport == "gloo") return gloo_comm::library_version();
 #endif
-  if (const TransportEntry* e = registered(transport)) return e->version();
-  return "not built";
+  std::string why;
+  if (const TransportEntry* e = entry_of(transport, why)) return e->version();
+  return why.empty() ? "not built" : why;
 }
 
 }  // namespace strata

@@ -15,16 +15,8 @@
 
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
-#ifdef STRATA_HAVE_CUDA
-#include "cuda/cuda_provenance.hpp"
-#include "cuda/nvml_topology.hpp"
-#endif
-#ifdef STRATA_HAVE_CUDA_BACKEND
-#include "cuda/backend.hpp"
-#include "cuda/nvtx_ranges.hpp"
-#endif
-#ifdef STRATA_HAVE_NCCL
-#include "cuda/nccl_transport.hpp"
+#if defined(STRATA_HAVE_CUDA_BACKEND) && !defined(STRATA_CUDA_LIBRARY)
+#include "cuda/attach.hpp"
 #endif
 #include "backend.hpp"
 #include "config.hpp"
@@ -352,16 +344,13 @@ void set_threads_per_rank(const RunConfig& config) {
 
 int main(int argc, char** argv) {
   configure_allocator();  // process_memory.hpp: before any thread starts
-#ifdef STRATA_HAVE_CUDA
-  cuda::register_provenance();  // CUDA, cuBLAS, NCCL versions and GPU names in /provenance
-  cuda::register_topology();    // NVML's GPU link matrix in /provenance/topology
-#endif
-#ifdef STRATA_HAVE_CUDA_BACKEND
-  cuda::register_backend();  // before the options: --device's choices come from the registry
-  cuda::attach_nvtx();       // the run's ranges on an Nsight Systems timeline
-#endif
-#ifdef STRATA_HAVE_NCCL
-  nccl::register_transport();  // before the options: --transport's choices come from the registry
+  // Before the options: --device's and --transport's choices come from the registries.
+#ifdef STRATA_CUDA_LIBRARY
+  // The CUDA backend, the NCCL transport and their provenance (versions, GPU names, NVML's links),
+  // loaded by the first run on --device cuda: a CPU run does not pay cuBLAS's 0.4 s start-up.
+  declare_backend_library(Device::cuda, path_from_prefix(STRATA_CUDA_LIBRARY), {"nccl"});
+#elif defined(STRATA_HAVE_CUDA_BACKEND)
+  strata_attach_backend();  // runner_emu: the emulated backend and NCCL stand-in, linked in
 #endif
   const LaunchEnv env = detect_launch_env();
   RunConfig config;
