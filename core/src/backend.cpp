@@ -58,19 +58,23 @@ std::string load_locked(BackendLibrary& lib) {
   return "";
 }
 
+// The library declared for `device`, or null. Under g_libraries_mutex.
+BackendLibrary* library_of(Device device) {
+  for (BackendLibrary& lib : g_libraries)
+    if (lib.device == device) return &lib;
+  return nullptr;
+}
+
 // Loads the library declared for `device`, if any: "" when loaded or none declared.
 std::string load_library_of(Device device) {
   std::lock_guard lock(g_libraries_mutex);
-  for (BackendLibrary& lib : g_libraries)
-    if (lib.device == device) return load_locked(lib);
-  return "";
+  BackendLibrary* lib = library_of(device);
+  return lib ? load_locked(*lib) : "";
 }
 
 bool library_declared(Device device) {
   std::lock_guard lock(g_libraries_mutex);
-  for (const BackendLibrary& lib : g_libraries)
-    if (lib.device == device) return true;
-  return false;
+  return library_of(device) != nullptr;
 }
 
 DeviceBackend& backend_of(Device d, const char* what) {
