@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -142,7 +143,29 @@ void check_gemm(bool ta, bool tb, Shape s, DType c_dtype, bool accumulate, std::
     }
 }
 
-const Shape kShapes[] = {{1, 1, 1}, {7, 13, 5}, {64, 96, 33}, {300, 200, 150}};
+// The last two cross the widened GEMM's 512-wide tiles in M and K, and in N and K.
+const Shape kShapes[] = {{1, 1, 1},       {7, 13, 5},     {64, 96, 33},
+                         {300, 200, 150}, {520, 17, 530}, {17, 530, 520}};
+
+// Where oneDNN may use no ISA above AVX2 (ONEDNN_MAX_CPU_ISA=AVX2: the ctest gemm_bf16.widened runs
+// this whole file so, on any x86 CPU), it has no bf16 matmul and every GEMM runs widened on
+// OpenBLAS; the other tests of this file then check that path against the same references.
+TEST(GemmBf16, WidenedWhereOneDnnHasNoBf16Matmul) {
+  const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (isa == nullptr || std::string(isa) != "AVX2") {
+    EXPECT_EQ(cpu::bf16_gemm_widened(), cpu::bf16_gemm_impl().starts_with("widened:"));
+    return;
+  }
+  EXPECT_TRUE(cpu::bf16_gemm_widened()) << cpu::bf16_gemm_impl();
+  // The scratchpad holds tiles of the widened A, B and a bf16 C in fp32, each on 64 bytes, at most
+  // 512 wide in M, N and K.
+  const std::size_t floats = (7 * 5 + 15) / 16 * 16 + (5 * 13 + 15) / 16 * 16;
+  EXPECT_EQ(cpu::gemm_bf16_scratchpad_bytes(false, false, 7, 13, 5, DType::f32, false), floats * 4);
+  EXPECT_EQ(cpu::gemm_bf16_scratchpad_bytes(false, false, 7, 13, 5, DType::bf16, true),
+            (floats + (7 * 13 + 15) / 16 * 16) * 4);
+  EXPECT_EQ(cpu::gemm_bf16_scratchpad_bytes(true, true, 4096, 50304, 768, DType::bf16, true),
+            (512 * 512 * 3) * 4);
+}
 
 TEST(GemmBf16, MatchesDoubleReferenceForEveryTransposeShapeAndC) {
   ASSERT_TRUE(cpu::have_bf16_gemm()) << "oneDNN is built in but has no bf16 matmul here";

@@ -9,6 +9,14 @@
 // kept per thread; the library-managed scratchpad of Debian's build (DNNL_ENABLE_CONCURRENT_EXEC
 // off) is shared by all primitives and forbids executing a primitive on another thread than the
 // one that created it, so the scratchpad is ours (scratchpad_mode::user), one buffer per thread.
+//
+// oneDNN 2.6 has bf16 matmuls only on AVX-512 CPUs (AVX512-BF16 / AMX natively, avx512_core by
+// conversion); on an AVX2 CPU it answers "unimplemented". There a GEMM runs in tiles of at most
+// kWidenedTile in M, N and K: each tile of the bf16 operands is widened to fp32 in the scratchpad
+// and multiplied by OpenBLAS's SGEMM into C (a bf16 C through an fp32 tile, rounded once). The
+// products of bf16 values are exact in fp32 and they accumulate in fp32, as oneDNN's do, so results
+// differ from oneDNN's only by summation order. The scratchpad (three tiles, 3 MiB at most) is the
+// memory ledger's, as oneDNN's is.
 #include "cpu/gemm_bf16.hpp"
 
 #include <algorithm>
@@ -99,10 +107,32 @@ using Tag = memory::format_tag;
 using GemmKey = std::tuple<int, int, int, bool, bool, DType, bool, int>;
 
 struct CachedGemm {
-  dnnl::matmul::primitive_desc desc;
+  GemmKey key;
+  dnnl::matmul::primitive_desc desc;  // empty when widened
   dnnl::matmul primitive;
   std::size_t scratchpad_bytes;
+  bool widened;  // oneDNN has no bf16 matmul here: fp32 operands and SGEMM (see the top)
 };
+
+// The widened GEMM's tiles: op(A) [mt, kt], op(B) [kt, nt] and, for a bf16 C, C [mt, nt] in fp32,
+// each starting on 64 bytes of the scratchpad.
+constexpr int kWidenedTile = 512;
+struct WidenedLayout {
+  int mt = 0, nt = 0, kt = 0;
+  std::size_t a = 0, b = 0, c = 0, bytes = 0;  // offsets in floats, total in bytes
+};
+WidenedLayout widened_layout(const GemmKey& key) {
+  const auto [M, N, K, trans_a, trans_b, c_dtype, accumulate, threads] = key;
+  const auto padded = [](std::size_t floats) { return (floats + 15) / 16 * 16; };
+  WidenedLayout l;
+  l.mt = std::min(M, kWidenedTile), l.nt = std::min(N, kWidenedTile);
+  l.kt = std::min(K, kWidenedTile);
+  l.b = padded(std::size_t(l.mt) * l.kt);
+  l.c = l.b + padded(std::size_t(l.kt) * l.nt);
+  const std::size_t end = l.c + (c_dtype == DType::bf16 ? padded(std::size_t(l.mt) * l.nt) : 0);
+  l.bytes = end * sizeof(float);
+  return l;
+}
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -125,6 +155,17 @@ dnnl::matmul::primitive_desc make_desc(const GemmKey& key) {
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
 }
 
+CachedGemm create_gemm(const GemmKey& key) {
+  try {
+    auto desc = make_desc(key);
+    const std::size_t scratch = desc.scratchpad_desc().get_size();
+    return CachedGemm{key, desc, dnnl::matmul(desc), scratch, false};
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented) throw;
+    return CachedGemm{key, {}, {}, widened_layout(key).bytes, true};
+  }
+}
+
 // Every primitive of this process, created under the lock (creation is rare: a model issues a
 // handful of shapes) so that two threads never JIT the same one.
 class GemmCache {
@@ -132,11 +173,7 @@ class GemmCache {
   std::shared_ptr<const CachedGemm> get(const GemmKey& key) {
     std::lock_guard lock(mutex_);
     auto& slot = gemms_[key];
-    if (!slot) {
-      auto desc = make_desc(key);
-      const std::size_t scratch = desc.scratchpad_desc().get_size();
-      slot = std::make_shared<const CachedGemm>(CachedGemm{desc, dnnl::matmul(desc), scratch});
-    }
+    if (!slot) slot = std::make_shared<const CachedGemm>(create_gemm(key));
     return slot;
   }
   std::size_t size() {
@@ -186,9 +223,55 @@ int match_blas_threads() {
   return n;
 }
 
+// rows x cols of a row-major matrix of leading dimension ld, from (r0, c0), to or from a dense
+// [rows, cols] tile.
+void widen_tile(float* tile, const bf16* src, int ld, int r0, int c0, int rows, int cols) {
+  for (int r = 0; r < rows; ++r)
+    widen_range(tile + std::size_t(r) * cols, src + (std::size_t(r0) + r) * ld + c0, cols);
+}
+void round_tile(bf16* dst, int ld, int r0, int c0, int rows, int cols, const float* tile) {
+  for (int r = 0; r < rows; ++r)
+    round_range(dst + (std::size_t(r0) + r) * ld + c0, tile + std::size_t(r) * cols, cols);
+}
+
+// The widened GEMM (see the top): for each tile of C, the K tiles of op(A) and op(B) widened and
+// multiplied into it; a bf16 C's tile is read (accumulate), summed in fp32 and rounded once.
+void run_widened(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C, float* pad) {
+  const auto [M, N, K, trans_a, trans_b, c_dtype, accumulate, threads] = gemm.key;
+  const WidenedLayout l = widened_layout(gemm.key);
+  float* const a = pad + l.a;
+  float* const b = pad + l.b;
+  for (int m0 = 0; m0 < M; m0 += l.mt)
+    for (int n0 = 0; n0 < N; n0 += l.nt) {
+      const int rows = std::min(l.mt, M - m0), cols = std::min(l.nt, N - n0);
+      const bool f32 = c_dtype == DType::f32;
+      float* const c = f32 ? static_cast<float*>(C) + std::size_t(m0) * N + n0 : pad + l.c;
+      if (!f32 && accumulate) widen_tile(c, static_cast<const bf16*>(C), N, m0, n0, rows, cols);
+      for (int k0 = 0; k0 < K; k0 += l.kt) {
+        const int depth = std::min(l.kt, K - k0);
+        if (trans_a)
+          widen_tile(a, A, M, k0, m0, depth, rows);  // A [K,M]: the tile [depth, rows]
+        else
+          widen_tile(a, A, K, m0, k0, rows, depth);
+        if (trans_b)
+          widen_tile(b, B, K, n0, k0, cols, depth);  // B [N,K]: the tile [cols, depth]
+        else
+          widen_tile(b, B, N, k0, n0, depth, cols);
+        gemm_f32(trans_a, trans_b, rows, cols, depth, a, trans_a ? rows : depth, b,
+                 trans_b ? depth : cols, c, f32 ? N : cols, accumulate || k0 > 0);
+      }
+      if (!f32) round_tile(static_cast<bf16*>(C), N, m0, n0, rows, cols, c);
+    }
+}
+
 void run_gemm(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C, GemmScratchpad given) {
-  thread_local dnnl::stream stream(cpu_engine());
   thread_local Scratchpad scratchpad;
+  if (gemm.widened) {
+    void* pad =
+        given.bytes >= gemm.scratchpad_bytes ? given.data : scratchpad.get(gemm.scratchpad_bytes);
+    return run_widened(gemm, A, B, C, static_cast<float*>(pad));
+  }
+  thread_local dnnl::stream stream(cpu_engine());
   dnnl::engine& engine = cpu_engine();
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, memory(gemm.desc.src_desc(), engine, const_cast<bf16*>(A))},
@@ -212,17 +295,15 @@ void run_gemm(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C, Gem
 std::string bf16_gemm_impl() {
   // The implementation for a GEMM of the model's size (a tiny or odd shape may get another one).
   static const std::string impl = [] {
-    try {
-      return std::string(
-          make_desc({1024, 768, 256, false, false, DType::f32, false, 1}).impl_info_str());
-    } catch (const dnnl::error&) {
-      return std::string();  // no bf16 matmul on this CPU
-    }
+    const CachedGemm gemm = create_gemm({1024, 768, 256, false, false, DType::f32, false, 1});
+    return gemm.widened ? std::string("widened:fp32 sgemm (oneDNN has no bf16 matmul on this CPU)")
+                        : std::string(gemm.desc.impl_info_str());
   }();
   return impl;
 }
 
 bool have_bf16_gemm() { return !bf16_gemm_impl().empty(); }
+bool bf16_gemm_widened() { return bf16_gemm_impl().starts_with("widened:"); }
 
 std::string onednn_version() {
   const dnnl_version_t* v = dnnl_version();
@@ -266,6 +347,7 @@ std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N,
 std::string bf16_gemm_impl() { return {}; }
 std::string onednn_version() { return "not built"; }
 bool have_bf16_gemm() { return false; }
+bool bf16_gemm_widened() { return false; }
 std::size_t gemm_bf16_cached_primitives() { return 0; }
 
 std::size_t gemm_bf16_scratchpad_bytes(bool, bool, int, int, int, DType, bool) { return 0; }

@@ -1,5 +1,7 @@
 // bf16 GEMMs of the CPU backend (--precision bf16), on oneDNN's matmul primitive: Debian's
-// OpenBLAS has no bf16 GEMM, oneDNN picks AMX / AVX512-BF16 kernels where the CPU has them.
+// OpenBLAS has no bf16 GEMM, oneDNN picks AMX / AVX512-BF16 kernels where the CPU has them. On a
+// CPU without AVX-512 (oneDNN 2.6 has no bf16 matmul there) the operands are widened to fp32 for
+// OpenBLAS's SGEMM: exact products, fp32 accumulation, as oneDNN's.
 // Without oneDNN (STRATA_WITH_ONEDNN=OFF) the module still builds: have_bf16_gemm() is false and
 // gemm_bf16 throws. The conversions (round_to_bf16, widen_bf16) never need oneDNN.
 #pragma once
@@ -10,12 +12,15 @@
 
 namespace strata::cpu {
 
-// True when this build has oneDNN (STRATA_HAVE_ONEDNN) and oneDNN has a bf16 matmul for this CPU:
-// the CPU backend can run bf16 GEMMs.
+// True when this build has oneDNN (STRATA_HAVE_ONEDNN): the CPU backend can run bf16 GEMMs.
 bool have_bf16_gemm();
 // The implementation oneDNN picks for a bf16 GEMM on this CPU, e.g. "brg:avx512_core_amx_bf16"
-// (empty without oneDNN). For the run file / --version and the bench report.
+// ("widened:..." where oneDNN has no bf16 matmul for this CPU, empty without oneDNN). For the run
+// file / --version and the bench report.
 std::string bf16_gemm_impl();
+// True where oneDNN has no bf16 matmul for this CPU and bf16 GEMMs run widened on OpenBLAS (whose
+// threads a bf16 run then keeps: set_one_thread_pool).
+bool bf16_gemm_widened();
 // The oneDNN library loaded at run time, "3.x.y (commit <hash>)" ("not built" without oneDNN).
 std::string onednn_version();
 // The best bf16 GEMM rate (FLOP/s, 1024^3, fp32 accumulation) on this process's threads: the CPU

@@ -311,6 +311,12 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // ---------------------------------------------------------------------------------------------
 // Matmul: out = inp @ weight^T + bias, weight stored [OC, C] (the torch.nn.Linear layout)
 
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+              const float* B, int ldb, float* C, int ldc, bool accumulate) {
+  gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A,
+       lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
+}
+
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   float beta = 0.0f;

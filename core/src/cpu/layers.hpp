@@ -36,6 +36,12 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
 
+// Row-major C[M,N] = op(A)[M,K] @ op(B)[K,N] (+= C when accumulate), leading dimensions lda, ldb,
+// ldc, BLAS sgemm in blocks of rows as the layers' GEMMs; trans_a: A is stored [K,M], trans_b: B
+// is stored [N,K]. The fp32 GEMM under a bf16 GEMM that oneDNN cannot run on this CPU.
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+              const float* B, int ldb, float* C, int ldc, bool accumulate);
+
 // tanh-approximation GELU, elementwise over n.
 void gelu_forward(float* out, const float* inp, std::int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);

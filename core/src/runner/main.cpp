@@ -20,6 +20,7 @@
 #endif
 #include "backend.hpp"
 #include "config.hpp"
+#include "cpu/gemm_bf16.hpp"
 #include "cpu/layers.hpp"
 #include "exit_codes.hpp"
 #include "format.hpp"
@@ -371,7 +372,8 @@ int main(int argc, char** argv) {
   // A first count before MPI starts its own threads (as if every rank of the host shared this
   // mask), made exact once the ranks sharing it are known.
   cpu::set_blas_threads(blas_threads_for(config, env.local_size > 0 ? env.local_size : env.world));
-  cpu::set_one_thread_pool(config.train.precision.mixed());  // bf16: GEMMs on oneDNN's threads
+  // bf16: GEMMs on oneDNN's threads, or on OpenBLAS's where they run widened (gemm_bf16.hpp).
+  cpu::set_one_thread_pool(config.train.precision.mixed() && !cpu::bf16_gemm_widened());
   try {
     mpi::init(&argc, &argv);
   } catch (const Error& e) {
