@@ -33,7 +33,8 @@ function(strata_e2e_cuda id ranks tol)
              COMMAND ${cmd} --model tiny --steps ${E2E_CUDA_STEPS} --global-batch 8 --out ${E2E_DIR}
                      --quiet --watchdog 120 --run-id ${run} ${extra} ${ARGN})
     set_tests_properties(e2e.run.${run} PROPERTIES FIXTURES_SETUP run.${run} LABELS e2e
-                         ENVIRONMENT "${E2E_CUDA_ENV}" TIMEOUT 300 RESOURCE_LOCK cores)
+                         ENVIRONMENT "${E2E_CUDA_ENV}" TIMEOUT 300)
+    strata_e2e_lock_cores(e2e.run.${run} ${ranks})
   endforeach()
   set(gpu ${E2E_DIR}/cuda.${id}.gpu.h5)
   # --attention auto: the own tensor-core kernel in a bf16 run (tiny's head size 16 is one it

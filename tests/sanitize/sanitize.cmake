@@ -18,15 +18,25 @@ set(SANITIZE_DIR ${CMAKE_CURRENT_LIST_DIR})
 # cma, register no memory, so nothing depends on them here).
 set(SANITIZE_ENV UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none)
 if(STRATA_SANITIZE MATCHES "address")
-  # fast_unwind_on_malloc=0: Open MPI, UCX and OpenBLAS are built without frame pointers; only the
-  #   slow unwinder gives whole allocation stacks, which the leak suppressions match against.
+  # Allocation stacks from frame pointers (fast_unwind_on_malloc=1, ASan's default): the slow
+  #   unwinder (=0) made the set about twice as long (the advisor's 175B search in cli.advise:
+  #   121-127 s against 16-25 s). Open MPI and PMIx have no frame pointers, so their stacks end at
+  #   the allocating component, which libkeep_modules.so keeps mapped so that lsan.supp can match
+  #   its module (see both files). verify_asan_link_order=0: the preloaded library comes before
+  #   ASan's runtime in the list of libraries (it intercepts nothing ASan does).
+  add_library(sanitize_keep_modules SHARED ${SANITIZE_DIR}/keep_modules.cpp)
+  set_target_properties(sanitize_keep_modules PROPERTIES COMPILE_OPTIONS "" LINK_OPTIONS ""
+                        OUTPUT_NAME keep_modules
+                        LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/sanitize)
+  set(SANITIZE_PRELOAD ${CMAKE_BINARY_DIR}/sanitize/libkeep_modules.so)
   # intercept_tls_get_addr=0: GCC 12's LeakSanitizer misreads a dynamic TLS block that glibc
   #   malloc()ed at a page offset of 16 as glibc 2.19's header layout and its leak check crashes
   #   ("Tracer caught signal 11", "DTLS 15 at 0x3f56-0x400005058": the block of an Open MPI or UCX
   #   module loaded with dlopen, in e2e.run.interleaved.tp2.pp2). Off, dynamic TLS is not a root of the leak check:
   #   nothing of strata's lives there (its thread_locals are in libstrata_core's static TLS).
   list(APPEND SANITIZE_ENV
-       "ASAN_OPTIONS=fast_unwind_on_malloc=0:intercept_tls_get_addr=0:allocator_may_return_null=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
+       "LD_PRELOAD=${SANITIZE_PRELOAD}"
+       "ASAN_OPTIONS=verify_asan_link_order=0:intercept_tls_get_addr=0:allocator_may_return_null=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
        "LSAN_OPTIONS=suppressions=${SANITIZE_DIR}/lsan.supp:print_suppressions=0")
   set(SANITIZE_TIMEOUT_SCALE 3)
   # Which tests (about 2 minutes on 2 cores): every unit and CLI test but the UCX collectives on 4
