@@ -86,7 +86,7 @@ define sanitizer_tests
 	cd $(1) && ctest -L sanitize --output-on-failure -j 2
 endef
 
-# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (about 7 min on 2 cores).
+# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (8.4 min of tests on 2 cores).
 sanitize: deps
 	$(call sanitizer_tests,$(ASAN_BUILD),address$(comma)undefined)
 
