@@ -39,7 +39,7 @@ if(STRATA_SANITIZE MATCHES "address")
        "ASAN_OPTIONS=verify_asan_link_order=0:intercept_tls_get_addr=0:allocator_may_return_null=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
        "LSAN_OPTIONS=suppressions=${SANITIZE_DIR}/lsan.supp:print_suppressions=0")
   set(SANITIZE_TIMEOUT_SCALE 3)
-  # Which tests (about 2 minutes on 2 cores): every unit and CLI test but the UCX collectives on 4
+  # Which tests (391, 502 s on 2 cores on 2026-11-28): every unit and CLI test but the UCX collectives on 4
   # and 5 ranks (np2 and np3 already take the power-of-two and the folding paths; np4/np5
   # oversubscribe 2 cores for a minute), and these e2e runs with every check that needs only them:
   # each strategy family at 2 and 4 ranks, the pipelines with tp and --trace, the failure paths

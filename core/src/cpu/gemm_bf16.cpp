@@ -241,10 +241,10 @@ void run_widened(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C, 
   const WidenedLayout l = widened_layout(gemm.key);
   float* const a = pad + l.a;
   float* const b = pad + l.b;
+  const bool f32 = c_dtype == DType::f32;
   for (int m0 = 0; m0 < M; m0 += l.mt)
     for (int n0 = 0; n0 < N; n0 += l.nt) {
       const int rows = std::min(l.mt, M - m0), cols = std::min(l.nt, N - n0);
-      const bool f32 = c_dtype == DType::f32;
       float* const c = f32 ? static_cast<float*>(C) + std::size_t(m0) * N + n0 : pad + l.c;
       if (!f32 && accumulate) widen_tile(c, static_cast<const bf16*>(C), N, m0, n0, rows, cols);
       for (int k0 = 0; k0 < K; k0 += l.kt) {
@@ -292,18 +292,22 @@ void run_gemm(const CachedGemm& gemm, const bf16* A, const bf16* B, void* C, Gem
 
 #if STRATA_HAVE_ONEDNN
 
+namespace {
+// A GEMM of the model's size, created once: what this CPU runs (a tiny or odd shape may get another
+// implementation).
+const CachedGemm& reference_gemm() {
+  static const CachedGemm gemm = create_gemm({1024, 768, 256, false, false, DType::f32, false, 1});
+  return gemm;
+}
+}  // namespace
+
 std::string bf16_gemm_impl() {
-  // The implementation for a GEMM of the model's size (a tiny or odd shape may get another one).
-  static const std::string impl = [] {
-    const CachedGemm gemm = create_gemm({1024, 768, 256, false, false, DType::f32, false, 1});
-    return gemm.widened ? std::string("widened:fp32 sgemm (oneDNN has no bf16 matmul on this CPU)")
-                        : std::string(gemm.desc.impl_info_str());
-  }();
-  return impl;
+  return reference_gemm().widened ? "widened:fp32 sgemm (oneDNN has no bf16 matmul on this CPU)"
+                                  : reference_gemm().desc.impl_info_str();
 }
 
 bool have_bf16_gemm() { return !bf16_gemm_impl().empty(); }
-bool bf16_gemm_widened() { return bf16_gemm_impl().starts_with("widened:"); }
+bool bf16_gemm_widened() { return reference_gemm().widened; }
 
 std::string onednn_version() {
   const dnnl_version_t* v = dnnl_version();
