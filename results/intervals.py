@@ -75,6 +75,29 @@ def ranking(configs):
             for i, c in enumerate(ranked)]
 
 
+def reversed_pairs(a_runs, b_runs, ignore=()):
+    """How two studies rank their common configurations: (pairs, reversed). pairs counts the pairs
+    of configurations, not oversubscribed on either side, whose intervals are apart in both studies
+    (each study tells them apart); reversed lists those of them (faster in A, faster in B) that the
+    studies order oppositely. Pairs that either study cannot tell apart say nothing about the
+    ranking, so two studies of a noisy machine agree unless one contradicts the other."""
+    a = {c.key: c for c in configurations(a_runs, ignore) if not c.oversubscribed}
+    b = {c.key: c for c in configurations(b_runs, ignore) if not c.oversubscribed}
+    common = sorted(set(a) & set(b), key=lambda k: a[k].name)
+    pairs, flipped = 0, []
+    for i, x in enumerate(common):
+        for y in common[i + 1:]:
+            if overlap(a[x].interval, a[y].interval) or overlap(b[x].interval, b[y].interval) \
+                    or a[x].interval is None or a[y].interval is None \
+                    or b[x].interval is None or b[y].interval is None:
+                continue
+            pairs += 1
+            a_first = a[x].tokens_per_s > a[y].tokens_per_s
+            if a_first != (b[x].tokens_per_s > b[y].tokens_per_s):
+                flipped.append((a[x].name, a[y].name) if a_first else (a[y].name, a[x].name))
+    return pairs, flipped
+
+
 def ranking_lines(runs):
     """Text lines: the not-oversubscribed configurations ranked by median tokens/s with their
     intervals ('=' marks no difference from the line above), then how many were left out as

@@ -7,7 +7,8 @@
   intervals overlap marked '=' (no difference), the repeats' medians and intervals printed;
 - compare of that study with itself: every configuration "no difference", nothing flagged, even
   though each configuration's repeats differ by up to 6%; with the slow one made 2x slower in B,
-  only it is flagged;
+  only it is flagged; with the fastest made the slowest in C, the two pairs both studies tell
+  apart are named as ranked the other way round, the pair neither can tell apart is not;
 - report.html holds the ranking table;
 - the prediction block gives each configuration's predicted step against its repeats' median.
 usage: intervals.py RESULTS_DIR E2E_DIR WORK_DIR
@@ -114,8 +115,19 @@ if "configurations against their repeats' median p50 (not oversubscribed): 3, me
         "4.0%, 2 within 10%, largest 20.0%" not in out:
     fail("prediction against the repeats' median")
 p = run("compare", "--strict", a, a)
-if p.stdout.count("no difference") != 3 or "3 configuration(s), 0 flagged" not in p.stdout:
+if p.stdout.count("no difference") != 3 or "3 configuration(s), 0 flagged" not in p.stdout \
+        or "ranking: 2 pair(s) of configurations told apart in both studies (intervals apart, " \
+           "not oversubscribed), 0 ranked the other way round" not in p.stdout:
     fail("compare A A flagged something")
+# ddp from fastest to slowest: the two pairs both studies tell apart (ddp-dp, ddp-tp) reversed; the
+# pair neither can tell apart (dp-tp) says nothing.
+c = study(os.path.join(work, "c"), dict(scales, **{"ddp.np2": [0.5, 0.485, 0.515]}))
+p = run("compare", "--strict", a, c, code=3)
+flipped = [l.strip() for l in p.stdout.splitlines() if l.strip().startswith("REVERSED:")]
+if "2 pair(s) of configurations told apart in both studies" not in p.stdout or len(flipped) != 2 \
+        or not all(f.startswith("REVERSED: A ranks ddp ") for f in flipped) \
+        or sorted(f.split(" above ")[1].split()[0] for f in flipped) != ["dp", "tp"]:
+    fail("compare: ddp's two pairs should be ranked the other way round")
 b = study(os.path.join(work, "b"), dict(scales, **{"tp.np2": [0.5, 0.485, 0.515]}))
 p = run("compare", "--strict", a, b, code=3)
 rows = {line.split()[0]: line for line in p.stdout.splitlines()[1:4]}
