@@ -255,9 +255,6 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   if (given_any(given, "warmup") && c.train.warmup >= c.train.steps)
     throw ConfigError("--warmup " + std::to_string(c.train.warmup) + ": must be below --steps " +
                       std::to_string(c.train.steps));
-  if (c.memory_limit > 0 && !c.dry_run && !c.advise)
-    throw ConfigError(
-        "--memory-limit: only with --dry-run or --advise (a run measures its memory)");
   check_advise(c, given);
   check_attention(c);
   if (c.calibrate && c.profile.empty())

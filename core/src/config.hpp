@@ -61,7 +61,8 @@ struct RunConfig {
   bool dry_run = false;
   bool calibrate = false;  // --calibrate: measure this allocation into --profile instead of a run
   std::vector<std::string> calibrate_from;  // --calibrate-from RUN.h5: comm samples from run files
-  double memory_limit = 0;                  // bytes per rank, 0 = none (--dry-run, --advise)
+  double memory_limit = 0;                  // bytes per rank, 0 = none (memory_admission.hpp)
+  bool skip_memory_check = false;           // run even when the memory admission refuses
   bool advise = false;                      // --advise: rank configurations (predict/advisor.hpp)
   std::vector<int> advise_micro_batches = {1, 2, 4, 8};
   int advise_top = 10;

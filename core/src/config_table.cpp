@@ -273,8 +273,14 @@ std::vector<Row> what_to_run_rows() {
                 readable_file_rule, "a readable run file or table", "/dev/null",
                 {"", "/nonexistent-strata-run.h5", "/"}),
       size("memory-limit", W, 1125899906842624.0,
-           "with --dry-run or --advise: bytes of device memory per rank to fit in (e.g. 80GiB)",
+           "bytes of memory per rank to fit in (e.g. 80GiB; a GPU's device memory): --dry-run "
+           "and --advise check against it; a run is refused before it starts when its predicted "
+           "memory exceeds it (default: what this host lets its ranks use, --skip-memory-check)",
            [](RunConfig& c, double v) { c.memory_limit = v; }),
+      flag("skip-memory-check", W,
+           "start the run even when its predicted memory exceeds what the host lets its ranks "
+           "use or --memory-limit",
+           [](RunConfig& c, bool b) { c.skip_memory_check = b; }),
       flag("advise", W,
            "rank every strategy, mesh (tp inside a node), --advise-micro-batches size and "
            "recompute mode that fits --memory-limit for --model on --nodes x --ranks-per-node "

@@ -108,7 +108,6 @@ check "--data $tmp/odd.bin: must be a flat file of uint16 tokens" --plugin ddp -
 head -c 4000 /dev/zero | tr '\0' '\377' > "$tmp/big-tokens.bin"
 check "--data $tmp/big-tokens.bin: token 65535 at 0 is not below --vocab 256" --plugin ddp --data "$tmp/big-tokens.bin"
 check "--steps 6: --steps is given twice" --plugin ddp --steps 5 --steps 6
-check "--memory-limit: only with --dry-run" --plugin ddp --memory-limit 1GiB
 check "--warmup 5: must be below --steps 5" --plugin ddp --steps 5 --warmup 5
 # Found by fuzzing (tests/fuzz/regressions/fuzz_config): Boost's error text looped for ever.
 check "'--x%canonical_option%': no such option" --plugin ddp '--x%canonical_option%'

@@ -25,6 +25,7 @@
 #include "exit_codes.hpp"
 #include "format.hpp"
 #include "launch.hpp"
+#include "memory_admission.hpp"
 #include "plugin_loader.hpp"
 #include "predict/advise_cli.hpp"
 #include "predict/calibrate_machine.hpp"
@@ -248,6 +249,20 @@ void check_where_it_runs(RunConfig& config, const LaunchEnv& env) {
   }
 }
 
+// Memory admission (memory_admission.hpp) before any rank starts or allocates: false, with the
+// refusal printed, when the ranks of this host would not fit. Under a launcher every rank checks
+// its host (which ranks share it is known only once MPI runs), so each refusing rank says so.
+bool admitted(const RunConfig& config, const Strategy& strategy, const LaunchEnv& env, int world) {
+  const int here = env.under_launcher ? std::max(env.local_size, 1) : world;
+  const std::string refusal = memory_admission(config, strategy, here, host_memory());
+  if (refusal.empty()) return true;
+  if (env.under_launcher)
+    std::fprintf(stderr, "runner: error: rank %d: %s\n", env.rank, refusal.c_str());
+  else
+    std::fprintf(stderr, "runner: error: %s\n", refusal.c_str());
+  return false;
+}
+
 bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
              PluginRegistry& registry, int& code) {
   config = parse_cli(argc, argv);
@@ -304,10 +319,12 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
       std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());
   }
   check_where_it_runs(config, env);
-  if (!env.under_launcher && world > 1) {
-    check_local_world(config, world);
-    relaunch(config, world, argc, argv);
+  if (!env.under_launcher && world > 1) check_local_world(config, world);
+  if (!config.calibrate && !config.skip_memory_check && !admitted(config, *strategy, env, world)) {
+    code = exit_code::does_not_fit;
+    return false;
   }
+  if (!env.under_launcher && world > 1) relaunch(config, world, argc, argv);
   return true;
 }
 
