@@ -6,6 +6,7 @@
 #include <boost/program_options.hpp>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -132,16 +133,35 @@ void collect_cli(int argc, char** argv, std::vector<Given>& given) {
   }
 }
 
+// A config file's text, read once: at most 1 MiB (`--config /dev/zero` must not read for ever),
+// no NUL byte (a binary file; it would also cut the messages that quote a line), a UTF-8 byte
+// order mark at its start dropped as editors write it (CRLF line ends Boost already takes).
+std::string config_text(const std::string& where, const std::string& path) {
+  constexpr std::size_t kMaxConfigBytes = 1 << 20;
+  std::ifstream in(path, std::ios::binary);
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(std::size_t(in.gcount()));
+  if (text.size() > kMaxConfigBytes)
+    throw ConfigError(where + " " + path + ": larger than 1 MiB, not a config file");
+  if (const auto nul = text.find('\0'); nul != std::string::npos)
+    throw ConfigError(where + " " + path + ": a NUL byte at offset " + std::to_string(nul) +
+                      ", not a text file");
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  return text;
+}
+
 void collect_config_file(const std::string& where, const std::string& path,
                          std::vector<Given>& given) {
   if (std::string why = readable_file_rule(path); !why.empty())
     throw ConfigError(where + " " + (path.empty() ? "''" : path) + ": " + why);
+  const std::string text = config_text(where, path);
   {
-    std::ifstream lines(path);
+    std::istringstream lines(text);
     for (std::string line; std::getline(lines, line);)
       refuse_percent_in_name(where + " " + path + ": ", line.substr(0, line.find('=')));
   }
-  std::ifstream f(path);
+  std::istringstream f(text);
   const po::options_description desc = make_description(false);
   po::parsed_options parsed(&desc);
   try {
@@ -255,6 +275,13 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   if (given_any(given, "warmup") && c.train.warmup >= c.train.steps)
     throw ConfigError("--warmup " + std::to_string(c.train.warmup) + ": must be below --steps " +
                       std::to_string(c.train.steps));
+  // 0 means the node's measured peak; a positive peak below 1 MFLOP/s only makes MFU absurd.
+  if (c.peak_tflops > 0 && c.peak_tflops < 1e-6) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", c.peak_tflops);
+    throw ConfigError("--peak-tflops " + std::string(text) +
+                      ": must be 0 (the node's measured peak) or at least 1e-06");
+  }
   check_advise(c, given);
   check_attention(c);
   if (c.calibrate && c.profile.empty())

@@ -88,6 +88,15 @@ void require_data_parallel_only(const MeshSpec& mesh, const std::string& strateg
                       std::to_string(mesh.tp) + ", pp=" + std::to_string(mesh.pp) + ")");
 }
 
+double bucket_mb_option(const Options& options) {
+  constexpr double kMaxBucketMiB = 1048576;  // 1 TiB
+  const double mib = options.get_real("bucket_mb");
+  if (!(mib > 0 && mib <= kMaxBucketMiB))
+    throw ConfigError("--plugin-opt bucket_mb=" + options.get("bucket_mb") +
+                      ": must be a number of MiB in (0, 1048576]");
+  return mib;
+}
+
 AdamWConfig adamw_config(const Context& ctx) {
   AdamWConfig c;
   c.lr = float(ctx.train().lr);

@@ -103,6 +103,47 @@ void check_local_world(const RunConfig& config, int world) {
                       " cores); run them under your cluster's launcher");
 }
 
+std::vector<std::string> shell_words(const std::string& text, const std::string& what) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  char quote = 0;  // ' or " while inside quotes
+  auto refuse = [&](const std::string& why) {
+    throw ConfigError(what + "=" + text + ": " + why + " (split as a shell would)");
+  };
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (quote == '\'') {
+      if (ch == '\'')
+        quote = 0;
+      else
+        word += ch;
+    } else if (quote == '"') {
+      if (ch == '"')
+        quote = 0;
+      else if (ch == '\\' && i + 1 < text.size() && std::strchr("\"\\$`", text[i + 1]))
+        word += text[++i];
+      else
+        word += ch;
+    } else if (ch == ' ' || ch == '\t' || ch == '\n') {
+      if (in_word) words.push_back(word), word.clear(), in_word = false;
+    } else {
+      in_word = true;
+      if (ch == '\'' || ch == '"')
+        quote = ch;
+      else if (ch != '\\')
+        word += ch;
+      else if (i + 1 < text.size())
+        word += text[++i];
+      else
+        refuse("a backslash at the end");
+    }
+  }
+  if (quote) refuse(std::string("an unbalanced ") + quote);
+  if (in_word) words.push_back(word);
+  return words;
+}
+
 void relaunch(const RunConfig& config, int world, int argc, char** argv) {
   std::vector<std::string> cmd;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -140,10 +181,8 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
       ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
       ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     }
-    if (const char* extra = std::getenv("STRATA_MPIRUN_ARGS")) {
-      std::stringstream ss(extra);
-      for (std::string a; ss >> a;) cmd.push_back(a);
-    }
+    if (const char* extra = std::getenv("STRATA_MPIRUN_ARGS"))
+      for (std::string& a : shell_words(extra, "STRATA_MPIRUN_ARGS")) cmd.push_back(std::move(a));
   }
   cmd.push_back(self);
   for (int i = 1; i < argc; ++i) cmd.push_back(argv[i]);

@@ -38,4 +38,9 @@ void check_local_world(const RunConfig& config, int world);
 // the same command line on `world` ranks. Returns only on failure (throws Error).
 [[noreturn]] void relaunch(const RunConfig& config, int world, int argc, char** argv);
 
+// STRATA_MPIRUN_ARGS's words, split as a POSIX shell splits them (no expansion): blanks separate,
+// '...' keeps everything, "..." keeps everything but \" \\ \$ \` (escapes), a backslash outside
+// quotes keeps the next character. ConfigError for an unbalanced quote or a trailing backslash.
+std::vector<std::string> shell_words(const std::string& text, const std::string& what);
+
 }  // namespace strata

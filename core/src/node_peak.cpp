@@ -63,10 +63,26 @@ namespace {
 std::vector<std::pair<std::string, double>> read_cache_lines(const std::string& path,
                                                              std::string* warnings) {
   std::vector<std::pair<std::string, double>> lines;
+  // A regular file of at most 1 MiB: STRATA_PEAK_CACHE=/dev/zero or a FIFO must not be read for
+  // ever (or written: write_cache_lines would rename a file over the device).
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    if (warnings)
+      *warnings += "strata: warning: peak cache " + path + " is not a regular file: not used\n";
+    return lines;
+  }
+  constexpr std::size_t kMaxCacheBytes = 1 << 20;
   std::ifstream f(path);
   int number = 0;
+  std::size_t bytes = 0;
   for (std::string line; std::getline(f, line);) {
     ++number;
+    if ((bytes += line.size() + 1) > kMaxCacheBytes) {
+      if (warnings)
+        *warnings +=
+            "strata: warning: peak cache " + path + " is larger than 1 MiB: the rest ignored\n";
+      break;
+    }
     const std::size_t tab = line.rfind('\t');
     double value = 0;
     bool ok = tab != std::string::npos && tab > 0;
@@ -92,6 +108,10 @@ bool write_cache_lines(const std::string& path,
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path target(path);
+  if (fs::exists(target, ec) && !fs::is_regular_file(target, ec)) {
+    if (error) *error = path + " is not a regular file";
+    return false;
+  }
   if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
   {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -136,16 +137,22 @@ std::shared_ptr<Strategy> PluginRegistry::create(const std::string& name,
   return std::shared_ptr<Strategy>(s.release(), [library](Strategy* x) { delete x; });
 }
 
+// Plugins keep integer options in an int: a value beyond it would wrap (2147483648 read as
+// -2147483648) before the plugin could check it.
+constexpr long long kMinOptionInteger = -2147483648LL, kMaxOptionInteger = 2147483647LL;
+
 static bool parses_as(OptionType t, const std::string& v, const std::vector<std::string>& choices) {
   try {
     std::size_t used = 0;
     switch (t) {
-      case OptionType::integer:
-        std::stoll(v, &used);
-        return used == v.size();
-      case OptionType::real:
-        std::stod(v, &used);
-        return used == v.size();
+      case OptionType::integer: {
+        const long long x = std::stoll(v, &used);
+        return used == v.size() && x >= kMinOptionInteger && x <= kMaxOptionInteger;
+      }
+      case OptionType::real: {  // finite: no inf or nan
+        const double x = std::stod(v, &used);
+        return used == v.size() && std::isfinite(x);
+      }
       case OptionType::boolean:
         return v == "true" || v == "false" || v == "on" || v == "off" || v == "1" || v == "0" ||
                v == "yes" || v == "no";
@@ -162,9 +169,10 @@ static bool parses_as(OptionType t, const std::string& v, const std::vector<std:
 static std::string allowed(const OptionSpec& o) {
   switch (o.type) {
     case OptionType::integer:
-      return "an integer";
+      return "a whole number in " + std::to_string(kMinOptionInteger) + ".." +
+             std::to_string(kMaxOptionInteger);
     case OptionType::real:
-      return "a number";
+      return "a finite number";
     case OptionType::boolean:
       return "true or false";
     case OptionType::string:
@@ -181,6 +189,7 @@ static std::string allowed(const OptionSpec& o) {
 Options validate_options(const StrategySpec& spec, const std::vector<std::string>& key_values) {
   std::map<std::string, std::string> values;
   for (const OptionSpec& o : spec.options) values[o.name] = o.default_value;
+  std::vector<std::string> given;
   for (const std::string& kv : key_values) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -196,6 +205,10 @@ Options validate_options(const StrategySpec& spec, const std::vector<std::string
     }
     if (!parses_as(it->type, value, it->choices))
       throw ConfigError("--plugin-opt " + key + "=" + value + ": must be " + allowed(*it));
+    if (std::find(given.begin(), given.end(), key) != given.end())
+      throw ConfigError("--plugin-opt " + key + "=" + value + ": " + key +
+                        " is given twice (first " + key + "=" + values[key] + ")");
+    given.push_back(key);
     values[key] = value;
   }
   return Options(std::move(values));

@@ -19,13 +19,10 @@ struct Bucket {
 
 class BucketedDdp final : public Strategy {
  public:
-  explicit BucketedDdp(const Options& o) : bucket_mb_(o.get_real("bucket_mb")) {}
+  explicit BucketedDdp(const Options& o) : bucket_mb_(bucket_mb_option(o)) {}
 
   void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override {
     require_data_parallel_only(mesh, "ddp");
-    if (!(bucket_mb_ > 0))
-      throw ConfigError("--plugin-opt bucket_mb=" + std::to_string(bucket_mb_) +
-                        ": must be a positive number of MiB");
   }
 
   Prediction predict(const PredictInput& in) const override {

@@ -24,7 +24,22 @@ check() {  # check "<expected text>" [VAR=value...] args...
 check "--plugin nosuch: no such strategy (found: " --plugin nosuch
 check "--plugin: required" --model tiny
 check "--plugin-opt nosuch: strategy ddp has no such option (it has: bucket_mb)" --plugin ddp --plugin-opt nosuch=1
-check "--plugin-opt bucket_mb=abc: must be a number" --plugin ddp --plugin-opt bucket_mb=abc
+check "--plugin-opt bucket_mb=abc: must be a finite number" --plugin ddp --plugin-opt bucket_mb=abc
+# Numbers checked as numbers, each quoted as given: no overflow into a size or an int, no negative
+# advice, no absurd MFU, no key given twice.
+check "--plugin-opt bucket_mb=inf: must be a finite number" --plugin zero2 --plugin-opt bucket_mb=inf
+check "--plugin-opt bucket_mb=1e20: must be a number of MiB in (0, 1048576]" --plugin ddp --plugin-opt bucket_mb=1e20
+check "--plugin-opt bucket_mb=1e20: must be a number of MiB in (0, 1048576]" --plugin zero2 --plugin-opt bucket_mb=1e20
+check "--plugin-opt prefetch=9223372036854775807: must be a whole number in -2147483648..2147483647" \
+  --plugin zero3 --plugin-opt prefetch=9223372036854775807
+check "--plugin-opt virtual_stages=2147483648: must be a whole number in" --plugin interleaved \
+  --plugin-opt virtual_stages=2147483648
+check "no --global-batch gives that many (at most 2147483647)" --plugin 1f1b --plugin-opt microbatches=1000000000
+check "STRATA_MPIRUN_ARGS=-x \"a: an unbalanced \" (split as a shell would)" 'STRATA_MPIRUN_ARGS=-x "a' \
+  --plugin ddp --nodes 1 --ranks-per-node 2 --steps 2
+check "--peak-tflops 1e-300: must be 0 (the node's measured peak) or at least 1e-06" --plugin ddp --peak-tflops 1e-300
+check "--plugin-opt bucket_mb=2: bucket_mb is given twice (first bucket_mb=1)" --plugin ddp \
+  --plugin-opt bucket_mb=1 --plugin-opt bucket_mb=2
 check "--plugin-opt bucket_mb=" --plugin ddp --plugin-opt bucket_mb=-1
 check "dp x tp x pp must equal the world size" --plugin ddp --nodes 3 --mesh dp=2
 # As if mpirun had started 4 ranks (checked before MPI starts, so no MPI is needed here).

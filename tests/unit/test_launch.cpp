@@ -109,3 +109,27 @@ TEST(ThreadsPerRank, OptionThenEnvironmentThenAuto) {
   }
   EXPECT_EQ(blas_threads_for(RunConfig{}, 1 << 20, &origin), 1);
 }
+
+// STRATA_MPIRUN_ARGS split as a shell would: `-x FOO="a b"` is two words, not three (the audit's
+// `b"` that mpirun then tried to run).
+TEST(ShellWords, QuotesAndEscapesAsAShell) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(shell_words("-x FOO=\"a b\"", "V"), (V{"-x", "FOO=a b"}));
+  EXPECT_EQ(shell_words("  'a b'\tc\\ d \"e\\\"f\\$\" g'h'i ''", "V"),
+            (V{"a b", "c d", "e\"f$", "ghi", ""}));
+  EXPECT_EQ(shell_words("\"a\\nb\" 'c\\d'", "V"), (V{"a\\nb", "c\\d"}));
+  EXPECT_EQ(shell_words(" \t ", "V"), V{});
+  auto refusal = [](const std::string& text) {
+    try {
+      shell_words(text, "STRATA_MPIRUN_ARGS");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal("-x FOO=\"a b"),
+            "STRATA_MPIRUN_ARGS=-x FOO=\"a b: an unbalanced \" (split as a shell would)");
+  EXPECT_EQ(refusal("it's"), "STRATA_MPIRUN_ARGS=it's: an unbalanced ' (split as a shell would)");
+  EXPECT_EQ(refusal("a\\"),
+            "STRATA_MPIRUN_ARGS=a\\: a backslash at the end (split as a shell would)");
+}

@@ -94,7 +94,8 @@ TEST(Options, ValidatedAgainstTheDescriptor) {
                     "",
                     {{"bucket_mb", OptionType::real, "25", "", {}},
                      {"mode", OptionType::choice, "a", "", {"a", "b"}},
-                     {"on", OptionType::boolean, "true", "", {}}}};
+                     {"on", OptionType::boolean, "true", "", {}},
+                     {"count", OptionType::integer, "1", "", {}}}};
   Options o = validate_options(spec, {"bucket_mb=1.5", "mode=b"});
   EXPECT_DOUBLE_EQ(o.get_real("bucket_mb"), 1.5);
   EXPECT_EQ(o.get("mode"), "b");
@@ -107,9 +108,21 @@ TEST(Options, ValidatedAgainstTheDescriptor) {
     }
     return std::string();
   };
-  EXPECT_NE(message({"nosuch=1"}).find("has no such option (it has: bucket_mb, mode, on)"),
+  EXPECT_NE(message({"nosuch=1"}).find("has no such option (it has: bucket_mb, mode, on, count)"),
             std::string::npos);
-  EXPECT_NE(message({"bucket_mb=abc"}).find("must be a number"), std::string::npos);
+  EXPECT_NE(message({"bucket_mb=abc"}).find("must be a finite number"), std::string::npos);
+  // Numbers checked as numbers: no inf or nan, integers within the int a plugin keeps them in
+  // (2147483648 would wrap to -2147483648), a key given twice refused, each quoted as given.
+  for (const char* bad : {"bucket_mb=inf", "bucket_mb=-inf", "bucket_mb=nan", "bucket_mb=1e999"})
+    EXPECT_EQ(message({bad}), std::string("--plugin-opt ") + bad + ": must be a finite number");
+  EXPECT_EQ(message({"count=2147483648"}),
+            "--plugin-opt count=2147483648: must be a whole number in -2147483648..2147483647");
+  EXPECT_NE(message({"count=9223372036854775807"}).find("must be a whole number in"),
+            std::string::npos);
+  EXPECT_EQ(message({"count=2147483647"}), "");
+  EXPECT_EQ(message({"count=-2147483648"}), "");
+  EXPECT_EQ(message({"mode=a", "mode=b"}),
+            "--plugin-opt mode=b: mode is given twice (first mode=a)");
   EXPECT_NE(message({"mode=c"}).find("must be one of a b"), std::string::npos);
   EXPECT_NE(message({"on=maybe"}).find("true or false"), std::string::npos);
   EXPECT_NE(message({"novalue"}).find("expected KEY=VALUE"), std::string::npos);

@@ -89,6 +89,16 @@ TEST_F(NodePeakCache, MissingFileIsAMiss) {
   EXPECT_FALSE(read_cached_peak("", "k", &warnings));  // no cache configured
 }
 
+// STRATA_PEAK_CACHE naming a device: not read for ever, and never replaced by a renamed file.
+TEST_F(NodePeakCache, DeviceIsNeitherReadNorWritten) {
+  std::string warnings, error;
+  EXPECT_FALSE(read_cached_peak("/dev/zero", "k", &warnings));
+  EXPECT_EQ(warnings, "strata: warning: peak cache /dev/zero is not a regular file: not used\n");
+  EXPECT_FALSE(write_cached_peak("/dev/zero", "k", 1e11, &error));
+  EXPECT_EQ(error, "/dev/zero is not a regular file");
+  EXPECT_FALSE(std::filesystem::is_regular_file("/dev/zero"));
+}
+
 TEST_F(NodePeakCache, WriteReadReplaceRemove) {
   std::string error;
   ASSERT_TRUE(write_cached_peak(path, "a|fp32", 1.25e11, &error)) << error;

@@ -141,6 +141,34 @@ TEST(Options, ConfigFileRefusesEveryInvalidValue) {
   std::printf("%d invalid config-file values refused\n", cases);
 }
 
+// A config as editors write it: a UTF-8 byte order mark, CRLF line ends. A NUL byte (a binary
+// file) and an endless or huge file (/dev/zero) refused with one line that names them.
+TEST(Options, ConfigFileTakesBomAndCrlfAndRefusesBinary) {
+  const fs::path ini = scratch().dir / "editor.ini";
+  std::ofstream(ini, std::ios::binary) << "\xEF\xBB\xBFsteps = 7\r\nmodel = small\r\n";
+  const RunConfig c = parse({"--config", ini.string()});
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.model.preset, "small");
+  std::ofstream(ini, std::ios::binary) << std::string("steps = 7\nmo\0del = small\n", 22);
+  EXPECT_THROW(
+      {
+        try {
+          parse({"--config", ini.string()});
+        } catch (const ConfigError& e) {
+          EXPECT_EQ(std::string(e.what()),
+                    "--config " + ini.string() + ": a NUL byte at offset 12, not a text file");
+          throw;
+        }
+      },
+      ConfigError);
+  try {
+    parse({"--config", "/dev/zero"});
+    ADD_FAILURE() << "--config /dev/zero accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "--config /dev/zero: larger than 1 MiB, not a config file");
+  }
+}
+
 TEST(Options, EnvironmentRefusesEveryInvalidValue) {
   int cases = 0;
   for (const RunnerOption& o : runner_options())

@@ -212,11 +212,16 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
                         " entries (pp x virtual_stages) summing to the " +
                         std::to_string(model.layers) + " layers");
   }
-  if (cfg.microbatches != 0 && cfg.microbatches != m)
-    throw ConfigError("--plugin-opt microbatches=" + std::to_string(cfg.microbatches) +
-                      ": the batch gives " + std::to_string(m) +
-                      " (--global-batch / (--micro-batch x dp)); set --global-batch " +
-                      std::to_string(cfg.microbatches * t.micro_batch * mesh.dp));
+  if (cfg.microbatches != 0 && cfg.microbatches != m) {
+    // In 64 bits: the advice must not wrap into a negative batch.
+    const long long batch = 1LL * cfg.microbatches * t.micro_batch * mesh.dp;
+    throw ConfigError(
+        "--plugin-opt microbatches=" + std::to_string(cfg.microbatches) + ": the batch gives " +
+        std::to_string(m) + " (--global-batch / (--micro-batch x dp)); " +
+        (cfg.microbatches > 0 && batch <= 2147483647LL
+             ? "set --global-batch " + std::to_string(batch)
+             : std::string("no --global-batch gives that many (at most 2147483647)")));
+  }
 }
 
 // predict()'s notes: the rank's stage and units, micro-batches, tp and what dp shards.

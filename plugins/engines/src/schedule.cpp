@@ -8,7 +8,7 @@ namespace strata::sharded {
 
 EngineConfig zero_engine_config(const std::string& name, const Options& o) {
   EngineConfig c;
-  c.bucket_mb = o.get_real("bucket_mb");
+  c.bucket_mb = bucket_mb_option(o);
   c.overlap = o.get_bool("overlap");
   c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
   c.shard_grads = name != "zero1";

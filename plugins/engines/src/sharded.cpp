@@ -236,7 +236,6 @@ void Engine::step_offloaded(Context& ctx, int step, float clip) {
 
 void EngineStrategy::validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const {
   require_data_parallel_only(mesh, name_);
-  if (!(config_.bucket_mb > 0)) throw ConfigError("--plugin-opt bucket_mb: must be > 0 MiB");
   if (config_.forward_prefetch < 0 || config_.backward_prefetch < 0)
     throw ConfigError("--plugin-opt prefetch: must be >= 0");
   if (config_.units_per_group < 1) throw ConfigError("--plugin-opt wrap: must be >= 1 unit");
