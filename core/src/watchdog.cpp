@@ -36,7 +36,21 @@ extern "C" void on_signal(int sig) {
   g_signal = sig;
 }
 
-const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+// The signals that cancel a run (install_signal_handlers), by name.
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    default:
+      return "SIGTERM";
+  }
+}
 
 std::string seconds(double s) {
   char buf[32];
@@ -57,8 +71,10 @@ void install_signal_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  // SIGHUP: the terminal or the session went away; SIGUSR1/2: what Slurm's --signal=USR1@N and
+  // batch systems send ahead of the time limit (their default action would end the rank without
+  // a word).
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &sa, nullptr);
 }
 
 struct Watchdog::Impl {
@@ -245,9 +261,11 @@ struct Watchdog::Impl {
                   "or crashed), then the job was ended (" +
                   first + ")",
               exit_code::rank_lost, true);
-    end_job("cancelled",
-            "cancelled: " + first + " (scancel, Slurm's time limit, the launcher or Ctrl-C)", code,
-            true);
+    end_job(
+        "cancelled",
+        "cancelled: " + first +
+            " (scancel, Slurm's time limit or --signal, the launcher, Ctrl-C or a closed session)",
+        code, true);
   }
 
   // Other ranks: tell rank 0 and let it write the file; if rank 0 does not answer within a

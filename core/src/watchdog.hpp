@@ -12,7 +12,8 @@ namespace strata {
 
 struct RunState;
 
-// SIGTERM and SIGINT (Slurm's time limit and scancel, the launcher ending the job, Ctrl-C) only
+// SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 (Slurm's time limit, scancel and --signal, the
+// launcher ending the job, Ctrl-C, a closed terminal) only
 // raise a flag that the watchdog acts on. Call once, after MPI is initialised.
 void install_signal_handlers();
 

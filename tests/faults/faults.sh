@@ -132,6 +132,13 @@ case $case_name in
     job_ends_within 20
     expect_file cancelled "cancelled: rank 2 got SIGTERM"
     ;;
+  sigusr1-rank1 | sighup-rank0)  # Slurm's --signal=USR1@N to the ranks; a closed session's SIGHUP
+    sig=${case_name%-*} rank=${case_name#*-rank}
+    start_job 3 30
+    wait_for "step +3/" 60 && kill -"${sig#sig}" "$(rank_pid "$rank")"
+    job_ends_within 20
+    expect_file cancelled "cancelled: rank $rank got ${sig^^}"
+    ;;
   throw-setup | oom-setup | throw-step | oom-step)  # an exception or a refused allocation
     mode=${case_name%-*} at=${case_name#*-}
     OPENBLAS_NUM_THREADS=1 "$mpirun" -np 2 "${mpi_flags[@]}" "$runner" --plugin-path "$plugin_dir" \
