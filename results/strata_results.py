@@ -220,7 +220,7 @@ def _provenance(f):
                 continue  # an array or an empty value: not one line of text
         hosts = []
         ds = group.get("hostnames")
-        if isinstance(ds, h5py.Dataset) and ds.ndim == 1 and (
+        if isinstance(ds, h5py.Dataset) and ds.ndim == 1 and ds.size <= 1 << 20 and (
                 h5py.check_string_dtype(ds.dtype) or ds.dtype.kind == "S"):
             hosts = [_text(v) for v in ds[()]]
         return attrs, hosts
@@ -241,6 +241,12 @@ def _shape_text(shape):
     return "[%s]" % " x ".join("*" if n is None else str(n) for n in shape)
 
 
+# The most a dataset the tools read may hold: a run of 1,000 ranks x 100,000 steps is 0.8 GB a
+# metric; a larger one is damage or not strata's, and reading it (a chunked dataset can declare
+# terabytes in a small file) would end the whole tool with a MemoryError.
+_MAX_DATASET_BYTES = 1 << 30
+
+
 def _read(ds, path):
     try:
         shape = ds.shape
@@ -249,6 +255,10 @@ def _read(ds, path):
         raise RunFileError("unreadable or partial (%s: %s)" % (path, _why(e)))
     if shape is None:
         raise _malformed("%s has no dataspace (empty)" % path)
+    size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if size > _MAX_DATASET_BYTES:
+        raise _malformed("%s declares %s values (%.3g GiB), more than the tools read (1 GiB)"
+                         % (path, _shape_text(shape), size / 2**30))
     return shape, dtype
 
 
@@ -584,6 +594,8 @@ def load(paths):
                 skipped.append((path, str(e)))
         except RunFileError as e:
             skipped.append((path, str(e)))
+        except MemoryError:  # a last resort: _read bounds what a file may declare
+            skipped.append((path, "too large to read (out of memory)"))
     return runs, skipped
 
 

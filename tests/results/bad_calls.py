@@ -84,6 +84,10 @@ CASES = [
     (C, ["--strict", GOOD, ONLYBAD], 1, "compare: B (%s): no usable run file" % ONLYBAD),
     (C, ["--strict", GOOD, TEXT], 1, "compare: B (%s): no usable run file" % TEXT),
     (C, ["--strict", GOOD, NOH5], 1, "compare: B (%s): no usable run file" % NOH5),
+    # ddp and tp on 2 ranks against the 1-rank reference: nothing in common, nothing compared
+    # (--strict fails; without it the table lists each as "only in" one side).
+    (C, ["--strict", GOOD, OTHER_FILE], 1, "compare: A and B have no configuration in common"),
+    (C, [GOOD, OTHER_FILE], 0, "compare: A and B have no configuration in common"),
     (C, ["--where-a", "transport", GOOD, GOOD], 2, "--where-a/--where-b transport: expected FIELD=VALUE"),
     (C, ["--where-b", "=mpi", GOOD, GOOD], 2, "--where-a/--where-b =mpi: expected FIELD=VALUE"),
     (C, ["--where-a"], 2, "argument --where-a: expected one argument"),

@@ -189,6 +189,13 @@ DAMAGED = [
     ("steps_no_steps", DDP, lambda f: [replace(f, "/steps/" + k, f["/steps/" + k][()][:, :0])
                                        for k in list(f["/steps"].keys())],
      "malformed: /steps/loss has shape [2 x 0]: no rank or no step"),
+    # A chunked dataset declaring 2 x 2^31 values (32 GiB) in a small file: skipped, not read
+    # (the tools ended with a MemoryError before).
+    ("steps_huge_chunked", DDP,
+     lambda f: [f["/steps"].__delitem__("loss"),
+                f["/steps"].create_dataset("loss", shape=(2, 2**31), dtype="f8", chunks=(1, 1024))],
+     "malformed: /steps/loss declares [2 x 2147483648] values (32 GiB), more than the tools read "
+     "(1 GiB)"),
     ("steps_empty_dataspace", DDP, put("/steps/loss", h5py.Empty("f8")),
      "malformed: /steps/loss has no dataspace (empty)"),
     ("memory_peak_shape", DDP, edit("/memory/peak_bytes", lambda a: a[:, :-1]),

@@ -32,4 +32,13 @@ grep -q "FAILED tiny_faulty.* (exit 5: out of memory, " "$work/study.log" && ok 
 grep -qP "\tfailed\(rc=5 out of memory\)\t" "$out/runs.tsv" && ok || fail "runs.tsv: $(cat "$out/runs.tsv")"
 [[ $(grep -c $'\tok\t' "$out/runs.tsv") -eq 2 ]] && ok || fail "runs.tsv: want 2 ok runs"
 grep -q "done: 3 run (1 failed)" "$work/study.log" && ok || fail "no done line with the failure"
+# Results under a directory whose name holds glob characters: found, summarised (not taken as a
+# pattern that matches nothing: "no run files yet").
+globby="$work/[x] *"
+mkdir -p "$globby"
+printf 'STRATA_STUDY=g\nSTRATA_STRATEGIES=ddp\nSTRATA_NODES=1\nSTRATA_RANKS_PER_NODE=1\nSTRATA_MODEL=tiny\nSTRATA_STEPS=2\nSTRATA_RUNNER_ARGS=--blas-threads 1\n' \
+  > "$work/g.study"
+STRATA_RESULTS=$globby STRATA_RUNNER=$runner bash "$src/slurm/scale.sbatch" "$work/g.study" \
+  > "$work/g.log" 2>&1 && [[ -s "$globby/g/summary.txt" ]] && ! grep -q "no run files yet" "$work/g.log" \
+  && ok || fail "a study under '$globby': $(tail -3 "$work/g.log")"
 finish
