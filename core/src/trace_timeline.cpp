@@ -77,10 +77,4 @@ std::string trace_json_path(const std::string& run_file) {
   return std::filesystem::path(run_file).replace_extension(".trace.json").string();
 }
 
-std::string hidden_temporary(const std::string& path) {
-  const std::filesystem::path p(path);
-  return (p.parent_path() / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid())))
-      .string();
-}
-
 }  // namespace strata

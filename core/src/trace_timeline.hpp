@@ -22,7 +22,4 @@ void collect_trace(const std::vector<std::vector<double>>& per_rank, RunRecord& 
 // <out>/<id>.trace.json beside <out>/<id>.h5.
 std::string trace_json_path(const std::string& run_file);
 
-// <dir>/.<name>.tmp-<pid>: where a file is written before it is renamed into place.
-std::string hidden_temporary(const std::string& path);
-
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "backend.hpp"
 #include "calibrate.hpp"
@@ -19,6 +20,7 @@
 #include "process_memory.hpp"
 #include "profiler_ranges.hpp"
 #include "provenance.hpp"
+#include "results/temporary_file.hpp"
 #include "summary.hpp"
 #include "topology.hpp"
 #include "trace_timeline.hpp"
@@ -278,18 +280,15 @@ void write_results(const RunConfig& config, RunState& state,
                    const std::vector<std::vector<double>>& traces) {
   RunRecord& rec = state.record;
   const std::string json = trace_json_path(state.path);
-  const std::string json_tmp = hidden_temporary(json);
-  try {
-    if (config.trace) collect_trace(traces, rec, json_tmp);
-    write_run_file(rec, state.path);
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(json_tmp, ignored);
-    throw;
+  std::optional<TemporaryFile> json_tmp;  // removed, should the run file fail, when it goes
+  if (config.trace) {
+    json_tmp.emplace(json);
+    collect_trace(traces, rec, json_tmp->path());
   }
+  write_run_file(rec, state.path);
   state.written = true;
   if (config.trace) {
-    std::filesystem::rename(json_tmp, json);
+    json_tmp->commit(true);
     std::printf("strata: trace of %zu intervals in /trace and %s\n", rec.trace.size(),
                 json.c_str());
   } else {

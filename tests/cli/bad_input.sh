@@ -129,6 +129,11 @@ check "'--x%canonical_option%': no such option" --plugin ddp '--x%canonical_opti
 check "--steps x%value%: must be a whole number" --plugin ddp --steps 'x%value%'
 check "'--delist-transports': no such option" --plugin ddp '--delist-transports=scrivo%c-%canonical_option%i=sa'
 check "'--dry-run': a flag takes no value" --plugin ddp '--dry-run=%canonical_option%'
+# A directory where --trace's timeline goes: refused before the run (it used to end a finished run
+# with exit 3 while its file said ok).
+mkdir -p "$out/tdir.trace.json"
+check "--trace: $out/tdir.trace.json is a directory (the timeline is written there)" --plugin ddp \
+  --trace --run-id tdir
 left=$(find "$out" -type f | wc -l)
 if [[ $left -ne 0 ]]; then echo "FAIL: $left file(s) left in $out"; fails=$((fails+1)); fi
 echo "$((cases - fails)) passed, $fails failed"

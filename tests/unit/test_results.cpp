@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "results/run_record.hpp"
+#include "results/temporary_file.hpp"
 #include "strata/types.hpp"
 #include "summary.hpp"
 
@@ -542,6 +543,34 @@ TEST_F(Results, NoTemporaryFileRemains) {
   strata::write_run_file(full_record(), file("run.h5"));
   strata::write_run_file(full_record(), file("run.h5"));  // overwrite
   EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"run.h5"});
+}
+
+// kill -9 leaves temporary files, and a later process may have the dead one's pid: a stale one,
+// under the old name or the new, is neither taken (the run would fail) nor deleted (not ours).
+TEST_F(Results, StaleTemporaryFilesAreNeitherTakenNorDeleted) {
+  const std::string pid = std::to_string(::getpid());
+  for (const std::string& stale : {".run.h5.tmp-" + pid, ".run.h5.tmp-" + pid + "-00000000"})
+    std::ofstream(dir_ / stale) << "left by a killed run\n";
+  strata::write_run_file(full_record(), file("run.h5"));
+  EXPECT_EQ(strata::read_run_file(file("run.h5")).run_id, full_record().run_id);
+  EXPECT_EQ(dir_entries(dir_), (std::vector<std::string>{".run.h5.tmp-" + pid,
+                                                         ".run.h5.tmp-" + pid + "-00000000",
+                                                         "run.h5"}));
+}
+
+TEST_F(Results, TemporaryFileIsOursUntilCommitted) {
+  std::string first;
+  {
+    strata::TemporaryFile a(file("t.json")), b(file("t.json"));
+    EXPECT_NE(a.path(), b.path());
+    first = a.path();
+    ASSERT_EQ(::write(a.fd(), "x", 1), 1);
+    EXPECT_TRUE(a.commit(false));  // nothing named t.json yet
+    EXPECT_FALSE(b.commit(false));  // now there is: it stays, and b is not moved
+  }  // b removed here
+  EXPECT_FALSE(fs::exists(first));
+  EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"t.json"});
+  EXPECT_EQ(fs::file_size(file("t.json")), 1u);
 }
 
 TEST_F(Results, CreatesMissingDirectories) {

@@ -19,6 +19,7 @@
 
 #include "predict/profile.hpp"
 #include "results/hdf5_util.hpp"
+#include "results/temporary_file.hpp"
 
 namespace strata {
 namespace {
@@ -247,11 +248,12 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
 }  // namespace
 
 void write_profile(const MachineProfile& p, const std::string& path) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   try {
+    TemporaryFile tmp(path);  // HDF5 writes it by name: ours, created exclusively, truncated
     QuietErrors quiet;
     {
-      File f(check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "create"));
+      File f(
+          check(H5Fcreate(tmp.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "create"));
       attr_string(f, "schema", kProfileSchema);
       attr_string(f, "source", p.source);
       attr_string(f, "description", p.description);
@@ -266,10 +268,8 @@ void write_profile(const MachineProfile& p, const std::string& path) {
         write_table(f, "/gemm_roofline", std::vector{p.roofline}, roofline_columns());
       check(f.close(), "close");
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("rename " + tmp + " failed");
+    tmp.commit(true);
   } catch (const Error& e) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
     throw Error("cannot write profile '" + path + "': " + e.what(), "check the directory");
   }
 }

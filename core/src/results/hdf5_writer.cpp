@@ -1,5 +1,5 @@
-// Writes one run file (schema strata-run/1.1, docs/architecture.md "Run file") atomically: the file is built
-// under a temporary name in the target directory, closed, then renamed onto the real name.
+// Writes one run file (schema strata-run/1.1, docs/architecture.md "Run file") atomically: the file
+// is built under a temporary name in the target directory, closed, then renamed onto the real name.
 #include <fcntl.h>
 #include <hdf5_hl.h>
 #include <unistd.h>
@@ -16,6 +16,7 @@
 
 #include "results/hdf5_util.hpp"
 #include "results/run_record.hpp"
+#include "results/temporary_file.hpp"
 
 namespace strata {
 namespace {
@@ -437,22 +438,14 @@ std::vector<char> file_image(const RunRecord& record) {
 }
 
 // Write `bytes` to a new file at `path` and make them durable; throws naming the system error.
-void write_bytes(const std::string& path, const std::vector<char>& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("create '" + path + "': " + std::strerror(errno));
+void write_bytes(int fd, const std::string& path, const std::vector<char>& bytes) {
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = n < 0 ? errno : EIO;
-      ::close(fd);
-      throw Error("write '" + path + "': " + std::strerror(e));
-    }
+    if (n <= 0) throw Error("write '" + path + "': " + std::strerror(n < 0 ? errno : EIO));
     done += std::size_t(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw Error("write '" + path + "': " + std::strerror(errno));
 }
 
 }  // namespace
@@ -463,24 +456,12 @@ void write_run_file(const RunRecord& record, const std::string& path, bool repla
   if (!target.has_filename())
     throw Error(prefix + "the path names a directory", "give a file name, e.g. runs/run.h5");
   const fs::path dir = target.parent_path();
-  std::string tmp_name = ".";  // hidden, so that directory scans skip it
-  tmp_name += target.filename().string();
-  tmp_name += ".tmp-" + std::to_string(::getpid());
-  const fs::path tmp = dir / tmp_name;
   try {
     if (!dir.empty()) fs::create_directories(dir);
-    write_bytes(tmp.string(), file_image(record));
-    if (!replace) {
-      // Only if no run file has that name yet: link() fails with EEXIST where rename() replaces.
-      if (::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST)
-        throw Error("link '" + tmp.string() + "' failed: " + std::strerror(errno));
-      fs::remove(tmp);
-    } else if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      throw Error("rename '" + tmp.string() + "' failed: " + std::strerror(errno));
-    }
+    TemporaryFile tmp(path);
+    write_bytes(tmp.fd(), tmp.path(), file_image(record));
+    tmp.commit(replace);  // not replacing: an earlier file of that name stays (false)
   } catch (const std::exception& e) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
     const auto* err = dynamic_cast<const Error*>(&e);
     throw Error(prefix + e.what(),
                 err && !err->hint().empty()

@@ -32,6 +32,7 @@
 #include "predict/predictor.hpp"
 #include "process_memory.hpp"
 #include "provenance.hpp"
+#include "trace_timeline.hpp"
 #include "trainer.hpp"
 #include "watchdog.hpp"
 
@@ -246,6 +247,10 @@ void check_where_it_runs(RunConfig& config, const LaunchEnv& env) {
     std::filesystem::create_directories(config.out_dir, ec);
     if (ec || ::access(config.out_dir.c_str(), W_OK) != 0)
       throw ConfigError("--out " + config.out_dir + ": cannot create or write the directory");
+    const std::string json =
+        trace_json_path((std::filesystem::path(config.out_dir) / (config.run_id + ".h5")).string());
+    if (config.trace && std::filesystem::is_directory(json, ec))
+      throw ConfigError("--trace: " + json + " is a directory (the timeline is written there)");
   }
 }
 
