@@ -299,6 +299,10 @@ void write_results(const RunConfig& config, RunState& state,
 
 }  // namespace
 
+std::string run_file_path(const RunConfig& config) {
+  return (std::filesystem::path(config.out_dir) / (config.run_id + ".h5")).string();
+}
+
 void begin_record(const RunConfig& config, RunState& state) {
   {
     std::lock_guard lock(state.mu);
@@ -312,7 +316,7 @@ void begin_record(const RunConfig& config, RunState& state) {
     r.ranks = mpi::world_size();
     r.run_id = config.run_id;
     fill_partial_steps({}, r);  // [ranks x 0] until the first step ends
-    state.path = (std::filesystem::path(config.out_dir) / (r.run_id + ".h5")).string();
+    state.path = run_file_path(config);
   }
   std::vector<std::string> hosts = mpi::control_gather_strings(mpi::processor_name());
   std::vector<NodeTopology> nodes = gather_node_topologies();  // one per distinct host

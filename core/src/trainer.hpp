@@ -35,6 +35,9 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
 // on rank 0.
 void begin_record(const RunConfig& config, RunState& state);
 
+// <out>/<run-id>.h5: where the run's file goes (its --trace timeline beside it).
+std::string run_file_path(const RunConfig& config);
+
 // Write the run file with a failure status, once per process, from any thread. Rank 0 replaces a
 // file of the same name; a fallback writer (replace = false) never replaces one.
 // True when a run file stands afterwards (this call wrote it, or one was written before).

@@ -36,20 +36,10 @@ extern "C" void on_signal(int sig) {
   g_signal = sig;
 }
 
-// The signals that cancel a run (install_signal_handlers), by name.
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGINT:
-      return "SIGINT";
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGUSR2:
-      return "SIGUSR2";
-    default:
-      return "SIGTERM";
-  }
+// A signal's name: "SIGHUP", "SIGUSR1", ... (glibc's table); SIGTERM when none was caught.
+std::string signal_name(int sig) {
+  const char* abbrev = sig > 0 ? sigabbrev_np(sig) : nullptr;
+  return std::string("SIG") + (abbrev ? abbrev : "TERM");
 }
 
 std::string seconds(double s) {
@@ -249,7 +239,7 @@ struct Watchdog::Impl {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (g_signal) first = "rank 0 got " + std::string(signal_name(g_signal));
+    if (g_signal) first = "rank 0 got " + signal_name(g_signal);
     std::string gone;
     for (int r = 0; r < world; ++r)
       if (!heard[r]) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
@@ -273,7 +263,7 @@ struct Watchdog::Impl {
   [[noreturn]] void cancel_as_other() {
     const int sig = int(g_signal);
     mpi::post_notice(0, mpi::Notice::cancel,
-                     "rank " + std::to_string(rank) + " got " + std::string(signal_name(sig)));
+                     "rank " + std::to_string(rank) + " got " + signal_name(sig));
     const double until = now() + 1.0;
     int from = 0;
     std::string payload;

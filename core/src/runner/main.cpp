@@ -247,8 +247,7 @@ void check_where_it_runs(RunConfig& config, const LaunchEnv& env) {
     std::filesystem::create_directories(config.out_dir, ec);
     if (ec || ::access(config.out_dir.c_str(), W_OK) != 0)
       throw ConfigError("--out " + config.out_dir + ": cannot create or write the directory");
-    const std::string json =
-        trace_json_path((std::filesystem::path(config.out_dir) / (config.run_id + ".h5")).string());
+    const std::string json = trace_json_path(run_file_path(config));
     if (config.trace && std::filesystem::is_directory(json, ec))
       throw ConfigError("--trace: " + json + " is a directory (the timeline is written there)");
   }
