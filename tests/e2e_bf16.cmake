@@ -137,7 +137,7 @@ set_tests_properties(e2e.halved.fsdp.all_gather.np2 PROPERTIES
 foreach(p fp32 bf16)
   add_test(NAME e2e.run.small50.${p}
            COMMAND runner --model small --steps 50 --plugin ddp --precision ${p} --out ${E2E_DIR}
-                   --quiet --run-id small50.${p})
+                   --quiet --overwrite --run-id small50.${p})
   set_tests_properties(e2e.run.small50.${p} PROPERTIES FIXTURES_SETUP run.small50.${p}
                        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv"
                        LABELS e2e TIMEOUT 600 RESOURCE_LOCK cores)

@@ -31,7 +31,7 @@ function(strata_e2e_cuda id ranks tol)
     set(run cuda.${id}.${side})
     add_test(NAME e2e.run.${run}
              COMMAND ${cmd} --model tiny --steps ${E2E_CUDA_STEPS} --global-batch 8 --out ${E2E_DIR}
-                     --quiet --watchdog 120 --run-id ${run} ${extra} ${ARGN})
+                     --quiet --overwrite --watchdog 120 --run-id ${run} ${extra} ${ARGN})
     set_tests_properties(e2e.run.${run} PROPERTIES FIXTURES_SETUP run.${run} LABELS e2e
                          ENVIRONMENT "${E2E_CUDA_ENV}" TIMEOUT 300)
     strata_e2e_lock_cores(e2e.run.${run} ${ranks})
@@ -68,7 +68,7 @@ set_tests_properties(cli.cuda_gpu_per_rank PROPERTIES LABELS cli ENVIRONMENT "${
 add_test(NAME e2e.fail.cuda.shared-gpu
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPI_FLAGS} $<TARGET_FILE:runner_emu>
                  --model tiny --steps 2 --global-batch 8 --out ${E2E_DIR} --quiet --plugin ddp
-                 --micro-batch 4 --device cuda --transport nccl --run-id fail.cuda.shared-gpu)
+                 --micro-batch 4 --device cuda --transport nccl --overwrite --run-id fail.cuda.shared-gpu)
 set_tests_properties(e2e.fail.cuda.shared-gpu PROPERTIES WILL_FAIL TRUE LABELS e2e
                      FIXTURES_SETUP fail.cuda.shared-gpu ENVIRONMENT "${E2E_ENV}" TIMEOUT 120
                      RESOURCE_LOCK cores)

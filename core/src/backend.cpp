@@ -128,6 +128,12 @@ std::string backend_unavailable(Device device, const BackendRequest& request) {
   return f.unavailable ? f.unavailable(request) : "";
 }
 
+double device_free_memory(Device device, const BackendRequest& request) {
+  if (device == Device::cpu || !load_library_of(device).empty()) return 0;
+  const BackendFactory& f = registry().factories[index_of(device)];
+  return f.free_memory ? f.free_memory(request) : 0;
+}
+
 DeviceBackend& open_backend(Device device, const BackendRequest& request) {
   if (DeviceBackend* b = opened_backend(device)) return *b;
   // Whether there is a device at all: how the node's ranks share the devices they see is the

@@ -57,6 +57,9 @@ struct BackendFactory {
   // "" when the device can be used here, else one line naming what is missing.
   std::string (*unavailable)(const BackendRequest& request) = nullptr;
   std::unique_ptr<DeviceBackend> (*open)(const BackendRequest& request) = nullptr;
+  // Free memory in bytes of the GPU with the least among those the node's request.local_size
+  // ranks take, read without creating a context (NVML); 0 when unknown.
+  double (*free_memory)(const BackendRequest& request) = nullptr;
 };
 
 // Registration (before the options are parsed) and the process's one backend.
@@ -79,6 +82,8 @@ bool backend_built(Device device);
 // no such backend.
 std::string backend_unavailable(Device device, const BackendRequest& request);
 DeviceBackend& open_backend(Device device, const BackendRequest& request);
+// The factory's free_memory (0 for the CPU, or when unknown); loads the backend's library.
+double device_free_memory(Device device, const BackendRequest& request);
 // The opened backend of `device`, or null (never opened; the CPU has none).
 DeviceBackend* opened_backend(Device device);
 void close_backends() noexcept;  // before MPI is finalised and the process exits

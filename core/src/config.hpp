@@ -63,6 +63,7 @@ struct RunConfig {
   std::vector<std::string> calibrate_from;  // --calibrate-from RUN.h5: comm samples from run files
   double memory_limit = 0;                  // bytes per rank, 0 = none (memory_admission.hpp)
   bool skip_memory_check = false;           // run even when the memory admission refuses
+  bool overwrite = false;                   // replace an existing run file of the same id
   bool advise = false;                      // --advise: rank configurations (predict/advisor.hpp)
   std::vector<int> advise_micro_batches = {1, 2, 4, 8};
   int advise_top = 10;

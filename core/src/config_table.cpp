@@ -1,7 +1,9 @@
 // The runner's option table (config_table.hpp) and the checks of single values.
 #include "config_table.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -39,7 +41,12 @@ std::string readable_file_rule(const std::string& path) {
   if (path.empty()) return "empty";
   if (::stat(path.c_str(), &st) != 0) return "cannot open the file";
   if (S_ISDIR(st.st_mode)) return "is a directory, not a file";
-  if (!std::ifstream(path)) return "cannot open the file";
+  // Opening a FIFO waits for its writer: the option's reader decides (--config reads one, as from
+  // <(...); --data wants a regular file and says so without waiting).
+  if (S_ISFIFO(st.st_mode)) return "";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "cannot open the file";
+  ::close(fd);
   return "";
 }
 
@@ -452,6 +459,10 @@ std::vector<Row> results_rows() {
                 {"", "/etc/hostname"}),
       text("run-id", R, K::name, "", "name of the run file (default: time, strategy, mesh)",
            [](RunConfig& c, const std::string& s) { c.run_id = s; }),
+      flag("overwrite", R,
+           "replace an existing run file of the same --run-id (without it the run is refused "
+           "before it starts)",
+           [](RunConfig& c, bool b) { c.overwrite = b; }),
       real("peak-tflops", R, "0", 0, 1e6, false,
            "peak TFLOP/s per rank for MFU (0 = the node's cached GEMM peak / its ranks)",
            [](RunConfig& c, double v) { c.peak_tflops = v; }),

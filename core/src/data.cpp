@@ -1,11 +1,14 @@
 #include "data.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <numeric>
+#include <vector>
 
 #include "hash.hpp"
 #include "strata/types.hpp"
@@ -40,60 +43,93 @@ class Synthetic final : public DataSource {
   std::vector<std::int32_t> next_;
 };
 
-// A read-only mapping of a token file whose size is checked.
-struct MappedTokens {
-  const std::uint16_t* tokens = nullptr;
-  std::size_t bytes = 0, count = 0;
+// A token file read with pread(), not mapped: a file truncated or rewritten while the run reads
+// it is an error naming --data (a run file that says so), where a mapping would end every rank
+// with SIGBUS and no file.
+class TokenFileReader {
+ public:
+  TokenFileReader(const std::string& path, int seq) : path_(path) {
+    // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused just below).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd_ < 0) throw ConfigError("--data " + path + ": cannot open the file");
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw ConfigError("--data " + path + ": not a regular file");
+    }
+    bytes_ = std::size_t(st.st_size);
+    count_ = bytes_ / sizeof(std::uint16_t);
+    if (bytes_ % 2 != 0 || count_ < std::size_t(seq) + 2) {
+      ::close(fd_);
+      throw ConfigError("--data " + path + ": must be a flat file of uint16 tokens with at least " +
+                        std::to_string(std::int64_t(seq) + 2) + " tokens (it has " +
+                        std::to_string(bytes_) + " bytes)");
+    }
+  }
+  ~TokenFileReader() { ::close(fd_); }
+  TokenFileReader(const TokenFileReader&) = delete;
+  TokenFileReader& operator=(const TokenFileReader&) = delete;
+
+  std::size_t count() const { return count_; }
+
+  // tokens [first, first + n) into out; Error when the file no longer holds them.
+  void read(std::size_t first, std::size_t n, std::uint16_t* out) const {
+    auto* dst = reinterpret_cast<char*>(out);
+    std::size_t done = 0, want = n * sizeof(std::uint16_t);
+    const off_t at = off_t(first * sizeof(std::uint16_t));
+    while (done < want) {
+      const ssize_t got = ::pread(fd_, dst + done, want - done, at + off_t(done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        throw Error(
+            "--data " + path_ + ": cannot read tokens " + std::to_string(first) + ".." +
+                std::to_string(first + n) + " (" +
+                (got < 0 ? std::string(std::strerror(errno)) : "the file ends before") +
+                "; it had " + std::to_string(count_) + " tokens when the run started)",
+            "the file changed during the run: leave a --data file alone while runs read it");
+      done += std::size_t(got);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::size_t bytes_ = 0, count_ = 0;
 };
 
-MappedTokens map_tokens(const std::string& path, int seq) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw ConfigError("--data " + path + ": cannot open the file");
-  struct stat st {};
-  MappedTokens m;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw ConfigError("--data " + path + ": not a regular file");
-  }
-  m.bytes = std::size_t(st.st_size);
-  m.count = m.bytes / sizeof(std::uint16_t);
-  if (m.bytes % 2 != 0 || m.count < std::size_t(seq) + 2) {
-    ::close(fd);
-    throw ConfigError("--data " + path + ": must be a flat file of uint16 tokens with at least " +
-                      std::to_string(std::int64_t(seq) + 2) + " tokens (it has " +
-                      std::to_string(m.bytes) + " bytes)");
-  }
-  void* p = ::mmap(nullptr, m.bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw ConfigError("--data " + path + ": cannot memory-map the file");
-  m.tokens = static_cast<const std::uint16_t*>(p);
-  return m;
-}
-
-// The contents were checked before the ranks started (check_token_file).
+// The contents were checked before the ranks started (check_token_file); each window is checked
+// again as it is read, should the file have changed since.
 class TokenFile final : public DataSource {
  public:
-  TokenFile(const std::string& path, std::uint64_t seed, int seq)
-      : path_(path), seed_(seed), seq_(seq), map_(map_tokens(path, seq)) {}
-  ~TokenFile() override { ::munmap(const_cast<std::uint16_t*>(map_.tokens), map_.bytes); }
+  TokenFile(const std::string& path, std::uint64_t seed, int seq, int vocab)
+      : path_(path), seed_(seed), seq_(seq), vocab_(vocab), file_(path, seq) {}
   void fill(int step, std::int64_t sample, std::int32_t* inputs,
             std::int32_t* targets) const override {
-    std::size_t windows = map_.count - std::size_t(seq_);
-    std::size_t start = hash4(seed_, 0xf11e, std::uint64_t(step), std::uint64_t(sample)) % windows;
+    const std::size_t windows = file_.count() - std::size_t(seq_);
+    const std::size_t start =
+        hash4(seed_, 0xf11e, std::uint64_t(step), std::uint64_t(sample)) % windows;
+    std::vector<std::uint16_t> window(std::size_t(seq_) + 1);  // [T + 1]
+    file_.read(start, window.size(), window.data());
+    for (std::size_t t = 0; t < window.size(); ++t)
+      if (window[t] >= vocab_)
+        throw Error(
+            "--data " + path_ + ": token " + std::to_string(window[t]) + " at " +
+                std::to_string(start + t) + " is not below --vocab " + std::to_string(vocab_),
+            "the file changed during the run: leave a --data file alone while runs read it");
     for (int t = 0; t < seq_; ++t) {
-      inputs[t] = map_.tokens[start + t];
-      targets[t] = map_.tokens[start + t + 1];
+      inputs[t] = window[t];
+      targets[t] = window[t + 1];
     }
   }
   std::string describe() const override {
-    return "token file " + path_ + " (" + std::to_string(map_.count) + " tokens)";
+    return "token file " + path_ + " (" + std::to_string(file_.count()) + " tokens)";
   }
 
  private:
   std::string path_;
   std::uint64_t seed_;
-  int seq_;
-  MappedTokens map_;
+  int seq_, vocab_;
+  TokenFileReader file_;
 };
 
 }  // namespace
@@ -103,20 +139,22 @@ std::unique_ptr<DataSource> make_synthetic_source(std::uint64_t seed, int seq, i
 }
 
 std::unique_ptr<DataSource> make_token_file_source(const std::string& path, std::uint64_t seed,
-                                                   int seq, int /*vocab: checked already*/) {
-  return std::make_unique<TokenFile>(path, seed, seq);
+                                                   int seq, int vocab) {
+  return std::make_unique<TokenFile>(path, seed, seq, vocab);
 }
 
 void check_token_file(const std::string& path, int seq, int vocab) {
-  const MappedTokens m = map_tokens(path, seq);
-  std::size_t bad = m.count;
-  for (std::size_t i = 0; i < m.count && bad == m.count; ++i)
-    if (m.tokens[i] >= vocab) bad = i;
-  const std::uint16_t token = bad < m.count ? m.tokens[bad] : 0;
-  ::munmap(const_cast<std::uint16_t*>(m.tokens), m.bytes);
-  if (bad < m.count)
-    throw ConfigError("--data " + path + ": token " + std::to_string(token) + " at " +
-                      std::to_string(bad) + " is not below --vocab " + std::to_string(vocab));
+  const TokenFileReader file(path, seq);
+  std::vector<std::uint16_t> chunk(std::size_t(1) << 19);  // 1 MiB at a time
+  for (std::size_t first = 0; first < file.count(); first += chunk.size()) {
+    const std::size_t n = std::min(chunk.size(), file.count() - first);
+    file.read(first, n, chunk.data());
+    for (std::size_t i = 0; i < n; ++i)
+      if (chunk[i] >= vocab)
+        throw ConfigError("--data " + path + ": token " + std::to_string(chunk[i]) + " at " +
+                          std::to_string(first + i) + " is not below --vocab " +
+                          std::to_string(vocab));
+  }
 }
 
 }  // namespace strata

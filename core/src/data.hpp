@@ -22,8 +22,9 @@ class DataSource {
 // well below ln(V), so a working model's loss falls fast.
 std::unique_ptr<DataSource> make_synthetic_source(std::uint64_t seed, int seq, int vocab);
 
-// A flat file of uint16 tokens (nanoGPT / llm.c convention), memory-mapped; each sample is a
-// window at an offset hashed from (seed, step, sample). Throws ConfigError on a bad file.
+// A flat file of uint16 tokens (nanoGPT / llm.c convention), read with pread (not mapped, so a
+// file changed during the run is an Error naming --data, not a SIGBUS); each sample is a window
+// at an offset hashed from (seed, step, sample). Throws ConfigError on a bad file.
 std::unique_ptr<DataSource> make_token_file_source(const std::string& path, std::uint64_t seed,
                                                    int seq, int vocab);
 

@@ -1,6 +1,7 @@
 #include "launch.hpp"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "strata/types.hpp"
+#include "supervisor.hpp"
 
 namespace strata {
 
@@ -101,6 +103,24 @@ void check_local_world(const RunConfig& config, int world) {
                       std::to_string(config.mesh.ranks_per_node) + " = " + std::to_string(world) +
                       " ranks on this host: more than 16 per core (" + std::to_string(cores) +
                       " cores); run them under your cluster's launcher");
+  // Descriptors: mpirun keeps about 25 + 3 per rank here (pipes and sockets for each; measured
+  // 2026-11-29: 31 for 2 ranks, 73 for 16), a rank about 17 and one per peer. Below that mpirun
+  // fails to start a rank and waits for it for ever. The soft limit is raised toward the hard one.
+  const rlim_t need = rlim_t(32 + 4 * world);
+  struct rlimit files {};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
+      files.rlim_cur < need) {
+    files.rlim_cur = files.rlim_max == RLIM_INFINITY ? need : std::min(files.rlim_max, need);
+    ::setrlimit(RLIMIT_NOFILE, &files);
+    if (files.rlim_cur < need)
+      throw ConfigError("--nodes " + std::to_string(config.mesh.nodes) + " x --ranks-per-node " +
+                        std::to_string(config.mesh.ranks_per_node) + " = " + std::to_string(world) +
+                        " ranks on this host need about " + std::to_string(need) +
+                        " open files, more than the hard limit of " +
+                        std::to_string(files.rlim_max) +
+                        " (ulimit -Hn); raise it or use fewer "
+                        "ranks");
+  }
 }
 
 std::vector<std::string> shell_words(const std::string& text, const std::string& what) {
@@ -144,7 +164,7 @@ std::vector<std::string> shell_words(const std::string& text, const std::string&
   return words;
 }
 
-void relaunch(const RunConfig& config, int world, int argc, char** argv) {
+int relaunch(const RunConfig& config, int world, int argc, char** argv) {
   std::vector<std::string> cmd;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const int cores = int(std::thread::hardware_concurrency());
@@ -190,12 +210,7 @@ void relaunch(const RunConfig& config, int world, int argc, char** argv) {
   std::string line;
   for (const auto& a : cmd) line += (line.empty() ? "" : " ") + a;
   std::fprintf(stderr, "strata: launching %s\n", line.c_str());
-  std::vector<char*> args;
-  for (auto& a : cmd) args.push_back(a.data());
-  args.push_back(nullptr);
-  std::fflush(nullptr);
-  ::execvp(args[0], args.data());
-  throw Error("cannot execute " + cmd[0] + ": " + std::strerror(errno));
+  return run_supervised(cmd, Supervision{.direct_to_ranks = cmd[0] != "srun"});
 }
 
 }  // namespace strata

@@ -31,12 +31,15 @@ int blas_threads_for(const RunConfig& config, int ranks_sharing_mask,
                      std::string* origin = nullptr);
 
 // A launch on this host (no Slurm allocation) runs every rank here: refuse worlds beyond 16 ranks
-// per core (ConfigError naming --nodes and --ranks-per-node) before mpirun is asked for them.
+// per core (ConfigError naming --nodes and --ranks-per-node) before mpirun is asked for them, and
+// raise the open-file limit to what mpirun and the ranks need (refused where the hard limit is
+// lower).
 void check_local_world(const RunConfig& config, int world);
 
-// Replace this process with `srun` (inside a Slurm allocation) or `mpirun` (on this host) running
-// the same command line on `world` ranks. Returns only on failure (throws Error).
-[[noreturn]] void relaunch(const RunConfig& config, int world, int argc, char** argv);
+// Run the same command line on `world` ranks under `srun` (inside a Slurm allocation) or `mpirun`
+// (on this host), supervised (supervisor.hpp): signals to this process reach the ranks. Returns
+// the ranks' exit code; throws Error when the launcher cannot be started.
+int relaunch(const RunConfig& config, int world, int argc, char** argv);
 
 // STRATA_MPIRUN_ARGS's words, split as a POSIX shell splits them (no expansion): blanks separate,
 // '...' keeps everything, "..." keeps everything but \" \\ \$ \` (escapes), a backslash outside

@@ -1,6 +1,8 @@
 // Memory admission (memory_admission.hpp).
 #include "memory_admission.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -120,20 +122,23 @@ struct HostNeed {
   double host = 0;
   RankNeed largest;
   int largest_rank = 0;
+  double largest_host = 0;  // the most host memory one rank needs (its address space)
+  int largest_host_rank = 0;
 };
 
 HostNeed host_need(const RunConfig& c, const Strategy& strategy, const TrainSpec& train,
                    int ranks_here) {
   const int world = c.mesh.world();
   HostNeed need;
-  double max_host = 0;
   for (int r = 0; r < world; ++r) {
     const RankNeed n = rank_need(c, strategy, train, r);
-    need.host += n.host, max_host = std::max(max_host, n.host);
+    need.host += n.host;
+    if (r == 0 || n.host > need.largest_host)
+      need.largest_host = n.host, need.largest_host_rank = r;
     if (r == 0 || n.host + n.device > need.largest.host + need.largest.device)
       need.largest = n, need.largest_rank = r;
   }
-  if (ranks_here != world) need.host = max_host * ranks_here;
+  if (ranks_here != world) need.host = need.largest_host * ranks_here;
   return need;
 }
 
@@ -147,10 +152,21 @@ std::string shortfall(const RunConfig& c, const HostNeed& need, int ranks_here,
     return "the " + std::to_string(ranks_here) + " rank(s) of this host need " +
            human_bytes(need.host) + " of host memory, more than the " + human_bytes(host_limit) +
            " they may use (" + host_source + ")";
+  const double runtime = host.runtime_address_space;
+  if (host.address_space > 0 && need.largest_host + runtime > host.address_space)
+    return "rank " + std::to_string(need.largest_host_rank) + " needs about " +
+           human_bytes(need.largest_host + runtime) + " of address space (" +
+           human_bytes(need.largest_host) + " of memory and about " + human_bytes(runtime) +
+           " for the runtime: libraries, MPI, BLAS buffers, thread stacks), more than the " +
+           human_bytes(host.address_space) + " each process may map (ulimit -v)";
   if (!cpu && c.memory_limit > 0 && need.largest.device > c.memory_limit)
     return "rank " + std::to_string(need.largest_rank) + " needs " +
            human_bytes(need.largest.device) + " of device memory, more than --memory-limit " +
            human_bytes(c.memory_limit);
+  if (!cpu && c.memory_limit == 0 && host.device_free > 0 && need.largest.device > host.device_free)
+    return "rank " + std::to_string(need.largest_rank) + " needs " +
+           human_bytes(need.largest.device) + " of device memory, more than the " +
+           human_bytes(host.device_free) + " free on the GPU with the least (NVML)";
   return "";
 }
 
@@ -181,6 +197,17 @@ std::string what_fits(const RunConfig& c, const Strategy& strategy, int ranks_he
 
 }  // namespace
 
+double runtime_address_space(int blas_threads) {
+  constexpr double MiB = 1024.0 * 1024;
+  return 512 * MiB + 136 * MiB * std::max(blas_threads, 2);
+}
+
+double current_address_space_limit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
+  return double(limit.rlim_cur);
+}
+
 HostMemory host_memory(const HostMemorySources& sources) {
   HostMemory m;
   auto take = [&](double bytes, const std::string& source) {
@@ -190,6 +217,7 @@ HostMemory host_memory(const HostMemorySources& sources) {
   take(mem_available(sources.meminfo), "MemAvailable");
   take(cgroup_headroom(sources), "the cgroup's memory limit less its use");
   take(slurm_memory(sources), "Slurm's memory for the job on this node");
+  m.address_space = sources.address_space_limit ? sources.address_space_limit() : 0;
   return m;
 }
 

@@ -20,6 +20,7 @@
 #include "process_memory.hpp"
 #include "profiler_ranges.hpp"
 #include "provenance.hpp"
+#include "results/run_claim.hpp"
 #include "results/temporary_file.hpp"
 #include "summary.hpp"
 #include "topology.hpp"
@@ -287,6 +288,7 @@ void write_results(const RunConfig& config, RunState& state,
   }
   write_run_file(rec, state.path);
   state.written = true;
+  release_run_file_claim(state.path);
   if (config.trace) {
     json_tmp->commit(true);
     std::printf("strata: trace of %zu intervals in /trace and %s\n", rec.trace.size(),
@@ -318,6 +320,9 @@ void begin_record(const RunConfig& config, RunState& state) {
     fill_partial_steps({}, r);  // [ranks x 0] until the first step ends
     state.path = run_file_path(config);
   }
+}
+
+void gather_record_hosts(RunState& state) {
   std::vector<std::string> hosts = mpi::control_gather_strings(mpi::processor_name());
   std::vector<NodeTopology> nodes = gather_node_topologies();  // one per distinct host
   if (mpi::world_rank() != 0) return;
@@ -341,6 +346,7 @@ bool write_failure(RunState& state, const std::string& status, const std::string
     std::fprintf(stderr, "runner: run file %s (status %s)\n", state.path.c_str(), status.c_str());
     std::error_code ignored;  // an earlier run's timeline, under the same id, would not match
     if (replace) std::filesystem::remove(trace_json_path(state.path), ignored);
+    release_run_file_claim(state.path);
     return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "runner: could not write the failure file: %s\n",

@@ -31,9 +31,11 @@ class Watchdog;
 void train(const RunConfig& config, const PluginRegistry& registry, RunState& state,
            Watchdog& watchdog);
 
-// Start the run record: header, config, provenance on every rank, then (collective) the hostnames
-// on rank 0.
+// Start the run record: header, config and provenance on every rank (no communication, so that a
+// failure from here on has its run file).
 void begin_record(const RunConfig& config, RunState& state);
+// Collective: the hostnames and node topologies on rank 0.
+void gather_record_hosts(RunState& state);
 
 // <out>/<run-id>.h5: where the run's file goes (its --trace timeline beside it).
 std::string run_file_path(const RunConfig& config);

@@ -33,7 +33,29 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_signal(int sig) {
   if (g_signal != 0 && sig == SIGINT) std::_Exit(128 + sig);  // a second Ctrl-C: leave now
-  g_signal = sig;
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);  // the first signal is the one the file names
+}
+
+// SIGBUS: a fault on the thread that touched the memory, which cannot go on (returning would
+// fault again). It parks here while the watchdog thread writes the run file and ends the job.
+extern "C" void on_fault(int sig) {
+  on_signal(sig);
+  for (;;) ::pause();
+}
+
+bool is_fault(int sig) { return sig == SIGBUS; }
+
+// Why a signal came, for the run file.
+const char* signal_cause(int sig) {
+  switch (sig) {
+    case SIGPIPE:
+      return "its output went to a pipe whose reader exited, e.g. `| head`, or a socket closed";
+    case SIGBUS:
+      return "a bus error: memory mapped from a file that shrank, or /dev/shm full";
+    default:
+      return "scancel, Slurm's time limit or --signal, the launcher, Ctrl-C or a closed session";
+  }
 }
 
 // A signal's name: "SIGHUP", "SIGUSR1", ... (glibc's table); SIGTERM when none was caught.
@@ -62,9 +84,12 @@ void install_signal_handlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   // SIGHUP: the terminal or the session went away; SIGUSR1/2: what Slurm's --signal=USR1@N and
-  // batch systems send ahead of the time limit (their default action would end the rank without
-  // a word).
-  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &sa, nullptr);
+  // batch systems send ahead of the time limit; SIGPIPE: the output's reader went away (`| head`;
+  // the write itself then fails with EPIPE, and a transport's socket write sees its error as
+  // before). Their default action would end the rank without a word.
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE}) sigaction(sig, &sa, nullptr);
+  sa.sa_handler = on_fault;
+  sigaction(SIGBUS, &sa, nullptr);
 }
 
 struct Watchdog::Impl {
@@ -134,6 +159,14 @@ struct Watchdog::Impl {
     if (!mpi::poll_notice(mpi::Notice::ending, &from, &code)) return;
     std::fflush(nullptr);
     std::_Exit(std::atoi(code.c_str()));
+  }
+
+  // Other ranks: up to 15 s for rank 0 to write the file and end the job (exit_if_ending).
+  void await_ending() {
+    for (int i = 0; i < 1500; ++i) {
+      exit_if_ending();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
 
   void heartbeat(double t) {
@@ -239,11 +272,18 @@ struct Watchdog::Impl {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (g_signal) first = "rank 0 got " + signal_name(g_signal);
+    // The signal that cancels the job, rank 0's own or the one another rank reported ("N|text"):
+    // the exit code is 128 + it, as the file says.
+    int sig = SIGTERM;
+    if (const auto bar = first.find('|'); bar != std::string::npos) {
+      sig = std::max(std::atoi(first.substr(0, bar).c_str()), 1);
+      first.erase(0, bar + 1);
+    }
+    if (g_signal) sig = g_signal, first = "rank 0 got " + signal_name(sig);
     std::string gone;
     for (int r = 0; r < world; ++r)
       if (!heard[r]) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
-    const int code = exit_code::cancelled(g_signal ? int(g_signal) : SIGTERM);
+    const int code = exit_code::cancelled(sig);
     if (!gone.empty())
       end_job("failed",
               "rank(s) " + gone +
@@ -251,28 +291,34 @@ struct Watchdog::Impl {
                   "or crashed), then the job was ended (" +
                   first + ")",
               exit_code::rank_lost, true);
-    end_job(
-        "cancelled",
-        "cancelled: " + first +
-            " (scancel, Slurm's time limit or --signal, the launcher, Ctrl-C or a closed session)",
-        code, true);
+    end_job("cancelled", "cancelled: " + first + " (" + signal_cause(sig) + ")", code, true);
+  }
+
+  // A fault (SIGBUS) on this rank: the run failed, as from an error (end_after_failure).
+  [[noreturn]] void fail_on_fault() {
+    const int sig = int(g_signal);
+    const std::string message = "rank " + std::to_string(rank) + " got " + signal_name(sig) + " (" +
+                                signal_cause(sig) + ")";
+    if (rank == 0) end_job("failed", message, exit_code::failed, true);
+    std::fprintf(stderr, "runner: error: %s\n", message.c_str());
+    mpi::send_error_to_root("failed|" + message);
+    await_ending();
+    mpi::abort_job(exit_code::failed);
   }
 
   // Other ranks: tell rank 0 and let it write the file; if rank 0 does not answer within a
   // second, it is gone, and rank 1 writes the file itself.
   [[noreturn]] void cancel_as_other() {
     const int sig = int(g_signal);
-    mpi::post_notice(0, mpi::Notice::cancel,
-                     "rank " + std::to_string(rank) + " got " + signal_name(sig));
+    mpi::post_notice(
+        0, mpi::Notice::cancel,
+        std::to_string(sig) + "|rank " + std::to_string(rank) + " got " + signal_name(sig));
     const double until = now() + 1.0;
     int from = 0;
     std::string payload;
     while (now() < until) {
       if (mpi::poll_notice(mpi::Notice::cancel, &from, &payload)) {
-        for (int i = 0; i < 1500; ++i) {  // rank 0 writes the file and ends the job
-          exit_if_ending();
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
+        await_ending();
         std::_Exit(128 + sig);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -306,7 +352,10 @@ struct Watchdog::Impl {
         if (t - last_loop > timeout_s / 2) may_replace = false;
       }
       last_loop = t;
-      if (g_signal && !state_written()) rank == 0 ? cancel_as_root(0, "") : cancel_as_other();
+      if (g_signal && !state_written()) {
+        if (is_fault(g_signal)) fail_on_fault();
+        rank == 0 ? cancel_as_root(0, "") : cancel_as_other();
+      }
       if (t - last_beat >= interval) heartbeat(t), last_beat = t;
       rank == 0 ? root_check(t) : other_check(t);
     }

@@ -118,13 +118,112 @@ case $case_name in
     job_ends_within 20
     expect_file cancelled "cancelled: rank 0 got SIGTERM"
     ;;
-  sigint-relaunch)  # Ctrl-C to the runner that re-launched itself (it became mpirun)
+  sigint-relaunch)  # Ctrl-C to the runner that re-launched itself: its supervisor passes it on
     OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --nodes 1 --ranks-per-node 2 --steps 1000000 \
       --micro-batch 2 --out "$out" --run-id "$id" >"$log" 2>&1 &
     job=$!
     wait_for "step +3/" 60 && kill -INT "$job"
     job_ends_within 20
-    expect_file cancelled "cancelled: rank 0 got SIG"
+    expect_file cancelled "cancelled: rank 0 got SIGINT"
+    expect_exit 130
+    ;;
+  sigpipe-1rank | sigpipe-relaunch)  # `runner | head -3`: the reader gone, a file naming SIGPIPE
+    ranks=1
+    [[ $case_name == *relaunch ]] && ranks=2
+    (OPENBLAS_NUM_THREADS=1 timeout 60 "$runner" --plugin ddp --ranks-per-node "$ranks" --micro-batch 4 \
+       --steps 1000000 --out "$out" --run-id "$id" 2>"$log" | head -3 >/dev/null
+     echo "${PIPESTATUS[0]}" >"$out/rc") &
+    job=$!
+    job_ends_within 30
+    job_rc=$(cat "$out/rc")
+    expect_file cancelled "cancelled: rank 0 got SIGPIPE"
+    expect_exit 141
+    ;;
+  sigbus-rank1)  # a bus error (a mapped file shrank, /dev/shm full): failed, naming it
+    start_job 3 30
+    wait_for "step +3/" 60 && kill -BUS "$(rank_pid 1)"
+    job_ends_within 20
+    expect_file failed "rank 1 got SIGBUS"
+    expect_exit 3
+    ;;
+  data-truncated)  # the --data file cut short under a running job: failed, naming --data
+    head -c 2000000 /dev/zero >"$out/tokens.bin"
+    start_job 2 30 --data "$out/tokens.bin"
+    wait_for "step +3/" 60 && truncate -s 1000 "$out/tokens.bin"
+    job_ends_within 20
+    expect_file failed "--data $out/tokens.bin: cannot read tokens"
+    expect_exit 3
+    ;;
+  data-fifo)  # a named pipe as --data: refused at once, not waited on for a writer
+    mkfifo "$out/tokens.fifo"
+    OPENBLAS_NUM_THREADS=1 timeout 20 "$runner" --plugin ddp --data "$out/tokens.fifo" --out "$out" \
+      --run-id "$id" >"$log" 2>&1 &
+    job=$!
+    job_ends_within 10
+    expect_exit 2
+    grep -q -- "--data $out/tokens.fifo: not a regular file" "$log" && pass || fail "$(cat "$log")"
+    ;;
+  ulimit-v)  # an address-space limit below what a rank maps: refused (exit 4), no spin at exit
+    (ulimit -v 200000; OPENBLAS_NUM_THREADS=1 timeout 20 "$runner" --plugin ddp --steps 1 \
+       --out "$out" --run-id "$id" >"$log" 2>&1; echo $? >"$out/rc") &
+    job=$!
+    job_ends_within 10
+    job_rc=$(cat "$out/rc")
+    expect_exit 4
+    [[ $(grep -c . "$log") -eq 1 ]] && grep -q "each process may map (ulimit -v)" "$log" && pass \
+      || fail "want one line naming ulimit -v: $(cat "$log")"
+    (ulimit -v 200000; timeout 20 "$runner" --version >/dev/null 2>&1) && pass \
+      || fail "runner --version under ulimit -v 200000 did not exit 0"
+    # The audit's limits with micro-batch 256 (a spin, a silent hang, an uncaught system_error
+    # there): refused in one line, or a run whose file's status agrees with its exit code.
+    for kib in 1000000 1200000 1500000; do
+      (ulimit -v "$kib"; OPENBLAS_NUM_THREADS=1 timeout 60 "$runner" --plugin ddp --steps 3 --quiet \
+         --micro-batch 256 --global-batch 256 --watchdog 5 --out "$out" --run-id "$id-$kib" \
+         >"$log" 2>&1; echo $? >"$out/rc")
+      rc=$(cat "$out/rc") status=none
+      [[ -f $out/$id-$kib.h5 ]] && status=$("$check_run" status "$out/$id-$kib.h5" "" "" 2>/dev/null | sed -n 's/^status \([a-z]*\).*/\1/p')
+      case "$rc:$status" in
+        4:none | 0:ok | 5:oom | 3:failed) pass; echo "ulimit -v $kib: exit $rc, run file: $status" ;;
+        *) fail "ulimit -v $kib: exit $rc with run file status '$status': $(tail -n 2 "$log")" ;;
+      esac
+    done
+    ;;
+  ulimit-n)  # too few open files for mpirun: raised to the hard limit, refused below it
+    (ulimit -Sn 32; OPENBLAS_NUM_THREADS=1 timeout 60 "$runner" --plugin ddp --ranks-per-node 2 \
+       --micro-batch 4 --steps 2 --quiet --out "$out" --run-id "$id-soft" >"$log" 2>&1) \
+      && pass || fail "soft limit 32: $(tail -n 3 "$log")"
+    (ulimit -n 32; OPENBLAS_NUM_THREADS=1 timeout 60 "$runner" --plugin ddp --ranks-per-node 2 \
+       --micro-batch 4 --steps 2 --out "$out" --run-id "$id" >"$log" 2>&1; echo $? >"$out/rc") &
+    job=$!
+    job_ends_within 10
+    job_rc=$(cat "$out/rc")
+    expect_exit 2
+    [[ $(grep -c . "$log") -eq 1 ]] && grep -q "open files, more than the hard limit of 32" "$log" \
+      && pass || fail "want one line naming the open-file limit: $(cat "$log")"
+    ;;
+  signals-under-load)  # signals to the launcher while every core is busy elsewhere
+    hogs=()
+    for _ in 1 2 3 4; do (while :; do :; done) & hogs+=($!); done
+    trial=0
+    for sig in TERM TERM TERM TERM TERM TERM TERM TERM TERM TERM USR1 HUP INT; do
+      trial=$((trial + 1))
+      OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --ranks-per-node 2 --micro-batch 4 --steps 1000000 \
+        --quiet --out "$out" --run-id "$id-$trial" >"$log" 2>&1 &
+      job=$!
+      sleep 3
+      t0=$(date +%s%N)
+      kill -"$sig" "$job"
+      until [[ -f $out/$id-$trial.h5 ]] || (( $(date +%s%N) - t0 > 10000000000 )); do sleep 0.05; done
+      ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+      job_ends_within 20
+      if "$check_run" status "$out/$id-$trial.h5" cancelled "got SIG$sig" >/dev/null && ((ms < 10000)); then
+        pass; echo "trial $trial: SIG$sig -> cancelled file after $ms ms, exit $job_rc"
+      else
+        fail "trial $trial: SIG$sig -> no cancelled file naming it within 10 s ($ms ms)"
+      fi
+      expect_exit $((128 + $(kill -l "$sig")))
+    done
+    kill "${hogs[@]}"
     ;;
   sigterm-rank2)  # one rank alone gets SIGTERM: the job ends, cancelled, naming it
     start_job 3 30
@@ -139,7 +238,7 @@ case $case_name in
     job_ends_within 20
     expect_file cancelled "cancelled: rank $rank got ${sig^^}"
     ;;
-  throw-setup | oom-setup | throw-step | oom-step)  # an exception or a refused allocation
+  throw-setup | oom-setup | throw-step | oom-step | threads-step)  # an exception, a refused allocation or thread
     mode=${case_name%-*} at=${case_name#*-}
     OPENBLAS_NUM_THREADS=1 "$mpirun" -np 2 "${mpi_flags[@]}" "$runner" --plugin-path "$plugin_dir" \
       --plugin faulty --plugin-opt mode="$mode" --plugin-opt at="$at" --plugin-opt rank=1 \
@@ -148,6 +247,7 @@ case $case_name in
     job_ends_within 30
     want=failed reason="rank 1: faulty plugin: failing on purpose at $at" code=3
     [[ $mode == oom ]] && want=oom reason="rank 1: std::bad_alloc" code=5
+    [[ $mode == threads ]] && want=oom reason="rank 1: Resource temporarily unavailable (a thread or its memory was refused" code=5
     expect_file "$want" "$reason"
     expect_exit "$code"
     [[ $(grep -c 'could not write' "$log") -eq 0 ]] && pass || fail "a second, failed write"
@@ -189,7 +289,7 @@ case $case_name in
       --run-id "$id" >"$log" 2>&1
     [[ -s $out/$id.trace.json ]] && pass || fail "the healthy traced run wrote no timeline"
     OPENBLAS_NUM_THREADS=1 "$mpirun" -np 2 "${mpi_flags[@]}" "$runner" --plugin-path "$plugin_dir" \
-      --plugin faulty --plugin-opt rank=1 --plugin-opt step=2 --steps 10 --trace --out "$out" \
+      --plugin faulty --plugin-opt rank=1 --plugin-opt step=2 --steps 10 --trace --overwrite --out "$out" \
       --run-id "$id" >>"$log" 2>&1 &
     job=$!
     job_ends_within 30

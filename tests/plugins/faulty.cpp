@@ -4,9 +4,16 @@
 //   mode=oom    rank R cannot allocate (a real allocation of more than the address space can hold)
 //               -> status oom
 //   mode=hang   rank R skips a collective at step S -> the others wait; the watchdog ends the job
+//   mode=threads rank R cannot start a thread (a real std::thread whose stack the address-space
+//               limit, lowered for the attempt, refuses: std::system_error) -> status oom
 //   at=setup    fail in setup instead (before the first step; mode throw or oom)
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <new>
 #include <optional>
+#include <thread>
 
 #include "strata/data_parallel.hpp"
 
@@ -41,6 +48,25 @@ class Faulty final : public Strategy {
     if (mode_ == "oom") {  // an allocation the ledger is asked for and the system refuses
       Buffer<float> huge(ctx.memory(), MemTag::workspace, std::size_t(1) << 60);
     }
+    if (mode_ == "threads") start_thread_without_room();
+  }
+  // What ulimit -v or -u does to a rank that starts a thread: std::thread throws system_error.
+  static void start_thread_without_room() {
+    std::ifstream statm("/proc/self/statm");
+    std::size_t pages = 0;
+    statm >> pages;
+    rlimit before{};
+    ::getrlimit(RLIMIT_AS, &before);
+    rlimit tight = before;
+    tight.rlim_cur = pages * std::size_t(::sysconf(_SC_PAGESIZE)) + (1u << 20);  // no 8 MiB stack
+    ::setrlimit(RLIMIT_AS, &tight);
+    try {
+      std::thread([] {}).join();
+    } catch (...) {
+      ::setrlimit(RLIMIT_AS, &before);
+      throw;
+    }
+    ::setrlimit(RLIMIT_AS, &before);
   }
   std::string mode_, at_;
   int rank_, step_;
@@ -54,7 +80,7 @@ const PluginDescriptor& descriptor() {
       "test-only strategies",
       {{"faulty",
         "fails on purpose (tests)",
-        {{"mode", OptionType::choice, "throw", "how to fail", {"throw", "oom", "hang"}},
+        {{"mode", OptionType::choice, "throw", "how to fail", {"throw", "oom", "hang", "threads"}},
          {"at", OptionType::choice, "step", "when to fail", {"setup", "step"}},
          {"rank", OptionType::integer, "0", "which rank fails", {}},
          {"step", OptionType::integer, "1", "at which step", {}}}}}};

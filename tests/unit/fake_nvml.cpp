@@ -1,8 +1,10 @@
 // A stand-in for libnvidia-ml.so.1 (test_nvml_topology): three GPUs; 0 and 1 joined by 4 NVLinks
-// and in one NUMA node, 2 behind the same PCIe switch as 0 and across NUMA nodes from 1. Only the
-// entry points cuda/nvml_topology.cpp looks up, with NVML's C signatures (enums as int).
+// and in one NUMA node, 2 behind the same PCIe switch as 0 and across NUMA nodes from 1; GPU i has
+// UUID "GPU-fake-i" and (i + 1) GiB free of 80 GiB. Only the entry points cuda/nvml_topology.cpp
+// looks up, with NVML's C signatures (enums as int).
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 namespace {
 struct PciInfo {  // nvmlPciInfo_t
@@ -43,6 +45,23 @@ int nvmlDeviceGetTopologyCommonAncestor(void* a, void* b, int* level) {
 int nvmlDeviceGetNvLinkState(void* device, unsigned link, int* active) {
   if (link >= 18) return 2;
   *active = index_of(device) < 2 && link < 4 ? 1 : 0;
+  return 0;
+}
+int nvmlDeviceGetHandleByUUID(const char* uuid, void** device) {
+  for (unsigned i = 0; i < kGpus; ++i)
+    if (std::strcmp(uuid, ("GPU-fake-" + std::to_string(i)).c_str()) == 0) {
+      *device = reinterpret_cast<void*>(std::uintptr_t(i) + 1);
+      return 0;
+    }
+  return 13;  // NVML_ERROR_NOT_FOUND
+}
+struct Memory {  // nvmlMemory_t
+  unsigned long long total, free, used;
+};
+int nvmlDeviceGetMemoryInfo(void* device, Memory* m) {
+  m->total = 80ull << 30;
+  m->free = (index_of(device) + 1ull) << 30;
+  m->used = m->total - m->free;
   return 0;
 }
 int nvmlDeviceGetNvLinkRemotePciInfo_v2(void* device, unsigned, PciInfo* pci) {

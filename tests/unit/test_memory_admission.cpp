@@ -35,6 +35,7 @@ class FakeHost : public ::testing::Test {
           "MemTotal:       25000000 kB\nMemFree:        1000 kB\n"
           "MemAvailable:    8388608 kB\nBuffers:  12 kB\n");  // 8 GiB
     write("cgroup", "0::/\n");
+    src_.address_space_limit = [this] { return address_space_; };
   }
   void write(const fs::path& rel, const std::string& text) {
     fs::create_directories((dir_ / rel).parent_path());
@@ -43,6 +44,7 @@ class FakeHost : public ::testing::Test {
   fs::path dir_;
   HostMemorySources src_;
   std::map<std::string, std::string> env_;
+  double address_space_ = 0;  // ulimit -v: none
 };
 
 TEST_F(FakeHost, MemAvailableWhenNothingElseLimits) {
@@ -83,6 +85,14 @@ TEST_F(FakeHost, SlurmMemoryPerNodeOrPerCpu) {
   EXPECT_DOUBLE_EQ(host_memory(src_).bytes, 1.5 * GiB);
   env_["SLURM_CPUS_ON_NODE"] = "";  // incomplete: not a figure
   EXPECT_DOUBLE_EQ(host_memory(src_).bytes, 8 * GiB);
+}
+
+TEST_F(FakeHost, AddressSpaceLimitBesideTheMemory) {
+  EXPECT_EQ(host_memory(src_).address_space, 0);
+  address_space_ = 1.5 * GiB;
+  const HostMemory m = host_memory(src_);
+  EXPECT_DOUBLE_EQ(m.address_space, 1.5 * GiB);
+  EXPECT_DOUBLE_EQ(m.bytes, 8 * GiB);  // a per-process limit, not the host's memory
 }
 
 TEST_F(FakeHost, NothingReadableIsUnknown) {
@@ -134,6 +144,51 @@ TEST(MemoryAdmission, RanksOfTheHostAddUp) {
   EXPECT_NE(memory_admission(c, *ddp, 2, HostMemory{both - 1, "MemAvailable"}), "");
   // Under a launcher with one of the two ranks here: that rank alone.
   EXPECT_EQ(memory_admission(c, *ddp, 1, HostMemory{both / 2 + 1, "MemAvailable"}), "");
+}
+
+// ulimit -v: each rank's memory and the runtime's reserve within it, one byte short refused with
+// the limit named; a smaller micro-batch that fits is named as for the host's memory.
+TEST(MemoryAdmission, AddressSpaceLimitHoldsEachRankAndItsRuntime) {
+  // The runtime's share: 512 MiB and 136 MiB per BLAS thread, at least two (measured).
+  EXPECT_DOUBLE_EQ(runtime_address_space(1), 784.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(runtime_address_space(8), 1600.0 * 1024 * 1024);
+  const auto ddp = installed_strategy("ddp", {});
+  const RunConfig c = tiny_ddp(2);
+  const double rank = std::max(predicted_bytes(*ddp, c, 0), predicted_bytes(*ddp, c, 1));
+  const double runtime = runtime_address_space(2);
+  HostMemory host{1e15, "MemAvailable", rank + runtime, runtime};
+  EXPECT_EQ(memory_admission(c, *ddp, 2, host), "");  // per process: the two ranks do not add up
+  host.address_space -= 1;
+  const std::string refusal = memory_admission(c, *ddp, 2, host);
+  EXPECT_NE(refusal.find("of address space"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("each process may map (ulimit -v)"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("--micro-batch 2 would fit"), std::string::npos) << refusal;
+  // Below the runtime's reserve alone: nothing fits.
+  host.address_space = runtime / 2;
+  EXPECT_NE(memory_admission(c, *ddp, 2, host).find("no smaller micro-batch fits"),
+            std::string::npos);
+}
+
+// A GPU run: each rank's device memory against its GPU's free memory (NVML's figure), which
+// --memory-limit replaces; host memory then holds only the offloaded state.
+TEST(MemoryAdmission, DeviceMemoryAgainstTheGpusFreeMemory) {
+  const auto ddp = installed_strategy("ddp", {});
+  RunConfig c = tiny_ddp(1);
+  c.device = "cuda", c.train.device = Device::cuda;
+  const double need = predicted_bytes(*ddp, c, 0);
+  HostMemory host{1, "MemAvailable"};  // nothing offloaded: the host's figure does not matter
+  host.device_free = need;
+  EXPECT_EQ(memory_admission(c, *ddp, 1, host), "");
+  host.device_free = need - 1;
+  const std::string refusal = memory_admission(c, *ddp, 1, host);
+  EXPECT_NE(refusal.find("of device memory, more than the"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("free on the GPU with the least (NVML)"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("--micro-batch 4 would fit"), std::string::npos) << refusal;
+  c.memory_limit = need;  // --memory-limit in its place
+  EXPECT_EQ(memory_admission(c, *ddp, 1, host), "");
+  c.memory_limit = 0;
+  host.device_free = 0;  // unknown (no NVML): nothing to refuse
+  EXPECT_EQ(memory_admission(c, *ddp, 1, host), "");
 }
 
 TEST(MemoryAdmission, MemoryLimitReplacesTheHostsFigureOnTheCpu) {

@@ -34,6 +34,18 @@ TEST(NvmlTopology, MatrixFromNvml) {
   EXPECT_TRUE(none.text.empty());
 }
 
+// Memory admission's figure for a GPU run: the least free memory among the ranks' GPUs, found
+// by UUID; unknown (0) when a GPU or the library is missing.
+TEST(NvmlTopology, LeastFreeMemoryOfTheRanksGpus) {
+  constexpr double GiB = 1024.0 * 1024 * 1024;
+  using strata::cuda::least_free_memory;
+  EXPECT_DOUBLE_EQ(least_free_memory({"GPU-fake-2", "GPU-fake-1"}, STRATA_FAKE_NVML), 2 * GiB);
+  EXPECT_DOUBLE_EQ(least_free_memory({"GPU-fake-2"}, STRATA_FAKE_NVML), 3 * GiB);
+  EXPECT_EQ(least_free_memory({"GPU-fake-0", "GPU-other"}, STRATA_FAKE_NVML), 0);
+  EXPECT_EQ(least_free_memory({}, STRATA_FAKE_NVML), 0);
+  EXPECT_EQ(least_free_memory({"GPU-fake-0"}, "libstrata-no-such-nvml.so"), 0);
+}
+
 // Without libnvidia-ml (no driver) nothing is added; with it, an n x n matrix for nvml_gpus = n.
 TEST(NvmlTopology, ProviderOnThisMachine) {
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);

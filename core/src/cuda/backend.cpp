@@ -1,6 +1,7 @@
 // The CUDA backend of a run (see cuda/backend.hpp).
 #include "cuda/backend.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -8,6 +9,7 @@
 
 #include "comm/thread_role.hpp"
 #include "cuda/device.hpp"
+#include "cuda/nvml_topology.hpp"
 
 namespace strata::cuda {
 
@@ -185,6 +187,12 @@ int cuda_device_for(int local_rank, int local_size) {
 void register_backend() {
   BackendFactory f;
   f.unavailable = [](const BackendRequest& r) { return cuda_unavailable(r.local_size); };
+  f.free_memory = [](const BackendRequest& r) {
+    std::vector<std::string> uuids;  // the GPUs the node's ranks take (cuda_device_for)
+    const int count = cuda_device_count();
+    for (int d = 0; d < std::min(r.local_size, count); ++d) uuids.push_back(cuda_device_uuid(d));
+    return least_free_memory(uuids);
+  };
   f.open = [](const BackendRequest& r) -> std::unique_ptr<DeviceBackend> {
     return std::make_unique<CudaBackend>(cuda_device_for(r.local_rank, r.local_size), r.attention);
   };

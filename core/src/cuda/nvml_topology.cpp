@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace strata::cuda {
@@ -15,6 +16,9 @@ struct nvmlPciInfo_t {
   char busIdLegacy[16];
   unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
   char busId[32];
+};
+struct nvmlMemory_t {
+  unsigned long long total, free, used;
 };
 constexpr int kNvmlSuccess = 0;
 constexpr unsigned kMaxNvLinks = 18;  // NVML_NVLINK_MAX_LINKS (H100: 18)
@@ -31,6 +35,8 @@ struct Nvml {
   int (*link_state)(nvmlDevice_t, unsigned, int*) = nullptr;
   int (*remote_pci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
   int (*pci)(nvmlDevice_t, nvmlPciInfo_t*) = nullptr;
+  int (*by_uuid)(const char*, nvmlDevice_t*) = nullptr;
+  int (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
 
   explicit Nvml(const char* library) {
     lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
@@ -43,6 +49,8 @@ struct Nvml {
     load(link_state, "nvmlDeviceGetNvLinkState");
     load(remote_pci, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
     load(pci, "nvmlDeviceGetPciInfo_v3");
+    load(by_uuid, "nvmlDeviceGetHandleByUUID");
+    load(memory, "nvmlDeviceGetMemoryInfo");
     started = init && shutdown && count && handle && ancestor && pci && init() == kNvmlSuccess;
   }
   ~Nvml() {
@@ -136,6 +144,20 @@ void add_gpu_links(NodeTopology& node, const char* library) {
         levels[i][j] = -1;
   node.numbers.emplace_back("nvml_gpus", std::int64_t(n));
   node.text.emplace_back("gpu_links", link_matrix_text(nvlink_counts(nvml, gpus, pci), levels));
+}
+
+double least_free_memory(const std::vector<std::string>& uuids, const char* library) {
+  const Nvml nvml(library);
+  if (!nvml.started || !nvml.by_uuid || !nvml.memory || uuids.empty()) return 0;
+  double least = 0;
+  for (const std::string& uuid : uuids) {
+    nvmlDevice_t gpu = nullptr;
+    nvmlMemory_t m{};
+    if (nvml.by_uuid(uuid.c_str(), &gpu) != kNvmlSuccess || nvml.memory(gpu, &m) != kNvmlSuccess)
+      return 0;  // a GPU NVML does not know: unknown rather than another GPU's figure
+    if (least == 0 || double(m.free) < least) least = std::max(double(m.free), 1.0);
+  }
+  return least;
 }
 
 void register_topology() {

@@ -25,6 +25,12 @@ std::string link_matrix_text(const std::vector<std::vector<int>>& nvlinks,
 // `library`: the NVML to open (the tests' stand-in; the provider uses the driver's).
 void add_gpu_links(NodeTopology& node, const char* library = "libnvidia-ml.so.1");
 
+// The least free memory, in bytes, among the GPUs with these UUIDs ("GPU-..." as
+// cuda_device_uuid() prints them): NVML reads it without a CUDA context, so the launcher holds
+// none while its ranks run. 0 when NVML, a GPU or its figure is missing.
+double least_free_memory(const std::vector<std::string>& uuids,
+                         const char* library = "libnvidia-ml.so.1");
+
 // register_topology_provider(add_gpu_links): the runner calls it in CUDA builds.
 void register_topology();
 

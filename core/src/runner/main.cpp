@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <map>
 #include <new>
+#include <optional>
+#include <system_error>
 #include <thread>
 
 #include "comm/mpi_transport.hpp"
@@ -32,6 +34,7 @@
 #include "predict/predictor.hpp"
 #include "process_memory.hpp"
 #include "provenance.hpp"
+#include "results/run_claim.hpp"
 #include "trace_timeline.hpp"
 #include "trainer.hpp"
 #include "watchdog.hpp"
@@ -258,7 +261,12 @@ void check_where_it_runs(RunConfig& config, const LaunchEnv& env) {
 // its host (which ranks share it is known only once MPI runs), so each refusing rank says so.
 bool admitted(const RunConfig& config, const Strategy& strategy, const LaunchEnv& env, int world) {
   const int here = env.under_launcher ? std::max(env.local_size, 1) : world;
-  const std::string refusal = memory_admission(config, strategy, here, host_memory());
+  HostMemory host = host_memory();
+  // OpenBLAS's threads from its load (cpu::blas_threads() before set_blas_threads) or the rank's.
+  host.runtime_address_space =
+      runtime_address_space(std::max(blas_threads_for(config, here), cpu::blas_threads()));
+  host.device_free = device_free_memory(config.device_kind(), BackendRequest{0, here});
+  const std::string refusal = memory_admission(config, strategy, here, host);
   if (refusal.empty()) return true;
   if (env.under_launcher)
     std::fprintf(stderr, "runner: error: rank %d: %s\n", env.rank, refusal.c_str());
@@ -328,16 +336,40 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     code = exit_code::does_not_fit;
     return false;
   }
-  if (!env.under_launcher && world > 1) relaunch(config, world, argc, argv);
+  // The last check, once nothing else refuses the run: one run per run file (run_claim.hpp).
+  if (env.rank == 0 && !config.calibrate)
+    claim_run_file(run_file_path(config), config.run_id, config.overwrite);
+  if (!env.under_launcher && world > 1) {
+    try {
+      code = relaunch(config, world, argc, argv);
+    } catch (...) {
+      release_run_file_claim(run_file_path(config));
+      throw;
+    }
+    return false;
+  }
   return true;
+}
+
+// An allocation refused: memory (std::bad_alloc), or a thread that could not start for want of
+// memory or of processes (std::system_error from std::thread: EAGAIN or ENOMEM).
+bool out_of_resources(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
+  const auto* se = dynamic_cast<const std::system_error*>(&e);
+  return se && (se->code() == std::errc::resource_unavailable_try_again ||
+                se->code() == std::errc::not_enough_memory);
 }
 
 // A failure on this rank ends the job: rank 0 writes the run file; another rank tells rank 0, which
 // writes it and ends the job (or, should rank 0 not act, this rank ends it after a while).
 [[noreturn]] void end_after_failure(const std::exception& e, RunState& state) {
   const int rank = mpi::world_rank();
-  const std::string status = dynamic_cast<const std::bad_alloc*>(&e) ? "oom" : "failed";
+  const std::string status = out_of_resources(e) ? "oom" : "failed";
   std::string message = "rank " + std::to_string(rank) + ": " + one_line(e.what());
+  if (dynamic_cast<const std::system_error*>(&e) && status == "oom")
+    message +=
+        " (a thread or its memory was refused: the address-space limit, ulimit -v, or the "
+        "process limit, ulimit -u)";
   if (auto* se = dynamic_cast<const Error*>(&e); se && !se->hint().empty())
     message += " (hint: " + se->hint() + ")";
   std::fprintf(stderr, "runner: error: %s\n", message.c_str());
@@ -362,6 +394,17 @@ void set_threads_per_rank(const RunConfig& config) {
   register_provenance_provider(blas_threads_provenance);
 }
 
+// The exit of a process that started no rank. Under an address-space limit (ulimit -v) OpenBLAS's
+// threads, started when it loaded, may spin in blas_memory_alloc for a buffer they cannot map,
+// and exit() would join them for ever: such a process leaves without its exit handlers.
+int leave(int code) {
+  if (current_address_space_limit() > 0) {
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -379,15 +422,15 @@ int main(int argc, char** argv) {
   PluginRegistry registry;
   try {
     int code = 0;
-    if (!prepare(argc, argv, env, config, registry, code)) return code;
+    if (!prepare(argc, argv, env, config, registry, code)) return leave(code);
   } catch (const ConfigError& e) {
     if (env.rank == 0) std::fprintf(stderr, "runner: error: %s\n", one_line(e.what()).c_str());
-    return exit_code::bad_input;
+    return leave(exit_code::bad_input);
   } catch (const Error& e) {
     if (env.rank == 0)
       std::fprintf(stderr, "runner: error: %s%s%s\n", e.what(), e.hint().empty() ? "" : " (hint: ",
                    e.hint().empty() ? "" : (e.hint() + ")").c_str());
-    return exit_code::error;
+    return leave(exit_code::error);
   }
 
   // A first count before MPI starts its own threads (as if every rank of the host shared this
@@ -418,10 +461,12 @@ int main(int argc, char** argv) {
   RunState state;
   int code = 0;
   {
-    Watchdog watchdog(config.watchdog_s, state);
+    std::optional<Watchdog> watchdog;  // its thread may not start (ulimit -v, -u): a run file
     try {
       begin_record(config, state);
-      train(config, registry, state, watchdog);
+      watchdog.emplace(config.watchdog_s, state);
+      gather_record_hosts(state);
+      train(config, registry, state, *watchdog);
     } catch (const std::exception& e) {
       end_after_failure(e, state);
     }
