@@ -21,7 +21,7 @@
 #include "comm/transport.hpp"
 #include "exit_codes.hpp"
 #include "format.hpp"
-#include "trainer.hpp"
+#include "run_state.hpp"
 
 namespace strata {
 namespace {

@@ -20,7 +20,10 @@ TemporaryFile::TemporaryFile(const std::string& target) : target_(target) {
   for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
     char suffix[40];
     std::snprintf(suffix, sizeof suffix, ".tmp-%d-%08x", int(::getpid()), unsigned(entropy()));
-    path_ = (t.parent_path() / ("." + t.filename().string() + suffix)).string();
+    std::string name = ".";  // (GCC 12 warns, wrongly, on "." + a temporary string)
+    name += t.filename().string();
+    name += suffix;
+    path_ = (t.parent_path() / name).string();
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ < 0 && errno != EEXIST) throw Error("create '" + path_ + "': " + std::strerror(errno));
   }
