@@ -66,8 +66,8 @@ void write_claim(int fd) {
 }
 
 bool same_file(int fd, const std::string& path) {
-  struct stat held {
-  }, named{};
+  struct stat held {};
+  struct stat named {};
   return ::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
          held.st_dev == named.st_dev && held.st_ino == named.st_ino;
 }
