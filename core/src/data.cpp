@@ -108,7 +108,8 @@ class TokenFile final : public DataSource {
     const std::size_t windows = file_.count() - std::size_t(seq_);
     const std::size_t start =
         hash4(seed_, 0xf11e, std::uint64_t(step), std::uint64_t(sample)) % windows;
-    std::vector<std::uint16_t> window(std::size_t(seq_) + 1);  // [T + 1]
+    thread_local std::vector<std::uint16_t> window;  // [T + 1], kept: fill runs per sample
+    window.resize(std::size_t(seq_) + 1);
     file_.read(start, window.size(), window.data());
     for (std::size_t t = 0; t < window.size(); ++t)
       if (window[t] >= vocab_)

@@ -1,6 +1,6 @@
-// Reads a run file (schema strata-run/1 or 1.1, docs/architecture.md "Run file") back into a RunRecord.
-// Strings may be variable-length or fixed-length; attribute order is creation order when the file
-// tracks it (files written by strata do), else name order.
+// Reads a run file (schema strata-run/1 or 1.1, docs/architecture.md "Run file") back into a
+// RunRecord. Strings may be variable-length or fixed-length; attribute order is creation order when
+// the file tracks it (files written by strata do), else name order.
 #include <algorithm>
 #include <climits>
 #include <cmath>

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <random>
 
+#include "results/temporary_file.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -21,13 +22,7 @@ namespace {
 
 constexpr const char* kTokenVariable = "STRATA_RUN_CLAIM";
 
-std::string claim_path(const std::string& run_file) {
-  const std::filesystem::path p(run_file);
-  std::string name = ".";  // (GCC 12 warns, wrongly, on "." + a temporary string)
-  name += p.filename().string();
-  name += ".claim";
-  return (p.parent_path() / name).string();
-}
+std::string claim_path(const std::string& run_file) { return hidden_beside(run_file, ".claim"); }
 
 // The claim file's one line: "pid PID on HOST token TOKEN".
 std::string read_claim(int fd) {
@@ -77,8 +72,8 @@ bool same_file(int fd, const std::string& path) {
 bool lock_claim(const std::string& path, const std::string& run_file, const std::string& run_id) {
   const std::string what = "--run-id " + run_id + ": ";
   for (int attempt = 0; attempt < 16; ++attempt) {
-    // Not O_CLOEXEC: the relaunch's exec of mpirun or srun keeps the lock for the whole job.
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW, 0644);
+    // The launcher holds it while it supervises mpirun or srun: no rank needs the descriptor.
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) throw ConfigError(what + "cannot create " + path + ": " + std::strerror(errno));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int e = errno;

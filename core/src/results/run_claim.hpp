@@ -8,8 +8,8 @@
 namespace strata {
 
 // Claims `run_file` for this process: an exclusive lock on the hidden file ".<id>.h5.claim"
-// beside it, held until the process ends (also across exec, so the relaunch's mpirun or srun
-// keeps it for the ranks it starts; they find the claim theirs through STRATA_RUN_CLAIM). A run
+// beside it, held until the process ends (a relaunching runner holds it while it supervises the
+// ranks it starts, whose rank 0 finds the claim its job's through STRATA_RUN_CLAIM). A run
 // killed with SIGKILL leaves the claim file but not the lock: a stale claim is never in the way.
 // Under the claim, an existing run file is refused unless `overwrite`. Throws ConfigError naming
 // --run-id when another live run holds the claim, or the file exists. `run_id` is for messages.

@@ -14,16 +14,20 @@
 
 namespace strata {
 
-TemporaryFile::TemporaryFile(const std::string& target) : target_(target) {
+std::string hidden_beside(const std::string& target, const std::string& suffix) {
   const std::filesystem::path t(target);
+  std::string name = ".";  // (GCC 12 warns, wrongly, on "." + a temporary string)
+  name += t.filename().string();
+  name += suffix;
+  return (t.parent_path() / name).string();
+}
+
+TemporaryFile::TemporaryFile(const std::string& target) : target_(target) {
   std::random_device entropy;
   for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
     char suffix[40];
     std::snprintf(suffix, sizeof suffix, ".tmp-%d-%08x", int(::getpid()), unsigned(entropy()));
-    std::string name = ".";  // (GCC 12 warns, wrongly, on "." + a temporary string)
-    name += t.filename().string();
-    name += suffix;
-    path_ = (t.parent_path() / name).string();
+    path_ = hidden_beside(target, suffix);
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ < 0 && errno != EEXIST) throw Error("create '" + path_ + "': " + std::strerror(errno));
   }

@@ -6,6 +6,10 @@
 
 namespace strata {
 
+// ".NAME" + suffix in the directory of `target` (NAME its file name): the hidden files kept beside
+// a run file, which directory scans (the archive tools' *.h5) skip.
+std::string hidden_beside(const std::string& target, const std::string& suffix);
+
 // ".NAME.tmp-PID-RANDOM" beside `target`, created exclusively (O_EXCL): a stale temporary file
 // (kill -9 leaves them, and a later process may have the same pid) is never taken, truncated or
 // deleted. The file is removed when this object goes unless commit() moved it into place.
