@@ -124,4 +124,6 @@ Prediction replicated_prediction(const PredictInput& in) {
   return p;
 }
 
+Prediction Strategy::predict(const PredictInput& in) const { return replicated_prediction(in); }
+
 }  // namespace strata

@@ -234,28 +234,35 @@ std::uint64_t StageModel::tp_comm_buffer_bytes(const ModelSpec& spec, int B, con
   return tp_comm_buffer_count(d, tp_comm_dtype) * dtype_size(tp_comm_dtype);
 }
 
-void add_tensor_parallel_bytes(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                               DType tp_comm_dtype, std::map<std::string, double>& bytes) {
-  const Dims d(spec, B, part, Device::cpu);  // the tensor-parallel volume is the same on any device
-  if (d.tp == 1) return;
-  // One [N,C] activation in the tp comm dtype; the cross-entropy's statistics are always fp32.
-  const double E = double(d.N) * d.C * double(dtype_size(tp_comm_dtype));
-  const double ce = double(d.N) * sizeof(float) * 3;  // row max, then (sum of exp, target)
-  // A full recompute repeats a block's forward up to FC1 in backward: the attention's reduction
-  // and, with sp, the two LayerNorm gathers.
-  const double again = r == Recompute::full ? d.blocks : 0;
-  if (d.sp) {
-    // Per block: forward 2 all-gathers + 2 reduce-scatters, backward the same.
-    const double ends = (d.embedding ? E : 0) + (d.head ? E : 0);
-    bytes["all_gather"] += 4 * E * d.blocks + ends + 2 * E * again;
-    bytes["reduce_scatter"] += 4 * E * d.blocks + ends + E * again;
-    if (d.head) bytes["all_reduce"] += ce;
-  } else {
-    // Per block 2 all-reduces forward, 2 backward; embedding forward; head: backward and the
-    // cross-entropy reductions.
-    bytes["all_reduce"] +=
-        4 * E * d.blocks + (d.embedding ? E : 0) + (d.head ? E + ce : 0) + E * again;
-  }
+std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, int B, int unit,
+                                                        bool backward, int tp, bool sp, Recompute r,
+                                                        DType tp_comm_dtype) {
+  if (tp == 1) return {};
+  // One [N,C] activation in the tp comm dtype; the cross-entropy's statistics are always fp32:
+  // the row max, then the (sum of exp, target) pairs.
+  const double N = double(B) * spec.seq;
+  const double E = N * spec.hidden * double(dtype_size(tp_comm_dtype));
+  const PassCollective ar{CommOp::all_reduce, E}, ag{CommOp::all_gather, E},
+      rs{CommOp::reduce_scatter, E}, max{CommOp::all_reduce, N * sizeof(float)},
+      sums{CommOp::all_reduce, 2 * N * sizeof(float)};
+  const bool embedding = unit == 0, head = unit == spec.layers + 1;
+  // Embedding: its output reduced (sp: reduce-scattered) forward, gathered backward under sp.
+  if (embedding)
+    return backward ? (sp ? std::vector{ag} : std::vector<PassCollective>{})
+                    : std::vector{sp ? rs : ar};
+  // Head: its input gathered (sp) forward and the cross-entropy's statistics; backward its input
+  // gradient reduced (sp: reduce-scattered).
+  if (head)
+    return backward ? std::vector{sp ? rs : ar}
+                    : (sp ? std::vector{ag, max, sums} : std::vector{max, sums});
+  // A block: attention and MLP outputs reduced forward and their input gradients backward (sp: an
+  // all-gather before and a reduce-scatter after each tp region); a full recompute repeats the
+  // forward up to FC1 in backward: the attention's reduction and, under sp, the two gathers.
+  const bool again = backward && r == Recompute::full;
+  if (!sp) return again ? std::vector{ar, ar, ar} : std::vector{ar, ar};
+  std::vector<PassCollective> c{ag, rs, ag, rs};
+  if (again) c.insert(c.end(), {ag, rs, ag});
+  return c;
 }
 
 }  // namespace strata

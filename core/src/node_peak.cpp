@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include "backend.hpp"
@@ -19,6 +20,15 @@
 #include "launch.hpp"
 
 namespace strata {
+
+double model_flops_per_rank(double tokens_per_s, double flops_per_token, int ranks) {
+  return tokens_per_s * flops_per_token / std::max(1, ranks);
+}
+
+double model_flops_utilization(double flops_per_rank, double peak_per_rank) {
+  return peak_per_rank > 0 ? flops_per_rank / peak_per_rank
+                           : std::numeric_limits<double>::quiet_NaN();
+}
 
 double rank_cpu_share(const RankCpus& w) {
   double cpus = double(std::max(1, w.mask_cpus)) / std::max(1, w.ranks_sharing_mask);

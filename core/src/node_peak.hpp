@@ -26,6 +26,12 @@ struct PeakFlops {
   std::string detail;   // one line for the summary and the run file: what, how, where cached
 };
 
+// MFU, defined once: the model's FLOPs per second per rank (tokens/s x the model's FLOPs per token
+// / ranks) over one rank's peak FLOP/s; NaN without a peak (<= 0). The run's summary, the peak's
+// recheck after the steps and the step-time predictor all read it from here.
+double model_flops_per_rank(double tokens_per_s, double flops_per_token, int ranks);
+double model_flops_utilization(double flops_per_rank, double peak_per_rank);
+
 // Where a rank may run: the node's CPUs and ranks, the CPUs of the rank's affinity mask and the
 // node's ranks bound to that same mask, SLURM_CPUS_PER_TASK (0: not set).
 struct RankCpus {

@@ -1,11 +1,55 @@
 // The SDK's step-plan helpers (strata/step_plan.hpp).
 #include "strata/step_plan.hpp"
 
+#include "strata/stage_model.hpp"
+
 namespace strata {
 
 void plan_forward_backward(int num_units, std::vector<PlanAction>& out) {
   for (int u = 0; u < num_units; ++u) out.push_back(plan_forward(u));
   for (int u = num_units - 1; u >= 0; --u) out.push_back(plan_backward(u));
+}
+
+namespace {
+
+// One action's bytes, `times` over: its own, or the tp collectives inside a unit pass.
+void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
+                      const TrainSpec& train, int tp, bool sp,
+                      std::array<double, kNumCommOps>& bytes) {
+  auto add = [&](CommOp op, double b) { bytes[static_cast<int>(op)] += times * b; };
+  switch (a.op) {
+    case PlanOp::comm:
+    case PlanOp::copy:
+      add(a.collective, a.bytes);
+      break;
+    case PlanOp::send:
+      add(CommOp::send, a.bytes);
+      break;
+    case PlanOp::recv:
+      add(CommOp::recv, a.bytes);
+      break;
+    case PlanOp::forward:
+    case PlanOp::backward:
+      for (const PassCollective& c :
+           tensor_parallel_collectives(model, train.micro_batch, a.unit, a.op == PlanOp::backward,
+                                       tp, sp, train.recompute, train.precision.tp_comm))
+        add(c.op, c.bytes);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+std::array<double, kNumCommOps> plan_comm_bytes(const StepPlan& plan, const ModelSpec& model,
+                                                const TrainSpec& train, int tp) {
+  std::array<double, kNumCommOps> bytes{};
+  const bool sp = plan.sequence_parallel && tp > 1;
+  for (const PlanAction& a : plan.micro_batch)
+    add_action_bytes(a, plan.micro_batches, model, train, tp, sp, bytes);
+  for (const PlanAction& a : plan.step) add_action_bytes(a, 1, model, train, tp, sp, bytes);
+  return bytes;
 }
 
 }  // namespace strata

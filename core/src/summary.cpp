@@ -7,6 +7,7 @@
 
 #include "calibrate.hpp"
 #include "format.hpp"
+#include "node_peak.hpp"
 #include "strata/memory.hpp"
 #include "topology.hpp"
 
@@ -98,14 +99,13 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
   const StepNoise noise = step_noise(timed);
   const double tokens_per_s = global_tokens / p50;
   const double flops_per_token = config.model.flops_per_token();
-  const double flops_per_rank = tokens_per_s * flops_per_token / world;
+  const double flops_per_rank = model_flops_per_rank(tokens_per_s, flops_per_token, world);
   const double peak = percentile(peaks, 0.5);
   // The highest rank's MFU against its own peak (ranks on fuller nodes have smaller shares).
   double mfu_rank_max = std::numeric_limits<double>::quiet_NaN();
   for (double p : peaks)
-    if (p > 0)
-      mfu_rank_max = std::isnan(mfu_rank_max) ? flops_per_rank / p
-                                              : std::max(mfu_rank_max, flops_per_rank / p);
+    if (const double mfu = model_flops_utilization(flops_per_rank, p); !std::isnan(mfu))
+      mfu_rank_max = std::isnan(mfu_rank_max) ? mfu : std::max(mfu_rank_max, mfu);
   double peak_tracked = 0;  // largest per-rank sum of the device tags' peaks
   for (int r = 0; r < world; ++r) {
     double sum = 0;
@@ -122,7 +122,7 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
       {"unstable", noise.cv > config.max_cv ? 1.0 : 0.0, "1"},
       {"tflops_per_rank", flops_per_rank / 1e12, "TFLOP/s"},
       // No peak (a GPU not in the table, without --peak-tflops): no MFU.
-      {"mfu", peak > 0 ? flops_per_rank / peak : std::numeric_limits<double>::quiet_NaN(), "1"},
+      {"mfu", model_flops_utilization(flops_per_rank, peak), "1"},
       {"mfu_rank_max", mfu_rank_max, "1"},
       {"peak_flops_per_rank", peak, "FLOP/s"},
       {"flops_per_token", flops_per_token, "FLOP"},

@@ -109,9 +109,10 @@ void recheck_peak(const RunConfig& c, const std::vector<double>& step_max, PeakF
   if (peak.source != "cache" && peak.source != "measured") return;  // the same on every rank
   const std::size_t warmup = std::min<std::size_t>(std::size_t(c.train.warmup), step_max.size());
   const double p50 = percentile({step_max.begin() + warmup, step_max.end()}, 0.5);
-  const double flops_per_rank = double(c.train.global_batch) * c.model.seq / p50 *
-                                c.model.flops_per_token() / mpi::world_size();
-  double mfu_max = peak.per_rank > 0 ? flops_per_rank / peak.per_rank : 0;
+  const double flops_per_rank =
+      model_flops_per_rank(double(c.train.global_batch) * c.model.seq / p50,
+                           c.model.flops_per_token(), mpi::world_size());
+  double mfu_max = model_flops_utilization(flops_per_rank, peak.per_rank);
   if (!std::isfinite(mfu_max)) mfu_max = 0;
   mpi::control_allreduce_max(&mfu_max, 1);
   if (mfu_max <= 1) return;
@@ -193,7 +194,7 @@ void print_progress(const RunConfig& c, int step, bool last, double elapsed_s,
   const double steps = done - first, mean_s = seconds / steps;
   const double tokens_per_s = double(c.train.global_batch) * c.model.seq / mean_s;
   const double tflops_per_rank =
-      tokens_per_s * c.model.flops_per_token() / mpi::world_size() / 1e12;
+      model_flops_per_rank(tokens_per_s, c.model.flops_per_token(), mpi::world_size()) / 1e12;
   std::printf(
       "step %4d/%d | elapsed %s | ETA %s | loss %.4f | %8.1f ms/step | %10.0f tok/s | %.3f "
       "TFLOP/s/rank\n",
@@ -254,16 +255,14 @@ void record_steps_run(RunRecord& record, int steps) {
 void finish_report(const Run& run, double peak_flops, std::uint64_t baseline_bytes,
                    double* predicted_bubble, RankReport& report) {
   const RunConfig& c = run.config;
-  const Prediction pred =
-      run.strategy->predict(PredictInput{c.mesh, c.model, c.train, mpi::world_rank()});
+  const PredictInput in{c.mesh, c.model, c.train, mpi::world_rank()};
+  const Prediction pred = run.strategy->predict(in);
+  report.predicted_comm_bytes =
+      plan_comm_bytes(run.strategy->plan_step(in), c.model, c.train, c.mesh.tp);
   const MemoryLedger& memory = run.ctx.memory();
   for (int tag = 0; tag < kNumMemTags; ++tag) {
     report.peak_bytes[tag] = double(memory.peak(static_cast<MemTag>(tag)));
     report.predicted_bytes[tag] = pred.memory_bytes[tag];
-  }
-  for (int op = 0; op < kNumCommOps; ++op) {
-    auto it = pred.comm_bytes_per_step.find(op_name(static_cast<CommOp>(op)));
-    report.predicted_comm_bytes[op] = it == pred.comm_bytes_per_step.end() ? 0.0 : it->second;
   }
   report.process_peak_bytes = double(peak_rss_bytes());
   report.peak_flops = peak_flops;

@@ -27,9 +27,6 @@ class BucketedDdp final : public Strategy {
 
   Prediction predict(const PredictInput& in) const override {
     Prediction p = replicated_prediction(in);
-    if (in.mesh.dp > 1)
-      p.comm_bytes_per_step["all_reduce"] =
-          state_bytes_per_param(in.train.precision).grads * double(in.model.total_params());
     p.notes = "buckets are views of the flat gradient buffer: no comm_buffers";
     return p;
   }
@@ -49,7 +46,7 @@ class BucketedDdp final : public Strategy {
     for (int u = units - 1; u >= 0; --u) {
       plan.step.push_back(plan_backward(u));
       for (; in.mesh.dp > 1 && next < buckets.size() && buckets[next].ready_unit >= u; ++next)
-        plan.step.push_back(plan_comm("all_reduce",
+        plan.step.push_back(plan_comm(CommOp::all_reduce,
                                       grad_bytes * double(buckets[next].end - buckets[next].begin),
                                       Axis::dp, 0));
     }

@@ -20,12 +20,6 @@ class SingleMaster final : public Strategy {
     Prediction p = replicated_prediction(in);
     bool root = mesh_coord(in.mesh, in.rank).dp == 0;
     if (!root) p.memory_bytes[static_cast<int>(MemTag::optimizer)] = 0;
-    const StateBytes per = state_bytes_per_param(in.train.precision);
-    const double n = double(in.model.total_params());
-    if (in.mesh.dp > 1) {
-      p.comm_bytes_per_step["reduce"] = per.grads * n;
-      p.comm_bytes_per_step["broadcast"] = per.params * n;
-    }
     p.notes = "optimizer state on dp rank 0 only; reduce + broadcast of all parameters per step";
     return p;
   }
@@ -38,9 +32,9 @@ class SingleMaster final : public Strategy {
     plan.micro_batches = in.train.micro_steps(in.mesh);
     const StateBytes per = state_bytes_per_param(in.train.precision);
     const double n = double(in.model.total_params());
-    if (in.mesh.dp > 1) plan.step.push_back(plan_comm("reduce", per.grads * n, Axis::dp));
+    if (in.mesh.dp > 1) plan.step.push_back(plan_comm(CommOp::reduce, per.grads * n, Axis::dp));
     if (mesh_coord(in.mesh, in.rank).dp == 0) plan.step.push_back(plan_update(n));
-    if (in.mesh.dp > 1) plan.step.push_back(plan_comm("broadcast", per.params * n, Axis::dp));
+    if (in.mesh.dp > 1) plan.step.push_back(plan_comm(CommOp::broadcast, per.params * n, Axis::dp));
     return plan;
   }
 

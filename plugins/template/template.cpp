@@ -23,19 +23,11 @@ class SyncAllReduce final : public Strategy {
     require_data_parallel_only(mesh, "allreduce");
   }
 
-  // predict(): what this rank should allocate and send, without running anything. The run file
-  // stores it next to the measurement; tests check that they are equal.
-  Prediction predict(const PredictInput& in) const override {
-    Prediction p = replicated_prediction(in);  // params, grads, AdamW state, activations
-    const double grad_bytes = state_bytes_per_param(in.train.precision).grads;  // 4, or 2 in bf16
-    if (in.mesh.dp > 1)
-      p.comm_bytes_per_step["all_reduce"] = grad_bytes * double(in.model.total_params());
-    return p;
-  }
-
-  // plan_step(): the same step as data, for the step-time predictor (runner --dry-run --profile,
-  // the advisor): what train_step() below issues, in order. The core times each action from a
-  // machine profile; without this method the strategy is reported as having "no time model".
+  // plan_step(): what train_step() below issues, in order, as data. The core counts the bytes it
+  // moves per op (the run file stores them beside the measured bytes, and tests check that they
+  // are equal) and times each action from a machine profile (runner --dry-run --profile, the
+  // advisor). Memory per tag is predict()'s; its default, a full replica's parameters,
+  // gradients, AdamW state and activations (replicated_prediction), is this strategy's.
   StepPlan plan_step(const PredictInput& in) const override {
     StepPlan plan;
     plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);  // one micro-batch
@@ -43,7 +35,7 @@ class SyncAllReduce final : public Strategy {
     const double n = double(in.model.total_params());
     const double grad_bytes = state_bytes_per_param(in.train.precision).grads;
     if (in.mesh.dp > 1)  // blocking: no stream given, so the compute thread waits for it
-      plan.step.push_back(plan_comm("all_reduce", grad_bytes * n, Axis::dp));
+      plan.step.push_back(plan_comm(CommOp::all_reduce, grad_bytes * n, Axis::dp));
     plan.step.push_back(plan_update(n));
     return plan;
   }

@@ -2,12 +2,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "node_peak.hpp"
+#include "strata/model.hpp"
 
 namespace {
 
@@ -30,6 +32,18 @@ class NodePeakCache : public ::testing::Test {
   fs::path dir;
   std::string path;
 };
+
+// MFU: the model's FLOPs per token (6N + 12LTh, as PaLM counts) x tokens/s / ranks: gpt2-124m at
+// 100k tokens/s over 4 ranks against 100 TFLOP/s per rank; no peak, no MFU.
+TEST(NodePeak, MfuIsModelFlopsPerRankOverThePeak) {
+  using namespace strata;
+  const ModelSpec m = model_preset("gpt2-124m");
+  const double per_rank = model_flops_per_rank(1e5, m.flops_per_token(), 4);
+  EXPECT_DOUBLE_EQ(per_rank, 1e5 * m.flops_per_token() / 4);
+  EXPECT_DOUBLE_EQ(model_flops_utilization(per_rank, 100e12), per_rank / 100e12);
+  EXPECT_TRUE(std::isnan(model_flops_utilization(per_rank, 0)));
+  EXPECT_TRUE(std::isnan(model_flops_utilization(per_rank, -1)));
+}
 
 // A rank's peak is its CPUs' share of the node's: ranks sharing the node's CPUs (no binding) split
 // it; a rank bound to fewer CPUs (taskset -c 0, srun --cpu-bind) gets those CPUs' share, never

@@ -619,81 +619,90 @@ TEST(Predictor, UnplannedStrategiesAndUnknownShapesHaveNoTimeModel) {
   EXPECT_NE(t.why.find("compute entry"), std::string::npos) << t.why;
 }
 
-// Rank 0's plan of a strategy moves the bytes its predict() says, op by op (the plan's collectives
-// and point-to-point, plus the tp collectives inside the passes, the core's part).
-void expect_plan_moves_predicted_bytes(const std::string& name,
-                                       const std::map<std::string, std::string>& options,
-                                       const MeshSpec& mesh, const ModelSpec& m,
-                                       const TrainSpec& train) {
-  const auto strategy = installed_strategy(name, options);
-  const PredictInput in{mesh, m, train, 0};
-  strategy->validate(mesh, train, m);
-  const Prediction p = strategy->predict(in);
-  const StepPlan plan = strategy->plan_step(in);
-  ASSERT_FALSE(plan.empty()) << name << ": " << plan.unmodelled;
-  std::map<std::string, double> bytes;
-  auto add = [&](const PlanAction& a, double times) {
-    if (a.op == PlanOp::comm) bytes[a.collective] += times * a.bytes;
-    if (a.op == PlanOp::send || a.op == PlanOp::recv)
-      bytes[a.op == PlanOp::send ? "send" : "recv"] += times * a.bytes;
-  };
-  for (const PlanAction& a : plan.micro_batch) add(a, plan.micro_batches);
-  for (const PlanAction& a : plan.step) add(a, 1);
-  if (mesh.tp > 1) {  // the tp strategy: one partition, the whole model
-    std::map<std::string, double> tp_bytes;
-    const Partition whole{0, m.layers + 1, mesh.tp, 0, plan.sequence_parallel};
-    add_tensor_parallel_bytes(m, train.micro_batch, whole, train.recompute, train.precision.tp_comm,
-                              tp_bytes);
-    for (const auto& [op, b] : tp_bytes) bytes[op] += b * train.micro_steps(mesh);
-  }
-  const std::string label = name + (options.empty() ? "" : " " + options.begin()->second) +
-                            " tp comm " + dtype_name(train.precision.tp_comm);
-  for (const auto& [op, b] : p.comm_bytes_per_step)
-    if (op != "d2h" && op != "h2d") EXPECT_NEAR(bytes[op], b, 1e-9 * b) << label << " " << op;
-  for (const auto& [op, b] : bytes)
-    EXPECT_TRUE(b == 0 || p.comm_bytes_per_step.count(op)) << label << " plans " << op;
+// The bytes per op the core predicts for rank in.rank (plan_comm_bytes of its plan), by op name.
+std::map<std::string, double> planned_bytes(const Strategy& s, const PredictInput& in) {
+  const StepPlan plan = s.plan_step(in);
+  EXPECT_FALSE(plan.empty()) << plan.unmodelled;
+  const auto bytes = plan_comm_bytes(plan, in.model, in.train, in.mesh.tp);
+  std::map<std::string, double> named;
+  for (int op = 0; op < kNumCommOps; ++op)
+    if (bytes[op] > 0) named[op_name(CommOp(op))] = bytes[op];
+  return named;
 }
 
-// The plans and the exact byte predictions every run checks describe the same step; the
-// model-parallel strategies also with bf16 tp comm (--precision bf16's default).
-TEST(StepPlan, MovesTheBytesItsStrategysPredictSays) {
+// Megatron's tensor-parallel volume of one micro-batch through a partition (`blocks` blocks, with
+// or without the embedding and the head), written out from its parts: per block 2 activations
+// reduced forward and 2 gradients backward (sp: each an all-gather and a reduce-scatter), a full
+// recompute's repeat of the attention (sp: its 2 gathers and a reduce-scatter), the embedding's
+// output, the head's input gradient, the cross-entropy's 3 fp32 floats per token.
+std::map<std::string, double> megatron_tp_bytes(const ModelSpec& m, int B, int blocks,
+                                                bool embedding, bool head, bool sp, bool full,
+                                                DType dtype) {
+  const double N = double(B) * m.seq, E = N * m.hidden * double(dtype_size(dtype));
+  const double ce = 3 * N * sizeof(float), again = full ? blocks : 0;
+  const double ends = (embedding ? E : 0) + (head ? E : 0);
+  std::map<std::string, double> b;
+  if (sp) {
+    b["all_gather"] = 4 * E * blocks + ends + 2 * E * again;
+    b["reduce_scatter"] = 4 * E * blocks + ends + E * again;
+    if (head) b["all_reduce"] = ce;
+  } else {
+    b["all_reduce"] = 4 * E * blocks + ends + (head ? ce : 0) + E * again;
+  }
+  return b;
+}
+
+// tp's predicted bytes are its passes' tensor-parallel collectives (Megatron's volume, per
+// micro-batch) plus the step's gradient collectives: the sp all-reduce of the replicated tensors'
+// partial gradients, the dp all-reduce and the norm's doubles over dp and tp.
+TEST(StepPlan, TpBytesAreMegatronsVolumePerMicroBatch) {
   ModelSpec m = tiny();
   m.preset = "custom", m.layers = 4;
-  struct Case {
-    std::string strategy;
-    std::map<std::string, std::string> options;
-    MeshSpec mesh;
-  };
-  const MeshSpec dp2{2, 1, 1, 1, 2}, dp4{4, 1, 1, 2, 2}, dp2_pp2{2, 1, 2, 1, 4},
-      dp2_tp2{2, 2, 1, 1, 4};
-  const std::vector<Case> cases = {{"dp", {}, dp2},
-                                   {"ddp", {{"bucket_mb", "0.05"}}, dp2},
-                                   {"allreduce", {}, dp2},
-                                   {"zero1", {}, dp2},
-                                   {"zero2", {}, dp4},
-                                   {"zero3", {}, dp2},
-                                   {"fsdp", {}, dp2},
-                                   {"fsdp-grad-op", {}, dp2},
-                                   {"fsdp-hybrid", {}, dp4},
-                                   {"gpipe", {}, dp2_pp2},
-                                   {"1f1b", {{"dp", "zero1"}}, dp2_pp2},
-                                   {"interleaved", {{"virtual_stages", "2"}}, dp2_pp2},
-                                   {"tp", {}, dp2_tp2},
-                                   {"tp", {{"dp", "zero1"}, {"sp", "on"}}, dp2_tp2},
-                                   {"tp", {{"dp", "zero2"}}, dp2_tp2},
-                                   {"tp", {{"dp", "fsdp"}, {"sp", "on"}}, dp2_tp2}};
-  for (DType comm : {DType::f32, DType::bf16})
-    for (const Case& c : cases) {
-      if (comm == DType::bf16 && c.mesh.tp == 1 && c.mesh.pp == 1) continue;
-      TrainSpec train;
-      train.micro_batch = 2, train.global_batch = 16;
-      train.precision.param = train.precision.tp_comm = comm;
-      expect_plan_moves_predicted_bytes(c.strategy, c.options, c.mesh, m, train);
-    }
+  const auto strategy_sp = installed_strategy("tp", {{"sp", "on"}});
+  const auto strategy = installed_strategy("tp", {{"sp", "off"}});
+  const MeshSpec dp1_tp2{1, 2, 1, 1, 2};
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool sp : {false, true})
+      for (Recompute r : {Recompute::none, Recompute::full}) {
+        TrainSpec train;
+        train.micro_batch = 2, train.global_batch = 6;  // 3 micro-batches
+        train.precision.param = train.precision.tp_comm = dtype;
+        train.recompute = r;
+        const PredictInput in{dp1_tp2, m, train, 1};
+        const auto got = planned_bytes(sp ? *strategy_sp : *strategy, in);
+        auto want = megatron_tp_bytes(m, 2, m.layers, true, true, sp, r == Recompute::full, dtype);
+        for (auto& [op, b] : want) b *= 3;
+        // The step: the norm's double over tp; under sp the replicated tensors' (LayerNorms',
+        // biases after a row split, positions') partial gradients, all-reduced over tp.
+        double partial = 0;
+        for (const LocalTensor& t : StageModel::local_tensors(m, {0, m.layers + 1, 2, 1, sp}))
+          if (sp && t.shard == ShardKind::replicated) partial += double(t.count);
+        want["all_reduce"] += 8 + partial * state_bytes_per_param(train.precision).grads;
+        const std::string label = std::string(dtype_name(dtype)) + (sp ? " sp" : "") +
+                                  (r == Recompute::full ? " full recompute" : "");
+        EXPECT_EQ(got.size(), want.size()) << label;
+        for (const auto& [op, b] : want) EXPECT_NEAR(got.at(op), b, 1e-9 * b) << label << " " << op;
+      }
 }
 
-// The bf16 tp comm dtype halves every activation collective of tp (with and without sequence
-// parallelism) and the pipeline's sends and receives; the cross-entropy's statistics stay fp32.
+// Under a pipeline each stage's plan carries the tp volume of its own partition: 1f1b at pp 2 and
+// tp 2 splits 4 blocks 2 + 2, the embedding with stage 0, the head with stage 1.
+TEST(StepPlan, PipelineStagesCarryTheirPartitionsTpBytes) {
+  ModelSpec m = tiny();
+  m.preset = "custom", m.layers = 4;
+  const auto strategy = installed_strategy("1f1b", {});
+  const MeshSpec tp2_pp2{1, 2, 2, 1, 4};
+  TrainSpec train;
+  train.micro_batch = 2, train.global_batch = 8;  // 4 micro-batches
+  const Mesh mesh(tp2_pp2);
+  for (int stage : {0, 1}) {
+    const auto got = planned_bytes(*strategy, {tp2_pp2, m, train, mesh.rank_of(0, 1, stage)});
+    const auto want = megatron_tp_bytes(m, 2, 2, stage == 0, stage == 1, false, false, DType::f32);
+    // The tp volume four times, the norm's doubles over tp and pp.
+    EXPECT_NEAR(got.at("all_reduce"), 4 * want.at("all_reduce") + 8 + 8, 1e-6) << stage;
+  }
+}
+
 TEST(StepPlan, Bf16TpCommHalvesTheActivationBytes) {
   ModelSpec m = tiny();
   m.preset = "custom", m.layers = 4;
@@ -703,8 +712,12 @@ TEST(StepPlan, Bf16TpCommHalvesTheActivationBytes) {
   for (bool sp : {false, true}) {
     const Partition whole{0, m.layers + 1, 2, 0, sp};
     std::map<std::string, double> fp32, bf16;
-    add_tensor_parallel_bytes(m, B, whole, Recompute::none, DType::f32, fp32);
-    add_tensor_parallel_bytes(m, B, whole, Recompute::none, DType::bf16, bf16);
+    for (int u = 0; u <= m.layers + 1; ++u)
+      for (bool backward : {false, true})
+        for (DType dtype : {DType::f32, DType::bf16})
+          for (const PassCollective& c :
+               tensor_parallel_collectives(m, B, u, backward, 2, sp, Recompute::none, dtype))
+            (dtype == DType::f32 ? fp32 : bf16)[op_name(c.op)] += c.bytes;
     // Per block 4 activations (sp: 4 all-gathers and 4 reduce-scatters), the embedding's and
     // the head's one each.
     const double acts = (4 * m.layers + 2) * E;
@@ -730,11 +743,13 @@ TEST(StepPlan, Bf16TpCommHalvesTheActivationBytes) {
     TrainSpec train;
     train.micro_batch = B, train.global_batch = 4 * B;
     const Prediction f = strategy->predict({pp2, m, train, rank});
+    const auto f_bytes = planned_bytes(*strategy, {pp2, m, train, rank});
     train.precision.param = train.precision.tp_comm = DType::bf16;
     const Prediction h = strategy->predict({pp2, m, train, rank});
+    const auto h_bytes = planned_bytes(*strategy, {pp2, m, train, rank});
     for (const char* op : {"send", "recv"}) {
-      EXPECT_EQ(f.comm_bytes_per_step.at(op), 4 * E + wte) << op;
-      EXPECT_EQ(h.comm_bytes_per_step.at(op), 4 * E / 2 + wte) << op;
+      EXPECT_EQ(f_bytes.at(op), 4 * E + wte) << op;
+      EXPECT_EQ(h_bytes.at(op), 4 * E / 2 + wte) << op;
     }
     // bf16: a send buffer per slot in flight (1f1b: pp - stage) and the receive buffer.
     const auto comm_buffers = [](const Prediction& p) {

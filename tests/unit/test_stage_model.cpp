@@ -397,8 +397,8 @@ CommOp op_named(const std::string& name) {
 // model and a pipeline chunk without the embedding): the same losses and gradients as no
 // recompute on every rank (room only for a reordered reduction; a stale recompute is O(1)), the
 // activation peak equal to predict_activations() for two slots, less memory than none, and the
-// ledger's collective bytes equal to add_tensor_parallel_bytes() (a full recompute repeats the
-// block's forward collectives).
+// ledger's collective bytes equal to tensor_parallel_collectives() of each unit's passes (a full
+// recompute repeats the block's forward collectives).
 TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMemory) {
   const ModelSpec spec = att_heavy();
   const int B = 2, L = spec.layers;
@@ -411,7 +411,11 @@ TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMem
         const std::vector<RankResult> got = r == Recompute::none ? ref : run_tp(spec, B, part, r);
         const ActivationBytes predicted = predict_activations(spec, B, part, r);
         std::map<std::string, double> tp_bytes;
-        add_tensor_parallel_bytes(spec, B, part, r, DType::f32, tp_bytes);
+        for (int u = part.first_unit; u <= part.last_unit; ++u)
+          for (bool backward : {false, true})
+            for (const PassCollective& c :
+                 tensor_parallel_collectives(spec, B, u, backward, 2, sp, r, DType::f32))
+              tp_bytes[op_name(c.op)] += c.bytes;
         for (int rank = 0; rank < 2; ++rank) {
           const RankResult& a = ref[rank];
           const RankResult& b = got[rank];

@@ -5,8 +5,9 @@
 //   strata_descriptor    -> const PluginDescriptor& (family, strategies, typed options, help)
 //   strata_create        -> std::unique_ptr<Strategy>(strategy name, validated Options)
 // Lifecycle per run: validate(mesh, train, model) -> setup(ctx) -> train_step(ctx, step) per step.
-// predict() answers without running: memory per tag and collective bytes per step; plan_step()
-// describes one step as data for the step-time predictor (strata/step_plan.hpp).
+// plan_step() describes one step as data (strata/step_plan.hpp): the core counts its bytes per op
+// (the prediction every run's measured bytes are checked against) and the step-time predictor
+// replays it. predict() answers memory per tag without running.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -21,7 +22,7 @@
 namespace strata {
 
 // Bump when any SDK type crossing the plugin boundary changes layout or meaning.
-inline constexpr std::uint32_t kPluginAbiVersion = 6;
+inline constexpr std::uint32_t kPluginAbiVersion = 7;
 
 enum class OptionType { integer, real, boolean, string, choice };
 const char* option_type_name(OptionType t);
@@ -72,9 +73,8 @@ struct PredictInput {
 };
 
 struct Prediction {
-  std::array<double, kNumMemTags> memory_bytes{};     // bytes per tag on this rank
-  std::map<std::string, double> comm_bytes_per_step;  // op name -> bytes on this rank per step
-  std::string notes;                                  // assumptions, padding, ...
+  std::array<double, kNumMemTags> memory_bytes{};  // bytes per tag on this rank
+  std::string notes;                               // assumptions, padding, ...
   // Pipeline strategies: the fraction of the step a stage idles in an ideal pipeline
   // ((p-1)/(m+p-1) for GPipe and 1F1B). Negative: not a pipeline.
   double bubble_fraction = -1;
@@ -86,10 +86,13 @@ class Strategy {
   // Throw ConfigError (one line naming the option and what is allowed) if the configuration
   // cannot run under this strategy. Called before any rank allocates.
   virtual void validate(const MeshSpec&, const TrainSpec&, const ModelSpec&) const {}
-  virtual Prediction predict(const PredictInput& in) const = 0;
-  // One step of rank in.rank as the actions its train_step() issues (strata/step_plan.hpp), for
-  // `runner --dry-run --profile`, the advisor and the prediction stored beside each run. The
-  // default, an empty plan, reports the strategy as having no time model.
+  // Memory per tag on rank in.rank (what every run's measured peaks are checked against). The
+  // default: a full replica's, replicated_prediction() (strata/data_parallel.hpp).
+  virtual Prediction predict(const PredictInput& in) const;
+  // One step of rank in.rank as the actions its train_step() issues (strata/step_plan.hpp): the
+  // bytes it moves per op are the run's predicted bytes (plan_comm_bytes), and `runner --dry-run
+  // --profile` and the advisor replay it for time. The default, an empty plan, predicts no bytes
+  // and reports the strategy as having no time model.
   virtual StepPlan plan_step(const PredictInput& in) const {
     (void)in;
     return {};

@@ -170,12 +170,21 @@ class StageModel {
   std::unique_ptr<Impl> impl_;
 };
 
-// Bytes of tensor-parallel collectives one micro-batch's forward + backward of `part` moves, per
-// op name (nccl-tests size convention), as StageModel issues them, the collectives a full
-// recompute repeats in backward included: activations in tp_comm_dtype (2 bytes an element in
-// bf16), the cross-entropy's statistics in fp32. Zero for tp_size 1.
-void add_tensor_parallel_bytes(const ModelSpec& spec, int micro_batch, const Partition& part,
-                               Recompute recompute, DType tp_comm_dtype,
-                               std::map<std::string, double>& bytes);
+// One collective of the tp group inside a unit's pass: its op and bytes (nccl-tests size
+// convention).
+struct PassCollective {
+  CommOp op;
+  double bytes;
+};
+
+// The tensor-parallel collectives of one micro-batch's forward (backward: false) or backward of
+// unit `unit` (ParamLayout's numbering) on a tp group of `tp` ranks, as StageModel issues them,
+// those a full recompute repeats in backward included: activations in tp_comm_dtype (2 bytes an
+// element in bf16), the cross-entropy's statistics in fp32. Empty at tp 1. The step-plan bytes
+// (plan_comm_bytes) and the step-time predictor both read them from here.
+std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, int micro_batch,
+                                                        int unit, bool backward, int tp,
+                                                        bool sequence_parallel, Recompute recompute,
+                                                        DType tp_comm_dtype);
 
 }  // namespace strata

@@ -20,9 +20,12 @@
 // own group (its peers run the same plan); sends and receives pair ranks of different pipeline
 // stages, so the predictor asks for the plan of every stage (rank 0's pp group).
 #pragma once
+#include <array>
 #include <string>
 #include <vector>
 
+#include "strata/comm.hpp"
+#include "strata/context.hpp"
 #include "strata/mesh.hpp"
 
 namespace strata {
@@ -35,12 +38,13 @@ struct PlanAction {
                      // micro-batch, as this mesh's StageModel runs it (tp split included)
   double count = 0;  // update: parameters the optimizer steps
   double bytes = 0;  // fresh, copy, send, recv; comm: nccl-tests bytes of `collective`
-  std::string collective = {};  // comm: all_reduce, reduce_scatter, all_gather, reduce, broadcast
-  Axis axis = Axis::dp;         // comm: the group it runs on
-  int stream = -1;              // comm, copy: the stream it is issued on; comm only: < 0 blocks
-  int event = -1;               // comm, copy: the event its end sets; wait: the event waited for
-  int peer = -1;                // send, recv: the other rank
-  int tag = 0;                  // send, recv: pairs a recv with its send
+  // comm: all_reduce, reduce_scatter, all_gather, reduce or broadcast; copy: d2h or h2d.
+  CommOp collective = CommOp::all_reduce;
+  Axis axis = Axis::dp;  // comm: the group it runs on
+  int stream = -1;       // comm, copy: the stream it is issued on; comm only: < 0 blocks
+  int event = -1;        // comm, copy: the event its end sets; wait: the event waited for
+  int peer = -1;         // send, recv: the other rank
+  int tag = 0;           // send, recv: pairs a recv with its send
 };
 
 // One rank's step: `micro_batch` replayed `micro_batches` times, then `step` once.
@@ -62,7 +66,7 @@ inline PlanAction plan_backward(int unit) { return {.op = PlanOp::backward, .uni
 inline PlanAction plan_update(double params) { return {.op = PlanOp::update, .count = params}; }
 inline PlanAction plan_fresh(double bytes) { return {.op = PlanOp::fresh, .bytes = bytes}; }
 // A collective: blocking with stream < 0, else on that comm stream, setting `event` at its end.
-inline PlanAction plan_comm(const std::string& collective, double bytes, Axis axis, int stream = -1,
+inline PlanAction plan_comm(CommOp collective, double bytes, Axis axis, int stream = -1,
                             int event = -1) {
   return {.op = PlanOp::comm,
           .bytes = bytes,
@@ -71,8 +75,13 @@ inline PlanAction plan_comm(const std::string& collective, double bytes, Axis ax
           .stream = stream,
           .event = event};
 }
-inline PlanAction plan_copy(double bytes, int stream, int event = -1) {
-  return {.op = PlanOp::copy, .bytes = bytes, .stream = stream, .event = event};
+// A copy between device and host memory (CommOp::d2h or CommOp::h2d) on a comm stream.
+inline PlanAction plan_copy(CommOp direction, double bytes, int stream, int event = -1) {
+  return {.op = PlanOp::copy,
+          .bytes = bytes,
+          .collective = direction,
+          .stream = stream,
+          .event = event};
 }
 inline PlanAction plan_wait(int event = -1) { return {.op = PlanOp::wait, .event = event}; }
 inline PlanAction plan_send(int peer, int tag, double bytes) {
@@ -85,5 +94,13 @@ inline PlanAction plan_recv(int peer, int tag, double bytes) {
 // Every unit's forward then backward (in reverse) of one micro-batch, nothing else: the compute
 // of a replica or a pipeline-free rank.
 void plan_forward_backward(int num_units, std::vector<PlanAction>& out);
+
+// The bytes per step a plan moves, per op (indexed by CommOp; nccl-tests size convention): its
+// collectives, copies, sends and receives, and the tensor-parallel collectives inside each unit
+// pass it runs (tensor_parallel_collectives, strata/stage_model.hpp). This is what the core
+// records as a run's predicted bytes and what every run's measured bytes are checked against: a
+// strategy describes its communication once, in its plan.
+std::array<double, kNumCommOps> plan_comm_bytes(const StepPlan& plan, const ModelSpec& model,
+                                                const TrainSpec& train, int tp);
 
 }  // namespace strata

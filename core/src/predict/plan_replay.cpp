@@ -68,7 +68,7 @@ bool advance(Costs& c, RankReplay& r, std::map<SendKey, double>& sent) {
       r.compute(c.fresh_per_byte * a.bytes);
       break;
     case PlanOp::comm: {
-      const double d = c.comm(a.collective, a.bytes, a.axis);
+      const double d = c.comm(op_name(a.collective), a.bytes, a.axis);
       if (a.stream < 0)
         r.clock += d, r.blocking += d;
       else

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <sstream>
 
+#include "node_peak.hpp"
 #include "predict/costs.hpp"
+#include "strata/stage_model.hpp"
 
 namespace strata {
 namespace time_model {
@@ -41,36 +43,21 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   return c;
 }
 
-// The tp group's collectives inside each unit's passes of one micro-batch, as StageModel does
-// them (add_tensor_parallel_bytes), on the compute thread, not overlapped; E: one [B*T, C]
-// activation in the tp comm dtype (--tp-comm-dtype: 4 or 2 bytes an element). sp off: all-reduces
-// of E, a block's attention and MLP outputs in forward (2) and their input gradients in backward
-// (2, and the attention's again when a full recompute repeats the forward), the embedding's output,
-// the head's input gradient. sp on (Megatron's sequence parallelism): each of those an all-gather
-// of E before and a reduce-scatter after the tp region: 2 + 2 per block and pass (a full recompute
-// 2 all-gathers and a reduce-scatter more), the embedding's reduce-scatter forward and all-gather
-// backward, the head's the other way round. Both: the cross-entropy's row max and (sum of exp,
-// target) pairs.
+// The tp group's collectives inside each unit's passes of one micro-batch, as StageModel issues
+// them (tensor_parallel_collectives, strata/stage_model.hpp), on the compute thread, not
+// overlapped: sp off, all-reduces of a block's attention and MLP outputs and input gradients, the
+// embedding's output, the head's input gradient; sp on (Megatron's sequence parallelism),
+// all-gathers before and reduce-scatters after each tp region; both, the cross-entropy's
+// statistics.
 void tp_collectives(Costs& c, bool sp, std::vector<double>& fwd, std::vector<double>& bwd) {
   const StepQuery& q = c.q;
-  const double tokens = double(q.train.micro_batch) * q.model.seq;
-  const double E = tokens * q.model.hidden * double(dtype_size(q.train.precision.tp_comm));
-  const bool full = q.train.recompute == Recompute::full;
-  const std::size_t head = c.fwd.size() - 1;
   fwd.assign(c.fwd.size(), 0), bwd.assign(c.bwd.size(), 0);
-  // The cross-entropy's statistics: fp32 whatever the tp comm dtype.
-  const double ce = c.comm("all_reduce", tokens * sizeof(float), Axis::tp) +
-                    c.comm("all_reduce", 2 * tokens * sizeof(float), Axis::tp);
-  if (!sp) {
-    const double ar = c.comm("all_reduce", E, Axis::tp);
-    fwd[0] = ar, fwd[head] = ce, bwd[head] = ar;
-    for (std::size_t u = 1; u < head; ++u) fwd[u] = 2 * ar, bwd[u] = (full ? 3 : 2) * ar;
-    return;
-  }
-  const double ag = c.comm("all_gather", E, Axis::tp), rs = c.comm("reduce_scatter", E, Axis::tp);
-  fwd[0] = rs, bwd[0] = ag, fwd[head] = ag + ce, bwd[head] = rs;
-  for (std::size_t u = 1; u < head; ++u)
-    fwd[u] = 2 * (ag + rs), bwd[u] = 2 * (ag + rs) + (full ? 2 * ag + rs : 0);
+  for (std::size_t u = 0; u < c.fwd.size(); ++u)
+    for (const bool backward : {false, true})
+      for (const PassCollective& p :
+           tensor_parallel_collectives(q.model, q.train.micro_batch, int(u), backward, q.mesh.tp,
+                                       sp, q.train.recompute, q.train.precision.tp_comm))
+        (backward ? bwd : fwd)[u] += c.comm(op_name(p.op), p.bytes, Axis::tp);
 }
 
 // Tensor parallelism (Megatron, as StageModel splits the units): every GEMM of a block and the
@@ -144,10 +131,10 @@ StepTime predict_step_time(const MachineProfile& profile, const StepQuery& q) {
   t.modelled = true;
   const double tokens = double(q.train.global_batch) * q.model.seq;
   t.tokens_per_s = t.step_s > 0 ? tokens / t.step_s : 0;
-  if (profile.node_peak_flops > 0) {
-    const double per_rank_peak = profile.node_peak_flops / peak_shares;
-    t.mfu = t.tokens_per_s * q.model.flops_per_token() / q.mesh.world() / per_rank_peak;
-  }
+  if (profile.node_peak_flops > 0)
+    t.mfu = model_flops_utilization(
+        model_flops_per_rank(t.tokens_per_s, q.model.flops_per_token(), q.mesh.world()),
+        profile.node_peak_flops / peak_shares);
   return t;
 }
 

@@ -165,7 +165,9 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   std::string notes;
   double bubble = -1;
   for (int r = 0; r < world; ++r) {
-    Prediction p = strategy.predict(PredictInput{c.mesh, c.model, c.train, r});
+    const PredictInput in{c.mesh, c.model, c.train, r};
+    const Prediction p = strategy.predict(in);
+    const auto bytes = plan_comm_bytes(strategy.plan_step(in), c.model, c.train, c.mesh.tp);
     double total = 0, host = 0;
     for (int t = 0; t < kNumMemTags; ++t) {
       peak[t] = std::max(peak[t], p.memory_bytes[t]);
@@ -173,7 +175,8 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
     }
     if (total > worst_total) worst_total = total, worst_rank = r;
     if (host > worst_host) worst_host = host, worst_host_rank = r;
-    for (const auto& [op, b] : p.comm_bytes_per_step) comm[op] = std::max(comm[op], b);
+    for (int op = 0; op < kNumCommOps; ++op)
+      if (bytes[op] > 0) comm[op_name(CommOp(op))] = std::max(comm[op_name(CommOp(op))], bytes[op]);
     if (r == 0) notes = p.notes, bubble = p.bubble_fraction;
   }
   std::printf(

@@ -53,9 +53,8 @@ std::vector<OwnedSlice> owned_partials(const ModelSpec& model, const Partition& 
 }
 
 void predict_dp_units(const ModelSpec& model, const Partition& part, int dp, int shard, bool fsdp,
-                      int m, const StateBytes& per, Prediction& p) {
+                      const StateBytes& per, Prediction& p) {
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  auto& comm = p.comm_bytes_per_step;
   const UnitGroups u = unit_groups(model, part, dp);
   // The embedding unit is held through each pass; the others come and go one at a time, in
   // backward (last unit first) beside the previous unit, whose reduce-scatter is in flight.
@@ -89,10 +88,6 @@ void predict_dp_units(const ModelSpec& model, const Partition& part, int dp, int
                        std::max(per.params * double(held_padded) + fsdp_backward,
                                 per.grads * double(held ? u.groups[0].chunk : 0)));
   mem(MemTag::comm_buffers) += buffers + per.grads * double(partial);
-  comm["reduce_scatter"] += per.grads * double(u.padded) * m;
-  comm["all_gather"] += per.params * double(u.padded) * (fsdp ? 2.0 * m : 1.0);
-  comm["all_reduce"] += sizeof(double);  // the norm over dp
-  if (partial > 0) comm["all_reduce"] += per.grads * double(partial);
 }
 
 DpUnits::DpUnits(Context& ctx, StageModel& sm, bool fsdp)

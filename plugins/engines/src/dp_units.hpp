@@ -45,10 +45,10 @@ struct OwnedSlice {
 std::vector<OwnedSlice> owned_partials(const ModelSpec& model, const Partition& part,
                                        const UnitGroups& u, int shard);
 
-// Memory and bytes of zero2 / fsdp for one rank (added to `p`): per = bytes per element by state,
-// m = micro-batches per step.
+// Memory of zero2 / fsdp for one rank (added to `p`): per = bytes per element by state. Its bytes
+// on the wire are its plan's (mp_plan.cpp).
 void predict_dp_units(const ModelSpec& model, const Partition& part, int dp, int shard, bool fsdp,
-                      int m, const StateBytes& per, Prediction& p);
+                      const StateBytes& per, Prediction& p);
 
 class DpUnits {
  public:

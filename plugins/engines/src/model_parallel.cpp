@@ -245,33 +245,28 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
   return notes.str();
 }
 
-// The dp axis's state and collectives per choice: `params` local parameters (`partial` of them
-// replicated under sequence parallelism: the all-reduce it needs, zeroed where the per-unit
-// shards cover it). Parameters, gradients and optimizer state by precision.
+// The dp axis's state per choice: `params` local parameters (`partial` of them replicated under
+// sequence parallelism: the all-reduce buffer it needs, zeroed where the per-unit shards cover
+// it). Parameters, gradients and optimizer state by precision. The bytes on the wire are the
+// plan's (mp_plan.cpp).
 void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
                      const MeshCoord& coord, std::size_t params, double& partial, Prediction& p) {
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  auto& comm = p.comm_bytes_per_step;
   const StateBytes per = state_bytes_per_param(in.train.precision);
   if (units_on(cfg, in.mesh)) {
-    predict_dp_units(in.model, plan.parts[0], in.mesh.dp, coord.dp, cfg.dp == DpMode::fsdp, plan.m,
-                     per, p);
+    predict_dp_units(in.model, plan.parts[0], in.mesh.dp, coord.dp, cfg.dp == DpMode::fsdp, per, p);
     partial = 0;  // the sequence-parallel all-reduce covers the owned shards only (in there)
   } else if (zero1_on(cfg, in.mesh)) {
     // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
-    // this rank's shard; the norm adds one all-reduce of a double over dp.
+    // this rank's shard.
     const ShardGroup g = dp_shards(params, in.mesh.dp);
     mem(MemTag::params) = per.params * double(g.padded());
     mem(MemTag::grads) = per.grads * double(g.padded() + g.chunk);
     mem(MemTag::optimizer) = per.optimizer * double(g.valid(coord.dp));
-    comm["reduce_scatter"] += per.grads * double(g.padded());
-    comm["all_gather"] += per.params * double(g.padded());
-    comm["all_reduce"] += sizeof(double);
   } else {
     mem(MemTag::params) = per.params * double(params);
     mem(MemTag::grads) = per.grads * double(params);
     mem(MemTag::optimizer) = per.optimizer * double(params);
-    if (in.mesh.dp > 1) comm["all_reduce"] += per.grads * double(params);
   }
 }
 
@@ -282,7 +277,6 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   const DType tp_comm = in.train.precision.tp_comm;
   Prediction p;
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  auto& comm = p.comm_bytes_per_step;
   std::size_t params = 0;
   double partial = 0;
   mem(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
@@ -299,26 +293,14 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
                                                      in.train.precision.param, in.train.device);
     mem(MemTag::activations) += in_flight * double(acts.slot) + double(acts.scratch);
     mem(MemTag::workspace) += in_flight * double(StageModel::slot_token_bytes(in.model, B));
-    // Tensor parallel collectives, per micro-batch, and their bf16 comm buffer.
-    std::map<std::string, double> tp_bytes;
-    add_tensor_parallel_bytes(in.model, B, part, in.train.recompute, tp_comm, tp_bytes);
-    for (const auto& [op, bytes] : tp_bytes) comm[op] += bytes * plan.m;
+    // The bf16 comm buffer of the tensor-parallel collectives.
     mem(MemTag::comm_buffers) +=
         double(StageModel::tp_comm_buffer_bytes(in.model, B, part, tp_comm));
-    // Pipeline sends and receives, per micro-batch, in the tp comm dtype; in bf16 each slot in
-    // flight has its send buffer (BoundaryBuffers).
+    // Pipeline sends and receives in the tp comm dtype: in bf16 each slot in flight has its send
+    // buffer (BoundaryBuffers).
     const double boundary =
         double(StageModel::boundary_count(in.model, B, part)) * double(dtype_size(tp_comm));
     if (plan.K > 1 && tp_comm != DType::f32) mem(MemTag::comm_buffers) += in_flight * boundary;
-    const int k = plan.global[c];
-    if (k > 0) {  // receive the activation, send its gradient
-      comm["recv"] += boundary * plan.m;
-      comm["send"] += boundary * plan.m;
-    }
-    if (k < plan.K - 1) {  // send the output, receive its gradient
-      comm["send"] += boundary * plan.m;
-      comm["recv"] += boundary * plan.m;
-    }
   }
   if (plan.K > 1 && tp_comm != DType::f32)  // the one receive buffer (BoundaryBuffers)
     mem(MemTag::comm_buffers) +=
@@ -327,17 +309,8 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   predict_dp_axis(in, cfg, plan, coord, params, partial, p);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
-  if (plan.tied_exchange()) {
-    comm["send"] += wte;
-    comm["recv"] += wte;
-    mem(MemTag::comm_buffers) += wte;
-  }
-  if (partial > 0) {
-    comm["all_reduce"] += per.grads * partial;
-    mem(MemTag::comm_buffers) += per.grads * partial;
-  }
-  if (in.mesh.tp > 1) comm["all_reduce"] += sizeof(double);
-  if (in.mesh.pp > 1) comm["all_reduce"] += sizeof(double);
+  if (plan.tied_exchange()) mem(MemTag::comm_buffers) += wte;
+  if (partial > 0) mem(MemTag::comm_buffers) += per.grads * partial;
   if (cfg.pipeline)
     p.bubble_fraction = pp::predicted_bubble_fraction(cfg.schedule, plan.P, plan.m, plan.v);
   p.notes = plan_notes(plan, in, cfg);

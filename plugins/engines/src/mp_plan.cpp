@@ -34,7 +34,7 @@ void dp_units_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   auto gather = [&](int g) {
     if (!fsdp) return;
     mb.push_back(plan_fresh(per.params * padded(g)));
-    mb.push_back(plan_comm("all_gather", per.params * padded(g), Axis::dp));
+    mb.push_back(plan_comm(CommOp::all_gather, per.params * padded(g), Axis::dp));
   };
   for (int g = 0; g < units; ++g) gather(g), mb.push_back(plan_forward(g));
   gather(0);  // the embedding, held through the backward (the head's wte)
@@ -45,21 +45,22 @@ void dp_units_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
     mb.push_back(plan_backward(g));
     if (g < units - 1) mb.push_back(plan_wait(kReduced));
     mb.push_back(plan_fresh(per.grads * double(u.groups[std::size_t(g)].chunk)));
-    mb.push_back(
-        plan_comm("reduce_scatter", per.grads * padded(g), Axis::dp, g > 0 ? 0 : -1, kReduced));
+    mb.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(g), Axis::dp, g > 0 ? 0 : -1,
+                           kReduced));
   }
   plan.micro_batches = in.train.micro_steps(in.mesh);
   double partial = 0;  // sp: the owned parts of the replicated tensors' partial gradients
   for (const OwnedSlice& o : owned_partials(in.model, part, u, me.dp)) partial += double(o.count);
-  if (partial > 0) plan.step.push_back(plan_comm("all_reduce", per.grads * partial, Axis::tp));
-  plan.step.push_back(plan_comm("all_reduce", sizeof(double), Axis::dp));
-  if (in.mesh.tp > 1) plan.step.push_back(plan_comm("all_reduce", sizeof(double), Axis::tp));
+  if (partial > 0)
+    plan.step.push_back(plan_comm(CommOp::all_reduce, per.grads * partial, Axis::tp));
+  plan.step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::dp));
+  if (in.mesh.tp > 1) plan.step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::tp));
   double owned = 0;
   for (const sharded::ShardGroup& g : u.groups) owned += double(g.valid(me.dp));
   plan.step.push_back(plan_update(owned));
   if (!fsdp)
     for (int g = 0; g < units; ++g)
-      plan.step.push_back(plan_comm("all_gather", per.params * padded(g), Axis::dp));
+      plan.step.push_back(plan_comm(CommOp::all_gather, per.params * padded(g), Axis::dp));
 }
 
 // The schedule of stage me.pp: a forward receives its input from the previous chunk's stage and
@@ -134,19 +135,19 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     step.push_back(plan_send(peer, kTiedTag, wte));
     step.push_back(plan_recv(peer, kTiedTag, wte));
   }
-  if (partial > 0) step.push_back(plan_comm("all_reduce", per.grads * partial, Axis::tp));
+  if (partial > 0) step.push_back(plan_comm(CommOp::all_reduce, per.grads * partial, Axis::tp));
   const bool zero1 = cfg.dp == DpMode::zero1 && in.mesh.dp > 1;
   const double chunk = std::ceil(params / in.mesh.dp), padded = chunk * in.mesh.dp;  // zero1's
   if (zero1) {
-    step.push_back(plan_comm("reduce_scatter", per.grads * padded, Axis::dp));
-    step.push_back(plan_comm("all_reduce", sizeof(double), Axis::dp));
+    step.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded, Axis::dp));
+    step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::dp));
   } else if (in.mesh.dp > 1) {
-    step.push_back(plan_comm("all_reduce", per.grads * params, Axis::dp));
+    step.push_back(plan_comm(CommOp::all_reduce, per.grads * params, Axis::dp));
   }
-  if (in.mesh.tp > 1) step.push_back(plan_comm("all_reduce", sizeof(double), Axis::tp));
-  if (P > 1) step.push_back(plan_comm("all_reduce", sizeof(double), Axis::pp));
+  if (in.mesh.tp > 1) step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::tp));
+  if (P > 1) step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::pp));
   step.push_back(plan_update(zero1 ? chunk : params));
-  if (zero1) step.push_back(plan_comm("all_gather", per.params * padded, Axis::dp));
+  if (zero1) step.push_back(plan_comm(CommOp::all_gather, per.params * padded, Axis::dp));
   return plan;
 }
 

@@ -179,21 +179,18 @@ std::string describe_schedule(const std::vector<Action>& actions) {
 }
 
 // Which chunk this rank owns and how many ranks share a group, for a mesh.
-static void shard_position(const MeshSpec& m, int rank, bool hybrid, int* shards, int* index,
-                           int* replicas) {
+static void shard_position(const MeshSpec& m, int rank, bool hybrid, int* shards, int* index) {
   const Mesh mesh(m);
   const Axis axis = hybrid ? Axis::dp_intra_node : Axis::dp;
   *shards = int(mesh.group(axis, rank).size());
   *index = mesh.index_in_group(axis, rank);
-  *replicas = m.dp / *shards;
 }
 
 // One micro-batch's schedule replayed on a simulated ledger (gathered parameters and reduction
-// outputs are comm buffers, per-group gradients are grads) and its collectives' bytes per step:
-// P and Gr bytes per parameter and gradient element, n shards, `replicas` of each shard.
+// outputs are comm buffers, per-group gradients are grads): P and Gr bytes per parameter and
+// gradient element. Its bytes on the wire are its plan's (sharded_plan.cpp).
 void replay_schedule(const std::vector<Action>& schedule, const std::vector<ShardGroup>& groups,
-                     double P, double Gr, int n, int replicas, int micro_steps, MemoryLedger& sim,
-                     std::map<std::string, double>& bytes) {
+                     double P, double Gr, MemoryLedger& sim) {
   auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };
   for (const Action& a : schedule) {
     const ShardGroup& g = groups[a.index < int(groups.size()) ? a.index : 0];
@@ -201,7 +198,6 @@ void replay_schedule(const std::vector<Action>& schedule, const std::vector<Shar
     switch (a.act) {
       case Act::gather:
         sim.on_alloc(MemTag::comm_buffers, bytes_of(P, gp));
-        if (n > 1) bytes["all_gather"] += P * gp * micro_steps;
         break;
       case Act::free_params:
         sim.on_free(MemTag::comm_buffers, bytes_of(P, gp));
@@ -211,8 +207,6 @@ void replay_schedule(const std::vector<Action>& schedule, const std::vector<Shar
         break;
       case Act::reduce_grads:
         sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, gc));
-        if (n > 1) bytes["reduce_scatter"] += Gr * gp * micro_steps;
-        if (replicas > 1) bytes["all_reduce"] += Gr * gc * micro_steps;
         break;
       case Act::finish_grads:
         sim.on_free(MemTag::grads, bytes_of(Gr, gp));
@@ -226,11 +220,10 @@ void replay_schedule(const std::vector<Action>& schedule, const std::vector<Shar
 
 Prediction predict(const PredictInput& in, const EngineConfig& c) {
   Prediction p = replicated_prediction(in);
-  int n = 1, i = 0, replicas = 1;
-  shard_position(in.mesh, in.rank, c.hybrid, &n, &i, &replicas);
+  int n = 1, i = 0;
+  shard_position(in.mesh, in.rank, c.hybrid, &n, &i);
   const ParamLayout layout(in.model);
   const auto groups = make_groups(layout, n, c);
-  const int micro_steps = in.train.micro_steps(in.mesh);
 
   double padded = 0, chunks = 0, valid = 0;
   for (const ShardGroup& g : groups) {
@@ -257,21 +250,7 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
       sim.on_alloc(MemTag::offload,
                    bytes_of(Gr, double(g.valid(i))) + bytes_of(P, double(g.valid(i))));
   // Working buffers, replayed from the schedule.
-  std::map<std::string, double>& bytes = p.comm_bytes_per_step;
-  replay_schedule(micro_batch_schedule(groups, layout.num_units(), c), groups, P, Gr, n, replicas,
-                  micro_steps, sim, bytes);
-  if (n > 1) {
-    if (!c.shard_grads) bytes["reduce_scatter"] += Gr * padded;  // zero1: once per step
-    if (!c.shard_params) bytes["all_gather"] += P * padded;      // updated shards to everyone
-    if (in.train.grad_clip > 0) bytes["all_reduce"] += 8;        // the global gradient norm
-  }
-  if (c.offload_optimizer) {
-    // Once per step, every group: its gradient shard (and an fp32 parameter shard; AdamW keeps a
-    // bf16 run's fp32 master on the host) to the host, the updated parameter shard back.
-    const bool params_down = in.train.precision.param == DType::f32;
-    bytes["d2h"] += (Gr + (params_down ? P : 0.0)) * valid;
-    bytes["h2d"] += P * valid;
-  }
+  replay_schedule(micro_batch_schedule(groups, layout.num_units(), c), groups, P, Gr, sim);
   for (MemTag t :
        {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
     p.memory_bytes[static_cast<int>(t)] = double(sim.peak(t));

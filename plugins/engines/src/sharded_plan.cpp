@@ -23,8 +23,8 @@ std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, 
       case Act::gather:  // a new buffer for the group, then its all-gather
         out.push_back(plan_fresh(per.params * padded(g)));
         if (n > 1)
-          out.push_back(
-              plan_comm("all_gather", per.params * padded(g), shard_axis, 0, gather_event(g)));
+          out.push_back(plan_comm(CommOp::all_gather, per.params * padded(g), shard_axis, 0,
+                                  gather_event(g)));
         break;
       case Act::wait_gather:
         if (n > 1) out.push_back(plan_wait(gather_event(g)));
@@ -41,11 +41,11 @@ std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, 
       case Act::reduce_grads:
         out.push_back(plan_fresh(per.grads * chunk_of(g)));
         if (n > 1)
-          out.push_back(
-              plan_comm("reduce_scatter", per.grads * padded(g), shard_axis, 0, reduce_event(g)));
-        if (replicas > 1)
-          out.push_back(plan_comm("all_reduce", per.grads * chunk_of(g), Axis::dp_inter_node, 0,
+          out.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(g), shard_axis, 0,
                                   reduce_event(g)));
+        if (replicas > 1)
+          out.push_back(plan_comm(CommOp::all_reduce, per.grads * chunk_of(g), Axis::dp_inter_node,
+                                  0, reduce_event(g)));
         break;
       case Act::finish_grads:
         if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
@@ -65,11 +65,12 @@ void offloaded_update(const std::vector<ShardGroup>& groups, int index, const Tr
   const double down = per.grads + (train.precision.param == DType::f32 ? per.params : 0.0);
   const int stream = 3;  // Engine::kOffloadStream
   for (std::size_t g = 0; g < groups.size(); ++g)
-    out.push_back(plan_copy(down * double(groups[g].valid(index)), stream, offload_event(int(g))));
+    out.push_back(plan_copy(CommOp::d2h, down * double(groups[g].valid(index)), stream,
+                            offload_event(int(g))));
   for (std::size_t g = 0; g < groups.size(); ++g) {
     out.push_back(plan_wait(offload_event(int(g))));
     out.push_back(plan_update(double(groups[g].valid(index))));
-    out.push_back(plan_copy(per.params * double(groups[g].valid(index)), stream));
+    out.push_back(plan_copy(CommOp::h2d, per.params * double(groups[g].valid(index)), stream));
   }
   out.push_back(plan_wait());
 }
@@ -92,15 +93,15 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c) {
   std::vector<PlanAction>& step = plan.step;
   for (const ShardGroup& g : groups)
     if (n > 1 && !c.shard_grads)
-      step.push_back(plan_comm("reduce_scatter", per.grads * double(g.padded()), shard_axis));
-  if (n > 1 && in.train.grad_clip > 0) step.push_back(plan_comm("all_reduce", 8, shard_axis));
+      step.push_back(plan_comm(CommOp::reduce_scatter, per.grads * double(g.padded()), shard_axis));
+  if (n > 1 && in.train.grad_clip > 0) step.push_back(plan_comm(CommOp::all_reduce, 8, shard_axis));
   if (c.offload_optimizer)
     offloaded_update(groups, index, in.train, step);
   else
     for (const ShardGroup& g : groups) step.push_back(plan_update(double(g.valid(index))));
   for (const ShardGroup& g : groups)
     if (n > 1 && !c.shard_params)
-      step.push_back(plan_comm("all_gather", per.params * double(g.padded()), shard_axis));
+      step.push_back(plan_comm(CommOp::all_gather, per.params * double(g.padded()), shard_axis));
   return plan;
 }
 
