@@ -5,7 +5,7 @@
 #include <cstddef>
 
 #if STRATA_BENCH_CUDA
-#include "cuda/layers.cuh"  // CudaContext
+#include "backends/cuda/layers.cuh"  // CudaContext
 #endif
 
 namespace strata::bench {

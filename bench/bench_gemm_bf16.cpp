@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/gemm_bf16.hpp"
-#include "cpu/layers.hpp"
+#include "backends/cpu/gemm_bf16.hpp"
+#include "backends/cpu/layers.hpp"
 
 namespace {
 

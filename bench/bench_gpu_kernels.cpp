@@ -25,10 +25,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/kernels.hpp"
+#include "backends/cuda/layers.cuh"
 #include "bench_cuda.hpp"
-#include "cuda/device.hpp"
-#include "cuda/kernels.hpp"
-#include "cuda/layers.cuh"
 #include "strata/types.hpp"
 
 namespace strata::bench {

@@ -48,15 +48,15 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/layers.hpp"
 #include "bench_cuda.hpp"
-#include "cpu/layers.hpp"
 #include "strata/model.hpp"
 
 #if STRATA_BENCH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/device.hpp"
-#include "cuda/layers.cuh"
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/layers.cuh"
 #endif
 
 namespace strata::bench {

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/layers.hpp"
+#include "backends/cpu/layers.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/optimizer.hpp"

@@ -1,4 +1,4 @@
-# oneDNN (libdnnl-dev): bf16 GEMMs of the CPU backend (core/src/cpu/gemm_bf16.cpp). Defines the
+# oneDNN (libdnnl-dev): bf16 GEMMs of the CPU backend (core/src/backends/cpu/gemm_bf16.cpp). Defines the
 # option STRATA_WITH_ONEDNN, on when oneDNN is found, and with it the target strata::dnnl.
 #
 # Its CMake package first. Debian's dnnl-config.cmake (oneDNN built with the OpenCL GPU runtime)

@@ -3,7 +3,7 @@
 A configuration run several times in a study (STRATA_REPEATS) has a median tokens/s and a
 distribution-free interval for it: the order statistics x(k) and x(n+1-k) of the n repeats, with k
 the largest rank whose coverage 1 - 2 P(B(n, 1/2) < k) is at least 95% (as the runner's interval of
-its median step, core/src/summary.hpp). Below 6 repeats no k reaches 95%: the interval is then the
+its median step, core/src/run/summary.hpp). Below 6 repeats no k reaches 95%: the interval is then the
 range [min, max], whose coverage 1 - 2^(1-n) is stated with it (50% for 2 repeats, 75% for 3,
 87.5% for 4), never rounded up. No repeat (n = 1) gives no interval.
 

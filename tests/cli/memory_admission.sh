@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memory admission (core/src/memory_admission.hpp): a run whose predicted memory exceeds what the
+# Memory admission (core/src/runner/memory_admission.hpp): a run whose predicted memory exceeds what the
 # host lets it use is refused before it allocates: exit 4, one line naming the shortfall and what
 # would fit, no run file; --memory-limit replaces the host's figure; --skip-memory-check runs it.
 # usage: memory_admission.sh RUNNER OUTDIR

@@ -2,7 +2,7 @@
 # The facts the docs state are the code's: the plugin ABI version docs/architecture.md names,
 # every transport of this build in docs/architecture.md and docs/running.md, every strategy
 # `runner --list-plugins` finds in README.md's strategy table, every exit code of
-# core/src/exit_codes.hpp in docs/running.md's table; and every relative link of README.md,
+# core/src/run/exit_codes.hpp in docs/running.md's table; and every relative link of README.md,
 # CHANGELOG.md and docs/*.md resolves.
 # usage: facts.sh SOURCE_DIR RUNNER
 set -u
@@ -32,8 +32,8 @@ done < <("$runner" --list-plugins 2>/dev/null | awk 'NR > 1 { print $1 }')
 while read -r code; do
   check
   grep -qE "^\| $code \|" "$src/docs/running.md" \
-    || fail "docs/running.md's exit-code table lacks $code (core/src/exit_codes.hpp)"
-done < <(sed -n 's/^inline constexpr int [a-z_]* = \([0-9]*\);.*/\1/p' "$src/core/src/exit_codes.hpp")
+    || fail "docs/running.md's exit-code table lacks $code (core/src/run/exit_codes.hpp)"
+done < <(sed -n 's/^inline constexpr int [a-z_]* = \([0-9]*\);.*/\1/p' "$src/core/src/run/exit_codes.hpp")
 check
 grep -qE '^\| 128 \+ N \|' "$src/docs/running.md" || fail "docs/running.md lacks the 128 + N row"
 

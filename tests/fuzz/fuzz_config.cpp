@@ -1,7 +1,7 @@
-// fuzz_config: libFuzzer target for the runner's option parser, parse_cli (core/src/config.cpp),
-// and the mesh checks that follow it (resolve_mesh) and the printing of the result (resolved()).
-// Contract: each returns or throws strata::ConfigError. Any other exception, a crash, a hang, a
-// leak or a sanitizer report is a bug.
+// fuzz_config: libFuzzer target for the runner's option parser, parse_cli
+// (core/src/runner/config.cpp), and the mesh checks that follow it (resolve_mesh) and the printing
+// of the result (resolved()). Contract: each returns or throws strata::ConfigError. Any other
+// exception, a crash, a hang, a leak or a sanitizer report is a bug.
 //
 // parse_cli reads argv, an optional `--config FILE` (program_options INI) and STRATA_* environment
 // variables, so the input drives all three. It is text, so that seeds and the dictionary read
@@ -28,7 +28,7 @@
 #include <typeinfo>
 #include <vector>
 
-#include "config.hpp"
+#include "runner/config.hpp"
 #include "strata/types.hpp"
 
 namespace {

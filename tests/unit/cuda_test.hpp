@@ -5,7 +5,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
-#include "cuda/device.hpp"
+#include "backends/cuda/device.hpp"
 #include "random_inputs.hpp"
 
 // Fail the current test, by name, when there is no GPU.

@@ -1,7 +1,7 @@
 // A stand-in backend library for test_backend_library: what libstrata_cuda.so's entry point does
 // (register a backend and a transport), with a backend that is never available and a transport
 // that only reports its version.
-#include "backend.hpp"
+#include "backends/backend.hpp"
 #include "comm/transport.hpp"
 
 extern "C" __attribute__((visibility("default"))) void strata_attach_backend() {

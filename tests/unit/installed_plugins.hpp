@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "plugin_loader.hpp"
+#include "runner/plugin_loader.hpp"
 
 namespace strata {
 

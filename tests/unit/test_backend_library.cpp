@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "backend.hpp"
+#include "backends/backend.hpp"
 #include "comm/transport.hpp"
 
 namespace strata {

@@ -1,18 +1,18 @@
-// The CUDA backend of a run (core/src/cuda/backend.hpp) on the GPU, or on the CUDA emulator
-// (test_cuda_backend_emu): a ledger of Device::cuda allocates from the stream-ordered pool,
-// zero-filled, with the same per-tag bytes as on the host; the device peak covers them; copies
-// between host and device; device_ops() and device_kernels() are the backend's; memory of a
+// The CUDA backend of a run (core/src/backends/cuda/backend.hpp) on the GPU, or on the CUDA
+// emulator (test_cuda_backend_emu): a ledger of Device::cuda allocates from the stream-ordered
+// pool, zero-filled, with the same per-tag bytes as on the host; the device peak covers them;
+// copies between host and device; device_ops() and device_kernels() are the backend's; memory of a
 // device whose backend is not open is refused.
-#include <algorithm>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
 
-#include "backend.hpp"
+#include "backends/backend.hpp"
+#include "backends/cuda/backend.hpp"
 #include "comm/idle_clock.hpp"
-#include "cuda/backend.hpp"
 #include "cuda_test.hpp"
 #include "strata/comm.hpp"
 #include "strata/memory.hpp"

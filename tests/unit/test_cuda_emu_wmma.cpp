@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/launch.cuh"
+#include "backends/cuda/launch.cuh"
 #include "random_inputs.hpp"
 
 namespace wmma = nvcuda::wmma;

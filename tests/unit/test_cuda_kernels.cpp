@@ -32,10 +32,10 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/device.hpp"
-#include "cuda/kernels.hpp"
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/kernels.hpp"
+#include "backends/kernels.hpp"
 #include "cuda_test.hpp"
-#include "kernels.hpp"
 #include "strata/types.hpp"
 
 using namespace strata;

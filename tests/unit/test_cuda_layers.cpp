@@ -38,9 +38,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/layers.hpp"
-#include "cuda/device.hpp"
-#include "cuda/layers.cuh"
+#include "backends/cpu/layers.hpp"
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/layers.cuh"
 #include "cuda_test.hpp"
 #include "strata/types.hpp"
 

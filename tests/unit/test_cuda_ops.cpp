@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/device.hpp"
-#include "cuda/ops.hpp"
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/ops.hpp"
 #include "cuda_test.hpp"
 #include "strata/device.hpp"
 #include "strata/types.hpp"

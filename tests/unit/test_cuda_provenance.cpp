@@ -6,8 +6,8 @@
 #include <regex>
 #include <string>
 
-#include "cuda/cuda_provenance.hpp"
-#include "cuda/device.hpp"
+#include "backends/cuda/cuda_provenance.hpp"
+#include "backends/cuda/device.hpp"
 
 namespace {
 

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "cpu/gemm_bf16.hpp"
-#include "cpu/layers.hpp"
+#include "backends/cpu/gemm_bf16.hpp"
+#include "backends/cpu/layers.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "launch.hpp"
+#include "runner/launch.hpp"
 
 using namespace strata;
 

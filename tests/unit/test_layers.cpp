@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "cpu/layers.hpp"
-#include "cpu/vecmath.hpp"
+#include "backends/cpu/layers.hpp"
+#include "backends/cpu/vecmath.hpp"
 #include "random_inputs.hpp"
 
 namespace cpu = strata::cpu;

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "plugin_loader.hpp"
+#include "runner/plugin_loader.hpp"
 
 using namespace strata;
 namespace fs = std::filesystem;

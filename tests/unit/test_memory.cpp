@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "process_memory.hpp"
+#include "run/process_memory.hpp"
 #include "strata/memory.hpp"
 
 namespace {

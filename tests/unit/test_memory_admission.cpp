@@ -1,5 +1,5 @@
-// Memory admission (core/src/memory_admission.hpp): the host's memory from fake /proc and cgroup
-// files and Slurm's variables, and the check against the real ddp plugin's predict().
+// Memory admission (core/src/runner/memory_admission.hpp): the host's memory from fake /proc and
+// cgroup files and Slurm's variables, and the check against the real ddp plugin's predict().
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <map>
 
 #include "installed_plugins.hpp"
-#include "memory_admission.hpp"
+#include "runner/memory_admission.hpp"
 
 namespace strata {
 namespace {

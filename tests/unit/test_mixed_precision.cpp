@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "cpu/gemm_bf16.hpp"
-#include "model_passes.hpp"
+#include "backends/cpu/gemm_bf16.hpp"
+#include "model/model_passes.hpp"
 #include "strata/device.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device.hpp"
-#include "cuda/nccl_transport.hpp"
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/nccl_transport.hpp"
 #include "strata/comm.hpp"
 #include "strata/types.hpp"
 

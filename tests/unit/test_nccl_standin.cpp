@@ -1,8 +1,9 @@
-// The NCCL transport (core/src/cuda/nccl_transport.cpp, unchanged) on the NCCL stand-in over MPI
-// and the CUDA emulator, against the MPI transport, as an MPI program (mpirun -np 1..5): every
-// collective and dtype on the same data through both groups, in place and out of place, results
-// compared bit for bit; send/recv with tags; subgroups from ncclCommSplit; the compute-event wait;
-// bad arguments; a failed rank, a refused tag and the stop flag ending waits instead of hanging.
+// The NCCL transport (core/src/backends/cuda/nccl_transport.cpp, unchanged) on the NCCL stand-in
+// over MPI and the CUDA emulator, against the MPI transport, as an MPI program (mpirun -np 1..5):
+// every collective and dtype on the same data through both groups, in place and out of place,
+// results compared bit for bit; send/recv with tags; subgroups from ncclCommSplit; the
+// compute-event wait; bad arguments; a failed rank, a refused tag and the stop flag ending waits
+// instead of hanging.
 //
 // Buffers live in emulated device memory (cudaMalloc: NaN-filled, bounds-tracked); the stand-in
 // refuses host pointers as NCCL does. Data are small integers, exact in every dtype (u8 sums stay
@@ -28,10 +29,10 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/nccl_transport.hpp"
 #include "comm/mpi_transport.hpp"
 #include "comm/transport.hpp"
-#include "cuda/device.hpp"
-#include "cuda/nccl_transport.hpp"
 #include "strata/comm.hpp"
 #include "strata/types.hpp"
 #include "transport_conformance.hpp"

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "node_peak.hpp"
+#include "provenance/node_peak.hpp"
 #include "strata/model.hpp"
 
 namespace {

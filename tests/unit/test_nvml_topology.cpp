@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "cuda/nvml_topology.hpp"
+#include "backends/cuda/nvml_topology.hpp"
 
 namespace {
 

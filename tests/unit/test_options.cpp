@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "config.hpp"
+#include "runner/config.hpp"
 
 namespace fs = std::filesystem;
 using namespace strata;

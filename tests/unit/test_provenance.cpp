@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "provenance.hpp"
+#include "provenance/provenance.hpp"
 
 namespace {
 

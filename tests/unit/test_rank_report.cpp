@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "rank_report.hpp"
+#include "run/rank_report.hpp"
 #include "strata/types.hpp"
 
 namespace {

@@ -16,8 +16,8 @@
 
 #include "results/run_record.hpp"
 #include "results/temporary_file.hpp"
+#include "run/summary.hpp"
 #include "strata/types.hpp"
-#include "summary.hpp"
 
 namespace {
 
@@ -553,9 +553,9 @@ TEST_F(Results, StaleTemporaryFilesAreNeitherTakenNorDeleted) {
     std::ofstream(dir_ / stale) << "left by a killed run\n";
   strata::write_run_file(full_record(), file("run.h5"));
   EXPECT_EQ(strata::read_run_file(file("run.h5")).run_id, full_record().run_id);
-  EXPECT_EQ(dir_entries(dir_), (std::vector<std::string>{".run.h5.tmp-" + pid,
-                                                         ".run.h5.tmp-" + pid + "-00000000",
-                                                         "run.h5"}));
+  EXPECT_EQ(dir_entries(dir_),
+            (std::vector<std::string>{".run.h5.tmp-" + pid, ".run.h5.tmp-" + pid + "-00000000",
+                                      "run.h5"}));
 }
 
 TEST_F(Results, TemporaryFileIsOursUntilCommitted) {
@@ -565,9 +565,9 @@ TEST_F(Results, TemporaryFileIsOursUntilCommitted) {
     EXPECT_NE(a.path(), b.path());
     first = a.path();
     ASSERT_EQ(::write(a.fd(), "x", 1), 1);
-    EXPECT_TRUE(a.commit(false));  // nothing named t.json yet
+    EXPECT_TRUE(a.commit(false));   // nothing named t.json yet
     EXPECT_FALSE(b.commit(false));  // now there is: it stays, and b is not moved
-  }  // b removed here
+  }                                 // b removed here
   EXPECT_FALSE(fs::exists(first));
   EXPECT_EQ(dir_entries(dir_), std::vector<std::string>{"t.json"});
   EXPECT_EQ(fs::file_size(file("t.json")), 1u);

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include "provenance/topology.hpp"
 #include "results/run_record.hpp"
-#include "topology.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include "comm/host_copy.hpp"
 #include "comm/idle_clock.hpp"
 #include "comm/thread_role.hpp"
-#include "profiler_ranges.hpp"
+#include "run/profiler_ranges.hpp"
 #include "strata/comm.hpp"
 #include "strata/device.hpp"
 

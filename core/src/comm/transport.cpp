@@ -5,7 +5,7 @@
 #include <deque>
 #include <mutex>
 
-#include "backend.hpp"
+#include "backends/backend.hpp"
 #include "comm/mpi_transport.hpp"
 #ifdef STRATA_HAVE_UCX
 #include "comm/ucx_transport.hpp"

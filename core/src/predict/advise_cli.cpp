@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <set>
 
-#include "format.hpp"
 #include "predict/advisor.hpp"
+#include "util/format.hpp"
 
 namespace strata {
 namespace {

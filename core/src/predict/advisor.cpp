@@ -8,9 +8,9 @@
 #include <regex>
 #include <sstream>
 
-#include "format.hpp"
-#include "plugin_loader.hpp"
+#include "runner/plugin_loader.hpp"
 #include "strata/mesh.hpp"
+#include "util/format.hpp"
 
 namespace strata {
 namespace {

@@ -6,22 +6,22 @@
 #include <filesystem>
 #include <map>
 
-#include "backend.hpp"
-#include "calibrate.hpp"
+#include "backends/backend.hpp"
+#include "backends/kernels.hpp"
 #include "comm/mpi_transport.hpp"
-#include "core_context.hpp"
-#include "kernels.hpp"
-#include "node_peak.hpp"
 #include "predict/gemm_model.hpp"
 #include "predict/predictor.hpp"
 #include "predict/profile.hpp"
 #include "predict/profile_from_runs.hpp"
 #include "predict/published_profile.hpp"
-#include "provenance.hpp"
+#include "provenance/node_peak.hpp"
+#include "provenance/provenance.hpp"
+#include "run/calibrate.hpp"
+#include "run/core_context.hpp"
+#include "run/summary.hpp"
 #include "strata/data_parallel.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/tensor_parallel.hpp"
-#include "summary.hpp"
 
 namespace strata {
 namespace {

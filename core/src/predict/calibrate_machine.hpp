@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "config.hpp"
+#include "runner/config.hpp"
 #include "strata/plugin.hpp"
 
 namespace strata {

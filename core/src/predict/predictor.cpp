@@ -6,8 +6,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "node_peak.hpp"
 #include "predict/costs.hpp"
+#include "provenance/node_peak.hpp"
 #include "strata/stage_model.hpp"
 
 namespace strata {

@@ -8,8 +8,8 @@
 #include <tuple>
 
 #include "predict/gemm_model.hpp"
+#include "run/summary.hpp"
 #include "strata/comm.hpp"
-#include "summary.hpp"
 
 namespace strata {
 namespace {

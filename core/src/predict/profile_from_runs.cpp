@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "summary.hpp"
+#include "run/summary.hpp"
 
 namespace strata {
 namespace {

@@ -1,5 +1,5 @@
 // Kernel launches in the CUDA emulator: STRATA_LAUNCH(kernel, grid, block, smem, stream)(args...)
-// (core/src/cuda/launch.cuh) constructs a Launch and calls it with the arguments.
+// (core/src/backends/cuda/launch.cuh) constructs a Launch and calls it with the arguments.
 #pragma once
 #include <cstddef>
 #include <functional>

@@ -1,0 +1,504 @@
+// CPU layer passes of the GPT-2 workload (see layers.hpp for shapes and the += convention).
+//
+// Threading: all parallelism comes from the BLAS library's own threads. Every matmul is one
+// sgemm (cut into blocks of at most kGemmBlock rows, see gemm() below); attention
+// issues one sgemm per (batch, head) that reads q/k/v straight out of qkv through leading
+// dimensions (no copies). Elementwise kernels run on the calling thread.
+// Measured on 2 cores (OpenBLAS pthreads, `small` preset, bench/bench_model.cpp): adding OpenMP
+// threads, for attention (one (b, h) per thread, BLAS set to 1 thread) or for elementwise
+// kernels, made the training step 10-40% slower, because OpenBLAS's workers keep spinning for a
+// while after every call and then fight the OpenMP threads for the cores.
+//
+// Vectorisation: elementwise kernels are `#pragma omp simd` loops compiled for AVX-512 / AVX2 /
+// baseline (STRATA_SIMD_CLONES, 5-10x faster than the baseline SSE2 build of the same loop);
+// exp, sigmoid, sqrt and max use the vectorisable forms in vecmath.hpp.
+#include "backends/cpu/layers.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "backends/cpu/vecmath.hpp"
+
+namespace strata::cpu {
+
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kLayerNormEps = 1e-5f;
+
+// max(x[0..n)), n >= 1, as a vectorisable integer max over order-preserving keys (a float max
+// reduction does not vectorise without -ffinite-math-only).
+inline float row_max(const float* x, int n) {
+  std::int32_t k = vm::float_to_key(x[0]);
+#pragma omp simd reduction(max : k)
+  for (int i = 1; i < n; ++i) k = std::max(k, vm::float_to_key(x[i]));
+  return vm::key_to_float(k);
+}
+
+// The most rows of C that one cblas_sgemm call computes.
+//
+// OpenBLAS packs operands into a buffer per BLAS thread (128 MiB reserved, resident as touched).
+// Measured with /proc/self/status around single calls, the touched part grows with the rows of C
+// (times min(K, its K block)): on 2 threads a 1024^3 GEMM touched 2.6 MiB, the small model's
+// LM-head weight gradient (C of 4096 x 256, K = 1024) 7.4 MiB, 16384 rows 29 MiB, gpt2-124m's
+// (50257 x 768) 87 MiB: memory no ledger sees, growing with the model. Cut into blocks of at
+// most kGemmBlock rows, no call touches more than warm_up_gemm() does before the runtime baseline
+// (measured over every transpose, K up to 8192, N up to 50000, on 1, 2, 4 and 8 threads). The
+// blocks split M only, so every element is still one dot product over K in one call, and cost
+// within +-2% (single-thread CPU time, gpt2-124m's shapes at 8192 tokens); splitting the columns
+// too would have cost 7-10%, which is why the columns are covered by the warm-up instead.
+constexpr int kGemmBlock = 1024;
+
+// Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, kGemmBlock rows at a time.
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A,
+          int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  for (int m0 = 0; m0 < M; m0 += kGemmBlock) {
+    const float* a = ta == CblasNoTrans ? A + std::int64_t(m0) * lda : A + m0;
+    cblas_sgemm(CblasRowMajor, ta, tb, std::min(kGemmBlock, M - m0), N, K, alpha, a, lda, B, ldb,
+                beta, C + std::int64_t(m0) * ldc, ldc);
+  }
+}
+
+// Read-only anonymous memory: every page reads as zero and none becomes resident (the kernel maps
+// its shared zero page), so a warm-up GEMM can read large operands without holding them.
+class ZeroPages {
+ public:
+  explicit ZeroPages(std::size_t count)
+      : bytes_(count * sizeof(float)),
+        p_(::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)) {
+    if (p_ == MAP_FAILED) throw std::bad_alloc();
+  }
+  ~ZeroPages() { ::munmap(p_, bytes_); }
+  ZeroPages(const ZeroPages&) = delete;
+  ZeroPages& operator=(const ZeroPages&) = delete;
+  const float* data() const { return static_cast<const float*>(p_); }
+
+ private:
+  std::size_t bytes_;
+  void* p_;
+};
+
+// --- Vectorised kernels over a range of rows or elements.
+
+STRATA_SIMD_CLONES void layernorm_rows(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int n0, int n1,
+                                       int C) {
+  for (int n = n0; n < n1; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    float* o = out + std::int64_t(n) * C;
+    float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+    for (int i = 0; i < C; ++i) m += x[i];
+    m /= float(C);
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int i = 0; i < C; ++i) {
+      const float d = x[i] - m;
+      var += d * d;
+    }
+    var /= float(C);
+    const float s = 1.0f / std::sqrt(var + kLayerNormEps);
+#pragma omp simd
+    for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+STRATA_SIMD_CLONES void layernorm_backward_rows(float* dinp, float* dweight, float* dbias,
+                                                const float* dout, const float* inp,
+                                                const float* weight, const float* mean,
+                                                const float* rstd, int n0, int n1, int C) {
+  for (int n = n0; n < n1; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    const float* d = dout + std::int64_t(n) * C;
+    float* dx = dinp + std::int64_t(n) * C;
+    const float m = mean[n], s = rstd[n];
+    // With xhat = (x - m) * s and g = dout * weight:  dx = s * (g - mean(g) - xhat * mean(g xhat))
+    float gmean = 0.0f, gxmean = 0.0f;
+#pragma omp simd reduction(+ : gmean, gxmean)
+    for (int i = 0; i < C; ++i) {
+      const float xhat = (x[i] - m) * s;
+      const float g = d[i] * weight[i];
+      gmean += g;
+      gxmean += g * xhat;
+    }
+    gmean /= float(C);
+    gxmean /= float(C);
+#pragma omp simd
+    for (int i = 0; i < C; ++i) {
+      const float xhat = (x[i] - m) * s;
+      dbias[i] += d[i];
+      dweight[i] += d[i] * xhat;
+      dx[i] += s * (d[i] * weight[i] - gmean - xhat * gxmean);
+    }
+  }
+}
+
+STRATA_SIMD_CLONES void add_rows(float* acc, const float* rows, int n0, int n1, int C) {
+  for (int n = n0; n < n1; ++n) {
+    const float* r = rows + std::int64_t(n) * C;
+#pragma omp simd
+    for (int i = 0; i < C; ++i) acc[i] += r[i];
+  }
+}
+
+// GELU(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+STRATA_SIMD_CLONES void gelu_forward_range(float* out, const float* inp, std::int64_t i0,
+                                           std::int64_t i1) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float x = inp[i];
+    const float s = vm::sigmoid_approx(2.0f * kGeluScale * (x + kGeluCubic * x * x * x));
+    out[i] = x * s;
+  }
+}
+
+// d/dx [x s(2u)] = s + x * 2 s (1 - s) * du/dx   (s(2u) = (1 + tanh u) / 2, 1 - tanh^2 = 4s(1-s))
+STRATA_SIMD_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout,
+                                            std::int64_t i0, std::int64_t i1) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float x = inp[i];
+    const float s = vm::sigmoid_approx(2.0f * kGeluScale * (x + kGeluCubic * x * x * x));
+    const float dudx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] += (s + 2.0f * x * s * (1.0f - s) * dudx) * dout[i];
+  }
+}
+
+STRATA_SIMD_CLONES void add_range(float* out, const float* a, const float* b, std::int64_t i0,
+                                  std::int64_t i1) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+}
+
+STRATA_SIMD_CLONES void softmax_xent_rows(float* probs, float* losses, const float* logits,
+                                          const std::int32_t* targets, int n0, int n1, int V) {
+  for (int n = n0; n < n1; ++n) {
+    const float* x = logits + std::int64_t(n) * V;
+    float* p = probs + std::int64_t(n) * V;
+    const float mx = row_max(x, V);
+    const float xt = x[targets[n]];  // read before probs (which may alias logits) overwrites it
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < V; ++i) {
+      const float e = vm::exp_approx(x[i] - mx);
+      p[i] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) p[i] *= inv;
+    // -log softmax(x)_t = log(sum) - (x_t - max), without forming a tiny probability.
+    losses[n] = float(std::log(double(sum)) - double(xt - mx));
+  }
+}
+
+STRATA_SIMD_CLONES void xent_backward_rows(float* dlogits, const float* probs,
+                                           const std::int32_t* targets, float grad_scale, int n0,
+                                           int n1, int V) {
+  for (int n = n0; n < n1; ++n) {
+    const float* p = probs + std::int64_t(n) * V;
+    float* d = dlogits + std::int64_t(n) * V;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) d[i] += p[i] * grad_scale;
+    d[targets[n]] -= grad_scale;
+  }
+}
+
+// Causal softmax of a T x T score block in place: row t keeps columns 0..t, the rest become 0.
+STRATA_SIMD_CLONES void causal_softmax(float* p, int T) {
+  for (int t = 0; t < T; ++t) {
+    float* row = p + std::int64_t(t) * T;
+    const float mx = row_max(row, t + 1);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= t; ++j) {
+      const float e = vm::exp_approx(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j <= t; ++j) row[j] *= inv;
+#pragma omp simd
+    for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+  }
+}
+
+// Softmax backward in place: dS = P * (dP - rowsum(P * dP)), 0 above the diagonal.
+STRATA_SIMD_CLONES void causal_softmax_backward(float* dp, const float* p, int T) {
+  for (int t = 0; t < T; ++t) {
+    const float* prow = p + std::int64_t(t) * T;
+    float* row = dp + std::int64_t(t) * T;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j <= t; ++j) dot += prow[j] * row[j];
+#pragma omp simd
+    for (int j = 0; j <= t; ++j) row[j] = prow[j] * (row[j] - dot);
+#pragma omp simd
+    for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+  }
+}
+
+STRATA_SIMD_CLONES void adamw_range(float* params, const float* grads, float* m, float* v,
+                                    std::int64_t i0, std::int64_t i1, float lr, float beta1,
+                                    float beta2, float eps, float decay, float grad_scale,
+                                    float inv_bc1, float inv_bc2) {
+#pragma omp simd
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float g = grads[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = vm::sqrt_nonneg(vi * inv_bc2) + eps;
+    params[i] -= lr * (mi * inv_bc1 / denom + decay * params[i]);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                     int B, int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const std::int64_t row = std::int64_t(b) * T + t;
+      add_range(out + row * C, wte + std::int64_t(tokens[row]) * C, wpe + std::int64_t(t) * C, 0,
+                C);
+    }
+  }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                      int B, int T, int C) {
+  // Sequential: repeated tokens scatter into the same dwte row.
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const std::int64_t row = std::int64_t(b) * T + t;
+      add_rows(dwte + std::int64_t(tokens[row]) * C, dout + row * C, 0, 1, C);
+      add_rows(dwpe + std::int64_t(t) * C, dout + row * C, 0, 1, C);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm (biased variance, eps 1e-5, as torch.nn.LayerNorm)
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  layernorm_rows(out, mean, rstd, inp, weight, bias, 0, N, C);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  layernorm_backward_rows(dinp, dweight, dbias, dout, inp, weight, mean, rstd, 0, N, C);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul: out = inp @ weight^T + bias, weight stored [OC, C] (the torch.nn.Linear layout)
+
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+              const float* B, int ldb, float* C, int ldc, bool accumulate) {
+  gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A,
+       lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC) {
+  float beta = 0.0f;
+  if (bias) {
+    for (int n = 0; n < N; ++n) std::memcpy(out + std::int64_t(n) * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  gemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  if (dinp) {  // dinp[N,C] += dout[N,OC] @ weight[OC,C]
+    gemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+  }
+  if (dweight) {  // dweight[OC,C] += dout^T @ inp[N,C]
+    gemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  }
+  if (dbias) add_rows(dbias, dout, 0, N, OC);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal self-attention. Per (b, h): S = q k^T / sqrt(hs) (T x T), P = causal softmax(S),
+// out = P v. q, k, v are column blocks of qkv (leading dimension 3C), so nothing is copied.
+// The full T x T product is computed and the upper triangle masked (P = 0 there), which is also
+// what the FLOP formula counts; a future key therefore never reaches an earlier output.
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  // Heads are independent (each writes its own att block and output columns): in one-pool mode
+  // they run in parallel, each GEMM on one BLAS thread; otherwise one head at a time on all of
+  // them (the same arithmetic either way).
+#pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* p = att + std::int64_t(bh) * T * T;
+    gemm(CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
+    causal_softmax(p, T);
+    gemm(CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3, 0.0f,
+         out + std::int64_t(b) * T * C + h * hs, C);
+  }
+}
+
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  // As in forward: each head accumulates into its own columns of dqkv and its own datt block.
+#pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    const std::int64_t qoff = std::int64_t(b) * T * C3 + h * hs;
+    const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+    float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+    const float* p = att + std::int64_t(bh) * T * T;
+    float* ds = datt + std::int64_t(bh) * T * T;
+    const float* dob = dout + std::int64_t(b) * T * C + h * hs;
+    // dv += P^T dout; dP = dout v^T
+    gemm(CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dob, C, 1.0f, dv, C3);
+    gemm(CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob, C, v, C3, 0.0f, ds, T);
+    causal_softmax_backward(ds, p, T);
+    // S = scale q k^T: dq += scale dS k; dk += scale dS^T q
+    gemm(CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, C3, 1.0f, dq, C3);
+    gemm(CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, C3, 1.0f, dk, C3);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU (tanh approximation), residual
+
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+  gelu_forward_range(out, inp, 0, n);
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  gelu_backward_range(dinp, inp, dout, 0, n);
+}
+
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+  add_range(out, a, b, 0, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax + cross-entropy over the vocabulary
+
+void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
+                                  const std::int32_t* targets, int N, int V) {
+  softmax_xent_rows(probs, losses, logits, targets, 0, N, V);
+}
+
+void crossentropy_softmax_backward(float* dlogits, const float* probs, const std::int32_t* targets,
+                                   float grad_scale, int N, int V) {
+  xent_backward_rows(dlogits, probs, targets, grad_scale, 0, N, V);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW (decoupled weight decay, as torch.optim.AdamW):
+//   g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2
+//   p -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + decay * p)
+
+void adamw_update(float* params, const float* grads, float* m, float* v, std::int64_t n, float lr,
+                  float beta1, float beta2, float eps, float decay, int t, float grad_scale) {
+  const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), t)));
+  const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(beta2), t)));
+  adamw_range(params, grads, m, v, 0, n, lr, beta1, beta2, eps, decay, grad_scale, inv_bc1,
+              inv_bc2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// BLAS threads and the SGEMM peak
+
+void warm_up_gemm() {
+  // A kGemmBlock^3 GEMM touches what a block's rows need; a short one as wide as kGemmBlock
+  // columns per BLAS thread touches what any number of columns needs (OpenBLAS splits the columns
+  // among its threads; measured to saturate there on 2, 4 and 8 threads).
+  const int n = kGemmBlock, wide = kGemmBlock * std::max(1, blas_threads()), rows = 64;
+  const ZeroPages a(std::size_t(n) * n), b(std::size_t(n) * wide);
+  std::vector<float> c(std::size_t(n) * n), c_wide(std::size_t(rows) * wide);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), wide,
+              0.0f, c.data(), n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, wide, n, 1.0f, a.data(), n, b.data(),
+              wide, 0.0f, c_wide.data(), wide);
+}
+
+double calibrate_sgemm_flops(double seconds_budget) {
+  using clock = std::chrono::steady_clock;
+  const int n = kGemmBlock;
+  std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = float(i % 13) * 0.01f;
+    b[i] = float(i % 7) * 0.01f;
+  }
+  // Best rate sustained over blocks of several calls: one lucky ~20 ms call (a clock burst while
+  // the other cores idle) would overstate the peak every MFU is divided by.
+  const int calls_per_block = 4;
+  const double flop = 2.0 * n * n * n * calls_per_block;
+  double best = 0.0;
+  const auto start = clock::now();
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+              0.0f, c.data(), n);  // warms caches and wakes the BLAS threads: not counted
+  for (int block = 0;; ++block) {
+    const auto t0 = clock::now();
+    for (int k = 0; k < calls_per_block; ++k)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                  n, 0.0f, c.data(), n);
+    const auto t1 = clock::now();
+    best = std::max(best, flop / std::chrono::duration<double>(t1 - t0).count());
+    if (block >= 2 && std::chrono::duration<double>(t1 - start).count() >= seconds_budget) break;
+  }
+  return best;
+}
+
+// OpenMP gets the same count: oneDNN's bf16 GEMMs (gemm_bf16.cpp) run on OpenMP threads, and
+// OpenBLAS here is its pthreads build, which leaves OpenMP alone. (omp_set_num_threads sets the
+// calling thread's count; gemm_bf16 brings the count of any other calling thread to
+// blas_threads().)
+#if defined(STRATA_HAVE_OPENBLAS)
+namespace {
+int g_threads = 0;  // set_blas_threads(); 0: OpenBLAS's own default
+bool g_one_pool = false;
+}  // namespace
+int blas_threads() { return g_threads > 0 ? g_threads : openblas_get_num_threads(); }
+void set_blas_threads(int n) {
+  g_threads = std::max(1, n);
+  openblas_set_num_threads(g_one_pool ? 1 : g_threads);
+  omp_set_num_threads(g_threads);
+}
+void set_one_thread_pool(bool on) {
+  const int n = blas_threads();
+  g_one_pool = on;
+  set_blas_threads(n);
+}
+bool one_thread_pool() { return g_one_pool; }
+#else
+int blas_threads() { return 1; }
+void set_blas_threads(int) { omp_set_num_threads(1); }
+void set_one_thread_pool(bool) {}
+bool one_thread_pool() { return false; }
+#endif
+
+}  // namespace strata::cpu

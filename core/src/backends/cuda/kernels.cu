@@ -1,0 +1,147 @@
+// CudaKernels (cuda/kernels.hpp), part 1: the layer passes (cuda/layers.cuh), the bf16 GEMMs on
+// cublasGemmEx, bf16 rounding and widening, zeroing and the device sum. The elementwise steps of
+// the passes are in kernels_steps.cu.
+#include <string>
+
+#include "backends/cuda/bf16.cuh"
+#include "backends/cuda/device.hpp"
+#include "backends/cuda/grid.cuh"
+#include "backends/cuda/kernels.hpp"
+#include "backends/cuda/launch.cuh"
+
+namespace strata::cuda {
+namespace {
+
+__global__ void round_to_bf16_kernel(std::uint16_t* out, const float* in, std::size_t n) {
+  STRATA_GRID_STRIDE(i, n) { out[i] = float_to_bf16(in[i]); }
+}
+__global__ void widen_bf16_kernel(float* out, const std::uint16_t* in, std::size_t n) {
+  STRATA_GRID_STRIDE(i, n) { out[i] = bf16_to_float(in[i]); }
+}
+
+}  // namespace
+
+CudaKernels::CudaKernels(const CudaContext& ctx, AttentionKernel attention)
+    : ctx_(ctx), attention_(attention) {}
+CudaKernels::~CudaKernels() = default;
+
+// --- layer passes: cuda/layers.cuh on the context
+void CudaKernels::encoder_forward(float* out, const std::int32_t* tokens, const float* wte,
+                                  const float* wpe, int B, int T, int C) {
+  cuda::encoder_forward(ctx_, out, tokens, wte, wpe, B, T, C);
+}
+void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                   const std::int32_t* tokens, int B, int T, int C) {
+  cuda::encoder_backward(ctx_, dwte, dwpe, dout, tokens, B, T, C);
+}
+void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                    const float* weight, const float* bias, int N, int C) {
+  cuda::layernorm_forward(ctx_, out, mean, rstd, inp, weight, bias, N, C);
+}
+void CudaKernels::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                     const float* inp, const float* weight, const float* mean,
+                                     const float* rstd, int N, int C) {
+  cuda::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void CudaKernels::matmul_forward(float* out, const float* inp, const float* weight,
+                                 const float* bias, int N, int C, int OC) {
+  cuda::matmul_forward(ctx_, out, inp, weight, bias, N, C, OC);
+}
+void CudaKernels::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, int N, int C, int OC) {
+  cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+// The own tensor-core kernel (attention_tc.cu) where it was chosen and takes the shape; else the
+// fp32 flash kernel (attention.cu) where it takes the shape; else the probabilities through cuBLAS
+// (layers.cu). The two flash kernels keep the same state: att the log-sum-exp of each row
+// [B,NH,T], datt the backward's row sums [B,NH,T] (attention_state_floats).
+void CudaKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                                    int NH) {
+  if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
+    cuda::tc_flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
+  else if (cuda_fused_attention(B, C, NH))
+    cuda::flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
+  else
+    cuda::attention_forward(ctx_, out, att, qkv, B, T, C, NH);
+}
+void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                     const float* att, const float* out, int B, int T, int C,
+                                     int NH) {
+  if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
+    cuda::tc_flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
+  else if (cuda_fused_attention(B, C, NH))
+    cuda::flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
+  else
+    cuda::attention_backward(ctx_, dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+void CudaKernels::gelu_forward(float* out, const float* inp, std::int64_t n) {
+  cuda::gelu_forward(ctx_, out, inp, n);
+}
+void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  cuda::gelu_backward(ctx_, dinp, inp, dout, n);
+}
+void CudaKernels::residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+  cuda::residual_forward(ctx_, out, a, b, n);
+}
+void CudaKernels::residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd,
+                                             const float* a, const float* b, const float* weight,
+                                             const float* bias, int N, int C) {
+  cuda::residual_layernorm_forward(ctx_, sum, out, mean, rstd, a, b, weight, bias, N, C);
+}
+void CudaKernels::softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
+                                               const std::int32_t* targets, int N, int V) {
+  cuda::softmax_crossentropy_forward(ctx_, probs, losses, logits, targets, N, V);
+}
+void CudaKernels::crossentropy_softmax_backward(float* dlogits, const float* probs,
+                                                const std::int32_t* targets, float grad_scale,
+                                                int N, int V) {
+  cuda::crossentropy_softmax_backward(ctx_, dlogits, probs, targets, grad_scale, N, V);
+}
+
+// --- bf16
+void CudaKernels::round_to_bf16(bf16* out, const float* in, std::size_t n) {
+  if (n == 0) return;
+  STRATA_LAUNCH(round_to_bf16_kernel, blocks_for(n), kThreads, 0, ctx_.stream)
+  (reinterpret_cast<std::uint16_t*>(out), in, n);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+void CudaKernels::widen_bf16(float* out, const bf16* in, std::size_t n) {
+  if (n == 0) return;
+  STRATA_LAUNCH(widen_bf16_kernel, blocks_for(n), kThreads, 0, ctx_.stream)
+  (out, reinterpret_cast<const std::uint16_t*>(in), n);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+// Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T: cuBLAS's A is our B
+// (stored [K,N], ld N; or [N,K], ld K when transposed) and its B is our A (ld K, or M).
+void CudaKernels::gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+                            const bf16* B, void* C, DType c_dtype, bool accumulate,
+                            void* /*scratchpad*/, std::size_t /*scratchpad_bytes*/) {
+  if (c_dtype != DType::f32 && c_dtype != DType::bf16)
+    throw Error(
+        std::string("gemm_bf16: C of dtype ") + dtype_name(c_dtype) + " on the cuda backend",
+        "fp32 or bf16 C");
+  if (M < 0 || N < 0 || K < 0)
+    throw Error("gemm_bf16: negative shape " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                std::to_string(K));
+  if (M == 0 || N == 0) return;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  STRATA_CUBLAS_CHECK(cublasGemmEx(ctx_.cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                                   CUDA_R_16BF, trans_b ? K : N, A, CUDA_R_16BF, trans_a ? M : K,
+                                   &beta, C, c_dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F, N,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+std::size_t CudaKernels::gemm_bf16_scratchpad_bytes(bool, bool, int, int, int, DType, bool) {
+  return 0;
+}
+
+void CudaKernels::zero(float* p, std::size_t n) {
+  if (n) STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), ctx_.stream));
+}
+
+double CudaKernels::sum(const float* x, std::size_t n) {
+  return sum_(ctx_.stream, x, false, n, false);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,127 @@
+// The CUDA backend of strata::Kernels (kernels.hpp): the model passes' compute on device memory,
+// every call asynchronous on the context's stream except sum(), which returns its value to the
+// host (and so waits for the stream). The layer passes are cuda/layers.cuh's; the bf16 GEMMs are
+// cublasGemmEx (bf16 operands, fp32 accumulation) on the context's cuBLAS handle and workspace,
+// a linear layer's forward cublasLtMatmul with the bias and GELU in its epilogue;
+// the elementwise steps are own kernels (kernels.cu), bit for bit the CPU backend's arithmetic
+// where it is elementwise, and deterministic (no atomics) in the scatter-adds of the embeddings.
+// Plain C++ header: host-only sources include it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "../kernels.hpp"  // strata::Kernels ("kernels.hpp" would be this file)
+#include "backends/cuda/layers.cuh"
+#include "backends/cuda/reduce.hpp"
+
+namespace strata::cuda {
+
+class CudaKernels final : public Kernels {
+ public:
+  // The context must outlive this object. `attention`: the kernels attention_forward/backward run
+  // where they take the shape (kernels.hpp's AttentionKernel).
+  explicit CudaKernels(const CudaContext& ctx,
+                       AttentionKernel attention = AttentionKernel::reference);
+  ~CudaKernels() override;
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
+
+  void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C) override;
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                        int B, int T, int C) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) override;
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                      int C, int OC) override;
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int N, int C, int OC) override;
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                         int NH) override;
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, const float* out, int B, int T, int C, int NH) override;
+  void gelu_forward(float* out, const float* inp, std::int64_t n) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
+  void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override;
+  void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* weight, const float* bias, int N,
+                                  int C) override;
+  void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
+                                    const std::int32_t* targets, int N, int V) override;
+  void crossentropy_softmax_backward(float* dlogits, const float* probs,
+                                     const std::int32_t* targets, float grad_scale, int N,
+                                     int V) override;
+
+  void round_to_bf16(bf16* out, const float* in, std::size_t n) override;
+  void widen_bf16(float* out, const bf16* in, std::size_t n) override;
+  void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, const bf16* B,
+                 void* C, DType c_dtype, bool accumulate, void* scratchpad,
+                 std::size_t scratchpad_bytes) override;
+  // 0: cuBLAS works in the context's workspace.
+  std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
+                                         DType c_dtype, bool accumulate) override;
+  // cublasLtMatmul (matmul_lt.cpp): bias and GELU in the epilogue; GELU in a kernel of its own
+  // where cuBLASLt's aux matrix does not take OC (not a multiple of 8), and the whole call as
+  // gemm_bf16, add_bias and gelu_forward where cuBLASLt has no algorithm for it.
+  void matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp, const bf16* weight,
+                           const float* bias, int N, int C, int OC, void* scratchpad,
+                           std::size_t scratchpad_bytes) override;
+
+  void zero(float* p, std::size_t n) override;
+  void add_bias(float* out, const float* bias, std::size_t rows, int C) override;
+  void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) override;
+  void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
+                               int C) override;
+  void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch, const float* inp,
+                                    const float* dout, std::size_t rows, int C) override;
+  void add_into_bf16(bf16* dst, const float* src, std::size_t n) override;
+  void embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N, BufferView wte,
+                      std::size_t v0, std::size_t Vl, int C) override;
+  void add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
+                     int C) override;
+  void embedding_rows_backward(BufferView gwte, const float* d, const std::int32_t* tokens,
+                               std::size_t N, std::size_t v0, std::size_t Vl, int C) override;
+  void positions_backward(BufferView gwpe, const float* d, std::size_t rows, std::size_t row0,
+                          int T, int C) override;
+  void xent_row_max(float* mx, const float* logits, std::size_t N, std::size_t Vl) override;
+  void xent_exp(float* probs, float* sum, float* target, const float* mx,
+                const std::int32_t* targets, std::size_t v0, std::size_t N,
+                std::size_t Vl) override;
+  void xent_normalise(float* probs, float* losses, const float* sum, const float* target,
+                      std::size_t N, std::size_t Vl) override;
+  void xent_backward_shard(float* dlogits, const float* probs, const std::int32_t* targets,
+                           std::size_t v0, float scale, std::size_t N, std::size_t Vl) override;
+  void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
+                                      const std::int32_t* targets, std::size_t N,
+                                      std::size_t V) override;
+  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
+                                const float* target, const std::int32_t* targets, std::size_t v0,
+                                std::size_t N, std::size_t Vl) override;
+  void scale_bf16(bf16* x, float scale, std::size_t n) override;
+  double sum(const float* x, std::size_t n) override;
+
+ private:
+  // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null, of
+  // GELU'(gelu_inp) * dout instead of dout where gelu_inp is not null (kernels_steps.cu).
+  void bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout, std::size_t rows, int C,
+                          const float* gelu_inp = nullptr);
+  // cublasLtMatmul with a cached plan (matmul_lt.cpp); false where cuBLASLt has no algorithm.
+  bool lt_matmul(cublasLtEpilogue_t epilogue, float* d, float* aux, const void* inp,
+                 const void* weight, const float* bias, int N, int C, int OC);
+
+  const CudaContext& ctx_;
+  AttentionKernel attention_;
+  DeviceSum sum_;
+  // cuBLASLt's descriptors and algorithm per shape, epilogue and alignment (matmul_lt.cpp).
+  struct LtPlans;
+  struct LtPlansDeleter {
+    void operator()(LtPlans* p) const;
+  };
+  std::unique_ptr<LtPlans, LtPlansDeleter> lt_plans_;
+};
+
+}  // namespace strata::cuda

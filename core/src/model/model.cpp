@@ -1,0 +1,378 @@
+// The GPT-2 workload: presets, parameter layout, deterministic initialisation, and Model, the
+// whole-model front end of the passes in model_passes.cpp.
+#include "strata/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include "backends/backend.hpp"
+#include "backends/cpu/gemm_bf16.hpp"
+#include "backends/cpu/layers.hpp"
+#include "model/model_passes.hpp"
+#include "strata/device.hpp"
+#include "strata/types.hpp"
+
+namespace strata {
+
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> presets = {
+      {{"tiny", 2, 64, 4, 64, 256}, 3e-3},
+      {{"small", 4, 256, 4, 128, 4096}, 1e-3},
+      // GPT-2 small; lr as in GPT-3's table. The vocabulary is GPT-2's 50257 padded to a multiple
+      // of 64 (50304), as nanoGPT and llm.c pad it: the head's operands are then aligned for the
+      // GPU's tensor-core GEMMs (50257 left cuBLAS with its slowest, align-1 kernels: 14 ms of a
+      // 131 ms step on an H100) and the vocabulary splits over tp = 2, 4, 8, 16, 32, 64.
+      {{"gpt2-124m", 12, 768, 12, 1024, 50304}, 6e-4},
+      // GPT-3's 6.7B and 175B shapes (Brown et al. 2020, table 2.1; lr as there), with the same
+      // padded vocabulary: for the predictor and the advisor (--dry-run, --advise), far beyond
+      // what a CPU trains.
+      {{"gpt3-6.7b", 32, 4096, 32, 2048, 50304}, 1.2e-4},
+      {{"gpt3-175b", 96, 12288, 96, 2048, 50304}, 0.6e-4},
+  };
+  return presets;
+}
+
+const ModelPreset* find_model_preset(const std::string& name) {
+  for (const ModelPreset& p : model_presets())
+    if (p.spec.preset == name) return &p;
+  return nullptr;
+}
+
+bool is_model_preset(const std::string& name) { return find_model_preset(name) != nullptr; }
+
+ModelSpec model_preset(const std::string& name) {
+  if (const ModelPreset* p = find_model_preset(name)) return p->spec;
+  std::string names;
+  for (const ModelPreset& p : model_presets()) names += (names.empty() ? "" : ", ") + p.spec.preset;
+  throw ConfigError("model preset " + name + ": must be one of " + names);
+}
+
+void validate_model_spec(const ModelSpec& s) {
+  auto positive = [](int v, const char* name) {
+    if (v <= 0) {
+      throw ConfigError("model: " + std::string(name) + " must be positive, got " +
+                        std::to_string(v));
+    }
+  };
+  positive(s.layers, "layers");
+  positive(s.hidden, "hidden");
+  positive(s.heads, "heads");
+  positive(s.seq, "seq");
+  positive(s.vocab, "vocab");
+  if (s.hidden % s.heads != 0) {
+    throw ConfigError("model: hidden (" + std::to_string(s.hidden) +
+                      ") must be a multiple of heads (" + std::to_string(s.heads) + ")");
+  }
+}
+
+namespace {
+
+// --- Deterministic initialisation: a counter-based generator keyed by (seed, tensor id, index).
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Two independent standard normals for the element pair (2p, 2p + 1) of the tensor whose key is
+// `key`: Box-Muller on two uniforms hashed from (key, p), cos half for 2p and sin half for 2p + 1.
+struct NormalPair {
+  double z0, z1;
+};
+NormalPair hashed_normals(std::uint64_t key, std::uint64_t p) {
+  const std::uint64_t h1 = splitmix64(key ^ (2 * p));
+  const std::uint64_t h2 = splitmix64(key ^ (2 * p + 1));
+  const double u1 = double((h1 >> 11) + 1) * 0x1.0p-53;  // (0, 1]: log is finite
+  const double u2 = double(h2 >> 11) * 0x1.0p-53;        // [0, 1)
+  const double r = std::sqrt(-2.0 * std::log(u1)), theta = 2.0 * std::numbers::pi * u2;
+  return {r * std::cos(theta), r * std::sin(theta)};
+}
+
+std::uint64_t tensor_key(std::uint64_t seed, int tensor_id) {
+  return splitmix64(seed ^ splitmix64(0xD1B54A32D192ED03ull * std::uint64_t(tensor_id + 1)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ParamLayout
+
+ParamLayout::ParamLayout(const ModelSpec& spec) {
+  validate_model_spec(spec);
+  const int C = spec.hidden, L = spec.layers;
+  const float std_w = 0.02f;
+  const float std_out = 0.02f / std::sqrt(2.0f * float(L));  // GPT-2 residual projections
+
+  auto begin_unit = [&](std::string name, UnitKind kind, int block) {
+    UnitInfo u;
+    u.name = std::move(name);
+    u.kind = kind;
+    u.block = block;
+    u.offset = total_;
+    u.first_tensor = int(tensors_.size());
+    units_.push_back(std::move(u));
+  };
+  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, float init_std,
+                 float init_value) {
+    TensorInfo t;
+    t.name = units_.back().name + "." + name;
+    t.id = int(tensors_.size());
+    t.unit = int(units_.size()) - 1;
+    t.offset = total_;
+    t.count = 1;
+    for (int d : shape) t.count *= std::size_t(d);
+    t.shape = std::move(shape);
+    t.decay = decay;
+    t.init_std = init_std;
+    t.init_value = init_value;
+    total_ += t.count;
+    tensors_.push_back(std::move(t));
+    units_.back().count += tensors_.back().count;
+    units_.back().num_tensors += 1;
+  };
+
+  begin_unit("embedding", UnitKind::embedding, -1);
+  add("wte", {spec.vocab, C}, true, std_w, 0.0f);
+  add("wpe", {spec.seq, C}, true, std_w, 0.0f);
+  for (int b = 0; b < L; ++b) {
+    begin_unit("block" + std::to_string(b), UnitKind::block, b);
+    add("ln1_w", {C}, false, 0.0f, 1.0f);
+    add("ln1_b", {C}, false, 0.0f, 0.0f);
+    add("qkv_w", {3 * C, C}, true, std_w, 0.0f);
+    add("qkv_b", {3 * C}, false, 0.0f, 0.0f);
+    add("proj_w", {C, C}, true, std_out, 0.0f);
+    add("proj_b", {C}, false, 0.0f, 0.0f);
+    add("ln2_w", {C}, false, 0.0f, 1.0f);
+    add("ln2_b", {C}, false, 0.0f, 0.0f);
+    add("fc_w", {4 * C, C}, true, std_w, 0.0f);
+    add("fc_b", {4 * C}, false, 0.0f, 0.0f);
+    add("fcproj_w", {C, 4 * C}, true, std_out, 0.0f);
+    add("fcproj_b", {C}, false, 0.0f, 0.0f);
+  }
+  begin_unit("head", UnitKind::head, -1);
+  add("lnf_w", {C}, false, 0.0f, 1.0f);
+  add("lnf_b", {C}, false, 0.0f, 0.0f);
+
+  if (total_ != std::size_t(spec.total_params())) {
+    throw Error("ParamLayout: " + std::to_string(total_) + " parameters, ModelSpec says " +
+                std::to_string(spec.total_params()));
+  }
+}
+
+const TensorInfo& ParamLayout::tensor_at(std::size_t index) const {
+  if (index >= total_) {
+    throw Error("ParamLayout::tensor_at: index " + std::to_string(index) + " >= total " +
+                std::to_string(total_));
+  }
+  auto it = std::upper_bound(tensors_.begin(), tensors_.end(), index,
+                             [](std::size_t i, const TensorInfo& t) { return i < t.offset; });
+  return *(it - 1);
+}
+
+void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begin,
+                 std::span<float> out) {
+  const std::size_t end = begin + out.size();
+  if (end > layout.total() || end < begin) {
+    throw Error("init_params: range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") exceeds the " + std::to_string(layout.total()) + " parameters");
+  }
+  std::size_t j = begin;
+  while (j < end) {
+    const TensorInfo& t = layout.tensor_at(j);
+    const std::size_t i0 = j - t.offset;
+    const std::size_t i1 = std::min(t.count, end - t.offset);
+    float* o = out.data() + (j - begin);
+    if (t.init_std > 0.0f) {
+      // Element i of the tensor is half of pair i / 2; the slice covers pairs [i0 / 2, ceil(i1 /
+      // 2)).
+      const std::uint64_t key = tensor_key(seed, t.id);
+      const double sd = t.init_std;
+      const std::int64_t p0 = std::int64_t(i0 / 2), p1 = std::int64_t((i1 + 1) / 2);
+#pragma omp parallel for num_threads(cpu::blas_threads()) if (p1 - p0 > (1 << 14)) schedule(static)
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const NormalPair z = hashed_normals(key, std::uint64_t(p));
+        const std::size_t i = 2 * std::size_t(p);
+        if (i >= i0) o[i - i0] = float(sd * z.z0);
+        if (i + 1 < i1) o[i + 1 - i0] = float(sd * z.z1);
+      }
+    } else {
+      std::fill(o, o + (i1 - i0), t.init_value);
+    }
+    j = t.offset + i1;
+  }
+}
+
+void init_params(const ParamLayout& layout, std::uint64_t seed, std::size_t begin, BufferView out) {
+  if (out.dtype != DType::f32 && out.dtype != DType::bf16)
+    throw Error(std::string("init_params: a view of ") + dtype_name(out.dtype) + " on " +
+                device_name(out.device) + ", need fp32 or bf16 memory");
+  if (out.device != Device::cpu) {  // computed on the host, then copied: the same values
+    std::vector<std::byte> host(out.bytes());
+    init_params(layout, seed, begin, BufferView{host.data(), out.count, out.dtype, Device::cpu});
+    copy_bytes(out.device, out.data, host.data(), host.size());
+    return;
+  }
+  if (out.dtype == DType::f32) {
+    init_params(layout, seed, begin, std::span<float>(static_cast<float*>(out.data), out.count));
+    return;
+  }
+  constexpr std::size_t kChunk = 4096;  // fp32 values of a chunk, then rounded
+  float values[kChunk];
+  bf16* dst = static_cast<bf16*>(out.data);
+  for (std::size_t done = 0; done < out.count; done += kChunk) {
+    const std::size_t n = std::min(kChunk, out.count - done);
+    init_params(layout, seed, begin + done, std::span<float>(values, n));
+    cpu::round_to_bf16(dst + done, values, n);
+  }
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none:
+      return "none";
+    case Recompute::full:
+      return "full";
+    case Recompute::selective:
+      return "selective";
+  }
+  return "unknown";
+}
+
+bool parse_recompute(const std::string& name, Recompute* out) {
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+    if (name == recompute_name(r)) {
+      if (out) *out = r;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model: the whole model at tp 1 with one activation slot, unit by unit, on ModelPasses.
+
+struct Model::Impl {
+  ModelSpec spec;
+  ParamLayout layout;
+  int B;
+  ModelPasses passes;
+  std::unique_ptr<ModelPasses::Slot> slot;
+  std::size_t wpe_off;  // wpe's offset in the embedding unit
+  int last_batch = 0;   // micro-batch size of the last head forward, for loss_sum()
+  Device device;        // of the ledger: where parameters, gradients and activations live
+
+  Impl(const ModelSpec& s, int micro_batch, MemoryLedger& ledger, Recompute r, DType param_dtype)
+      : spec(s),
+        layout(s),
+        B(micro_batch),
+        // tp 1: no tensor-parallel collectives, so no tp comm dtype to choose
+        passes(s, micro_batch, whole_model(s), r, param_dtype, DType::f32, ledger),
+        slot(passes.make_slot()),
+        wpe_off(layout.tensors()[1].offset),
+        device(ledger.device()) {}
+
+  void check(int unit, const MicroBatch& mb) const {
+    const int units = spec.layers + 2;
+    if (unit < 0 || unit >= units) {
+      throw Error("Model: unit " + std::to_string(unit) + " out of range [0, " +
+                  std::to_string(units) + ")");
+    }
+    if (mb.batch <= 0 || mb.batch > B || mb.seq != spec.seq || !mb.inputs || !mb.targets) {
+      throw Error("Model: micro-batch " + std::to_string(mb.batch) + "x" + std::to_string(mb.seq) +
+                  " does not fit this model (batch 1.." + std::to_string(B) + ", seq " +
+                  std::to_string(spec.seq) + ", non-null tokens)");
+    }
+  }
+  // Unit u's view from ptrs, checked: all of the unit, in the dtype the passes expect.
+  BufferView unit_view(const UnitPtrs& ptrs, int u, bool grads) const {
+    const int units = spec.layers + 2;
+    if (int(ptrs.size()) < units) {
+      throw Error("Model: UnitPtrs has " + std::to_string(ptrs.size()) + " entries, need " +
+                  std::to_string(units));
+    }
+    const BufferView v = ptrs[u];
+    const DType want = passes.param_dtype();
+    const bool dtype_ok = v.dtype == want || (grads && v.dtype == DType::f32);
+    if (!v.data || v.count != layout.units()[u].count || !dtype_ok || v.device != device)
+      throw Error("Model: " + std::string(grads ? "gradients" : "parameters") + " of unit " +
+                      std::to_string(u) + ": a view of " + std::to_string(v.count) + " " +
+                      dtype_name(v.dtype) + " elements on " + device_name(v.device) + ", need " +
+                      std::to_string(layout.units()[u].count) + " " + dtype_name(want) +
+                      (grads && want != DType::f32 ? " (or fp32)" : "") + " on " +
+                      device_name(device),
+                  "point UnitPtrs at the unit's whole range, in the run's precision");
+    return v;
+  }
+  BufferView wte(BufferView unit0) const {
+    return slice(unit0, 0, std::size_t(spec.vocab) * spec.hidden);
+  }
+  BufferView wpe(BufferView unit0) const {
+    return slice(unit0, wpe_off, std::size_t(spec.seq) * spec.hidden);
+  }
+};
+
+Model::Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory, Recompute recompute,
+             DType param_dtype)
+    : impl_(std::make_unique<Impl>(spec, micro_batch, memory, recompute, param_dtype)) {}
+Model::~Model() = default;
+
+const ModelSpec& Model::spec() const { return impl_->spec; }
+const ParamLayout& Model::layout() const { return impl_->layout; }
+int Model::micro_batch() const { return impl_->B; }
+Recompute Model::recompute() const { return impl_->passes.recompute(); }
+DType Model::param_dtype() const { return impl_->passes.param_dtype(); }
+
+void Model::forward(int unit, const UnitPtrs& params, const MicroBatch& mb) {
+  Impl& m = *impl_;
+  m.check(unit, mb);
+  m.passes.set_batch(mb.batch);
+  SlotActs& acts = m.slot->acts;
+  const int L = m.spec.layers;
+  const BufferView p = m.unit_view(params, unit, false);
+  if (unit == 0) {
+    m.passes.forward_embedding(acts, m.wte(p), m.wpe(p), mb.inputs, nullptr);
+  } else if (unit <= L) {
+    m.passes.forward_block(unit - 1, acts, p, nullptr);
+  } else {
+    m.passes.forward_head(acts, p, m.wte(m.unit_view(params, 0, false)), mb.targets, nullptr);
+    m.last_batch = mb.batch;
+  }
+}
+
+void Model::backward(int unit, const UnitPtrs& params, const UnitPtrs& grads, const MicroBatch& mb,
+                     float grad_scale) {
+  Impl& m = *impl_;
+  m.check(unit, mb);
+  m.passes.set_batch(mb.batch);
+  SlotActs& acts = m.slot->acts;
+  const int L = m.spec.layers;
+  const BufferView g = m.unit_view(grads, unit, true);
+  if (unit == 0) {
+    m.passes.backward_embedding(m.wte(g), m.wpe(g), mb.inputs, nullptr);
+  } else if (unit <= L) {
+    m.passes.backward_block(unit - 1, acts, m.unit_view(params, unit, false), g, nullptr);
+  } else {
+    const BufferView g0 = m.unit_view(grads, 0, true);
+    if (g0.dtype != g.dtype) throw Error("Model: gradients of units 0 and L+1 in two dtypes");
+    m.passes.backward_head(acts, m.unit_view(params, unit, false),
+                           m.wte(m.unit_view(params, 0, false)), g, m.wte(g0), mb.targets, nullptr,
+                           grad_scale);
+  }
+}
+
+double Model::loss_sum() const {
+  const Impl& m = *impl_;
+  return m.passes.loss_sum(m.slot->acts, std::size_t(m.last_batch) * m.spec.seq);
+}
+
+std::uint64_t Model::activation_bytes(const ModelSpec& spec, int micro_batch, Recompute recompute,
+                                      DType param_dtype, Device device) {
+  return predict_activations(spec, micro_batch, whole_model(spec), recompute, param_dtype, device)
+      .total(1);
+}
+
+}  // namespace strata

@@ -1,0 +1,439 @@
+// The one implementation of the workload's passes (see model_passes.hpp; the activation plan:
+// model_plan.cpp), Megatron-LM style tensor parallelism included:
+//   QKV, FC1   column-parallel (this rank's heads / rows of the 4h MLP)
+//   proj, FC2  row-parallel; the partial outputs are all-reduced (reduce-scattered with sp)
+//   wte        vocab-parallel embedding and LM head, vocab-parallel cross-entropy
+// At tp 1 every pass is the plain kernel sequence (biases inside the GEMM calls, the fused
+// softmax cross-entropy), so a pipeline of tp 1 stages is bitwise equal to the whole model.
+#include "model/model_passes.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/backend.hpp"
+#include "strata/stage_model.hpp"
+#include "strata/types.hpp"
+
+namespace strata {
+namespace {
+
+// Tokens on a GPU are device memory the host must not read: there they were checked where they
+// were made (the data source, check_token_file) and the kernels trust them.
+void check_tokens(Device device, const std::int32_t* tok, std::size_t n, int V, const char* what) {
+  if (device != Device::cpu) return;
+  for (std::size_t i = 0; i < n; ++i)
+    if (tok[i] < 0 || tok[i] >= V)
+      throw Error(std::string("model: ") + what + " token " + std::to_string(tok[i]) +
+                  " out of range [0, " + std::to_string(V) + ")");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ModelPasses (the plan they run on, Dims and the carves: model_plan.cpp)
+
+ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Recompute r,
+                         DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory)
+    : spec_(spec),
+      part_(part),
+      recompute_(r),
+      param_dtype_(param_dtype),
+      alloc_((validate_partition(spec, B, part, r, param_dtype, memory.device()),
+              Dims(spec, B, part, memory.device()))),
+      run_(alloc_),
+      memory_(memory),
+      k_(device_kernels(memory.device())) {
+  const ParamLayout layout(spec);
+  const int first = layout.units()[1].first_tensor;
+  std::size_t at = 0;
+  for (int k = 0; k < kBlockTensors; ++k) {
+    block_off_[k] = at;
+    const std::size_t n = layout.tensors()[first + k].count;
+    at += block_shard(k) == ShardKind::replicated ? n : n / part.tp_size;
+  }
+  Carver count;
+  g_.carve(alloc_, r, param_dtype, count);
+  scratch_memory_ = Buffer<float>(memory, MemTag::activations, count.used);
+  Carver c{scratch_memory_.data(), 0};
+  g_.carve(alloc_, r, param_dtype, c);
+  if (tp_comm_dtype != DType::f32 && tp_comm_dtype != DType::bf16)
+    throw ConfigError(std::string("model: tensor-parallel comm in ") + dtype_name(tp_comm_dtype) +
+                      "; fp32 or bf16 are allowed");
+  comm_ = Buffer<bf16>(memory, MemTag::comm_buffers, tp_comm_buffer_count(alloc_, tp_comm_dtype));
+}
+
+std::unique_ptr<ModelPasses::Slot> ModelPasses::make_slot() {
+  auto s = std::make_unique<Slot>();
+  Carver count;
+  s->acts.carve(alloc_, recompute_, param_dtype_, g_, count);
+  s->memory = Buffer<float>(memory_, MemTag::activations, count.used);
+  Carver c{s->memory.data(), 0};
+  s->acts.carve(alloc_, recompute_, param_dtype_, g_, c);
+  return s;
+}
+
+void ModelPasses::set_batch(int batch) {
+  if (batch <= 0 || batch > alloc_.B || (alloc_.tp > 1 && batch != alloc_.B))
+    throw Error("model: micro-batch of " + std::to_string(batch) + " sequences, built for " +
+                std::to_string(alloc_.B) + (alloc_.tp > 1 ? " (exactly, with tp)" : " at most"));
+  if (batch != run_.B) run_ = Dims(spec_, batch, part_, memory_.device());
+}
+
+double ModelPasses::loss_sum(const SlotActs& s, std::size_t rows) const {
+  return k_.sum(s.losses, rows);
+}
+
+// --- tensor-parallel communication (never called at tp 1). Activations and their gradients move
+// in the tp comm dtype (MixedPrecision::tp_comm); with bf16, the fp32 tensor is rounded into the
+// comm buffer, the collective sums bf16 (every transport reduces bf16, as for --reduce-dtype bf16)
+// and the result is widened back, so the passes around it stay fp32.
+
+void ModelPasses::all_reduce_activation(TensorParallelComm* tp, float* data, std::size_t n) {
+  if (comm_.size() == 0) return tp->all_reduce_sum(view(data, n));
+  k_.round_to_bf16(comm_.data(), data, n);
+  tp->all_reduce_sum(view(comm_.data(), n));
+  k_.widen_bf16(data, comm_.data(), n);
+}
+
+void ModelPasses::gather(TensorParallelComm* tp, const float* shard,
+                         float* full) {  // [Nl,C] -> [N,C]
+  const std::size_t nl = run_.Nl * run_.C, n = run_.N * run_.C;
+  if (comm_.size() == 0) return tp->all_gather(view(const_cast<float*>(shard), nl), view(full, n));
+  bf16* mine = comm_.data() + std::size_t(part_.tp_rank) * nl;  // in place: the rank's own slot
+  k_.round_to_bf16(mine, shard, nl);
+  tp->all_gather(view(mine, nl), view(comm_.data(), n));
+  k_.widen_bf16(full, comm_.data(), n);
+}
+
+void ModelPasses::scatter(TensorParallelComm* tp, float* full,
+                          float* shard) {  // [N,C] partial -> [Nl,C]
+  const std::size_t nl = run_.Nl * run_.C, n = run_.N * run_.C;
+  if (comm_.size() == 0) return tp->reduce_scatter(view(full, n), view(shard, nl));
+  k_.round_to_bf16(comm_.data(), full, n);
+  tp->reduce_scatter(view(comm_.data(), n), view(comm_.data() + n, nl));
+  k_.widen_bf16(shard, comm_.data() + n, nl);
+}
+
+// --- dtype-aware pieces: the GEMMs and a unit's small tensors
+
+void ModelPasses::matmul_forward(float* out, const float* inp, BufferView w, const float* bias,
+                                 int N, int C, int OC, float* gelu_out) {
+  if (w.dtype == DType::f32) {
+    k_.matmul_forward(out, inp, static_cast<const float*>(w.data), bias, N, C, OC);
+    if (gelu_out) k_.gelu_forward(gelu_out, out, std::int64_t(N) * OC);
+    return;
+  }
+  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
+  k_.matmul_bf16_forward(out, gelu_out, g_.op_in, static_cast<const bf16*>(w.data), bias, N, C, OC,
+                         g_.gemm_pad, g_.gemm_pad_bytes);
+}
+
+void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
+                                  const float* inp, BufferView w, int N, int C, int OC) {
+  if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
+    k_.zero(dinp, std::size_t(N) * C);  // the fp32 kernel accumulates
+    k_.matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp,
+                       static_cast<const float*>(w.data), N, C, OC);
+    return;
+  }
+  if (dbias)  // one pass over dout for the operand and the bias gradient
+    k_.round_to_bf16_bias_grad(g_.op_out, dbias, dout, std::size_t(N), OC);
+  else
+    k_.round_to_bf16(g_.op_out, dout, std::size_t(N) * OC);
+  matmul_backward_bf16(dinp, dw, g_.op_out, inp, w, N, C, OC);
+}
+
+void ModelPasses::matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout,
+                                       const float* inp, BufferView w, int N, int C, int OC) {
+  k_.gemm_bf16(false, false, N, C, OC, dout, static_cast<const bf16*>(w.data), dinp, DType::f32,
+               false, g_.gemm_pad, g_.gemm_pad_bytes);  // dout@W
+  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
+  k_.gemm_bf16(true, false, OC, C, N, dout, g_.op_in, dw.data, dw.dtype, true, g_.gemm_pad,
+               g_.gemm_pad_bytes);  // dout^T @ inp
+}
+
+void ModelPasses::gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
+                                       const float* pre_gelu, const float* inp, BufferView w, int N,
+                                       int C, int OC) {
+  const std::size_t n = std::size_t(N) * OC;
+  if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
+    k_.zero(g_.b, n);
+    k_.gelu_backward(g_.b, pre_gelu, dgelu, std::int64_t(n));
+    matmul_backward(dinp, dw, dbias, g_.b, inp, w, N, C, OC);
+    return;
+  }
+  k_.gelu_backward_bf16_bias_grad(g_.op_out, dbias, g_.b, pre_gelu, dgelu, std::size_t(N), OC);
+  matmul_backward_bf16(dinp, dw, g_.op_out, inp, w, N, C, OC);
+}
+
+const float* SmallTensors::param(std::size_t offset, std::size_t count) {
+  if (unit_.dtype == DType::f32) return static_cast<const float*>(unit_.data) + offset;
+  float* out = scratch_ + used_;
+  used_ += count;
+  k_.widen_bf16(out, static_cast<const bf16*>(unit_.data) + offset, count);
+  return out;
+}
+
+float* SmallTensors::grad(std::size_t offset, std::size_t count) {
+  if (unit_.dtype == DType::f32) return static_cast<float*>(unit_.data) + offset;
+  float* out = scratch_ + used_;
+  used_ += count;
+  k_.zero(out, count);
+  grads_.emplace_back(offset, count);
+  return out;
+}
+
+void SmallTensors::flush() {
+  const float* src = scratch_;
+  for (auto [offset, count] : grads_) {
+    k_.add_into_bf16(static_cast<bf16*>(unit_.data) + offset, src, count);
+    src += count;
+  }
+  grads_.clear();
+  used_ = 0;
+}
+
+// Row-parallel matmul (proj, FC2): out[Nl,C] = reduce(inp[N,ICl] @ W[C,ICl]^T) + bias. At tp 1
+// the bias goes into the GEMM call.
+void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
+                               const float* bias, int icl) {
+  const Dims& d = run_;
+  if (d.tp == 1) {
+    matmul_forward(out, inp, w, bias, int(d.N), icl, d.C);
+    return;
+  }
+  if (d.sp) {
+    matmul_forward(g_.partial, inp, w, nullptr, int(d.N), icl, d.C);
+    scatter(tp, g_.partial, out);
+  } else {
+    matmul_forward(out, inp, w, nullptr, int(d.N), icl, d.C);
+    all_reduce_activation(tp, out, d.N * d.C);
+  }
+  k_.add_bias(out, bias, d.Nl, d.C);
+}
+
+// d(input of a column-parallel matmul): partial [N,C] in g_.partial -> the rank's rows, summed.
+float* ModelPasses::reduce_input_grad(TensorParallelComm* tp) {
+  if (run_.tp == 1) return g_.partial;
+  if (run_.sp) {
+    scatter(tp, g_.partial, g_.shard);
+    return g_.shard;
+  }
+  all_reduce_activation(tp, g_.partial, run_.N * run_.C);
+  return g_.partial;
+}
+
+namespace {
+// Unit view from element `offset` on (a GEMM weight or its gradient).
+BufferView at(BufferView unit, std::size_t offset) {
+  return slice(unit, offset, unit.count - offset);
+}
+}  // namespace
+
+// recomputing: Recompute::full's rerun in backward, which stops at fch_gelu: the block's output
+// (FC2, its reduction and the second residual) is not needed by the backward, x[l+1] is kept.
+void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallelComm* tp,
+                                bool recomputing) {
+  const Dims& d = run_;
+  const std::size_t* o = block_off_;
+  BlockActs& a = s.block[l];
+  const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
+  SmallTensors small(k_, p, g_.small_params);
+  const float* x_in = s.x[l];
+  k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C),
+                       small.param(o[kLn1B], C), Nl, C);
+  if (d.sp) gather(tp, a.ln1, a.ln1_full);
+  matmul_forward(a.qkv, a.ln1_full, at(p, o[kQkvW]), small.param(o[kQkvB], 3 * d.Cl), N, C, 3 * Cl);
+  k_.attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
+  row_parallel(tp, a.xmid, a.atty, at(p, o[kProjW]), small.param(o[kProjB], C), Cl);
+  k_.residual_layernorm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, x_in,
+                                small.param(o[kLn2W], C), small.param(o[kLn2B], C), Nl, C);
+  if (d.sp) gather(tp, a.ln2, a.ln2_full);
+  matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl,
+                 a.fch_gelu);
+  if (recomputing) return;
+  float* x_out = s.x[l + 1];
+  row_parallel(tp, x_out, a.fch_gelu, at(p, o[kFcprojW]), small.param(o[kFcprojB], C), 4 * Cl);
+  k_.residual_forward(x_out, x_out, a.xmid, std::int64_t(Nl) * C);
+}
+
+void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr,
+                                 TensorParallelComm* tp) {
+  const Dims& d = run_;
+  const std::size_t* o = block_off_;
+  // Full recompute: rebuild this block's activations from its kept input x[l] into the shared
+  // buffers (disjoint from a, b and partial, which are free until the backward below starts).
+  if (recompute_ == Recompute::full) forward_block(l, s, p, tp, true);
+  const BlockActs& a = s.block[l];
+  const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
+  const std::size_t NCl = d.N * d.Cl;
+  const bool tp1 = d.tp == 1;
+  SmallTensors small(k_, p, g_.small_params), gsmall(k_, gr, g_.small_grads);
+  // MLP: x_out = xmid + fcproj(gelu(fc(ln2(xmid)))). d(x_out) is all-gathered with sp.
+  if (d.sp) gather(tp, g_.dres, g_.full);
+  float* g_fcproj_b = gsmall.grad(o[kFcprojB], C);
+  if (!tp1) k_.bias_grad(g_fcproj_b, g_.dres, d.Nl, C);
+  matmul_backward(g_.a, at(gr, o[kFcprojW]), tp1 ? g_fcproj_b : nullptr, g_.full, a.fch_gelu,
+                  at(p, o[kFcprojW]), N, 4 * Cl, C);
+  gelu_matmul_backward(g_.partial, at(gr, o[kFcW]), gsmall.grad(o[kFcB], 4 * d.Cl), g_.a, a.fch,
+                       a.ln2_full, at(p, o[kFcW]), N, C, 4 * Cl);
+  const float* dln2 = reduce_input_grad(tp);
+  k_.layernorm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gsmall.grad(o[kLn2B], C), dln2, a.xmid,
+                        small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl, C);
+  // Attention: xmid = x_in + proj(attention(qkv(ln1(x_in)))); d(atty) goes to partial (free).
+  if (d.sp) gather(tp, g_.dres, g_.full);
+  float* g_proj_b = gsmall.grad(o[kProjB], C);
+  if (!tp1) k_.bias_grad(g_proj_b, g_.dres, d.Nl, C);
+  float* datty = g_.partial;
+  matmul_backward(datty, at(gr, o[kProjW]), tp1 ? g_proj_b : nullptr, g_.full, a.atty,
+                  at(p, o[kProjW]), N, Cl, C);
+  // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
+  // shared att. The attention output it also produces (atty is kept) goes to a, free until d(qkv).
+  if (recompute_ == Recompute::selective)
+    k_.attention_forward(g_.a, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
+  float* dqkv = g_.a;
+  k_.zero(dqkv, 3 * NCl);
+  k_.attention_backward(dqkv, g_.b, datty, a.qkv, a.att, a.atty, d.B, d.T, Cl, int(d.NHl));
+  matmul_backward(g_.partial, at(gr, o[kQkvW]), gsmall.grad(o[kQkvB], 3 * d.Cl), dqkv, a.ln1_full,
+                  at(p, o[kQkvW]), N, C, 3 * Cl);
+  const float* dln1 = reduce_input_grad(tp);
+  k_.layernorm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gsmall.grad(o[kLn1B], C), dln1, s.x[l],
+                        small.param(o[kLn1W], C), a.ln1_mean, a.ln1_rstd, Nl, C);
+  gsmall.flush();
+}
+
+// Vocab-parallel embedding: each rank looks up the tokens of its vocab rows, the partial rows
+// are summed across tp, then wpe is added per token row.
+void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
+                                    const std::int32_t* tok, TensorParallelComm* tp) {
+  const Dims& d = run_;
+  const int C = d.C;
+  check_tokens(memory_.device(), tok, d.N, d.V, "input");
+  float* x0 = s.x[0];
+  if (d.tp == 1 && wte.dtype == DType::f32) {
+    k_.encoder_forward(x0, tok, static_cast<const float*>(wte.data),
+                       static_cast<const float*>(wpe.data), d.B, d.T, C);
+    return;
+  }
+  float* rows = d.sp ? g_.partial : x0;
+  k_.embedding_rows(rows, tok, d.N, wte, d.Vl * part_.tp_rank, d.Vl, C);
+  if (d.sp)
+    scatter(tp, g_.partial, x0);
+  else if (d.tp > 1)
+    all_reduce_activation(tp, x0, d.N * C);
+  k_.add_positions(x0, wpe, d.Nl, d.row0, d.T, C);
+}
+
+void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* tok,
+                                     TensorParallelComm* tp) {
+  const Dims& d = run_;
+  const int C = d.C;
+  if (d.tp == 1 && gwte.dtype == DType::f32) {
+    k_.encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data), g_.dres,
+                        tok, d.B, d.T, C);
+    return;
+  }
+  k_.positions_backward(gwpe, g_.dres, d.Nl, d.row0, d.T, C);
+  if (d.sp) gather(tp, g_.dres, g_.full);
+  const float* full = d.sp ? g_.full : g_.dres;
+  k_.embedding_rows_backward(gwte, full, tok, d.N, d.Vl * part_.tp_rank, d.Vl, C);
+}
+
+// Vocab-parallel softmax cross-entropy over logits [N,Vl] (in probs): the row max and the
+// (sum of exp, target logit) pairs are all-reduced; the logits never leave the rank. These
+// reductions stay fp32 whatever the tp comm dtype: they are row statistics, not activations, a
+// bf16 log-sum-exp would put its rounding into every token's loss, and they are 3N floats
+// against the blocks' N x C (Megatron-LM keeps them fp32 too).
+void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
+                                      TensorParallelComm* tp) {
+  const std::size_t N = run_.N, Vl = run_.Vl;
+  float* mx = g_.ce;         // [N]
+  float* sum_t = g_.ce + N;  // [N] sums of exp | [N] target logit - max
+  k_.xent_row_max(mx, s.probs, N, Vl);
+  tp->all_reduce_max(view(mx, N));
+  k_.xent_exp(s.probs, sum_t, sum_t + N, mx, targets, Vl * part_.tp_rank, N, Vl);
+  tp->all_reduce_sum(view(sum_t, 2 * N));
+  k_.xent_normalise(s.probs, s.losses, sum_t, sum_t + N, N, Vl);
+}
+
+// bf16 parameters: the logits exist a chunk of rows at a time (g_.logits, head_chunk_rows); each
+// chunk's cross-entropy leaves its losses and bf16(softmax - onehot) in the slot's dlogits. At
+// tp > 1 the vocab-parallel steps and their all-reduces run per chunk (one chunk for small models,
+// so the same collectives as the fp32 path).
+void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,
+                                 TensorParallelComm* tp) {
+  const Dims& d = run_;
+  const std::size_t N = d.N, Vl = d.Vl, C = std::size_t(d.C), R = head_chunk_rows(d);
+  const std::size_t v0 = Vl * part_.tp_rank;
+  float* logits = g_.logits;
+  k_.round_to_bf16(g_.op_in, s.lnf_full, N * C);
+  for (std::size_t r0 = 0; r0 < N; r0 += R) {
+    const std::size_t rows = std::min(R, N - r0);
+    k_.gemm_bf16(false, true, int(rows), int(Vl), int(C), g_.op_in + r0 * C,
+                 static_cast<const bf16*>(wte.data), logits, DType::f32, false, g_.gemm_pad,
+                 g_.gemm_pad_bytes);
+    bf16* dlogits = s.dlogits + r0 * Vl;
+    float* losses = s.losses + r0;
+    const std::int32_t* tg = targets + r0;
+    if (d.tp == 1) {
+      k_.softmax_crossentropy_grad_bf16(dlogits, losses, logits, tg, rows, Vl);
+      continue;
+    }
+    float* mx = g_.ce;            // [rows]; fp32 statistics, as in vocab_parallel_xent
+    float* sum_t = g_.ce + rows;  // [rows] sums of exp | [rows] target logit - max
+    k_.xent_row_max(mx, logits, rows, Vl);
+    tp->all_reduce_max(view(mx, rows));
+    k_.xent_exp(logits, sum_t, sum_t + rows, mx, tg, v0, rows, Vl);
+    tp->all_reduce_sum(view(sum_t, 2 * rows));
+    k_.xent_normalise_grad_bf16(dlogits, losses, logits, sum_t, sum_t + rows, tg, v0, rows, Vl);
+  }
+}
+
+void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
+                               const std::int32_t* targets, TensorParallelComm* tp) {
+  const Dims& d = run_;
+  const int C = d.C;
+  check_tokens(memory_.device(), targets, d.N, d.V, "target");
+  SmallTensors small(k_, lnf, g_.small_params);
+  k_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
+                       small.param(C, C), int(d.Nl), C);
+  if (d.sp) gather(tp, s.lnf, s.lnf_full);
+  if (param_dtype_ == DType::bf16) {
+    head_xent_bf16(s, targets, wte, tp);
+    return;
+  }
+  matmul_forward(s.probs, s.lnf_full, wte, nullptr, int(d.N), C, int(d.Vl));
+  if (d.tp == 1)
+    k_.softmax_crossentropy_forward(s.probs, s.losses, s.probs, targets, int(d.N), d.V);
+  else
+    vocab_parallel_xent(s, targets, tp);
+}
+
+void ModelPasses::backward_head(SlotActs& s, BufferView lnf, BufferView wte, BufferView glnf,
+                                BufferView gwte, const std::int32_t* targets,
+                                TensorParallelComm* tp, float scale) {
+  const Dims& d = run_;
+  const int C = d.C;
+  const std::size_t N = d.N, Vl = d.Vl;
+  // Tied LM head: logits = lnf @ wte^T, so wte's gradient lands in the embedding's tensor.
+  if (param_dtype_ == DType::bf16) {  // the forward's bf16 (softmax - onehot), scaled in place
+    k_.scale_bf16(s.dlogits, scale, N * Vl);
+    matmul_backward_bf16(g_.partial, gwte, s.dlogits, s.lnf_full, wte, int(N), C, int(Vl));
+  } else {
+    k_.zero(g_.logits, N * Vl);
+    if (d.tp == 1)
+      k_.crossentropy_softmax_backward(g_.logits, s.probs, targets, scale, int(N), d.V);
+    else
+      k_.xent_backward_shard(g_.logits, s.probs, targets, Vl * part_.tp_rank, scale, N, Vl);
+    matmul_backward(g_.partial, gwte, nullptr, g_.logits, s.lnf_full, wte, int(N), C, int(Vl));
+  }
+  const float* dlnf = reduce_input_grad(tp);
+  k_.zero(g_.dres, d.Nl * C);
+  SmallTensors small(k_, lnf, g_.small_params), gsmall(k_, glnf, g_.small_grads);
+  k_.layernorm_backward(g_.dres, gsmall.grad(0, C), gsmall.grad(C, C), dlnf, s.x[d.blocks],
+                        small.param(0, C), s.lnf_mean, s.lnf_rstd, int(d.Nl), C);
+  gsmall.flush();
+}
+
+}  // namespace strata

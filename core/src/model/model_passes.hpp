@@ -1,0 +1,228 @@
+// The one implementation of the GPT-2 workload's computation: the activation plan (what a
+// micro-batch in flight keeps, what is shared scratch) and the passes of the embedding, a block
+// and the head, for any contiguous unit range, any tensor-parallel rank and size with or without
+// sequence parallelism, and every recompute mode. Model (the whole model at tp 1, one slot) and
+// StageModel (pipeline stages and chunks, tensor parallel, slots) are thin front ends over it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/kernels.hpp"
+#include "model/model_parts.hpp"
+#include "strata/comm.hpp"
+#include "strata/memory.hpp"
+#include "strata/model.hpp"
+#include "strata/stage_model.hpp"
+#include "strata/tensor_parallel.hpp"
+
+namespace strata {
+
+// How block tensor k (BlockTensor) is cut across tensor-parallel ranks.
+ShardKind block_shard(int k);
+
+// Throws ConfigError for a spec the model cannot be built from (defined in model.cpp).
+void validate_model_spec(const ModelSpec& spec);
+// Every check a partition needs before anything is allocated: the spec, micro-batch > 0, the unit
+// range, the tp rank, the tensor-parallel split, the recompute mode and the parameter dtype.
+void validate_partition(const ModelSpec& spec, int micro_batch, const Partition& part,
+                        Recompute recompute, DType param_dtype = DType::f32,
+                        Device device = Device::cpu);
+
+// Sizes of one partition for a micro-batch of B sequences. N = B*T token rows; Nl the rows of the
+// residual stream on this rank (N/tp with sequence parallelism).
+struct Dims {
+  int B, T, C, NH, V, tp, blocks;
+  bool sp, embedding, head;
+  // row0: first token row; att: floats of the attention's state (attention_state_floats)
+  std::size_t N, Nl, Cl, NHl, Vl, row0, att;
+  Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device);
+};
+
+// bf16 elements of ModelPasses' tp comm buffer: 0 at tp 1 or with fp32 tp comm.
+std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype);
+
+// With bf16 parameters the head's fp32 logits exist one chunk of token rows at a time, in the
+// shared scratch: as many rows as fit kHeadLogitsBudget bytes (at least 1, at most N).
+constexpr std::size_t kHeadLogitsBudget = std::size_t(256) << 20;
+std::size_t head_chunk_rows(const Dims& d);
+
+// One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
+struct BlockActs {
+  float *ln1, *ln1_mean, *ln1_rstd, *ln1_full;  // [Nl,C] [Nl] [Nl] [N,C] (= ln1 without sp)
+  float* qkv;                                   // [N,3Cl] this rank's heads of q | k | v
+  float* atty;                                  // [N,Cl]
+  float* att;   // the attention's state: [B,NHl,T,T] probabilities or [B,NHl,T] log-sum-exps
+  float* xmid;  // [Nl,C]  x_in + attention projection
+  float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;  // as ln1
+  float *fch, *fch_gelu;                        // [N,4Cl]
+  void carve(const Dims& d, bool with_att, Carver& c);
+};
+
+// Shared by all micro-batches, live only inside one pass call (dres: from one backward call to
+// the next). Both views of the union start at the same place; the larger one is kept:
+//   head view   fp32 parameters: logits [N,Vl] (the backward's d(logits)), ce [3N] (vocab-parallel
+//               cross-entropy, tp > 1); bf16 parameters: logits [R,Vl] and ce [3R], one chunk of
+//               R = head_chunk_rows token rows of the forward's logits and their row statistics
+//   block view  a [4N Cl]: d(fch_gelu), later d(qkv) (and the discarded attention output of a
+//               selective recompute); b [max(4N Cl, att)]: d(fch), later attention's d(att)
+//               scratch; then the shared recompute buffers: Recompute::selective one att,
+//               Recompute::full one whole BlockActs.
+// A block's forward writes the shared recompute buffers and nothing reads them afterwards (its
+// backward recomputes them), and the head's view is dead outside the head's passes, so the two
+// views can overlap.
+struct Scratch {
+  // bf16 parameters only (null otherwise): the matmuls' operands rounded to bf16, op_in for the
+  // input [N, max(C, 4Cl)], op_out for a block's d(output) [N, max(C, 4Cl)] (the head's d(logits)
+  // is already bf16, the slot's dlogits; no op_out without blocks); fp32 copies of a unit's
+  // small tensors (LayerNorm weights, biases) and of their gradients, small [6C + 7Cl] each.
+  // gemm_pad: the bf16 GEMMs' scratchpad, the largest any of this partition's needs (oneDNN's
+  // own figure, gemm_bf16_scratchpad_bytes), so that it is in the ledger and in predictions.
+  bf16 *op_in, *op_out;
+  float *small_params, *small_grads;
+  float* gemm_pad;
+  std::size_t gemm_pad_bytes;
+  float* dres;     // [Nl,C] d(residual stream), carried from the head down to the embedding
+  float* partial;  // [N,C] partial sums before a tp reduction (d(ln) inputs, d(atty), forward sp)
+  float* full;     // [N,C] all-gathered d(residual) (sequence parallel; else = dres)
+  float* shard;    // [Nl,C] reduce-scattered (sequence parallel; else = partial)
+  float *logits, *ce;
+  float *a, *b;
+  BlockActs shared;
+  void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);
+};
+
+// fp32 access to a unit's small tensors (LayerNorm weights, biases) whatever the unit's dtype:
+// its own memory when fp32; when bf16, parameters widened into the scratch and gradients summed
+// in the scratch, then added into the unit by flush() (rounded once per pass).
+class SmallTensors {
+ public:
+  SmallTensors(Kernels& k, BufferView unit, float* scratch)
+      : k_(k), unit_(unit), scratch_(scratch) {}
+  const float* param(std::size_t offset, std::size_t count);
+  float* grad(std::size_t offset, std::size_t count);  // accumulate into it
+  void flush();
+
+ private:
+  Kernels& k_;
+  BufferView unit_;
+  float* scratch_;
+  std::size_t used_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> grads_;  // (offset in unit, count)
+};
+
+// What one micro-batch in flight keeps from its forward to its backward.
+struct SlotActs {
+  std::vector<float*> x;  // residual stream [Nl,C]: x[0] input (or embedding output) .. x[blocks]
+  // Recompute::none: a set per block; selective: a set per block whose att is the shared one;
+  // full: every entry is the shared set (only x[l], the block's input, is kept).
+  std::vector<BlockActs> block;
+  float *lnf, *lnf_mean, *lnf_rstd, *lnf_full;  // head: [Nl,C] [Nl] [Nl] [N,C]
+  // The head's cross-entropy state, by parameter dtype (the other is null):
+  //   fp32  probs [N,Vl], the softmax; the backward forms d(logits) from it
+  //   bf16  dlogits [N,Vl] bf16(softmax - onehot(target)), written unscaled by the forward a chunk
+  //         of rows at a time, scaled in place by the backward and fed to its GEMMs as it is
+  float* probs;
+  bf16* dlogits;
+  float* losses;   // [N]
+  float* grad_in;  // [Nl,C] d(input), partitions without embedding
+  void carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch, Carver& c);
+};
+
+// The passes of one partition. Parameters and gradients are passed per unit (a block's tensors at
+// the block's local offsets, wte/wpe/lnf by pointer), so a front end keeps them where it likes.
+// Gradients accumulate (+=).
+class ModelPasses {
+ public:
+  struct Slot {
+    Buffer<float> memory;  // MemTag::activations
+    SlotActs acts;
+  };
+
+  // Validates, then allocates the shared scratch (MemTag::activations).
+  // param_dtype f32 or bf16 (MixedPrecision::param): the dtype of the parameter views the passes
+  // get; gradient views are f32, or bf16 with bf16 parameters.
+  // tp_comm_dtype f32 or bf16 (MixedPrecision::tp_comm): what the activation collectives move;
+  // bf16 at tp > 1 allocates the bf16 comm buffer (MemTag::comm_buffers, tp_comm_buffer_count).
+  // The compute runs on the kernels of the memory's device (device_kernels(memory.device())).
+  ModelPasses(const ModelSpec& spec, int micro_batch, const Partition& part, Recompute recompute,
+              DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory);
+  std::unique_ptr<Slot> make_slot();
+
+  const Dims& dims() const { return alloc_; }
+  Recompute recompute() const { return recompute_; }
+  DType param_dtype() const { return param_dtype_; }
+  // Offset of block tensor k (BlockTensor) from the block's first local element.
+  std::size_t block_offset(int k) const { return block_off_[k]; }
+  // Run the following passes on a micro-batch of `batch` sequences (at most the allocated one;
+  // exactly it when tp > 1).
+  void set_batch(int batch);
+  int batch() const { return run_.B; }
+  float* dres() { return g_.dres; }
+
+  // Parameters and gradients are views of a unit's elements (the embedding: wte and wpe; the
+  // head: lnf weight | bias, and wte). l: block index within the partition. forward_head also
+  // computes the per-token losses.
+  void forward_embedding(SlotActs& s, BufferView wte, BufferView wpe, const std::int32_t* inputs,
+                         TensorParallelComm* tp);
+  void forward_block(int l, SlotActs& s, BufferView p, TensorParallelComm* tp,
+                     bool recomputing = false);
+  void forward_head(SlotActs& s, BufferView lnf, BufferView wte, const std::int32_t* targets,
+                    TensorParallelComm* tp);
+  // dres() holds d(output) on entry of a block's backward and d(input) on return.
+  void backward_head(SlotActs& s, BufferView lnf, BufferView wte, BufferView glnf, BufferView gwte,
+                     const std::int32_t* targets, TensorParallelComm* tp, float grad_scale);
+  void backward_block(int l, SlotActs& s, BufferView p, BufferView g, TensorParallelComm* tp);
+  void backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* inputs,
+                          TensorParallelComm* tp);
+  // Sum of the per-token losses of the first `rows` token rows (after forward_head).
+  double loss_sum(const SlotActs& s, std::size_t rows) const;
+
+ private:
+  // The activation collectives (never called at tp 1), in the tp comm dtype: fp32 in place, or
+  // rounded into comm_, moved as bf16 and widened back.
+  void all_reduce_activation(TensorParallelComm* tp, float* data, std::size_t n);
+  void gather(TensorParallelComm* tp, const float* shard, float* full);
+  void scatter(TensorParallelComm* tp, float* full, float* shard);
+  void row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
+                    const float* bias, int icl);
+  // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias), and gelu_out = GELU(out) when given: sgemm for
+  // f32 weights, for bf16 ones Kernels::matmul_bf16_forward (bf16 operands, fp32 accumulation;
+  // bias and GELU in cuBLASLt's epilogue on a GPU).
+  void matmul_forward(float* out, const float* inp, BufferView w, const float* bias, int N, int C,
+                      int OC, float* gelu_out = nullptr);
+  // dinp[N,C] = dout @ w (overwritten: a bf16 GEMM writes it with beta 0, no zeroing pass);
+  // dw[OC,C] += dout^T @ inp (dw f32 or bf16); dbias += sum_n dout.
+  void matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
+                       const float* inp, BufferView w, int N, int C, int OC);
+  // The same for bf16 weights and a d(output) already in bf16 (no bias): inp rounded to bf16.
+  void matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout, const float* inp,
+                            BufferView w, int N, int C, int OC);
+  // matmul_backward of d(output) = GELU'(pre_gelu) * dgelu [N,OC], formed in scratch b; with bf16
+  // weights in one pass that writes the bf16 operand and the bias gradient
+  // (Kernels::gelu_backward_bf16_bias_grad), never the fp32 d(output).
+  void gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
+                            const float* pre_gelu, const float* inp, BufferView w, int N, int C,
+                            int OC);
+  float* reduce_input_grad(TensorParallelComm* tp);
+  void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
+  void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,
+                      TensorParallelComm* tp);
+
+  ModelSpec spec_;
+  Partition part_;
+  Recompute recompute_;
+  DType param_dtype_;
+  Dims alloc_, run_;
+  MemoryLedger& memory_;
+  std::size_t block_off_[kBlockTensors] = {};
+  Buffer<float> scratch_memory_;
+  Scratch g_;
+  // bf16 tp comm only (else empty): [N,C] for an all-reduce or a gather's full rows, then with
+  // sequence parallelism [Nl,C] for a reduce-scatter's output (not in place: MPI's is not).
+  Buffer<bf16> comm_;
+  Kernels& k_;
+};
+
+}  // namespace strata

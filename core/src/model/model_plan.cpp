@@ -1,0 +1,268 @@
+// The plan side of the one model implementation (model_passes.hpp): how a partition's tensors are
+// cut across tensor-parallel ranks, the checks before anything is allocated, the partition's
+// sizes, the activation plan (the same carve sizes the buffers and lays them out, so
+// predict_activations is exact by construction) and the bytes of the tensor-parallel collectives.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cpu/gemm_bf16.hpp"
+#include "model/model_passes.hpp"
+#include "strata/types.hpp"
+
+namespace strata {
+
+ShardKind block_shard(int k) {
+  switch (k) {
+    case kQkvW:
+    case kQkvB:
+      return ShardKind::qkv_rows;
+    case kFcW:
+    case kFcB:
+      return ShardKind::rows;
+    case kProjW:
+    case kFcprojW:
+      return ShardKind::columns;
+    default:
+      return ShardKind::replicated;
+  }
+}
+
+void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool sp) {
+  auto need = [&](int value, const char* what) {
+    if (value % tp != 0)
+      throw ConfigError("--mesh tp=" + std::to_string(tp) + ": must divide the model's " + what +
+                        " (" + std::to_string(value) + ")");
+  };
+  if (tp < 1) throw ConfigError("--mesh tp=" + std::to_string(tp) + ": must be >= 1");
+  need(s.heads, "heads");
+  need(s.hidden, "hidden size");
+  need(s.vocab, "vocabulary (the embedding is vocab-parallel)");
+  if (sp && (micro_batch * s.seq) % tp != 0)
+    throw ConfigError("--plugin-opt sp=on: tp=" + std::to_string(tp) +
+                      " must divide micro-batch x seq (" + std::to_string(micro_batch * s.seq) +
+                      " token rows)");
+}
+
+void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute r,
+                        DType param_dtype, Device device) {
+  validate_model_spec(s);
+  if (B <= 0) throw ConfigError("model: micro-batch must be positive, got " + std::to_string(B));
+  const int L = s.layers;
+  if (p.first_unit < 0 || p.last_unit > L + 1 || p.first_unit > p.last_unit)
+    throw Error("model: unit range [" + std::to_string(p.first_unit) + ", " +
+                std::to_string(p.last_unit) + "] outside [0, " + std::to_string(L + 1) + "]");
+  if (p.tp_rank < 0 || p.tp_rank >= p.tp_size)
+    throw Error("model: tp rank " + std::to_string(p.tp_rank) + " of " + std::to_string(p.tp_size));
+  validate_tensor_parallel(s, B, p.tp_size, p.sequence_parallel);
+  if (r != Recompute::none && r != Recompute::full && r != Recompute::selective)
+    throw ConfigError("model: recompute must be one of none, full, selective; got value " +
+                      std::to_string(int(r)));
+  if (param_dtype != DType::f32 && param_dtype != DType::bf16)
+    throw ConfigError(std::string("model: parameters in ") + dtype_name(param_dtype) +
+                      "; fp32 or bf16 are allowed");
+  if (param_dtype == DType::bf16 && device == Device::cpu && !cpu::have_bf16_gemm())
+    throw ConfigError("--precision bf16: this build of the CPU backend has no oneDNN",
+                      "install libdnnl-dev (scripts/install-deps.sh) and rebuild");
+}
+
+Partition whole_model(const ModelSpec& spec) { return {0, spec.layers + 1, 1, 0, false}; }
+
+Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device)
+    : B(micro_batch), T(s.seq), C(s.hidden), NH(s.heads), V(s.vocab), tp(p.tp_size) {
+  const int L = s.layers;
+  blocks = std::max(0, std::min(p.last_unit, L) - std::max(p.first_unit, 1) + 1);
+  embedding = p.first_unit == 0;
+  head = p.last_unit == L + 1;
+  sp = p.sequence_parallel && tp > 1;
+  N = std::size_t(B) * T;
+  Nl = sp ? N / tp : N;
+  Cl = std::size_t(C) / tp;
+  NHl = std::size_t(NH) / tp;
+  Vl = std::size_t(V) / tp;
+  row0 = sp ? Nl * p.tp_rank : 0;
+  att = attention_state_floats(device, B, T, int(Cl), int(NHl));
+}
+
+std::size_t head_chunk_rows(const Dims& d) {
+  const std::size_t row_bytes = std::max<std::size_t>(d.Vl, 1) * sizeof(float);
+  return std::clamp<std::size_t>(kHeadLogitsBudget / row_bytes, 1, std::max<std::size_t>(d.N, 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The activation plan: the same carve sizes the buffers (null base) and lays them out.
+
+void BlockActs::carve(const Dims& d, bool with_att, Carver& c) {
+  const std::size_t N = d.N, Nl = d.Nl, C = d.C;
+  ln1 = c.take(Nl * C);
+  ln1_mean = c.take(Nl);
+  ln1_rstd = c.take(Nl);
+  ln1_full = d.sp ? c.take(N * C) : ln1;
+  qkv = c.take(3 * N * d.Cl);
+  atty = c.take(N * d.Cl);
+  att = with_att ? c.take(d.att) : nullptr;
+  xmid = c.take(Nl * C);
+  ln2 = c.take(Nl * C);
+  ln2_mean = c.take(Nl);
+  ln2_rstd = c.take(Nl);
+  ln2_full = d.sp ? c.take(N * C) : ln2;
+  fch = c.take(4 * N * d.Cl);
+  fch_gelu = c.take(4 * N * d.Cl);
+}
+
+// The largest scratchpad of the bf16 GEMMs a partition issues: for each matmul (inputs IC ->
+// outputs OC over N token rows) the forward, d(input) and d(weight) (f32 or bf16 gradients).
+// Asking creates the GEMMs' primitives, so a model sized before a run compiles nothing later.
+std::size_t bf16_gemm_scratchpad(const Dims& d) {
+  std::vector<std::pair<std::size_t, std::size_t>> matmuls;  // (IC, OC)
+  const std::size_t C = d.C, Cl = d.Cl;
+  if (d.blocks > 0) matmuls = {{C, 3 * Cl}, {Cl, C}, {C, 4 * Cl}, {4 * Cl, C}};
+  if (d.head) matmuls.emplace_back(C, d.Vl);
+  const int N = int(d.N);
+  std::size_t most = 0;
+  if (d.head)  // the head's forward, a chunk of rows at a time (forward_head)
+    most = cpu::gemm_bf16_scratchpad_bytes(false, true, int(head_chunk_rows(d)), int(d.Vl), int(C),
+                                           DType::f32, false);
+  for (auto [ic, oc] : matmuls) {
+    const int IC = int(ic), OC = int(oc);
+    for (std::size_t bytes :
+         {cpu::gemm_bf16_scratchpad_bytes(false, true, N, OC, IC, DType::f32, false),
+          cpu::gemm_bf16_scratchpad_bytes(false, false, N, IC, OC, DType::f32, false),
+          cpu::gemm_bf16_scratchpad_bytes(true, false, OC, IC, N, DType::f32, true),
+          cpu::gemm_bf16_scratchpad_bytes(true, false, OC, IC, N, DType::bf16, true)})
+      most = std::max(most, bytes);
+  }
+  return most;
+}
+
+namespace {
+// n bf16 elements from a float carve (rounded up to whole floats).
+bf16* take_bf16(Carver& c, std::size_t n) { return reinterpret_cast<bf16*>(c.take((n + 1) / 2)); }
+}  // namespace
+
+void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
+  const std::size_t N = d.N, C = d.C;
+  op_in = op_out = nullptr;
+  small_params = small_grads = gemm_pad = nullptr;
+  gemm_pad_bytes = 0;
+  const bool bf16_params = param_dtype == DType::bf16;
+  if (bf16_params) {
+    const std::size_t widest = std::max<std::size_t>(C, 4 * d.Cl);
+    op_in = take_bf16(c, N * widest);
+    // The head's d(logits) is the slot's bf16 dlogits: op_out serves the blocks' matmuls only.
+    op_out = d.blocks > 0 ? take_bf16(c, N * widest) : nullptr;
+    const std::size_t small = d.blocks > 0 ? 6 * C + 7 * d.Cl : 2 * C;
+    small_params = c.take(small);
+    small_grads = c.take(small);
+    gemm_pad_bytes = bf16_gemm_scratchpad(d);
+    gemm_pad = c.take((gemm_pad_bytes + sizeof(float) - 1) / sizeof(float));
+  }
+  dres = c.take(d.Nl * C);
+  partial = c.take(N * C);
+  full = d.sp ? c.take(N * C) : dres;
+  shard = d.sp ? c.take(d.Nl * C) : partial;
+  Carver head{c.base, c.used}, block{c.base, c.used};
+  logits = ce = a = b = nullptr;
+  shared = BlockActs{};
+  if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
+    const std::size_t rows = bf16_params ? head_chunk_rows(d) : N;
+    logits = head.take(rows * d.Vl);
+    if (d.tp > 1) ce = head.take(3 * rows);
+  }
+  if (d.blocks > 0) {
+    a = block.take(4 * N * d.Cl);
+    b = block.take(std::max(4 * N * d.Cl, d.att));
+    if (r == Recompute::full) shared.carve(d, true, block);
+    if (r == Recompute::selective) shared.att = block.take(d.att);
+  }
+  c.used = std::max(head.used, block.used);
+}
+
+void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch,
+                     Carver& c) {
+  const std::size_t N = d.N, Nl = d.Nl, C = d.C;
+  x.resize(d.blocks + 1);
+  for (auto& p : x) p = c.take(Nl * C);
+  block.resize(d.blocks);
+  for (BlockActs& b : block) {
+    if (r == Recompute::full) {
+      b = scratch.shared;
+      continue;
+    }
+    b.carve(d, r == Recompute::none, c);
+    if (r == Recompute::selective) b.att = scratch.shared.att;
+  }
+  lnf = lnf_mean = lnf_rstd = lnf_full = probs = losses = nullptr;
+  dlogits = nullptr;
+  if (d.head) {
+    lnf = c.take(Nl * C);
+    lnf_mean = c.take(Nl);
+    lnf_rstd = c.take(Nl);
+    lnf_full = d.sp ? c.take(N * C) : lnf;
+    if (param_dtype == DType::bf16)
+      dlogits = take_bf16(c, N * d.Vl);
+    else
+      probs = c.take(N * d.Vl);
+    losses = c.take(N);
+  }
+  grad_in = d.embedding ? nullptr : c.take(Nl * C);
+}
+
+ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partition& part,
+                                    Recompute r, DType param_dtype, Device device) {
+  validate_partition(spec, B, part, r, param_dtype, device);
+  const Dims d(spec, B, part, device);
+  Carver scratch, slot;
+  Scratch g;
+  g.carve(d, r, param_dtype, scratch);
+  SlotActs().carve(d, r, param_dtype, g, slot);
+  return {slot.used * sizeof(float), scratch.used * sizeof(float)};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype) {
+  if (d.tp == 1 || tp_comm_dtype == DType::f32) return 0;
+  return d.N * d.C + (d.sp ? d.Nl * d.C : 0);
+}
+
+std::uint64_t StageModel::tp_comm_buffer_bytes(const ModelSpec& spec, int B, const Partition& part,
+                                               DType tp_comm_dtype) {
+  const Dims d(spec, B, part, Device::cpu);  // the same on any device
+  return tp_comm_buffer_count(d, tp_comm_dtype) * dtype_size(tp_comm_dtype);
+}
+
+std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, int B, int unit,
+                                                        bool backward, int tp, bool sp, Recompute r,
+                                                        DType tp_comm_dtype) {
+  if (tp == 1) return {};
+  // One [N,C] activation in the tp comm dtype; the cross-entropy's statistics are always fp32:
+  // the row max, then the (sum of exp, target) pairs.
+  const double N = double(B) * spec.seq;
+  const double E = N * spec.hidden * double(dtype_size(tp_comm_dtype));
+  const PassCollective ar{CommOp::all_reduce, E}, ag{CommOp::all_gather, E},
+      rs{CommOp::reduce_scatter, E}, max{CommOp::all_reduce, N * sizeof(float)},
+      sums{CommOp::all_reduce, 2 * N * sizeof(float)};
+  const bool embedding = unit == 0, head = unit == spec.layers + 1;
+  // Embedding: its output reduced (sp: reduce-scattered) forward, gathered backward under sp.
+  if (embedding)
+    return backward ? (sp ? std::vector{ag} : std::vector<PassCollective>{})
+                    : std::vector{sp ? rs : ar};
+  // Head: its input gathered (sp) forward and the cross-entropy's statistics; backward its input
+  // gradient reduced (sp: reduce-scattered).
+  if (head)
+    return backward ? std::vector{sp ? rs : ar}
+                    : (sp ? std::vector{ag, max, sums} : std::vector{max, sums});
+  // A block: attention and MLP outputs reduced forward and their input gradients backward (sp: an
+  // all-gather before and a reduce-scatter after each tp region); a full recompute repeats the
+  // forward up to FC1 in backward: the attention's reduction and, under sp, the two gathers.
+  const bool again = backward && r == Recompute::full;
+  if (!sp) return again ? std::vector{ar, ar, ar} : std::vector{ar, ar};
+  std::vector<PassCollective> c{ag, rs, ag, rs};
+  if (again) c.insert(c.end(), {ag, rs, ag});
+  return c;
+}
+
+}  // namespace strata

@@ -1,0 +1,411 @@
+// StageModel: a unit range of the GPT-2 workload split across a tensor-parallel group (see
+// strata/stage_model.hpp): its tensor table, sliced initialisation and activation slots, on the
+// passes in model_passes.cpp (the same code Model runs, so tp 1 stages are bitwise equal to it).
+#include "strata/stage_model.hpp"
+
+#include <algorithm>
+
+#include "backends/backend.hpp"
+#include "model/model_passes.hpp"
+#include "strata/device.hpp"
+#include "strata/types.hpp"
+
+namespace strata {
+
+struct StageModel::Impl {
+  ModelSpec spec;
+  ParamLayout layout;
+  Partition part;
+  Dims d;
+  std::vector<LocalTensor> tensors;
+  std::size_t count = 0;
+  std::vector<std::size_t> block_start;  // local offset of each block's first element
+  std::vector<std::size_t> unit_start;   // local offset of each local unit's first element
+  std::size_t wte_off = 0, wpe_off = 0, lnf_off = 0;
+  bool have_wte = false;
+  std::unique_ptr<ModelPasses> passes;
+  MemoryLedger* memory = nullptr;
+  struct Slot {
+    std::unique_ptr<ModelPasses::Slot> acts;
+    Buffer<std::int32_t> tokens;  // inputs [N] | targets [N]
+    bool busy = false;
+  };
+  std::vector<std::unique_ptr<Slot>> slots;
+
+  // memory = null builds only the tensor table (for predictions).
+  Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r, DType dt,
+       DType tp_comm = DType::f32)
+      : spec(s),
+        layout(s),
+        part(p),
+        d((validate_partition(s, B, p, r, dt, m ? m->device() : Device::cpu),
+           Dims(s, B, p, m ? m->device() : Device::cpu))),
+        memory(m) {
+    build_tensors();
+    if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, tp_comm, *m);
+  }
+
+  std::size_t local_count(const TensorInfo& t, ShardKind k) const {
+    return k == ShardKind::replicated ? t.count : t.count / part.tp_size;
+  }
+
+  void add(int global, ShardKind shard, bool tied_copy = false) {
+    const TensorInfo& t = layout.tensors()[global];
+    LocalTensor lt;
+    lt.global = global;
+    lt.offset = count;
+    lt.shard = shard;
+    lt.count = local_count(t, shard);
+    lt.decay = t.decay;
+    lt.tied_copy = tied_copy;
+    count += lt.count;
+    tensors.push_back(lt);
+  }
+
+  void build_tensors() {
+    const int L = spec.layers;
+    for (int u = part.first_unit; u <= part.last_unit; ++u) {
+      const UnitInfo& unit = layout.units()[u];
+      unit_start.push_back(count);
+      if (u == 0) {
+        wte_off = count;
+        have_wte = true;
+        add(unit.first_tensor, ShardKind::rows);
+        wpe_off = count;
+        add(unit.first_tensor + 1, ShardKind::replicated);
+      } else if (u <= L) {
+        block_start.push_back(count);
+        for (int k = 0; k < kBlockTensors; ++k) add(unit.first_tensor + k, block_shard(k));
+      } else {
+        if (!have_wte) {  // the LM head's own copy of the tied embedding
+          wte_off = count;
+          have_wte = true;
+          add(layout.units()[0].first_tensor, ShardKind::rows, true);
+        }
+        lnf_off = count;
+        add(unit.first_tensor, ShardKind::replicated);
+        add(unit.first_tensor + 1, ShardKind::replicated);
+      }
+    }
+  }
+
+  // The global elements of one local tensor, in local order. Each slice is initialised in place
+  // (init_params of any range equals that range of a full initialisation), so no temporary of
+  // the full tensor is needed (gpt2-124m's wte would be 154 MiB outside the ledger).
+  void init_tensor(const LocalTensor& lt, std::uint64_t seed, BufferView out) const {
+    const TensorInfo& t = layout.tensors()[lt.global];
+    const std::size_t r = part.tp_rank, tp = part.tp_size;
+    auto init = [&](std::size_t first, std::size_t n, std::size_t at) {  // t's [first, +n) to at
+      strata::init_params(layout, seed, t.offset + first, slice(out, at, n));
+    };
+    if (lt.shard == ShardKind::replicated) {
+      init(0, t.count, 0);
+    } else if (lt.shard == ShardKind::rows) {  // contiguous
+      init(r * lt.count, lt.count, 0);
+    } else if (lt.shard == ShardKind::qkv_rows) {  // [3C(, C)]: rows r*Cl.. of each of q, k, v
+      const std::size_t third = t.count / 3, part_n = third / tp;
+      for (std::size_t i = 0; i < 3; ++i) init(i * third + r * part_n, part_n, i * part_n);
+    } else {  // columns of [OC, IC]: columns r*ICl.. of every row
+      const std::size_t oc = t.shape[0], ic = t.shape[1], icl = ic / tp;
+      for (std::size_t o = 0; o < oc; ++o) init(o * ic + r * icl, icl, o * icl);
+    }
+  }
+
+  // The local buffer's view, checked: param_count() elements, parameters in the passes' dtype,
+  // gradients also in fp32.
+  BufferView local(BufferView v, bool grads) const {
+    const DType want = passes->param_dtype();
+    const Device device = memory ? memory->device() : Device::cpu;
+    if (!v.data || v.count != count || v.device != device ||
+        !(v.dtype == want || (grads && v.dtype == DType::f32)))
+      throw Error("StageModel: " + std::string(grads ? "gradients" : "parameters") +
+                  ": a view of " + std::to_string(v.count) + " " + dtype_name(v.dtype) +
+                  " elements on " + device_name(v.device) + ", need " + std::to_string(count) +
+                  " " + dtype_name(want) + " on " + device_name(device));
+    return v;
+  }
+  // The local elements [offset, offset + n) inside a unit's view that starts at local `base`.
+  BufferView at(BufferView unit, std::size_t base, std::size_t offset, std::size_t n) const {
+    return slice(unit, offset - base, n);
+  }
+  BufferView wte(BufferView v) const { return slice(v, wte_off, d.Vl * d.C); }
+  BufferView wpe(BufferView v) const { return slice(v, wpe_off, std::size_t(d.T) * d.C); }
+  BufferView lnf(BufferView v) const { return slice(v, lnf_off, 2 * std::size_t(d.C)); }
+  BufferView block(BufferView v, int l) const {
+    const std::size_t end = l + 1 < int(block_start.size()) ? block_start[l + 1] : v.count;
+    return slice(v, block_start[l], end - block_start[l]);
+  }
+
+  // Checks a forward's collectives and micro-batch, copies its tokens (if the partition reads
+  // them) into the slot; returns the slot.
+  Slot& begin_forward(int i, const MicroBatch& mb, TensorParallelComm* tp, bool tokens) {
+    if (d.tp > 1 && (!tp || tp->size() != d.tp))
+      throw Error("StageModel: needs tensor-parallel collectives over a group of size " +
+                  std::to_string(d.tp));
+    if (mb.batch != d.B || mb.seq != d.T || (tokens && (!mb.inputs || !mb.targets)))
+      throw Error("StageModel: micro-batch " + std::to_string(mb.batch) + "x" +
+                  std::to_string(mb.seq) + " does not match " + std::to_string(d.B) + "x" +
+                  std::to_string(d.T) + (tokens ? " with tokens" : ""));
+    Slot& s = slot(i);
+    if (tokens) {  // the micro-batch's tokens are on the run's device (Context::micro_batch)
+      const Device dev = memory->device();
+      copy_bytes(dev, s.tokens.data(), mb.inputs, d.N * sizeof(std::int32_t));
+      copy_bytes(dev, s.tokens.data() + d.N, mb.targets, d.N * sizeof(std::int32_t));
+    }
+    return s;
+  }
+
+  Slot& slot(int i) {
+    if (i < 0 || i >= int(slots.size()) || !slots[i]->busy)
+      throw Error("StageModel: slot " + std::to_string(i) + " is not acquired");
+    return *slots[i];
+  }
+};
+
+StageModel::StageModel(const ModelSpec& spec, int micro_batch, const Partition& part,
+                       MemoryLedger& memory, Recompute recompute, DType param_dtype,
+                       DType tp_comm_dtype)
+    : impl_(std::make_unique<Impl>(spec, micro_batch, part, &memory, recompute, param_dtype,
+                                   tp_comm_dtype)) {}
+StageModel::~StageModel() = default;
+
+const Partition& StageModel::partition() const { return impl_->part; }
+Recompute StageModel::recompute() const { return impl_->passes->recompute(); }
+DType StageModel::param_dtype() const { return impl_->passes->param_dtype(); }
+bool StageModel::has_embedding() const { return impl_->d.embedding; }
+bool StageModel::has_head() const { return impl_->d.head; }
+bool StageModel::needs_tokens() const { return impl_->d.embedding || impl_->d.head; }
+const std::vector<LocalTensor>& StageModel::tensors() const { return impl_->tensors; }
+std::size_t StageModel::param_count() const { return impl_->count; }
+std::size_t StageModel::wte_offset() const { return impl_->wte_off; }
+std::size_t StageModel::wte_count() const { return impl_->have_wte ? impl_->d.Vl * impl_->d.C : 0; }
+std::size_t StageModel::boundary_count() const { return impl_->d.Nl * impl_->d.C; }
+std::size_t StageModel::boundary_count(const ModelSpec& spec, int B, const Partition& part) {
+  const Dims d(spec, B, part, Device::cpu);  // the boundary is the same on any device
+  return d.Nl * d.C;
+}
+
+void StageModel::init_params(std::uint64_t seed, BufferView params) const {
+  if (params.count != impl_->count)
+    throw Error("StageModel::init_params: " + std::to_string(params.count) + " elements, need " +
+                std::to_string(impl_->count));
+  for (const LocalTensor& lt : impl_->tensors)
+    impl_->init_tensor(lt, seed, slice(params, lt.offset, lt.count));
+}
+
+std::vector<AdamWSegment> StageModel::adamw_segments() const {
+  std::vector<AdamWSegment> s;
+  for (const LocalTensor& lt : impl_->tensors) s.push_back({lt.count, lt.decay});
+  return s;
+}
+
+std::vector<const LocalTensor*> StageModel::tp_partial_grads() const {
+  std::vector<const LocalTensor*> r;
+  if (!impl_->d.sp) return r;
+  for (const LocalTensor& lt : impl_->tensors)
+    if (lt.shard == ShardKind::replicated) r.push_back(&lt);
+  return r;
+}
+
+double StageModel::grad_sum_of_squares(BufferView grads) const {
+  double s = 0;
+  for (const LocalTensor& lt : impl_->tensors)
+    if (in_grad_norm(lt))
+      s += device_ops(grads.device).sum_of_squares(slice(grads, lt.offset, lt.count));
+  return s;
+}
+
+bool StageModel::in_grad_norm(const LocalTensor& t) const {
+  return !t.tied_copy && !(t.shard == ShardKind::replicated && impl_->part.tp_rank != 0);
+}
+
+int StageModel::acquire_slot() {
+  Impl& m = *impl_;
+  for (std::size_t i = 0; i < m.slots.size(); ++i)
+    if (!m.slots[i]->busy) {
+      m.slots[i]->busy = true;
+      return int(i);
+    }
+  auto s = std::make_unique<Impl::Slot>();
+  s->acts = m.passes->make_slot();
+  s->tokens = Buffer<std::int32_t>(*m.memory, MemTag::workspace, 2 * m.d.N);
+  s->busy = true;
+  m.slots.push_back(std::move(s));
+  return int(m.slots.size()) - 1;
+}
+
+void StageModel::release_slot(int slot) { impl_->slot(slot).busy = false; }
+int StageModel::slots_allocated() const { return int(impl_->slots.size()); }
+float* StageModel::input(int slot) { return impl_->slot(slot).acts->acts.x[0]; }
+const float* StageModel::output(int slot) const {
+  return impl_->slot(slot).acts->acts.x[impl_->d.blocks];
+}
+float* StageModel::output_grad() { return impl_->passes->dres(); }
+const float* StageModel::input_grad(int slot) const { return impl_->slot(slot).acts->acts.grad_in; }
+
+void StageModel::forward(int slot, BufferView params, const MicroBatch& mb,
+                         TensorParallelComm* tp) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  Impl::Slot& s = m.begin_forward(slot, mb, tp, needs_tokens());
+  const std::int32_t* inputs = s.tokens.data();
+  const std::int32_t* targets = inputs + d.N;
+  ModelPasses& passes = *m.passes;
+  SlotActs& acts = s.acts->acts;
+  const BufferView p = m.local(params, false);
+  if (d.embedding) passes.forward_embedding(acts, m.wte(p), m.wpe(p), inputs, tp);
+  for (int l = 0; l < d.blocks; ++l) passes.forward_block(l, acts, m.block(p, l), tp);
+  if (d.head) passes.forward_head(acts, m.lnf(p), m.wte(p), targets, tp);
+}
+
+void StageModel::backward(int slot, BufferView params, BufferView grads, TensorParallelComm* tp,
+                          float grad_scale) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  Impl::Slot& s = m.slot(slot);
+  const std::int32_t* inputs = s.tokens.data();
+  const std::int32_t* targets = inputs + d.N;
+  ModelPasses& passes = *m.passes;
+  SlotActs& acts = s.acts->acts;
+  const BufferView p = m.local(params, false), g = m.local(grads, true);
+  if (d.head)
+    passes.backward_head(acts, m.lnf(p), m.wte(p), m.lnf(g), m.wte(g), targets, tp, grad_scale);
+  for (int l = d.blocks - 1; l >= 0; --l)
+    passes.backward_block(l, acts, m.block(p, l), m.block(g, l), tp);
+  if (d.embedding)
+    passes.backward_embedding(m.wte(g), m.wpe(g), inputs, tp);
+  else
+    copy_bytes(m.memory->device(), acts.grad_in, passes.dres(), d.Nl * d.C * sizeof(float));
+}
+
+std::pair<std::size_t, std::size_t> StageModel::unit_range(int unit) const {
+  const Impl& m = *impl_;
+  const int i = unit - m.part.first_unit;
+  if (i < 0 || i >= int(m.unit_start.size()))
+    throw Error("StageModel::unit_range: unit " + std::to_string(unit) +
+                " is not in the partition");
+  const std::size_t end = i + 1 < int(m.unit_start.size()) ? m.unit_start[i + 1] : m.count;
+  return {m.unit_start[i], end - m.unit_start[i]};
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> StageModel::unit_ranges(const ModelSpec& spec,
+                                                                         const Partition& part) {
+  Partition p = part;
+  p.sequence_parallel = false;
+  const Impl m(spec, 1, p, nullptr, Recompute::none, DType::f32);
+  std::vector<std::pair<std::size_t, std::size_t>> r;
+  for (std::size_t i = 0; i < m.unit_start.size(); ++i) {
+    const std::size_t end = i + 1 < m.unit_start.size() ? m.unit_start[i + 1] : m.count;
+    r.emplace_back(m.unit_start[i], end - m.unit_start[i]);
+  }
+  return r;
+}
+
+namespace {
+// A unit's view, checked against its range, in the partition's local order.
+BufferView unit_view(const StageModel& sm, const StageModel::UnitAccess& a, int unit, bool grads) {
+  const BufferView v = a.acquire(unit);
+  const std::size_t n = sm.unit_range(unit).second;
+  if (!v.data || v.count != n)
+    throw Error(std::string("StageModel: unit ") + std::to_string(unit) +
+                (grads ? " gradients" : " parameters") + ": a view of " + std::to_string(v.count) +
+                " elements, need " + std::to_string(n));
+  return v;
+}
+}  // namespace
+
+void StageModel::forward(int slot, const UnitAccess& params, const MicroBatch& mb,
+                         TensorParallelComm* tp) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  const int first = m.part.first_unit, head_unit = m.part.last_unit;
+  Impl::Slot& s = m.begin_forward(slot, mb, tp, needs_tokens());
+  const std::int32_t* inputs = s.tokens.data();
+  const std::int32_t* targets = inputs + d.N;
+  ModelPasses& passes = *m.passes;
+  SlotActs& acts = s.acts->acts;
+  BufferView e;  // the embedding unit: its wte is the head's too
+  if (d.embedding) {
+    e = unit_view(*this, params, 0, false);
+    passes.forward_embedding(acts, m.at(e, 0, m.wte_off, d.Vl * d.C),
+                             m.at(e, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
+  }
+  const int block0 = d.embedding ? first + 1 : first;
+  for (int l = 0; l < d.blocks; ++l) {
+    passes.forward_block(l, acts, unit_view(*this, params, block0 + l, false), tp);
+    params.release(block0 + l);
+  }
+  if (d.head) {
+    const BufferView h = unit_view(*this, params, head_unit, false);
+    const std::size_t hb = unit_range(head_unit).first;
+    const BufferView wte =
+        d.embedding ? m.at(e, 0, m.wte_off, d.Vl * d.C) : m.at(h, hb, m.wte_off, d.Vl * d.C);
+    passes.forward_head(acts, m.at(h, hb, m.lnf_off, 2 * std::size_t(d.C)), wte, targets, tp);
+    params.release(head_unit);
+  }
+  if (d.embedding) params.release(0);
+}
+
+void StageModel::backward(int slot, const UnitAccess& params, const UnitAccess& grads,
+                          TensorParallelComm* tp, float grad_scale) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  const int first = m.part.first_unit, head_unit = m.part.last_unit;
+  Impl::Slot& s = m.slot(slot);
+  const std::int32_t* inputs = s.tokens.data();
+  const std::int32_t* targets = inputs + d.N;
+  ModelPasses& passes = *m.passes;
+  SlotActs& acts = s.acts->acts;
+  const std::size_t wte_n = d.Vl * d.C, lnf_n = 2 * std::size_t(d.C);
+  BufferView ep, eg;  // the embedding unit, held from the head's backward to its own
+  if (d.embedding) {
+    if (d.head) ep = unit_view(*this, params, 0, false);
+    eg = unit_view(*this, grads, 0, true);
+  }
+  if (d.head) {
+    const BufferView hp = unit_view(*this, params, head_unit, false),
+                     hg = unit_view(*this, grads, head_unit, true);
+    const std::size_t hb = unit_range(head_unit).first;
+    const BufferView wp =
+        d.embedding ? m.at(ep, 0, m.wte_off, wte_n) : m.at(hp, hb, m.wte_off, wte_n);
+    const BufferView wg =
+        d.embedding ? m.at(eg, 0, m.wte_off, wte_n) : m.at(hg, hb, m.wte_off, wte_n);
+    passes.backward_head(acts, m.at(hp, hb, m.lnf_off, lnf_n), wp, m.at(hg, hb, m.lnf_off, lnf_n),
+                         wg, targets, tp, grad_scale);
+    params.release(head_unit);
+    grads.release(head_unit);
+  }
+  const int block0 = d.embedding ? first + 1 : first;
+  for (int l = d.blocks - 1; l >= 0; --l) {
+    const BufferView p = unit_view(*this, params, block0 + l, false),
+                     g = unit_view(*this, grads, block0 + l, true);
+    passes.backward_block(l, acts, p, g, tp);
+    params.release(block0 + l);
+    grads.release(block0 + l);
+  }
+  if (d.embedding) {
+    passes.backward_embedding(m.at(eg, 0, m.wte_off, wte_n),
+                              m.at(eg, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
+    if (d.head) params.release(0);
+    grads.release(0);
+  } else {
+    copy_bytes(m.memory->device(), acts.grad_in, passes.dres(), d.Nl * d.C * sizeof(float));
+  }
+}
+
+double StageModel::loss_sum(int slot) const {
+  const Impl::Slot& s = impl_->slot(slot);
+  return impl_->d.head ? impl_->passes->loss_sum(s.acts->acts, impl_->d.N) : 0.0;
+}
+
+std::uint64_t StageModel::slot_token_bytes(const ModelSpec& spec, int B) {
+  return 2ull * B * spec.seq * sizeof(std::int32_t);
+}
+
+std::vector<LocalTensor> StageModel::local_tensors(const ModelSpec& spec, const Partition& part) {
+  Partition p = part;
+  p.sequence_parallel = false;  // the tensor table does not depend on it (or on the batch)
+  return Impl(spec, 1, p, nullptr, Recompute::none, DType::f32).tensors;
+}
+
+}  // namespace strata
