@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runner/config.hpp"
+#include "runner/config_table.hpp"
 
 namespace fs = std::filesystem;
 using namespace strata;

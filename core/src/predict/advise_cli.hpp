@@ -2,8 +2,8 @@
 // plugins found, the table printed. Every input is checked before any prediction: a bad one is a
 // ConfigError (one line naming the option, exit 2).
 #pragma once
-#include "runner/config.hpp"
 #include "runner/plugin_loader.hpp"
+#include "runner/run_config.hpp"
 
 namespace strata {
 

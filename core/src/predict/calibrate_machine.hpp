@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 #include "strata/plugin.hpp"
 
 namespace strata {

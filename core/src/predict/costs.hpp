@@ -7,7 +7,8 @@
 #include <tuple>
 #include <vector>
 
-#include "predict/predictor.hpp"
+#include "predict/profile.hpp"
+#include "predict/step_query.hpp"
 #include "strata/mesh.hpp"
 
 namespace strata::time_model {

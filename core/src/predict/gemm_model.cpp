@@ -7,6 +7,13 @@
 #include "strata/device.hpp"
 
 namespace strata {
+
+bool same_gemm(const GemmSample& a, const GemmSample& b) {
+  return a.device == b.device && a.precision == b.precision && a.threads == b.threads &&
+         a.ranks_per_node == b.ranks_per_node && a.pass == b.pass && a.m == b.m && a.n == b.n &&
+         a.k == b.k;
+}
+
 namespace {
 
 bool same_conditions(const GemmSample& s, const ComputeEntry& e) {

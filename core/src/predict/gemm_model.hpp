@@ -7,9 +7,12 @@
 #include <utility>
 #include <vector>
 
-#include "predict/profile.hpp"
+#include "predict/machine_profile.hpp"
 
 namespace strata {
+
+// Whether two samples measure one GEMM under one set of conditions.
+bool same_gemm(const GemmSample& a, const GemmSample& b);
 
 // A linear layer as the GEMM it issues: out[m,n] = in[m,k] W[n,k]^T, m the micro-batch's tokens.
 struct Linear {

@@ -143,12 +143,6 @@ void refit_comm(MachineProfile& profile) {
   }
 }
 
-bool same_gemm(const GemmSample& a, const GemmSample& b) {
-  return a.device == b.device && a.precision == b.precision && a.threads == b.threads &&
-         a.ranks_per_node == b.ranks_per_node && a.pass == b.pass && a.m == b.m && a.n == b.n &&
-         a.k == b.k;
-}
-
 bool same_point(const CommSample& a, const CommSample& b) {
   return a.op == b.op && a.ranks == b.ranks && a.ranks_per_node == b.ranks_per_node &&
          a.host_ranks == b.host_ranks && a.bytes == b.bytes;

@@ -16,7 +16,7 @@
 #include "backends/cpu/gemm_bf16.hpp"
 #include "backends/cpu/layers.hpp"
 #include "comm/mpi_transport.hpp"
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 #include "runner/launch.hpp"
 
 namespace strata {

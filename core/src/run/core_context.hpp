@@ -15,7 +15,7 @@
 #include "comm/transport.hpp"
 #include "run/data.hpp"
 #include "run/profiler_ranges.hpp"
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 #include "strata/context.hpp"
 
 namespace strata {

@@ -7,7 +7,7 @@
 
 #include "results/run_record.hpp"
 #include "run/rank_report.hpp"
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 
 namespace strata {
 

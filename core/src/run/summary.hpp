@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "results/run_record.hpp"
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 
 namespace strata {
 

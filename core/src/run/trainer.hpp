@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "run/run_state.hpp"
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 #include "runner/plugin_loader.hpp"
 #include "strata/comm.hpp"
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 
 namespace strata {
 

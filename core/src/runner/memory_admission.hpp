@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-#include "runner/config.hpp"
+#include "runner/run_config.hpp"
 #include "strata/plugin.hpp"
 
 namespace strata {
