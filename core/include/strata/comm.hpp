@@ -110,9 +110,11 @@ class CommLedger {
   std::vector<std::tuple<int, double, double>> waits_;
 };
 
-// A communicator over a fixed set of ranks (one mesh axis). The public calls record into the ledger
-// and forward to the transport's do_* implementation. All calls are blocking for the calling
-// thread; put them on a CommStream to overlap them with compute.
+// A communicator over a fixed set of ranks (one mesh axis). The public calls check their arguments
+// (sizes, dtypes, a root or peer inside the group), record into the ledger and forward to the
+// transport's do_* implementation; a transport of host memory is not called for an empty buffer
+// or a group of one. All calls are blocking for the calling thread; put them on a CommStream to
+// overlap them with compute.
 class Group {
  public:
   Group(std::string name, int rank, int size, CommLedger* ledger)
@@ -144,10 +146,15 @@ class Group {
   virtual void do_send(BufferView buf, int peer, int tag) = 0;
   virtual void do_recv(BufferView buf, int peer, int tag) = 0;
   virtual void do_barrier() = 0;
+  // True for a transport that moves device memory (nccl): it gets every call, even those with
+  // nothing to move, since it orders them on its stream.
+  virtual bool moves_device_memory() const { return false; }
 
  private:
   template <class F>
   void recorded(CommOp op, std::uint64_t bytes, F&& f);
+  void check_rank(int r, const char* what) const;
+  bool trivial(BufferView b) const;  // nothing for the transport to do (a host transport's)
   std::string name_;
   int rank_, size_;
   CommLedger* ledger_;

@@ -1,6 +1,7 @@
 // The comm ledger and the recording wrapper every Group call goes through.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "comm/host_copy.hpp"
 #include "comm/idle_clock.hpp"
@@ -135,36 +136,73 @@ static void require(bool ok, const std::string& what) {
   if (!ok) throw Error("collective argument mismatch: " + what, "this is a bug in the strategy");
 }
 
+// The checks and single-rank shortcuts every transport shares, once, before its do_* call: a peer
+// or root inside the group; for a transport of host memory (mpi, ucx, gloo) nothing to move for an
+// empty buffer or a group of one (a reduction of one rank is its input; reduce-scatter and
+// all-gather copy into place). A transport of device memory (nccl) gets every call: it orders
+// even a no-op on its stream. The call is recorded either way, so that the ledger's calls are
+// the strategy's.
+bool Group::trivial(BufferView b) const {
+  return !moves_device_memory() && (b.count == 0 || size_ == 1);
+}
+
+void Group::check_rank(int r, const char* what) const {
+  if (r < 0 || r >= size_)
+    throw Error("group '" + name_ + "': " + what + " " + std::to_string(r) +
+                    " is out of range (the group has " + std::to_string(size_) + " ranks)",
+                "ranks are numbered within the group, 0 to size()-1");
+}
+
 void Group::all_reduce(BufferView b) {
-  recorded(CommOp::all_reduce, b.bytes(), [&] { do_all_reduce(b, Reduction::sum); });
+  recorded(CommOp::all_reduce, b.bytes(), [&] {
+    if (!trivial(b)) do_all_reduce(b, Reduction::sum);
+  });
 }
 void Group::all_reduce_max(BufferView b) {
-  recorded(CommOp::all_reduce, b.bytes(), [&] { do_all_reduce(b, Reduction::max); });
+  recorded(CommOp::all_reduce, b.bytes(), [&] {
+    if (!trivial(b)) do_all_reduce(b, Reduction::max);
+  });
 }
 void Group::reduce_scatter(BufferView in, BufferView out) {
   require(in.count == out.count * std::size_t(size_) && in.dtype == out.dtype,
           "reduce_scatter needs in.count == out.count * group size on " + name_);
-  recorded(CommOp::reduce_scatter, in.bytes(), [&] { do_reduce_scatter(in, out); });
+  recorded(CommOp::reduce_scatter, in.bytes(), [&] {
+    if (!trivial(out)) return do_reduce_scatter(in, out);
+    if (in.data != out.data && out.count > 0) std::memmove(out.data, in.data, out.bytes());
+  });
 }
 void Group::all_gather(BufferView in, BufferView out) {
   require(out.count == in.count * std::size_t(size_) && in.dtype == out.dtype,
           "all_gather needs out.count == in.count * group size on " + name_);
-  recorded(CommOp::all_gather, out.bytes(), [&] { do_all_gather(in, out); });
+  recorded(CommOp::all_gather, out.bytes(), [&] {
+    if (!trivial(in)) return do_all_gather(in, out);
+    if (out.data != in.data && in.count > 0) std::memmove(out.data, in.data, in.bytes());
+  });
 }
 void Group::broadcast(BufferView b, int root) {
-  recorded(CommOp::broadcast, b.bytes(), [&] { do_broadcast(b, root); });
+  check_rank(root, "broadcast root");
+  recorded(CommOp::broadcast, b.bytes(), [&] {
+    if (!trivial(b)) do_broadcast(b, root);
+  });
 }
 void Group::reduce(BufferView b, int root) {
-  recorded(CommOp::reduce, b.bytes(), [&] { do_reduce(b, root); });
+  check_rank(root, "reduce root");
+  recorded(CommOp::reduce, b.bytes(), [&] {
+    if (!trivial(b)) do_reduce(b, root);
+  });
 }
 void Group::send(BufferView b, int peer, int tag) {
+  check_rank(peer, "send peer");
   recorded(CommOp::send, b.bytes(), [&] { do_send(b, peer, tag); });
 }
 void Group::recv(BufferView b, int peer, int tag) {
+  check_rank(peer, "recv peer");
   recorded(CommOp::recv, b.bytes(), [&] { do_recv(b, peer, tag); });
 }
 void Group::barrier() {
-  recorded(CommOp::barrier, 0, [&] { do_barrier(); });
+  recorded(CommOp::barrier, 0, [&] {
+    if (size_ > 1 || moves_device_memory()) do_barrier();
+  });
 }
 
 }  // namespace strata

@@ -171,7 +171,6 @@ class UcxGroup final : public Group {
 
  protected:
   void do_all_reduce(BufferView b, Reduction r) override {
-    if (b.count == 0 || size() == 1) return;
     const Op op = r == Reduction::sum ? Op::sum : Op::max;
     std::lock_guard lock(collective_mu_);
     if (b.bytes() < small_bytes_ || b.count < std::size_t(size()))
@@ -185,11 +184,6 @@ class UcxGroup final : public Group {
   // In place when out is this rank's shard of in (out.data == in.data + rank * out.bytes()): the
   // ring reads in's chunk `rank` only in its last step, which writes that chunk's result.
   void do_reduce_scatter(BufferView in, BufferView out) override {
-    if (out.count == 0) return;
-    if (size() == 1) {
-      if (in.data != out.data) std::memmove(out.data, in.data, out.bytes());
-      return;
-    }
     std::lock_guard lock(collective_mu_);
     const Chunks c{in.count, std::size_t(size()), dtype_size(in.dtype)};
     ring_reduce_scatter(static_cast<const char*>(in.data), nullptr, static_cast<char*>(out.data), c,
@@ -198,12 +192,7 @@ class UcxGroup final : public Group {
 
   // In place when in is this rank's slot of out (in.data == out.data + rank * in.bytes()).
   void do_all_gather(BufferView in, BufferView out) override {
-    if (in.count == 0) return;
     char* slot = static_cast<char*>(out.data) + std::size_t(rank()) * in.bytes();
-    if (size() == 1) {
-      if (slot != in.data) std::memmove(slot, in.data, in.bytes());
-      return;
-    }
     std::lock_guard lock(collective_mu_);
     ring_all_gather(static_cast<char*>(out.data),
                     Chunks{out.count, std::size_t(size()), dtype_size(out.dtype)},
@@ -211,8 +200,6 @@ class UcxGroup final : public Group {
   }
 
   void do_broadcast(BufferView b, int root) override {
-    check_rank(root, "broadcast root");
-    if (b.count == 0 || size() == 1) return;
     std::lock_guard lock(collective_mu_);
     if (b.bytes() < small_bytes_)
       binomial_broadcast(static_cast<char*>(b.data), b.bytes(), root);
@@ -222,8 +209,6 @@ class UcxGroup final : public Group {
 
   // Sum into the root's buffer; the other ranks' buffers are left as they were (as MPI_Reduce).
   void do_reduce(BufferView b, int root) override {
-    check_rank(root, "reduce root");
-    if (b.count == 0 || size() == 1) return;
     std::lock_guard lock(collective_mu_);
     auto* buf = static_cast<char*>(b.data);
     if (b.bytes() < small_bytes_ || b.count < std::size_t(size()))
@@ -240,16 +225,13 @@ class UcxGroup final : public Group {
   }
 
   void do_send(BufferView b, int peer, int tag) override {
-    check_rank(peer, "send peer");
     wait({post_send(b.data, b.bytes(), peer, p2p_tag(tag, rank()))});
   }
   void do_recv(BufferView b, int peer, int tag) override {
-    check_rank(peer, "recv peer");
     wait({post_recv(b.data, b.bytes(), p2p_tag(tag, peer))});
   }
 
   void do_barrier() override {
-    if (size() == 1) return;
     std::lock_guard lock(collective_mu_);
     const std::uint32_t seq = next_seq();
     char out = 0, in = 0;
@@ -388,13 +370,6 @@ class UcxGroup final : public Group {
     if (failed) check(first, failed->call, failed->where.file_name(), failed->where.line());
   }
   void wait(std::initializer_list<Pending> ops) { wait(std::span(ops.begin(), ops.size())); }
-
-  void check_rank(int r, const char* what) const {
-    if (r < 0 || r >= size())
-      throw Error("ucx group '" + name() + "': " + what + " " + std::to_string(r) +
-                      " is out of range (the group has " + std::to_string(size()) + " ranks)",
-                  "ranks are numbered within the group, 0 to size()-1");
-  }
 
   // Regions of the group's scratch buffer, each 64-byte aligned. Grown, never shrunk: big
   // collectives repeat, and fresh pages would cost a fault per 4 KiB every call.

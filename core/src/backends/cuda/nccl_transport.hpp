@@ -105,6 +105,7 @@ class NcclGroup final : public Group {
   void do_send(BufferView buf, int peer, int tag) override;
   void do_recv(BufferView buf, int peer, int tag) override;
   void do_barrier() override;  // a 1-element all-reduce
+  bool moves_device_memory() const override { return true; }
 
  private:
   template <class F>
