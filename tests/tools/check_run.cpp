@@ -78,7 +78,7 @@ static const std::string* provenance(const RunRecord& r, const std::string& key)
 // cuBLAS and NCCL versions in every run on the CUDA backend and NCCL (runner_emu's too, whose GPU
 // is the emulator), where the backend's library registers them. In other runs cuda_version and
 // nccl_version say "not loaded ..." where the build has them (STRATA_EXPECT_CUDA / _NCCL from
-// tests/CMakeLists.txt: the runner loads libstrata_cuda.so only for a run on the cuda device),
+// tests/e2e/common.cmake: the runner loads libstrata_cuda.so only for a run on the cuda device),
 // "not built" where not, and no driver, cuBLAS or GPU entries.
 static void library_versions(const RunRecord& r) {
   const bool on_cuda = config(r, "device") == "cuda";

@@ -1,0 +1,86 @@
+# What every end-to-end family shares: check_run (the run files' checker), the runs' settings
+# (E2E_DIR, E2E_COMMON, E2E_ENV, MPI_FLAGS: the other MPI tests use them too) and the functions
+# that declare a run and its checks (strata_e2e_run, strata_e2e_checks, strata_e2e_checks_l8).
+
+add_executable(check_run tools/check_run.cpp)
+target_include_directories(check_run PRIVATE ${PROJECT_SOURCE_DIR}/core/src)
+target_link_libraries(check_run PRIVATE strata_core)
+# What a CPU run's /provenance says of CUDA and NCCL: "not loaded" where the build has libstrata_cuda.so.
+if(TARGET strata_cuda)
+  set(_expect_cuda 1)
+else()
+  set(_expect_cuda 0)
+endif()
+if(STRATA_HAVE_NCCL)
+  set(_expect_nccl 1)
+else()
+  set(_expect_nccl 0)
+endif()
+target_compile_definitions(check_run PRIVATE STRATA_EXPECT_CUDA=${_expect_cuda}
+                                             STRATA_EXPECT_NCCL=${_expect_nccl})
+
+set(E2E_DIR ${CMAKE_CURRENT_BINARY_DIR}/e2e)
+set(E2E_STEPS 20)
+set(E2E_COMMON --model tiny --steps ${E2E_STEPS} --global-batch 8 --out ${E2E_DIR} --quiet --overwrite)
+# Loss trajectories of different world sizes differ only by fp32 reduction order.
+set(E2E_LOSS_TOL 1e-5)
+# odls_base_sigkill_timeout: when a rank dies or mpirun is signalled, mpirun sends the others SIGTERM
+# after this many seconds and SIGKILL as many later (default 1 s each), so
+# that rank 0 can hear the other ranks and write the run file (tests/faults).
+set(MPI_FLAGS --oversubscribe --bind-to none --mca pml_ucx_tls any --mca pml_ucx_devices any
+              --mca odls_base_sigkill_timeout 3)
+execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(_uid STREQUAL "0")
+  list(APPEND MPI_FLAGS --allow-run-as-root)
+endif()
+# The node's peak for MFU is cached in the build tree, not in the user's ~/.cache (node_peak.hpp).
+set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+set(E2E_ENV "${E2E_MPI_ENV};STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv")
+
+# strata_e2e_lock_cores(<test> <ranks>): a run of several ranks holds the machine's cores (lock
+# `cores`): two of them at once would put up to 16 processes on 2 cores, which run but crawl (a
+# rank that polls shares its core). A 1-rank run (one BLAS thread) takes no lock, so that ctest -j2
+# runs it beside a multi-rank one: the main tests' longest chain is the locked runs.
+function(strata_e2e_lock_cores test ranks)
+  if(ranks GREATER 1)
+    set_tests_properties(${test} PROPERTIES RESOURCE_LOCK cores)
+  endif()
+endfunction()
+
+# strata_e2e_run(<id> <ranks> <runner args...>): one run (under mpirun when ranks > 1) that leaves
+# ${E2E_DIR}/<id>.h5; fixture run.<id>.
+function(strata_e2e_run id ranks)
+  if(ranks EQUAL 1)
+    set(cmd $<TARGET_FILE:runner>)
+  else()
+    set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPI_FLAGS} $<TARGET_FILE:runner>)
+  endif()
+  add_test(NAME e2e.run.${id} COMMAND ${cmd} ${E2E_COMMON} --run-id ${id} ${ARGN})
+  set_tests_properties(e2e.run.${id} PROPERTIES FIXTURES_SETUP run.${id} ENVIRONMENT "${E2E_ENV}"
+                       LABELS e2e TIMEOUT 300)
+  strata_e2e_lock_cores(e2e.run.${id} ${ranks})
+endfunction()
+
+# strata_e2e_checks(<id> <ranks>): the run file's layout, its trajectory against the 1-rank
+# reference, and measured bytes/memory against predict().
+function(strata_e2e_checks id ranks)
+  add_test(NAME e2e.layout.${id} COMMAND check_run layout ${E2E_DIR}/${id}.h5 ${ranks} ${E2E_STEPS})
+  add_test(NAME e2e.trajectory.${id}
+           COMMAND check_run trajectory ${E2E_DIR}/reference.h5 ${E2E_DIR}/${id}.h5 ${E2E_LOSS_TOL})
+  add_test(NAME e2e.predicted.${id} COMMAND check_run predicted ${E2E_DIR}/${id}.h5)
+  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES FIXTURES_REQUIRED run.${id} LABELS e2e)
+  set_tests_properties(e2e.trajectory.${id} PROPERTIES FIXTURES_REQUIRED "run.${id};run.reference" LABELS e2e)
+endfunction()
+
+# strata_e2e_checks_l8(<id> <ranks>): as strata_e2e_checks, against the 8-layer reference.
+function(strata_e2e_checks_l8 id ranks)
+  add_test(NAME e2e.layout.${id} COMMAND check_run layout ${E2E_DIR}/${id}.h5 ${ranks} ${E2E_STEPS})
+  add_test(NAME e2e.trajectory.${id}
+           COMMAND check_run trajectory ${E2E_DIR}/reference.l8.h5 ${E2E_DIR}/${id}.h5 ${E2E_LOSS_TOL})
+  add_test(NAME e2e.predicted.${id} COMMAND check_run predicted ${E2E_DIR}/${id}.h5)
+  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES FIXTURES_REQUIRED run.${id} LABELS e2e)
+  set_tests_properties(e2e.trajectory.${id} PROPERTIES FIXTURES_REQUIRED "run.${id};run.reference.l8" LABELS e2e)
+endfunction()
+
+# L8: the 8-layer tiny of the pipelines (model_parallel.cmake, bf16.cmake, transports.cmake).
+set(L8 --layers 8)
