@@ -116,11 +116,8 @@ const PluginDescriptor& descriptor() {
       "distributed data parallel with bucketed, overlapped gradient all-reduce",
       {{"ddp",
         "gradient buckets all-reduced on a comm stream as backward fills them (PyTorch DDP)",
-        {{"bucket_mb",
-          OptionType::real,
-          "25",
-          "bucket size in MiB; each bucket's all-reduce starts when backward has filled it",
-          {}}}}}};
+        {bucket_mb_spec("bucket size in MiB; each bucket's all-reduce starts when backward has "
+                        "filled it")}}}};
   return d;
 }
 

@@ -45,8 +45,25 @@ const PluginDescriptor& descriptor() {
   return d;
 }
 
+// The engine's configuration for fsdp, fsdp-grad-op or fsdp-hybrid from the options declared
+// above.
+sharded::EngineConfig engine_config(const std::string& name, const Options& o) {
+  sharded::EngineConfig c;
+  c.shard_grads = c.shard_params = true;
+  c.reshard_after_forward = name != "fsdp-grad-op";
+  c.hybrid = name == "fsdp-hybrid";
+  c.units_per_group = int(o.get_int("wrap"));
+  const std::string bp = o.get("backward_prefetch");
+  c.backward_prefetch = bp == "none" ? 0 : 1;
+  c.prefetch_post = bp == "post";
+  c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
+  c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
+  c.offload_optimizer = o.get("offload") == "optimizer";
+  return c;
+}
+
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
-  return std::make_unique<sharded::EngineStrategy>(name, sharded::fsdp_engine_config(name, o));
+  return std::make_unique<sharded::EngineStrategy>(name, engine_config(name, o));
 }
 
 }  // namespace

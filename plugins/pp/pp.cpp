@@ -10,6 +10,8 @@
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
 // dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
 // gradients (and parameters) sharded too, per unit (pp = 1 only).
+#include <sstream>
+
 #include "strata/engines/model_parallel.hpp"
 
 namespace {
@@ -57,6 +59,27 @@ const PluginDescriptor& descriptor() {
   return d;
 }
 
+// The stage_layers option declared above: "2,2,3,1", one block count >= 1 per pipeline chunk;
+// empty: balanced (MpConfig::stage_layers).
+std::vector<int> parse_stage_layers(const std::string& text) {
+  std::vector<int> r;
+  if (text.empty()) return r;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const int n = std::stoi(item, &used);
+      if (used != item.size() || n < 1) throw std::invalid_argument(item);
+      r.push_back(n);
+    } catch (const std::exception&) {
+      throw ConfigError("--plugin-opt stage_layers=" + text +
+                        ": must be a comma list of block counts >= 1, one per pipeline chunk");
+    }
+  }
+  return r;
+}
+
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   mp::MpConfig c;
   c.strategy = name;
@@ -67,7 +90,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages")) : 1;
   c.sequence_parallel = o.get("sp") == "on";
   c.dp = mp::dp_mode(o.get("dp"));
-  c.stage_layers = mp::parse_stage_layers(o.get("stage_layers"));
+  c.stage_layers = parse_stage_layers(o.get("stage_layers"));
   c.microbatches = int(o.get_int("microbatches"));
   return std::make_unique<mp::MpStrategy>(c);
 }

@@ -13,11 +13,9 @@ using namespace strata;
 
 const PluginDescriptor& descriptor() {
   const std::vector<OptionSpec> options = {
-      {"bucket_mb",
-       OptionType::real,
-       "25",
-       "zero1/zero2: units are grouped into reduce-scatter buckets of up to this many MiB",
-       {}},
+      bucket_mb_spec(
+          "zero1/zero2: units are grouped into reduce-scatter buckets of up to this many "
+          "MiB"),
       {"prefetch",
        OptionType::integer,
        "1",
@@ -45,8 +43,20 @@ const PluginDescriptor& descriptor() {
   return d;
 }
 
+// The engine's configuration for zero1, zero2 or zero3 from the options declared above.
+sharded::EngineConfig engine_config(const std::string& name, const Options& o) {
+  sharded::EngineConfig c;
+  c.bucket_mb = bucket_mb_option(o);
+  c.overlap = o.get_bool("overlap");
+  c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
+  c.shard_grads = name != "zero1";
+  c.shard_params = name == "zero3";
+  c.offload_optimizer = o.get("offload") == "optimizer";
+  return c;
+}
+
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
-  return std::make_unique<sharded::EngineStrategy>(name, sharded::zero_engine_config(name, o));
+  return std::make_unique<sharded::EngineStrategy>(name, engine_config(name, o));
 }
 
 }  // namespace

@@ -148,6 +148,73 @@ TEST(StageModel, PipelineChainEqualsModel) {
   }
 }
 
+// A shard's initial values (the sharded engine initialises only the elements a rank owns): any
+// range of a partition's local elements, at tp 1 and 2, sequence parallel or not, equals that
+// range of the whole partition's initialisation, in fp32 and bf16.
+TEST(StageModel, RangeInitialisationEqualsTheWholePartitions) {
+  const ModelSpec spec = tiny4();
+  const int L = spec.layers;
+  for (const Partition& part : {Partition{0, L + 1, 1, 0, false}, Partition{0, L + 1, 2, 1, true},
+                                Partition{2, L + 1, 2, 0, false}}) {
+    std::vector<float> whole(StageModel::unit_ranges(spec, part).back().first +
+                             StageModel::unit_ranges(spec, part).back().second);
+    MemoryLedger mem;
+    StageModel sm(spec, 1, part, mem);
+    ASSERT_EQ(whole.size(), sm.param_count());
+    sm.init_params(9, view(whole.data(), whole.size()));
+    const std::size_t n = whole.size();
+    for (const auto& [begin, count] : std::vector<std::pair<std::size_t, std::size_t>>{
+             {0, n}, {1, n - 2}, {n / 3, n / 7 + 1}, {n - 5, 5}, {n / 2, 0}}) {
+      std::vector<float> got(count, -1.0f);
+      sm.init_params(9, begin, view(got.data(), count));
+      for (std::size_t i = 0; i < count; ++i)
+        ASSERT_EQ(got[i], whole[begin + i]) << "tp " << part.tp_size << " element " << begin + i;
+      std::vector<bf16> half(count);
+      sm.init_params(9, begin, view(half.data(), count));
+      for (std::size_t i = 0; i < count; ++i)
+        ASSERT_EQ(to_float(half[i]), to_float(to_bf16(whole[begin + i])));
+    }
+    std::vector<float> over(2);
+    EXPECT_THROW(sm.init_params(9, n - 1, view(over.data(), 2)), Error);
+  }
+}
+
+// One unit's pass at a time through UnitPtrs, driven by the caller (the sharded engine's way), on
+// views of the whole model's flat layout: the whole model at tp 1 gives Model's loss and
+// gradients bitwise, in every recompute mode.
+TEST(StageModel, PerUnitPassesOnModelsLayoutEqualModel) {
+  const ModelSpec spec = tiny4();
+  const int B = 2, N = B * spec.seq, L = spec.layers;
+  const Tokens tokens(spec, B);
+  const float scale = 1.0f / N;
+  MemoryLedger mem;
+  Model model(spec, B, mem);
+  const ParamLayout& layout = model.layout();
+  std::vector<float> params(layout.total()), want(layout.total(), 0.0f), got(layout.total(), 0.0f);
+  init_params(layout, 5, 0, params);
+  auto views = [&](std::vector<float>& flat) {
+    UnitPtrs v;
+    for (const UnitInfo& u : layout.units()) v.push_back(view(flat.data() + u.offset, u.count));
+    return v;
+  };
+  const UnitPtrs p = views(params), g_want = views(want), g_got = views(got);
+  for (int u = 0; u <= L + 1; ++u) model.forward(u, p, tokens.mb);
+  for (int u = L + 1; u >= 0; --u) model.backward(u, p, g_want, tokens.mb, scale);
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+    SCOPED_TRACE(recompute_name(r));
+    std::fill(got.begin(), got.end(), 0.0f);
+    StageModel sm(spec, B, {0, L + 1, 1, 0, false}, mem, r);
+    ASSERT_EQ(sm.param_count(), layout.total());
+    for (int u = 0; u <= L + 1; ++u) ASSERT_EQ(sm.unit_range(u).first, layout.units()[u].offset);
+    const int slot = sm.acquire_slot();
+    for (int u = 0; u <= L + 1; ++u) sm.forward(slot, u, p, tokens.mb, nullptr);
+    EXPECT_EQ(sm.loss_sum(slot), model.loss_sum());
+    for (int u = L + 1; u >= 0; --u) sm.backward(slot, u, p, g_got, nullptr, scale);
+    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+    sm.release_slot(slot);
+  }
+}
+
 // Unit at a time (ZeRO-2 / FSDP on tp's dp axis): each unit's parameters and gradients in a buffer
 // of its own, poisoned with NaN once released, give bitwise the whole-buffer passes' loss and
 // gradients, on a whole model, a first stage and a head-only stage (its tied wte copy), in the

@@ -45,9 +45,11 @@ void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grad
 // For strategies that are data parallel only: throws ConfigError unless tp == pp == 1.
 void require_data_parallel_only(const MeshSpec& mesh, const std::string& strategy);
 
-// The `bucket_mb` option (ddp, zero1/2/3) in MiB, checked once for all of them: ConfigError,
-// quoting the value as given, unless it lies in (0, 1048576], so that a bucket's bytes are a
-// size_t with room to spare.
+// The `bucket_mb` option (ddp, zero1/2/3), declared and parsed here once for all of them: its
+// OptionSpec (real, default 25, the strategy's help), and its value in MiB: ConfigError, quoting
+// the value as given, unless it lies in (0, 1048576], so that a bucket's bytes are a size_t with
+// room to spare.
+OptionSpec bucket_mb_spec(const std::string& help);
 double bucket_mb_option(const Options& options);
 
 // The AdamW settings of this run.

@@ -63,6 +63,10 @@ class AdamW {
   Buffer<float> m_, v_, master_;
 };
 
+// The segments covering elements [begin, begin + count) of a buffer made of `all` (a shard's).
+std::vector<AdamWSegment> slice_segments(const std::vector<AdamWSegment>& all, std::size_t begin,
+                                         std::size_t count);
+
 // Sum of squares of grads[0..n), in double: the local part of a global gradient norm.
 double sum_of_squares(const float* grads, std::size_t n);
 

@@ -85,6 +85,8 @@ class StageModel {
   // Fill params (param_count() elements, fp32 or bf16) with exactly the values the full model's
   // init_params gives the elements this rank holds.
   void init_params(std::uint64_t seed, BufferView params) const;
+  // The same for the local elements [begin, begin + params.count) only (a shard of them).
+  void init_params(std::uint64_t seed, std::size_t begin, BufferView params) const;
   // The local wte (vocab shard; the tied copy on a head-only partition); null if none.
   std::size_t wte_offset() const;
   std::size_t wte_count() const;
@@ -131,6 +133,18 @@ class StageModel {
   // grads: fp32, or bf16 with bf16 parameters.
   void backward(int slot, BufferView params, BufferView grads, TensorParallelComm* tp,
                 float grad_scale);
+  // One unit's pass (`unit` in [partition().first_unit, last_unit]), for a caller that drives the
+  // units itself: params[u] and grads[u] are unit u's views (unit_range(u).second elements; the
+  // head's pass also reads the embedding unit's wte when the partition has both). The first
+  // unit's forward takes the micro-batch's tokens into the slot; the first unit's backward, on a
+  // partition without the embedding, leaves d(input) in input_grad(slot). The passes of the
+  // whole partition above and below are these, unit by unit.
+  void forward(int slot, int unit, const UnitPtrs& params, const MicroBatch& mb,
+               TensorParallelComm* tp);
+  void backward(int slot, int unit, const UnitPtrs& params, const UnitPtrs& grads,
+                TensorParallelComm* tp, float grad_scale);
+  // Views of each local unit inside a local buffer of param_count() elements, indexed by unit.
+  UnitPtrs unit_views(BufferView local) const;
   // Unit at a time, for a caller that holds only some units' parameters or gradients (ZeRO-2 and
   // FSDP on the data-parallel axis of tp). unit_range(u): local unit u's [offset, count) in the
   // local flat order (u from partition().first_unit; the head unit includes a tied wte copy).

@@ -89,4 +89,17 @@ double sum_of_squares(const float* grads, std::size_t n) {
   return s;
 }
 
+std::vector<AdamWSegment> slice_segments(const std::vector<AdamWSegment>& all, std::size_t begin,
+                                         std::size_t count) {
+  std::vector<AdamWSegment> r;
+  std::size_t at = 0;
+  const std::size_t end = begin + count;
+  for (const AdamWSegment& s : all) {
+    const std::size_t lo = std::max(at, begin), hi = std::min(at + s.count, end);
+    if (lo < hi) r.push_back({hi - lo, s.decay});
+    at += s.count;
+  }
+  return r;
+}
+
 }  // namespace strata

@@ -89,25 +89,40 @@ struct StageModel::Impl {
     }
   }
 
-  // The global elements of one local tensor, in local order. Each slice is initialised in place
-  // (init_params of any range equals that range of a full initialisation), so no temporary of
-  // the full tensor is needed (gpt2-124m's wte would be 154 MiB outside the ledger).
-  void init_tensor(const LocalTensor& lt, std::uint64_t seed, BufferView out) const {
+  // The global elements of one local tensor, in local order, as contiguous runs: f(local offset
+  // in the tensor, first global element of t, count).
+  template <class F>
+  void each_run(const LocalTensor& lt, F&& f) const {
     const TensorInfo& t = layout.tensors()[lt.global];
     const std::size_t r = part.tp_rank, tp = part.tp_size;
-    auto init = [&](std::size_t first, std::size_t n, std::size_t at) {  // t's [first, +n) to at
-      strata::init_params(layout, seed, t.offset + first, slice(out, at, n));
-    };
     if (lt.shard == ShardKind::replicated) {
-      init(0, t.count, 0);
+      f(0, t.offset, t.count);
     } else if (lt.shard == ShardKind::rows) {  // contiguous
-      init(r * lt.count, lt.count, 0);
+      f(0, t.offset + r * lt.count, lt.count);
     } else if (lt.shard == ShardKind::qkv_rows) {  // [3C(, C)]: rows r*Cl.. of each of q, k, v
       const std::size_t third = t.count / 3, part_n = third / tp;
-      for (std::size_t i = 0; i < 3; ++i) init(i * third + r * part_n, part_n, i * part_n);
+      for (std::size_t i = 0; i < 3; ++i) f(i * part_n, t.offset + i * third + r * part_n, part_n);
     } else {  // columns of [OC, IC]: columns r*ICl.. of every row
       const std::size_t oc = t.shape[0], ic = t.shape[1], icl = ic / tp;
-      for (std::size_t o = 0; o < oc; ++o) init(o * ic + r * icl, icl, o * icl);
+      for (std::size_t o = 0; o < oc; ++o) f(o * icl, t.offset + o * ic + r * icl, icl);
+    }
+  }
+
+  // The local elements [begin, begin + out.count) initialised as the full model's init_params
+  // gives them. Each run is initialised in place (init_params of any range equals that range of
+  // a full initialisation), so no temporary of a full tensor is needed (gpt2-124m's wte would be
+  // 154 MiB outside the ledger).
+  void init_range(std::uint64_t seed, std::size_t begin, BufferView out) const {
+    const std::size_t end = begin + out.count;
+    for (const LocalTensor& lt : tensors) {
+      if (lt.offset >= end || lt.offset + lt.count <= begin) continue;
+      each_run(lt, [&](std::size_t at, std::size_t global, std::size_t n) {
+        const std::size_t lo = std::max(lt.offset + at, begin),
+                          hi = std::min(lt.offset + at + n, end);
+        if (lo < hi)
+          strata::init_params(layout, seed, global + (lo - lt.offset - at),
+                              slice(out, lo - begin, hi - lo));
+      });
     }
   }
 
@@ -189,8 +204,14 @@ void StageModel::init_params(std::uint64_t seed, BufferView params) const {
   if (params.count != impl_->count)
     throw Error("StageModel::init_params: " + std::to_string(params.count) + " elements, need " +
                 std::to_string(impl_->count));
-  for (const LocalTensor& lt : impl_->tensors)
-    impl_->init_tensor(lt, seed, slice(params, lt.offset, lt.count));
+  impl_->init_range(seed, 0, params);
+}
+
+void StageModel::init_params(std::uint64_t seed, std::size_t begin, BufferView params) const {
+  if (begin + params.count > impl_->count)
+    throw Error("StageModel::init_params: elements [" + std::to_string(begin) + ", " +
+                std::to_string(begin + params.count) + ") of " + std::to_string(impl_->count));
+  impl_->init_range(seed, begin, params);
 }
 
 std::vector<AdamWSegment> StageModel::adamw_segments() const {
@@ -243,39 +264,29 @@ const float* StageModel::output(int slot) const {
 float* StageModel::output_grad() { return impl_->passes->dres(); }
 const float* StageModel::input_grad(int slot) const { return impl_->slot(slot).acts->acts.grad_in; }
 
+// The whole local buffer as one view per unit (UnitPtrs, indexed by unit number).
+UnitPtrs StageModel::unit_views(BufferView local) const {
+  const Impl& m = *impl_;
+  UnitPtrs ptrs(std::size_t(m.spec.layers) + 2);
+  for (int u = m.part.first_unit; u <= m.part.last_unit; ++u) {
+    const auto [offset, count] = unit_range(u);
+    ptrs[std::size_t(u)] = slice(local, offset, count);
+  }
+  return ptrs;
+}
+
 void StageModel::forward(int slot, BufferView params, const MicroBatch& mb,
                          TensorParallelComm* tp) {
-  Impl& m = *impl_;
-  const Dims& d = m.d;
-  Impl::Slot& s = m.begin_forward(slot, mb, tp, needs_tokens());
-  const std::int32_t* inputs = s.tokens.data();
-  const std::int32_t* targets = inputs + d.N;
-  ModelPasses& passes = *m.passes;
-  SlotActs& acts = s.acts->acts;
-  const BufferView p = m.local(params, false);
-  if (d.embedding) passes.forward_embedding(acts, m.wte(p), m.wpe(p), inputs, tp);
-  for (int l = 0; l < d.blocks; ++l) passes.forward_block(l, acts, m.block(p, l), tp);
-  if (d.head) passes.forward_head(acts, m.lnf(p), m.wte(p), targets, tp);
+  const UnitPtrs p = unit_views(impl_->local(params, false));
+  for (int u = impl_->part.first_unit; u <= impl_->part.last_unit; ++u) forward(slot, u, p, mb, tp);
 }
 
 void StageModel::backward(int slot, BufferView params, BufferView grads, TensorParallelComm* tp,
                           float grad_scale) {
-  Impl& m = *impl_;
-  const Dims& d = m.d;
-  Impl::Slot& s = m.slot(slot);
-  const std::int32_t* inputs = s.tokens.data();
-  const std::int32_t* targets = inputs + d.N;
-  ModelPasses& passes = *m.passes;
-  SlotActs& acts = s.acts->acts;
-  const BufferView p = m.local(params, false), g = m.local(grads, true);
-  if (d.head)
-    passes.backward_head(acts, m.lnf(p), m.wte(p), m.lnf(g), m.wte(g), targets, tp, grad_scale);
-  for (int l = d.blocks - 1; l >= 0; --l)
-    passes.backward_block(l, acts, m.block(p, l), m.block(g, l), tp);
-  if (d.embedding)
-    passes.backward_embedding(m.wte(g), m.wpe(g), inputs, tp);
-  else
-    copy_bytes(m.memory->device(), acts.grad_in, passes.dres(), d.Nl * d.C * sizeof(float));
+  const UnitPtrs p = unit_views(impl_->local(params, false)),
+                 g = unit_views(impl_->local(grads, true));
+  for (int u = impl_->part.last_unit; u >= impl_->part.first_unit; --u)
+    backward(slot, u, p, g, tp, grad_scale);
 }
 
 std::pair<std::size_t, std::size_t> StageModel::unit_range(int unit) const {
@@ -303,8 +314,8 @@ std::vector<std::pair<std::size_t, std::size_t>> StageModel::unit_ranges(const M
 
 namespace {
 // A unit's view, checked against its range, in the partition's local order.
-BufferView unit_view(const StageModel& sm, const StageModel::UnitAccess& a, int unit, bool grads) {
-  const BufferView v = a.acquire(unit);
+BufferView unit_view(const StageModel& sm, const UnitPtrs& ptrs, int unit, bool grads) {
+  const BufferView v = unit < int(ptrs.size()) ? ptrs[std::size_t(unit)] : BufferView{};
   const std::size_t n = sm.unit_range(unit).second;
   if (!v.data || v.count != n)
     throw Error(std::string("StageModel: unit ") + std::to_string(unit) +
@@ -314,82 +325,103 @@ BufferView unit_view(const StageModel& sm, const StageModel::UnitAccess& a, int 
 }
 }  // namespace
 
-void StageModel::forward(int slot, const UnitAccess& params, const MicroBatch& mb,
+void StageModel::forward(int slot, int unit, const UnitPtrs& params, const MicroBatch& mb,
                          TensorParallelComm* tp) {
   Impl& m = *impl_;
   const Dims& d = m.d;
-  const int first = m.part.first_unit, head_unit = m.part.last_unit;
-  Impl::Slot& s = m.begin_forward(slot, mb, tp, needs_tokens());
+  const int first = m.part.first_unit;
+  Impl::Slot& s = unit == first ? m.begin_forward(slot, mb, tp, needs_tokens()) : m.slot(slot);
   const std::int32_t* inputs = s.tokens.data();
   const std::int32_t* targets = inputs + d.N;
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
-  BufferView e;  // the embedding unit: its wte is the head's too
-  if (d.embedding) {
-    e = unit_view(*this, params, 0, false);
-    passes.forward_embedding(acts, m.at(e, 0, m.wte_off, d.Vl * d.C),
+  const std::size_t wte_n = d.Vl * d.C;
+  if (d.embedding && unit == 0) {
+    const BufferView e = unit_view(*this, params, 0, false);
+    passes.forward_embedding(acts, m.at(e, 0, m.wte_off, wte_n),
                              m.at(e, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
-  }
-  const int block0 = d.embedding ? first + 1 : first;
-  for (int l = 0; l < d.blocks; ++l) {
-    passes.forward_block(l, acts, unit_view(*this, params, block0 + l, false), tp);
-    params.release(block0 + l);
-  }
-  if (d.head) {
-    const BufferView h = unit_view(*this, params, head_unit, false);
-    const std::size_t hb = unit_range(head_unit).first;
-    const BufferView wte =
-        d.embedding ? m.at(e, 0, m.wte_off, d.Vl * d.C) : m.at(h, hb, m.wte_off, d.Vl * d.C);
+  } else if (d.head && unit == m.part.last_unit) {
+    // The tied wte: the embedding unit's when this partition has it, else the head's own copy.
+    const BufferView h = unit_view(*this, params, unit, false);
+    const std::size_t hb = unit_range(unit).first;
+    const BufferView wte = d.embedding
+                               ? m.at(unit_view(*this, params, 0, false), 0, m.wte_off, wte_n)
+                               : m.at(h, hb, m.wte_off, wte_n);
     passes.forward_head(acts, m.at(h, hb, m.lnf_off, 2 * std::size_t(d.C)), wte, targets, tp);
-    params.release(head_unit);
+  } else {
+    passes.forward_block(unit - (d.embedding ? first + 1 : first), acts,
+                         unit_view(*this, params, unit, false), tp);
   }
-  if (d.embedding) params.release(0);
 }
 
-void StageModel::backward(int slot, const UnitAccess& params, const UnitAccess& grads,
+void StageModel::backward(int slot, int unit, const UnitPtrs& params, const UnitPtrs& grads,
                           TensorParallelComm* tp, float grad_scale) {
   Impl& m = *impl_;
   const Dims& d = m.d;
-  const int first = m.part.first_unit, head_unit = m.part.last_unit;
+  const int first = m.part.first_unit;
   Impl::Slot& s = m.slot(slot);
   const std::int32_t* inputs = s.tokens.data();
   const std::int32_t* targets = inputs + d.N;
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
   const std::size_t wte_n = d.Vl * d.C, lnf_n = 2 * std::size_t(d.C);
-  BufferView ep, eg;  // the embedding unit, held from the head's backward to its own
-  if (d.embedding) {
-    if (d.head) ep = unit_view(*this, params, 0, false);
-    eg = unit_view(*this, grads, 0, true);
-  }
-  if (d.head) {
-    const BufferView hp = unit_view(*this, params, head_unit, false),
-                     hg = unit_view(*this, grads, head_unit, true);
-    const std::size_t hb = unit_range(head_unit).first;
-    const BufferView wp =
-        d.embedding ? m.at(ep, 0, m.wte_off, wte_n) : m.at(hp, hb, m.wte_off, wte_n);
-    const BufferView wg =
-        d.embedding ? m.at(eg, 0, m.wte_off, wte_n) : m.at(hg, hb, m.wte_off, wte_n);
+  if (d.head && unit == m.part.last_unit) {
+    const BufferView hp = unit_view(*this, params, unit, false),
+                     hg = unit_view(*this, grads, unit, true);
+    const std::size_t hb = unit_range(unit).first;
+    const BufferView wp = d.embedding
+                              ? m.at(unit_view(*this, params, 0, false), 0, m.wte_off, wte_n)
+                              : m.at(hp, hb, m.wte_off, wte_n);
+    const BufferView wg = d.embedding ? m.at(unit_view(*this, grads, 0, true), 0, m.wte_off, wte_n)
+                                      : m.at(hg, hb, m.wte_off, wte_n);
     passes.backward_head(acts, m.at(hp, hb, m.lnf_off, lnf_n), wp, m.at(hg, hb, m.lnf_off, lnf_n),
                          wg, targets, tp, grad_scale);
-    params.release(head_unit);
-    grads.release(head_unit);
-  }
-  const int block0 = d.embedding ? first + 1 : first;
-  for (int l = d.blocks - 1; l >= 0; --l) {
-    const BufferView p = unit_view(*this, params, block0 + l, false),
-                     g = unit_view(*this, grads, block0 + l, true);
-    passes.backward_block(l, acts, p, g, tp);
-    params.release(block0 + l);
-    grads.release(block0 + l);
-  }
-  if (d.embedding) {
+  } else if (d.embedding && unit == 0) {
+    const BufferView eg = unit_view(*this, grads, 0, true);
     passes.backward_embedding(m.at(eg, 0, m.wte_off, wte_n),
                               m.at(eg, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
-    if (d.head) params.release(0);
-    grads.release(0);
   } else {
+    passes.backward_block(unit - (d.embedding ? first + 1 : first), acts,
+                          unit_view(*this, params, unit, false),
+                          unit_view(*this, grads, unit, true), tp);
+  }
+  // A partition without the embedding hands d(input) to the previous stage.
+  if (!d.embedding && unit == first)
     copy_bytes(m.memory->device(), acts.grad_in, passes.dres(), d.Nl * d.C * sizeof(float));
+}
+
+// Unit at a time through UnitAccess: each unit's view acquired before the first pass that reads
+// it and released after the last, in the order the header states (the embedding held throughout).
+void StageModel::forward(int slot, const UnitAccess& params, const MicroBatch& mb,
+                         TensorParallelComm* tp) {
+  const Impl& m = *impl_;
+  UnitPtrs p(std::size_t(m.spec.layers) + 2);
+  for (int u = m.part.first_unit; u <= m.part.last_unit; ++u) {
+    p[std::size_t(u)] = params.acquire(u);
+    forward(slot, u, p, mb, tp);
+    if (u != 0) params.release(u), p[std::size_t(u)] = BufferView{};
+  }
+  if (m.d.embedding) params.release(0);
+}
+
+void StageModel::backward(int slot, const UnitAccess& params, const UnitAccess& grads,
+                          TensorParallelComm* tp, float grad_scale) {
+  const Impl& m = *impl_;
+  UnitPtrs p(std::size_t(m.spec.layers) + 2), g(p.size());
+  if (m.d.embedding) {  // held from the head's backward (its wte) to its own
+    if (m.d.head) p[0] = params.acquire(0);
+    g[0] = grads.acquire(0);
+  }
+  for (int u = m.part.last_unit; u >= m.part.first_unit; --u) {
+    if (u != 0) p[std::size_t(u)] = params.acquire(u), g[std::size_t(u)] = grads.acquire(u);
+    backward(slot, u, p, g, tp, grad_scale);
+    if (u == 0) continue;
+    params.release(u), grads.release(u);
+    p[std::size_t(u)] = g[std::size_t(u)] = BufferView{};
+  }
+  if (m.d.embedding) {
+    if (m.d.head) params.release(0);
+    grads.release(0);
   }
 }
 

@@ -88,6 +88,10 @@ void require_data_parallel_only(const MeshSpec& mesh, const std::string& strateg
                       std::to_string(mesh.tp) + ", pp=" + std::to_string(mesh.pp) + ")");
 }
 
+OptionSpec bucket_mb_spec(const std::string& help) {
+  return {"bucket_mb", OptionType::real, "25", help, {}};
+}
+
 double bucket_mb_option(const Options& options) {
   constexpr double kMaxBucketMiB = 1048576;  // 1 TiB
   const double mib = options.get_real("bucket_mb");

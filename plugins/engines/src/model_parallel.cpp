@@ -75,20 +75,6 @@ bool units_on(const MpConfig& cfg, const MeshSpec& mesh) {
   return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.dp > 1;
 }
 
-// The AdamW segments covering local elements [begin, begin + count) of a buffer made of `all`.
-std::vector<AdamWSegment> slice_segments(const std::vector<AdamWSegment>& all, std::size_t begin,
-                                         std::size_t count) {
-  std::vector<AdamWSegment> r;
-  std::size_t at = 0;
-  const std::size_t end = begin + count;
-  for (const AdamWSegment& s : all) {
-    const std::size_t lo = std::max(at, begin), hi = std::min(at + s.count, end);
-    if (lo < hi) r.push_back({hi - lo, s.decay});
-    at += s.count;
-  }
-  return r;
-}
-
 std::string join(const std::vector<std::pair<int, int>>& r) {
   std::ostringstream s;
   for (std::size_t i = 0; i < r.size(); ++i)
@@ -129,25 +115,6 @@ const char* dp_mode_name(DpMode mode) {
     default:
       return "allreduce";
   }
-}
-
-std::vector<int> parse_stage_layers(const std::string& text) {
-  std::vector<int> r;
-  if (text.empty()) return r;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      std::size_t used = 0;
-      const int n = std::stoi(item, &used);
-      if (used != item.size() || n < 1) throw std::invalid_argument(item);
-      r.push_back(n);
-    } catch (const std::exception&) {
-      throw ConfigError("--plugin-opt stage_layers=" + text +
-                        ": must be a comma list of block counts >= 1, one per pipeline chunk");
-    }
-  }
-  return r;
 }
 
 std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,

@@ -6,36 +6,10 @@
 
 namespace strata::sharded {
 
-EngineConfig zero_engine_config(const std::string& name, const Options& o) {
-  EngineConfig c;
-  c.bucket_mb = bucket_mb_option(o);
-  c.overlap = o.get_bool("overlap");
-  c.forward_prefetch = c.backward_prefetch = int(o.get_int("prefetch"));
-  c.shard_grads = name != "zero1";
-  c.shard_params = name == "zero3";
-  c.offload_optimizer = o.get("offload") == "optimizer";
-  return c;
-}
-
-EngineConfig fsdp_engine_config(const std::string& name, const Options& o) {
-  EngineConfig c;
-  c.shard_grads = c.shard_params = true;
-  c.reshard_after_forward = name != "fsdp-grad-op";
-  c.hybrid = name == "fsdp-hybrid";
-  c.units_per_group = int(o.get_int("wrap"));
-  const std::string bp = o.get("backward_prefetch");
-  c.backward_prefetch = bp == "none" ? 0 : 1;
-  c.prefetch_post = bp == "post";
-  c.forward_prefetch = o.get_bool("forward_prefetch") ? 1 : 0;
-  c.max_gathers_in_flight = o.get_bool("limit_all_gathers") ? 2 : 0;
-  c.offload_optimizer = o.get("offload") == "optimizer";
-  return c;
-}
-
-std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c) {
-  const auto& units = layout.units();
+std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std::size_t>>& units,
+                                    int first_unit, int shards, const EngineConfig& c) {
   const int n_units = int(units.size());
-  std::vector<std::pair<int, int>> ranges;  // [first, last] units
+  std::vector<std::pair<int, int>> ranges;  // [first, last] local units
   if (c.shard_params) {
     for (int u = 0; u < n_units; u += c.units_per_group)
       ranges.emplace_back(u, std::min(n_units, u + c.units_per_group) - 1);
@@ -45,7 +19,7 @@ std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const
     int last = n_units - 1;
     double bytes = 0;
     for (int u = n_units - 1; u >= 0; --u) {
-      bytes += 4.0 * double(units[u].count);
+      bytes += 4.0 * double(units[u].second);
       if (bytes >= limit || u == 0) {
         ranges.emplace_back(u, last);
         last = u - 1;
@@ -57,15 +31,21 @@ std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const
   std::vector<ShardGroup> groups;
   for (auto [first, last] : ranges) {
     ShardGroup g;
-    g.first_unit = first;
-    g.last_unit = last;
-    g.offset = units[first].offset;
-    g.count = units[last].offset + units[last].count - g.offset;
+    g.first_unit = first_unit + first;
+    g.last_unit = first_unit + last;
+    g.offset = units[first].first;
+    g.count = units[last].first + units[last].second - g.offset;
     g.shards = shards;
     g.chunk = (g.count + shards - 1) / shards;
     groups.push_back(g);
   }
   return groups;
+}
+
+std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c) {
+  std::vector<std::pair<std::size_t, std::size_t>> units;
+  for (const UnitInfo& u : layout.units()) units.emplace_back(u.offset, u.count);
+  return make_groups(units, 0, shards, c);
 }
 
 namespace {
@@ -220,6 +200,9 @@ void replay_schedule(const std::vector<Action>& schedule, const std::vector<Shar
 
 Prediction predict(const PredictInput& in, const EngineConfig& c) {
   Prediction p = replicated_prediction(in);
+  // The StageModel's copy of the micro-batch's tokens in its activation slot.
+  p.memory_bytes[static_cast<int>(MemTag::workspace)] +=
+      double(StageModel::slot_token_bytes(in.model, in.train.micro_batch));
   int n = 1, i = 0;
   shard_position(in.mesh, in.rank, c.hybrid, &n, &i);
   const ParamLayout layout(in.model);

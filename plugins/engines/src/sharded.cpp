@@ -5,21 +5,26 @@ namespace strata::sharded {
 
 Engine::Engine(Context& ctx, const EngineConfig& c)
     : config_(c),
+      model_(std::make_unique<StageModel>(
+          ctx.model_spec(), ctx.train().micro_batch, whole_model(ctx.model_spec()), ctx.memory(),
+          ctx.train().recompute, ctx.train().precision.param, ctx.train().precision.tp_comm)),
       param_dtype_(ctx.train().precision.param),
       grad_dtype_(ctx.train().precision.reduce),
       memory_(&ctx.memory()) {
-  const ParamLayout& layout = ctx.model().layout();
+  const Partition& part = model_->partition();
   shard_group_ = &ctx.group(c.hybrid ? Axis::dp_intra_node : Axis::dp);
   if (c.hybrid) replica_group_ = &ctx.group(Axis::dp_inter_node);
   shard_index_ = shard_group_->rank();
-  groups_ = make_groups(layout, shard_group_->size(), c);
-  schedule_ = micro_batch_schedule(groups_, layout.num_units(), c);
+  groups_ = make_groups(StageModel::unit_ranges(ctx.model_spec(), part), part.first_unit,
+                        shard_group_->size(), c);
+  const int units = part.last_unit - part.first_unit + 1;
+  schedule_ = micro_batch_schedule(groups_, units, c);
   const int G = int(groups_.size());
   for (int g = 0; g < G; ++g)
     for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) group_of_unit_.push_back(g);
 
-  param_ptrs_.assign(layout.num_units(), BufferView{});
-  grad_ptrs_.assign(layout.num_units(), BufferView{});
+  param_ptrs_.assign(std::size_t(ctx.model_spec().layers) + 2, BufferView{});
+  grad_ptrs_.assign(param_ptrs_.size(), BufferView{});
   gathered_.resize(G);
   group_grads_.resize(G);
   reduced_.resize(G);
@@ -35,15 +40,15 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
     // be all-gathered in place.
     replica_params_ = DeviceBuffer(mem, MemTag::params, param_dtype_, total_padded);
     for (int g = 0; g < G; ++g) {
-      init_params(layout, seed, groups_[g].offset,
-                  replica_params_.view(base_[g], groups_[g].count));
-      point_units(layout, g, replica_params_.view(base_[g], groups_[g].padded()), param_ptrs_);
+      model_->init_params(seed, groups_[g].offset,
+                          replica_params_.view(base_[g], groups_[g].count));
+      point_units(g, replica_params_.view(base_[g], groups_[g].padded()), param_ptrs_);
     }
   } else {
     for (const ShardGroup& g : groups_) {
       shard_params_.emplace_back(mem, MemTag::params, param_dtype_, g.chunk);
-      init_params(layout, seed, g.offset + std::size_t(shard_index_) * g.chunk,
-                  shard_params_.back().view(0, g.valid(shard_index_)));
+      model_->init_params(seed, g.offset + std::size_t(shard_index_) * g.chunk,
+                          shard_params_.back().view(0, g.valid(shard_index_)));
     }
   }
   for (const ShardGroup& g : groups_)
@@ -51,12 +56,12 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
   if (!c.shard_grads) {
     replica_grads_ = DeviceBuffer(mem, MemTag::grads, grad_dtype_, total_padded);
     for (int g = 0; g < G; ++g)
-      point_units(layout, g, replica_grads_.view(base_[g], groups_[g].padded()), grad_ptrs_);
+      point_units(g, replica_grads_.view(base_[g], groups_[g].padded()), grad_ptrs_);
   }
   const MemTag state_tag = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
   for (const ShardGroup& g : groups_)
-    optimizers_.push_back(make_adamw(ctx, g.offset + std::size_t(shard_index_) * g.chunk,
-                                     g.valid(shard_index_), state_tag));
+    optimizers_.push_back(make_optimizer(ctx, g.offset + std::size_t(shard_index_) * g.chunk,
+                                         g.valid(shard_index_), state_tag));
   if (c.offload_optimizer)  // the host side of the copies, kept for the run like DeepSpeed's
     for (const ShardGroup& g : groups_) {
       host_grads_.emplace_back(mem, MemTag::offload, grad_dtype_, g.valid(shard_index_));
@@ -64,11 +69,21 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
     }
 }
 
-void Engine::point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const {
+Engine::~Engine() = default;
+
+void Engine::point_units(int g, BufferView group, UnitPtrs& ptrs) const {
   for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) {
-    const UnitInfo& unit = layout.units()[u];
-    ptrs[u] = slice(group, unit.offset - groups_[g].offset, unit.count);
+    const auto [offset, count] = model_->unit_range(u);
+    ptrs[std::size_t(u)] = slice(group, offset - groups_[g].offset, count);
   }
+}
+
+AdamW Engine::make_optimizer(Context& ctx, std::size_t begin, std::size_t count,
+                             MemTag state_tag) const {
+  AdamW opt(slice_segments(model_->adamw_segments(), begin, count), adamw_config(ctx), ctx.memory(),
+            param_dtype_, state_tag);
+  if (opt.master().data) model_->init_params(ctx.train().seed, begin, opt.master());
+  return opt;
 }
 
 void Engine::issue_gather(Context& ctx, int g) {
@@ -80,7 +95,7 @@ void Engine::issue_gather(Context& ctx, int g) {
     gather_done_[g] = ctx.comm_stream().all_gather(*sg, shard, full, ctx.compute_event());
   else
     ctx.ops().copy(slice(full, 0, grp.chunk), shard);
-  point_units(ctx.model().layout(), g, full, param_ptrs_);
+  point_units(g, full, param_ptrs_);
 }
 
 void Engine::reduce_grads(Context& ctx, int g) {
@@ -114,9 +129,10 @@ void Engine::finish_grads(Context& ctx, int g) {
 }
 
 void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
-  Model& model = ctx.model();
-  const ParamLayout& layout = model.layout();
+  StageModel& model = *model_;
+  const int head = model.partition().last_unit;
   const float scale = float(grad_scale(ctx));
+  slot_ = model.acquire_slot();
   for (const Action& a : schedule_) {
     const int g = a.index;
     switch (a.act) {
@@ -129,14 +145,13 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         break;
       case Act::forward: {
         PhaseTimer t(ctx, Phase::forward);  // one interval per unit: the --trace timeline
-        model.forward(g, param_ptrs_, mb);
-        if (g == layout.num_units() - 1)
-          ctx.report_loss(model.loss_sum(), double(mb.batch) * mb.seq);
+        model.forward(slot_, g, param_ptrs_, mb, nullptr);
+        if (g == head) ctx.report_loss(model.loss_sum(slot_), double(mb.batch) * mb.seq);
         break;
       }
       case Act::backward: {
         PhaseTimer t(ctx, Phase::backward);
-        model.backward(g, param_ptrs_, grad_ptrs_, mb, scale);
+        model.backward(slot_, g, param_ptrs_, grad_ptrs_, nullptr, scale);
         break;
       }
       case Act::free_params:
@@ -146,7 +161,7 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         break;
       case Act::alloc_grads:
         group_grads_[g] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, groups_[g].padded());
-        point_units(layout, g, group_grads_[g].view(), grad_ptrs_);
+        point_units(g, group_grads_[g].view(), grad_ptrs_);
         break;
       case Act::reduce_grads:
         reduce_grads(ctx, g);
@@ -156,6 +171,7 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         break;
     }
   }
+  model.release_slot(slot_);
 }
 
 void Engine::update(Context& ctx, int step) {

@@ -55,9 +55,6 @@ struct MpConfig {
 // The `dp` plugin option the tp and pp plugins share (allreduce, zero1, zero2, fsdp; MpConfig::dp).
 OptionSpec dp_option();
 
-// Parses "2,2,3,1" (the stage_layers option); empty string: balanced. Throws ConfigError.
-std::vector<int> parse_stage_layers(const std::string& text);
-
 // Unit ranges [first, last] of the pp x virtual_stages global chunks, in pipeline order: blocks
 // split as stage_layers says or evenly (earlier chunks take the remainder), the embedding joins
 // chunk 0 and the head the last chunk.

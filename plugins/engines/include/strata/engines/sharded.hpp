@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/data_parallel.hpp"
+#include "strata/stage_model.hpp"
 
 namespace strata::sharded {
 
@@ -51,13 +52,12 @@ struct ShardGroup {
   }
 };
 
+// The groups of the local units [first_unit, first_unit + units.size()), each (offset, count) in
+// the rank's local flat order (StageModel::unit_ranges; at tp 1 the model's ParamLayout).
+std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std::size_t>>& units,
+                                    int first_unit, int shards, const EngineConfig& c);
+// The whole model's groups at tp 1.
 std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c);
-
-// The engine's configuration for strategy `name` of the zero family (zero1, zero2, zero3) or the
-// fsdp family (fsdp, fsdp-grad-op, fsdp-hybrid) from its validated options: the plugins and the
-// step-time predictor read the options the same way.
-EngineConfig zero_engine_config(const std::string& name, const Options& o);
-EngineConfig fsdp_engine_config(const std::string& name, const Options& o);
 
 // One step of the schedule.
 enum class Act {
@@ -86,9 +86,12 @@ Prediction predict(const PredictInput& in, const EngineConfig& c);
 // One step of rank in.rank as the step-time predictor replays it (src/sharded_plan.cpp).
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c);
 
+// The engine on the rank's units of the model: a StageModel of the whole model at tp 1 (its
+// passes, one unit at a time, driven by the schedule).
 class Engine {
  public:
   Engine(Context& ctx, const EngineConfig& c);
+  ~Engine();
   void train_step(Context& ctx, int step);
 
  private:
@@ -106,11 +109,16 @@ class Engine {
   void step_offloaded(Context& ctx, int step, float clip);
   // ptrs[u] for the units of group g: their ranges in `group` (the group's elements from its
   // start).
-  void point_units(const ParamLayout& layout, int g, BufferView group, UnitPtrs& ptrs) const;
+  void point_units(int g, BufferView group, UnitPtrs& ptrs) const;
+  // AdamW for the local elements [begin, begin + count): their weight-decay segments, the fp32
+  // master of bf16 parameters initialised from the run's seed.
+  AdamW make_optimizer(Context& ctx, std::size_t begin, std::size_t count, MemTag state_tag) const;
 
   EngineConfig config_;
-  Group* shard_group_;              // dp, or dp_intra_node for hybrid
-  Group* replica_group_ = nullptr;  // hybrid: dp_inter_node
+  std::unique_ptr<StageModel> model_;  // the units this rank computes
+  int slot_ = -1;                      // the micro-batch's activation slot
+  Group* shard_group_;                 // dp, or dp_intra_node for hybrid
+  Group* replica_group_ = nullptr;     // hybrid: dp_inter_node
   int shard_index_ = 0;
   std::vector<ShardGroup> groups_;
   std::vector<int> group_of_unit_;
