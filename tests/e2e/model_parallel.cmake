@@ -70,6 +70,15 @@ foreach(mode zero2 fsdp)
                  --plugin-opt sp=on --plugin-opt dp=${mode})
   strata_e2e_checks(tp.dp4.${mode}.np8 8)
 endforeach()
+# The sharded engine's options under tp, which ran there only since dp=zero2|fsdp moved onto it:
+# each mode with its AdamW state offloaded to host memory and fsdp's gathers two units ahead. The
+# 1-rank trajectory, memory per tag (offload included) and bytes (d2h and h2d included) = predict.
+foreach(mode zero2 fsdp)
+  strata_e2e_run(tp.dp2.${mode}.offload.np4 4 --plugin tp --mesh dp=2,tp=2 --nodes 2
+                 --micro-batch 2 --plugin-opt sp=on --plugin-opt dp=${mode}
+                 --plugin-opt offload=optimizer --plugin-opt prefetch=2)
+  strata_e2e_checks(tp.dp2.${mode}.offload.np4 4)
+endforeach()
 # Gradients: zero2 holds the owned shards plus the embedding unit's and one other unit's padded
 # buffer, less than zero1's whole padded buffer plus its shard (the exact bytes: the predicted
 # checks above); fsdp holds parameter shards only, less than zero2's replica.

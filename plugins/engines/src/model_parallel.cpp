@@ -6,7 +6,6 @@
 #include <optional>
 #include <sstream>
 
-#include "dp_units.hpp"
 #include "strata/data_parallel.hpp"
 #include "strata/engines/sharded.hpp"
 
@@ -70,9 +69,11 @@ ShardGroup dp_shards(std::size_t total, int dp) {
 bool zero1_on(const MpConfig& cfg, const MeshSpec& mesh) {
   return cfg.dp == DpMode::zero1 && mesh.dp > 1;
 }
-// zero2 and fsdp: per-unit shard groups (dp_units.hpp).
+// zero2 and fsdp (pp = 1): the sharded engine on this rank's tp partition, every unit its own
+// shard group over dp.
 bool units_on(const MpConfig& cfg, const MeshSpec& mesh) {
-  return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.dp > 1;
+  return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) &&
+         (mesh.dp > 1 || cfg.offload_optimizer);
 }
 
 std::string join(const std::vector<std::pair<int, int>>& r) {
@@ -83,6 +84,17 @@ std::string join(const std::vector<std::pair<int, int>>& r) {
 }
 
 }  // namespace
+
+sharded::EngineConfig sharded_config(const MpConfig& cfg) {
+  sharded::EngineConfig c;
+  c.shard_grads = true;
+  c.shard_params = cfg.dp == DpMode::fsdp;
+  c.units_per_group = 1;  // fsdp: one unit per group
+  c.bucket_mb = 0;        // zero2: every unit a bucket of its own
+  c.forward_prefetch = c.backward_prefetch = cfg.prefetch;
+  c.offload_optimizer = cfg.offload_optimizer;
+  return c;
+}
 
 OptionSpec dp_option() {
   return {"dp",
@@ -147,6 +159,11 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
         (cfg.dp == DpMode::zero2 ? "ZeRO-2 would reduce-scatter every stage's gradients"
                                  : "FSDP would all-gather every stage's parameters again") +
         " for every micro-batch; use dp=zero1 or dp=allreduce");
+  // The sharded engine's options: with dp=zero2|fsdp only (the other dp modes have no such code).
+  if (cfg.prefetch < 0) throw ConfigError("--plugin-opt prefetch: must be >= 0");
+  if (cfg.offload_optimizer && !(cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp))
+    throw ConfigError("--plugin-opt offload=optimizer: needs dp=zero2 or dp=fsdp (got dp=" +
+                      std::string(dp_mode_name(cfg.dp)) + ")");
   if (!cfg.pipeline) {
     if (mesh.pp != 1)
       throw ConfigError("--mesh pp=" + std::to_string(mesh.pp) + ": " + who +
@@ -220,10 +237,7 @@ void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const Plan& pl
                      const MeshCoord& coord, std::size_t params, double& partial, Prediction& p) {
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  if (units_on(cfg, in.mesh)) {
-    predict_dp_units(in.model, plan.parts[0], in.mesh.dp, coord.dp, cfg.dp == DpMode::fsdp, per, p);
-    partial = 0;  // the sequence-parallel all-reduce covers the owned shards only (in there)
-  } else if (zero1_on(cfg, in.mesh)) {
+  if (zero1_on(cfg, in.mesh)) {
     // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
     // this rank's shard.
     const ShardGroup g = dp_shards(params, in.mesh.dp);
@@ -238,6 +252,12 @@ void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const Plan& pl
 }
 
 Prediction predict(const PredictInput& in, const MpConfig& cfg) {
+  if (units_on(cfg, in.mesh) && in.mesh.pp == 1) {
+    Prediction p =
+        sharded::predict(in, sharded_config(cfg), sharded::tp_partition(in, cfg.sequence_parallel));
+    p.notes = cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + p.notes;
+    return p;
+  }
   const MeshCoord coord = mesh_coord(in.mesh, in.rank);
   const Plan plan = make_plan(in.mesh, coord, in.model, in.train, cfg);
   const int B = in.train.micro_batch;
@@ -352,10 +372,6 @@ class Engine {
     if (ctx.mesh().tp > 1)
       tp_comm_ = cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
                                   : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
-    if (units_on(cfg, ctx.mesh())) {  // pp = 1 (validate): one chunk
-      units_ = std::make_unique<DpUnits>(ctx, *chunks_.front(), cfg.dp == DpMode::fsdp);
-      return;
-    }
     const MixedPrecision& mp = ctx.train().precision;
     zero1_ = zero1_on(cfg, ctx.mesh());
     // allreduce: one shard, the whole buffer; zero1: the padded buffer, this rank owns chunk i.
@@ -381,10 +397,7 @@ class Engine {
   }
 
   void train_step(Context& ctx, int step) {
-    if (units_)
-      units_->begin_step(ctx);
-    else
-      ctx.ops().fill(grads_.view(), 0);
+    ctx.ops().fill(grads_.view(), 0);
     Group* tp = ctx.mesh().tp > 1 ? &ctx.group(Axis::tp) : nullptr;
     Group& pp = ctx.group(Axis::pp);
     std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
@@ -403,7 +416,6 @@ class Engine {
         for (std::size_t s = 0; s < pending_[c].size(); ++s) wait_sends(ctx, int(c), int(s));
       exchange_tied_grads(ctx, pp);
     }
-    if (units_) return units_->step(ctx, step, tp);
     reduce_partial_grads(ctx, tp);
     if (zero1_) return step_shard(ctx, step, tp, pp);
     Group& dp = ctx.group(Axis::dp);
@@ -539,10 +551,7 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::forward);
-      if (units_)
-        sm.forward(slot, units_->params(), mb, tp_comm_.get());
-      else
-        sm.forward(slot, chunk_view(params_, a.chunk), mb, tp_comm_.get());
+      sm.forward(slot, chunk_view(params_, a.chunk), mb, tp_comm_.get());
     }
     if (sm.has_head())
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
@@ -570,12 +579,8 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::backward);
-      if (units_)
-        sm.backward(slot, units_->params(), units_->grads(ctx), tp_comm_.get(),
-                    float(grad_scale(ctx)));
-      else
-        sm.backward(slot, chunk_view(params_, a.chunk), chunk_view(grads_, a.chunk), tp_comm_.get(),
-                    float(grad_scale(ctx)));
+      sm.backward(slot, chunk_view(params_, a.chunk), chunk_view(grads_, a.chunk), tp_comm_.get(),
+                  float(grad_scale(ctx)));
     }
     if (k > 0) {
       // The slot's send buffer last carried its activation: that send is done (the next stage
@@ -625,12 +630,28 @@ class Engine {
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
   std::optional<BoundaryBuffers> boundary_;               // pipelines (more than one chunk)
-  std::unique_ptr<DpUnits> units_;                        // zero2, fsdp (else null)
 };
 
 MpStrategy::MpStrategy(MpConfig c) : config_(std::move(c)) {}
 MpStrategy::~MpStrategy() = default;
-void MpStrategy::setup(Context& ctx) { engine_ = std::make_unique<Engine>(ctx, config_); }
-void MpStrategy::train_step(Context& ctx, int step) { engine_->train_step(ctx, step); }
+
+void MpStrategy::setup(Context& ctx) {
+  if (!units_on(config_, ctx.mesh())) {
+    engine_ = std::make_unique<Engine>(ctx, config_);
+    return;
+  }
+  // dp=zero2|fsdp (pp = 1): the sharded engine on this rank's tp partition.
+  if (ctx.mesh().tp > 1)
+    tp_comm_ = config_.make_tp_comm ? config_.make_tp_comm(ctx.group(Axis::tp))
+                                    : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
+  const Partition part{0, ctx.model_spec().layers + 1, ctx.mesh().tp, ctx.coord().tp,
+                       config_.sequence_parallel && ctx.mesh().tp > 1};
+  sharded_ = std::make_unique<sharded::Engine>(ctx, sharded_config(config_), part, tp_comm_.get());
+}
+
+void MpStrategy::train_step(Context& ctx, int step) {
+  if (sharded_) return sharded_->train_step(ctx, step);
+  engine_->train_step(ctx, step);
+}
 
 }  // namespace strata::mp

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "dp_units.hpp"
 #include "strata/data_parallel.hpp"
 #include "strata/engines/model_parallel.hpp"
 
@@ -15,53 +14,6 @@ namespace {
 int activation_tag(int micro, int k, int K) { return 2 * (micro * K + k); }
 int gradient_tag(int micro, int k, int K) { return 2 * (micro * K + k) + 1; }
 constexpr int kTiedTag = -1;
-
-// dp=zero2|fsdp at dp > 1 (pp = 1; DpUnits): every unit its own shard group over dp. fsdp
-// all-gathers a unit into a new buffer before each pass over it (the embedding once per pass,
-// held for the head); every unit's gradient gets a new padded buffer, and after its backward a
-// reduce-scatter on the comm stream, the one before it waited for first (one in flight; the
-// embedding's, the last, at once). Then DpUnits::step: the norm over dp and tp, AdamW of the
-// owned shards, zero2's all-gather of every unit.
-void dp_units_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord& me,
-                   StepPlan& plan) {
-  const bool fsdp = cfg.dp == DpMode::fsdp;
-  const int units = ParamLayout(in.model).num_units();
-  const Partition part{0, units - 1, in.mesh.tp, me.tp, plan.sequence_parallel};
-  const UnitGroups u = unit_groups(in.model, part, in.mesh.dp);
-  const StateBytes per = state_bytes_per_param(in.train.precision);
-  std::vector<PlanAction>& mb = plan.micro_batch;
-  auto padded = [&](int g) { return double(u.groups[std::size_t(g)].padded()); };
-  auto gather = [&](int g) {
-    if (!fsdp) return;
-    mb.push_back(plan_fresh(per.params * padded(g)));
-    mb.push_back(plan_comm(CommOp::all_gather, per.params * padded(g), Axis::dp));
-  };
-  for (int g = 0; g < units; ++g) gather(g), mb.push_back(plan_forward(g));
-  gather(0);  // the embedding, held through the backward (the head's wte)
-  constexpr int kReduced = 0;
-  for (int g = units - 1; g >= 0; --g) {
-    if (g > 0) gather(g);
-    mb.push_back(plan_fresh(per.grads * padded(g)));
-    mb.push_back(plan_backward(g));
-    if (g < units - 1) mb.push_back(plan_wait(kReduced));
-    mb.push_back(plan_fresh(per.grads * double(u.groups[std::size_t(g)].chunk)));
-    mb.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(g), Axis::dp, g > 0 ? 0 : -1,
-                           kReduced));
-  }
-  plan.micro_batches = in.train.micro_steps(in.mesh);
-  double partial = 0;  // sp: the owned parts of the replicated tensors' partial gradients
-  for (const OwnedSlice& o : owned_partials(in.model, part, u, me.dp)) partial += double(o.count);
-  if (partial > 0)
-    plan.step.push_back(plan_comm(CommOp::all_reduce, per.grads * partial, Axis::tp));
-  plan.step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::dp));
-  if (in.mesh.tp > 1) plan.step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::tp));
-  double owned = 0;
-  for (const sharded::ShardGroup& g : u.groups) owned += double(g.valid(me.dp));
-  plan.step.push_back(plan_update(owned));
-  if (!fsdp)
-    for (int g = 0; g < units; ++g)
-      plan.step.push_back(plan_comm(CommOp::all_gather, per.params * padded(g), Axis::dp));
-}
 
 // The schedule of stage me.pp: a forward receives its input from the previous chunk's stage and
 // sends its output on; a backward receives its output's gradient and sends its input's back.
@@ -99,10 +51,11 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1) {
-    if (in.mesh.pp > 1)  // validate() refuses it; a plan asked anyway says so
-      plan.unmodelled = std::string("dp=") + dp_mode_name(cfg.dp) + " runs with pp = 1 only";
-    else
-      dp_units_plan(in, cfg, me, plan);
+    if (in.mesh.pp == 1)  // the sharded engine on the tp partition
+      return sharded::plan_step(in, sharded_config(cfg),
+                                sharded::tp_partition(in, cfg.sequence_parallel));
+    // validate() refuses it; a plan asked anyway says so
+    plan.unmodelled = std::string("dp=") + dp_mode_name(cfg.dp) + " runs with pp = 1 only";
     return plan;
   }
   const int P = in.mesh.pp, v = cfg.pipeline ? cfg.virtual_stages : 1;

@@ -42,6 +42,37 @@ std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std
   return groups;
 }
 
+std::vector<ShardSlice> owned_slices(const std::vector<LocalTensor>& tensors,
+                                     const std::vector<ShardGroup>& groups, int index,
+                                     const std::function<bool(const LocalTensor&)>& keep) {
+  std::vector<ShardSlice> r;
+  for (int g = 0; g < int(groups.size()); ++g) {
+    const ShardGroup& grp = groups[std::size_t(g)];
+    const std::size_t begin = grp.offset + std::size_t(index) * grp.chunk;
+    const std::size_t end = begin + grp.valid(index);
+    for (const LocalTensor& t : tensors) {
+      const std::size_t lo = std::max(t.offset, begin), hi = std::min(t.offset + t.count, end);
+      if (lo >= hi || !keep(t)) continue;
+      if (!r.empty() && r.back().group == g && r.back().at + r.back().count == lo - begin)
+        r.back().count += hi - lo;
+      else
+        r.push_back({g, lo - begin, hi - lo});
+    }
+  }
+  return r;
+}
+
+double partial_count(const ModelSpec& model, const Partition& part,
+                     const std::vector<ShardGroup>& groups, int index) {
+  if (!part.sequence_parallel || part.tp_size == 1) return 0;
+  double n = 0;
+  for (const ShardSlice& s :
+       owned_slices(StageModel::local_tensors(model, part), groups, index,
+                    [](const LocalTensor& t) { return t.shard == ShardKind::replicated; }))
+    n += double(s.count);
+  return n;
+}
+
 std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c) {
   std::vector<std::pair<std::size_t, std::size_t>> units;
   for (const UnitInfo& u : layout.units()) units.emplace_back(u.offset, u.count);
@@ -198,16 +229,30 @@ void replay_schedule(const std::vector<Action>& schedule, const std::vector<Shar
   }
 }
 
+Partition tp_partition(const PredictInput& in, bool sequence_parallel) {
+  const int tp = in.mesh.tp;
+  return {0, in.model.layers + 1, tp, mesh_coord(in.mesh, in.rank).tp, sequence_parallel && tp > 1};
+}
+
 Prediction predict(const PredictInput& in, const EngineConfig& c) {
-  Prediction p = replicated_prediction(in);
-  // The StageModel's copy of the micro-batch's tokens in its activation slot.
-  p.memory_bytes[static_cast<int>(MemTag::workspace)] +=
-      double(StageModel::slot_token_bytes(in.model, in.train.micro_batch));
+  return predict(in, c, whole_model(in.model));
+}
+
+Prediction predict(const PredictInput& in, const EngineConfig& c, const Partition& part) {
+  Prediction p;
+  auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
+  const int B = in.train.micro_batch;
+  // The StageModel of the partition: one activation slot and its copy of the micro-batch's
+  // tokens; beside it the core's micro-batch.
+  mem(MemTag::activations) = double(predict_activations(in.model, B, part, in.train.recompute,
+                                                        in.train.precision.param, in.train.device)
+                                        .total(1));
+  mem(MemTag::workspace) =
+      double(batch_workspace_bytes(in.train, in.model) + StageModel::slot_token_bytes(in.model, B));
   int n = 1, i = 0;
   shard_position(in.mesh, in.rank, c.hybrid, &n, &i);
-  const ParamLayout layout(in.model);
-  const auto groups = make_groups(layout, n, c);
-
+  const auto units = StageModel::unit_ranges(in.model, part);
+  const auto groups = make_groups(units, part.first_unit, n, c);
   double padded = 0, chunks = 0, valid = 0;
   for (const ShardGroup& g : groups) {
     padded += double(g.padded());
@@ -232,14 +277,24 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
     for (const ShardGroup& g : groups)
       sim.on_alloc(MemTag::offload,
                    bytes_of(Gr, double(g.valid(i))) + bytes_of(P, double(g.valid(i))));
+  // Under tp: the bf16 tp comm buffer, and with sequence parallelism the pack of the partial
+  // gradients' owned parts (Engine::reduce_partial_grads).
+  sim.on_alloc(MemTag::comm_buffers,
+               StageModel::tp_comm_buffer_bytes(in.model, B, part, in.train.precision.tp_comm));
+  sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, partial_count(in.model, part, groups, i)));
   // Working buffers, replayed from the schedule.
-  replay_schedule(micro_batch_schedule(groups, layout.num_units(), c), groups, P, Gr, sim);
+  replay_schedule(micro_batch_schedule(groups, int(units.size()), c), groups, P, Gr, sim);
   for (MemTag t :
        {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
-    p.memory_bytes[static_cast<int>(t)] = double(sim.peak(t));
+    mem(t) = double(sim.peak(t));
+  double local = 0;
+  for (const auto& u : units) local += double(u.second);
   std::ostringstream notes;
-  notes << groups.size() << " group(s) over " << n << " shard(s); padding "
-        << (padded - double(layout.total())) << " elements";
+  notes << groups.size() << " group(s) over " << n << " shard(s); padding " << (padded - local)
+        << " elements";
+  if (part.tp_size > 1)
+    notes << "; tp rank " << part.tp_rank << " of " << part.tp_size
+          << (part.sequence_parallel ? " with sequence parallelism" : "");
   if (c.offload_optimizer) notes << "; optimizer state in host memory (offload)";
   p.notes = notes.str();
   return p;

@@ -4,10 +4,16 @@
 namespace strata::sharded {
 
 Engine::Engine(Context& ctx, const EngineConfig& c)
+    : Engine(ctx, c, whole_model(ctx.model_spec()), nullptr) {}
+
+Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
+               TensorParallelComm* tp)
     : config_(c),
       model_(std::make_unique<StageModel>(
-          ctx.model_spec(), ctx.train().micro_batch, whole_model(ctx.model_spec()), ctx.memory(),
-          ctx.train().recompute, ctx.train().precision.param, ctx.train().precision.tp_comm)),
+          ctx.model_spec(), ctx.train().micro_batch, partition, ctx.memory(), ctx.train().recompute,
+          ctx.train().precision.param, ctx.train().precision.tp_comm)),
+      tp_(partition.tp_size > 1 ? tp : nullptr),
+      tp_group_(partition.tp_size > 1 ? &ctx.group(Axis::tp) : nullptr),
       param_dtype_(ctx.train().precision.param),
       grad_dtype_(ctx.train().precision.reduce),
       memory_(&ctx.memory()) {
@@ -67,6 +73,17 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
       host_grads_.emplace_back(mem, MemTag::offload, grad_dtype_, g.valid(shard_index_));
       host_params_.emplace_back(mem, MemTag::offload, param_dtype_, g.valid(shard_index_));
     }
+  const StageModel& sm = *model_;
+  norm_slices_ = owned_slices(sm.tensors(), groups_, shard_index_,
+                              [&](const LocalTensor& t) { return sm.in_grad_norm(t); });
+  if (tp_group_ && part.sequence_parallel) {
+    partial_slices_ = owned_slices(sm.tensors(), groups_, shard_index_, [](const LocalTensor& t) {
+      return t.shard == ShardKind::replicated;
+    });
+    std::size_t partial = 0;
+    for (const ShardSlice& p : partial_slices_) partial += p.count;
+    partial_pack_ = DeviceBuffer(mem, MemTag::comm_buffers, grad_dtype_, partial);
+  }
 }
 
 Engine::~Engine() = default;
@@ -145,13 +162,13 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
         break;
       case Act::forward: {
         PhaseTimer t(ctx, Phase::forward);  // one interval per unit: the --trace timeline
-        model.forward(slot_, g, param_ptrs_, mb, nullptr);
+        model.forward(slot_, g, param_ptrs_, mb, tp_);
         if (g == head) ctx.report_loss(model.loss_sum(slot_), double(mb.batch) * mb.seq);
         break;
       }
       case Act::backward: {
         PhaseTimer t(ctx, Phase::backward);
-        model.backward(slot_, g, param_ptrs_, grad_ptrs_, nullptr, scale);
+        model.backward(slot_, g, param_ptrs_, grad_ptrs_, tp_, scale);
         break;
       }
       case Act::free_params:
@@ -190,11 +207,9 @@ void Engine::update(Context& ctx, int step) {
     }
     for (Event& e : done) e.wait();
   }
+  reduce_partial_grads(ctx);
   PhaseTimer timer(ctx, Phase::optimizer);
-  double sumsq = 0;
-  for (int g = 0; g < G; ++g) sumsq += ctx.ops().sum_of_squares(grads_of(g));
-  if (ctx.train().grad_clip > 0 && sg.size() > 1) sg.all_reduce({&sumsq, 1, DType::f64});
-  const float clip = clip_scale(std::sqrt(sumsq), ctx.train().grad_clip);
+  const float clip = clip_scale(std::sqrt(shard_sum_of_squares(ctx)), ctx.train().grad_clip);
   if (config_.offload_optimizer)
     step_offloaded(ctx, step, clip);
   else
@@ -209,6 +224,33 @@ void Engine::update(Context& ctx, int step) {
     }
     for (Event& e : done) e.wait();
   }
+}
+
+void Engine::reduce_partial_grads(Context& ctx) {
+  if (partial_slices_.empty()) return;
+  DeviceOps& ops = ctx.ops();
+  auto each = [&](auto&& f) {
+    std::size_t at = 0;
+    for (const ShardSlice& p : partial_slices_) {
+      f(shard_grads_[std::size_t(p.group)].view(p.at, p.count), partial_pack_.view(at, p.count));
+      at += p.count;
+    }
+  };
+  each([&](BufferView g, BufferView pack) { ops.copy(pack, g); });
+  tp_group_->all_reduce(partial_pack_.view());
+  each([&](BufferView g, BufferView pack) { ops.copy(g, pack); });
+}
+
+// Only with clipping on does the norm cross ranks: its shards' squares over the shard group (the
+// replicas of hybrid sharding hold equal shards), then over tp.
+double Engine::shard_sum_of_squares(Context& ctx) {
+  double sumsq = 0;
+  for (const ShardSlice& s : norm_slices_)
+    sumsq += ctx.ops().sum_of_squares(shard_grads_[std::size_t(s.group)].view(s.at, s.count));
+  if (ctx.train().grad_clip <= 0) return sumsq;
+  if (shard_group_->size() > 1) shard_group_->all_reduce({&sumsq, 1, DType::f64});
+  if (tp_group_) tp_group_->all_reduce({&sumsq, 1, DType::f64});
+  return sumsq;
 }
 
 BufferView Engine::params_of(int g) {

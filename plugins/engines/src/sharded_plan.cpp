@@ -78,23 +78,34 @@ void offloaded_update(const std::vector<ShardGroup>& groups, int index, const Tr
 }  // namespace
 
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c) {
+  return plan_step(in, c, whole_model(in.model));
+}
+
+StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part) {
   const Mesh mesh(in.mesh);
   const Axis shard_axis = c.hybrid ? Axis::dp_intra_node : Axis::dp;
   const int n = int(mesh.group(shard_axis, in.rank).size()), replicas = in.mesh.dp / n;
   const int index = mesh.index_in_group(shard_axis, in.rank);
-  const ParamLayout layout(in.model);
-  const auto groups = make_groups(layout, n, c);
+  const auto units = StageModel::unit_ranges(in.model, part);
+  const auto groups = make_groups(units, part.first_unit, n, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   StepPlan plan;
-  plan.micro_batch = micro_batch_plan(groups, layout.num_units(), c, per, shard_axis, n, replicas);
+  plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
+  plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, per, shard_axis, n, replicas);
   plan.micro_batches = in.train.micro_steps(in.mesh);
-  // Engine::update(): zero1's reduce-scatters, the norm, AdamW of this rank's shard (on the host
-  // with offload), zero1/2's all-gathers of the updated shards; each waited for at once.
+  // Engine::update(): zero1's reduce-scatters, the sequence-parallel partial gradients over tp,
+  // the norm, AdamW of this rank's shard (on the host with offload), zero1/2's all-gathers of the
+  // updated shards; each waited for at once.
   std::vector<PlanAction>& step = plan.step;
   for (const ShardGroup& g : groups)
     if (n > 1 && !c.shard_grads)
       step.push_back(plan_comm(CommOp::reduce_scatter, per.grads * double(g.padded()), shard_axis));
-  if (n > 1 && in.train.grad_clip > 0) step.push_back(plan_comm(CommOp::all_reduce, 8, shard_axis));
+  if (const double partial = partial_count(in.model, part, groups, index); partial > 0)
+    step.push_back(plan_comm(CommOp::all_reduce, per.grads * partial, Axis::tp));
+  if (in.train.grad_clip > 0) {
+    if (n > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, shard_axis));
+    if (part.tp_size > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::tp));
+  }
   if (c.offload_optimizer)
     offloaded_update(groups, index, in.train, step);
   else

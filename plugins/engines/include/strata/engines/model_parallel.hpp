@@ -14,10 +14,11 @@
 // 1/dp of them only, the norm adds the shards' squares over dp, tp and pp, and the updated
 // shards are all-gathered over dp.
 //
-// dp=zero2 and dp=fsdp (pp = 1): each unit its own shard group over dp, gradients reduce-scattered
-// per unit as the backward produces them, parameters (fsdp) all-gathered per unit before use and
-// freed after (src/dp_units.hpp). With pp > 1 they are refused, as DeepSpeed refuses ZeRO-2/3 with
-// its pipeline engine.
+// dp=zero2 and dp=fsdp (pp = 1): the sharded engine (strata/engines/sharded.hpp) on the rank's tp
+// partition, each unit its own shard group over dp: gradients reduce-scattered per unit as the
+// backward produces them, parameters (fsdp) all-gathered per unit before use and freed after,
+// `prefetch` units ahead, AdamW state optionally in host memory (`offload`). With pp > 1 they
+// are refused, as DeepSpeed refuses ZeRO-2/3 with its pipeline engine.
 #pragma once
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "strata/engines/pipe_schedule.hpp"
+#include "strata/engines/sharded.hpp"
 #include "strata/plugin.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/tensor_parallel.hpp"
@@ -32,7 +34,7 @@
 namespace strata::mp {
 
 // The data-parallel part: all-reduce, ZeRO-1 (Megatron's distributed optimizer), ZeRO-2, or
-// FSDP / ZeRO-3 (the last two with pp = 1 only: src/dp_units.hpp). No effect at dp 1.
+// FSDP / ZeRO-3 (the last two with pp = 1 only, on the sharded engine). No effect at dp 1.
 enum class DpMode { allreduce, zero1, zero2, fsdp };
 DpMode dp_mode(const std::string& option);  // the `dp` option's value
 const char* dp_mode_name(DpMode mode);
@@ -46,11 +48,18 @@ struct MpConfig {
   DpMode dp = DpMode::allreduce;  // the `dp` option
   std::vector<int> stage_layers;  // blocks per global chunk (pp x virtual_stages); empty: balanced
   int microbatches = 0;           // 0: global_batch / (micro_batch x dp); else must equal that
+  // dp=zero2|fsdp (the sharded engine): units gathered ahead, AdamW state in host memory.
+  int prefetch = 1;
+  bool offload_optimizer = false;
   // The tensor-parallel collectives inside the layers (strata/tensor_parallel.hpp), made once per
   // run from the tp group; empty: SyncTensorParallelComm (one blocking collective per call). A tp
   // strategy that overlaps them supplies its own here.
   std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
 };
+
+// The sharded engine's configuration of dp=zero2|fsdp (every unit its own group; the config's
+// prefetch and offload).
+sharded::EngineConfig sharded_config(const MpConfig& config);
 
 // The `dp` plugin option the tp and pp plugins share (allreduce, zero1, zero2, fsdp; MpConfig::dp).
 OptionSpec dp_option();
@@ -86,6 +95,9 @@ class MpStrategy final : public Strategy {
  private:
   MpConfig config_;
   std::unique_ptr<Engine> engine_;
+  // dp=zero2|fsdp at pp = 1: the sharded engine on the tp partition, and its tp collectives.
+  std::unique_ptr<TensorParallelComm> tp_comm_;
+  std::unique_ptr<sharded::Engine> sharded_;
 };
 
 }  // namespace strata::mp

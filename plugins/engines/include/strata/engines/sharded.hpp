@@ -10,6 +10,7 @@
 // accounts it, so memory and bytes on the wire can be predicted exactly and compared.
 #pragma once
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,23 @@ struct ShardGroup {
   }
 };
 
+// Elements [at, at + count) of group `group`'s shard on one rank.
+struct ShardSlice {
+  int group;
+  std::size_t at, count;
+};
+// The elements of rank `index`'s shards that lie in the local tensors `keep` selects, in group
+// order, adjacent ones merged: the norm's elements (StageModel::in_grad_norm), or under sequence
+// parallelism the replicated tensors' (partial per tp rank).
+std::vector<ShardSlice> owned_slices(const std::vector<LocalTensor>& tensors,
+                                     const std::vector<ShardGroup>& groups, int index,
+                                     const std::function<bool(const LocalTensor&)>& keep);
+
+// Under sequence parallelism, the elements of rank `index`'s shards in replicated tensors (their
+// gradients are partial per tp rank, all-reduced over tp before the update); 0 otherwise.
+double partial_count(const ModelSpec& model, const Partition& part,
+                     const std::vector<ShardGroup>& groups, int index);
+
 // The groups of the local units [first_unit, first_unit + units.size()), each (offset, count) in
 // the rank's local flat order (StageModel::unit_ranges; at tp 1 the model's ParamLayout).
 std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std::size_t>>& units,
@@ -82,15 +100,25 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
 // Human-readable schedule (for --dry-run and docs).
 std::string describe_schedule(const std::vector<Action>& actions);
 
-Prediction predict(const PredictInput& in, const EngineConfig& c);
-// One step of rank in.rank as the step-time predictor replays it (src/sharded_plan.cpp).
+// Memory of rank in.rank: the engine on `part`, the rank's partition of the model (whole_model at
+// tp 1; a tp rank's, sequence parallel or not, under tensor parallelism).
+Prediction predict(const PredictInput& in, const EngineConfig& c, const Partition& part);
+Prediction predict(const PredictInput& in, const EngineConfig& c);  // the whole model at tp 1
+// One step of rank in.rank as it runs and moves bytes (src/sharded_plan.cpp).
+StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part);
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c);
+// The partition of rank in.rank under tensor parallelism (the whole model at tp 1).
+Partition tp_partition(const PredictInput& in, bool sequence_parallel);
 
-// The engine on the rank's units of the model: a StageModel of the whole model at tp 1 (its
-// passes, one unit at a time, driven by the schedule).
+// The engine on the rank's units of the model: a StageModel of `part` (the whole model at tp 1; a
+// tp rank's partition as the data-parallel axis of tp, with the tp collectives `tp`), its passes
+// one unit at a time, driven by the schedule. Under tp the gradient norm adds the tp ranks'
+// shares and, with sequence parallelism, the owned parts of the replicated tensors' partial
+// gradients are all-reduced over tp before the update (Megatron's sequence-parallel reduction).
 class Engine {
  public:
   Engine(Context& ctx, const EngineConfig& c);
+  Engine(Context& ctx, const EngineConfig& c, const Partition& part, TensorParallelComm* tp);
   ~Engine();
   void train_step(Context& ctx, int step);
 
@@ -114,11 +142,20 @@ class Engine {
   // master of bf16 parameters initialised from the run's seed.
   AdamW make_optimizer(Context& ctx, std::size_t begin, std::size_t count, MemTag state_tag) const;
 
+  // Sequence parallelism: the owned parts of the replicated tensors' gradients summed over tp.
+  void reduce_partial_grads(Context& ctx);
+  // This rank's share of the squared gradient norm: its shards' elements StageModel counts.
+  double shard_sum_of_squares(Context& ctx);
+
   EngineConfig config_;
   std::unique_ptr<StageModel> model_;  // the units this rank computes
+  TensorParallelComm* tp_ = nullptr;   // tp > 1: the collectives inside the passes
+  Group* tp_group_ = nullptr;          // tp > 1: the norm's and the partial gradients' sums
   int slot_ = -1;                      // the micro-batch's activation slot
-  Group* shard_group_;                 // dp, or dp_intra_node for hybrid
-  Group* replica_group_ = nullptr;     // hybrid: dp_inter_node
+  std::vector<ShardSlice> norm_slices_, partial_slices_;
+  DeviceBuffer partial_pack_;  // MemTag::comm_buffers: partial_slices_ packed for the all-reduce
+  Group* shard_group_;         // dp, or dp_intra_node for hybrid
+  Group* replica_group_ = nullptr;  // hybrid: dp_inter_node
   int shard_index_ = 0;
   std::vector<ShardGroup> groups_;
   std::vector<int> group_of_unit_;
