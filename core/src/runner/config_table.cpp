@@ -260,6 +260,14 @@ std::vector<Row> what_to_run_rows() {
            [](RunConfig& c, const std::string& s) { c.describe = s; }),
       flag("dry-run", W, "print the predicted memory and comm per step and exit",
            [](RunConfig& c, bool b) { c.dry_run = b; }),
+  };
+}
+
+// What to run, continued: the predictor's requests (profiles, calibration, memory, the advisor).
+std::vector<Row> prediction_rows() {
+  using K = OptionKind;
+  const char* W = "What to run";
+  return {
       with_rule(text("profile", W, K::text, "",
                      "machine profile (HDF5): --dry-run predicts step time, tokens/s and MFU from "
                      "it, a run stores its predicted step time beside the measured one in "
@@ -306,6 +314,14 @@ std::vector<Row> what_to_run_rows() {
                 {"", "0", "1,,2", "a", "1,-2", "99999"}),
       integer("advise-top", W, "10", 1, 100000, "with --advise: table rows to print",
               [](RunConfig& c, long long v) { c.advise_top = int(v); }),
+  };
+}
+
+// What to run, continued: the backends, the config file, the help.
+std::vector<Row> backend_rows() {
+  using K = OptionKind;
+  const char* W = "What to run";
+  return {
       choice(text("transport", W, K::choice, "mpi", "communication backend of the mesh groups",
                   [](RunConfig& c, const std::string& s) { c.transport = s; }),
              transports_built()),
@@ -493,7 +509,8 @@ std::vector<Row> results_rows() {
 // (the model preset before the sizes that override it).
 std::vector<Row> make_rows() {
   std::vector<Row> rows;
-  for (auto section : {what_to_run_rows, model_rows, training_rows, launch_rows, results_rows}) {
+  for (auto section : {what_to_run_rows, prediction_rows, backend_rows, model_rows, training_rows,
+                       launch_rows, results_rows}) {
     std::vector<Row> more = section();
     rows.insert(rows.end(), more.begin(), more.end());
   }
