@@ -229,12 +229,11 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
   return notes.str();
 }
 
-// The dp axis's state per choice: `params` local parameters (`partial` of them replicated under
-// sequence parallelism: the all-reduce buffer it needs, zeroed where the per-unit shards cover
-// it). Parameters, gradients and optimizer state by precision. The bytes on the wire are the
-// plan's (mp_plan.cpp).
-void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
-                     const MeshCoord& coord, std::size_t params, double& partial, Prediction& p) {
+// The dp axis's state of allreduce and zero1 for `params` local parameters: parameters,
+// gradients and optimizer state by precision (zero2 and fsdp are the sharded engine's). The bytes
+// on the wire are the plan's (mp_plan.cpp).
+void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const MeshCoord& coord,
+                     std::size_t params, Prediction& p) {
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
   const StateBytes per = state_bytes_per_param(in.train.precision);
   if (zero1_on(cfg, in.mesh)) {
@@ -293,7 +292,7 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
     mem(MemTag::comm_buffers) +=
         double(StageModel::boundary_count(in.model, B, plan.parts[0])) * dtype_size(tp_comm);
   // Activations stay fp32 (the residual stream is fp32 in every precision); the rest by precision.
-  predict_dp_axis(in, cfg, plan, coord, params, partial, p);
+  predict_dp_axis(in, cfg, coord, params, p);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
   if (plan.tied_exchange()) mem(MemTag::comm_buffers) += wte;
