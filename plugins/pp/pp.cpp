@@ -36,7 +36,13 @@ std::vector<OptionSpec> options(bool interleaved) {
        "off",
        "sequence parallelism inside each stage's tensor-parallel group",
        {"on", "off"}},
-      mp::dp_option()};
+      mp::dp_option(),
+      {"offload",
+       OptionType::choice,
+       "none",
+       "dp=zero1: optimizer: AdamW state (m, v, bf16's fp32 master) of the rank's shard in host "
+       "memory, the update on the CPU (Megatron's optimizer CPU offload)",
+       {"none", "optimizer"}}};
   if (interleaved)
     o.push_back({"virtual_stages",
                  OptionType::integer,
@@ -92,6 +98,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.dp = mp::dp_mode(o.get("dp"));
   c.stage_layers = parse_stage_layers(o.get("stage_layers"));
   c.microbatches = int(o.get_int("microbatches"));
+  c.offload_optimizer = o.get("offload") == "optimizer";
   return std::make_unique<mp::MpStrategy>(c);
 }
 

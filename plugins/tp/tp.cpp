@@ -34,8 +34,8 @@ const PluginDescriptor& descriptor() {
          {"offload",
           OptionType::choice,
           "none",
-          "dp=zero2|fsdp: optimizer: AdamW state (m, v, bf16's fp32 master) in host memory, the "
-          "update on the CPU",
+          "dp=zero1|zero2|fsdp: optimizer: AdamW state (m, v, bf16's fp32 master) in host "
+          "memory, the update on the CPU",
           {"none", "optimizer"}}}}}};
   return d;
 }

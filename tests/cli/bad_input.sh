@@ -95,7 +95,7 @@ check "--plugin 1f1b with --plugin-opt dp=zero2: refused at pp=2, as DeepSpeed r
 check "--plugin gpipe with --plugin-opt dp=fsdp: refused at pp=2, as DeepSpeed refuses ZeRO-2/3 with its pipeline engine" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp
 check "--plugin interleaved with --plugin-opt dp=zero2: refused at pp=2" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=zero2 --layers 4
 # The sharded engine's options under tp: with dp=zero2|fsdp only.
-check "--plugin-opt offload=optimizer: needs dp=zero2 or dp=fsdp (got dp=zero1)" --plugin tp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=zero1 --plugin-opt offload=optimizer
+check "--plugin-opt offload=optimizer: needs dp=zero1, zero2 or fsdp (got dp=allreduce)" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt offload=optimizer
 check "--plugin-opt prefetch: must be >= 0" --plugin tp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt microbatches=4: the batch gives 1" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt microbatches=4
 # Found by hand (issue 12): each was accepted before.

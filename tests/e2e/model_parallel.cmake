@@ -70,9 +70,16 @@ foreach(mode zero2 fsdp)
                  --plugin-opt sp=on --plugin-opt dp=${mode})
   strata_e2e_checks(tp.dp4.${mode}.np8 8)
 endforeach()
-# The sharded engine's options under tp, which ran there only since dp=zero2|fsdp moved onto it:
-# each mode with its AdamW state offloaded to host memory and fsdp's gathers two units ahead. The
+# offload=optimizer on every data-parallel axis that shards the optimizer: under tp (dp=zero1,
+# zero2, fsdp; fsdp's gathers two units ahead) and under a pipeline (1f1b, dp=zero1: Megatron's
+# distributed optimizer with its CPU offload), one update path for all (sharded::HostUpdate). The
 # 1-rank trajectory, memory per tag (offload included) and bytes (d2h and h2d included) = predict.
+strata_e2e_run(tp.dp2.zero1.offload.np4 4 --plugin tp --mesh dp=2,tp=2 --nodes 2 --micro-batch 2
+               --plugin-opt sp=on --plugin-opt dp=zero1 --plugin-opt offload=optimizer)
+strata_e2e_checks(tp.dp2.zero1.offload.np4 4)
+strata_e2e_run(1f1b.dp2.pp2.zero1.offload 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
+               --micro-batch 1 --plugin-opt dp=zero1 --plugin-opt offload=optimizer ${L8})
+strata_e2e_checks_l8(1f1b.dp2.pp2.zero1.offload 4)
 foreach(mode zero2 fsdp)
   strata_e2e_run(tp.dp2.${mode}.offload.np4 4 --plugin tp --mesh dp=2,tp=2 --nodes 2
                  --micro-batch 2 --plugin-opt sp=on --plugin-opt dp=${mode}

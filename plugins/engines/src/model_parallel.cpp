@@ -159,11 +159,13 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
         (cfg.dp == DpMode::zero2 ? "ZeRO-2 would reduce-scatter every stage's gradients"
                                  : "FSDP would all-gather every stage's parameters again") +
         " for every micro-batch; use dp=zero1 or dp=allreduce");
-  // The sharded engine's options: with dp=zero2|fsdp only (the other dp modes have no such code).
+  // prefetch is the sharded engine's (dp=zero2|fsdp); offload needs an optimizer sharded over dp.
   if (cfg.prefetch < 0) throw ConfigError("--plugin-opt prefetch: must be >= 0");
-  if (cfg.offload_optimizer && !(cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp))
-    throw ConfigError("--plugin-opt offload=optimizer: needs dp=zero2 or dp=fsdp (got dp=" +
-                      std::string(dp_mode_name(cfg.dp)) + ")");
+  if (cfg.offload_optimizer && cfg.dp == DpMode::allreduce)
+    throw ConfigError(
+        "--plugin-opt offload=optimizer: needs dp=zero1, zero2 or fsdp (got "
+        "dp=allreduce), as ZeRO-Offload and Megatron's optimizer offload need the "
+        "distributed optimizer");
   if (!cfg.pipeline) {
     if (mesh.pp != 1)
       throw ConfigError("--mesh pp=" + std::to_string(mesh.pp) + ": " + who +
@@ -236,17 +238,23 @@ void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const MeshCoor
                      std::size_t params, Prediction& p) {
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
   const StateBytes per = state_bytes_per_param(in.train.precision);
+  // AdamW's state for `owned` elements: on the device, or with offload=optimizer in host memory
+  // beside the host copies of the shard's gradients and parameters (HostUpdate).
+  auto state = [&](double owned) {
+    if (!cfg.offload_optimizer) return void(mem(MemTag::optimizer) = per.optimizer * owned);
+    mem(MemTag::offload) = (per.optimizer + per.grads + per.params) * owned;
+  };
   if (zero1_on(cfg, in.mesh)) {
     // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
     // this rank's shard.
     const ShardGroup g = dp_shards(params, in.mesh.dp);
     mem(MemTag::params) = per.params * double(g.padded());
     mem(MemTag::grads) = per.grads * double(g.padded() + g.chunk);
-    mem(MemTag::optimizer) = per.optimizer * double(g.valid(coord.dp));
+    state(double(g.valid(coord.dp)));
   } else {
     mem(MemTag::params) = per.params * double(params);
     mem(MemTag::grads) = per.grads * double(params);
-    mem(MemTag::optimizer) = per.optimizer * double(params);
+    state(double(params));
   }
 }
 
@@ -381,7 +389,9 @@ class Engine {
     grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, shards_.padded());
     if (zero1_) shard_grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, shards_.chunk);
     optimizer_.emplace(zero1_ ? slice_segments(segments, begin, owned) : std::move(segments),
-                       adamw_config(ctx), mem, mp.param);
+                       adamw_config(ctx), mem, mp.param,
+                       cfg.offload_optimizer ? MemTag::offload : MemTag::optimizer);
+    if (cfg.offload_optimizer) host_.emplace(mem, mp.reduce, mp.param, std::vector{owned});
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const std::size_t n = chunks_[c]->param_count();
       chunks_[c]->init_params(ctx.train().seed, params_.view(offset_[c], n));
@@ -432,8 +442,8 @@ class Engine {
       pp.all_reduce(view(&sq, 1));
     }
     PhaseTimer t(ctx, Phase::optimizer);
-    optimizer_->step(params_.view(), grads_.view(), step + 1,
-                     clip_scale(std::sqrt(sq), ctx.train().grad_clip));
+    update(ctx, step, params_.view(), grads_.view(),
+           clip_scale(std::sqrt(sq), ctx.train().grad_clip));
     // The tied copies stay equal: same initial values, same summed gradient, same update.
   }
 
@@ -444,16 +454,17 @@ class Engine {
   void init_master(Context& ctx, int c, std::size_t begin, std::size_t owned) {
     const std::size_t n = chunks_[c]->param_count(), lo = std::max(offset_[c], begin),
                       hi = std::min(offset_[c] + n, begin + owned);
-    if (!zero1_) {
-      chunks_[c]->init_params(ctx.train().seed, slice(optimizer_->master(), offset_[c], n));
-      return;
-    }
-    if (lo >= hi) return;
-    MemoryLedger scratch_ledger(ctx.memory().device());
-    DeviceBuffer scratch(scratch_ledger, MemTag::workspace, DType::f32, n);
-    chunks_[c]->init_params(ctx.train().seed, scratch.view());
-    ctx.ops().copy(slice(optimizer_->master(), lo - begin, hi - lo),
-                   scratch.view(lo - offset_[c], hi - lo));
+    if (lo < hi)
+      chunks_[c]->init_params(ctx.train().seed, lo - offset_[c],
+                              slice(optimizer_->master(), lo - begin, hi - lo));
+  }
+
+  // AdamW of this rank's shard (its params and grads views): on the device, or through the host
+  // with offload=optimizer.
+  void update(Context& ctx, int step, BufferView params, BufferView grads, float clip) {
+    if (!host_) return optimizer_->step(params, grads, step + 1, clip);
+    host_->step(
+        ctx, step, clip, {&*optimizer_}, [&](int) { return params; }, [&](int) { return grads; });
   }
 
   // zero1 after the tied and sequence-parallel exchanges: reduce-scatter the padded gradients over
@@ -476,8 +487,8 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::optimizer);
-      optimizer_->step(params_.view(begin, owned), shard_grads_.view(0, owned), step + 1,
-                       clip_scale(std::sqrt(sq), ctx.train().grad_clip));
+      update(ctx, step, params_.view(begin, owned), shard_grads_.view(0, owned),
+             clip_scale(std::sqrt(sq), ctx.train().grad_clip));
     }
     dp.all_gather(params_.view(begin, shards_.chunk), params_.view());
   }
@@ -626,6 +637,7 @@ class Engine {
     return b.view(offset_[chunk], chunks_[chunk]->param_count());
   }
   std::optional<AdamW> optimizer_;
+  std::optional<sharded::HostUpdate> host_;               // offload=optimizer
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
   std::optional<BoundaryBuffers> boundary_;               // pipelines (more than one chunk)

@@ -99,7 +99,11 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   }
   if (in.mesh.tp > 1) step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::tp));
   if (P > 1) step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::pp));
-  step.push_back(plan_update(zero1 ? chunk : params));
+  const double owned = zero1 ? std::clamp(params - chunk * me.dp, 0.0, chunk) : params;
+  if (cfg.offload_optimizer)
+    sharded::plan_host_update({std::size_t(owned)}, in.train, step);
+  else
+    step.push_back(plan_update(zero1 ? chunk : params));
   if (zero1) step.push_back(plan_comm(CommOp::all_gather, per.params * padded, Axis::dp));
   return plan;
 }

@@ -68,11 +68,11 @@ Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
   for (const ShardGroup& g : groups_)
     optimizers_.push_back(make_optimizer(ctx, g.offset + std::size_t(shard_index_) * g.chunk,
                                          g.valid(shard_index_), state_tag));
-  if (c.offload_optimizer)  // the host side of the copies, kept for the run like DeepSpeed's
-    for (const ShardGroup& g : groups_) {
-      host_grads_.emplace_back(mem, MemTag::offload, grad_dtype_, g.valid(shard_index_));
-      host_params_.emplace_back(mem, MemTag::offload, param_dtype_, g.valid(shard_index_));
-    }
+  if (c.offload_optimizer) {  // the host side of the copies, kept for the run like DeepSpeed's
+    std::vector<std::size_t> counts;
+    for (const ShardGroup& g : groups_) counts.push_back(g.valid(shard_index_));
+    host_.emplace(mem, grad_dtype_, param_dtype_, counts);
+  }
   const StageModel& sm = *model_;
   norm_slices_ = owned_slices(sm.tensors(), groups_, shard_index_,
                               [&](const LocalTensor& t) { return sm.in_grad_norm(t); });
@@ -210,9 +210,13 @@ void Engine::update(Context& ctx, int step) {
   reduce_partial_grads(ctx);
   PhaseTimer timer(ctx, Phase::optimizer);
   const float clip = clip_scale(std::sqrt(shard_sum_of_squares(ctx)), ctx.train().grad_clip);
-  if (config_.offload_optimizer)
-    step_offloaded(ctx, step, clip);
-  else
+  if (host_) {
+    std::vector<AdamW*> opts;
+    for (AdamW& o : optimizers_) opts.push_back(&o);
+    host_->step(
+        ctx, step, clip, opts, [&](int g) { return params_of(g); },
+        [&](int g) { return grads_of(g); });
+  } else
     for (int g = 0; g < G; ++g) optimizers_[g].step(params_of(g), grads_of(g), step + 1, clip);
   if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
     std::vector<Event> done;
@@ -264,30 +268,41 @@ BufferView Engine::grads_of(int g) {
   return shard_grads_[g].view(0, groups_[g].valid(shard_index_));
 }
 
-void Engine::step_offloaded(Context& ctx, int step, float clip) {
-  // Every group's shard goes down on the offload stream at once, in group order; the host steps
-  // group g as soon as its copy is in, while later groups are still copying down and earlier
-  // ones already copying up (ZeRO-Offload's overlap of the transfers with the CPU step). With
-  // bf16 parameters AdamW rounds its fp32 master into them, so only fp32 ones are copied down.
-  CommStream& copies = ctx.comm_stream(kOffloadStream);
-  const int G = int(groups_.size());
+HostUpdate::HostUpdate(MemoryLedger& memory, DType grad_dtype, DType param_dtype,
+                       const std::vector<std::size_t>& counts)
+    : param_dtype_(param_dtype) {
+  for (std::size_t n : counts) {
+    grads_.emplace_back(memory, MemTag::offload, grad_dtype, n);
+    params_.emplace_back(memory, MemTag::offload, param_dtype, n);
+  }
+}
+
+void HostUpdate::step(Context& ctx, int step, float clip, std::vector<AdamW*> optimizers,
+                      const std::function<BufferView(int)>& params,
+                      const std::function<BufferView(int)>& grads) {
+  // Every shard goes down on the offload stream at once, in order; the host steps shard i as soon
+  // as its copy is in, while later ones are still copying down and earlier ones already copying
+  // up (ZeRO-Offload's overlap of the transfers with the CPU step). With bf16 parameters AdamW
+  // rounds its fp32 master into them, so only fp32 ones are copied down.
+  CommStream& copies = ctx.comm_stream(kStream);
+  const int G = int(grads_.size());
   const bool params_down = param_dtype_ == DType::f32;
   std::vector<Event> down(G), up(G);
   for (int g = 0; g < G; ++g) {
-    const BufferView host_g = host_grads_[g].view(), host_p = host_params_[g].view();
-    const BufferView grads = grads_of(g), params = params_of(g);
+    const BufferView host_g = grads_[g].view(), host_p = params_[g].view();
+    const BufferView dg = grads(g), dp = params(g);
     down[g] = copies.enqueue(
-        [&ctx, host_g, host_p, grads, params, params_down] {
-          ctx.copy_to_host(host_g, grads);
-          if (params_down) ctx.copy_to_host(host_p, params);
+        [&ctx, host_g, host_p, dg, dp, params_down] {
+          ctx.copy_to_host(host_g, dg);
+          if (params_down) ctx.copy_to_host(host_p, dp);
         },
         ctx.compute_event());
   }
   for (int g = 0; g < G; ++g) {
     down[g].wait();
-    optimizers_[g].step(host_params_[g].view(), host_grads_[g].view(), step + 1, clip);
-    const BufferView host_p = host_params_[g].view(), params = params_of(g);
-    up[g] = copies.enqueue([&ctx, params, host_p] { ctx.copy_to_device(params, host_p); });
+    optimizers[std::size_t(g)]->step(params_[g].view(), grads_[g].view(), step + 1, clip);
+    const BufferView host_p = params_[g].view(), dp = params(g);
+    up[g] = copies.enqueue([&ctx, dp, host_p] { ctx.copy_to_device(dp, host_p); });
   }
   for (Event& e : up) e.wait();  // the parameters are on the device before anyone reads them
 }

@@ -57,25 +57,24 @@ std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, 
   return out;
 }
 
-// Engine::step_offloaded: every group's shard down to the host on the offload stream at once, the
-// host's AdamW of a group once its copy is in, its parameters back up behind the copies going down.
-void offloaded_update(const std::vector<ShardGroup>& groups, int index, const TrainSpec& train,
+}  // namespace
+
+// HostUpdate::step: every shard down to the host on the offload stream at once, the host's AdamW
+// of a shard once its copy is in, its parameters back up behind the copies going down.
+void plan_host_update(const std::vector<std::size_t>& counts, const TrainSpec& train,
                       std::vector<PlanAction>& out) {
   const StateBytes per = state_bytes_per_param(train.precision);
   const double down = per.grads + (train.precision.param == DType::f32 ? per.params : 0.0);
-  const int stream = 3;  // Engine::kOffloadStream
-  for (std::size_t g = 0; g < groups.size(); ++g)
-    out.push_back(plan_copy(CommOp::d2h, down * double(groups[g].valid(index)), stream,
-                            offload_event(int(g))));
-  for (std::size_t g = 0; g < groups.size(); ++g) {
+  const int stream = HostUpdate::kStream;
+  for (std::size_t g = 0; g < counts.size(); ++g)
+    out.push_back(plan_copy(CommOp::d2h, down * double(counts[g]), stream, offload_event(int(g))));
+  for (std::size_t g = 0; g < counts.size(); ++g) {
     out.push_back(plan_wait(offload_event(int(g))));
-    out.push_back(plan_update(double(groups[g].valid(index))));
-    out.push_back(plan_copy(CommOp::h2d, per.params * double(groups[g].valid(index)), stream));
+    out.push_back(plan_update(double(counts[g])));
+    out.push_back(plan_copy(CommOp::h2d, per.params * double(counts[g]), stream));
   }
   out.push_back(plan_wait());
 }
-
-}  // namespace
 
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c) {
   return plan_step(in, c, whole_model(in.model));
@@ -106,9 +105,11 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partitio
     if (n > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, shard_axis));
     if (part.tp_size > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::tp));
   }
-  if (c.offload_optimizer)
-    offloaded_update(groups, index, in.train, step);
-  else
+  if (c.offload_optimizer) {
+    std::vector<std::size_t> counts;
+    for (const ShardGroup& g : groups) counts.push_back(g.valid(index));
+    plan_host_update(counts, in.train, step);
+  } else
     for (const ShardGroup& g : groups) step.push_back(plan_update(double(g.valid(index))));
   for (const ShardGroup& g : groups)
     if (n > 1 && !c.shard_params)

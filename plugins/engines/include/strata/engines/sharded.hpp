@@ -110,6 +110,32 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c);
 // The partition of rank in.rank under tensor parallelism (the whole model at tp 1).
 Partition tp_partition(const PredictInput& in, bool sequence_parallel);
 
+// offload=optimizer's update (ZeRO-Offload, FSDP CPUOffload): host copies (MemTag::offload) of
+// each shard's gradients and (fp32) parameters, kept for the run, and the step that copies every
+// shard down on a comm stream of its own (comm_stream(3)), runs each shard's AdamW on the host as
+// soon as its copy is in, and copies its parameters back behind the copies still going down. The
+// sharded engine's groups and the pipelines' ZeRO-1 shard both update through it.
+class HostUpdate {
+ public:
+  // One host copy per shard of `counts[i]` elements.
+  HostUpdate(MemoryLedger& memory, DType grad_dtype, DType param_dtype,
+             const std::vector<std::size_t>& counts);
+  // optimizers[i] (state in host memory) steps shard i: params(i) and grads(i) are its device
+  // views.
+  void step(Context& ctx, int step, float clip, std::vector<AdamW*> optimizers,
+            const std::function<BufferView(int)>& params,
+            const std::function<BufferView(int)>& grads);
+  static constexpr int kStream = 3;  // comm_stream(3): the device<->host copies
+
+ private:
+  DType param_dtype_;
+  std::vector<DeviceBuffer> grads_, params_;
+};
+
+// The plan of HostUpdate::step for shards of `counts[i]` elements (sharded_plan.cpp).
+void plan_host_update(const std::vector<std::size_t>& counts, const TrainSpec& train,
+                      std::vector<PlanAction>& out);
+
 // The engine on the rank's units of the model: a StageModel of `part` (the whole model at tp 1; a
 // tp rank's partition as the data-parallel axis of tp, with the tp collectives `tp`), its passes
 // one unit at a time, driven by the schedule. Under tp the gradient norm adds the tp ranks'
@@ -132,9 +158,7 @@ class Engine {
   // This rank's parameter and gradient shard of group g (the real elements, device memory).
   BufferView params_of(int g);
   BufferView grads_of(int g);
-  // offload=optimizer: AdamW of every group on the host, the copies (through ctx, which records
-  // them in the comm ledger as d2h and h2d) on their own comm stream, overlapped with the steps.
-  void step_offloaded(Context& ctx, int step, float clip);
+
   // ptrs[u] for the units of group g: their ranges in `group` (the group's elements from its
   // start).
   void point_units(int g, BufferView group, UnitPtrs& ptrs) const;
@@ -171,9 +195,7 @@ class Engine {
   std::vector<std::optional<Event>> gather_done_, reduce_done_;
   UnitPtrs param_ptrs_, grad_ptrs_;
   std::vector<AdamW> optimizers_;
-  // offload=optimizer: per group, host copies of this rank's gradient and parameter shard.
-  std::vector<DeviceBuffer> host_grads_, host_params_;
-  static constexpr int kOffloadStream = 3;  // comm_stream(3): the device<->host copies
+  std::optional<HostUpdate> host_;  // offload=optimizer
   MemoryLedger* memory_ = nullptr;
 };
 
