@@ -143,8 +143,6 @@ class StageModel {
                TensorParallelComm* tp);
   void backward(int slot, int unit, const UnitPtrs& params, const UnitPtrs& grads,
                 TensorParallelComm* tp, float grad_scale);
-  // Views of each local unit inside a local buffer of param_count() elements, indexed by unit.
-  UnitPtrs unit_views(BufferView local) const;
   // Unit at a time, for a caller that holds only some units' parameters or gradients (ZeRO-2 and
   // FSDP on the data-parallel axis of tp). unit_range(u): local unit u's [offset, count) in the
   // local flat order (u from partition().first_unit; the head unit includes a tied wte copy).
@@ -180,6 +178,8 @@ class StageModel {
   static std::vector<LocalTensor> local_tensors(const ModelSpec& spec, const Partition& part);
 
  private:
+  // Views of each local unit inside a local buffer of param_count() elements, indexed by unit.
+  UnitPtrs unit_views(BufferView local) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

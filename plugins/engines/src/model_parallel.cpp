@@ -69,11 +69,11 @@ ShardGroup dp_shards(std::size_t total, int dp) {
 bool zero1_on(const MpConfig& cfg, const MeshSpec& mesh) {
   return cfg.dp == DpMode::zero1 && mesh.dp > 1;
 }
-// zero2 and fsdp (pp = 1): the sharded engine on this rank's tp partition, every unit its own
-// shard group over dp.
-bool units_on(const MpConfig& cfg, const MeshSpec& mesh) {
-  return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) &&
-         (mesh.dp > 1 || cfg.offload_optimizer);
+// The tp collectives of a run's StageModels: the config's own, or one blocking call each.
+std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& ctx) {
+  if (ctx.mesh().tp == 1) return nullptr;
+  return cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
+                          : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
 }
 
 std::string join(const std::vector<std::pair<int, int>>& r) {
@@ -84,6 +84,10 @@ std::string join(const std::vector<std::pair<int, int>>& r) {
 }
 
 }  // namespace
+
+bool on_sharded_engine(const MpConfig& cfg, const MeshSpec& mesh) {
+  return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.dp > 1 && mesh.pp == 1;
+}
 
 sharded::EngineConfig sharded_config(const MpConfig& cfg) {
   sharded::EngineConfig c;
@@ -221,12 +225,6 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
         << plan.m << " micro-batches; tp=" << in.mesh.tp
         << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
         << (zero1_on(cfg, in.mesh) ? "; optimizer state sharded over dp (zero1)" : "")
-        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::zero2
-                ? "; gradients and optimizer state sharded over dp per unit (zero2)"
-                : "")
-        << (units_on(cfg, in.mesh) && cfg.dp == DpMode::fsdp
-                ? "; parameters, gradients and optimizer state sharded over dp per unit (fsdp)"
-                : "")
         << "; recompute " << recompute_name(in.train.recompute);
   return notes.str();
 }
@@ -259,9 +257,11 @@ void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const MeshCoor
 }
 
 Prediction predict(const PredictInput& in, const MpConfig& cfg) {
-  if (units_on(cfg, in.mesh) && in.mesh.pp == 1) {
-    Prediction p =
-        sharded::predict(in, sharded_config(cfg), sharded::tp_partition(in, cfg.sequence_parallel));
+  if (on_sharded_engine(cfg, in.mesh)) {
+    Prediction p = sharded::predict(
+        in, sharded_config(cfg),
+        sharded::tp_partition(in.model, in.mesh.tp, mesh_coord(in.mesh, in.rank).tp,
+                              cfg.sequence_parallel));
     p.notes = cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + p.notes;
     return p;
   }
@@ -376,9 +376,7 @@ class Engine {
     if (plan_.K > 1)
       boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
                         chunks_.size());
-    if (ctx.mesh().tp > 1)
-      tp_comm_ = cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
-                                  : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
+    tp_comm_ = make_tp_comm(cfg, ctx);
     const MixedPrecision& mp = ctx.train().precision;
     zero1_ = zero1_on(cfg, ctx.mesh());
     // allreduce: one shard, the whole buffer; zero1: the padded buffer, this rank owns chunk i.
@@ -463,8 +461,7 @@ class Engine {
   // with offload=optimizer.
   void update(Context& ctx, int step, BufferView params, BufferView grads, float clip) {
     if (!host_) return optimizer_->step(params, grads, step + 1, clip);
-    host_->step(
-        ctx, step, clip, {&*optimizer_}, [&](int) { return params; }, [&](int) { return grads; });
+    host_->step(ctx, step, clip, {{&*optimizer_, params, grads}});
   }
 
   // zero1 after the tied and sequence-parallel exchanges: reduce-scatter the padded gradients over
@@ -647,17 +644,16 @@ MpStrategy::MpStrategy(MpConfig c) : config_(std::move(c)) {}
 MpStrategy::~MpStrategy() = default;
 
 void MpStrategy::setup(Context& ctx) {
-  if (!units_on(config_, ctx.mesh())) {
+  if (!on_sharded_engine(config_, ctx.mesh())) {
     engine_ = std::make_unique<Engine>(ctx, config_);
     return;
   }
-  // dp=zero2|fsdp (pp = 1): the sharded engine on this rank's tp partition.
-  if (ctx.mesh().tp > 1)
-    tp_comm_ = config_.make_tp_comm ? config_.make_tp_comm(ctx.group(Axis::tp))
-                                    : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
-  const Partition part{0, ctx.model_spec().layers + 1, ctx.mesh().tp, ctx.coord().tp,
-                       config_.sequence_parallel && ctx.mesh().tp > 1};
-  sharded_ = std::make_unique<sharded::Engine>(ctx, sharded_config(config_), part, tp_comm_.get());
+  tp_comm_ = make_tp_comm(config_, ctx);
+  sharded_ = std::make_unique<sharded::Engine>(
+      ctx, sharded_config(config_),
+      sharded::tp_partition(ctx.model_spec(), ctx.mesh().tp, ctx.coord().tp,
+                            config_.sequence_parallel),
+      tp_comm_.get());
 }
 
 void MpStrategy::train_step(Context& ctx, int step) {

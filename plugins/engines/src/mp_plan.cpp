@@ -50,10 +50,11 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   StepPlan plan;
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
+  if (on_sharded_engine(cfg, in.mesh))  // the sharded engine on the tp partition
+    return sharded::plan_step(
+        in, sharded_config(cfg),
+        sharded::tp_partition(in.model, in.mesh.tp, me.tp, cfg.sequence_parallel));
   if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1) {
-    if (in.mesh.pp == 1)  // the sharded engine on the tp partition
-      return sharded::plan_step(in, sharded_config(cfg),
-                                sharded::tp_partition(in, cfg.sequence_parallel));
     // validate() refuses it; a plan asked anyway says so
     plan.unmodelled = std::string("dp=") + dp_mode_name(cfg.dp) + " runs with pp = 1 only";
     return plan;

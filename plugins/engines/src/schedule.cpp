@@ -229,9 +229,8 @@ void replay_schedule(const std::vector<Action>& schedule, const std::vector<Shar
   }
 }
 
-Partition tp_partition(const PredictInput& in, bool sequence_parallel) {
-  const int tp = in.mesh.tp;
-  return {0, in.model.layers + 1, tp, mesh_coord(in.mesh, in.rank).tp, sequence_parallel && tp > 1};
+Partition tp_partition(const ModelSpec& model, int tp, int tp_rank, bool sequence_parallel) {
+  return {0, model.layers + 1, tp, tp_rank, sequence_parallel && tp > 1};
 }
 
 Prediction predict(const PredictInput& in, const EngineConfig& c) {

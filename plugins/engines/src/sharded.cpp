@@ -211,11 +211,9 @@ void Engine::update(Context& ctx, int step) {
   PhaseTimer timer(ctx, Phase::optimizer);
   const float clip = clip_scale(std::sqrt(shard_sum_of_squares(ctx)), ctx.train().grad_clip);
   if (host_) {
-    std::vector<AdamW*> opts;
-    for (AdamW& o : optimizers_) opts.push_back(&o);
-    host_->step(
-        ctx, step, clip, opts, [&](int g) { return params_of(g); },
-        [&](int g) { return grads_of(g); });
+    std::vector<HostUpdate::Shard> shards;
+    for (int g = 0; g < G; ++g) shards.push_back({&optimizers_[g], params_of(g), grads_of(g)});
+    host_->step(ctx, step, clip, shards);
   } else
     for (int g = 0; g < G; ++g) optimizers_[g].step(params_of(g), grads_of(g), step + 1, clip);
   if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
@@ -277,32 +275,30 @@ HostUpdate::HostUpdate(MemoryLedger& memory, DType grad_dtype, DType param_dtype
   }
 }
 
-void HostUpdate::step(Context& ctx, int step, float clip, std::vector<AdamW*> optimizers,
-                      const std::function<BufferView(int)>& params,
-                      const std::function<BufferView(int)>& grads) {
+void HostUpdate::step(Context& ctx, int step, float clip, const std::vector<Shard>& shards) {
   // Every shard goes down on the offload stream at once, in order; the host steps shard i as soon
   // as its copy is in, while later ones are still copying down and earlier ones already copying
   // up (ZeRO-Offload's overlap of the transfers with the CPU step). With bf16 parameters AdamW
   // rounds its fp32 master into them, so only fp32 ones are copied down.
   CommStream& copies = ctx.comm_stream(kStream);
-  const int G = int(grads_.size());
+  const std::size_t n = shards.size();
   const bool params_down = param_dtype_ == DType::f32;
-  std::vector<Event> down(G), up(G);
-  for (int g = 0; g < G; ++g) {
-    const BufferView host_g = grads_[g].view(), host_p = params_[g].view();
-    const BufferView dg = grads(g), dp = params(g);
-    down[g] = copies.enqueue(
-        [&ctx, host_g, host_p, dg, dp, params_down] {
-          ctx.copy_to_host(host_g, dg);
-          if (params_down) ctx.copy_to_host(host_p, dp);
+  std::vector<Event> down(n), up(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const BufferView host_g = grads_[i].view(), host_p = params_[i].view();
+    const Shard& s = shards[i];
+    down[i] = copies.enqueue(
+        [&ctx, host_g, host_p, s, params_down] {
+          ctx.copy_to_host(host_g, s.grads);
+          if (params_down) ctx.copy_to_host(host_p, s.params);
         },
         ctx.compute_event());
   }
-  for (int g = 0; g < G; ++g) {
-    down[g].wait();
-    optimizers[std::size_t(g)]->step(params_[g].view(), grads_[g].view(), step + 1, clip);
-    const BufferView host_p = params_[g].view(), dp = params(g);
-    up[g] = copies.enqueue([&ctx, dp, host_p] { ctx.copy_to_device(dp, host_p); });
+  for (std::size_t i = 0; i < n; ++i) {
+    down[i].wait();
+    shards[i].optimizer->step(params_[i].view(), grads_[i].view(), step + 1, clip);
+    const BufferView host_p = params_[i].view(), params = shards[i].params;
+    up[i] = copies.enqueue([&ctx, params, host_p] { ctx.copy_to_device(params, host_p); });
   }
   for (Event& e : up) e.wait();  // the parameters are on the device before anyone reads them
 }

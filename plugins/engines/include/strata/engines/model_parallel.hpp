@@ -57,8 +57,9 @@ struct MpConfig {
   std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
 };
 
-// The sharded engine's configuration of dp=zero2|fsdp (every unit its own group; the config's
-// prefetch and offload).
+// Whether the sharded engine runs this configuration (dp=zero2|fsdp at dp > 1, pp = 1), and its
+// configuration then (every unit its own group; the config's prefetch and offload).
+bool on_sharded_engine(const MpConfig& config, const MeshSpec& mesh);
 sharded::EngineConfig sharded_config(const MpConfig& config);
 
 // The `dp` plugin option the tp and pp plugins share (allreduce, zero1, zero2, fsdp; MpConfig::dp).

@@ -107,8 +107,8 @@ Prediction predict(const PredictInput& in, const EngineConfig& c);  // the whole
 // One step of rank in.rank as it runs and moves bytes (src/sharded_plan.cpp).
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part);
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c);
-// The partition of rank in.rank under tensor parallelism (the whole model at tp 1).
-Partition tp_partition(const PredictInput& in, bool sequence_parallel);
+// The whole model's partition on tp rank `tp_rank` of `tp` (the whole model at tp 1).
+Partition tp_partition(const ModelSpec& model, int tp, int tp_rank, bool sequence_parallel);
 
 // offload=optimizer's update (ZeRO-Offload, FSDP CPUOffload): host copies (MemTag::offload) of
 // each shard's gradients and (fp32) parameters, kept for the run, and the step that copies every
@@ -120,11 +120,13 @@ class HostUpdate {
   // One host copy per shard of `counts[i]` elements.
   HostUpdate(MemoryLedger& memory, DType grad_dtype, DType param_dtype,
              const std::vector<std::size_t>& counts);
-  // optimizers[i] (state in host memory) steps shard i: params(i) and grads(i) are its device
-  // views.
-  void step(Context& ctx, int step, float clip, std::vector<AdamW*> optimizers,
-            const std::function<BufferView(int)>& params,
-            const std::function<BufferView(int)>& grads);
+  // One shard: its AdamW (state in host memory) and the device views it updates.
+  struct Shard {
+    AdamW* optimizer;
+    BufferView params, grads;
+  };
+  // shards[i] through host copy i.
+  void step(Context& ctx, int step, float clip, const std::vector<Shard>& shards);
   static constexpr int kStream = 3;  // comm_stream(3): the device<->host copies
 
  private:
