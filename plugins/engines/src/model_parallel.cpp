@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -10,7 +11,6 @@
 #include "strata/engines/sharded.hpp"
 
 namespace strata::mp {
-using sharded::ShardGroup;
 namespace {
 
 // Message tags on the pp group: activations forward, gradients backward, the tied-wte exchange.
@@ -56,19 +56,6 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
   return p;
 }
 
-// dp=zero1's split of a rank's local parameters (`total` elements) into dp shards, padded to a
-// multiple of dp as the sharded engine pads its groups.
-ShardGroup dp_shards(std::size_t total, int dp) {
-  ShardGroup g;
-  g.count = total;
-  g.shards = dp;
-  g.chunk = (total + dp - 1) / dp;
-  return g;
-}
-
-bool zero1_on(const MpConfig& cfg, const MeshSpec& mesh) {
-  return cfg.dp == DpMode::zero1 && mesh.dp > 1;
-}
 // The tp collectives of a run's StageModels: the config's own, or one blocking call each.
 std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& ctx) {
   if (ctx.mesh().tp == 1) return nullptr;
@@ -89,12 +76,14 @@ bool on_sharded_engine(const MpConfig& cfg, const MeshSpec& mesh) {
   return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.dp > 1 && mesh.pp == 1;
 }
 
-sharded::EngineConfig sharded_config(const MpConfig& cfg) {
+sharded::EngineConfig dp_axis_config(const MpConfig& cfg) {
   sharded::EngineConfig c;
-  c.shard_grads = true;
+  c.replicate = cfg.dp == DpMode::allreduce;
+  c.shard_grads = cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp;
   c.shard_params = cfg.dp == DpMode::fsdp;
   c.units_per_group = 1;  // fsdp: one unit per group
-  c.bucket_mb = 0;        // zero2: every unit a bucket of its own
+  // zero2: every unit a bucket of its own; allreduce and zero1: a chunk's gradients in one.
+  c.bucket_mb = c.shard_grads ? 0 : std::numeric_limits<double>::infinity();
   c.forward_prefetch = c.backward_prefetch = cfg.prefetch;
   c.offload_optimizer = cfg.offload_optimizer;
   return c;
@@ -224,42 +213,16 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
   }()) << "; "
         << plan.m << " micro-batches; tp=" << in.mesh.tp
         << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
-        << (zero1_on(cfg, in.mesh) ? "; optimizer state sharded over dp (zero1)" : "")
+        << (cfg.dp == DpMode::zero1 && in.mesh.dp > 1 ? "; optimizer state sharded over dp (zero1)"
+                                                      : "")
         << "; recompute " << recompute_name(in.train.recompute);
   return notes.str();
-}
-
-// The dp axis's state of allreduce and zero1 for `params` local parameters: parameters,
-// gradients and optimizer state by precision (zero2 and fsdp are the sharded engine's). The bytes
-// on the wire are the plan's (mp_plan.cpp).
-void predict_dp_axis(const PredictInput& in, const MpConfig& cfg, const MeshCoord& coord,
-                     std::size_t params, Prediction& p) {
-  auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  const StateBytes per = state_bytes_per_param(in.train.precision);
-  // AdamW's state for `owned` elements: on the device, or with offload=optimizer in host memory
-  // beside the host copies of the shard's gradients and parameters (HostUpdate).
-  auto state = [&](double owned) {
-    if (!cfg.offload_optimizer) return void(mem(MemTag::optimizer) = per.optimizer * owned);
-    mem(MemTag::offload) = (per.optimizer + per.grads + per.params) * owned;
-  };
-  if (zero1_on(cfg, in.mesh)) {
-    // Padded parameters and gradients, the reduced gradient shard, state for the real elements of
-    // this rank's shard.
-    const ShardGroup g = dp_shards(params, in.mesh.dp);
-    mem(MemTag::params) = per.params * double(g.padded());
-    mem(MemTag::grads) = per.grads * double(g.padded() + g.chunk);
-    state(double(g.valid(coord.dp)));
-  } else {
-    mem(MemTag::params) = per.params * double(params);
-    mem(MemTag::grads) = per.grads * double(params);
-    state(double(params));
-  }
 }
 
 Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   if (on_sharded_engine(cfg, in.mesh)) {
     Prediction p = sharded::predict(
-        in, sharded_config(cfg),
+        in, dp_axis_config(cfg),
         sharded::tp_partition(in.model, in.mesh.tp, mesh_coord(in.mesh, in.rank).tp,
                               cfg.sequence_parallel));
     p.notes = cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + p.notes;
@@ -271,17 +234,9 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   const DType tp_comm = in.train.precision.tp_comm;
   Prediction p;
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  std::size_t params = 0;
-  double partial = 0;
   mem(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
   for (int c = 0; c < plan.v; ++c) {
     const Partition& part = plan.parts[c];
-    for (const LocalTensor& t : StageModel::local_tensors(in.model, part)) {
-      params += t.count;
-      // Replicated tensors see only this rank's token rows under sequence parallelism.
-      if (part.sequence_parallel && part.tp_size > 1 && t.shard == ShardKind::replicated)
-        partial += double(t.count);
-    }
     const double in_flight = pp::max_in_flight(plan.actions, c);
     const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute,
                                                      in.train.precision.param, in.train.device);
@@ -299,12 +254,16 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
   if (plan.K > 1 && tp_comm != DType::f32)  // the one receive buffer (BoundaryBuffers)
     mem(MemTag::comm_buffers) +=
         double(StageModel::boundary_count(in.model, B, plan.parts[0])) * dtype_size(tp_comm);
-  // Activations stay fp32 (the residual stream is fp32 in every precision); the rest by precision.
-  predict_dp_axis(in, cfg, coord, params, p);
+  // Activations stay fp32 (the residual stream is fp32 in every precision); the data-parallel
+  // axis's state by precision (sharded::Shards).
+  MemoryLedger state;
+  sharded::predict_state(in, dp_axis_config(cfg), plan.parts, state);
+  for (MemTag t :
+       {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
+    mem(t) += double(state.peak(t));
   const StateBytes per = state_bytes_per_param(in.train.precision);
   const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
   if (plan.tied_exchange()) mem(MemTag::comm_buffers) += wte;
-  if (partial > 0) mem(MemTag::comm_buffers) += per.grads * partial;
   if (cfg.pipeline)
     p.bubble_fraction = pp::predicted_bubble_fraction(cfg.schedule, plan.P, plan.m, plan.v);
   p.notes = plan_notes(plan, in, cfg);
@@ -362,50 +321,28 @@ class Engine {
   Engine(Context& ctx, const MpConfig& cfg)
       : cfg_(cfg), plan_(make_plan(ctx.mesh(), ctx.coord(), ctx.model_spec(), ctx.train(), cfg)) {
     MemoryLedger& mem = ctx.memory();
-    std::vector<AdamWSegment> segments;
-    std::size_t total = 0;
+    std::vector<const StageModel*> models;
     for (const Partition& part : plan_.parts) {
       chunks_.push_back(std::make_unique<StageModel>(
           ctx.model_spec(), ctx.train().micro_batch, part, mem, ctx.train().recompute,
           ctx.train().precision.param, ctx.train().precision.tp_comm));
-      offset_.push_back(total);
-      total += chunks_.back()->param_count();
-      for (const AdamWSegment& s : chunks_.back()->adamw_segments()) segments.push_back(s);
+      models.push_back(chunks_.back().get());
     }
+    shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);
     pending_.resize(chunks_.size());
     if (plan_.K > 1)
       boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
                         chunks_.size());
     tp_comm_ = make_tp_comm(cfg, ctx);
-    const MixedPrecision& mp = ctx.train().precision;
-    zero1_ = zero1_on(cfg, ctx.mesh());
-    // allreduce: one shard, the whole buffer; zero1: the padded buffer, this rank owns chunk i.
-    shards_ = dp_shards(total, zero1_ ? ctx.mesh().dp : 1);
-    shard_ = zero1_ ? ctx.coord().dp : 0;
-    const std::size_t begin = std::size_t(shard_) * shards_.chunk, owned = shards_.valid(shard_);
-    params_ = DeviceBuffer(mem, MemTag::params, mp.param, shards_.padded());
-    grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, shards_.padded());
-    if (zero1_) shard_grads_ = DeviceBuffer(mem, MemTag::grads, mp.reduce, shards_.chunk);
-    optimizer_.emplace(zero1_ ? slice_segments(segments, begin, owned) : std::move(segments),
-                       adamw_config(ctx), mem, mp.param,
-                       cfg.offload_optimizer ? MemTag::offload : MemTag::optimizer);
-    if (cfg.offload_optimizer) host_.emplace(mem, mp.reduce, mp.param, std::vector{owned});
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      const std::size_t n = chunks_[c]->param_count();
-      chunks_[c]->init_params(ctx.train().seed, params_.view(offset_[c], n));
-      if (mp.mixed()) init_master(ctx, int(c), begin, owned);
-    }
     if (plan_.tied_exchange())
-      tied_recv_ = DeviceBuffer(mem, MemTag::comm_buffers, mp.reduce, tied_chunk().wte_count());
-    std::size_t partial = 0;
-    for (auto& ch : chunks_)
-      for (const LocalTensor* t : ch->tp_partial_grads()) partial += t->count;
-    partial_pack_ = DeviceBuffer(mem, MemTag::comm_buffers, mp.reduce, partial);
+      tied_recv_ = DeviceBuffer(mem, MemTag::comm_buffers, ctx.train().precision.reduce,
+                                tied_chunk().wte_count());
   }
 
+  // The schedule's actions, the stages' sends drained, the tied gradient exchanged; then the
+  // data-parallel axis reduces, clips and updates (Shards::update).
   void train_step(Context& ctx, int step) {
-    ctx.ops().fill(grads_.view(), 0);
-    Group* tp = ctx.mesh().tp > 1 ? &ctx.group(Axis::tp) : nullptr;
+    shards_->zero_grads(ctx);
     Group& pp = ctx.group(Axis::pp);
     std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
     for (const pp::PipeAction& a : plan_.actions) {
@@ -423,89 +360,11 @@ class Engine {
         for (std::size_t s = 0; s < pending_[c].size(); ++s) wait_sends(ctx, int(c), int(s));
       exchange_tied_grads(ctx, pp);
     }
-    reduce_partial_grads(ctx, tp);
-    if (zero1_) return step_shard(ctx, step, tp, pp);
-    Group& dp = ctx.group(Axis::dp);
-    if (dp.size() > 1) dp.all_reduce(grads_.view());
-
-    double sq = 0;
-    {
-      PhaseTimer t(ctx, Phase::optimizer);
-      for (std::size_t c = 0; c < chunks_.size(); ++c)
-        sq += chunks_[c]->grad_sum_of_squares(grads_.view(offset_[c], chunks_[c]->param_count()));
-      if (tp) tp->all_reduce(view(&sq, 1));
-    }
-    if (plan_.P > 1) {  // waits for the slowest stage: bubble, not optimizer time
-      PhaseTimer idle(ctx, Phase::bubble);
-      pp.all_reduce(view(&sq, 1));
-    }
-    PhaseTimer t(ctx, Phase::optimizer);
-    update(ctx, step, params_.view(), grads_.view(),
-           clip_scale(std::sqrt(sq), ctx.train().grad_clip));
+    shards_->update(ctx, step);
     // The tied copies stay equal: same initial values, same summed gradient, same update.
   }
 
  private:
-  // The fp32 master of local chunk c's elements that lie in [begin, begin + owned): the exact
-  // values the bf16 parameters round. zero1 initialises the whole chunk in a scratch buffer outside
-  // the run's ledger (StageModel fills whole partitions), freed before the first step.
-  void init_master(Context& ctx, int c, std::size_t begin, std::size_t owned) {
-    const std::size_t n = chunks_[c]->param_count(), lo = std::max(offset_[c], begin),
-                      hi = std::min(offset_[c] + n, begin + owned);
-    if (lo < hi)
-      chunks_[c]->init_params(ctx.train().seed, lo - offset_[c],
-                              slice(optimizer_->master(), lo - begin, hi - lo));
-  }
-
-  // AdamW of this rank's shard (its params and grads views): on the device, or through the host
-  // with offload=optimizer.
-  void update(Context& ctx, int step, BufferView params, BufferView grads, float clip) {
-    if (!host_) return optimizer_->step(params, grads, step + 1, clip);
-    host_->step(ctx, step, clip, {{&*optimizer_, params, grads}});
-  }
-
-  // zero1 after the tied and sequence-parallel exchanges: reduce-scatter the padded gradients over
-  // dp, the norm from every shard's squares (dp, then tp and pp as in the all-reduce path), AdamW
-  // on this rank's shard, all-gather the updated shards in place.
-  void step_shard(Context& ctx, int step, Group* tp, Group& pp) {
-    Group& dp = ctx.group(Axis::dp);
-    const std::size_t begin = std::size_t(shard_) * shards_.chunk, owned = shards_.valid(shard_);
-    dp.reduce_scatter(grads_.view(), shard_grads_.view());
-    double sq = 0;
-    {
-      PhaseTimer t(ctx, Phase::optimizer);
-      sq = shard_sum_of_squares(begin, owned);
-      dp.all_reduce(view(&sq, 1));
-      if (tp) tp->all_reduce(view(&sq, 1));
-    }
-    if (plan_.P > 1) {  // waits for the slowest stage: bubble, not optimizer time
-      PhaseTimer idle(ctx, Phase::bubble);
-      pp.all_reduce(view(&sq, 1));
-    }
-    {
-      PhaseTimer t(ctx, Phase::optimizer);
-      update(ctx, step, params_.view(begin, owned), shard_grads_.view(0, owned),
-             clip_scale(std::sqrt(sq), ctx.train().grad_clip));
-    }
-    dp.all_gather(params_.view(begin, shards_.chunk), params_.view());
-  }
-
-  // This rank's share of the squared gradient norm from its shard: the elements of the tensors
-  // StageModel counts (no tied copy, replicated tensors on tp rank 0) that lie in the shard.
-  double shard_sum_of_squares(std::size_t begin, std::size_t owned) {
-    double s = 0;
-    for (std::size_t c = 0; c < chunks_.size(); ++c)
-      for (const LocalTensor& t : chunks_[c]->tensors()) {
-        if (!chunks_[c]->in_grad_norm(t)) continue;
-        const std::size_t lo = std::max(offset_[c] + t.offset, begin),
-                          hi = std::min(offset_[c] + t.offset + t.count, begin + owned);
-        if (lo < hi)
-          s += device_ops(shard_grads_.device())
-                   .sum_of_squares(shard_grads_.view(lo - begin, hi - lo));
-      }
-    return s;
-  }
-
   std::vector<Event>& pending(int chunk, int slot) {
     auto& p = pending_[chunk];
     if (int(p.size()) <= slot) p.resize(slot + 1);
@@ -522,14 +381,14 @@ class Engine {
   }
 
   StageModel& tied_chunk() { return plan_.first_stage() ? *chunks_.front() : *chunks_.back(); }
-  std::size_t tied_offset() { return plan_.first_stage() ? offset_.front() : offset_.back(); }
 
   // First and last stage hold the tied wte (embedding / LM head): each sends its gradient to the
   // other and adds what it receives, so both copies see the same sum (a + b == b + a exactly).
   void exchange_tied_grads(Context& ctx, Group& pp) {
     if (!plan_.tied_exchange()) return;
     StageModel& sm = tied_chunk();
-    const BufferView g = grads_.view(tied_offset() + sm.wte_offset(), sm.wte_count());
+    const BufferView g = shards_->local_grads(plan_.first_stage() ? 0 : int(chunks_.size()) - 1,
+                                              sm.wte_offset(), sm.wte_count());
     const int peer = plan_.first_stage() ? plan_.P - 1 : 0;
     Event sent = ctx.comm_stream(kStreamNext)
                      .enqueue([&pp, g, peer] { pp.send(g, peer, kTagTied); }, ctx.compute_event());
@@ -558,7 +417,9 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::forward);
-      sm.forward(slot, chunk_view(params_, a.chunk), mb, tp_comm_.get());
+      const Partition& part = sm.partition();
+      for (int u = part.first_unit; u <= part.last_unit; ++u)
+        sm.forward(slot, u, shards_->params(), mb, tp_comm_.get());
     }
     if (sm.has_head())
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
@@ -586,8 +447,10 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::backward);
-      sm.backward(slot, chunk_view(params_, a.chunk), chunk_view(grads_, a.chunk), tp_comm_.get(),
-                  float(grad_scale(ctx)));
+      const Partition& part = sm.partition();
+      for (int u = part.last_unit; u >= part.first_unit; --u)
+        sm.backward(slot, u, shards_->params(), shards_->grads(), tp_comm_.get(),
+                    float(grad_scale(ctx)));
     }
     if (k > 0) {
       // The slot's send buffer last carried its activation: that send is done (the next stage
@@ -602,39 +465,11 @@ class Engine {
     sm.release_slot(slot);
   }
 
-  // Sequence parallelism leaves replicated tensors with per-rank partial gradients: one packed
-  // all-reduce over tp makes them whole (Megatron's sequence-parallel gradient all-reduce).
-  void reduce_partial_grads(Context& ctx, Group* tp) {
-    if (partial_pack_.size() == 0) return;
-    auto each = [&](auto&& f) {
-      std::size_t at = 0;
-      for (std::size_t c = 0; c < chunks_.size(); ++c)
-        for (const LocalTensor* t : chunks_[c]->tp_partial_grads()) {
-          f(grads_.view(offset_[c] + t->offset, t->count), partial_pack_.view(at, t->count));
-          at += t->count;
-        }
-    };
-    DeviceOps& ops = ctx.ops();
-    each([&](BufferView g, BufferView p) { ops.copy(p, g); });
-    tp->all_reduce(partial_pack_.view());
-    each([&](BufferView g, BufferView p) { ops.copy(g, p); });
-  }
-
   MpConfig cfg_;
   Plan plan_;
   std::vector<std::unique_ptr<StageModel>> chunks_;
-  std::vector<std::size_t> offset_;
-  // Parameters in the run's param dtype; gradients and their exchange buffers in its reduce dtype.
-  // zero1 pads params_ and grads_ to shards_.padded() and reduces into shard_grads_ (one chunk).
-  DeviceBuffer params_, grads_, tied_recv_, partial_pack_, shard_grads_;
-  bool zero1_ = false;
-  ShardGroup shards_;  // dp shards of the local buffer (one shard without zero1)
-  int shard_ = 0;      // this rank's shard
-  BufferView chunk_view(DeviceBuffer& b, int chunk) {
-    return b.view(offset_[chunk], chunks_[chunk]->param_count());
-  }
-  std::optional<AdamW> optimizer_;
-  std::optional<sharded::HostUpdate> host_;               // offload=optimizer
+  std::unique_ptr<sharded::Shards> shards_;  // the chunks' parameters, gradients, AdamW state
+  DeviceBuffer tied_recv_;                   // the other stage's tied wte gradient
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
   std::optional<BoundaryBuffers> boundary_;               // pipelines (more than one chunk)
@@ -650,7 +485,7 @@ void MpStrategy::setup(Context& ctx) {
   }
   tp_comm_ = make_tp_comm(config_, ctx);
   sharded_ = std::make_unique<sharded::Engine>(
-      ctx, sharded_config(config_),
+      ctx, dp_axis_config(config_),
       sharded::tp_partition(ctx.model_spec(), ctx.mesh().tp, ctx.coord().tp,
                             config_.sequence_parallel),
       tp_comm_.get());

@@ -1,8 +1,5 @@
 // The model-parallel engine's step as a plan (strata/step_plan.hpp): the pipeline schedule's
 // actions with their receives and sends, then what Engine::train_step does after the schedule.
-#include <algorithm>
-#include <cmath>
-
 #include "strata/data_parallel.hpp"
 #include "strata/engines/model_parallel.hpp"
 
@@ -52,7 +49,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   if (on_sharded_engine(cfg, in.mesh))  // the sharded engine on the tp partition
     return sharded::plan_step(
-        in, sharded_config(cfg),
+        in, dp_axis_config(cfg),
         sharded::tp_partition(in.model, in.mesh.tp, me.tp, cfg.sequence_parallel));
   if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1) {
     // validate() refuses it; a plan asked anyway says so
@@ -68,44 +65,21 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
     plan.micro_batches = in.train.micro_steps(in.mesh);
   }
-  // This rank's local parameters (StageModel's tp shards), and those replicated over tp whose
-  // gradients are partial under sp (all-reduced over tp after the schedule).
-  double params = 0, partial = 0;
-  for (int c = 0; c < v; ++c) {
-    const auto [first, last] = units[std::size_t(pp::global_chunk(P, me.pp, c))];
-    for (const LocalTensor& t : StageModel::local_tensors(
-             in.model, Partition{first, last, in.mesh.tp, me.tp, plan.sequence_parallel})) {
-      params += double(t.count);
-      if (plan.sequence_parallel && t.shard == ShardKind::replicated) partial += double(t.count);
-    }
-  }
   // After the schedule (Engine::train_step): the tied embedding's gradient between the first and
-  // the last stage, the gradients over dp (zero1: reduce-scattered, the shards updated and
-  // all-gathered), the norm over dp, tp and pp, the update.
-  const StateBytes per = state_bytes_per_param(in.train.precision);
+  // the last stage, then the data-parallel axis's update over the rank's chunks.
   if (P > 1 && (me.pp == 0 || me.pp == P - 1)) {
     const int peer = Mesh(in.mesh).rank_of(me.dp, me.tp, me.pp == 0 ? P - 1 : 0);
-    const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
+    const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden *
+                       state_bytes_per_param(in.train.precision).grads;
     step.push_back(plan_send(peer, kTiedTag, wte));
     step.push_back(plan_recv(peer, kTiedTag, wte));
   }
-  if (partial > 0) step.push_back(plan_comm(CommOp::all_reduce, per.grads * partial, Axis::tp));
-  const bool zero1 = cfg.dp == DpMode::zero1 && in.mesh.dp > 1;
-  const double chunk = std::ceil(params / in.mesh.dp), padded = chunk * in.mesh.dp;  // zero1's
-  if (zero1) {
-    step.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded, Axis::dp));
-    step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::dp));
-  } else if (in.mesh.dp > 1) {
-    step.push_back(plan_comm(CommOp::all_reduce, per.grads * params, Axis::dp));
+  std::vector<Partition> parts;
+  for (int c = 0; c < v; ++c) {
+    const auto [first, last] = units[std::size_t(pp::global_chunk(P, me.pp, c))];
+    parts.push_back(Partition{first, last, in.mesh.tp, me.tp, plan.sequence_parallel});
   }
-  if (in.mesh.tp > 1) step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::tp));
-  if (P > 1) step.push_back(plan_comm(CommOp::all_reduce, sizeof(double), Axis::pp));
-  const double owned = zero1 ? std::clamp(params - chunk * me.dp, 0.0, chunk) : params;
-  if (cfg.offload_optimizer)
-    sharded::plan_host_update({std::size_t(owned)}, in.train, step);
-  else
-    step.push_back(plan_update(zero1 ? chunk : params));
-  if (zero1) step.push_back(plan_comm(CommOp::all_gather, per.params * padded, Axis::dp));
+  sharded::plan_shards_update(in, dp_axis_config(cfg), parts, step);
   return plan;
 }
 

@@ -42,7 +42,34 @@ std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std
   return groups;
 }
 
-std::vector<ShardSlice> owned_slices(const std::vector<LocalTensor>& tensors,
+std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Partition>& parts,
+                                    int shards, const EngineConfig& c) {
+  std::vector<ShardGroup> groups;
+  for (int p = 0; p < int(parts.size()); ++p)
+    for (ShardGroup g : make_groups(StageModel::unit_ranges(model, parts[std::size_t(p)]),
+                                    parts[std::size_t(p)].first_unit, shards, c)) {
+      g.part = p;
+      groups.push_back(g);
+    }
+  return groups;
+}
+
+Placement placement(const MeshSpec& m, int rank, const EngineConfig& c) {
+  const Mesh mesh(m);
+  Placement at;
+  if (c.replicate) {  // one shard; the replicas are the dp group
+    at.replica_axis = Axis::dp;
+    at.replicas = m.dp;
+    return at;
+  }
+  at.shard_axis = c.hybrid ? Axis::dp_intra_node : Axis::dp;
+  at.shards = int(mesh.group(at.shard_axis, rank).size());
+  at.index = mesh.index_in_group(at.shard_axis, rank);
+  at.replicas = m.dp / at.shards;  // hybrid: the nodes
+  return at;
+}
+
+std::vector<ShardSlice> owned_slices(const std::vector<std::vector<LocalTensor>>& tensors,
                                      const std::vector<ShardGroup>& groups, int index,
                                      const std::function<bool(const LocalTensor&)>& keep) {
   std::vector<ShardSlice> r;
@@ -50,7 +77,7 @@ std::vector<ShardSlice> owned_slices(const std::vector<LocalTensor>& tensors,
     const ShardGroup& grp = groups[std::size_t(g)];
     const std::size_t begin = grp.offset + std::size_t(index) * grp.chunk;
     const std::size_t end = begin + grp.valid(index);
-    for (const LocalTensor& t : tensors) {
+    for (const LocalTensor& t : tensors[std::size_t(grp.part)]) {
       const std::size_t lo = std::max(t.offset, begin), hi = std::min(t.offset + t.count, end);
       if (lo >= hi || !keep(t)) continue;
       if (!r.empty() && r.back().group == g && r.back().at + r.back().count == lo - begin)
@@ -62,13 +89,15 @@ std::vector<ShardSlice> owned_slices(const std::vector<LocalTensor>& tensors,
   return r;
 }
 
-double partial_count(const ModelSpec& model, const Partition& part,
+double partial_count(const ModelSpec& model, const std::vector<Partition>& parts,
                      const std::vector<ShardGroup>& groups, int index) {
-  if (!part.sequence_parallel || part.tp_size == 1) return 0;
+  if (!parts[0].sequence_parallel || parts[0].tp_size == 1) return 0;
+  std::vector<std::vector<LocalTensor>> tensors;
+  for (const Partition& part : parts) tensors.push_back(StageModel::local_tensors(model, part));
   double n = 0;
-  for (const ShardSlice& s :
-       owned_slices(StageModel::local_tensors(model, part), groups, index,
-                    [](const LocalTensor& t) { return t.shard == ShardKind::replicated; }))
+  for (const ShardSlice& s : owned_slices(tensors, groups, index, [](const LocalTensor& t) {
+         return t.shard == ShardKind::replicated;
+       }))
     n += double(s.count);
   return n;
 }
@@ -189,14 +218,6 @@ std::string describe_schedule(const std::vector<Action>& actions) {
   return s.str();
 }
 
-// Which chunk this rank owns and how many ranks share a group, for a mesh.
-static void shard_position(const MeshSpec& m, int rank, bool hybrid, int* shards, int* index) {
-  const Mesh mesh(m);
-  const Axis axis = hybrid ? Axis::dp_intra_node : Axis::dp;
-  *shards = int(mesh.group(axis, rank).size());
-  *index = mesh.index_in_group(axis, rank);
-}
-
 // One micro-batch's schedule replayed on a simulated ledger (gathered parameters and reduction
 // outputs are comm buffers, per-group gradients are grads): P and Gr bytes per parameter and
 // gradient element. Its bytes on the wire are its plan's (sharded_plan.cpp).
@@ -237,6 +258,41 @@ Prediction predict(const PredictInput& in, const EngineConfig& c) {
   return predict(in, c, whole_model(in.model));
 }
 
+void predict_state(const PredictInput& in, const EngineConfig& c,
+                   const std::vector<Partition>& parts, MemoryLedger& sim) {
+  const Placement at = placement(in.mesh, in.rank, c);
+  const int i = at.index;
+  const auto groups = make_groups(in.model, parts, at.shards, c);
+  double padded = 0, chunks = 0, valid = 0;
+  for (const ShardGroup& g : groups) {
+    padded += double(g.padded());
+    chunks += double(g.chunk);
+    valid += double(g.valid(i));
+  }
+  // Bytes per element by precision (state_bytes_per_param): parameters, gradients, AdamW m and v
+  // (and the fp32 master with bf16 parameters).
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  const double P = per.params, Gr = per.grads;
+  auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };
+  sim.on_alloc(MemTag::params, bytes_of(P, c.shard_params ? chunks : padded));
+  // This rank's reduced gradients, and zero1's and allreduce's full ones; one shard of those is
+  // the full buffer itself.
+  if (c.shard_grads || at.shards > 1) sim.on_alloc(MemTag::grads, bytes_of(Gr, chunks));
+  if (!c.shard_grads) sim.on_alloc(MemTag::grads, bytes_of(Gr, padded));
+  // AdamW state: on the device, or in host memory with offload=optimizer, beside host copies of
+  // this rank's gradient and parameter shards (every group's, so that the copies overlap the
+  // steps).
+  const MemTag state = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
+  sim.on_alloc(state, bytes_of(per.optimizer, valid));
+  if (c.offload_optimizer)
+    for (const ShardGroup& g : groups)
+      sim.on_alloc(MemTag::offload,
+                   bytes_of(Gr, double(g.valid(i))) + bytes_of(P, double(g.valid(i))));
+  // With sequence parallelism, the pack of the partial gradients' owned parts
+  // (Shards::reduce_partial_grads).
+  sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, partial_count(in.model, parts, groups, i)));
+}
+
 Prediction predict(const PredictInput& in, const EngineConfig& c, const Partition& part) {
   Prediction p;
   auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
@@ -248,49 +304,27 @@ Prediction predict(const PredictInput& in, const EngineConfig& c, const Partitio
                                         .total(1));
   mem(MemTag::workspace) =
       double(batch_workspace_bytes(in.train, in.model) + StageModel::slot_token_bytes(in.model, B));
-  int n = 1, i = 0;
-  shard_position(in.mesh, in.rank, c.hybrid, &n, &i);
+  const Placement at = placement(in.mesh, in.rank, c);
   const auto units = StageModel::unit_ranges(in.model, part);
-  const auto groups = make_groups(units, part.first_unit, n, c);
-  double padded = 0, chunks = 0, valid = 0;
-  for (const ShardGroup& g : groups) {
-    padded += double(g.padded());
-    chunks += double(g.chunk);
-    valid += double(g.valid(i));
-  }
-  // Persistent state, bytes per element by precision (state_bytes_per_param): parameters,
-  // gradients, AdamW m and v (and the fp32 master with bf16 parameters).
+  const auto groups = make_groups(units, part.first_unit, at.shards, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  const double P = per.params, Gr = per.grads;
-  auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };
   MemoryLedger sim;
-  sim.on_alloc(MemTag::params, bytes_of(P, c.shard_params ? chunks : padded));
-  sim.on_alloc(MemTag::grads, bytes_of(Gr, chunks));  // this rank's reduced gradients
-  if (!c.shard_grads) sim.on_alloc(MemTag::grads, bytes_of(Gr, padded));  // zero1: full
-  // AdamW state: on the device, or in host memory with offload=optimizer, beside host copies of
-  // this rank's gradient and parameter shards (every group's, so that the copies overlap the
-  // steps).
-  const MemTag state = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
-  sim.on_alloc(state, bytes_of(per.optimizer, valid));
-  if (c.offload_optimizer)
-    for (const ShardGroup& g : groups)
-      sim.on_alloc(MemTag::offload,
-                   bytes_of(Gr, double(g.valid(i))) + bytes_of(P, double(g.valid(i))));
-  // Under tp: the bf16 tp comm buffer, and with sequence parallelism the pack of the partial
-  // gradients' owned parts (Engine::reduce_partial_grads).
+  predict_state(in, c, {part}, sim);
+  // Under tp: the bf16 tp comm buffer.
   sim.on_alloc(MemTag::comm_buffers,
                StageModel::tp_comm_buffer_bytes(in.model, B, part, in.train.precision.tp_comm));
-  sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, partial_count(in.model, part, groups, i)));
   // Working buffers, replayed from the schedule.
-  replay_schedule(micro_batch_schedule(groups, int(units.size()), c), groups, P, Gr, sim);
+  replay_schedule(micro_batch_schedule(groups, int(units.size()), c), groups, per.params, per.grads,
+                  sim);
   for (MemTag t :
        {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
     mem(t) = double(sim.peak(t));
-  double local = 0;
+  double local = 0, padded = 0;
   for (const auto& u : units) local += double(u.second);
+  for (const ShardGroup& g : groups) padded += double(g.padded());
   std::ostringstream notes;
-  notes << groups.size() << " group(s) over " << n << " shard(s); padding " << (padded - local)
-        << " elements";
+  notes << groups.size() << " group(s) over " << at.shards << " shard(s); padding "
+        << (padded - local) << " elements";
   if (part.tp_size > 1)
     notes << "; tp rank " << part.tp_rank << " of " << part.tp_size
           << (part.sequence_parallel ? " with sequence parallelism" : "");

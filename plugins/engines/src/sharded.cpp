@@ -3,42 +3,56 @@
 
 namespace strata::sharded {
 
-Engine::Engine(Context& ctx, const EngineConfig& c)
-    : Engine(ctx, c, whole_model(ctx.model_spec()), nullptr) {}
-
-Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
-               TensorParallelComm* tp)
+Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel*> models)
     : config_(c),
-      model_(std::make_unique<StageModel>(
-          ctx.model_spec(), ctx.train().micro_batch, partition, ctx.memory(), ctx.train().recompute,
-          ctx.train().precision.param, ctx.train().precision.tp_comm)),
-      tp_(partition.tp_size > 1 ? tp : nullptr),
-      tp_group_(partition.tp_size > 1 ? &ctx.group(Axis::tp) : nullptr),
+      models_(std::move(models)),
       param_dtype_(ctx.train().precision.param),
       grad_dtype_(ctx.train().precision.reduce),
       memory_(&ctx.memory()) {
-  const Partition& part = model_->partition();
-  shard_group_ = &ctx.group(c.hybrid ? Axis::dp_intra_node : Axis::dp);
-  if (c.hybrid) replica_group_ = &ctx.group(Axis::dp_inter_node);
-  shard_index_ = shard_group_->rank();
-  groups_ = make_groups(StageModel::unit_ranges(ctx.model_spec(), part), part.first_unit,
-                        shard_group_->size(), c);
-  const int units = part.last_unit - part.first_unit + 1;
-  schedule_ = micro_batch_schedule(groups_, units, c);
+  const MeshCoord& me = ctx.coord();
+  const Placement at = placement(ctx.mesh(), Mesh(ctx.mesh()).rank_of(me.dp, me.tp, me.pp), c);
+  if (at.shards > 1) shard_group_ = &ctx.group(at.shard_axis);
+  if (at.replicas > 1) replica_group_ = &ctx.group(at.replica_axis);
+  if (ctx.mesh().tp > 1) tp_group_ = &ctx.group(Axis::tp);
+  if (ctx.mesh().pp > 1) pp_group_ = &ctx.group(Axis::pp);
+  shard_index_ = at.index;
+  std::vector<Partition> parts;
+  std::vector<std::vector<LocalTensor>> tensors;
+  for (const StageModel* m : models_)
+    parts.push_back(m->partition()), tensors.push_back(m->tensors());
+  groups_ = make_groups(ctx.model_spec(), parts, at.shards, c);
   const int G = int(groups_.size());
+  group_of_unit_.assign(std::size_t(ctx.model_spec().layers) + 2, -1);
   for (int g = 0; g < G; ++g)
-    for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) group_of_unit_.push_back(g);
-
-  param_ptrs_.assign(std::size_t(ctx.model_spec().layers) + 2, BufferView{});
+    for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) group_of_unit_[u] = g;
+  param_ptrs_.assign(group_of_unit_.size(), BufferView{});
   grad_ptrs_.assign(param_ptrs_.size(), BufferView{});
   gathered_.resize(G);
   group_grads_.resize(G);
   reduced_.resize(G);
   gather_done_.resize(G);
   reduce_done_.resize(G);
+  allocate_state(ctx);
+  // in_grad_norm depends on the tp rank only, which every partition shares.
+  norm_slices_ = owned_slices(tensors, groups_, shard_index_,
+                              [&](const LocalTensor& t) { return models_[0]->in_grad_norm(t); });
+  if (tp_group_ && parts[0].sequence_parallel) {
+    partial_slices_ = owned_slices(tensors, groups_, shard_index_, [](const LocalTensor& t) {
+      return t.shard == ShardKind::replicated;
+    });
+    std::size_t partial = 0;
+    for (const ShardSlice& p : partial_slices_) partial += p.count;
+    partial_pack_ = DeviceBuffer(ctx.memory(), MemTag::comm_buffers, grad_dtype_, partial);
+  }
+}
+
+Shards::~Shards() = default;
+
+void Shards::allocate_state(Context& ctx) {
+  const EngineConfig& c = config_;
+  const int G = int(groups_.size());
   std::size_t total_padded = 0;
   for (const ShardGroup& g : groups_) base_.push_back(total_padded), total_padded += g.padded();
-
   MemoryLedger& mem = ctx.memory();
   const std::uint64_t seed = ctx.train().seed;
   if (!c.shard_params) {
@@ -46,89 +60,89 @@ Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
     // be all-gathered in place.
     replica_params_ = DeviceBuffer(mem, MemTag::params, param_dtype_, total_padded);
     for (int g = 0; g < G; ++g) {
-      model_->init_params(seed, groups_[g].offset,
-                          replica_params_.view(base_[g], groups_[g].count));
+      model_of(g).init_params(seed, groups_[g].offset,
+                              replica_params_.view(base_[g], groups_[g].count));
       point_units(g, replica_params_.view(base_[g], groups_[g].padded()), param_ptrs_);
     }
   } else {
-    for (const ShardGroup& g : groups_) {
-      shard_params_.emplace_back(mem, MemTag::params, param_dtype_, g.chunk);
-      model_->init_params(seed, g.offset + std::size_t(shard_index_) * g.chunk,
-                          shard_params_.back().view(0, g.valid(shard_index_)));
+    for (int g = 0; g < G; ++g) {
+      shard_params_.emplace_back(mem, MemTag::params, param_dtype_, groups_[g].chunk);
+      model_of(g).init_params(seed,
+                              groups_[g].offset + std::size_t(shard_index_) * groups_[g].chunk,
+                              shard_params_.back().view(0, groups_[g].valid(shard_index_)));
     }
   }
-  for (const ShardGroup& g : groups_)
-    shard_grads_.emplace_back(mem, MemTag::grads, grad_dtype_, g.chunk);
   if (!c.shard_grads) {
     replica_grads_ = DeviceBuffer(mem, MemTag::grads, grad_dtype_, total_padded);
     for (int g = 0; g < G; ++g)
       point_units(g, replica_grads_.view(base_[g], groups_[g].padded()), grad_ptrs_);
   }
+  if (c.shard_grads || shard_group_)  // one shard of replicated gradients is the replica
+    for (const ShardGroup& g : groups_)
+      shard_grads_.emplace_back(mem, MemTag::grads, grad_dtype_, g.chunk);
   const MemTag state_tag = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
-  for (const ShardGroup& g : groups_)
-    optimizers_.push_back(make_optimizer(ctx, g.offset + std::size_t(shard_index_) * g.chunk,
-                                         g.valid(shard_index_), state_tag));
+  for (int g = 0; g < G; ++g)
+    optimizers_.push_back(
+        make_optimizer(ctx, g, groups_[g].offset + std::size_t(shard_index_) * groups_[g].chunk,
+                       groups_[g].valid(shard_index_), state_tag));
   if (c.offload_optimizer) {  // the host side of the copies, kept for the run like DeepSpeed's
     std::vector<std::size_t> counts;
     for (const ShardGroup& g : groups_) counts.push_back(g.valid(shard_index_));
     host_.emplace(mem, grad_dtype_, param_dtype_, counts);
   }
-  const StageModel& sm = *model_;
-  norm_slices_ = owned_slices(sm.tensors(), groups_, shard_index_,
-                              [&](const LocalTensor& t) { return sm.in_grad_norm(t); });
-  if (tp_group_ && part.sequence_parallel) {
-    partial_slices_ = owned_slices(sm.tensors(), groups_, shard_index_, [](const LocalTensor& t) {
-      return t.shard == ShardKind::replicated;
-    });
-    std::size_t partial = 0;
-    for (const ShardSlice& p : partial_slices_) partial += p.count;
-    partial_pack_ = DeviceBuffer(mem, MemTag::comm_buffers, grad_dtype_, partial);
-  }
 }
 
-Engine::~Engine() = default;
-
-void Engine::point_units(int g, BufferView group, UnitPtrs& ptrs) const {
+void Shards::point_units(int g, BufferView group, UnitPtrs& ptrs) const {
   for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) {
-    const auto [offset, count] = model_->unit_range(u);
+    const auto [offset, count] = model_of(g).unit_range(u);
     ptrs[std::size_t(u)] = slice(group, offset - groups_[g].offset, count);
   }
 }
 
-AdamW Engine::make_optimizer(Context& ctx, std::size_t begin, std::size_t count,
+AdamW Shards::make_optimizer(Context& ctx, int g, std::size_t begin, std::size_t count,
                              MemTag state_tag) const {
-  AdamW opt(slice_segments(model_->adamw_segments(), begin, count), adamw_config(ctx), ctx.memory(),
+  const StageModel& model = model_of(g);
+  AdamW opt(slice_segments(model.adamw_segments(), begin, count), adamw_config(ctx), ctx.memory(),
             param_dtype_, state_tag);
-  if (opt.master().data) model_->init_params(ctx.train().seed, begin, opt.master());
+  if (opt.master().data) model.init_params(ctx.train().seed, begin, opt.master());
   return opt;
 }
 
-void Engine::issue_gather(Context& ctx, int g) {
+BufferView Shards::local_grads(int part, std::size_t offset, std::size_t count) {
+  for (int g = 0; g < int(groups_.size()); ++g) {
+    const ShardGroup& grp = groups_[g];
+    if (grp.part == part && offset >= grp.offset && offset + count <= grp.offset + grp.count &&
+        replica_grads_.size())
+      return replica_grads_.view(base_[g] + offset - grp.offset, count);
+  }
+  throw Error("Shards::local_grads: the range is not inside one group's replicated gradients");
+}
+
+void Shards::issue_gather(Context& ctx, int g) {
   const ShardGroup& grp = groups_[g];
   gathered_[g] = DeviceBuffer(*memory_, MemTag::comm_buffers, param_dtype_, grp.padded());
   const BufferView full = gathered_[g].view(), shard = shard_params_[g].view();
-  Group* sg = shard_group_;
-  if (sg->size() > 1)
-    gather_done_[g] = ctx.comm_stream().all_gather(*sg, shard, full, ctx.compute_event());
+  if (shard_group_)
+    gather_done_[g] = ctx.comm_stream().all_gather(*shard_group_, shard, full, ctx.compute_event());
   else
     ctx.ops().copy(slice(full, 0, grp.chunk), shard);
   point_units(g, full, param_ptrs_);
 }
 
-void Engine::reduce_grads(Context& ctx, int g) {
+void Shards::reduce_grads(Context& ctx, int g) {
   const ShardGroup& grp = groups_[g];
   reduced_[g] = DeviceBuffer(*memory_, MemTag::comm_buffers, grad_dtype_, grp.chunk);
   const BufferView in = group_grads_[g].view(), out = reduced_[g].view();
   Group* sg = shard_group_;
-  Group* rg = replica_group_ && replica_group_->size() > 1 ? replica_group_ : nullptr;
+  Group* rg = replica_group_;
   DeviceOps* ops = &ctx.ops();
-  if (sg->size() == 1 && !rg) {
+  if (!sg && !rg) {
     ops->copy(out, slice(in, 0, grp.chunk));
     return;
   }
   reduce_done_[g] = ctx.comm_stream().enqueue(
       [sg, rg, in, out, grp, ops] {
-        if (sg->size() > 1)
+        if (sg)
           sg->reduce_scatter(in, out);
         else
           ops->copy(out, slice(in, 0, grp.chunk));
@@ -137,7 +151,7 @@ void Engine::reduce_grads(Context& ctx, int g) {
       ctx.compute_event());
 }
 
-void Engine::finish_grads(Context& ctx, int g) {
+void Shards::finish_grads(Context& ctx, int g) {
   if (reduce_done_[g]) reduce_done_[g]->wait();
   reduce_done_[g].reset();
   ctx.ops().axpy(shard_grads_[g].view(), 1.0, reduced_[g].view());
@@ -145,96 +159,96 @@ void Engine::finish_grads(Context& ctx, int g) {
   group_grads_[g] = DeviceBuffer();
 }
 
-void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
-  StageModel& model = *model_;
-  const int head = model.partition().last_unit;
-  const float scale = float(grad_scale(ctx));
-  slot_ = model.acquire_slot();
-  for (const Action& a : schedule_) {
-    const int g = a.index;
-    switch (a.act) {
-      case Act::gather:
-        issue_gather(ctx, g);
-        break;
-      case Act::wait_gather:
-        if (gather_done_[g]) gather_done_[g]->wait();
-        gather_done_[g].reset();
-        break;
-      case Act::forward: {
-        PhaseTimer t(ctx, Phase::forward);  // one interval per unit: the --trace timeline
-        model.forward(slot_, g, param_ptrs_, mb, tp_);
-        if (g == head) ctx.report_loss(model.loss_sum(slot_), double(mb.batch) * mb.seq);
-        break;
-      }
-      case Act::backward: {
-        PhaseTimer t(ctx, Phase::backward);
-        model.backward(slot_, g, param_ptrs_, grad_ptrs_, tp_, scale);
-        break;
-      }
-      case Act::free_params:
-        gathered_[g] = DeviceBuffer();
-        for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
-          param_ptrs_[u] = BufferView{};
-        break;
-      case Act::alloc_grads:
-        group_grads_[g] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, groups_[g].padded());
-        point_units(g, group_grads_[g].view(), grad_ptrs_);
-        break;
-      case Act::reduce_grads:
-        reduce_grads(ctx, g);
-        break;
-      case Act::finish_grads:
-        finish_grads(ctx, g);
-        break;
-    }
-  }
-  model.release_slot(slot_);
+void Shards::zero_grads(Context& ctx) {
+  for (auto& b : shard_grads_) ctx.ops().fill(b.view(), 0);
+  if (replica_grads_.size()) ctx.ops().fill(replica_grads_.view(), 0);
 }
 
-void Engine::update(Context& ctx, int step) {
-  Group& sg = *shard_group_;
-  const int G = int(groups_.size());
-  const int i = shard_index_;
-  if (!config_.shard_grads) {  // zero1: one reduce-scatter per group, straight into the shard
-    std::vector<Event> done;
-    for (int g = 0; g < G; ++g) {
-      const BufferView full = replica_grads_.view(base_[g], groups_[g].padded());
-      if (sg.size() > 1)
-        done.push_back(ctx.comm_stream().reduce_scatter(sg, full, shard_grads_[g].view(),
-                                                        ctx.compute_event()));
-      else
-        ctx.ops().copy(shard_grads_[g].view(), slice(full, 0, groups_[g].chunk));
-    }
-    for (Event& e : done) e.wait();
+void Shards::run(Context& ctx, const Action& a) {
+  const int g = a.index;
+  switch (a.act) {
+    case Act::gather:
+      return issue_gather(ctx, g);
+    case Act::wait_gather:
+      if (gather_done_[g]) gather_done_[g]->wait();
+      gather_done_[g].reset();
+      return;
+    case Act::free_params:
+      gathered_[g] = DeviceBuffer();
+      for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
+        param_ptrs_[u] = BufferView{};
+      return;
+    case Act::alloc_grads:
+      group_grads_[g] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, groups_[g].padded());
+      point_units(g, group_grads_[g].view(), grad_ptrs_);
+      return;
+    case Act::reduce_grads:
+      return reduce_grads(ctx, g);
+    case Act::finish_grads:
+      return finish_grads(ctx, g);
+    case Act::forward:
+    case Act::backward:
+      throw Error("Shards::run: the passes are the caller's");
   }
+}
+
+// zero1 and allreduce after the micro-batches: each group's replicated gradients reduce-scattered
+// straight into its shard, or with one shard all-reduced in place over the replicas.
+void Shards::reduce_replicated_grads(Context& ctx) {
+  std::vector<Event> done;
+  for (int g = 0; g < int(groups_.size()); ++g) {
+    const BufferView full = replica_grads_.view(base_[g], groups_[g].padded());
+    if (shard_group_)
+      done.push_back(ctx.comm_stream().reduce_scatter(*shard_group_, full, shard_grads_[g].view(),
+                                                      ctx.compute_event()));
+    if (replica_group_)  // behind the shard's reduce-scatter, if any (one stream, in order)
+      done.push_back(
+          ctx.comm_stream().all_reduce(*replica_group_, grads_of(g), ctx.compute_event()));
+  }
+  for (Event& e : done) e.wait();
+}
+
+void Shards::update(Context& ctx, int step) {
+  const int G = int(groups_.size());
+  if (!config_.shard_grads) reduce_replicated_grads(ctx);
   reduce_partial_grads(ctx);
+  double sumsq = 0;
+  {
+    PhaseTimer timer(ctx, Phase::optimizer);
+    sumsq = shard_sum_of_squares(ctx);
+  }
+  if (pp_group_ && ctx.train().grad_clip > 0) {  // waits for the slowest stage: the bubble
+    PhaseTimer idle(ctx, Phase::bubble);
+    pp_group_->all_reduce({&sumsq, 1, DType::f64});
+  }
   PhaseTimer timer(ctx, Phase::optimizer);
-  const float clip = clip_scale(std::sqrt(shard_sum_of_squares(ctx)), ctx.train().grad_clip);
+  const float clip = clip_scale(std::sqrt(sumsq), ctx.train().grad_clip);
   if (host_) {
     std::vector<HostUpdate::Shard> shards;
     for (int g = 0; g < G; ++g) shards.push_back({&optimizers_[g], params_of(g), grads_of(g)});
     host_->step(ctx, step, clip, shards);
   } else
     for (int g = 0; g < G; ++g) optimizers_[g].step(params_of(g), grads_of(g), step + 1, clip);
-  if (!config_.shard_params && sg.size() > 1) {  // zero1/2: everyone gets the updated shards
+  if (!config_.shard_params && shard_group_) {  // zero1/2: everyone gets the updated shards
     std::vector<Event> done;
     for (int g = 0; g < G; ++g) {
       const BufferView full = replica_params_.view(base_[g], groups_[g].padded());
       done.push_back(ctx.comm_stream().all_gather(
-          sg, slice(full, std::size_t(i) * groups_[g].chunk, groups_[g].chunk), full,
+          *shard_group_,
+          slice(full, std::size_t(shard_index_) * groups_[g].chunk, groups_[g].chunk), full,
           ctx.compute_event()));
     }
     for (Event& e : done) e.wait();
   }
 }
 
-void Engine::reduce_partial_grads(Context& ctx) {
+void Shards::reduce_partial_grads(Context& ctx) {
   if (partial_slices_.empty()) return;
   DeviceOps& ops = ctx.ops();
   auto each = [&](auto&& f) {
     std::size_t at = 0;
     for (const ShardSlice& p : partial_slices_) {
-      f(shard_grads_[std::size_t(p.group)].view(p.at, p.count), partial_pack_.view(at, p.count));
+      f(slice(grads_of(p.group), p.at, p.count), partial_pack_.view(at, p.count));
       at += p.count;
     }
   };
@@ -244,26 +258,64 @@ void Engine::reduce_partial_grads(Context& ctx) {
 }
 
 // Only with clipping on does the norm cross ranks: its shards' squares over the shard group (the
-// replicas of hybrid sharding hold equal shards), then over tp.
-double Engine::shard_sum_of_squares(Context& ctx) {
+// replicas hold equal shards), then over tp (and over pp in update()).
+double Shards::shard_sum_of_squares(Context& ctx) {
   double sumsq = 0;
   for (const ShardSlice& s : norm_slices_)
-    sumsq += ctx.ops().sum_of_squares(shard_grads_[std::size_t(s.group)].view(s.at, s.count));
+    sumsq += ctx.ops().sum_of_squares(slice(grads_of(s.group), s.at, s.count));
   if (ctx.train().grad_clip <= 0) return sumsq;
-  if (shard_group_->size() > 1) shard_group_->all_reduce({&sumsq, 1, DType::f64});
+  if (shard_group_) shard_group_->all_reduce({&sumsq, 1, DType::f64});
   if (tp_group_) tp_group_->all_reduce({&sumsq, 1, DType::f64});
   return sumsq;
 }
 
-BufferView Engine::params_of(int g) {
+BufferView Shards::params_of(int g) {
   const std::size_t valid = groups_[g].valid(shard_index_);  // the real elements only
   return config_.shard_params
              ? shard_params_[g].view(0, valid)
              : replica_params_.view(base_[g] + std::size_t(shard_index_) * groups_[g].chunk, valid);
 }
 
-BufferView Engine::grads_of(int g) {
-  return shard_grads_[g].view(0, groups_[g].valid(shard_index_));
+BufferView Shards::grads_of(int g) {
+  const std::size_t valid = groups_[g].valid(shard_index_);
+  return shard_grads_.empty() ? replica_grads_.view(base_[g], valid)
+                              : shard_grads_[g].view(0, valid);
+}
+
+Engine::Engine(Context& ctx, const EngineConfig& c)
+    : Engine(ctx, c, whole_model(ctx.model_spec()), nullptr) {}
+
+Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
+               TensorParallelComm* tp)
+    : model_(std::make_unique<StageModel>(
+          ctx.model_spec(), ctx.train().micro_batch, partition, ctx.memory(), ctx.train().recompute,
+          ctx.train().precision.param, ctx.train().precision.tp_comm)),
+      tp_(partition.tp_size > 1 ? tp : nullptr),
+      shards_(std::make_unique<Shards>(ctx, c, std::vector<const StageModel*>{model_.get()})) {
+  const Partition& part = model_->partition();
+  schedule_ = micro_batch_schedule(shards_->groups(), part.last_unit - part.first_unit + 1, c);
+}
+
+Engine::~Engine() = default;
+
+void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
+  StageModel& model = *model_;
+  const int head = model.partition().last_unit;
+  const float scale = float(grad_scale(ctx));
+  const int slot = model.acquire_slot();
+  for (const Action& a : schedule_) {
+    if (a.act == Act::forward) {
+      PhaseTimer t(ctx, Phase::forward);  // one interval per unit: the --trace timeline
+      model.forward(slot, a.index, shards_->params(), mb, tp_);
+      if (a.index == head) ctx.report_loss(model.loss_sum(slot), double(mb.batch) * mb.seq);
+    } else if (a.act == Act::backward) {
+      PhaseTimer t(ctx, Phase::backward);
+      model.backward(slot, a.index, shards_->params(), shards_->grads(), tp_, scale);
+    } else {
+      shards_->run(ctx, a);
+    }
+  }
+  model.release_slot(slot);
 }
 
 HostUpdate::HostUpdate(MemoryLedger& memory, DType grad_dtype, DType param_dtype,
@@ -311,11 +363,10 @@ void EngineStrategy::validate(const MeshSpec& mesh, const TrainSpec&, const Mode
 }
 
 void Engine::train_step(Context& ctx, int step) {
-  for (auto& b : shard_grads_) ctx.ops().fill(b.view(), 0);
-  if (replica_grads_.size()) ctx.ops().fill(replica_grads_.view(), 0);
+  shards_->zero_grads(ctx);
   const int micro_steps = ctx.train().micro_steps(ctx.mesh());
   for (int m = 0; m < micro_steps; ++m) run_micro_batch(ctx, ctx.micro_batch(step, m));
-  update(ctx, step);
+  shards_->update(ctx, step);
 }
 
 }  // namespace strata::sharded

@@ -13,7 +13,9 @@ int offload_event(int g) { return 3 * g + 2; }
 // One micro-batch: new buffers written on the compute thread, gathers and reductions on stream 0.
 std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, int units,
                                          const EngineConfig& c, const StateBytes& per,
-                                         Axis shard_axis, int n, int replicas) {
+                                         const Placement& at) {
+  const Axis shard_axis = at.shard_axis;
+  const int n = at.shards, replicas = at.replicas;
   std::vector<PlanAction> out;
   auto padded = [&](int g) { return double(groups[std::size_t(g)].padded()); };
   auto chunk_of = [&](int g) { return double(groups[std::size_t(g)].chunk); };
@@ -44,8 +46,8 @@ std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, 
           out.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(g), shard_axis, 0,
                                   reduce_event(g)));
         if (replicas > 1)
-          out.push_back(plan_comm(CommOp::all_reduce, per.grads * chunk_of(g), Axis::dp_inter_node,
-                                  0, reduce_event(g)));
+          out.push_back(plan_comm(CommOp::all_reduce, per.grads * chunk_of(g), at.replica_axis, 0,
+                                  reduce_event(g)));
         break;
       case Act::finish_grads:
         if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
@@ -80,30 +82,30 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c) {
   return plan_step(in, c, whole_model(in.model));
 }
 
-StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part) {
-  const Mesh mesh(in.mesh);
-  const Axis shard_axis = c.hybrid ? Axis::dp_intra_node : Axis::dp;
-  const int n = int(mesh.group(shard_axis, in.rank).size()), replicas = in.mesh.dp / n;
-  const int index = mesh.index_in_group(shard_axis, in.rank);
-  const auto units = StageModel::unit_ranges(in.model, part);
-  const auto groups = make_groups(units, part.first_unit, n, c);
+// Shards::update(): zero1's reduce-scatters (allreduce's all-reduces), the sequence-parallel
+// partial gradients over tp, the norm (over the shards, tp and pp), AdamW of this rank's shards
+// (on the host with offload), zero1/2's all-gathers of the updated shards; each waited for at once.
+void plan_shards_update(const PredictInput& in, const EngineConfig& c,
+                        const std::vector<Partition>& parts, std::vector<PlanAction>& step) {
+  const Placement at = placement(in.mesh, in.rank, c);
+  const int n = at.shards, index = at.index;
+  const auto groups = make_groups(in.model, parts, n, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  StepPlan plan;
-  plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
-  plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, per, shard_axis, n, replicas);
-  plan.micro_batches = in.train.micro_steps(in.mesh);
-  // Engine::update(): zero1's reduce-scatters, the sequence-parallel partial gradients over tp,
-  // the norm, AdamW of this rank's shard (on the host with offload), zero1/2's all-gathers of the
-  // updated shards; each waited for at once.
-  std::vector<PlanAction>& step = plan.step;
-  for (const ShardGroup& g : groups)
-    if (n > 1 && !c.shard_grads)
-      step.push_back(plan_comm(CommOp::reduce_scatter, per.grads * double(g.padded()), shard_axis));
-  if (const double partial = partial_count(in.model, part, groups, index); partial > 0)
+  if (!c.shard_grads)
+    for (const ShardGroup& g : groups) {
+      if (n > 1)
+        step.push_back(
+            plan_comm(CommOp::reduce_scatter, per.grads * double(g.padded()), at.shard_axis));
+      if (at.replicas > 1)
+        step.push_back(
+            plan_comm(CommOp::all_reduce, per.grads * double(g.valid(index)), at.replica_axis));
+    }
+  if (const double partial = partial_count(in.model, parts, groups, index); partial > 0)
     step.push_back(plan_comm(CommOp::all_reduce, per.grads * partial, Axis::tp));
   if (in.train.grad_clip > 0) {
-    if (n > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, shard_axis));
-    if (part.tp_size > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::tp));
+    if (n > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, at.shard_axis));
+    if (in.mesh.tp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::tp));
+    if (in.mesh.pp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::pp));
   }
   if (c.offload_optimizer) {
     std::vector<std::size_t> counts;
@@ -113,7 +115,19 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partitio
     for (const ShardGroup& g : groups) step.push_back(plan_update(double(g.valid(index))));
   for (const ShardGroup& g : groups)
     if (n > 1 && !c.shard_params)
-      step.push_back(plan_comm(CommOp::all_gather, per.params * double(g.padded()), shard_axis));
+      step.push_back(plan_comm(CommOp::all_gather, per.params * double(g.padded()), at.shard_axis));
+}
+
+StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part) {
+  const Placement at = placement(in.mesh, in.rank, c);
+  const auto units = StageModel::unit_ranges(in.model, part);
+  const auto groups = make_groups(units, part.first_unit, at.shards, c);
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  StepPlan plan;
+  plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
+  plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, per, at);
+  plan.micro_batches = in.train.micro_steps(in.mesh);
+  plan_shards_update(in, c, {part}, plan.step);
   return plan;
 }
 

@@ -9,8 +9,10 @@
 // all-reduced over tp, all gradients over dp, the norm over tp and pp, and AdamW updates the
 // rank's shard.
 //
-// dp=zero1 (Megatron-LM's distributed optimizer): instead of the dp all-reduce, the local gradients
-// (padded to a multiple of dp) are reduce-scattered over dp, AdamW keeps state for this rank's
+// The data-parallel axis is the sharded engine's (strata/engines/sharded.hpp), applied to the
+// rank's chunks: sharded::Shards holds their parameters, gradients and AdamW state. dp=allreduce
+// all-reduces each chunk's gradients over dp; dp=zero1 (Megatron-LM's distributed optimizer)
+// reduce-scatters them (each chunk padded to a multiple of dp), AdamW keeps state for this rank's
 // 1/dp of them only, the norm adds the shards' squares over dp, tp and pp, and the updated
 // shards are all-gathered over dp.
 //
@@ -57,10 +59,13 @@ struct MpConfig {
   std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
 };
 
-// Whether the sharded engine runs this configuration (dp=zero2|fsdp at dp > 1, pp = 1), and its
-// configuration then (every unit its own group; the config's prefetch and offload).
+// Whether the sharded engine runs this configuration with its own micro-batch schedule
+// (dp=zero2|fsdp at dp > 1, pp = 1); otherwise the pipeline schedule runs over Shards.
 bool on_sharded_engine(const MpConfig& config, const MeshSpec& mesh);
-sharded::EngineConfig sharded_config(const MpConfig& config);
+// The data-parallel axis's configuration: allreduce replicates and zero1 shards the optimizer
+// state, each chunk one group; zero2 and fsdp every unit its own group with the config's
+// prefetch; offload as configured.
+sharded::EngineConfig dp_axis_config(const MpConfig& config);
 
 // The `dp` plugin option the tp and pp plugins share (allreduce, zero1, zero2, fsdp; MpConfig::dp).
 OptionSpec dp_option();

@@ -1,4 +1,6 @@
-// The sharded data-parallel engine behind zero1/2/3 and fsdp/fsdp-grad-op/fsdp-hybrid.
+// The sharded data-parallel engine behind zero1/2/3 and fsdp/fsdp-grad-op/fsdp-hybrid, and the
+// data-parallel axis of tp and of the pipelines (Shards: the one implementation of a ZeRO/FSDP
+// step, which the pipelines drive with their own schedule).
 //
 // Parameters are sharded per *group*: a contiguous run of model units (a ZeRO bucket or an FSDP
 // unit). A group of `count` elements is padded to n * chunk (n = shard group size) and rank i owns
@@ -38,7 +40,21 @@ struct EngineConfig {
   // for the run. Per group the shard is copied to the host (d2h) on a comm stream of its own,
   // updated there while the next groups copy, and copied back (h2d) before the all-gather.
   bool offload_optimizer = false;
+  // dp=allreduce under tp and the pipelines: no shard group (every rank holds all the state), the
+  // gradients all-reduced over dp once per step.
+  bool replicate = false;
 };
+
+// Where a rank sits on the data-parallel axis: its shard group (dp; dp_intra_node with hybrid;
+// none with replicate) and its index there, and the replicas its reduced gradients are
+// all-reduced with (dp_inter_node with hybrid; dp with replicate).
+struct Placement {
+  Axis shard_axis = Axis::dp;
+  int shards = 1, index = 0;
+  Axis replica_axis = Axis::dp_inter_node;
+  int replicas = 1;
+};
+Placement placement(const MeshSpec& mesh, int rank, const EngineConfig& c);
 
 struct ShardGroup {
   int first_unit = 0, last_unit = 0;  // inclusive
@@ -46,6 +62,7 @@ struct ShardGroup {
   std::size_t chunk = 0;              // per-rank shard (padded)
   std::size_t padded() const { return chunk * shards; }
   int shards = 1;
+  int part = 0;  // the partition (a pipeline stage's chunk) whose units it holds
   // Elements of chunk `i` that are real parameters (the rest is padding).
   std::size_t valid(int i) const {
     std::size_t begin = std::size_t(i) * chunk;
@@ -58,16 +75,17 @@ struct ShardSlice {
   int group;
   std::size_t at, count;
 };
-// The elements of rank `index`'s shards that lie in the local tensors `keep` selects, in group
-// order, adjacent ones merged: the norm's elements (StageModel::in_grad_norm), or under sequence
-// parallelism the replicated tensors' (partial per tp rank).
-std::vector<ShardSlice> owned_slices(const std::vector<LocalTensor>& tensors,
+// The elements of rank `index`'s shards that lie in the local tensors `keep` selects (tensors[p]:
+// partition p's), in group order, adjacent ones merged: the norm's elements
+// (StageModel::in_grad_norm), or under sequence parallelism the replicated tensors' (partial per
+// tp rank).
+std::vector<ShardSlice> owned_slices(const std::vector<std::vector<LocalTensor>>& tensors,
                                      const std::vector<ShardGroup>& groups, int index,
                                      const std::function<bool(const LocalTensor&)>& keep);
 
 // Under sequence parallelism, the elements of rank `index`'s shards in replicated tensors (their
 // gradients are partial per tp rank, all-reduced over tp before the update); 0 otherwise.
-double partial_count(const ModelSpec& model, const Partition& part,
+double partial_count(const ModelSpec& model, const std::vector<Partition>& parts,
                      const std::vector<ShardGroup>& groups, int index);
 
 // The groups of the local units [first_unit, first_unit + units.size()), each (offset, count) in
@@ -76,6 +94,10 @@ std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std
                                     int first_unit, int shards, const EngineConfig& c);
 // The whole model's groups at tp 1.
 std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c);
+// The groups of a rank's partitions (a pipeline stage's chunks), each partition's own, in order;
+// a group's offset is in its partition's local flat order.
+std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Partition>& parts,
+                                    int shards, const EngineConfig& c);
 
 // One step of the schedule.
 enum class Act {
@@ -107,6 +129,13 @@ Prediction predict(const PredictInput& in, const EngineConfig& c);  // the whole
 // One step of rank in.rank as it runs and moves bytes (src/sharded_plan.cpp).
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part);
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c);
+// What Shards holds for rank in.rank's partitions `parts` for the whole run, on `sim`: parameters,
+// gradients, AdamW state (or its offload), the sequence-parallel pack (schedule.cpp).
+void predict_state(const PredictInput& in, const EngineConfig& c,
+                   const std::vector<Partition>& parts, MemoryLedger& sim);
+// Shards::update's plan for those partitions (sharded_plan.cpp).
+void plan_shards_update(const PredictInput& in, const EngineConfig& c,
+                        const std::vector<Partition>& parts, std::vector<PlanAction>& step);
 // The whole model's partition on tp rank `tp_rank` of `tp` (the whole model at tp 1).
 Partition tp_partition(const ModelSpec& model, int tp, int tp_rank, bool sequence_parallel);
 
@@ -138,57 +167,75 @@ class HostUpdate {
 void plan_host_update(const std::vector<std::size_t>& counts, const TrainSpec& train,
                       std::vector<PlanAction>& out);
 
-// The engine on the rank's units of the model: a StageModel of `part` (the whole model at tp 1; a
-// tp rank's partition as the data-parallel axis of tp, with the tp collectives `tp`), its passes
-// one unit at a time, driven by the schedule. Under tp the gradient norm adds the tp ranks'
-// shares and, with sequence parallelism, the owned parts of the replicated tensors' partial
-// gradients are all-reduced over tp before the update (Megatron's sequence-parallel reduction).
-class Engine {
+// The data-parallel axis of a rank's units: their parameters, gradients and AdamW state, sharded
+// per group over the shard group (or replicated), the collectives that keep them and the update.
+// The one implementation of a ZeRO-1/2/3 and FSDP step, and of dp=allreduce under tp and the
+// pipelines. `models` are the rank's partitions (a pipeline stage's chunks, or one); their
+// callers run the passes: the Engine below by micro_batch_schedule's actions, the pipelines by
+// their own schedule (zero1 and allreduce: parameters and gradients replicated, reduced once per
+// step). Under tp the gradient norm adds the tp ranks' shares and, with sequence parallelism, the
+// owned parts of the replicated tensors' partial gradients are all-reduced over tp before the
+// update (Megatron's sequence-parallel reduction); under a pipeline the norm adds the stages'.
+class Shards {
  public:
-  Engine(Context& ctx, const EngineConfig& c);
-  Engine(Context& ctx, const EngineConfig& c, const Partition& part, TensorParallelComm* tp);
-  ~Engine();
-  void train_step(Context& ctx, int step);
+  Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel*> models);
+  ~Shards();
+  Shards(const Shards&) = delete;
+  Shards& operator=(const Shards&) = delete;
+
+  const std::vector<ShardGroup>& groups() const { return groups_; }
+  int group_of_unit(int unit) const { return group_of_unit_[std::size_t(unit)]; }
+  // Unit u's parameters and gradients (ModelSpec's unit numbering), where they are held now:
+  // params()[u] is empty while an FSDP unit is not gathered.
+  const UnitPtrs& params() const { return param_ptrs_; }
+  const UnitPtrs& grads() const { return grad_ptrs_; }
+  // Elements [offset, offset + count) of partition `part`'s local gradients, inside one group
+  // (replicated gradients only: zero1 and allreduce).
+  BufferView local_grads(int part, std::size_t offset, std::size_t count);
+
+  void zero_grads(Context& ctx);
+  // One of a micro-batch's actions other than forward and backward.
+  void run(Context& ctx, const Action& a);
+  // After the micro-batches: zero1's reductions, the sequence-parallel gradients over tp, the
+  // norm, AdamW of this rank's shards, zero1/2's all-gathers of the updated shards.
+  void update(Context& ctx, int step);
 
  private:
-  struct Pending;
-  void run_micro_batch(Context& ctx, const MicroBatch& mb);
+  // Parameters (initialised from the run's seed), gradients, AdamW state, offload's host copies.
+  void allocate_state(Context& ctx);
   void issue_gather(Context& ctx, int g);
   void reduce_grads(Context& ctx, int g);
   void finish_grads(Context& ctx, int g);
-  void update(Context& ctx, int step);
-  // This rank's parameter and gradient shard of group g (the real elements, device memory).
+  void reduce_replicated_grads(Context& ctx);
   BufferView params_of(int g);
   BufferView grads_of(int g);
-
+  const StageModel& model_of(int g) const { return *models_[std::size_t(groups_[g].part)]; }
   // ptrs[u] for the units of group g: their ranges in `group` (the group's elements from its
   // start).
   void point_units(int g, BufferView group, UnitPtrs& ptrs) const;
-  // AdamW for the local elements [begin, begin + count): their weight-decay segments, the fp32
-  // master of bf16 parameters initialised from the run's seed.
-  AdamW make_optimizer(Context& ctx, std::size_t begin, std::size_t count, MemTag state_tag) const;
-
-  // Sequence parallelism: the owned parts of the replicated tensors' gradients summed over tp.
+  // AdamW for group g's elements [begin, begin + count) of its partition: their weight-decay
+  // segments, the fp32 master of bf16 parameters initialised from the run's seed.
+  AdamW make_optimizer(Context& ctx, int g, std::size_t begin, std::size_t count,
+                       MemTag state_tag) const;
   void reduce_partial_grads(Context& ctx);
   // This rank's share of the squared gradient norm: its shards' elements StageModel counts.
   double shard_sum_of_squares(Context& ctx);
 
   EngineConfig config_;
-  std::unique_ptr<StageModel> model_;  // the units this rank computes
-  TensorParallelComm* tp_ = nullptr;   // tp > 1: the collectives inside the passes
-  Group* tp_group_ = nullptr;          // tp > 1: the norm's and the partial gradients' sums
-  int slot_ = -1;                      // the micro-batch's activation slot
-  std::vector<ShardSlice> norm_slices_, partial_slices_;
-  DeviceBuffer partial_pack_;  // MemTag::comm_buffers: partial_slices_ packed for the all-reduce
-  Group* shard_group_;         // dp, or dp_intra_node for hybrid
-  Group* replica_group_ = nullptr;  // hybrid: dp_inter_node
+  std::vector<const StageModel*> models_;
+  Group* shard_group_ = nullptr;    // more than one shard
+  Group* replica_group_ = nullptr;  // hybrid's dp_inter_node, replicate's dp (more than one)
+  Group* tp_group_ = nullptr;       // tp > 1: the norm's and the partial gradients' sums
+  Group* pp_group_ = nullptr;       // pp > 1: the norm's sum
   int shard_index_ = 0;
   std::vector<ShardGroup> groups_;
   std::vector<int> group_of_unit_;
-  std::vector<Action> schedule_;
+  std::vector<ShardSlice> norm_slices_, partial_slices_;
+  DeviceBuffer partial_pack_;  // MemTag::comm_buffers: partial_slices_ packed for the all-reduce
   // Parameters: a full padded replica (zero1/2) or this rank's shards plus gathered buffers.
   // Parameters (and gathered copies) in the run's param dtype, gradients (and their reduction
-  // buffers) in its reduce dtype; the fp32 master shards live in the optimizers.
+  // buffers) in its reduce dtype; the fp32 master shards live in the optimizers. With one shard
+  // and replicated gradients, a group's shard of the gradients is its replica.
   DType param_dtype_, grad_dtype_;
   DeviceBuffer replica_params_, replica_grads_;
   std::vector<std::size_t> base_;  // group g's start in the padded replica layout
@@ -199,6 +246,25 @@ class Engine {
   std::vector<AdamW> optimizers_;
   std::optional<HostUpdate> host_;  // offload=optimizer
   MemoryLedger* memory_ = nullptr;
+};
+
+// The engine on the rank's units of the model: a StageModel of `part` (the whole model at tp 1; a
+// tp rank's partition as the data-parallel axis of tp, with the tp collectives `tp`), its passes
+// one unit at a time, driven by the schedule, its state in Shards.
+class Engine {
+ public:
+  Engine(Context& ctx, const EngineConfig& c);
+  Engine(Context& ctx, const EngineConfig& c, const Partition& part, TensorParallelComm* tp);
+  ~Engine();
+  void train_step(Context& ctx, int step);
+
+ private:
+  void run_micro_batch(Context& ctx, const MicroBatch& mb);
+
+  std::unique_ptr<StageModel> model_;  // the units this rank computes
+  TensorParallelComm* tp_ = nullptr;   // tp > 1: the collectives inside the passes
+  std::unique_ptr<Shards> shards_;
+  std::vector<Action> schedule_;
 };
 
 // A Strategy that runs the engine with a fixed configuration: the zero and fsdp plugins only map
