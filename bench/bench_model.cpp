@@ -2,13 +2,13 @@
 //
 // BM_TrainStep/small/recompute:<mode>/micro_batch:<B>: one full training step of the `small`
 // preset (L=4, C=256, NH=4, T=128, V=4096) on this process's BLAS threads (OPENBLAS_NUM_THREADS)
-// with activation recomputation <mode> (none, selective, full; Model's Recompute): zero the
+// with activation recomputation <mode> (none, selective, full; the model's Recompute): zero the
 // gradients, forward of every unit, backward of every unit (which recomputes, per the mode), one
 // AdamW update of all parameters. Select modes with e.g. --benchmark_filter=recompute:none.
 // Counters:
 //   model_flops  flops_per_token * tokens / step time (DESIGN "Measures": 6N + 12 L h s per token;
 //                model FLOPs: recomputation is not counted, so it shows as a lower rate and MFU)
-//   activation_bytes  the ledger's activations peak (= Model::activation_bytes for the mode)
+//   activation_bytes  the ledger's activations peak (= predict_activations for the mode)
 //   sgemm_peak   calibrate_sgemm_flops() in the same process, just before timing (the CPU peak)
 //   mfu_pct      100 x model_flops / sgemm_peak (MFU in percent, as everywhere it is read)
 //   tokens_per_s, blas_threads
@@ -26,6 +26,7 @@
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/optimizer.hpp"
+#include "strata/stage_model.hpp"
 
 namespace {
 
@@ -40,8 +41,9 @@ void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
   const int tokens = B * spec.seq;
 
   strata::MemoryLedger memory;
-  strata::Model model(spec, B, memory, recompute);
-  const strata::ParamLayout& layout = model.layout();
+  strata::StageModel model(spec, B, strata::whole_model(spec), memory, recompute);
+  const int slot = model.acquire_slot();
+  const strata::ParamLayout layout(spec);
   strata::Buffer<float> params(memory, strata::MemTag::params, layout.total());
   strata::Buffer<float> grads(memory, strata::MemTag::grads, layout.total());
   strata::init_params(layout, 1234, 0, params.span());
@@ -64,8 +66,8 @@ void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
   int t = 0;
   auto train_step = [&] {
     std::fill(grads.span().begin(), grads.span().end(), 0.0f);
-    for (int u = 0; u < units; ++u) model.forward(u, pp, mb);
-    for (int u = units - 1; u >= 0; --u) model.backward(u, pp, gg, mb, grad_scale);
+    for (int u = 0; u < units; ++u) model.forward(slot, u, pp, mb, nullptr);
+    for (int u = units - 1; u >= 0; --u) model.backward(slot, u, pp, gg, nullptr, grad_scale);
     opt.step(strata::view(params.data(), params.size()), strata::view(grads.data(), grads.size()),
              ++t);
   };
@@ -81,7 +83,7 @@ void BM_TrainStep(benchmark::State& state, strata::Recompute recompute) {
     seconds += std::chrono::duration<double>(t1 - t0).count();
     state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
   }
-  benchmark::DoNotOptimize(model.loss_sum());
+  benchmark::DoNotOptimize(model.loss_sum(slot));
   const double steps = double(state.iterations());
   const double model_flops = spec.flops_per_token() * tokens * steps / seconds;
   state.counters["model_flops"] = model_flops;

@@ -58,7 +58,8 @@ class BucketedDdp final : public Strategy {
   void setup(Context& ctx) override {
     replica_.emplace(ctx);
     optimizer_.emplace(make_adamw(ctx, 0, replica_->size()));
-    buckets_ = make_buckets(ctx.model().layout(), double(dtype_size(replica_->grads().dtype)));
+    buckets_ =
+        make_buckets(ParamLayout(ctx.model_spec()), double(dtype_size(replica_->grads().dtype)));
   }
 
   void train_step(Context& ctx, int step) override {

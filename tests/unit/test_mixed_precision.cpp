@@ -13,6 +13,7 @@
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/optimizer.hpp"
+#include "strata/stage_model.hpp"
 #include "strata/types.hpp"
 
 using namespace strata;
@@ -64,13 +65,28 @@ struct Batch {
   }
 };
 
+// The whole model with its one activation slot, as Context::model() holds it.
+struct Whole {
+  StageModel m;
+  int slot;
+  Whole(const ModelSpec& s, int B, MemoryLedger& ledger, Recompute r = Recompute::none,
+        DType dtype = DType::f32)
+      : m(s, B, whole_model(s), ledger, r, dtype), slot(m.acquire_slot()) {}
+  void forward(int u, const UnitPtrs& p, const MicroBatch& mb) {
+    m.forward(slot, u, p, mb, nullptr);
+  }
+  void backward(int u, const UnitPtrs& p, const UnitPtrs& g, float scale) {
+    m.backward(slot, u, p, g, nullptr, scale);
+  }
+};
+
 // Loss and gradients of one micro-batch.
-double loss_and_grads(Model& m, const UnitPtrs& p, const UnitPtrs& g, const Batch& b) {
-  const int units = m.layout().num_units();
-  for (int u = 0; u < units; ++u) m.forward(u, p, b.mb);
-  const double loss = m.loss_sum() / (double(b.mb.batch) * b.mb.seq);
+double loss_and_grads(Whole& w, const UnitPtrs& p, const UnitPtrs& g, const Batch& b) {
+  const int units = int(p.size());
+  for (int u = 0; u < units; ++u) w.forward(u, p, b.mb);
+  const double loss = w.m.loss_sum(w.slot) / (double(b.mb.batch) * b.mb.seq);
   const float scale = 1.0f / float(b.mb.batch * b.mb.seq);
-  for (int u = units - 1; u >= 0; --u) m.backward(u, p, g, b.mb, scale);
+  for (int u = units - 1; u >= 0; --u) w.backward(u, p, g, scale);
   return loss;
 }
 
@@ -91,9 +107,9 @@ TEST(MixedPrecision, Bf16PassesFollowFp32ForLossAndGradients) {
   ASSERT_TRUE(cpu::have_bf16_gemm()) << "this build must have oneDNN";
   const ModelSpec spec = tiny_spec();
   MemoryLedger ledger;
-  Model m32(spec, 2, ledger), m16(spec, 2, ledger, Recompute::none, DType::bf16);
-  EXPECT_EQ(m16.param_dtype(), DType::bf16);
-  const ParamLayout& layout = m32.layout();
+  Whole m32(spec, 2, ledger), m16(spec, 2, ledger, Recompute::none, DType::bf16);
+  EXPECT_EQ(m16.m.param_dtype(), DType::bf16);
+  const ParamLayout layout(spec);
   Params p32(layout, DType::f32, 5), p16(layout, DType::bf16, 5);
   const Batch batch(2, spec, 9);
   for (DType grad_dtype : {DType::f32, DType::bf16}) {
@@ -130,10 +146,12 @@ TEST(MixedPrecision, ActivationBytesCountTheBf16ScratchExactly) {
   const ModelSpec spec = tiny_spec();
   for (Recompute r : {Recompute::none, Recompute::full}) {
     MemoryLedger ledger;
-    Model m(spec, 3, ledger, r, DType::bf16);
-    EXPECT_EQ(ledger.peak(MemTag::activations), Model::activation_bytes(spec, 3, r, DType::bf16));
-    EXPECT_GT(Model::activation_bytes(spec, 3, r, DType::bf16),
-              Model::activation_bytes(spec, 3, r));
+    Whole m(spec, 3, ledger, r, DType::bf16);
+    auto bytes = [&](DType dtype) {
+      return predict_activations(spec, 3, whole_model(spec), r, dtype).total(1);
+    };
+    EXPECT_EQ(ledger.peak(MemTag::activations), bytes(DType::bf16));
+    EXPECT_GT(bytes(DType::bf16), bytes(DType::f32));
   }
 }
 
@@ -171,8 +189,8 @@ TEST(MixedPrecision, Bf16HeadInChunksFollowsFp32) {
   ASSERT_EQ(head_chunk_rows(d), 1024u);
   ASSERT_EQ(d.N, 1536u);
   MemoryLedger ledger;
-  Model m32(spec, B, ledger), m16(spec, B, ledger, Recompute::none, DType::bf16);
-  const ParamLayout& layout = m32.layout();
+  Whole m32(spec, B, ledger), m16(spec, B, ledger, Recompute::none, DType::bf16);
+  const ParamLayout layout(spec);
   Params p32(layout, DType::f32, 5), p16(layout, DType::bf16, 5);
   const Batch batch(B, spec, 9);
   Grads g32(layout, DType::f32), g16(layout, DType::f32);
@@ -191,14 +209,14 @@ TEST(MixedPrecision, Bf16HeadInChunksFollowsFp32) {
 TEST(MixedPrecision, ModelRefusesViewsOfAnotherDtypeOrSize) {
   const ModelSpec spec = tiny_spec();
   MemoryLedger ledger;
-  Model m16(spec, 1, ledger, Recompute::none, DType::bf16), m32(spec, 1, ledger);
-  const ParamLayout& layout = m16.layout();
+  Whole m16(spec, 1, ledger, Recompute::none, DType::bf16), m32(spec, 1, ledger);
+  const ParamLayout layout(spec);
   Params p32(layout, DType::f32, 1), p16(layout, DType::bf16, 1);
   Grads g16(layout, DType::bf16);
   const Batch batch(1, spec, 3);
   EXPECT_THROW(m16.forward(0, p32.units, batch.mb), Error);  // fp32 parameters, bf16 model
   m32.forward(0, p32.units, batch.mb);
-  EXPECT_THROW(m32.backward(0, p32.units, g16.units, batch.mb, 1.0f), Error);  // bf16 grads
+  EXPECT_THROW(m32.backward(0, p32.units, g16.units, 1.0f), Error);  // bf16 grads
   UnitPtrs short_view = p16.units;
   short_view[1].count -= 1;
   EXPECT_THROW(m16.forward(1, short_view, batch.mb), Error);

@@ -14,6 +14,7 @@
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/optimizer.hpp"
+#include "strata/stage_model.hpp"
 #include "strata/types.hpp"
 
 using namespace strata;
@@ -32,18 +33,23 @@ std::vector<std::int32_t> random_tokens(std::size_t n, int vocab, std::uint32_t 
   return t;
 }
 
-// A model with its own flat parameter and gradient buffers and a token batch.
+// The whole model (a StageModel of whole_model(), one slot, as Context::model()) with its own flat
+// parameter and gradient buffers and a token batch.
 struct Harness {
   ModelSpec spec;
+  ParamLayout layout;
   MemoryLedger memory;
-  Model model;
+  StageModel model;
+  int slot;
   std::vector<float> params, grads;
   UnitPtrs pp, gg;
 
   Harness(const ModelSpec& s, int micro_batch, std::uint64_t seed = 7,
           Recompute recompute = Recompute::none)
-      : spec(s), model(s, micro_batch, memory, recompute) {
-    const ParamLayout& layout = model.layout();
+      : spec(s),
+        layout(s),
+        model(s, micro_batch, whole_model(s), memory, recompute),
+        slot(model.acquire_slot()) {
     params.resize(layout.total());
     grads.assign(layout.total(), 0.0f);
     init_params(layout, seed, 0, params);
@@ -53,13 +59,18 @@ struct Harness {
     }
   }
   int units() const { return spec.layers + 2; }
+  void forward(int unit, const MicroBatch& mb) { model.forward(slot, unit, pp, mb, nullptr); }
+  void backward(int unit, const MicroBatch& mb, float grad_scale) {
+    (void)mb;  // the slot holds the micro-batch's tokens since its forward
+    model.backward(slot, unit, pp, gg, nullptr, grad_scale);
+  }
 
   double forward(const MicroBatch& mb) {
-    for (int u = 0; u < units(); ++u) model.forward(u, pp, mb);
-    return model.loss_sum();
+    for (int u = 0; u < units(); ++u) forward(u, mb);
+    return model.loss_sum(slot);
   }
   void backward(const MicroBatch& mb, float grad_scale) {
-    for (int u = units() - 1; u >= 0; --u) model.backward(u, pp, gg, mb, grad_scale);
+    for (int u = units() - 1; u >= 0; --u) backward(u, mb, grad_scale);
   }
   double step(const MicroBatch& mb, float grad_scale) {
     const double loss = forward(mb);
@@ -67,6 +78,12 @@ struct Harness {
     return loss;
   }
 };
+
+// The whole model's activation bytes for one slot (what Context::model() allocates).
+std::uint64_t activation_bytes(const ModelSpec& spec, int B, Recompute r = Recompute::none,
+                               DType dtype = DType::f32, Device device = Device::cpu) {
+  return predict_activations(spec, B, whole_model(spec), r, dtype, device).total(1);
+}
 
 struct Batch {
   std::vector<std::int32_t> inputs, targets;
@@ -249,7 +266,7 @@ TEST(ModelGradient, MatchesFiniteDifferencesForEveryTensor) {
   const ModelSpec spec = tiny_spec();
   const int B = 2;
   Harness h(spec, B);
-  const ParamLayout& layout = h.model.layout();
+  const ParamLayout& layout = h.layout;
   std::mt19937 rng(9);
   for (const TensorInfo& t : layout.tensors()) {
     float lo = -0.2f, hi = 0.2f;
@@ -314,9 +331,9 @@ TEST(ModelGradient, WteGetsEmbeddingAndTiedHeadContributions) {
   Batch batch(B, spec.seq, spec.vocab, 12);
   const float scale = 0.0625f;
   h.forward(batch.mb);
-  h.model.backward(spec.layers + 1, h.pp, h.gg, batch.mb, scale);
+  h.backward(spec.layers + 1, batch.mb, scale);
   const std::vector<float> head_only(h.grads.begin(), h.grads.begin() + spec.vocab * spec.hidden);
-  for (int u = spec.layers; u >= 0; --u) h.model.backward(u, h.pp, h.gg, batch.mb, scale);
+  for (int u = spec.layers; u >= 0; --u) h.backward(u, batch.mb, scale);
   const std::set<std::int32_t> inputs(batch.inputs.begin(), batch.inputs.end());
   for (int v = 0; v < spec.vocab; ++v) {
     double diff = 0;
@@ -349,17 +366,6 @@ TEST(ModelGradient, MicroBatchesAccumulate) {
   }
 }
 
-TEST(ModelGradient, SmallerMicroBatchThanAllocatedGivesTheSameResult) {
-  const ModelSpec spec = tiny_spec();
-  Batch batch(2, spec.seq, spec.vocab, 31);
-  Harness exact(spec, 2), roomy(spec, 4);
-  const double a = exact.step(batch.mb, 0.1f);
-  const double b = roomy.step(batch.mb, 0.1f);
-  EXPECT_NEAR(a, b, 1e-9 * std::fabs(a));
-  for (std::size_t i = 0; i < exact.grads.size(); ++i)
-    ASSERT_NEAR(exact.grads[i], roomy.grads[i], 1e-6) << i;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Loss and training
 
@@ -382,7 +388,7 @@ TEST(ModelLoss, AdamWStepsOnARepeatedBatchReduceTheLoss) {
   Batch batch(B, spec.seq, spec.vocab, 51);
   AdamWConfig cfg;
   cfg.lr = 1e-2f;
-  AdamW opt(h.model.layout(), 0, h.params.size(), cfg, h.memory);
+  AdamW opt(h.layout, 0, h.params.size(), cfg, h.memory);
   const float scale = 1.0f / float(B * spec.seq);
   std::vector<double> losses;
   for (int t = 1; t <= 30; ++t) {
@@ -401,16 +407,16 @@ TEST(ModelLoss, RejectsBadMicroBatches) {
   Harness h(spec, 2);
   Batch ok(2, spec.seq, spec.vocab, 61);
   Batch big(3, spec.seq, spec.vocab, 62);
-  EXPECT_THROW(h.model.forward(0, h.pp, big.mb), Error);
+  EXPECT_THROW(h.forward(0, big.mb), Error);
   MicroBatch wrong_seq = ok.mb;
   wrong_seq.seq = spec.seq - 1;
-  EXPECT_THROW(h.model.forward(0, h.pp, wrong_seq), Error);
+  EXPECT_THROW(h.forward(0, wrong_seq), Error);
   ok.inputs[3] = spec.vocab;
-  EXPECT_THROW(h.model.forward(0, h.pp, ok.mb), Error);
+  EXPECT_THROW(h.forward(0, ok.mb), Error);
   ok.inputs[3] = 0;
   ok.targets[4] = -1;
   EXPECT_THROW(h.forward(ok.mb), Error);
-  EXPECT_THROW(h.model.forward(spec.layers + 2, h.pp, ok.mb), Error);
+  EXPECT_THROW(h.forward(spec.layers + 2, ok.mb), Error);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -421,10 +427,11 @@ TEST(ModelMemory, ActivationBytesEqualTheLedgerPeak) {
     for (int B : {1, 2, 8}) {
       MemoryLedger ledger;
       {
-        Model m(spec, B, ledger);
-        EXPECT_EQ(ledger.peak(MemTag::activations), Model::activation_bytes(spec, B))
+        StageModel m(spec, B, whole_model(spec), ledger);
+        m.acquire_slot();  // the one slot, as Context::model() holds it
+        EXPECT_EQ(ledger.peak(MemTag::activations), activation_bytes(spec, B))
             << spec.preset << " B=" << B;
-        EXPECT_EQ(ledger.current(MemTag::activations), Model::activation_bytes(spec, B));
+        EXPECT_EQ(ledger.current(MemTag::activations), activation_bytes(spec, B));
         EXPECT_EQ(ledger.peak(MemTag::params), 0u);
       }
       EXPECT_EQ(ledger.current(MemTag::activations), 0u);
@@ -432,8 +439,8 @@ TEST(ModelMemory, ActivationBytesEqualTheLedgerPeak) {
   }
   // Roughly linear in the micro-batch, and at least the residual stream and logits.
   const ModelSpec s = small_spec();
-  const double per_b = double(Model::activation_bytes(s, 8)) / 8;
-  EXPECT_NEAR(double(Model::activation_bytes(s, 4)) / 4, per_b, 0.01 * per_b);
+  const double per_b = double(activation_bytes(s, 8)) / 8;
+  EXPECT_NEAR(double(activation_bytes(s, 4)) / 4, per_b, 0.01 * per_b);
   EXPECT_GT(per_b, 4.0 * s.seq * (double(s.layers + 1) * s.hidden + s.vocab));
 }
 
@@ -445,9 +452,8 @@ TEST(ModelMemory, FusedAttentionKeepsNoProbabilities) {
     const double rows = double(B) * s.heads * s.seq, nc4 = 4.0 * B * s.seq * s.hidden;
     const double want = 4.0 * (s.layers * (rows * s.seq - rows) + std::max(nc4, rows * s.seq) -
                                std::max(nc4, rows));
-    const double cpu = double(Model::activation_bytes(s, B, Recompute::none, DType::f32));
-    const double gpu =
-        double(Model::activation_bytes(s, B, Recompute::none, DType::f32, Device::cuda));
+    const double cpu = double(activation_bytes(s, B, Recompute::none, DType::f32));
+    const double gpu = double(activation_bytes(s, B, Recompute::none, DType::f32, Device::cuda));
     EXPECT_EQ(cpu - gpu, want) << s.preset;
   }
 }
@@ -459,7 +465,7 @@ TEST(ModelMemory, ActivationsStayAfterTraining) {
     Harness h(spec, 2, 7, r);
     Batch batch(2, spec.seq, spec.vocab, 71);
     const auto before = h.memory.peak(MemTag::activations);
-    EXPECT_EQ(before, Model::activation_bytes(spec, 2, r)) << recompute_name(r);
+    EXPECT_EQ(before, activation_bytes(spec, 2, r)) << recompute_name(r);
     h.step(batch.mb, 0.1f);
     h.step(batch.mb, 0.1f);
     EXPECT_EQ(h.memory.peak(MemTag::activations), before) << recompute_name(r);
@@ -541,13 +547,12 @@ Trajectory train(const ModelSpec& spec, int B, Recompute r, int steps, int micro
   EXPECT_EQ(h.model.recompute(), r);
   AdamWConfig cfg;
   cfg.lr = 1e-2f;
-  AdamW opt(h.model.layout(), 0, h.params.size(), cfg, h.memory);
+  AdamW opt(h.layout, 0, h.params.size(), cfg, h.memory);
   Trajectory out;
   for (int t = 1; t <= steps; ++t) {
     std::fill(h.grads.begin(), h.grads.end(), 0.0f);
     for (int m = 0; m < micro; ++m) {
-      const int b = (t > 1 && m == micro - 1) ? B - 1 : B;
-      Batch batch(b, spec.seq, spec.vocab, std::uint32_t(100 * t + m));
+      Batch batch(B, spec.seq, spec.vocab, std::uint32_t(100 * t + m));
       out.losses.push_back(h.step(batch.mb, 1.0f / float(micro * B * spec.seq)));
     }
     out.grads.push_back(h.grads);
@@ -572,9 +577,11 @@ TEST(Recompute, NamesRoundTripAndBadNamesAreRejected) {
     EXPECT_FALSE(parse_recompute(bad, &r)) << '"' << bad << '"';
     EXPECT_EQ(r, Recompute::selective) << "untouched on failure";
   }
-  EXPECT_THROW(Model::activation_bytes(tiny_spec(), 1, static_cast<Recompute>(7)), ConfigError);
+  EXPECT_THROW(activation_bytes(tiny_spec(), 1, static_cast<Recompute>(7)), ConfigError);
   MemoryLedger ledger;
-  EXPECT_THROW(Model(tiny_spec(), 1, ledger, static_cast<Recompute>(-1)), ConfigError);
+  EXPECT_THROW(
+      StageModel(tiny_spec(), 1, whole_model(tiny_spec()), ledger, static_cast<Recompute>(-1)),
+      ConfigError);
   EXPECT_EQ(ledger.peak(MemTag::activations), 0u);
 }
 
@@ -620,23 +627,23 @@ TEST(Recompute, ActivationBytesFollowTheLayoutAndEqualTheLedgerPeak) {
         SCOPED_TRACE(spec.preset + " B=" + std::to_string(B) + " " + recompute_name(r));
         MemoryLedger ledger;
         {
-          Model m(spec, B, ledger, r);
+          StageModel m(spec, B, whole_model(spec), ledger, r);
+          m.acquire_slot();
           EXPECT_EQ(m.recompute(), r);
-          EXPECT_EQ(ledger.peak(MemTag::activations), Model::activation_bytes(spec, B, r));
-          EXPECT_EQ(ledger.current(MemTag::activations), Model::activation_bytes(spec, B, r));
+          EXPECT_EQ(ledger.peak(MemTag::activations), activation_bytes(spec, B, r));
+          EXPECT_EQ(ledger.current(MemTag::activations), activation_bytes(spec, B, r));
         }
         EXPECT_EQ(ledger.current(MemTag::activations), 0u);
         if (B * spec.seq % 16 == 0)
-          EXPECT_EQ(Model::activation_bytes(spec, B, r), expected_activation_bytes(spec, B, r));
+          EXPECT_EQ(activation_bytes(spec, B, r), expected_activation_bytes(spec, B, r));
       }
       // The default is no recompute.
-      EXPECT_EQ(Model::activation_bytes(spec, B),
-                Model::activation_bytes(spec, B, Recompute::none));
+      EXPECT_EQ(activation_bytes(spec, B), activation_bytes(spec, B, Recompute::none));
     }
   }
   // gpt2-124m: the formula only (nothing allocated).
   for (Recompute r : kModes)
-    EXPECT_EQ(Model::activation_bytes(gpt2_124m_spec(), 8, r),
+    EXPECT_EQ(activation_bytes(gpt2_124m_spec(), 8, r),
               expected_activation_bytes(gpt2_124m_spec(), 8, r));
 }
 
@@ -644,9 +651,9 @@ TEST(Recompute, FullUsesLessThanSelectiveLessThanNone) {
   for (const ModelSpec& spec :
        {small_spec(), att_heavy_spec(), logit_heavy_spec(), gpt2_124m_spec()}) {
     for (int B : {1, 8}) {
-      const auto none = Model::activation_bytes(spec, B, Recompute::none);
-      const auto sel = Model::activation_bytes(spec, B, Recompute::selective);
-      const auto full = Model::activation_bytes(spec, B, Recompute::full);
+      const auto none = activation_bytes(spec, B, Recompute::none);
+      const auto sel = activation_bytes(spec, B, Recompute::selective);
+      const auto full = activation_bytes(spec, B, Recompute::full);
       EXPECT_LT(full, sel) << spec.preset << " B=" << B;
       EXPECT_LT(sel, none) << spec.preset << " B=" << B;
       // Full keeps the L+1 residual-stream tensors, the head and at most one block's buffers.
@@ -664,9 +671,9 @@ TEST(Recompute, FullUsesLessThanSelectiveLessThanNone) {
   // block scratch 9 NC. none = 108 NC + 19N, selective = 100 NC + 19N (the shared att fits in
   // the head's scratch), full = 23 NC + 3N + (9 + 15 + 2) NC + 4N = 49 NC + 7N.
   const ModelSpec small = small_spec();
-  EXPECT_EQ(Model::activation_bytes(small, 8, Recompute::none), 113324032u);
-  EXPECT_EQ(Model::activation_bytes(small, 8, Recompute::selective), 104935424u);
-  EXPECT_EQ(Model::activation_bytes(small, 8, Recompute::full), 51408896u);
+  EXPECT_EQ(activation_bytes(small, 8, Recompute::none), 113324032u);
+  EXPECT_EQ(activation_bytes(small, 8, Recompute::selective), 104935424u);
+  EXPECT_EQ(activation_bytes(small, 8, Recompute::full), 51408896u);
 }
 
 // What selective saves relative to none, in bytes, with att = B*NH*T*T*4 the attention
@@ -677,8 +684,7 @@ TEST(Recompute, FullUsesLessThanSelectiveLessThanNone) {
 // scratch plus att (small, gpt2-124m: large vocabularies), and in between otherwise.
 TEST(Recompute, SelectiveSavesTheAttentionProbabilities) {
   auto saved = [](const ModelSpec& s, int B) {
-    return Model::activation_bytes(s, B, Recompute::none) -
-           Model::activation_bytes(s, B, Recompute::selective);
+    return activation_bytes(s, B, Recompute::none) - activation_bytes(s, B, Recompute::selective);
   };
   auto att_bytes = [](const ModelSpec& s, int B) {
     return std::uint64_t(B) * s.heads * s.seq * s.seq * sizeof(float);

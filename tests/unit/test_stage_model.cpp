@@ -1,7 +1,7 @@
 // StageModel: tensor-parallel shards are exact slices of the global initialisation, a chain of
-// tp = 1 partitions (a pipeline) computes exactly what Model computes, bit for bit, and every
-// recompute mode under tensor (and sequence) parallelism gives the gradients of no recompute with
-// exactly the predicted activation memory and collective bytes.
+// tp = 1 partitions (a pipeline) computes exactly what the whole model computes, bit for bit, and
+// every recompute mode under tensor (and sequence) parallelism gives the gradients of no recompute
+// with exactly the predicted activation memory and collective bytes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -92,9 +92,21 @@ struct Tokens {
   }
 };
 
-// Two pipeline stages at tp = 1 equal the whole Model: losses and every gradient, bitwise, in
-// every recompute mode of the stages (against Model without recompute).
-TEST(StageModel, PipelineChainEqualsModel) {
+// The whole model at tp 1 without recompute (Context::model()'s StageModel), its passes over the
+// flat `params` in ParamLayout order: the loss, and the gradients accumulated into `grads`.
+double whole_model_pass(const ModelSpec& spec, int B, MemoryLedger& mem, std::vector<float>& params,
+                        std::vector<float>& grads, const MicroBatch& mb, float scale) {
+  StageModel model(spec, B, whole_model(spec), mem);
+  const int slot = model.acquire_slot();
+  model.forward(slot, view(params.data(), params.size()), mb, nullptr);
+  model.backward(slot, view(params.data(), params.size()), view(grads.data(), grads.size()),
+                 nullptr, scale);
+  return model.loss_sum(slot);
+}
+
+// Two pipeline stages at tp = 1 equal the whole model: losses and every gradient, bitwise, in
+// every recompute mode of the stages (against the whole model without recompute).
+TEST(StageModel, PipelineChainEqualsTheWholeModel) {
   const ModelSpec spec = tiny4();
   const int B = 2, N = B * spec.seq, L = spec.layers;
   const Tokens tokens(spec, B);
@@ -102,17 +114,10 @@ TEST(StageModel, PipelineChainEqualsModel) {
   const float scale = 1.0f / N;
 
   MemoryLedger mem;
-  Model model(spec, B, mem);
-  const ParamLayout& layout = model.layout();
+  const ParamLayout layout(spec);
   std::vector<float> params(layout.total()), grads(layout.total(), 0.0f);
   init_params(layout, 3, 0, params);
-  UnitPtrs p, g;
-  for (const UnitInfo& u : layout.units()) {
-    p.push_back(view(params.data() + u.offset, u.count));
-    g.push_back(view(grads.data() + u.offset, u.count));
-  }
-  for (int u = 0; u <= L + 1; ++u) model.forward(u, p, mb);
-  for (int u = L + 1; u >= 0; --u) model.backward(u, p, g, mb, scale);
+  const double loss = whole_model_pass(spec, B, mem, params, grads, mb, scale);
 
   for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
     SCOPED_TRACE(recompute_name(r));
@@ -126,7 +131,7 @@ TEST(StageModel, PipelineChainEqualsModel) {
     first.forward(s0, view(p0.data(), p0.size()), mb, nullptr);
     std::memcpy(last.input(s1), first.output(s0), first.boundary_count() * sizeof(float));
     last.forward(s1, view(p1.data(), p1.size()), mb, nullptr);
-    EXPECT_EQ(last.loss_sum(s1), model.loss_sum());
+    EXPECT_EQ(last.loss_sum(s1), loss);
     last.backward(s1, view(p1.data(), p1.size()), view(g1.data(), g1.size()), nullptr, scale);
     std::memcpy(first.output_grad(), last.input_grad(s1), first.boundary_count() * sizeof(float));
     first.backward(s0, view(p0.data(), p0.size()), view(g0.data(), g0.size()), nullptr, scale);
@@ -179,17 +184,16 @@ TEST(StageModel, RangeInitialisationEqualsTheWholePartitions) {
   }
 }
 
-// One unit's pass at a time through UnitPtrs, driven by the caller (the sharded engine's way), on
-// views of the whole model's flat layout: the whole model at tp 1 gives Model's loss and
-// gradients bitwise, in every recompute mode.
-TEST(StageModel, PerUnitPassesOnModelsLayoutEqualModel) {
+// One unit's pass at a time through UnitPtrs, driven by the caller (the sharded engine's and
+// forward_backward's way), on views of ParamLayout's flat layout: the whole model at tp 1 gives
+// the whole-buffer passes' loss and gradients bitwise, in every recompute mode.
+TEST(StageModel, PerUnitPassesOnTheParamLayoutEqualTheWholeBuffer) {
   const ModelSpec spec = tiny4();
   const int B = 2, N = B * spec.seq, L = spec.layers;
   const Tokens tokens(spec, B);
   const float scale = 1.0f / N;
   MemoryLedger mem;
-  Model model(spec, B, mem);
-  const ParamLayout& layout = model.layout();
+  const ParamLayout layout(spec);
   std::vector<float> params(layout.total()), want(layout.total(), 0.0f), got(layout.total(), 0.0f);
   init_params(layout, 5, 0, params);
   auto views = [&](std::vector<float>& flat) {
@@ -197,9 +201,8 @@ TEST(StageModel, PerUnitPassesOnModelsLayoutEqualModel) {
     for (const UnitInfo& u : layout.units()) v.push_back(view(flat.data() + u.offset, u.count));
     return v;
   };
-  const UnitPtrs p = views(params), g_want = views(want), g_got = views(got);
-  for (int u = 0; u <= L + 1; ++u) model.forward(u, p, tokens.mb);
-  for (int u = L + 1; u >= 0; --u) model.backward(u, p, g_want, tokens.mb, scale);
+  const UnitPtrs p = views(params), g_got = views(got);
+  const double loss = whole_model_pass(spec, B, mem, params, want, tokens.mb, scale);
   for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
     SCOPED_TRACE(recompute_name(r));
     std::fill(got.begin(), got.end(), 0.0f);
@@ -208,7 +211,7 @@ TEST(StageModel, PerUnitPassesOnModelsLayoutEqualModel) {
     for (int u = 0; u <= L + 1; ++u) ASSERT_EQ(sm.unit_range(u).first, layout.units()[u].offset);
     const int slot = sm.acquire_slot();
     for (int u = 0; u <= L + 1; ++u) sm.forward(slot, u, p, tokens.mb, nullptr);
-    EXPECT_EQ(sm.loss_sum(slot), model.loss_sum());
+    EXPECT_EQ(sm.loss_sum(slot), loss);
     for (int u = L + 1; u >= 0; --u) sm.backward(slot, u, p, g_got, nullptr, scale);
     for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
     sm.release_slot(slot);

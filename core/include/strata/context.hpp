@@ -11,6 +11,7 @@
 #include "strata/memory.hpp"
 #include "strata/mesh.hpp"
 #include "strata/model.hpp"
+#include "strata/stage_model.hpp"
 
 namespace strata {
 
@@ -53,7 +54,12 @@ class Context {
   virtual const MeshCoord& coord() const = 0;
   virtual const ModelSpec& model_spec() const = 0;
   virtual const TrainSpec& train() const = 0;
-  virtual Model& model() = 0;
+  // The whole model at tp 1 (whole_model()) with one activation slot, kModelSlot, held for the
+  // run: what forward_backward() drives for a data-parallel strategy, parameters and gradients
+  // wherever the strategy keeps them (UnitPtrs). Built on first use, so a strategy that builds
+  // its own StageModels does not pay for its activations.
+  virtual StageModel& model() = 0;
+  static constexpr int kModelSlot = 0;
   virtual MemoryLedger& memory() = 0;
   virtual Group& group(Axis axis) = 0;
   virtual CommStream& comm_stream(int index = 0) = 0;

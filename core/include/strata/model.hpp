@@ -167,13 +167,13 @@ struct Partition {
   int tp_rank = 0;
   bool sequence_parallel = false;
 };
-// All units at tp 1: what Model computes.
+// All units at tp 1: the whole model (Context::model()).
 Partition whole_model(const ModelSpec& spec);
 
 // Activation bytes (MemTag::activations) of a partition for one micro-batch size and recompute
 // mode: `slot` for each micro-batch in flight (what its forward keeps for its backward) and
 // `scratch` once (gradients and recompute buffers, live only inside one pass). The one
-// activation prediction: Model and StageModel allocate exactly this, by running the same carve.
+// activation prediction: StageModel allocates exactly this, by running the same carve.
 struct ActivationBytes {
   std::uint64_t slot = 0, scratch = 0;
   std::uint64_t total(int slots) const { return std::uint64_t(slots) * slot + scratch; }
@@ -188,52 +188,5 @@ struct ActivationBytes {
 ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, const Partition& part,
                                     Recompute recompute, DType param_dtype = DType::f32,
                                     Device device = Device::cpu);
-
-// The whole model's computation for one micro-batch size, unit by unit: the data-parallel front
-// end of the one implementation StageModel also uses (tp 1, all units, one activation slot).
-// Owns the activations (MemTag::activations); parameters and gradients are passed in per unit, so
-// strategies decide where they live.
-// Gradients always accumulate (+=): zero them before the first micro-batch of a step.
-class Model {
- public:
-  // param_dtype: the dtype of the parameters the passes get (MixedPrecision::param).
-  Model(const ModelSpec& spec, int micro_batch, MemoryLedger& memory,
-        Recompute recompute = Recompute::none, DType param_dtype = DType::f32);
-  ~Model();
-  Model(const Model&) = delete;
-  Model& operator=(const Model&) = delete;
-
-  const ModelSpec& spec() const;
-  const ParamLayout& layout() const;
-  int micro_batch() const;
-  Recompute recompute() const;
-  DType param_dtype() const;
-
-  // Unit passes. params[u] must be in param_dtype(), grads[u] in f32 or (bf16 parameters) bf16. The
-  // head's forward also computes the loss; the head reads the tied wte through params[0], and its
-  // backward accumulates into grads[0] as well as grads[L+1]. Under Recompute::full / selective a
-  // block's backward first recomputes what its forward did not keep (from params[unit], which must
-  // hold the same values as in its forward).
-  void forward(int unit, const UnitPtrs& params, const MicroBatch& mb);
-  // grad_scale: d(loss)/d(per-token loss), e.g. 1 / (tokens in the global batch).
-  void backward(int unit, const UnitPtrs& params, const UnitPtrs& grads, const MicroBatch& mb,
-                float grad_scale);
-  // Sum over the micro-batch's tokens of the per-token cross-entropy (after the head's forward).
-  double loss_sum() const;
-
-  // Bytes of activations (and their gradients) this model allocates for a micro-batch size and
-  // recompute mode: predict_activations(spec, micro_batch, whole_model(spec), recompute,
-  // param_dtype, device).total(1).
-  // Exact: all of it is allocated by the constructor (MemTag::activations), nothing during
-  // forward or backward.
-  static std::uint64_t activation_bytes(const ModelSpec& spec, int micro_batch,
-                                        Recompute recompute = Recompute::none,
-                                        DType param_dtype = DType::f32,
-                                        Device device = Device::cpu);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 }  // namespace strata

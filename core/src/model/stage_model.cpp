@@ -313,14 +313,21 @@ std::vector<std::pair<std::size_t, std::size_t>> StageModel::unit_ranges(const M
 }
 
 namespace {
-// A unit's view, checked against its range, in the partition's local order.
-BufferView unit_view(const StageModel& sm, const UnitPtrs& ptrs, int unit, bool grads) {
+// A unit's view, checked: all of its range in the partition's local order, in the dtype the
+// passes take (parameters in param_dtype(); gradients in it or fp32), on the model's device.
+BufferView unit_view(const StageModel& sm, const UnitPtrs& ptrs, int unit, bool grads,
+                     Device device) {
   const BufferView v = unit < int(ptrs.size()) ? ptrs[std::size_t(unit)] : BufferView{};
   const std::size_t n = sm.unit_range(unit).second;
-  if (!v.data || v.count != n)
-    throw Error(std::string("StageModel: unit ") + std::to_string(unit) +
-                (grads ? " gradients" : " parameters") + ": a view of " + std::to_string(v.count) +
-                " elements, need " + std::to_string(n));
+  const DType want = sm.param_dtype();
+  const bool dtype_ok = v.dtype == want || (grads && v.dtype == DType::f32);
+  if (!v.data || v.count != n || !dtype_ok || v.device != device)
+    throw Error(
+        "StageModel: unit " + std::to_string(unit) + (grads ? " gradients" : " parameters") +
+            ": a view of " + std::to_string(v.count) + " " + dtype_name(v.dtype) + " elements on " +
+            device_name(v.device) + ", need " + std::to_string(n) + " " + dtype_name(want) +
+            (grads && want != DType::f32 ? " (or fp32)" : "") + " on " + device_name(device),
+        "point UnitPtrs at the unit's whole range, in the run's precision");
   return v;
 }
 }  // namespace
@@ -330,6 +337,7 @@ void StageModel::forward(int slot, int unit, const UnitPtrs& params, const Micro
   Impl& m = *impl_;
   const Dims& d = m.d;
   const int first = m.part.first_unit;
+  const Device dev = m.memory->device();
   Impl::Slot& s = unit == first ? m.begin_forward(slot, mb, tp, needs_tokens()) : m.slot(slot);
   const std::int32_t* inputs = s.tokens.data();
   const std::int32_t* targets = inputs + d.N;
@@ -337,20 +345,20 @@ void StageModel::forward(int slot, int unit, const UnitPtrs& params, const Micro
   SlotActs& acts = s.acts->acts;
   const std::size_t wte_n = d.Vl * d.C;
   if (d.embedding && unit == 0) {
-    const BufferView e = unit_view(*this, params, 0, false);
+    const BufferView e = unit_view(*this, params, 0, false, dev);
     passes.forward_embedding(acts, m.at(e, 0, m.wte_off, wte_n),
                              m.at(e, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
   } else if (d.head && unit == m.part.last_unit) {
     // The tied wte: the embedding unit's when this partition has it, else the head's own copy.
-    const BufferView h = unit_view(*this, params, unit, false);
+    const BufferView h = unit_view(*this, params, unit, false, dev);
     const std::size_t hb = unit_range(unit).first;
     const BufferView wte = d.embedding
-                               ? m.at(unit_view(*this, params, 0, false), 0, m.wte_off, wte_n)
+                               ? m.at(unit_view(*this, params, 0, false, dev), 0, m.wte_off, wte_n)
                                : m.at(h, hb, m.wte_off, wte_n);
     passes.forward_head(acts, m.at(h, hb, m.lnf_off, 2 * std::size_t(d.C)), wte, targets, tp);
   } else {
     passes.forward_block(unit - (d.embedding ? first + 1 : first), acts,
-                         unit_view(*this, params, unit, false), tp);
+                         unit_view(*this, params, unit, false, dev), tp);
   }
 }
 
@@ -359,6 +367,7 @@ void StageModel::backward(int slot, int unit, const UnitPtrs& params, const Unit
   Impl& m = *impl_;
   const Dims& d = m.d;
   const int first = m.part.first_unit;
+  const Device dev = m.memory->device();
   Impl::Slot& s = m.slot(slot);
   const std::int32_t* inputs = s.tokens.data();
   const std::int32_t* targets = inputs + d.N;
@@ -366,24 +375,25 @@ void StageModel::backward(int slot, int unit, const UnitPtrs& params, const Unit
   SlotActs& acts = s.acts->acts;
   const std::size_t wte_n = d.Vl * d.C, lnf_n = 2 * std::size_t(d.C);
   if (d.head && unit == m.part.last_unit) {
-    const BufferView hp = unit_view(*this, params, unit, false),
-                     hg = unit_view(*this, grads, unit, true);
+    const BufferView hp = unit_view(*this, params, unit, false, dev),
+                     hg = unit_view(*this, grads, unit, true, dev);
     const std::size_t hb = unit_range(unit).first;
     const BufferView wp = d.embedding
-                              ? m.at(unit_view(*this, params, 0, false), 0, m.wte_off, wte_n)
+                              ? m.at(unit_view(*this, params, 0, false, dev), 0, m.wte_off, wte_n)
                               : m.at(hp, hb, m.wte_off, wte_n);
-    const BufferView wg = d.embedding ? m.at(unit_view(*this, grads, 0, true), 0, m.wte_off, wte_n)
-                                      : m.at(hg, hb, m.wte_off, wte_n);
+    const BufferView wg = d.embedding
+                              ? m.at(unit_view(*this, grads, 0, true, dev), 0, m.wte_off, wte_n)
+                              : m.at(hg, hb, m.wte_off, wte_n);
     passes.backward_head(acts, m.at(hp, hb, m.lnf_off, lnf_n), wp, m.at(hg, hb, m.lnf_off, lnf_n),
                          wg, targets, tp, grad_scale);
   } else if (d.embedding && unit == 0) {
-    const BufferView eg = unit_view(*this, grads, 0, true);
+    const BufferView eg = unit_view(*this, grads, 0, true, dev);
     passes.backward_embedding(m.at(eg, 0, m.wte_off, wte_n),
                               m.at(eg, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
   } else {
     passes.backward_block(unit - (d.embedding ? first + 1 : first), acts,
-                          unit_view(*this, params, unit, false),
-                          unit_view(*this, grads, unit, true), tp);
+                          unit_view(*this, params, unit, false, dev),
+                          unit_view(*this, grads, unit, true, dev), tp);
   }
   // A partition without the embedding hands d(input) to the previous stage.
   if (!d.embedding && unit == first)

@@ -41,23 +41,24 @@ double settled_now(CoreContext& ctx) {
 
 // Median seconds of each unit's forward and backward through `model` (its recompute mode), after
 // one warm-up pass; blocks pooled (they have one shape). Order: embedding, block, head (fwd, bwd).
-std::array<double, 6> time_passes(CoreContext& ctx, Model& model, Replica& r, const MicroBatch& mb,
-                                  float scale) {
-  const int units = model.layout().num_units();
+std::array<double, 6> time_passes(CoreContext& ctx, StageModel& model, Replica& r,
+                                  const MicroBatch& mb, float scale) {
+  const int units = ctx.model_spec().layers + 2, slot = model.acquire_slot();
   std::map<int, std::vector<double>> fwd, bwd;  // key: 0 embedding, 1 block, 2 head
   auto kind = [&](int u) { return u == 0 ? 0 : u == units - 1 ? 2 : 1; };
   for (int it = -1; it < kComputeIterations; ++it) {
     for (int u = 0; u < units; ++u) {
       const double t0 = settled_now(ctx);
-      model.forward(u, r.param_ptrs(), mb);
+      model.forward(slot, u, r.param_ptrs(), mb, nullptr);
       if (it >= 0) fwd[kind(u)].push_back(settled_now(ctx) - t0);
     }
     for (int u = units - 1; u >= 0; --u) {
       const double t0 = settled_now(ctx);
-      model.backward(u, r.param_ptrs(), r.grad_ptrs(), mb, scale);
+      model.backward(slot, u, r.param_ptrs(), r.grad_ptrs(), nullptr, scale);
       if (it >= 0) bwd[kind(u)].push_back(settled_now(ctx) - t0);
     }
   }
+  model.release_slot(slot);
   return {median(fwd[0]), median(bwd[0]), median(fwd[1]),
           median(bwd[1]), median(fwd[2]), median(bwd[2])};
 }
@@ -67,9 +68,10 @@ std::array<double, 6> time_passes(CoreContext& ctx, Model& model, Replica& r, co
 // pages go back to the system and fault in again next time). Timed in place, as the difference
 // between the unit's forward with and without its buffer, paired per iteration: the page faults,
 // the release and the caches the pass no longer finds warm.
-double time_fresh_buffers(CoreContext& ctx, Model& model, Replica& r, const MicroBatch& mb) {
+double time_fresh_buffers(CoreContext& ctx, StageModel& model, Replica& r, const MicroBatch& mb) {
   MemoryLedger& memory = ctx.memory();
-  const ParamLayout& layout = model.layout();
+  const ParamLayout layout(ctx.model_spec());
+  const int slot = model.acquire_slot();
   const auto params = r.param_ptrs();
   std::vector<double> per_byte;
   for (int it = -1; it < kComputeIterations; ++it) {
@@ -80,16 +82,17 @@ double time_fresh_buffers(CoreContext& ctx, Model& model, Replica& r, const Micr
       {
         DeviceBuffer fresh(memory, MemTag::workspace, r.params().dtype, unit.count);
         copy_across(fresh.view(), slice(r.params(), unit.offset, unit.count));
-        model.forward(u, params, mb);
+        model.forward(slot, u, params, mb, nullptr);
       }
       with += settled_now(ctx) - t0;
       t0 = settled_now(ctx);
-      model.forward(u, params, mb);
+      model.forward(slot, u, params, mb, nullptr);
       without += settled_now(ctx) - t0;
       bytes += double(unit.count * dtype_size(r.params().dtype));
     }
     if (it >= 0) per_byte.push_back(std::max(0.0, with - without) / bytes);
   }
+  model.release_slot(slot);
   return median(per_byte);
 }
 
@@ -167,13 +170,14 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
   // The ranks that share this host's cores: those of the node, or with virtual nodes (--nodes
   // on one machine) every rank here.
   e.ranks_per_node = mpi::local_rank().size;
-  Model plain(config.model, e.micro_batch, ctx.memory(), Recompute::none, dtype);
+  const Partition whole = whole_model(config.model);
+  StageModel plain(config.model, e.micro_batch, whole, ctx.memory(), Recompute::none, dtype);
   const auto p = time_passes(ctx, plain, r, mb, scale);
   e.embedding_forward_s = p[0], e.embedding_backward_s = p[1];
   e.block_forward_s = p[2], e.block_backward_s = p[3];
   e.head_forward_s = p[4], e.head_backward_s = p[5];
   for (Recompute mode : {Recompute::full, Recompute::selective}) {
-    Model m(config.model, e.micro_batch, ctx.memory(), mode, dtype);
+    StageModel m(config.model, e.micro_batch, whole, ctx.memory(), mode, dtype);
     const double extra = std::max(0.0, time_passes(ctx, m, r, mb, scale)[3] - p[3]);
     (mode == Recompute::full ? e.block_recompute_full_s : e.block_recompute_selective_s) = extra;
   }

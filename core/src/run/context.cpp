@@ -37,10 +37,10 @@ bool Options::get_bool(const std::string& name) const {
 
 Replica::Replica(Context& ctx)
     : params_(ctx.memory(), MemTag::params, ctx.train().precision.param,
-              ctx.model().layout().total()),
+              ctx.model_spec().total_params()),
       grads_(ctx.memory(), MemTag::grads, ctx.train().precision.reduce,
-             ctx.model().layout().total()) {
-  const ParamLayout& layout = ctx.model().layout();
+             ctx.model_spec().total_params()) {
+  const ParamLayout layout(ctx.model_spec());
   init_params(layout, ctx.train().seed, 0, params_.view());
   for (const UnitInfo& u : layout.units()) {
     param_ptrs_.push_back(params_.view(u.offset, u.count));
@@ -49,7 +49,7 @@ Replica::Replica(Context& ctx)
 }
 
 AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count, MemTag state_tag) {
-  const ParamLayout& layout = ctx.model().layout();
+  const ParamLayout layout(ctx.model_spec());
   AdamW opt(layout, begin, count, adamw_config(ctx), ctx.memory(), ctx.train().precision.param,
             state_tag);
   if (opt.master().data) init_params(layout, ctx.train().seed, begin, opt.master());
@@ -66,17 +66,17 @@ double grad_scale(const Context& ctx) {
 
 void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grads,
                       const MicroBatch& mb, const std::function<void(int unit)>& on_unit_done) {
-  Model& model = ctx.model();
-  const int units = model.layout().num_units();
+  StageModel& model = ctx.model();
+  const int units = ctx.model_spec().layers + 2, slot = Context::kModelSlot;
   {
     PhaseTimer t(ctx, Phase::forward);
-    for (int u = 0; u < units; ++u) model.forward(u, params, mb);
+    for (int u = 0; u < units; ++u) model.forward(slot, u, params, mb, nullptr);
   }
-  ctx.report_loss(model.loss_sum(), double(mb.batch) * mb.seq);
+  ctx.report_loss(model.loss_sum(slot), double(mb.batch) * mb.seq);
   PhaseTimer t(ctx, Phase::backward);
   const float scale = float(grad_scale(ctx));
   for (int u = units - 1; u >= 0; --u) {
-    model.backward(u, params, grads, mb, scale);
+    model.backward(slot, u, params, grads, nullptr, scale);
     if (on_unit_done) on_unit_done(u);
   }
 }
@@ -124,7 +124,9 @@ Prediction replicated_prediction(const PredictInput& in) {
       double(predict_activations(in.model, in.train.micro_batch, whole_model(in.model),
                                  in.train.recompute, in.train.precision.param, in.train.device)
                  .total(1));
-  at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
+  // The core's micro-batch and the model's copy of it in its slot.
+  at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model) +
+                                 StageModel::slot_token_bytes(in.model, in.train.micro_batch));
   return p;
 }
 

@@ -65,10 +65,13 @@ class CoreContext final : public Context {
   const TrainSpec& train() const override { return config_.train; }
   // Built on first use: model-parallel strategies build their own StageModels instead, and must
   // not pay for a whole model's activations.
-  Model& model() override {
-    if (!model_)
-      model_ = std::make_unique<Model>(config_.model, config_.train.micro_batch, memory_,
-                                       config_.train.recompute, config_.train.precision.param);
+  StageModel& model() override {
+    if (!model_) {
+      model_ = std::make_unique<StageModel>(config_.model, config_.train.micro_batch,
+                                            whole_model(config_.model), memory_,
+                                            config_.train.recompute, config_.train.precision.param);
+      if (model_->acquire_slot() != kModelSlot) throw Error("CoreContext: the model's slot");
+    }
     return *model_;
   }
   MemoryLedger& memory() override { return memory_; }
@@ -194,7 +197,7 @@ class CoreContext final : public Context {
   std::unique_ptr<DataSource> data_;
   Buffer<std::int32_t> tokens_;            // inputs | targets of the micro-batch [2, B*T]
   std::vector<std::int32_t> host_tokens_;  // GPU runs: the same, before the copy
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<StageModel> model_;
   std::array<double, 4> phase_s_{};
   double loss_sum_ = 0, loss_tokens_ = 0;
   std::vector<Interval> intervals_;
