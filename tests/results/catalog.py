@@ -62,8 +62,10 @@ def make_studies():
                     ratio = PREDICTED[(study, id)]
                     s["step_s_predicted"] = s["step_s_p50"] * ratio
                     s["step_s_predicted_error"] = ratio - 1
-                if study == "study-b" and id == "ddp.np2":  # a repeat that ran faster
-                    s["tokens_per_s"] = s["tokens_per_s"] * 1.5
+                # A repeat far faster than any run measured here, so that the fastest
+                # configuration is these two repeats from two studies whatever the machine did.
+                if study == "study-b" and id == "ddp.np2":
+                    s["tokens_per_s"] = 1e12
     a = os.path.join(work, "study-a")
     truncated = os.path.join(a, "truncated.h5")
     with open(os.path.join(e2e, "ddp.np4.h5"), "rb") as src, open(truncated, "wb") as dst:
