@@ -5,9 +5,9 @@
 // local chunk). Activations go to the next stage and gradients to the previous one as sends on two
 // comm streams (one per direction, so a send never waits behind the other direction), received on
 // the compute thread where they are needed; waiting there is the pipeline bubble. Then the tied
-// embedding gradient is exchanged between the first and last stage, sequence-parallel gradients are
-// all-reduced over tp, all gradients over dp, the norm over tp and pp, and AdamW updates the
-// rank's shard.
+// embedding gradient is exchanged between the first and last stage, the gradients are reduced
+// over dp, the rank's part of the sequence-parallel gradients all-reduced over tp, the norm added
+// over dp, tp and pp (with clipping on), and AdamW updates the rank's shard.
 //
 // The data-parallel axis is the sharded engine's (strata/engines/sharded.hpp), applied to the
 // rank's chunks: sharded::Shards holds their parameters, gradients and AdamW state. dp=allreduce
