@@ -1,0 +1,206 @@
+"""results/plot's per-strategy figures as small multiples, checked on the Figure objects of a study
+of 21 strategies (every family, a family of 7 split in two, compositions, a user's plugin, a
+configuration with 3 repeats, 9 runs with a predicted step time, 7 of them outliers):
+- throughput, efficiency and loss: no panel has more than 6 strategy series; every strategy is in
+  exactly one panel of each figure, the one of its family; a strategy has one colour in all three
+  figures (colour and marker differ within a panel); throughput and efficiency draw the ideal
+  reference once per panel and no other line; the repeats are an interval at their median;
+- prediction: only the 5 furthest outliers are labelled (a number at the point, the run in the
+  key), no run inside the +-10% band;
+- the command draws the study and its report.
+usage: plot_families.py RESULTS_DIR E2E_DIR WORK_DIR
+"""
+import collections
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.colors  # noqa: E402
+import matplotlib.container  # noqa: E402
+import matplotlib.text  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.dont_write_bytecode = True
+tools, e2e, work = sys.argv[1:4]
+MAX_SERIES = 6
+# Run files of the e2e fixtures (tests/e2e/*.cmake) and the family each one's strategy belongs in.
+RUNS = {
+    "data parallel": "dp.np1 dp.np2 dp.np4 ddp.np1 ddp.np2 ddp.np4 allreduce.np2",
+    "sharded": "zero1.np1 zero1.np2 zero1.np4 zero2.np1 zero2.np2 zero2.np4 zero3.np1 zero3.np2 "
+               "zero3.np4 zero3.noprefetch.np4 fsdp.np1 fsdp.np2 fsdp.np4 fsdp-grad-op.np1 "
+               "fsdp-grad-op.np2 fsdp-grad-op.np4 fsdp-hybrid.np1 fsdp-hybrid.np2 fsdp-hybrid.np4",
+    # 1f1b.dp2.pp2: dp=2 under the default all-reduce, the same strategy as 1f1b.pp2 scaled out
+    "pipeline": "gpipe.pp2 gpipe.pp4 1f1b.pp2 1f1b.pp4 1f1b.dp2.pp2 interleaved.pp2 "
+                "interleaved.pp4",
+    "tensor": "tp.np2 tp.np4 tp.sp.np2 tp.sp.np4 tp.dp2.np4",
+    # dp=zero1/fsdp on a model-parallel plugin; a pipeline over a tp=2 mesh
+    "compositions": "tp.dp2.zero1.np4 tp.dp2.fsdp.np4 1f1b.dp2.pp2.zero1 interleaved.tp2.pp2",
+}
+REPEATS = {"ddp.np2.r2": 0.9, "ddp.np2.r3": 1.2}  # copies of ddp.np2, tokens/s scaled
+# Predicted step errors written into runs (the e2e runs have no --profile).
+ERRORS = {"dp.np2": 0.02, "ddp.np1": -0.05, "zero1.np2": 0.3, "zero3.np4": -0.4, "tp.np2": 0.15,
+          "gpipe.pp2": 0.5, "fsdp.np2": 0.25, "1f1b.pp2": 0.12, "tp.sp.np4": -0.6}
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+loader = importlib.machinery.SourceFileLoader("plot_tool", os.path.join(tools, "plot"))
+spec = importlib.util.spec_from_loader(loader.name, loader)
+plot = importlib.util.module_from_spec(spec)
+loader.exec_module(plot)
+
+
+def make_study():
+    """The study's directory and {strategy: family} expected, strategies named as plot does:
+    plugin, options and model (the study has two models)."""
+    study = os.path.join(work, "study")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(study)
+    expected = {}
+    for family, ids in RUNS.items():
+        for run_id in ids.split():
+            shutil.copyfile(os.path.join(e2e, run_id + ".h5"), os.path.join(study, run_id + ".h5"))
+    for run_id, scale in REPEATS.items():
+        path = os.path.join(study, run_id + ".h5")
+        shutil.copyfile(os.path.join(e2e, "ddp.np2.h5"), path)
+        with h5py.File(path, "r+") as f:
+            f.attrs["run_id"] = run_id
+            f["summary"].attrs["tokens_per_s"] = f["summary"].attrs["tokens_per_s"] * scale
+    # A user's own plugin: ddp.np2's file under another plugin name.
+    path = os.path.join(study, "mine.np2.h5")
+    shutil.copyfile(os.path.join(e2e, "ddp.np2.h5"), path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["run_id"] = "mine.np2"
+        f["config"].attrs["plugin"] = "mine"
+    for run_id, error in ERRORS.items():
+        with h5py.File(os.path.join(study, run_id + ".h5"), "r+") as f:
+            s = f["summary"].attrs
+            s["step_s_predicted"] = s["step_s_p50"] * (1 + error)
+            s["step_s_predicted_error"] = error
+    for family, ids in list(RUNS.items()) + [("other", "mine.np2")]:
+        for run_id in ids.split():
+            with h5py.File(os.path.join(study, run_id + ".h5"), "r") as f:
+                c = {k: plot.one_line(v.decode() if isinstance(v, bytes) else v)
+                     for k, v in f["config"].attrs.items()
+                     if k in ("plugin", "plugin_opts", "model")}
+            opts = " " + c["plugin_opts"] if c.get("plugin_opts") else ""
+            name = "%s%s %s" % (c["plugin"], opts, c["model"])
+            if expected.setdefault(name, family) != family:
+                fail("%s: in %s and %s" % (name, family, expected[name]))
+    return study, expected
+
+
+def series_handles(ax):
+    """{label: (colour, marker)} of the axes' legend entries that name a strategy (not the
+    reference)."""
+    out = {}
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+        if label == plot.IDEAL:
+            continue
+        line = handle.lines[0] if isinstance(handle, matplotlib.container.Container) else handle
+        if label in out:
+            fail("%s: %s twice in one panel" % (ax.get_title(), label))
+        out[label] = (matplotlib.colors.to_rgba(line.get_color()), line.get_marker())
+    return out
+
+
+def check_panels(name, fig, expected, colors):
+    """One figure's panels: at most MAX_SERIES strategies each, each strategy once, in a panel of
+    its family, in the colour it has in the other figures; the ideal reference once a panel."""
+    seen = collections.Counter()
+    for ax in fig.axes:
+        title = ax.get_title()
+        handles = series_handles(ax)
+        if not 0 < len(handles) <= MAX_SERIES:
+            fail("%s: panel %r has %d strategies" % (name, title, len(handles)))
+        if len(set(handles.values())) != len(handles):
+            fail("%s: panel %r repeats a colour and marker: %s" % (name, title, handles))
+        for label, color in handles.items():
+            seen[label] += 1
+            if label not in expected or not title.startswith(expected[label]):
+                fail("%s: %r in panel %r, want family %r" % (name, label, title,
+                                                            expected.get(label)))
+            if colors.setdefault(label, color) != color:
+                fail("%s: %r is %s here, %s in another figure" % (name, label, color,
+                                                                  colors[label]))
+        if name == "loss":
+            continue
+        labels = ax.get_legend_handles_labels()[1]
+        in_containers = {id(a) for c in ax.containers for a in c.get_children()}
+        loose = [ln for ln in ax.get_lines() if id(ln) not in in_containers]
+        if labels.count(plot.IDEAL) != 1 or len(loose) != 1:
+            fail("%s: panel %r has %d ideal references and %d other lines"
+                 % (name, title, labels.count(plot.IDEAL), len(loose)))
+    if set(seen) != set(expected) or any(n != 1 for n in seen.values()):
+        fail("%s: strategies drawn %s, want each of %s once" % (name, dict(seen), sorted(expected)))
+    return len(fig.axes)
+
+
+def check_repeats(fig, runs):
+    """The ddp tiny series at 2 ranks: the median of its 3 repeats, bars to their min and max
+    (intervals.py below 6 repeats)."""
+    tps = sorted(r.summary["tokens_per_s"] for r in runs
+                 if r.strategy == "ddp" and r.ranks == 2 and not r.config.get("plugin_opts"))
+    if len(tps) != 3:
+        fail("want 3 repeats of ddp at 2 ranks, have %d" % len(tps))
+    for ax in fig.axes:
+        for c in ax.containers:
+            if c.get_label() == "ddp tiny":
+                x, y = c.lines[0].get_data()
+                segs = [s for s in c.lines[2][0].get_segments() if s[0][0] == 2]
+                lo, hi = sorted([segs[0][0][1], segs[0][1][1]])
+                if y[list(x).index(2)] != tps[1] or not np.allclose([lo, hi], [tps[0], tps[2]]):
+                    fail("ddp at 2 ranks: %r [%r, %r], want %r" % (y, lo, hi, tps))
+                return
+    fail("no ddp tiny series in the throughput figure")
+
+
+def check_prediction(fig, runs):
+    """Numbers 1..5 at the 5 furthest outliers, the key naming those runs only."""
+    ax = fig.axes[0]
+    numbers = [t.get_text() for t in ax.texts if isinstance(t, matplotlib.text.Annotation)]
+    key = "\n".join(t.get_text() for t in ax.texts
+                    if not isinstance(t, matplotlib.text.Annotation))
+    outliers = sorted((i for i, e in ERRORS.items() if abs(e) > 0.10),
+                      key=lambda i: -abs(ERRORS[i]))
+    if numbers != [str(i) for i in range(1, 6)]:
+        fail("prediction: numbered %r, want 1..5" % numbers)
+    named = [line.split()[1] for line in key.splitlines()]
+    if named != outliers[:5]:
+        fail("prediction: key names %r, want %r" % (named, outliers[:5]))
+    title = ax.get_title()
+    if "%d run(s) outside" % len(outliers) not in title:
+        fail("prediction title %r does not count %d outliers" % (title, len(outliers)))
+
+
+study, expected = make_study()
+runs, skipped = plot.load([study])
+if skipped:
+    fail("skipped %r" % skipped)
+runs.sort(key=lambda r: (r.strategy, r.ranks, r.run_id))
+figs = dict(plot.figures(runs))
+colors = {}
+panels = {name: check_panels(name, figs[name], expected, colors)
+          for name in ("throughput", "efficiency", "loss")}
+titles = [ax.get_title() for ax in figs["throughput"].axes]
+if "sharded (1/2)" not in titles or "sharded (2/2)" not in titles:
+    fail("the 7 sharded strategies are not split in two panels: %r" % titles)
+check_repeats(figs["throughput"], runs)
+check_prediction(figs["prediction"], runs)
+p = subprocess.run([os.path.join(tools, "plot"), study], capture_output=True, text=True,
+                   timeout=300)
+if p.returncode != 0 or not os.path.getsize(os.path.join(study, "figures", "report.html")):
+    fail("plot exit %d: %s" % (p.returncode, p.stderr))
+print("plot families: %d strategies, panels %s (at most %d series each, one colour per strategy "
+      "in all three, one ideal reference a panel: %s); prediction numbers the 5 furthest of 7 "
+      "outliers" % (len(expected), panels, MAX_SERIES, ", ".join(titles)))
