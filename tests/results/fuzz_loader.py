@@ -19,8 +19,6 @@ traceback and keeps the file as WORK_DIR/crash-T.h5; the exit code is then 1.
 usage: fuzz_loader.py RESULTS_DIR WORK_DIR RUN_FILE...
 """
 import argparse
-import importlib.machinery
-import importlib.util
 import os
 import random
 import shutil
@@ -33,20 +31,13 @@ import h5py
 import numpy as np
 
 sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from archive_tool import import_tool  # noqa: E402
 
 STRINGS = ["", "nan", "inf", "-1", "0", "4", "2.5", "1e999", "abc", "x$\\frac{$", "../../x",
            "a\nb", "\u00e9\u4e2d", "9" * 30, "y" * 2000]
 NUMBERS = [float("nan"), float("inf"), float("-inf"), -1.0, 0.0, 0.5, 1.0, 3.0, 1e300, -1e300,
            2.0 ** 63]
-
-
-def import_tool(results, name):
-    path = os.path.join(results, name)
-    loader = importlib.machinery.SourceFileLoader("tool_" + name, path)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 # --- what can be mutated ------------------------------------------------------------------------

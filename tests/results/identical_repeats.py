@@ -6,8 +6,6 @@ float mean of 10 equal values can lie an ulp below (255813.95671368227) or above
 summary lists the 10 runs and compare of a study with itself finds no difference.
 usage: identical_repeats.py RESULTS_DIR E2E_DIR WORK_DIR
 """
-import importlib.machinery
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,6 +15,8 @@ import h5py
 import numpy as np
 
 sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from archive_tool import import_tool  # noqa: E402
 tools, e2e, work = sys.argv[1:4]
 VALUES = {"below": 255813.95671368227, "above": 3103.947297759582}
 
@@ -35,10 +35,7 @@ def run(*args):
     return p
 
 
-loader = importlib.machinery.SourceFileLoader("plot_tool", os.path.join(tools, "plot"))
-spec = importlib.util.spec_from_loader(loader.name, loader)
-plot = importlib.util.module_from_spec(spec)
-loader.exec_module(plot)
+plot = import_tool(tools, "plot")
 
 shutil.rmtree(work, ignore_errors=True)
 for side, value in VALUES.items():

@@ -11,8 +11,6 @@ configuration with 3 repeats, 9 runs with a predicted step time, 7 of them outli
 usage: plot_families.py RESULTS_DIR E2E_DIR WORK_DIR
 """
 import collections
-import importlib.machinery
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,6 +26,8 @@ import matplotlib.text  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from archive_tool import import_tool  # noqa: E402
 tools, e2e, work = sys.argv[1:4]
 MAX_SERIES = 6
 # Run files of the e2e fixtures (tests/e2e/*.cmake) and the family each one's strategy belongs in.
@@ -54,10 +54,7 @@ def fail(msg):
     sys.exit(1)
 
 
-loader = importlib.machinery.SourceFileLoader("plot_tool", os.path.join(tools, "plot"))
-spec = importlib.util.spec_from_loader(loader.name, loader)
-plot = importlib.util.module_from_spec(spec)
-loader.exec_module(plot)
+plot = import_tool(tools, "plot")
 
 
 def make_study():

@@ -6,8 +6,6 @@ the device's tags only (the offloaded run's device bar is the other's less its o
 the report's table gives the host peak in its own column; the comm figure has d2h and h2d.
 usage: plot_memory.py RESULTS_DIR E2E_DIR WORK_DIR
 """
-import importlib.machinery
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -20,6 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from archive_tool import import_tool  # noqa: E402
 tools, e2e, work = sys.argv[1:4]
 MIB = 2.0 ** 20
 
@@ -29,10 +29,7 @@ def fail(msg):
     sys.exit(1)
 
 
-loader = importlib.machinery.SourceFileLoader("plot_tool", os.path.join(tools, "plot"))
-spec = importlib.util.spec_from_loader(loader.name, loader)
-plot = importlib.util.module_from_spec(spec)
-loader.exec_module(plot)
+plot = import_tool(tools, "plot")
 
 shutil.rmtree(work, ignore_errors=True)
 study = os.path.join(work, "study")
