@@ -105,6 +105,22 @@ void refuse_percent_in_word(const std::string& word) {
     throw ConfigError("'" + name + "': a flag takes no value (see runner --help)");
 }
 
+// Boost's message for a command line it refused. Its what() substitutes the words it quotes into
+// its own "%name%" placeholders and loops when a word holds one, whatever the word ("-mesh=%x%"
+// as much as a name): the message is taken from the same words with each '%' shown as '?'.
+std::string boost_message(int argc, char** argv, const po::options_description& desc, int style) {
+  std::vector<std::string> words(argv, argv + argc);
+  for (std::string& w : words) std::replace(w.begin(), w.end(), '%', '?');
+  std::vector<char*> shown;
+  for (std::string& w : words) shown.push_back(w.data());
+  try {
+    po::command_line_parser(argc, shown.data()).options(desc).style(style).run();
+  } catch (const po::error& e) {
+    return e.what();
+  }
+  return "the command line cannot be parsed";
+}
+
 void collect_cli(int argc, char** argv, std::vector<Given>& given) {
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
@@ -115,8 +131,8 @@ void collect_cli(int argc, char** argv, std::vector<Given>& given) {
   po::parsed_options parsed(&desc);
   try {
     parsed = po::command_line_parser(argc, argv).options(desc).style(style).run();
-  } catch (const po::error& e) {
-    throw ConfigError(std::string(e.what()) + " (see runner --help)");
+  } catch (const po::error&) {
+    throw ConfigError(boost_message(argc, argv, desc, style) + " (see runner --help)");
   }
   for (const po::option& o : parsed.options) {
     if (o.position_key >= 0 || o.string_key.empty()) {
