@@ -9,7 +9,8 @@
 // Activations and their gradients go point to point; the tied embedding / LM-head gradient is
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
 // dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
-// gradients (and parameters) sharded too, per unit (pp = 1 only).
+// gradients (and parameters) sharded too, per unit, reduced (and gathered) once per step as
+// torchtitan runs FSDP2 with PP.
 #include <sstream>
 
 #include "strata/engines/model_parallel.hpp"
@@ -37,11 +38,17 @@ std::vector<OptionSpec> options(bool interleaved) {
        "sequence parallelism inside each stage's tensor-parallel group",
        {"on", "off"}},
       mp::dp_option(),
+      {"prefetch",
+       OptionType::integer,
+       "1",
+       "dp=fsdp: units all-gathered ahead of the one computing in a chunk's first forward of the "
+       "step",
+       {}},
       {"offload",
        OptionType::choice,
        "none",
-       "dp=zero1: optimizer: AdamW state (m, v, bf16's fp32 master) of the rank's shard in host "
-       "memory, the update on the CPU (Megatron's optimizer CPU offload)",
+       "dp=zero1|zero2|fsdp: optimizer: AdamW state (m, v, bf16's fp32 master) of the rank's "
+       "shard in host memory, the update on the CPU (Megatron's optimizer CPU offload)",
        {"none", "optimizer"}}};
   if (interleaved)
     o.push_back({"virtual_stages",
@@ -98,6 +105,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.dp = mp::dp_mode(o.get("dp"));
   c.stage_layers = parse_stage_layers(o.get("stage_layers"));
   c.microbatches = int(o.get_int("microbatches"));
+  c.prefetch = int(o.get_int("prefetch"));
   c.offload_optimizer = o.get("offload") == "optimizer";
   return std::make_unique<mp::MpStrategy>(c);
 }

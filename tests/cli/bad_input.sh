@@ -90,13 +90,10 @@ check "--mesh pp=2: tp has no pipeline" --plugin tp --mesh tp=2,pp=2 --nodes 1 -
 check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4
 check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch x dp)) must be a multiple of pp (2)" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --layers 4
 check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3
-# ZeRO-2 / FSDP on the dp axis of a pipeline: refused as DeepSpeed's pipeline engine refuses them.
-check "--plugin 1f1b with --plugin-opt dp=zero2: refused at pp=2, as DeepSpeed refuses ZeRO-2/3 with its pipeline engine" --plugin 1f1b --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=zero2
-check "--plugin gpipe with --plugin-opt dp=fsdp: refused at pp=2, as DeepSpeed refuses ZeRO-2/3 with its pipeline engine" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp
-check "--plugin interleaved with --plugin-opt dp=zero2: refused at pp=2" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=zero2 --layers 4
-# The sharded engine's options under tp: with dp=zero2|fsdp only.
+# The sharded engine's options under tp and the pipelines.
 check "--plugin-opt offload=optimizer: needs dp=zero1, zero2 or fsdp (got dp=allreduce)" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt offload=optimizer
 check "--plugin-opt prefetch: must be >= 0" --plugin tp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
+check "--plugin-opt prefetch: must be >= 0" --plugin 1f1b --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt microbatches=4: the batch gives 1" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt microbatches=4
 # Found by hand (issue 12): each was accepted before.
 check "--lr nan: must be a number in (0, 10]" --plugin ddp --lr nan

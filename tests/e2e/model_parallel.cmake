@@ -58,7 +58,7 @@ endforeach()
 strata_e2e_run(tp.dp4.zero1.np8 8 --plugin tp --mesh dp=4,tp=2 --nodes 2 --micro-batch 1
                --plugin-opt sp=on --plugin-opt dp=zero1)
 strata_e2e_checks(tp.dp4.zero1.np8 8)
-# dp=zero2 and dp=fsdp on tp (pp=1; with pp>1 they are refused, cli/bad_input.sh): gradients
+# dp=zero2 and dp=fsdp on tp (pp=1, the sharded engine's own schedule): gradients
 # reduce-scattered per unit every micro-batch (micro-batch 2 at dp 2: two per step), fsdp's
 # parameters all-gathered per unit; the same trajectory, memory and bytes = predict(). 8 ranks:
 # dp=4 x tp=2, two micro-batches of 1.
@@ -70,9 +70,30 @@ foreach(mode zero2 fsdp)
                  --plugin-opt sp=on --plugin-opt dp=${mode})
   strata_e2e_checks(tp.dp4.${mode}.np8 8)
 endforeach()
+# dp=zero2 and dp=fsdp under the pipelines, as torchtitan runs FSDP2 with PP (mp::dp_schedule):
+# fsdp's parameters all-gathered per unit in each chunk's first forward of the step and kept to its
+# last backward, gradients reduce-scattered per unit in the chunk's last backward (the tied
+# embedding's units after the stages' exchange). The 1-rank trajectory, memory and bytes =
+# predict(); fsdp's parameters (shards) below zero1's replica. tp alone at dp 1 runs the same
+# schedule (its zero2 had no gradient buffers before it).
+foreach(mode zero2 fsdp)
+  strata_e2e_run(1f1b.dp2.pp2.${mode} 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2 --micro-batch 1
+                 --plugin-opt dp=${mode} ${L8})
+  strata_e2e_checks_l8(1f1b.dp2.pp2.${mode} 4)
+endforeach()
+strata_e2e_run(interleaved.3d.fsdp.np8 8 --plugin interleaved --mesh dp=2,tp=2,pp=2 --nodes 2
+               --micro-batch 2 --plugin-opt sp=on --plugin-opt dp=fsdp ${L8})
+strata_e2e_checks_l8(interleaved.3d.fsdp.np8 8)
+strata_e2e_run(tp.zero2.np2 2 --plugin tp --mesh tp=2 --micro-batch 2 --plugin-opt dp=zero2)
+strata_e2e_checks(tp.zero2.np2 2)
+add_test(NAME e2e.params-over-dp.1f1b.dp2.pp2.fsdp
+         COMMAND check_run less-memory ${E2E_DIR}/1f1b.dp2.pp2.fsdp.h5
+                 ${E2E_DIR}/1f1b.dp2.pp2.zero1.h5 params)
+set_tests_properties(e2e.params-over-dp.1f1b.dp2.pp2.fsdp PROPERTIES
+                     FIXTURES_REQUIRED "run.1f1b.dp2.pp2.fsdp;run.1f1b.dp2.pp2.zero1" LABELS e2e)
 # offload=optimizer on every data-parallel axis that shards the optimizer: under tp (dp=zero1,
 # zero2, fsdp; fsdp's gathers two units ahead) and under a pipeline (1f1b, dp=zero1: Megatron's
-# distributed optimizer with its CPU offload), one update path for all (sharded::HostUpdate). The
+# distributed optimizer with its CPU offload; dp=fsdp, two units ahead), one update path for all (sharded::HostUpdate). The
 # 1-rank trajectory, memory per tag (offload included) and bytes (d2h and h2d included) = predict.
 strata_e2e_run(tp.dp2.zero1.offload.np4 4 --plugin tp --mesh dp=2,tp=2 --nodes 2 --micro-batch 2
                --plugin-opt sp=on --plugin-opt dp=zero1 --plugin-opt offload=optimizer)
@@ -80,6 +101,10 @@ strata_e2e_checks(tp.dp2.zero1.offload.np4 4)
 strata_e2e_run(1f1b.dp2.pp2.zero1.offload 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
                --micro-batch 1 --plugin-opt dp=zero1 --plugin-opt offload=optimizer ${L8})
 strata_e2e_checks_l8(1f1b.dp2.pp2.zero1.offload 4)
+strata_e2e_run(1f1b.dp2.pp2.fsdp.offload 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
+               --micro-batch 1 --plugin-opt dp=fsdp --plugin-opt offload=optimizer
+               --plugin-opt prefetch=2 ${L8})
+strata_e2e_checks_l8(1f1b.dp2.pp2.fsdp.offload 4)
 foreach(mode zero2 fsdp)
   strata_e2e_run(tp.dp2.${mode}.offload.np4 4 --plugin tp --mesh dp=2,tp=2 --nodes 2
                  --micro-batch 2 --plugin-opt sp=on --plugin-opt dp=${mode}

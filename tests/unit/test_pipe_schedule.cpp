@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/engines/model_parallel.hpp"
 #include "strata/engines/pipe_schedule.hpp"
 
 using namespace strata::pp;
@@ -236,4 +237,107 @@ TEST(PipeSchedule, InvalidArgumentsThrow) {
   EXPECT_THROW(simulate_pipeline(PipeSchedule::gpipe, 4, 8, 1, -1.0), std::invalid_argument);
   EXPECT_THROW(predicted_bubble_fraction(PipeSchedule::interleaved, 4, 6, 2),
                std::invalid_argument);
+}
+
+// How often each of Shards' actions ran per group, and the reductions in flight.
+struct DpCounts {
+  std::vector<int> gathered, waited, freed, allocated, reduced, finished;
+  int in_flight = 0, most_in_flight = 0;
+  explicit DpCounts(int groups)
+      : gathered(groups),
+        waited(groups),
+        freed(groups),
+        allocated(groups),
+        reduced(groups),
+        finished(groups) {}
+  void apply(const strata::sharded::Action& a) {
+    using strata::sharded::Act;
+    const int g = a.index;
+    switch (a.act) {
+      case Act::gather:
+        ++gathered[g];
+        break;
+      case Act::wait_gather:
+        ++waited[g];
+        break;
+      case Act::free_params:
+        ++freed[g];
+        break;
+      case Act::alloc_grads:
+        ++allocated[g];
+        break;
+      case Act::reduce_grads:
+        ++reduced[g], most_in_flight = std::max(most_in_flight, ++in_flight);
+        break;
+      case Act::finish_grads:
+        ++finished[g], --in_flight;
+        break;
+      default:
+        ADD_FAILURE() << "a pass among the data-parallel actions";
+    }
+  }
+};
+
+// The data-parallel axis under a pipeline (model_parallel.hpp: dp_schedule, torchtitan's FSDP2
+// with PP): each unit gathered once per step, in its chunk's first forward and before that unit's
+// pass, freed after its chunk's last backward; gradients allocated before the chunk's first
+// backward and reduced once, after the unit's pass in the chunk's last backward (the units holding
+// the tied embedding at the end), at most one reduction left in flight behind the next.
+TEST(PipeDpSchedule, GathersAndReducesOncePerStepAtTheChunksFirstAndLastPass) {
+  using namespace strata;
+  ModelSpec model = model_preset("tiny");
+  model.layers = 8;
+  for (const char* dp : {"zero2", "fsdp"})
+    for (int stage : {0, 1}) {
+      SCOPED_TRACE(std::string(dp) + " stage " + std::to_string(stage));
+      mp::MpConfig cfg;
+      cfg.dp = mp::dp_mode(dp);
+      cfg.prefetch = 2;
+      const int P = 2, v = 2, m = 4;
+      const auto units = mp::chunk_units(model, P * v, {});
+      std::vector<Partition> parts;
+      for (int c = 0; c < v; ++c) {
+        const auto [first, last] = units[std::size_t(global_chunk(P, stage, c))];
+        parts.push_back(Partition{first, last, 1, 0, false});
+      }
+      const sharded::EngineConfig c = mp::dp_axis_config(cfg);
+      const auto groups = sharded::make_groups(model, parts, 2, c);
+      const auto actions = pipeline_schedule(PipeSchedule::interleaved, P, stage, m, v);
+      const mp::DpSchedule s = mp::dp_schedule(actions, parts, groups, c, true, model.layers + 1);
+      ASSERT_EQ(s.passes.size(), actions.size());
+      DpCounts n(int(groups.size()));
+      std::vector<int> last_backward(v, -1);
+      for (int i = 0; i < int(actions.size()); ++i)
+        if (!actions[std::size_t(i)].forward) last_backward[actions[std::size_t(i)].chunk] = i;
+      for (int i = 0; i < int(actions.size()); ++i) {
+        const PipeAction& a = actions[std::size_t(i)];
+        const Partition& part = parts[std::size_t(a.chunk)];
+        const auto& passes = s.passes[std::size_t(i)];
+        ASSERT_EQ(int(passes.size()), part.last_unit - part.first_unit + 1);
+        for (int k = 0; k < int(passes.size()); ++k) {
+          const int u = a.forward ? part.first_unit + k : part.last_unit - k;
+          int g = 0;
+          while (groups[std::size_t(g)].last_unit < u) ++g;
+          for (const auto& x : passes[std::size_t(k)].before) n.apply(x);
+          if (cfg.dp == mp::DpMode::fsdp) EXPECT_EQ(n.waited[g], 1) << "unit " << u;
+          if (!a.forward) EXPECT_EQ(n.allocated[g], 1) << "unit " << u;
+          EXPECT_EQ(n.reduced[g], 0) << "unit " << u << " reduced before a pass";
+          for (const auto& x : passes[std::size_t(k)].after) n.apply(x);
+          const bool tied = u == 0 || u == model.layers + 1;
+          EXPECT_EQ(n.reduced[g], i == last_backward[a.chunk] && !a.forward && !tied ? 1 : 0);
+        }
+      }
+      for (const auto& x : s.end) n.apply(x);
+      const int gathers = cfg.dp == mp::DpMode::fsdp ? 1 : 0;
+      for (int g = 0; g < int(groups.size()); ++g) {
+        EXPECT_EQ(n.gathered[g], gathers);
+        EXPECT_EQ(n.waited[g], gathers);
+        EXPECT_EQ(n.freed[g], gathers);
+        EXPECT_EQ(n.allocated[g], 1);
+        EXPECT_EQ(n.reduced[g], 1);
+        EXPECT_EQ(n.finished[g], 1);
+      }
+      EXPECT_EQ(n.in_flight, 0);
+      EXPECT_LE(n.most_in_flight, 2);
+    }
 }

@@ -55,7 +55,7 @@ struct StepPlan {
   // The units run with Megatron's sequence parallelism (Partition::sequence_parallel): the core
   // charges their tp collectives as all-gathers and reduce-scatters instead of all-reduces.
   bool sequence_parallel = false;
-  // Empty plan: why this configuration has no time model ("dp=fsdp runs with pp = 1 only").
+  // Empty plan: why this configuration has no time model (e.g. "no plan for offload yet").
   std::string unmodelled;
   bool empty() const { return micro_batch.empty() && step.empty(); }
 };

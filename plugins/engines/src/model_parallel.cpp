@@ -56,6 +56,14 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
   return p;
 }
 
+// The data-parallel axis's actions around the rank's schedule (dp_schedule), for Shards' groups
+// of the rank's chunks.
+DpSchedule dp_schedule_of(const Plan& plan, const std::vector<sharded::ShardGroup>& groups,
+                          const MpConfig& cfg, const ModelSpec& model) {
+  return dp_schedule(plan.actions, plan.parts, groups, dp_axis_config(cfg), plan.tied_exchange(),
+                     model.layers + 1);
+}
+
 // The tp collectives of a run's StageModels: the config's own, or one blocking call each.
 std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& ctx) {
   if (ctx.mesh().tp == 1) return nullptr;
@@ -97,8 +105,9 @@ OptionSpec dp_option() {
           "(reduce-scatter gradients, optimizer state for 1/dp of the local parameters, "
           "all-gather the update: Megatron's distributed optimizer); zero2 (also gradients: "
           "reduce-scattered per unit as backward produces them, every micro-batch); fsdp (also "
-          "parameters: all-gathered per unit before its forward and backward, freed after); "
-          "zero2 and fsdp need pp=1",
+          "parameters: all-gathered per unit before its forward and backward, freed after). Under "
+          "a pipeline, as torchtitan runs FSDP with PP: parameters gathered once per step, "
+          "gradients reduce-scattered once per step, at each chunk's last micro-batch",
           {"allreduce", "zero1", "zero2", "fsdp"}};
 }
 
@@ -143,15 +152,6 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
               const MpConfig& cfg) {
   const std::string who = cfg.strategy;
   validate_tensor_parallel(model, t.micro_batch, mesh.tp, cfg.sequence_parallel);
-  // DeepSpeed's pipeline engine refuses ZeRO-2/3 for this reason; so does strata.
-  if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.pp > 1)
-    throw ConfigError(
-        "--plugin " + who + " with --plugin-opt dp=" + dp_mode_name(cfg.dp) + ": refused at pp=" +
-        std::to_string(mesh.pp) + ", as DeepSpeed refuses ZeRO-2/3 with its pipeline engine: " +
-        "a pipeline accumulates gradients over its micro-batches, so " +
-        (cfg.dp == DpMode::zero2 ? "ZeRO-2 would reduce-scatter every stage's gradients"
-                                 : "FSDP would all-gather every stage's parameters again") +
-        " for every micro-batch; use dp=zero1 or dp=allreduce");
   // prefetch is the sharded engine's (dp=zero2|fsdp); offload needs an optimizer sharded over dp.
   if (cfg.prefetch < 0) throw ConfigError("--plugin-opt prefetch: must be >= 0");
   if (cfg.offload_optimizer && cfg.dp == DpMode::allreduce)
@@ -213,8 +213,10 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
   }()) << "; "
         << plan.m << " micro-batches; tp=" << in.mesh.tp
         << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
-        << (cfg.dp == DpMode::zero1 && in.mesh.dp > 1 ? "; optimizer state sharded over dp (zero1)"
-                                                      : "")
+        << (cfg.dp != DpMode::allreduce && in.mesh.dp > 1
+                ? std::string("; ") + dp_mode_name(cfg.dp) + " over dp" +
+                      (cfg.dp == DpMode::zero1 ? "" : ", reduced once per step")
+                : std::string())
         << "; recompute " << recompute_name(in.train.recompute);
   return notes.str();
 }
@@ -255,9 +257,16 @@ Prediction predict(const PredictInput& in, const MpConfig& cfg) {
     mem(MemTag::comm_buffers) +=
         double(StageModel::boundary_count(in.model, B, plan.parts[0])) * dtype_size(tp_comm);
   // Activations stay fp32 (the residual stream is fp32 in every precision); the data-parallel
-  // axis's state by precision (sharded::Shards).
+  // axis's state by precision (sharded::Shards), and zero2's and fsdp's buffers of a step
+  // replayed from its schedule.
   MemoryLedger state;
-  sharded::predict_state(in, dp_axis_config(cfg), plan.parts, state);
+  const sharded::EngineConfig dp = dp_axis_config(cfg);
+  sharded::predict_state(in, dp, plan.parts, state);
+  const auto groups = sharded::make_groups(in.model, plan.parts,
+                                           sharded::placement(in.mesh, in.rank, dp).shards, dp);
+  const StateBytes bytes = state_bytes_per_param(in.train.precision);
+  sharded::replay_schedule(dp_schedule_of(plan, groups, cfg, in.model).flat(), groups, bytes.params,
+                           bytes.grads, state);
   for (MemTag t :
        {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
     mem(t) += double(state.peak(t));
@@ -329,6 +338,7 @@ class Engine {
       models.push_back(chunks_.back().get());
     }
     shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);
+    dp_ = dp_schedule_of(plan_, shards_->groups(), cfg, ctx.model_spec());
     pending_.resize(chunks_.size());
     if (plan_.K > 1)
       boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
@@ -345,11 +355,12 @@ class Engine {
     shards_->zero_grads(ctx);
     Group& pp = ctx.group(Axis::pp);
     std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
-    for (const pp::PipeAction& a : plan_.actions) {
+    for (std::size_t i = 0; i < plan_.actions.size(); ++i) {
+      const pp::PipeAction& a = plan_.actions[i];
       if (a.forward)
-        slot_of[a.chunk][a.micro] = forward_action(ctx, step, a, pp);
+        slot_of[a.chunk][a.micro] = forward_action(ctx, step, a, dp_.passes[i], pp);
       else
-        backward_action(ctx, a, slot_of[a.chunk][a.micro], pp);
+        backward_action(ctx, a, slot_of[a.chunk][a.micro], dp_.passes[i], pp);
     }
     {
       // The stage's own sends, then the end-of-step meeting with the other stages: both are the
@@ -360,6 +371,7 @@ class Engine {
         for (std::size_t s = 0; s < pending_[c].size(); ++s) wait_sends(ctx, int(c), int(s));
       exchange_tied_grads(ctx, pp);
     }
+    for (const sharded::Action& x : dp_.end) shards_->run(ctx, x);
     shards_->update(ctx, step);
     // The tied copies stay equal: same initial values, same summed gradient, same update.
   }
@@ -399,7 +411,16 @@ class Engine {
 
   // One micro-batch forward through one local chunk: receive its input (the bubble when it is
   // late), compute, send the output on. Returns the activation slot it holds until backward.
-  int forward_action(Context& ctx, int step, const pp::PipeAction& a, Group& pp) {
+  // Unit u's pass with the data-parallel axis's actions around it.
+  template <typename Pass>
+  void unit_pass(Context& ctx, const UnitPassActions& dp, Pass&& pass) {
+    for (const sharded::Action& x : dp.before) shards_->run(ctx, x);
+    pass();
+    for (const sharded::Action& x : dp.after) shards_->run(ctx, x);
+  }
+
+  int forward_action(Context& ctx, int step, const pp::PipeAction& a,
+                     const std::vector<UnitPassActions>& dp, Group& pp) {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk], slot = sm.acquire_slot();
     const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
@@ -419,7 +440,8 @@ class Engine {
       PhaseTimer t(ctx, Phase::forward);
       const Partition& part = sm.partition();
       for (int u = part.first_unit; u <= part.last_unit; ++u)
-        sm.forward(slot, u, shards_->params(), mb, tp_comm_.get());
+        unit_pass(ctx, dp[std::size_t(u - part.first_unit)],
+                  [&] { sm.forward(slot, u, shards_->params(), mb, tp_comm_.get()); });
     }
     if (sm.has_head())
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
@@ -434,7 +456,8 @@ class Engine {
   }
 
   // Its backward: receive d(output), compute, send d(input) back, free the slot.
-  void backward_action(Context& ctx, const pp::PipeAction& a, int slot, Group& pp) {
+  void backward_action(Context& ctx, const pp::PipeAction& a, int slot,
+                       const std::vector<UnitPassActions>& dp, Group& pp) {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk];
     const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
@@ -449,8 +472,10 @@ class Engine {
       PhaseTimer t(ctx, Phase::backward);
       const Partition& part = sm.partition();
       for (int u = part.last_unit; u >= part.first_unit; --u)
-        sm.backward(slot, u, shards_->params(), shards_->grads(), tp_comm_.get(),
-                    float(grad_scale(ctx)));
+        unit_pass(ctx, dp[std::size_t(part.last_unit - u)], [&] {
+          sm.backward(slot, u, shards_->params(), shards_->grads(), tp_comm_.get(),
+                      float(grad_scale(ctx)));
+        });
     }
     if (k > 0) {
       // The slot's send buffer last carried its activation: that send is done (the next stage
@@ -469,6 +494,7 @@ class Engine {
   Plan plan_;
   std::vector<std::unique_ptr<StageModel>> chunks_;
   std::unique_ptr<sharded::Shards> shards_;  // the chunks' parameters, gradients, AdamW state
+  DpSchedule dp_;                            // Shards' actions around the unit passes
   DeviceBuffer tied_recv_;                   // the other stage's tied wte gradient
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1

@@ -14,9 +14,12 @@ constexpr int kTiedTag = -1;
 
 // The schedule of stage me.pp: a forward receives its input from the previous chunk's stage and
 // sends its output on; a backward receives its output's gradient and sends its input's back.
+// Around each unit pass, the data-parallel axis's actions (dp_schedule, `dp`); `end` collects the
+// ones after the schedule and the tied exchange.
 void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord& me,
                    const std::vector<std::pair<int, int>>& units, bool sp,
-                   std::vector<PlanAction>& out) {
+                   const std::vector<Partition>& parts, std::vector<PlanAction>& out,
+                   std::vector<PlanAction>& end) {
   const int P = in.mesh.pp, v = cfg.virtual_stages, K = P * v, m = in.train.micro_steps(in.mesh);
   // Every boundary carries one micro-batch's [B, T, C] residual stream (sp: this rank's token rows
   // of it) in the tp comm dtype.
@@ -25,20 +28,36 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
                        double(dtype_size(in.train.precision.tp_comm));
   const Mesh mesh(in.mesh);
   auto stage_of = [&](int k) { return mesh.rank_of(me.dp, me.tp, k % P); };
-  for (const pp::PipeAction& a : pp::pipeline_schedule(cfg.schedule, P, me.pp, m, v)) {
+  const sharded::EngineConfig dpc = dp_axis_config(cfg);
+  const sharded::Placement at = sharded::placement(in.mesh, in.rank, dpc);
+  const auto groups = sharded::make_groups(in.model, parts, at.shards, dpc);
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  const auto actions = pp::pipeline_schedule(cfg.schedule, P, me.pp, m, v);
+  const bool tied = P > 1 && (me.pp == 0 || me.pp == P - 1);
+  const DpSchedule dp = dp_schedule(actions, parts, groups, dpc, tied, in.model.layers + 1);
+  auto pass = [&](const UnitPassActions& around, const PlanAction& compute) {
+    for (const sharded::Action& x : around.before) sharded::plan_action(x, groups, per, at, out);
+    out.push_back(compute);
+    for (const sharded::Action& x : around.after) sharded::plan_action(x, groups, per, at, out);
+  };
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const pp::PipeAction& a = actions[i];
     const int k = pp::global_chunk(P, me.pp, a.chunk);
     const auto [first, last] = units[std::size_t(k)];
     if (a.forward) {
       if (k > 0) out.push_back(plan_recv(stage_of(k - 1), activation_tag(a.micro, k, K), bytes));
-      for (int u = first; u <= last; ++u) out.push_back(plan_forward(u));
+      for (int u = first; u <= last; ++u)
+        pass(dp.passes[i][std::size_t(u - first)], plan_forward(u));
       if (k < K - 1)
         out.push_back(plan_send(stage_of(k + 1), activation_tag(a.micro, k + 1, K), bytes));
     } else {
       if (k < K - 1) out.push_back(plan_recv(stage_of(k + 1), gradient_tag(a.micro, k, K), bytes));
-      for (int u = last; u >= first; --u) out.push_back(plan_backward(u));
+      for (int u = last; u >= first; --u)
+        pass(dp.passes[i][std::size_t(last - u)], plan_backward(u));
       if (k > 0) out.push_back(plan_send(stage_of(k - 1), gradient_tag(a.micro, k - 1, K), bytes));
     }
   }
+  for (const sharded::Action& x : dp.end) sharded::plan_action(x, groups, per, at, end);
 }
 
 }  // namespace
@@ -51,16 +70,18 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     return sharded::plan_step(
         in, dp_axis_config(cfg),
         sharded::tp_partition(in.model, in.mesh.tp, me.tp, cfg.sequence_parallel));
-  if ((cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && in.mesh.dp > 1) {
-    // validate() refuses it; a plan asked anyway says so
-    plan.unmodelled = std::string("dp=") + dp_mode_name(cfg.dp) + " runs with pp = 1 only";
-    return plan;
-  }
   const int P = in.mesh.pp, v = cfg.pipeline ? cfg.virtual_stages : 1;
   const auto units = chunk_units(in.model, P * v, cfg.stage_layers);
+  std::vector<Partition> parts;
+  for (int c = 0; c < v; ++c) {
+    const auto [first, last] = units[std::size_t(pp::global_chunk(P, me.pp, c))];
+    parts.push_back(Partition{first, last, in.mesh.tp, me.tp, plan.sequence_parallel});
+  }
   std::vector<PlanAction>& step = plan.step;
-  if (P > 1) {
-    schedule_plan(in, cfg, me, units, plan.sequence_parallel, step);
+  std::vector<PlanAction> end;  // the data-parallel axis's after the tied exchange
+  const bool reduces_in_schedule = cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp;
+  if (P > 1 || reduces_in_schedule) {
+    schedule_plan(in, cfg, me, units, plan.sequence_parallel, parts, step, end);
   } else {  // tp alone: every micro-batch through the whole model
     plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
     plan.micro_batches = in.train.micro_steps(in.mesh);
@@ -74,11 +95,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     step.push_back(plan_send(peer, kTiedTag, wte));
     step.push_back(plan_recv(peer, kTiedTag, wte));
   }
-  std::vector<Partition> parts;
-  for (int c = 0; c < v; ++c) {
-    const auto [first, last] = units[std::size_t(pp::global_chunk(P, me.pp, c))];
-    parts.push_back(Partition{first, last, in.mesh.tp, me.tp, plan.sequence_parallel});
-  }
+  step.insert(step.end(), end.begin(), end.end());
   sharded::plan_shards_update(in, dp_axis_config(cfg), parts, step);
   return plan;
 }

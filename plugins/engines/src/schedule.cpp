@@ -108,67 +108,66 @@ std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const
   return make_groups(units, 0, shards, c);
 }
 
-namespace {
+ScheduleBuilder::ScheduleBuilder(const std::vector<ShardGroup>& groups, const EngineConfig& c)
+    : groups_(groups), c_(c), state_(groups.size(), 0), has_grads_(groups.size(), false) {}
 
-// Builds the action list while tracking each group's gather state.
-struct Builder {
-  const std::vector<ShardGroup>& groups;
-  const EngineConfig& c;
-  std::vector<Action> out;
-  std::vector<int> state;  // 0 not gathered, 1 gather issued, 2 gathered and waited
-  std::vector<bool> has_grads;
-  std::vector<int> pending;  // groups with a reduction in flight, oldest first
-  int in_flight = 0;
+void ScheduleBuilder::want(int g, bool prefetch) {
+  if (g < 0 || g >= int(groups_.size()) || state_[g] != 0) return;
+  if (prefetch && c_.max_gathers_in_flight > 0 && in_flight_ >= c_.max_gathers_in_flight) return;
+  out_.push_back({Act::gather, g});
+  state_[g] = 1;
+  ++in_flight_;
+}
 
-  Builder(const std::vector<ShardGroup>& g, const EngineConfig& cfg)
-      : groups(g), c(cfg), state(g.size(), 0), has_grads(g.size(), false) {}
-  int G() const { return int(groups.size()); }
+void ScheduleBuilder::ready(int g) {
+  want(g, false);
+  if (state_[g] == 1) {
+    out_.push_back({Act::wait_gather, g});
+    state_[g] = 2;
+    --in_flight_;
+  }
+}
 
-  void want(int g, bool prefetch) {
-    if (g < 0 || g >= G() || state[g] != 0) return;
-    if (prefetch && c.max_gathers_in_flight > 0 && in_flight >= c.max_gathers_in_flight) return;
-    out.push_back({Act::gather, g});
-    state[g] = 1;
-    ++in_flight;
-  }
-  void ready(int g) {
-    want(g, false);
-    if (state[g] == 1) {
-      out.push_back({Act::wait_gather, g});
-      state[g] = 2;
-      --in_flight;
-    }
-  }
-  void release(int g) {
-    if (state[g] == 0) return;
-    if (state[g] == 1) ready(g);  // never free a buffer a gather is still writing
-    out.push_back({Act::free_params, g});
-    state[g] = 0;
-  }
-  void grads(int g) {
-    if (has_grads[g]) return;
-    out.push_back({Act::alloc_grads, g});
-    has_grads[g] = true;
-  }
-  void reduce(int g) {
-    out.push_back({Act::reduce_grads, g});
-    has_grads[g] = false;
-    pending.push_back(g);
-    // Overlap: keep one reduction in flight behind the next group's backward.
-    std::size_t keep = c.overlap ? 1 : 0;
-    while (pending.size() > keep) finish_oldest();
-  }
-  void finish_oldest() {
-    out.push_back({Act::finish_grads, pending.front()});
-    pending.erase(pending.begin());
-  }
-};
+void ScheduleBuilder::release(int g) {
+  if (state_[g] == 0) return;
+  if (state_[g] == 1) ready(g);  // never free a buffer a gather is still writing
+  out_.push_back({Act::free_params, g});
+  state_[g] = 0;
+}
 
-}  // namespace
+void ScheduleBuilder::grads(int g) {
+  if (has_grads_[g]) return;
+  out_.push_back({Act::alloc_grads, g});
+  has_grads_[g] = true;
+}
+
+void ScheduleBuilder::reduce(int g) {
+  out_.push_back({Act::reduce_grads, g});
+  has_grads_[g] = false;
+  pending_.push_back(g);
+  // Overlap: keep one reduction in flight behind the next group's backward.
+  const std::size_t keep = c_.overlap ? 1 : 0;
+  while (pending_.size() > keep) finish_oldest();
+}
+
+void ScheduleBuilder::finish_oldest() {
+  out_.push_back({Act::finish_grads, pending_.front()});
+  pending_.erase(pending_.begin());
+}
+
+void ScheduleBuilder::finish_all() {
+  while (!pending_.empty()) finish_oldest();
+}
+
+std::vector<Action> ScheduleBuilder::take() {
+  std::vector<Action> r;
+  r.swap(out_);
+  return r;
+}
 
 std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, int units,
                                          const EngineConfig& c) {
-  Builder b(groups, c);
+  ScheduleBuilder b(groups, c);
   const int G = int(groups.size());
   // Forward.
   for (int g = 0; g < G; ++g) {
@@ -177,8 +176,7 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
       for (int k = 1; k <= c.forward_prefetch; ++k) b.want(g + k, true);
       b.ready(g);
     }
-    for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u)
-      b.out.push_back({Act::forward, u});
+    for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u) b.add({Act::forward, u});
     // The first group holds the embedding whose weight the head reuses (tied): like FSDP's root
     // unit it stays gathered until its backward. The last group's backward follows at once.
     if (c.shard_params && c.reshard_after_forward && g != 0 && g != G - 1) b.release(g);
@@ -195,8 +193,7 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
         for (int k = 1; k <= c.backward_prefetch; ++k) b.want(g - k, true);
     }
     if (c.shard_grads) b.grads(g);
-    for (int u = groups[g].last_unit; u >= groups[g].first_unit; --u)
-      b.out.push_back({Act::backward, u});
+    for (int u = groups[g].last_unit; u >= groups[g].first_unit; --u) b.add({Act::backward, u});
     if (c.shard_params) {
       if (c.prefetch_post)
         for (int k = 1; k <= c.backward_prefetch; ++k) b.want(g - k, true);
@@ -204,9 +201,9 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
     }
     if (c.shard_grads) b.reduce(g);
   }
-  while (!b.pending.empty()) b.finish_oldest();
+  b.finish_all();
   (void)units;
-  return b.out;
+  return b.take();
 }
 
 std::string describe_schedule(const std::vector<Action>& actions) {
@@ -218,9 +215,7 @@ std::string describe_schedule(const std::vector<Action>& actions) {
   return s.str();
 }
 
-// One micro-batch's schedule replayed on a simulated ledger (gathered parameters and reduction
-// outputs are comm buffers, per-group gradients are grads): P and Gr bytes per parameter and
-// gradient element. Its bytes on the wire are its plan's (sharded_plan.cpp).
+// Its bytes on the wire are its plan's (sharded_plan.cpp).
 void replay_schedule(const std::vector<Action>& schedule, const std::vector<ShardGroup>& groups,
                      double P, double Gr, MemoryLedger& sim) {
   auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };

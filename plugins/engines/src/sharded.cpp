@@ -111,11 +111,12 @@ AdamW Shards::make_optimizer(Context& ctx, int g, std::size_t begin, std::size_t
 BufferView Shards::local_grads(int part, std::size_t offset, std::size_t count) {
   for (int g = 0; g < int(groups_.size()); ++g) {
     const ShardGroup& grp = groups_[g];
-    if (grp.part == part && offset >= grp.offset && offset + count <= grp.offset + grp.count &&
-        replica_grads_.size())
-      return replica_grads_.view(base_[g] + offset - grp.offset, count);
+    if (grp.part != part || offset < grp.offset || offset + count > grp.offset + grp.count)
+      continue;
+    if (group_grads_[g].size()) return group_grads_[g].view(offset - grp.offset, count);
+    if (replica_grads_.size()) return replica_grads_.view(base_[g] + offset - grp.offset, count);
   }
-  throw Error("Shards::local_grads: the range is not inside one group's replicated gradients");
+  throw Error("Shards::local_grads: the range is not inside one group's unsharded gradients");
 }
 
 void Shards::issue_gather(Context& ctx, int g) {

@@ -10,52 +10,59 @@ int gather_event(int g) { return 3 * g; }
 int reduce_event(int g) { return 3 * g + 1; }
 int offload_event(int g) { return 3 * g + 2; }
 
+}  // namespace
+
+void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const StateBytes& per,
+                 const Placement& at, std::vector<PlanAction>& out) {
+  const Axis shard_axis = at.shard_axis;
+  const int n = at.shards, replicas = at.replicas, g = a.index;
+  auto padded = [&] { return double(groups[std::size_t(g)].padded()); };
+  auto chunk = [&] { return double(groups[std::size_t(g)].chunk); };
+  switch (a.act) {
+    case Act::gather:  // a new buffer for the group, then its all-gather
+      out.push_back(plan_fresh(per.params * padded()));
+      if (n > 1)
+        out.push_back(
+            plan_comm(CommOp::all_gather, per.params * padded(), shard_axis, 0, gather_event(g)));
+      break;
+    case Act::wait_gather:
+      if (n > 1) out.push_back(plan_wait(gather_event(g)));
+      break;
+    case Act::forward:
+      out.push_back(plan_forward(g));
+      break;
+    case Act::backward:
+      out.push_back(plan_backward(g));
+      break;
+    case Act::alloc_grads:
+      out.push_back(plan_fresh(per.grads * padded()));
+      break;
+    case Act::reduce_grads:
+      out.push_back(plan_fresh(per.grads * chunk()));
+      if (n > 1)
+        out.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(), shard_axis, 0,
+                                reduce_event(g)));
+      if (replicas > 1)
+        out.push_back(plan_comm(CommOp::all_reduce, per.grads * chunk(), at.replica_axis, 0,
+                                reduce_event(g)));
+      break;
+    case Act::finish_grads:
+      if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
+      break;
+    case Act::free_params:
+      break;
+  }
+}
+
+namespace {
+
 // One micro-batch: new buffers written on the compute thread, gathers and reductions on stream 0.
 std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, int units,
                                          const EngineConfig& c, const StateBytes& per,
                                          const Placement& at) {
-  const Axis shard_axis = at.shard_axis;
-  const int n = at.shards, replicas = at.replicas;
   std::vector<PlanAction> out;
-  auto padded = [&](int g) { return double(groups[std::size_t(g)].padded()); };
-  auto chunk_of = [&](int g) { return double(groups[std::size_t(g)].chunk); };
-  for (const Action& a : micro_batch_schedule(groups, units, c)) {
-    const int g = a.index;
-    switch (a.act) {
-      case Act::gather:  // a new buffer for the group, then its all-gather
-        out.push_back(plan_fresh(per.params * padded(g)));
-        if (n > 1)
-          out.push_back(plan_comm(CommOp::all_gather, per.params * padded(g), shard_axis, 0,
-                                  gather_event(g)));
-        break;
-      case Act::wait_gather:
-        if (n > 1) out.push_back(plan_wait(gather_event(g)));
-        break;
-      case Act::forward:
-        out.push_back(plan_forward(g));
-        break;
-      case Act::backward:
-        out.push_back(plan_backward(g));
-        break;
-      case Act::alloc_grads:
-        out.push_back(plan_fresh(per.grads * padded(g)));
-        break;
-      case Act::reduce_grads:
-        out.push_back(plan_fresh(per.grads * chunk_of(g)));
-        if (n > 1)
-          out.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(g), shard_axis, 0,
-                                  reduce_event(g)));
-        if (replicas > 1)
-          out.push_back(plan_comm(CommOp::all_reduce, per.grads * chunk_of(g), at.replica_axis, 0,
-                                  reduce_event(g)));
-        break;
-      case Act::finish_grads:
-        if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
-        break;
-      case Act::free_params:
-        break;
-    }
-  }
+  for (const Action& a : micro_batch_schedule(groups, units, c))
+    plan_action(a, groups, per, at, out);
   return out;
 }
 

@@ -16,11 +16,13 @@
 // 1/dp of them only, the norm adds the shards' squares over dp, tp and pp, and the updated
 // shards are all-gathered over dp.
 //
-// dp=zero2 and dp=fsdp (pp = 1): the sharded engine (strata/engines/sharded.hpp) on the rank's tp
-// partition, each unit its own shard group over dp: gradients reduce-scattered per unit as the
-// backward produces them, parameters (fsdp) all-gathered per unit before use and freed after,
-// `prefetch` units ahead, AdamW state optionally in host memory (`offload`). With pp > 1 they
-// are refused, as DeepSpeed refuses ZeRO-2/3 with its pipeline engine.
+// dp=zero2 and dp=fsdp, each unit its own shard group over dp, AdamW state optionally in host
+// memory (`offload`). At pp = 1 (tp alone): the sharded engine (strata/engines/sharded.hpp) on the
+// rank's tp partition, gradients reduce-scattered per unit every micro-batch as the backward
+// produces them, parameters (fsdp) all-gathered per unit before use and freed after, `prefetch`
+// units ahead. Under a pipeline, as torchtitan applies FSDP2 with PP (DeepSpeed refuses ZeRO-2/3
+// with its pipeline engine): Shards under the pipeline schedule (dp_schedule below), parameters
+// gathered once per step and gradients reduced once per step, at each chunk's last micro-batch.
 #pragma once
 #include <functional>
 #include <memory>
@@ -36,7 +38,8 @@
 namespace strata::mp {
 
 // The data-parallel part: all-reduce, ZeRO-1 (Megatron's distributed optimizer), ZeRO-2, or
-// FSDP / ZeRO-3 (the last two with pp = 1 only, on the sharded engine). No effect at dp 1.
+// FSDP / ZeRO-3. No effect at dp 1 (except that zero2 and fsdp keep a unit's gradients only
+// from its chunk's first backward to its reduction).
 enum class DpMode { allreduce, zero1, zero2, fsdp };
 DpMode dp_mode(const std::string& option);  // the `dp` option's value
 const char* dp_mode_name(DpMode mode);
@@ -66,6 +69,30 @@ bool on_sharded_engine(const MpConfig& config, const MeshSpec& mesh);
 // state, each chunk one group; zero2 and fsdp every unit its own group with the config's
 // prefetch; offload as configured.
 sharded::EngineConfig dp_axis_config(const MpConfig& config);
+
+// The data-parallel axis's actions around a pipeline schedule's unit passes, for the rank's local
+// chunks `parts` and Shards' `groups` of them (torchtitan's FSDP2 under PP). fsdp: a chunk's units
+// all-gathered one by one in its first forward of the step, `prefetch` units ahead within the
+// chunk, and kept gathered until its last backward (FSDP's reshard_after_forward=False, which
+// torchtitan sets under PP: no gather per micro-batch). zero2 and fsdp: gradients accumulated
+// unsharded over the micro-batches from the chunk's first backward, each unit's reduce-scattered
+// after its backward in the chunk's last micro-batch, one in flight behind the next unit's
+// (gradient sync on the last micro-batch only). With `tied_exchange` (the first and the last
+// stage each hold the tied embedding) the units holding it are reduced at the end, after the
+// stages have exchanged its gradient. allreduce and zero1: no actions (Shards::update reduces).
+// One description for Engine::train_step, predict() (replayed for memory) and plan_step().
+struct UnitPassActions {
+  std::vector<sharded::Action> before, after;
+};
+struct DpSchedule {
+  std::vector<std::vector<UnitPassActions>> passes;  // [pipeline action][unit pass, in its order]
+  std::vector<sharded::Action> end;                  // after the schedule and the tied exchange
+  std::vector<sharded::Action> flat() const;         // every action in order
+};
+DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
+                       const std::vector<Partition>& parts,
+                       const std::vector<sharded::ShardGroup>& groups,
+                       const sharded::EngineConfig& c, bool tied_exchange, int head_unit);
 
 // The `dp` plugin option the tp and pp plugins share (allreduce, zero1, zero2, fsdp; MpConfig::dp).
 OptionSpec dp_option();

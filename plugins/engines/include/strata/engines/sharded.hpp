@@ -115,9 +115,44 @@ struct Action {
   int index;  // group, or unit for forward/backward
 };
 
+// Writes an action list while tracking each group's state, so that a group is gathered once,
+// waited for before use, never freed while its gather is in flight, and its reductions are kept
+// one in flight behind the next group's backward (with overlap): the micro-batch schedule below
+// and the pipelines' data-parallel schedule (model_parallel.hpp) are both written with it.
+class ScheduleBuilder {
+ public:
+  ScheduleBuilder(const std::vector<ShardGroup>& groups, const EngineConfig& c);
+  void want(int g, bool prefetch);  // issue g's gather unless issued (prefetch: within the limit)
+  void ready(int g);                // g gathered and waited for
+  void release(int g);              // free g's gathered parameters
+  void grads(int g);                // g's gradient buffer, once until reduced
+  void reduce(int g);               // issue g's reduction (finishing older ones past the overlap)
+  void finish_all();                // finish every reduction in flight
+  void add(Action a) { out_.push_back(a); }
+  std::vector<Action> take();  // the actions written since the last take()
+
+ private:
+  void finish_oldest();
+  const std::vector<ShardGroup>& groups_;
+  const EngineConfig& c_;
+  std::vector<Action> out_;
+  std::vector<int> state_;  // 0 not gathered, 1 gather issued, 2 gathered and waited
+  std::vector<bool> has_grads_;
+  std::vector<int> pending_;  // groups with a reduction in flight, oldest first
+  int in_flight_ = 0;
+};
+
 // The actions of one micro-batch's forward and backward under config `c`.
 std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, int units,
                                          const EngineConfig& c);
+// Actions replayed on a simulated ledger: gathered parameters and reduction outputs are comm
+// buffers, a group's unsharded gradients grads; P and Gr bytes per parameter and gradient element.
+void replay_schedule(const std::vector<Action>& schedule, const std::vector<ShardGroup>& groups,
+                     double P, double Gr, MemoryLedger& sim);
+// The plan of one action (sharded_plan.cpp): a gather's buffer and all-gather, a reduction's
+// buffer, reduce-scatter and inter-replica all-reduce on comm stream 0, their waits, the passes.
+void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const StateBytes& per,
+                 const Placement& at, std::vector<PlanAction>& out);
 
 // Human-readable schedule (for --dry-run and docs).
 std::string describe_schedule(const std::vector<Action>& actions);
@@ -189,8 +224,9 @@ class Shards {
   // params()[u] is empty while an FSDP unit is not gathered.
   const UnitPtrs& params() const { return param_ptrs_; }
   const UnitPtrs& grads() const { return grad_ptrs_; }
-  // Elements [offset, offset + count) of partition `part`'s local gradients, inside one group
-  // (replicated gradients only: zero1 and allreduce).
+  // Elements [offset, offset + count) of partition `part`'s local gradients, inside one group:
+  // the replicated gradients (zero1 and allreduce), or a group's unsharded ones between its
+  // alloc_grads and its reduction (zero2 and fsdp).
   BufferView local_grads(int part, std::size_t offset, std::size_t count);
 
   void zero_grads(Context& ctx);
