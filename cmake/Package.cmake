@@ -31,9 +31,10 @@ configure_file(cmake/strata.pc.in "${CMAKE_BINARY_DIR}/package/strata.pc" @ONLY)
 install(FILES "${CMAKE_BINARY_DIR}/package/strata.pc" DESTINATION "${_pc_dir}")
 
 # The archive tools and the Slurm scripts, in <prefix>/share/strata/{results,slurm}: scale.sbatch
-# finds results/ beside its own directory, as in a checkout.
+# finds results/ beside its own directory, as in a checkout. Of results/web/node_modules only the
+# charting libraries report.html inlines (cmake/ReportWeb.cmake).
 install(DIRECTORY results slurm DESTINATION "${CMAKE_INSTALL_DATADIR}/strata" USE_SOURCE_PERMISSIONS
-        PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE)
+        PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE PATTERN "node_modules" EXCLUDE)
 
 # `make package` (cpack -G DEB in the build directory): strata_<version>_<arch>.deb, installing
 # under /usr. Depends: what dpkg-shlibdeps derives from the libraries the binaries link, nothing

@@ -26,6 +26,7 @@ one line, please report).
 import argparse
 import os
 import signal
+import sqlite3
 import stat
 import sys
 
@@ -549,14 +550,62 @@ def read_run(path):
             pass
 
 
+# results/catalog's database: its layout's version (PRAGMA user_version) and how an SQLite file
+# begins. A catalogue given to a tool stands for the run files it indexes, as a directory does.
+CATALOG_VERSION = 1
+SQLITE_MAGIC = b"SQLite format 3\0"
+
+
+def is_sqlite(path):
+    if not os.path.isfile(path):  # a FIFO would block the read
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def catalogued_files(path):
+    """The run files results/catalog indexed into the catalogue at path (runs.path, resolved
+    when indexed), read-only; CatalogueError when it is no catalogue of this version."""
+    try:
+        db = sqlite3.connect(path)
+        try:
+            db.execute("PRAGMA query_only = ON")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version != CATALOG_VERSION:
+                raise CatalogueError("an SQLite database that is no catalogue of version %d"
+                                     % CATALOG_VERSION)
+            return [row[0] for row in db.execute("SELECT path FROM runs ORDER BY path")]
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise CatalogueError("unreadable catalogue (%s)" % one_line(e))
+
+
+class CatalogueError(Exception):
+    """A file that looks like a catalogue but cannot be read as one; the message says why."""
+
+
 def run_files(paths):
     """(files, skipped): every .h5 under the given directories (recursively, not following
-    links to directories) and every given file, sorted, each once; and (path, reason) for a
-    directory named like a run file (not searched), one that cannot be listed, a directory with
-    no .h5 file at all, and a path that does not exist."""
+    links to directories), every file a given catalogue (results/catalog) indexes and every
+    other given file, sorted, each once; and (path, reason) for a directory named like a run
+    file (not searched), one that cannot be listed, a directory with no .h5 file at all, an
+    unusable catalogue, a catalogued file gone since, and a path that does not exist."""
     found, skipped = {}, []
     for p in paths:
-        if os.path.isdir(p):
+        if not os.path.isdir(p) and is_sqlite(p):
+            try:
+                for path in catalogued_files(p):
+                    if os.path.lexists(path):
+                        found.setdefault(os.path.realpath(path), path)
+                    else:
+                        skipped.append((path, "catalogued in %s, no longer there" % p))
+            except CatalogueError as e:
+                skipped.append((p, str(e)))
+        elif os.path.isdir(p):
             before = (len(found), len(skipped))
             errors = []
             for root, dirs, names in os.walk(p, onerror=errors.append):

@@ -15,10 +15,14 @@ packages=(
   clang libclang-rt-14-dev libomp-dev   # make fuzz: libFuzzer + sanitizer runtimes, clang's OpenMP
   python3-h5py python3-numpy python3-matplotlib  # results/ tools (Debian's /usr/bin/python3)
   python3-pandas                        # tests/results/export.py reads results/export with pandas
+  chromium                              # tests/results/report_html.py opens report.html headless
   file                                  # tests check figure file types; CPack DEB with shlibdeps
   dpkg-dev                              # make package: dpkg-shlibdeps derives the package's Depends
   slurmctld slurmd slurm-client munge libpmix-dev  # slurm/local-cluster, srun --mpi=pmix
 )
+# npm: the build installs report.html's charting libraries with it (cmake/ReportWeb.cmake). A
+# machine with Node.js from elsewhere has npm with it; Debian's packages otherwise.
+command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

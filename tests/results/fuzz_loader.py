@@ -19,6 +19,7 @@ traceback and keeps the file as WORK_DIR/crash-T.h5; the exit code is then 1.
 usage: fuzz_loader.py RESULTS_DIR WORK_DIR RUN_FILE...
 """
 import argparse
+import json
 import os
 import random
 import shutil
@@ -339,6 +340,9 @@ def main():
         compare.compare([base], [run], cmp_args)
         compare.compare([run], [run, run], cmp_args)
         plot.throughput_series([run, base])
+        pair = sorted([run, base], key=lambda r: r.run_id)
+        # report.html's chart data: JSON a browser parses (no NaN or inf)
+        json.dumps(plot.chart_specs(pair, plot.StudyStyle(pair)), allow_nan=False)
         export.table([run, base], export.absent_is_zero)
         sr.list_problems([run], [], out=open(os.devnull, "w"))
 
