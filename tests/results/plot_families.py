@@ -1,12 +1,19 @@
 """results/plot's per-strategy figures as small multiples, checked on the Figure objects of a study
 of 21 strategies (every family, a family of 7 split in two, compositions, a user's plugin, a
-configuration with 3 repeats, 9 runs with a predicted step time, 7 of them outliers):
+configuration with 3 repeats, 11 runs with a predicted step time, 9 of them outliers, two of
+them at one point):
 - throughput, efficiency and loss: no panel has more than 6 strategy series; every strategy is in
   exactly one panel of each figure, the one of its family; a strategy has one colour in all three
   figures (colour and marker differ within a panel); throughput and efficiency draw the ideal
   reference once per panel and no other line; the repeats are an interval at their median;
+- memory, comm and bubble (one bar slot per run): every panel holds runs of one family, the one
+  of its title, at most 12 runs; every run (for bubble, every pipelined run) in exactly one panel;
+  a memory tag, a comm op, measured / predicted bubble in one colour in every panel (and no two of
+  them in one colour); one legend a figure, naming every part drawn; the bars' heights (and the
+  predicted device total's marker) equal to what h5py reads from the files of runs of two
+  families;
 - prediction: only the 5 furthest outliers are labelled (a number at the point, the run in the
-  key), no run inside the +-10% band;
+  key), no run inside the +-10% band; no number overlaps another, the legend or the key;
 - the command draws the study and its report.
 usage: plot_families.py RESULTS_DIR E2E_DIR WORK_DIR
 """
@@ -30,6 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from archive_tool import import_tool  # noqa: E402
 tools, e2e, work = sys.argv[1:4]
 MAX_SERIES = 6
+MAX_RUNS = 12  # runs (slots of two bars) a panel of the bar figures
+MIB = 2.0 ** 20
+# Runs whose bars are checked against the file: sharded (its tags and collectives) and a
+# composition (send / recv beside them, and a pipeline bubble).
+READ_BACK = ("zero3.np4", "1f1b.dp2.pp2.zero1")
 # Run files of the e2e fixtures (tests/e2e/*.cmake) and the family each one's strategy belongs in.
 RUNS = {
     "data parallel": "dp.np1 dp.np2 dp.np4 ddp.np1 ddp.np2 ddp.np4 allreduce.np2",
@@ -46,7 +58,9 @@ RUNS = {
 REPEATS = {"ddp.np2.r2": 0.9, "ddp.np2.r3": 1.2}  # copies of ddp.np2, tokens/s scaled
 # Predicted step errors written into runs (the e2e runs have no --profile).
 ERRORS = {"dp.np2": 0.02, "ddp.np1": -0.05, "zero1.np2": 0.3, "zero3.np4": -0.4, "tp.np2": 0.15,
-          "gpipe.pp2": 0.5, "fsdp.np2": 0.25, "1f1b.pp2": 0.12, "tp.sp.np4": -0.6}
+          "gpipe.pp2": 0.5, "fsdp.np2": 0.25, "1f1b.pp2": 0.12, "tp.sp.np4": -0.6,
+          # two repeats, one point: their numbers must still be apart
+          "ddp.np2": 0.45, "ddp.np2.r2": 0.45}
 
 
 def fail(msg):
@@ -58,8 +72,8 @@ plot = import_tool(tools, "plot")
 
 
 def make_study():
-    """The study's directory and {strategy: family} expected, strategies named as plot does:
-    plugin, options and model (the study has two models)."""
+    """The study's directory, {strategy: family} expected, strategies named as plot does:
+    plugin, options and model (the study has two models), and {run id: family}."""
     study = os.path.join(work, "study")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(study)
@@ -84,8 +98,10 @@ def make_study():
             s = f["summary"].attrs
             s["step_s_predicted"] = s["step_s_p50"] * (1 + error)
             s["step_s_predicted_error"] = error
+    run_family = dict.fromkeys(REPEATS, "data parallel")
     for family, ids in list(RUNS.items()) + [("other", "mine.np2")]:
         for run_id in ids.split():
+            run_family[run_id] = family
             with h5py.File(os.path.join(study, run_id + ".h5"), "r") as f:
                 c = {k: plot.one_line(v.decode() if isinstance(v, bytes) else v)
                      for k, v in f["config"].attrs.items()
@@ -94,7 +110,7 @@ def make_study():
             name = "%s%s %s" % (c["plugin"], opts, c["model"])
             if expected.setdefault(name, family) != family:
                 fail("%s: in %s and %s" % (name, family, expected[name]))
-    return study, expected
+    return study, expected, run_family
 
 
 def series_handles(ax):
@@ -163,7 +179,8 @@ def check_repeats(fig, runs):
 
 
 def check_prediction(fig, runs):
-    """Numbers 1..5 at the 5 furthest outliers, the key naming those runs only."""
+    """Numbers 1..5 at the 5 furthest outliers, the key naming those runs only; on the figure's
+    layout as saved (tight_layout), no number overlaps another number, the key or the legend."""
     ax = fig.axes[0]
     numbers = [t.get_text() for t in ax.texts if isinstance(t, matplotlib.text.Annotation)]
     key = "\n".join(t.get_text() for t in ax.texts
@@ -178,9 +195,106 @@ def check_prediction(fig, runs):
     title = ax.get_title()
     if "%d run(s) outside" % len(outliers) not in title:
         fail("prediction title %r does not count %d outliers" % (title, len(outliers)))
+    fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts]
+    boxes.append(("the legend", ax.get_legend().get_window_extent(renderer)))
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[i + 1:]:
+            if box_a.overlaps(box_b):
+                fail("prediction: %r overlaps %r" % (a, b))
 
 
-study, expected = make_study()
+def bars_by_run(ax):
+    """{run id: {part label: bar}} of a bar panel, each bar's run read from its gid."""
+    out = {}
+    for c in ax.containers:
+        for bar in c:
+            out.setdefault(bar.get_gid(), {})[c.get_label()] = bar
+    return out
+
+
+def check_bar_panels(name, fig, run_family, want_runs):
+    """memory, comm or bubble: each panel the runs of one family (its title's), at most MAX_RUNS;
+    every run of want_runs in one panel; a part (tag, op) in one colour throughout and no two
+    parts in one; one legend, naming every part. The number of panels."""
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + fig.legends
+    if len(legends) != 1:
+        fail("%s: %d legends, want one for the figure" % (name, len(legends)))
+    legend = {t.get_text() for t in legends[0].get_texts()}
+    seen, colors = collections.Counter(), {}
+    for ax in fig.axes:
+        title, bars = ax.get_title(), bars_by_run(ax)
+        families = {run_family.get(r, "run %r unknown" % r) for r in bars}
+        if len(families) != 1 or not title.startswith(families.copy().pop()):
+            fail("%s: panel %r holds runs of %s" % (name, title, sorted(families)))
+        if not 0 < len(bars) <= MAX_RUNS or len(ax.get_xticks()) != len(bars):
+            fail("%s: panel %r has %d runs, %d ticks (at most %d)"
+                 % (name, title, len(bars), len(ax.get_xticks()), MAX_RUNS))
+        seen.update(list(bars))  # the run ids (a dict would add its values)
+        for parts in bars.values():
+            for label, bar in parts.items():
+                color = matplotlib.colors.to_rgba(bar.get_facecolor())
+                if colors.setdefault(label, color) != color:
+                    fail("%s: %r is %s in panel %r, %s in another" % (name, label, color, title,
+                                                                    colors[label]))
+    if set(seen) != want_runs or any(n != 1 for n in seen.values()):
+        fail("%s: runs drawn %s, want each of %s once" % (name, dict(seen), sorted(want_runs)))
+    if len(set(colors.values())) != len(colors) or not set(colors) <= legend:
+        fail("%s: part colours %s, legend %s" % (name, colors, sorted(legend)))
+    return len(fig.axes)
+
+
+def read_back(run_id):
+    """What the file of the run says, read here with h5py: {figure: {part: value}}."""
+    with h5py.File(os.path.join(study, run_id + ".h5"), "r") as f:
+        warmup = int(f["config"].attrs["warmup"])
+        tags = [t.decode() if isinstance(t, bytes) else t for t in f["memory"].attrs["tags"]]
+        peaks = f["memory/peak_bytes"][()].max(axis=0) / MIB
+        device = [i for i, t in enumerate(tags) if t != "offload"]
+        memory = {t: peaks[i] for i, t in enumerate(tags) if t != "offload"}
+        memory["predicted device total"] = f["memory/predicted_bytes"][()][device].sum() / MIB
+        comm = {op: 1e3 * f["comm"][op]["time_s"][:, warmup:].mean() for op in f["comm"]}
+        comm["exposed comm"] = 1e3 * f["steps/exposed_comm_s"][:, warmup:].mean()
+        s = f["summary"].attrs
+        bubble = ({"measured": 100 * s["bubble_fraction"],
+                   "predicted (p-1)/(m+p-1)": 100 * s["bubble_fraction_predicted"]}
+                  if "bubble_fraction_predicted" in s else None)
+    return {"memory": memory, "comm": comm, "bubble": bubble}
+
+
+def drawn_values(fig, run_id):
+    """{part: height} of the run's bars in the figure, and the predicted device total's marker
+    (its point at the device bar's middle)."""
+    for ax in fig.axes:
+        parts = bars_by_run(ax).get(run_id)
+        if parts is None:
+            continue
+        out = {label: bar.get_height() for label, bar in parts.items()}
+        for line in ax.get_lines():
+            if line.get_label() == "predicted device total":
+                bar = next(iter(parts.values()))
+                x, y = line.get_data()
+                out[line.get_label()] = y[list(x).index(bar.get_x() + bar.get_width() / 2)]
+        return out
+    fail("%s: no bar in the figure" % run_id)
+
+
+def check_heights(figs, run_id):
+    """The run's bars in memory, comm and bubble against its file: a part drawn that the file does
+    not have is 0; the file's parts all drawn."""
+    for name, want in read_back(run_id).items():
+        if want is None:
+            continue
+        drawn = drawn_values(figs[name], run_id)
+        missing = set(want) - set(drawn)
+        wrong = {k: (v, want.get(k, 0.0)) for k, v in drawn.items()
+                 if not np.isclose(v, want.get(k, 0.0), rtol=1e-9, atol=1e-12)}
+        if missing or wrong:
+            fail("%s %s: %s not drawn; drawn vs file %s" % (name, run_id, sorted(missing), wrong))
+
+
+study, expected, run_family = make_study()
 runs, skipped = plot.load([study])
 if skipped:
     fail("skipped %r" % skipped)
@@ -194,10 +308,18 @@ if "sharded (1/2)" not in titles or "sharded (2/2)" not in titles:
     fail("the 7 sharded strategies are not split in two panels: %r" % titles)
 check_repeats(figs["throughput"], runs)
 check_prediction(figs["prediction"], runs)
+bar_panels = {name: check_bar_panels(name, figs[name], run_family, want) for name, want in (
+    ("memory", set(run_family)), ("comm", set(run_family)),
+    ("bubble", {r.run_id for r in runs if "bubble_fraction_predicted" in r.summary}))}
+for run_id in READ_BACK:
+    check_heights(figs, run_id)
 p = subprocess.run([os.path.join(tools, "plot"), study], capture_output=True, text=True,
                    timeout=300)
 if p.returncode != 0 or not os.path.getsize(os.path.join(study, "figures", "report.html")):
     fail("plot exit %d: %s" % (p.returncode, p.stderr))
 print("plot families: %d strategies, panels %s (at most %d series each, one colour per strategy "
-      "in all three, one ideal reference a panel: %s); prediction numbers the 5 furthest of 7 "
-      "outliers" % (len(expected), panels, MAX_SERIES, ", ".join(titles)))
+      "in all three, one ideal reference a panel: %s); bar figures' panels %s (at most %d runs "
+      "of one family each, one colour per part, one legend, heights of %s as in the files); "
+      "prediction numbers the 5 furthest of %d outliers, apart"
+      % (len(expected), panels, MAX_SERIES, ", ".join(titles), bar_panels, MAX_RUNS,
+         " and ".join(READ_BACK), sum(abs(e) > 0.10 for e in ERRORS.values())))
