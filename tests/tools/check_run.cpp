@@ -474,88 +474,117 @@ static void mfu(const RunRecord& r, const std::string& source, int node_ranks) {
                 rank_max, summary(r, "peak_flops_per_rank"), got->c_str(), detail->c_str());
 }
 
+// None of the ops `ops` in the run's /comm.
+static void absent(const RunRecord& r, const char* path, const std::vector<std::string>& ops) {
+  for (const std::string& op : ops)
+    EXPECT(!r.comm.count(op), "%s in /comm of %s\n", op.c_str(), path);
+  std::printf("/comm has none of the %zu op(s)\n", ops.size());
+}
+
+// The run's status, and its error message containing `error`.
+static void status(const RunRecord& r, const std::string& want, const std::string& error) {
+  EXPECT(r.status == want, "status %s, want %s\n", r.status.c_str(), want.c_str());
+  EXPECT(r.error.find(error) != std::string::npos, "error '%s' lacks '%s'\n", r.error.c_str(),
+         error.c_str());
+  std::printf("status %s: %s\n", r.status.c_str(), r.error.c_str());
+}
+
+// `op` called `want` times per rank in every step.
+static void calls(const RunRecord& r, const std::string& op, double want) {
+  auto it = r.comm.find(op);
+  EXPECT(it != r.comm.end(), "no %s in /comm\n", op.c_str());
+  if (it != r.comm.end())
+    for (std::size_t i = 0; i < it->second.calls.size(); ++i)
+      EXPECT(it->second.calls[i] == want, "%s calls %.0f at %zu, want %.0f\n", op.c_str(),
+             it->second.calls[i], i, want);
+  std::printf("%s: %.0f calls per rank per step\n", op.c_str(), want);
+}
+
+// Run a's peak of tag `tag` (its largest rank's) below run b's.
+static void less_memory(const RunRecord& a, const RunRecord& b, const std::string& tag) {
+  auto peak = [&](const RunRecord& r) {
+    double m = 0;
+    for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
+      if (r.memory_tags[t] == tag)
+        for (int k = 0; k < r.ranks; ++k)
+          m = std::max(m, r.peak_bytes[k * r.memory_tags.size() + t]);
+    return m;
+  };
+  EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", tag.c_str(), peak(a),
+         peak(b));
+  std::printf("%s: %.0f < %.0f bytes\n", tag.c_str(), peak(a), peak(b));
+}
+
+// /summary `key` equal to `want` within 1e-12.
+static void summary_equals(const RunRecord& r, const std::string& key, double want) {
+  const double got = summary(r, key);
+  EXPECT(std::fabs(got - want) <= 1e-12 * std::fabs(want), "%s = %.17g, want %.17g\n", key.c_str(),
+         got, want);
+  std::printf("%s = %.6g\n", key.c_str(), got);
+}
+
+// A learnable uint16 token file of n tokens below `vocab`: token t+1 = (5 * token t + 3) mod V,
+// with every 7th token random-ish.
+static void make_tokens(const char* path, long n, long vocab) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  FILE* f = std::fopen(path, "wb");
+  if (!f) throw Error(std::string("cannot write ") + path);
+  std::uint16_t tok = 1;
+  for (long i = 0; i < n; ++i) {
+    std::fwrite(&tok, 2, 1, f);
+    tok = std::uint16_t(i % 7 == 6 ? (i * 2654435761u >> 7) % vocab : (5 * tok + 3) % vocab);
+  }
+  std::fclose(f);
+}
+
+// One command of the command line; false when none matches.
+static bool run_command(int argc, char** argv) {
+  const std::string cmd = argc > 1 ? argv[1] : "";
+  auto run = [&](int i) { return read_run_file(argv[i]); };
+  if (cmd == "layout" && argc == 5)
+    layout(run(2), std::atoi(argv[3]), std::atoi(argv[4]));
+  else if (cmd == "trajectory" && argc == 5)
+    trajectory(run(2), run(3), std::atof(argv[4]));
+  else if (cmd == "trace" && argc == 3)
+    trace(run(2), argv[2]);
+  else if (cmd == "calibration" && argc == 4)
+    calibration(run(2), argv[3]);
+  else if (cmd == "untracked" && argc == 4)
+    untracked(run(2), std::atof(argv[3]));
+  else if (cmd == "device" && (argc == 4 || argc == 5))
+    device(run(2), argv[3], argc == 5 ? argv[4] : "");
+  else if (cmd == "transfers" && argc == 5)
+    transfers(run(2), std::atof(argv[3]), std::atof(argv[4]));
+  else if (cmd == "absent" && argc >= 4)
+    absent(run(2), argv[2], std::vector<std::string>(argv + 3, argv + argc));
+  else if (cmd == "predicted" && argc == 3)
+    predicted(run(2));
+  else if (cmd == "status" && argc == 5)
+    status(run(2), argv[3], argv[4]);
+  else if (cmd == "calls" && argc == 5)
+    calls(run(2), argv[3], std::atof(argv[4]));
+  else if (cmd == "less-memory" && argc == 5)
+    less_memory(run(2), run(3), argv[4]);
+  else if (cmd == "comm-ratio" && (argc == 6 || argc == 7))
+    comm_ratio(run(2), run(3), argv[4], std::atof(argv[5]), argc == 7 ? std::atof(argv[6]) : 0.0);
+  else if (cmd == "memory-ratio" && argc == 7)
+    memory_ratio(run(2), run(3), argv[4], std::atof(argv[5]), std::atof(argv[6]));
+  else if (cmd == "mfu" && argc == 5)
+    mfu(run(2), argv[3], std::atoi(argv[4]));
+  else if (cmd == "memory-plus" && argc == 7)
+    memory_plus(run(2), run(3), argv[4], argv[5], std::atof(argv[6]));
+  else if (cmd == "summary" && argc == 5)
+    summary_equals(run(2), argv[3], std::atof(argv[4]));
+  else if (cmd == "make-tokens" && argc == 5)
+    make_tokens(argv[2], std::atol(argv[3]), std::atol(argv[4]));
+  else
+    return false;
+  return true;
+}
+
 int main(int argc, char** argv) {
   try {
-    std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "layout" && argc == 5)
-      layout(read_run_file(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
-    else if (cmd == "trajectory" && argc == 5)
-      trajectory(read_run_file(argv[2]), read_run_file(argv[3]), std::atof(argv[4]));
-    else if (cmd == "trace" && argc == 3)
-      trace(read_run_file(argv[2]), argv[2]);
-    else if (cmd == "calibration" && argc == 4)
-      calibration(read_run_file(argv[2]), argv[3]);
-    else if (cmd == "untracked" && argc == 4)
-      untracked(read_run_file(argv[2]), std::atof(argv[3]));
-    else if (cmd == "device" && (argc == 4 || argc == 5))
-      device(read_run_file(argv[2]), argv[3], argc == 5 ? argv[4] : "");
-    else if (cmd == "transfers" && argc == 5)
-      transfers(read_run_file(argv[2]), std::atof(argv[3]), std::atof(argv[4]));
-    else if (cmd == "absent" && argc >= 4) {
-      const RunRecord r = read_run_file(argv[2]);
-      for (int a = 3; a < argc; ++a)
-        EXPECT(!r.comm.count(argv[a]), "%s in /comm of %s\n", argv[a], argv[2]);
-      std::printf("/comm has none of the %d op(s)\n", argc - 3);
-    } else if (cmd == "predicted" && argc == 3)
-      predicted(read_run_file(argv[2]));
-    else if (cmd == "status" && argc == 5) {
-      RunRecord r = read_run_file(argv[2]);
-      EXPECT(r.status == argv[3], "status %s, want %s\n", r.status.c_str(), argv[3]);
-      EXPECT(r.error.find(argv[4]) != std::string::npos, "error '%s' lacks '%s'\n", r.error.c_str(),
-             argv[4]);
-      std::printf("status %s: %s\n", r.status.c_str(), r.error.c_str());
-    } else if (cmd == "calls" && argc == 5) {
-      RunRecord r = read_run_file(argv[2]);
-      auto it = r.comm.find(argv[3]);
-      EXPECT(it != r.comm.end(), "no %s in /comm\n", argv[3]);
-      if (it != r.comm.end())
-        for (std::size_t i = 0; i < it->second.calls.size(); ++i)
-          EXPECT(it->second.calls[i] == std::atof(argv[4]), "%s calls %.0f at %zu, want %s\n",
-                 argv[3], it->second.calls[i], i, argv[4]);
-      std::printf("%s: %s calls per rank per step\n", argv[3], argv[4]);
-    } else if (cmd == "less-memory" && argc == 5) {
-      RunRecord a = read_run_file(argv[2]), b = read_run_file(argv[3]);
-      auto peak = [&](const RunRecord& r) {
-        double m = 0;
-        for (std::size_t t = 0; t < r.memory_tags.size(); ++t)
-          if (r.memory_tags[t] == argv[4])
-            for (int k = 0; k < r.ranks; ++k)
-              m = std::max(m, r.peak_bytes[k * r.memory_tags.size() + t]);
-        return m;
-      };
-      EXPECT(peak(a) > 0 && peak(a) < peak(b), "%s: %.0f is not less than %.0f\n", argv[4], peak(a),
-             peak(b));
-      std::printf("%s: %.0f < %.0f bytes\n", argv[4], peak(a), peak(b));
-    } else if (cmd == "comm-ratio" && (argc == 6 || argc == 7)) {
-      comm_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]),
-                 argc == 7 ? std::atof(argv[6]) : 0.0);
-    } else if (cmd == "memory-ratio" && argc == 7) {
-      memory_ratio(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], std::atof(argv[5]),
-                   std::atof(argv[6]));
-    } else if (cmd == "mfu" && argc == 5) {
-      mfu(read_run_file(argv[2]), argv[3], std::atoi(argv[4]));
-    } else if (cmd == "memory-plus" && argc == 7) {
-      memory_plus(read_run_file(argv[2]), read_run_file(argv[3]), argv[4], argv[5],
-                  std::atof(argv[6]));
-    } else if (cmd == "summary" && argc == 5) {
-      RunRecord r = read_run_file(argv[2]);
-      double got = summary(r, argv[3]), want = std::atof(argv[4]);
-      EXPECT(std::fabs(got - want) <= 1e-12 * std::fabs(want), "%s = %.17g, want %.17g\n", argv[3],
-             got, want);
-      std::printf("%s = %.6g\n", argv[3], got);
-    } else if (cmd == "make-tokens" && argc == 5) {
-      // Token t+1 = (5 * token t + 3) mod V, with every 7th token random-ish: learnable.
-      std::filesystem::create_directories(std::filesystem::path(argv[2]).parent_path());
-      FILE* f = std::fopen(argv[2], "wb");
-      if (!f) throw Error(std::string("cannot write ") + argv[2]);
-      long n = std::atol(argv[3]), vocab = std::atol(argv[4]);
-      std::uint16_t tok = 1;
-      for (long i = 0; i < n; ++i) {
-        std::fwrite(&tok, 2, 1, f);
-        tok = std::uint16_t(i % 7 == 6 ? (i * 2654435761u >> 7) % vocab : (5 * tok + 3) % vocab);
-      }
-      std::fclose(f);
-    } else {
+    if (!run_command(argc, argv)) {
       std::fprintf(stderr, "usage: check_run layout|trajectory|predicted|status ...\n");
       return 2;
     }

@@ -327,6 +327,50 @@ void gather_record_hosts(RunState& state) {
   state.record.topology = std::move(nodes);
 }
 
+namespace {
+
+// --calibrate-comm before the first step: printed by rank 0 and kept for the run file.
+void record_calibration(Context& ctx, CommLedger& ledger, const RunConfig& config,
+                        RunState& state) {
+  std::vector<CalibrationPoint> calibration =
+      calibrate_comm(ctx, ledger, default_calibration_sizes(), kCalibrationIterations);
+  if (mpi::world_rank() == 0) print_calibration(calibration, config.transport);
+  std::lock_guard lock(state.mu);  // rank 0's watchdog may be writing a failure file from it
+  state.record.calibration = std::move(calibration);
+}
+
+// What the steps gave rank 0 beside the ranks' reports.
+struct StepsOutcome {
+  const std::vector<double>& global_loss;
+  const std::vector<double>& step_max;
+  double predicted_bubble;
+};
+
+// Rank 0: the ranks' gathered reports into the record, its summary, and the run file.
+void record_run(const RunConfig& config, RunState& state, const std::vector<double>& gathered,
+                const StepsOutcome& steps, const PeakFlops& peak,
+                const std::vector<std::vector<double>>& traces) {
+  std::lock_guard lock(state.mu);
+  // The watchdog wrote a failure file while the gathers were in flight (a signal, a timeout):
+  // that file stands, and the watchdog ends the process.
+  if (state.written) return;
+  const int steps_run = int(steps.global_loss.size());
+  record_steps_run(state.record, steps_run);
+  const std::vector<RankReport> reports = RankReport::unpack_all(gathered, steps_run);
+  fill_record(reports, state.record);
+  std::vector<double> peaks;
+  for (const RankReport& r : reports) peaks.push_back(r.peak_flops);
+  summarize(config, state.record, steps.step_max, steps.global_loss, peaks, steps.predicted_bubble);
+  // An MFU above 1 means the peak was too low (measured while the node was busy): the next run
+  // measures the node again instead of reusing it.
+  if (summary_value(state.record, "mfu_rank_max") > 1 &&
+      (peak.source == "cache" || peak.source == "measured"))
+    forget_node_peak(config);
+  write_results(config, state, traces);
+}
+
+}  // namespace
+
 void train(const RunConfig& config, const PluginRegistry& registry, RunState& state,
            Watchdog& watchdog) {
   const bool root = mpi::world_rank() == 0;
@@ -371,13 +415,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   run.strategy->setup(ctx);
   if (root) announce(run, peak);
 
-  if (config.calibrate_comm) {
-    std::vector<CalibrationPoint> calibration =
-        calibrate_comm(ctx, ledger, default_calibration_sizes(), kCalibrationIterations);
-    if (root) print_calibration(calibration, config.transport);
-    std::lock_guard lock(state.mu);  // rank 0's watchdog may be writing a failure file from it
-    state.record.calibration = std::move(calibration);
-  }
+  if (config.calibrate_comm) record_calibration(ctx, ledger, config, state);
 
   if (config.trace) mpi::control_barrier();  // every rank's clock at the same moment
   run.t_base = now();
@@ -391,25 +429,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   const std::vector<double> gathered = mpi::control_gather(report.pack());
   std::vector<std::vector<double>> traces;
   if (config.trace) traces = mpi::control_gather_varying(run.trace);
-  if (!root) return;
-
-  std::lock_guard lock(state.mu);
-  // The watchdog wrote a failure file while the gathers above were in flight (a signal, a
-  // timeout): that file stands, and the watchdog ends the process.
-  if (state.written) return;
-  const int steps_run = int(global_loss.size());
-  record_steps_run(state.record, steps_run);
-  const std::vector<RankReport> reports = RankReport::unpack_all(gathered, steps_run);
-  fill_record(reports, state.record);
-  std::vector<double> peaks;
-  for (const RankReport& r : reports) peaks.push_back(r.peak_flops);
-  summarize(config, state.record, step_max, global_loss, peaks, predicted_bubble);
-  // An MFU above 1 means the peak was too low (measured while the node was busy): the next run
-  // measures the node again instead of reusing it.
-  if (summary_value(state.record, "mfu_rank_max") > 1 &&
-      (peak.source == "cache" || peak.source == "measured"))
-    forget_node_peak(config);
-  write_results(config, state, traces);
+  if (root)
+    record_run(config, state, gathered, {global_loss, step_max, predicted_bubble}, peak, traces);
 }
 
 }  // namespace strata
