@@ -46,6 +46,7 @@ function(strata_add_plugin name)
   endif()
   set(target strata_${name})
   add_library(${target} MODULE ${ARG_SOURCES})
+  set_property(GLOBAL APPEND PROPERTY STRATA_PLUGIN_TARGETS ${target})
   target_link_libraries(${target} PRIVATE strata::sdk ${ARG_LIBS})
   set_target_properties(${target} PROPERTIES
     PREFIX "lib"
