@@ -159,6 +159,25 @@ def check_panels(name, fig, expected, colors):
     return len(fig.axes)
 
 
+def check_packing():
+    """pack_panels: a series' runs (a group) never cut across panels unless it alone is more than
+    a panel holds; at most MAX_RUNS a panel; every run once; panels about even."""
+    cases = {(7, 7, 7, 7): [7, 7, 7, 7], (3, 3, 3, 3, 3): [9, 6], (13,): [12, 1],
+             (5, 4): [9], (12, 1): [12, 1]}
+    for sizes, want in cases.items():
+        groups = [["g%d.%d" % (g, i) for i in range(n)] for g, n in enumerate(sizes)]
+        panels = plot.pack_panels("f", groups, MAX_RUNS)
+        got = [len(items) for _, items in panels]
+        placed = [x for _, items in panels for x in items]
+        cut = [g for g in groups if len(g) <= MAX_RUNS
+               and len({i for i, (_, items) in enumerate(panels) if g[0] in items and g[-1] in items}) != 1]
+        if got != want or sorted(placed) != sorted(x for g in groups for x in g) or cut:
+            fail("pack_panels%s: panels of %s, want %s; cut %s" % (sizes, got, want, cut))
+        titles = [t for t, _ in panels]
+        if len(panels) > 1 and titles[0] != "f (1/%d)" % len(panels):
+            fail("pack_panels%s: titles %s" % (sizes, titles))
+
+
 def check_repeats(fig, runs):
     """The ddp tiny series at 2 ranks: the median of its 3 repeats, bars to their min and max
     (intervals.py below 6 repeats)."""
@@ -307,6 +326,7 @@ titles = [ax.get_title() for ax in figs["throughput"].axes]
 if "sharded (1/2)" not in titles or "sharded (2/2)" not in titles:
     fail("the 7 sharded strategies are not split in two panels: %r" % titles)
 check_repeats(figs["throughput"], runs)
+check_packing()
 check_prediction(figs["prediction"], runs)
 bar_panels = {name: check_bar_panels(name, figs[name], run_family, want) for name, want in (
     ("memory", set(run_family)), ("comm", set(run_family)),
