@@ -71,6 +71,10 @@ strata_e2e_bf16(bf16.1f1b.tp2.pp2 4 bf16.reference.l8 --plugin 1f1b --mesh tp=2,
 # which here starts inside one chunk and ends in the other.
 strata_e2e_bf16(bf16.interleaved.dp2.pp2.zero1 4 bf16.reference.l8 --plugin interleaved
                 --mesh dp=2,pp=2 --nodes 2 --micro-batch 1 --plugin-opt dp=zero1 ${L8})
+# FSDP there (torchtitan's FSDP2 x PP): the bf16 parameters gathered per unit once a step from
+# the fp32 masters of the dp shards, the gradients reduce-scattered once a step.
+strata_e2e_bf16(bf16.interleaved.dp2.pp2.fsdp 4 bf16.reference.l8 --plugin interleaved
+                --mesh dp=2,pp=2 --nodes 2 --micro-batch 1 --plugin-opt dp=fsdp ${L8})
 # ZeRO-1, ZeRO-2 and FSDP on the dp axis of tp (dp=2 x tp=2, sequence parallel): the fp32
 # masters of the dp shards (per unit for zero2 and fsdp), the bf16 parameters gathered from them.
 foreach(mode zero1 zero2 fsdp)

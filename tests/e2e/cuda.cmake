@@ -1,7 +1,7 @@
 # --device cuda --transport nccl end to end, on any machine: runner_emu (the runner with the CUDA
 # backend on the CUDA emulator and the NCCL transport on the NCCL stand-in) against the CPU runner
 # on the same arguments. dp, ddp, zero3 and 1f1b at 1 and 2 ranks, fsdp, tp (sp), interleaved and
-# zero3 with offload=optimizer at 2, in fp32, and four bf16 runs (ddp, zero3, tp and 1f1b):
+# zero3 with offload=optimizer at 2, 1f1b with dp=fsdp at dp 2 x pp 2, in fp32, and four bf16 runs (ddp, zero3, tp and 1f1b):
 # each follows the CPU run's loss trajectory, keeps the memory and bytes predict() gives, and
 # records a device peak. Short runs (6 steps, micro-batch 2): the emulator runs every CUDA thread
 # of every kernel on the host, with its threads as fibers (STRATA_CUDA_EMU_FIBERS: one host thread,
@@ -92,6 +92,14 @@ strata_e2e_cuda(fsdp.np2 2 ${E2E_LOSS_TOL} --plugin fsdp --micro-batch 2)
 strata_e2e_cuda(tp.np2 2 ${E2E_LOSS_TOL} --plugin tp --mesh tp=2 --micro-batch 2 --plugin-opt sp=on)
 strata_e2e_cuda(interleaved.pp2 2 ${E2E_LOSS_TOL} --plugin interleaved --mesh pp=2 --micro-batch 2
                 --layers 4)
+# FSDP under a pipeline (dp 2 x pp 2, 4 ranks on this one machine, so 4 emulated GPUs): the
+# units gathered on the comm stream behind the compute event, two ahead, and reduce-scattered in
+# the last micro-batch's backward, in device memory with the NCCL stand-in.
+set(_devices_of_two ${E2E_CUDA_ENV})
+set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_FIBERS=1 STRATA_CUDA_EMU_DEVICES=4)
+strata_e2e_cuda(1f1b.dp2.pp2.fsdp 4 ${E2E_LOSS_TOL} --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
+                --micro-batch 1 --layers 8 --plugin-opt dp=fsdp --plugin-opt prefetch=2)
+set(E2E_CUDA_ENV ${_devices_of_two})
 # Optimizer offload with the parameters and gradients in (emulated) device memory: the gradient
 # shard copied device->host, AdamW on the host, the parameter shard copied host->device. On the
 # CPU run's trajectory and predict(), and no optimizer state on the device.
