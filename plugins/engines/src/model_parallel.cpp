@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 
+#include "rank_plan.hpp"
 #include "strata/data_parallel.hpp"
 #include "strata/engines/sharded.hpp"
 
@@ -17,52 +18,6 @@ namespace {
 constexpr int kTagActivation = 1, kTagGradient = 2, kTagTied = 3;
 // Comm streams: sends to the next stage, sends to the previous stage, the rest.
 constexpr int kStreamNext = 1, kStreamPrev = 2;
-
-// What one rank holds and does, from the configuration alone (setup and predict share it).
-struct Plan {
-  int P = 1, stage = 0, v = 1, K = 1, m = 1;
-  std::vector<Partition> parts;  // local chunk c
-  std::vector<int> global;       // global chunk index of local chunk c
-  std::vector<pp::PipeAction> actions;
-  bool first_stage() const { return stage == 0; }
-  bool last_stage() const { return stage == P - 1; }
-  // The first and the last stage each hold a copy of the tied wte when they are different ranks.
-  bool tied_exchange() const { return P > 1 && (first_stage() || last_stage()); }
-};
-
-int micro_batches(const MeshSpec& mesh, const TrainSpec& t) { return t.micro_steps(mesh); }
-
-Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
-               const TrainSpec& t, const MpConfig& cfg) {
-  Plan p;
-  p.P = mesh.pp;
-  p.stage = coord.pp;
-  p.v = cfg.virtual_stages;
-  p.K = p.P * p.v;
-  p.m = micro_batches(mesh, t);
-  const auto units = chunk_units(model, p.K, cfg.stage_layers);
-  for (int c = 0; c < p.v; ++c) {
-    const int k = pp::global_chunk(p.P, p.stage, c);
-    Partition part;
-    part.first_unit = units[k].first;
-    part.last_unit = units[k].second;
-    part.tp_size = mesh.tp;
-    part.tp_rank = coord.tp;
-    part.sequence_parallel = cfg.sequence_parallel;
-    p.parts.push_back(part);
-    p.global.push_back(k);
-  }
-  p.actions = pp::pipeline_schedule(cfg.schedule, p.P, p.stage, p.m, p.v);
-  return p;
-}
-
-// The data-parallel axis's actions around the rank's schedule (dp_schedule), for Shards' groups
-// of the rank's chunks.
-DpSchedule dp_schedule_of(const Plan& plan, const std::vector<sharded::ShardGroup>& groups,
-                          const MpConfig& cfg, const ModelSpec& model) {
-  return dp_schedule(plan.actions, plan.parts, groups, dp_axis_config(cfg), plan.tied_exchange(),
-                     model.layers + 1);
-}
 
 // The tp collectives of a run's StageModels: the config's own, or one blocking call each.
 std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& ctx) {
@@ -79,6 +34,36 @@ std::string join(const std::vector<std::pair<int, int>>& r) {
 }
 
 }  // namespace
+
+Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
+               const TrainSpec& t, const MpConfig& cfg) {
+  Plan p;
+  p.P = mesh.pp;
+  p.stage = coord.pp;
+  p.v = cfg.virtual_stages;
+  p.K = p.P * p.v;
+  p.m = t.micro_steps(mesh);
+  const auto units = chunk_units(model, p.K, cfg.stage_layers);
+  for (int c = 0; c < p.v; ++c) {
+    const int k = pp::global_chunk(p.P, p.stage, c);
+    Partition part;
+    part.first_unit = units[k].first;
+    part.last_unit = units[k].second;
+    part.tp_size = mesh.tp;
+    part.tp_rank = coord.tp;
+    part.sequence_parallel = cfg.sequence_parallel;
+    p.parts.push_back(part);
+    p.global.push_back(k);
+  }
+  p.actions = pp::pipeline_schedule(cfg.schedule, p.P, p.stage, p.m, p.v);
+  return p;
+}
+
+DpSchedule dp_schedule_of(const Plan& plan, const std::vector<sharded::ShardGroup>& groups,
+                          const MpConfig& cfg, const ModelSpec& model) {
+  return dp_schedule(plan.actions, plan.parts, groups, dp_axis_config(cfg), plan.tied_exchange(),
+                     model.layers + 1);
+}
 
 bool on_sharded_engine(const MpConfig& cfg, const MeshSpec& mesh) {
   return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.dp > 1 && mesh.pp == 1;
@@ -165,7 +150,7 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
                         " has no pipeline; use gpipe, 1f1b or interleaved (which take tp too)");
     return;
   }
-  const int P = mesh.pp, v = cfg.virtual_stages, K = P * v, m = micro_batches(mesh, t);
+  const int P = mesh.pp, v = cfg.virtual_stages, K = P * v, m = t.micro_steps(mesh);
   if (v < 1)
     throw ConfigError("--plugin-opt virtual_stages=" + std::to_string(v) + ": must be >= 1");
   if (cfg.schedule != pp::PipeSchedule::interleaved && v != 1)

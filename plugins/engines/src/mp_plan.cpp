@@ -1,5 +1,6 @@
 // The model-parallel engine's step as a plan (strata/step_plan.hpp): the pipeline schedule's
 // actions with their receives and sends, then what Engine::train_step does after the schedule.
+#include "rank_plan.hpp"
 #include "strata/data_parallel.hpp"
 #include "strata/engines/model_parallel.hpp"
 
@@ -12,15 +13,14 @@ int activation_tag(int micro, int k, int K) { return 2 * (micro * K + k); }
 int gradient_tag(int micro, int k, int K) { return 2 * (micro * K + k) + 1; }
 constexpr int kTiedTag = -1;
 
-// The schedule of stage me.pp: a forward receives its input from the previous chunk's stage and
-// sends its output on; a backward receives its output's gradient and sends its input's back.
-// Around each unit pass, the data-parallel axis's actions (dp_schedule, `dp`); `end` collects the
-// ones after the schedule and the tied exchange.
+// The schedule of stage me.pp (the rank's plan): a forward receives its input from the previous
+// chunk's stage and sends its output on; a backward receives its output's gradient and sends its
+// input's back. Around each unit pass, the data-parallel axis's actions (dp_schedule_of); `end`
+// collects the ones after the schedule and the tied exchange.
 void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord& me,
-                   const std::vector<std::pair<int, int>>& units, bool sp,
-                   const std::vector<Partition>& parts, std::vector<PlanAction>& out,
-                   std::vector<PlanAction>& end) {
-  const int P = in.mesh.pp, v = cfg.virtual_stages, K = P * v, m = in.train.micro_steps(in.mesh);
+                   const Plan& rank, const std::vector<std::pair<int, int>>& units, bool sp,
+                   std::vector<PlanAction>& out, std::vector<PlanAction>& end) {
+  const int P = rank.P, K = rank.K;
   // Every boundary carries one micro-batch's [B, T, C] residual stream (sp: this rank's token rows
   // of it) in the tp comm dtype.
   const Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
@@ -30,11 +30,10 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   auto stage_of = [&](int k) { return mesh.rank_of(me.dp, me.tp, k % P); };
   const sharded::EngineConfig dpc = dp_axis_config(cfg);
   const sharded::Placement at = sharded::placement(in.mesh, in.rank, dpc);
-  const auto groups = sharded::make_groups(in.model, parts, at.shards, dpc);
+  const auto groups = sharded::make_groups(in.model, rank.parts, at.shards, dpc);
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  const auto actions = pp::pipeline_schedule(cfg.schedule, P, me.pp, m, v);
-  const bool tied = P > 1 && (me.pp == 0 || me.pp == P - 1);
-  const DpSchedule dp = dp_schedule(actions, parts, groups, dpc, tied, in.model.layers + 1);
+  const std::vector<pp::PipeAction>& actions = rank.actions;
+  const DpSchedule dp = dp_schedule_of(rank, groups, cfg, in.model);
   auto pass = [&](const UnitPassActions& around, const PlanAction& compute) {
     for (const sharded::Action& x : around.before) sharded::plan_action(x, groups, per, at, out);
     out.push_back(compute);
@@ -42,7 +41,7 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   };
   for (std::size_t i = 0; i < actions.size(); ++i) {
     const pp::PipeAction& a = actions[i];
-    const int k = pp::global_chunk(P, me.pp, a.chunk);
+    const int k = rank.global[std::size_t(a.chunk)];
     const auto [first, last] = units[std::size_t(k)];
     if (a.forward) {
       if (k > 0) out.push_back(plan_recv(stage_of(k - 1), activation_tag(a.micro, k, K), bytes));
@@ -70,33 +69,28 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     return sharded::plan_step(
         in, dp_axis_config(cfg),
         sharded::tp_partition(in.model, in.mesh.tp, me.tp, cfg.sequence_parallel));
-  const int P = in.mesh.pp, v = cfg.pipeline ? cfg.virtual_stages : 1;
-  const auto units = chunk_units(in.model, P * v, cfg.stage_layers);
-  std::vector<Partition> parts;
-  for (int c = 0; c < v; ++c) {
-    const auto [first, last] = units[std::size_t(pp::global_chunk(P, me.pp, c))];
-    parts.push_back(Partition{first, last, in.mesh.tp, me.tp, plan.sequence_parallel});
-  }
+  const Plan rank = make_plan(in.mesh, me, in.model, in.train, cfg);
+  const auto units = chunk_units(in.model, rank.K, cfg.stage_layers);
   std::vector<PlanAction>& step = plan.step;
   std::vector<PlanAction> end;  // the data-parallel axis's after the tied exchange
   const bool reduces_in_schedule = cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp;
-  if (P > 1 || reduces_in_schedule) {
-    schedule_plan(in, cfg, me, units, plan.sequence_parallel, parts, step, end);
+  if (rank.P > 1 || reduces_in_schedule) {
+    schedule_plan(in, cfg, me, rank, units, plan.sequence_parallel, step, end);
   } else {  // tp alone: every micro-batch through the whole model
     plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
     plan.micro_batches = in.train.micro_steps(in.mesh);
   }
   // After the schedule (Engine::train_step): the tied embedding's gradient between the first and
   // the last stage, then the data-parallel axis's update over the rank's chunks.
-  if (P > 1 && (me.pp == 0 || me.pp == P - 1)) {
-    const int peer = Mesh(in.mesh).rank_of(me.dp, me.tp, me.pp == 0 ? P - 1 : 0);
+  if (rank.tied_exchange()) {
+    const int peer = Mesh(in.mesh).rank_of(me.dp, me.tp, rank.first_stage() ? rank.P - 1 : 0);
     const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden *
                        state_bytes_per_param(in.train.precision).grads;
     step.push_back(plan_send(peer, kTiedTag, wte));
     step.push_back(plan_recv(peer, kTiedTag, wte));
   }
   step.insert(step.end(), end.begin(), end.end());
-  sharded::plan_shards_update(in, dp_axis_config(cfg), parts, step);
+  sharded::plan_shards_update(in, dp_axis_config(cfg), rank.parts, step);
   return plan;
 }
 

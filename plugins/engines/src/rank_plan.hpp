@@ -1,0 +1,30 @@
+// What one rank of a model-parallel mesh holds and does, from the configuration alone: the
+// engine's setup, its predict() and its plan_step() share it (the engines library's own, not
+// an SDK header).
+#pragma once
+#include <vector>
+
+#include "strata/engines/model_parallel.hpp"
+
+namespace strata::mp {
+
+struct Plan {
+  int P = 1, stage = 0, v = 1, K = 1, m = 1;
+  std::vector<Partition> parts;  // local chunk c
+  std::vector<int> global;       // global chunk index of local chunk c
+  std::vector<pp::PipeAction> actions;
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == P - 1; }
+  // The first and the last stage each hold a copy of the tied wte when they are different ranks.
+  bool tied_exchange() const { return P > 1 && (first_stage() || last_stage()); }
+};
+
+Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
+               const TrainSpec& t, const MpConfig& cfg);
+
+// The data-parallel axis's actions around the rank's schedule (dp_schedule), for Shards' groups
+// of the rank's chunks.
+DpSchedule dp_schedule_of(const Plan& plan, const std::vector<sharded::ShardGroup>& groups,
+                          const MpConfig& cfg, const ModelSpec& model);
+
+}  // namespace strata::mp
