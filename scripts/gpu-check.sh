@@ -99,10 +99,15 @@ say "| run | tokens/s | step p50 ms | MFU | device peak |"
 say "|---|---|---|---|---|"
 gpt2=(--model gpt2-124m --plugin ddp)
 row "gpt2-124m bf16 mb 8 ddp" "${gpt2[@]}" --precision bf16 --micro-batch 8
+# The same with the forward and the backward each one CUDA graph launch (--cuda-graphs).
+row "gpt2-124m bf16 mb 8 ddp, CUDA graphs" "${gpt2[@]}" --precision bf16 --micro-batch 8 \
+  --cuda-graphs
 if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   row "gpt2-124m bf16 mb 8 ddp, attention reference" "${gpt2[@]}" --precision bf16 \
     --micro-batch 8 --attention reference
   row "gpt2-124m bf16 mb 16 ddp" "${gpt2[@]}" --precision bf16 --micro-batch 16
+  row "gpt2-124m bf16 mb 16 ddp, CUDA graphs" "${gpt2[@]}" --precision bf16 --micro-batch 16 \
+    --cuda-graphs
   row "gpt2-124m bf16 mb 16 zero3" --model gpt2-124m --plugin zero3 --precision bf16 \
     --micro-batch 16
   row "gpt2-124m fp32 mb 8 ddp" "${gpt2[@]}" --micro-batch 8

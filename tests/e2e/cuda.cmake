@@ -13,7 +13,8 @@
 set(E2E_CUDA_STEPS 6)
 set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_FIBERS=1 STRATA_CUDA_EMU_DEVICES=2)
 
-# strata_e2e_cuda(<id> <ranks> <tolerance> <runner args...>): cuda.<id>.cpu and cuda.<id>.gpu.
+# strata_e2e_cuda(<id> <ranks> <tolerance> <runner args...>): cuda.<id>.cpu and cuda.<id>.gpu
+# (E2E_CUDA_GPU_ARGS: arguments of the GPU side only).
 function(strata_e2e_cuda id ranks tol)
   foreach(side cpu gpu)
     if(side STREQUAL "cpu")
@@ -22,7 +23,7 @@ function(strata_e2e_cuda id ranks tol)
     else()
       set(exe $<TARGET_FILE:runner_emu>)
       # The emulator is in no peak table: a peak given keeps MFU defined (and --peak-tflops used).
-      set(extra --device cuda --transport nccl --peak-tflops 0.01)
+      set(extra --device cuda --transport nccl --peak-tflops 0.01 ${E2E_CUDA_GPU_ARGS})
     endif()
     set(cmd ${exe})
     if(ranks GREATER 1)
@@ -160,3 +161,50 @@ set_tests_properties(cli.attention_own_fp32 PROPERTIES LABELS cli ENVIRONMENT "$
                      PASS_REGULAR_EXPRESSION "runner: error: --attention own: bf16 tensor cores; needs --precision bf16")
 set_tests_properties(cli.attention_own_head_size PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
                      PASS_REGULAR_EXPRESSION "--attention own: head size 24 \\(--hidden / --heads\\) must be a multiple of 16")
+
+# --cuda-graphs: each run of unit passes with no comm inside captured once as a CUDA graph (on the
+# emulator's stream capture, with CUDA's rules of capture) and replayed from its third call on.
+# Each run on the CPU run's trajectory without graphs, memory and bytes = predict(), and its line
+# counting graphs and launches exact: dp at 1 rank (a forward and a backward graph, 24 calls each
+# over 6 steps x 4 micro-batches: 2 x 23 launches); zero1 at 2 (2 x 11); ddp at 2, whose last
+# micro-batch's backward issues its bucket all-reduces and runs as it is (forward 11, backward 5);
+# 1f1b at pp 2 in bf16, each stage's chunk passes in its two activation slots (4 graphs, 48 - 4
+# launches), the sends between them.
+set(E2E_CUDA_GPU_ARGS --cuda-graphs)
+strata_e2e_cuda(dp.graphs.np1 1 ${E2E_LOSS_TOL} --plugin dp --micro-batch 2)
+strata_e2e_cuda(zero1.graphs.np2 2 ${E2E_LOSS_TOL} --plugin zero1 --micro-batch 2)
+strata_e2e_cuda(ddp.graphs.np2 2 ${E2E_LOSS_TOL} --plugin ddp --micro-batch 2
+                --plugin-opt bucket_mb=0.1)
+set(graph_cases "dp.graphs.np1=2 captured, 46" "zero1.graphs.np2=2 captured, 22"
+                "ddp.graphs.np2=2 captured, 16")
+if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
+  strata_e2e_cuda(1f1b.graphs.pp2 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2
+                  --precision bf16)
+  list(APPEND graph_cases "1f1b.graphs.pp2=4 captured, 44")
+endif()
+unset(E2E_CUDA_GPU_ARGS)
+foreach(case ${graph_cases})
+  string(REPLACE "=" ";" case "${case}")
+  list(GET case 0 id)
+  list(GET case 1 counts)
+  set_tests_properties(e2e.run.cuda.${id}.gpu PROPERTIES PASS_REGULAR_EXPRESSION
+                       "strata: CUDA graphs: ${counts} launches on rank 0")
+endforeach()
+# Refused before any work, in one line: without --device cuda; where comm runs between the unit
+# passes of every micro-batch (zero3) or inside them (tp).
+add_test(NAME cli.cuda_graphs.needs_cuda
+         COMMAND runner --plugin dp --model tiny --cuda-graphs --out ${E2E_DIR})
+add_test(NAME cli.cuda_graphs.zero3
+         COMMAND runner_emu --plugin zero3 --model tiny --device cuda --transport nccl
+                 --cuda-graphs --out ${E2E_DIR})
+add_test(NAME cli.cuda_graphs.tp
+         COMMAND runner_emu --plugin tp --mesh tp=2 --model tiny --device cuda --transport nccl
+                 --cuda-graphs --out ${E2E_DIR})
+set_tests_properties(cli.cuda_graphs.needs_cuda PROPERTIES PASS_REGULAR_EXPRESSION
+                     "runner: error: --cuda-graphs: CUDA graphs need --device cuda")
+set_tests_properties(cli.cuda_graphs.zero3 PROPERTIES PASS_REGULAR_EXPRESSION
+                     "runner: error: --cuda-graphs: zero3 cannot be captured: every micro-batch has a wait between its unit passes")
+set_tests_properties(cli.cuda_graphs.tp PROPERTIES PASS_REGULAR_EXPRESSION
+                     "runner: error: --cuda-graphs: tp cannot be captured: tensor parallelism has collectives inside the passes")
+set_tests_properties(cli.cuda_graphs.needs_cuda cli.cuda_graphs.zero3 cli.cuda_graphs.tp
+                     PROPERTIES LABELS cli ENVIRONMENT "${E2E_CUDA_ENV}")

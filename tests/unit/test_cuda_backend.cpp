@@ -2,11 +2,13 @@
 // emulator (test_cuda_backend_emu): a ledger of Device::cuda allocates from the stream-ordered
 // pool, zero-filled, with the same per-tag bytes as on the host; the device peak covers them;
 // copies between host and device; device_ops() and device_kernels() are the backend's; memory of a
-// device whose backend is not open is refused.
+// device whose backend is not open is refused; work captured into a graph runs at each launch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -198,4 +200,54 @@ TEST(CudaBackend, IdleTimeOfAWaitIsTheComputeStreamsNotTheHosts) {
   };
   EXPECT_GE(idle_of_a_wait(0), 0.035);
   EXPECT_LT(idle_of_a_wait(0.4), 0.005);  // busy 0.4 s, the host waited 0.04 s of it
+}
+
+// --cuda-graphs' mechanism: work captured on the compute stream runs only when the graph is
+// launched, each launch on the memory the capture saw (here y += 2 x, three launches: y = 6 x +
+// its start), with a stream-ordered scratch block the capture allocated and freed inside.
+TEST(CudaBackend, CapturedWorkRunsAtEachLaunch) {
+  STRATA_REQUIRE_GPU();
+  cuda::CudaBackend& gpu = backend();
+  MemoryLedger ledger(Device::cuda);
+  Buffer<float> x(ledger, MemTag::workspace, 1000), y(ledger, MemTag::workspace, 1000);
+  const std::vector<float> xs = random_floats(1000, 3), ys = random_floats(1000, 4);
+  copy_bytes(Device::cuda, x.data(), xs.data(), x.bytes());
+  copy_bytes(Device::cuda, y.data(), ys.data(), y.bytes());
+  DeviceOps& ops = device_ops(Device::cuda);
+  std::unique_ptr<StreamGraph> graph = gpu.capture([&] {
+    void* scratch = nullptr;
+    STRATA_CUDA_CHECK(cudaMallocAsync(&scratch, x.bytes(), gpu.stream()));
+    const BufferView twice{scratch, x.size(), DType::f32, Device::cuda};
+    ops.copy(twice, x.view());
+    ops.scale(twice, 2.0);
+    ops.axpy(y.view(), 1.0, twice);
+    STRATA_CUDA_CHECK(cudaFreeAsync(scratch, gpu.stream()));
+  });
+  EXPECT_EQ(to_host(y), ys) << "captured work ran during the capture";
+  for (int i = 0; i < 3; ++i) graph->launch();
+  const std::vector<float> got = to_host(y);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], ys[i] + 6.0f * xs[i], 1e-5f * (1 + std::fabs(ys[i] + 6 * xs[i]))) << i;
+}
+
+// A host synchronisation cannot be captured: the capture fails with an Error that names the call
+// and says what to do, and the stream works as before afterwards.
+TEST(CudaBackend, CaptureRefusesAHostSynchronisation) {
+  STRATA_REQUIRE_GPU();
+  cuda::CudaBackend& gpu = backend();
+  MemoryLedger ledger(Device::cuda);
+  Buffer<float> x(ledger, MemTag::workspace, 100);
+  try {
+    gpu.capture([&] {
+      device_ops(Device::cuda).fill(x.view(), 1.0);
+      gpu.synchronize();
+    });
+    ADD_FAILURE() << "a synchronisation was captured";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cudaStreamSynchronize"), std::string::npos) << what;
+    EXPECT_NE(e.hint().find("--cuda-graphs"), std::string::npos) << e.hint();
+  }
+  device_ops(Device::cuda).fill(x.view(), 3.0);
+  EXPECT_EQ(to_host(x), std::vector<float>(100, 3.0f));
 }

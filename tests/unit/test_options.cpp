@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backend.hpp"
 #include "runner/config.hpp"
 #include "runner/config_table.hpp"
 
@@ -105,6 +106,11 @@ TEST(Options, EveryOptionAcceptsItsValidExample) {
     if (o.name.rfind("advise", 0) == 0)  // --advise and its own options
       args.insert(args.end(), {"--profile", "machine.h5", "--memory-limit", "80GiB"});
     if (o.name.rfind("advise-", 0) == 0) args.push_back("--advise");
+    if (o.name == "cuda-graphs") {  // a GPU option: refused in one line without --device cuda
+      expect_refused([&] { parse(args); }, "--cuda-graphs", "--cuda-graphs without --device cuda");
+      if (!backend_built(Device::cuda)) continue;
+      args.insert(args.end(), {"--device", "cuda", "--transport", "nccl"});
+    }
     EXPECT_NO_THROW(parse(args)) << "--" << o.name << " " << v;
   }
 }

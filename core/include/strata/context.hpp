@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "strata/comm.hpp"
 #include "strata/device.hpp"
@@ -28,6 +29,9 @@ struct TrainSpec {
   // param, gradient and activation-comm dtypes (--precision, --reduce-dtype, --tp-comm-dtype)
   MixedPrecision precision;
   Device device = Device::cpu;  // where the model computes (--device)
+  // --cuda-graphs: Context::run_graphed() captures and replays (a GPU run; the runner refuses
+  // it where the plan puts communication between the unit passes of every micro-batch, or tp > 1).
+  bool cuda_graphs = false;
   // Micro-batches per rank per step (gradient accumulation) on this mesh.
   int micro_steps(const MeshSpec& m) const {
     return int(global_batch / (std::int64_t(micro_batch) * m.dp));
@@ -94,7 +98,27 @@ class Context {
   // the compute stream here and at the end, so the phase's time is the device's, from events,
   // without synchronising the stream inside the step.
   virtual void begin_phase(Phase phase) { (void)phase; }
+  // Runs `passes`: work for the compute stream only (unit passes; no collective, no host
+  // synchronisation, no PhaseTimer, no loss read-back inside). With --cuda-graphs the core runs
+  // them as they are the first time it sees `identity` (allocations and cuBLASLt's plans happen
+  // then), captures them into a CUDA graph the second time, and from then on replays that graph:
+  // one launch instead of one per kernel, as PyTorch's make_graphed_callables after its warm-up.
+  // `identity` lists every address the passes read or write that may differ between calls (and
+  // any other value they bake in); the same identity replays the same graph. Without
+  // --cuda-graphs (and on the CPU) this is passes().
+  virtual void run_graphed(const std::vector<const void*>& identity,
+                           const std::function<void()>& passes) {
+    (void)identity;
+    passes();
+  }
 };
+
+// The identity of a run of `model`'s passes in `slot` for Context::run_graphed(): the model, the
+// slot and the direction, the micro-batch's token addresses and every unit's parameter and
+// gradient addresses (params[u], grads[u]).
+std::vector<const void*> passes_identity(const StageModel& model, int slot, bool backward,
+                                         const MicroBatch& mb, const UnitPtrs& params,
+                                         const UnitPtrs& grads);
 
 // Times a region into a phase of the current step record.
 class PhaseTimer {

@@ -36,11 +36,18 @@ AdamW make_adamw(Context& ctx, std::size_t begin, std::size_t count,
 // summing every rank's gradients gives the exact gradient.
 double grad_scale(const Context& ctx);
 
-// Forward of every unit, then backward in reverse, for one micro-batch; times both phases and
-// reports the loss. After unit u's backward its gradients are complete for this micro-batch and
-// on_unit_done(u) runs (ddp launches the all-reduce of filled buckets there).
+// Forward of every unit, then backward in reverse, for one micro-batch of the whole model
+// (Context::model()); times both phases and reports the loss. After unit u's backward its
+// gradients are complete for this micro-batch and on_unit_done(u) runs (ddp launches the
+// all-reduce of filled buckets there). Without on_unit_done the forward and the backward each
+// run through Context::run_graphed() (--cuda-graphs: one CUDA graph each, so the phases keep
+// their event timing and the loss is read between them).
 void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grads,
                       const MicroBatch& mb, const std::function<void(int unit)>& on_unit_done = {});
+// The same for every unit of `model`, a whole-model partition at tp 1 a strategy built, in `slot`.
+void forward_backward(Context& ctx, StageModel& model, int slot, const UnitPtrs& params,
+                      const UnitPtrs& grads, const MicroBatch& mb,
+                      const std::function<void(int unit)>& on_unit_done = {});
 
 // For strategies that are data parallel only: throws ConfigError unless tp == pp == 1.
 void require_data_parallel_only(const MeshSpec& mesh, const std::string& strategy);

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,15 @@
 #include "strata/device.hpp"
 
 namespace strata {
+
+// Compute-stream work captured once (a CUDA graph) and replayed by launch(): the same kernels on
+// the same memory, each replay in compute-stream order, for one launch call instead of one per
+// kernel. Released (with any memory the capture allocated) when it goes.
+class StreamGraph {
+ public:
+  virtual ~StreamGraph() = default;
+  virtual void launch() = 0;
+};
 
 class DeviceBackend {
  public:
@@ -43,6 +53,10 @@ class DeviceBackend {
   // Most bytes this process held on the device at once: the pool's high-water mark plus fixed
   // allocations (library workspaces), for /memory/device_peak_bytes.
   virtual std::uint64_t peak_device_bytes() = 0;
+  // Captures what `work` enqueues on the compute stream, without running it, into a graph to
+  // launch. `work` may only enqueue: a synchronisation, a blocking copy or a cudaMalloc inside it
+  // fails the capture (an Error naming the call); stream-ordered allocations become the graph's.
+  virtual std::unique_ptr<StreamGraph> capture(const std::function<void()>& work) = 0;
 };
 
 // Which local GPU a rank takes (local_rank of local_size ranks on its node), and the attention

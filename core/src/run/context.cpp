@@ -1,5 +1,6 @@
 // SDK helpers: option access, the replicated-parameter helpers used by data-parallel plugins.
 #include <charconv>
+#include <cstdint>
 
 #include "strata/data_parallel.hpp"
 
@@ -64,21 +65,45 @@ double grad_scale(const Context& ctx) {
   return 1.0 / (double(ctx.train().global_batch) * ctx.model_spec().seq);
 }
 
-void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grads,
-                      const MicroBatch& mb, const std::function<void(int unit)>& on_unit_done) {
-  StageModel& model = ctx.model();
-  const int units = ctx.model_spec().layers + 2, slot = Context::kModelSlot;
+std::vector<const void*> passes_identity(const StageModel& model, int slot, bool backward,
+                                         const MicroBatch& mb, const UnitPtrs& params,
+                                         const UnitPtrs& grads) {
+  std::vector<const void*> id = {&model, reinterpret_cast<const void*>(std::intptr_t(slot)),
+                                 reinterpret_cast<const void*>(std::intptr_t(backward)), mb.inputs,
+                                 mb.targets};
+  for (const UnitPtrs* views : {&params, &grads})
+    for (const BufferView& v : *views) id.push_back(v.data);
+  return id;
+}
+
+void forward_backward(Context& ctx, StageModel& model, int slot, const UnitPtrs& params,
+                      const UnitPtrs& grads, const MicroBatch& mb,
+                      const std::function<void(int unit)>& on_unit_done) {
+  const int first = model.partition().first_unit, last = model.partition().last_unit;
   {
     PhaseTimer t(ctx, Phase::forward);
-    for (int u = 0; u < units; ++u) model.forward(slot, u, params, mb, nullptr);
+    ctx.run_graphed(passes_identity(model, slot, false, mb, params, grads), [&] {
+      for (int u = first; u <= last; ++u) model.forward(slot, u, params, mb, nullptr);
+    });
   }
   ctx.report_loss(model.loss_sum(slot), double(mb.batch) * mb.seq);
   PhaseTimer t(ctx, Phase::backward);
   const float scale = float(grad_scale(ctx));
-  for (int u = units - 1; u >= 0; --u) {
-    model.backward(slot, u, params, grads, nullptr, scale);
-    if (on_unit_done) on_unit_done(u);
+  if (on_unit_done) {  // work between the passes: nothing to capture
+    for (int u = last; u >= first; --u) {
+      model.backward(slot, u, params, grads, nullptr, scale);
+      on_unit_done(u);
+    }
+    return;
   }
+  ctx.run_graphed(passes_identity(model, slot, true, mb, params, grads), [&] {
+    for (int u = last; u >= first; --u) model.backward(slot, u, params, grads, nullptr, scale);
+  });
+}
+
+void forward_backward(Context& ctx, const UnitPtrs& params, const UnitPtrs& grads,
+                      const MicroBatch& mb, const std::function<void(int unit)>& on_unit_done) {
+  forward_backward(ctx, ctx.model(), Context::kModelSlot, params, grads, mb, on_unit_done);
 }
 
 void require_data_parallel_only(const MeshSpec& mesh, const std::string& strategy) {

@@ -2,6 +2,8 @@
 // times and the loss of the current step.
 #pragma once
 #include <array>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -118,6 +120,27 @@ class CoreContext final : public Context {
     phase_s_[static_cast<int>(phase)] += t1 - t0;
     if (config_.trace) intervals_.push_back({phase, t0, t1});
   }
+  // --cuda-graphs: the first call of an identity runs the passes, the second captures them, and
+  // every later one replays the graph.
+  void run_graphed(const std::vector<const void*>& identity,
+                   const std::function<void()>& passes) override {
+    if (!config_.train.cuda_graphs || !backend_) return passes();
+    ++graphed_calls_;
+    Graphed& g = graphs_[identity];
+    if (!g.warmed_up) {
+      g.warmed_up = true;
+      return passes();
+    }
+    if (!g.graph) {
+      g.graph = backend_->capture(passes);
+      ++graphs_captured_;
+    }
+    g.graph->launch();
+    ++graph_launches_;
+  }
+  std::uint64_t graphed_calls() const { return graphed_calls_; }
+  int graphs_captured() const { return graphs_captured_; }
+  std::uint64_t graph_launches() const { return graph_launches_; }
   void report_loss(double loss_sum, double tokens) override {
     loss_sum_ += loss_sum;
     loss_tokens_ += tokens;
@@ -198,6 +221,13 @@ class CoreContext final : public Context {
   Buffer<std::int32_t> tokens_;            // inputs | targets of the micro-batch [2, B*T]
   std::vector<std::int32_t> host_tokens_;  // GPU runs: the same, before the copy
   std::unique_ptr<StageModel> model_;
+  struct Graphed {
+    bool warmed_up = false;
+    std::unique_ptr<StreamGraph> graph;
+  };
+  std::map<std::vector<const void*>, Graphed> graphs_;  // --cuda-graphs, by identity
+  int graphs_captured_ = 0;
+  std::uint64_t graphed_calls_ = 0, graph_launches_ = 0;
   std::array<double, 4> phase_s_{};
   double loss_sum_ = 0, loss_tokens_ = 0;
   std::vector<Interval> intervals_;

@@ -141,6 +141,11 @@ StepRow run_step(Run& run, int step) {
     ctx.synchronize_streams();
     ctx.close_micro_batch_range();
   }
+  if (run.config.train.cuda_graphs && step == 0 && ctx.graphed_calls() == 0)
+    throw Error("--cuda-graphs: " + run.config.plugin +
+                    " ran its micro-batches outside Context::run_graphed(): nothing to capture",
+                "run without --cuda-graphs; a plugin that allows capture runs its passes "
+                "through forward_backward() or Context::run_graphed()");
   const double t1 = now();
   resolve_idle_waits();  // the compute stream has passed every mark of the step
   ctx.resolve_device_phases();
@@ -242,6 +247,9 @@ void run_steps(Run& run, RunState& state, RankReport& report, std::vector<double
     if (root) print_progress(c, step, last, now() - t_start, global_loss, step_max);
     if (last) break;
   }
+  if (root && c.train.cuda_graphs)
+    std::printf("strata: CUDA graphs: %d captured, %llu launches on rank 0\n",
+                run.ctx.graphs_captured(), (unsigned long long)run.ctx.graph_launches());
 }
 
 // The steps run, where --target-ci stopped before --steps: /config steps is what ran (the width

@@ -300,6 +300,8 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   }
   check_advise(c, given);
   check_attention(c);
+  if (c.train.cuda_graphs && c.device != "cuda")
+    throw ConfigError("--cuda-graphs: CUDA graphs need --device cuda");
   if (c.calibrate && c.profile.empty())
     throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
   if (!c.calibrate_from.empty() && !c.calibrate)
@@ -456,6 +458,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("transport", transport);
   add("device", device);
   add("attention", attention_kernel_name(attention_kernel()));
+  add("cuda_graphs", train.cuda_graphs);
   add("model", model.preset);
   add("layers", model.layers);
   add("hidden", model.hidden);

@@ -338,6 +338,11 @@ std::vector<Row> backend_rows() {
                   "auto (own where it applies, else reference); the CPU computes its reference",
                   [](RunConfig& c, const std::string& s) { c.attention = s; }),
              {"auto", "own", "reference"}),
+      flag("cuda-graphs", W,
+           "--device cuda: capture each run of unit passes with no communication inside (a "
+           "micro-batch's forward or backward, a pipeline chunk's) once as a CUDA graph and replay "
+           "it; not where comm runs between the passes (tp, zero2, zero3, fsdp)",
+           [](RunConfig& c, bool b) { c.train.cuda_graphs = b; }),
       with_rule(text("config", W, K::text, "",
                      "INI file of options (same names as the CLI); also STRATA_CONFIG",
                      [](RunConfig&, const std::string&) {}),

@@ -203,6 +203,40 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
 // Everything that can be checked before any rank starts. Returns false when the action is done.
 // The requests answered with a print and no run (--help, --version, --list-transports,
 // --list-plugins, --describe); scans the plugin directories on the way. True when one was.
+// What comm a plan action is, for a message: the collective or copy, send, recv or a wait.
+std::string action_text(const PlanAction& a) {
+  if (a.op == PlanOp::comm || a.op == PlanOp::copy) return op_name(a.collective);
+  if (a.op == PlanOp::send || a.op == PlanOp::recv) return a.op == PlanOp::send ? "send" : "recv";
+  return "a wait";
+}
+
+// --cuda-graphs captures runs of unit passes with nothing between them; the rest of a step (ddp's
+// last backward with its bucket all-reduces, a pipeline's sends) runs as it is. Refused before any
+// work where no such run exists: communication inside the passes (tp > 1), or between the unit
+// passes of every micro-batch (its plan's per-micro-batch actions: zero2, zero3, fsdp), on any
+// rank's plan (pipeline stages differ).
+void check_cuda_graphs(const RunConfig& c, const Strategy& strategy) {
+  if (!c.train.cuda_graphs) return;
+  std::string why;
+  if (c.mesh.tp > 1) why = "tensor parallelism has collectives inside the passes";
+  for (int rank = 0; rank < c.mesh.world() && why.empty(); ++rank) {
+    const StepPlan plan = strategy.plan_step(PredictInput{c.mesh, c.model, c.train, rank});
+    if (plan.empty())
+      why = "it has no step plan to tell" +
+            (plan.unmodelled.empty() ? std::string() : " (" + plan.unmodelled + ")");
+    const PlanAction* first = nullptr;  // its first comm, else its first wait
+    for (const PlanAction& a : plan.micro_batch)
+      if (a.op != PlanOp::forward && a.op != PlanOp::backward &&
+          (!first || (first->op == PlanOp::wait && a.op != PlanOp::wait)))
+        first = &a;
+    if (first) why = "every micro-batch has " + action_text(*first) + " between its unit passes";
+  }
+  if (!why.empty())
+    throw ConfigError("--cuda-graphs: " + c.plugin + " cannot be captured: " + why +
+                      "; graphs replay unit passes with no communication between them (dp, ddp, "
+                      "zero1, allreduce, the pipelines with dp=allreduce|zero1)");
+}
+
 bool answered_request(const RunConfig& config, const LaunchEnv& env, PluginRegistry& registry) {
   if (config.help) {
     if (env.rank == 0) std::printf("%s", config.help_text.c_str());
@@ -322,6 +356,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
   // --calibrate measures any mesh (a pipeline's or tp's groups too): no strategy runs on it.
   if (!config.calibrate) strategy->validate(config.mesh, config.train, config.model);
+  check_cuda_graphs(config, *strategy);
   if (config.dry_run) {
     code = dry_run(config, *strategy);
     return false;

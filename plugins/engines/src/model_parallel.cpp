@@ -404,6 +404,26 @@ class Engine {
     for (const sharded::Action& x : dp.after) shards_->run(ctx, x);
   }
 
+  // A chunk's unit passes in pass order (backward: last unit first), each with its data-parallel
+  // actions. When nothing runs between them (no such action, no tp collective) they go through
+  // Context::run_graphed: what --cuda-graphs captures.
+  template <typename Pass>
+  void chunk_passes(Context& ctx, const StageModel& sm, int slot, const MicroBatch& mb,
+                    bool backward, const std::vector<UnitPassActions>& dp, Pass&& pass) {
+    const Partition& part = sm.partition();
+    auto run = [&] {
+      for (int i = 0; i <= part.last_unit - part.first_unit; ++i)
+        unit_pass(ctx, dp[std::size_t(i)],
+                  [&] { pass(backward ? part.last_unit - i : part.first_unit + i); });
+    };
+    const bool compute_only = !tp_comm_ && std::all_of(dp.begin(), dp.end(), [](const auto& d) {
+      return d.before.empty() && d.after.empty();
+    });
+    if (!compute_only) return run();
+    ctx.run_graphed(passes_identity(sm, slot, backward, mb, shards_->params(), shards_->grads()),
+                    run);
+  }
+
   int forward_action(Context& ctx, int step, const pp::PipeAction& a,
                      const std::vector<UnitPassActions>& dp, Group& pp) {
     StageModel& sm = *chunks_[a.chunk];
@@ -423,10 +443,8 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::forward);
-      const Partition& part = sm.partition();
-      for (int u = part.first_unit; u <= part.last_unit; ++u)
-        unit_pass(ctx, dp[std::size_t(u - part.first_unit)],
-                  [&] { sm.forward(slot, u, shards_->params(), mb, tp_comm_.get()); });
+      chunk_passes(ctx, sm, slot, mb, false, dp,
+                   [&](int u) { sm.forward(slot, u, shards_->params(), mb, tp_comm_.get()); });
     }
     if (sm.has_head())
       ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
@@ -455,12 +473,10 @@ class Engine {
     }
     {
       PhaseTimer t(ctx, Phase::backward);
-      const Partition& part = sm.partition();
-      for (int u = part.last_unit; u >= part.first_unit; --u)
-        unit_pass(ctx, dp[std::size_t(part.last_unit - u)], [&] {
-          sm.backward(slot, u, shards_->params(), shards_->grads(), tp_comm_.get(),
-                      float(grad_scale(ctx)));
-        });
+      const float scale = float(grad_scale(ctx));
+      chunk_passes(ctx, sm, slot, MicroBatch{}, true, dp, [&](int u) {
+        sm.backward(slot, u, shards_->params(), shards_->grads(), tp_comm_.get(), scale);
+      });
     }
     if (k > 0) {
       // The slot's send buffer last carried its activation: that send is done (the next stage

@@ -1,6 +1,8 @@
 // The sharded engine at run time: executes the schedule with real collectives on a comm stream.
 #include "strata/engines/sharded.hpp"
 
+#include <algorithm>
+
 namespace strata::sharded {
 
 Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel*> models)
@@ -299,11 +301,21 @@ Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
 
 Engine::~Engine() = default;
 
+// A schedule of passes alone (zero1, and the all-reduce mode) runs through forward_backward()
+// with --cuda-graphs, which captures its forward and its backward.
 void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
   StageModel& model = *model_;
   const int head = model.partition().last_unit;
   const float scale = float(grad_scale(ctx));
   const int slot = model.acquire_slot();
+  const bool passes_only = std::all_of(schedule_.begin(), schedule_.end(), [](const Action& a) {
+    return a.act == Act::forward || a.act == Act::backward;
+  });
+  if (ctx.train().cuda_graphs && passes_only && !tp_) {
+    forward_backward(ctx, model, slot, shards_->params(), shards_->grads(), mb);
+    model.release_slot(slot);
+    return;
+  }
   for (const Action& a : schedule_) {
     if (a.act == Act::forward) {
       PhaseTimer t(ctx, Phase::forward);  // one interval per unit: the --trace timeline

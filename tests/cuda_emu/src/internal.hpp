@@ -28,6 +28,9 @@ extern thread_local int current_device;  // cudaSetDevice's, per host thread as 
 // --- memory.cpp
 // Whether [p, p + bytes) lies inside one device allocation (cudaMalloc or cudaMallocHost).
 bool in_device_memory(const void* p, std::size_t bytes);
+// A device block outside the pool (graph memory), and its release once nothing can use it.
+cudaError_t allocate_block(void** ptr, std::size_t bytes);
+void free_block(void* ptr);
 
 // --- streams.cpp
 // Runs `op` in order on `stream`: a created stream's thread, or, for the legacy default stream,
@@ -36,6 +39,24 @@ bool in_device_memory(const void* p, std::size_t bytes);
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> op);
 // Waits until every stream has drained.
 void synchronize_all_streams();
+
+// --- graphs.cpp: stream capture (its rules are listed there)
+// If `stream` is capturing: appends `op` to its graph (nothing once the capture is invalidated)
+// and returns true; enqueue() then queues nothing.
+bool capture_op(cudaStream_t stream, std::function<void()>& op);
+// Whether `stream` is capturing.
+bool in_capture(cudaStream_t stream);
+// A potentially unsafe call (cudaMalloc, a synchronisation, ...) on this thread: if a capture
+// forbids it here, reports `call`, invalidates that capture and returns true, and the call fails
+// with cudaErrorStreamCaptureUnsupported without acting.
+bool capture_forbids(const char* call);
+// A synchronisation or query of `stream`: true (reported, capture invalidated) if it is capturing.
+bool capturing(cudaStream_t stream, const char* call);
+// cudaMallocAsync's block `p` on `stream`: if it is capturing, the block becomes the graph's
+// memory (true). cudaFreeAsync of `p` on `stream`: true if `p` is the capture's graph memory (the
+// free then queues nothing).
+bool capture_allocates(cudaStream_t stream, void* p);
+bool capture_frees(cudaStream_t stream, void* p);
 
 // --- cublas.cpp: the element access and operand check that cuBLAS and cuBLASLt share
 std::size_t type_size(cudaDataType_t t);  // bytes of one element (fp32 or bf16)

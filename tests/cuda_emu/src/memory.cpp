@@ -113,6 +113,9 @@ cudaError_t fill(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {
 
 }  // namespace
 
+cudaError_t allocate_block(void** ptr, std::size_t bytes) { return allocate(ptr, bytes, false); }
+void free_block(void* ptr) { release_now(ptr, false); }
+
 bool in_device_memory(const void* p, std::size_t bytes) {
   const auto address = reinterpret_cast<std::uintptr_t>(p);
   std::lock_guard lock(mutex);
@@ -130,13 +133,25 @@ using strata_emu::set_last_error;
 extern "C" {
 
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
+  if (strata_emu::capture_forbids("cudaMalloc"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   return strata_emu::allocate(ptr, bytes, false);
 }
-cudaError_t cudaFree(void* ptr) { return strata_emu::release(ptr, false); }
+cudaError_t cudaFree(void* ptr) {
+  if (strata_emu::capture_forbids("cudaFree"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
+  return strata_emu::release(ptr, false);
+}
 cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
+  if (strata_emu::capture_forbids("cudaMallocHost"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   return strata_emu::allocate(ptr, bytes, true);
 }
-cudaError_t cudaFreeHost(void* ptr) { return strata_emu::release(ptr, true); }
+cudaError_t cudaFreeHost(void* ptr) {
+  if (strata_emu::capture_forbids("cudaFreeHost"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
+  return strata_emu::release(ptr, true);
+}
 
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   if (free_bytes == nullptr || total_bytes == nullptr) return set_last_error(cudaErrorInvalidValue);
@@ -149,10 +164,11 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
 // Stream-ordered allocation from the device's default pool: the block exists at once (the
 // emulator need not wait for the stream to reach the call), is NaN-filled like cudaMalloc's, and
 // is freed when `stream` reaches cudaFreeAsync.
+// On a capturing stream the block is the graph's instead (graphs.cpp), outside the pool.
 cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream) {
-  (void)stream;
   const cudaError_t err = strata_emu::allocate(ptr, bytes, false);
   if (err != cudaSuccess || *ptr == nullptr) return err;
+  if (strata_emu::capture_allocates(stream, *ptr)) return cudaSuccess;
   std::lock_guard lock(strata_emu::mutex);
   strata_emu::pool_blocks[reinterpret_cast<std::uintptr_t>(*ptr)] = bytes;
   strata_emu::pool.used += bytes;
@@ -164,7 +180,7 @@ cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream) 
 // allocation later on the same stream may reuse it, so a loop that frees and allocates the same
 // bytes keeps the pool's high-water mark flat whatever the host and the stream's timing.
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
-  if (ptr == nullptr) return cudaSuccess;
+  if (ptr == nullptr || strata_emu::capture_frees(stream, ptr)) return cudaSuccess;
   {
     std::lock_guard lock(strata_emu::mutex);
     const auto block = strata_emu::pool_blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
@@ -226,6 +242,8 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
 
 // Synchronous copies and fills run on the legacy default stream: after the blocking streams' work.
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  if (strata_emu::capture_forbids("cudaMemcpy"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   return strata_emu::copy(dst, src, bytes, kind, nullptr);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
@@ -233,6 +251,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
   return strata_emu::copy(dst, src, bytes, kind, stream);
 }
 cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
+  if (strata_emu::capture_forbids("cudaMemset"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   return strata_emu::fill(ptr, value, bytes, nullptr);
 }
 cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {

@@ -162,6 +162,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  if (strata_emu::capture_forbids("cudaDeviceSynchronize"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   strata_emu::synchronize_all_streams();
   return cudaSuccess;
 }
@@ -214,10 +216,22 @@ static const char* error_text(cudaError_t error, bool want_name) {
     STRATA_EMU_ERROR_CASE(cudaErrorNoKernelImageForDevice,
                           "no kernel image is available for execution on the device")
     STRATA_EMU_ERROR_CASE(cudaErrorInvalidResourceHandle, "invalid resource handle")
+    STRATA_EMU_ERROR_CASE(cudaErrorIllegalState,
+                          "the operation cannot be performed in the present state")
     STRATA_EMU_ERROR_CASE(cudaErrorNotReady, "device not ready")
     STRATA_EMU_ERROR_CASE(cudaErrorIllegalAddress, "an illegal memory access was encountered")
     STRATA_EMU_ERROR_CASE(cudaErrorLaunchFailure, "unspecified launch failure")
     STRATA_EMU_ERROR_CASE(cudaErrorNotSupported, "operation not supported")
+    STRATA_EMU_ERROR_CASE(cudaErrorStreamCaptureUnsupported,
+                          "operation not permitted when stream is capturing")
+    STRATA_EMU_ERROR_CASE(cudaErrorStreamCaptureInvalidated,
+                          "operation failed due to a previous error during capture")
+    STRATA_EMU_ERROR_CASE(cudaErrorStreamCaptureImplicit,
+                          "operation would make the legacy stream depend on a capturing blocking "
+                          "stream")
+    STRATA_EMU_ERROR_CASE(
+        cudaErrorStreamCaptureWrongThread,
+        "attempt to terminate a thread-local capture sequence from another thread")
     STRATA_EMU_ERROR_CASE(cudaErrorUnknown, "unknown error")
   }
   return want_name ? "cudaErrorUnknown" : "unrecognized error code";

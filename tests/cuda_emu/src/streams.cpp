@@ -116,11 +116,13 @@ std::vector<cudaStream_t> live_streams(bool blocking_only) {
 
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> op) {
   if (is_legacy(stream)) {
+    if (capture_forbids("work on the legacy default stream")) return cudaErrorStreamCaptureImplicit;
     for (cudaStream_t s : live_streams(true)) s->synchronize();
     op();
     return cudaSuccess;
   }
   if (!known(stream)) return cudaErrorInvalidResourceHandle;
+  if (capture_op(stream, op)) return cudaSuccess;
   stream->push(std::move(op));
   return cudaSuccess;
 }
@@ -162,6 +164,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (strata_emu::capturing(stream, "cudaStreamSynchronize") ||
+      strata_emu::capture_forbids("cudaStreamSynchronize"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   if (strata_emu::is_legacy(stream)) return strata_emu::enqueue(stream, [] {});
   if (!strata_emu::known(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
   stream->synchronize();
@@ -169,6 +174,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (strata_emu::capturing(stream, "cudaStreamQuery") ||
+      strata_emu::capture_forbids("cudaStreamQuery"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   if (strata_emu::is_legacy(stream)) {
     for (cudaStream_t s : strata_emu::live_streams(true))
       if (!s->idle()) return cudaErrorNotReady;
@@ -180,6 +188,10 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
   if (event == nullptr || flags != 0) return set_last_error(cudaErrorInvalidValue);
+  if (strata_emu::in_capture(stream)) {
+    strata_emu::report("cudaStreamWaitEvent on a capturing stream: not emulated");
+    return set_last_error(cudaErrorNotSupported);
+  }
   std::shared_ptr<EventState> state = event->state;
   std::uint64_t target;
   {
@@ -216,6 +228,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (strata_emu::in_capture(stream)) {
+    strata_emu::report("cudaEventRecord on a capturing stream: not emulated");
+    return set_last_error(cudaErrorNotSupported);
+  }
   std::shared_ptr<EventState> state = event->state;
   std::uint64_t number;
   {
@@ -234,12 +250,16 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (strata_emu::capture_forbids("cudaEventQuery"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   std::lock_guard lock(event->state->mutex);
   return event->state->completed >= event->state->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (strata_emu::capture_forbids("cudaEventSynchronize"))
+    return set_last_error(cudaErrorStreamCaptureUnsupported);
   EventState& state = *event->state;
   std::unique_lock lock(state.mutex);
   const std::uint64_t target = state.recorded;

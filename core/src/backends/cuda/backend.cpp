@@ -163,6 +163,47 @@ std::uint64_t CudaBackend::peak_device_bytes() {
   return high + context_.workspace_bytes;
 }
 
+namespace {
+
+class CudaGraph final : public StreamGraph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }  // must not throw; CUDA defers it
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void launch() override { STRATA_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+// Thread-local capture: only this thread's unsafe calls break it, so the comm threads' own
+// allocations and synchronisations (the NCCL groups', offload's copies) may go on meanwhile.
+std::unique_ptr<StreamGraph> CudaBackend::capture(const std::function<void()>& work) {
+  cudaStream_t stream = context_.stream;
+  STRATA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    // Ends the capture (invalidated: its error is the one thrown), and clears the last error it
+    // leaves, which the next launch check would otherwise report as its own.
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
+  STRATA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  STRATA_CUDA_CHECK(instantiated);
+  return std::make_unique<CudaGraph>(exec, stream);
+}
+
 std::string cuda_unavailable(int local_size) {
   const int count = cuda_device_count();
   if (count == 0)

@@ -61,6 +61,7 @@ class CudaBackend final : public DeviceBackend {
   void synchronize() override { context_.synchronize(); }
   void record_compute_event() override;
   std::uint64_t peak_device_bytes() override;
+  std::unique_ptr<StreamGraph> capture(const std::function<void()>& work) override;
 
   cudaStream_t stream() const { return context_.stream; }
   static bool on_device(const void* p);  // device memory (not host, pinned or unregistered)

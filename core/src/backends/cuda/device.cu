@@ -28,6 +28,11 @@ std::string cuda_hint(cudaError_t err) {
     case cudaErrorNoKernelImageForDevice:
       return "strata was not compiled for this GPU's architecture: rebuild with "
              "-DSTRATA_CUDA_ARCHITECTURES=<this GPU's sm, e.g. 100>";
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureImplicit:
+      return "a call that CUDA graph capture does not allow ran inside a captured micro-batch "
+             "(--cuda-graphs): a bug in strata or the plugin; run without --cuda-graphs";
     default:
       return "rerun with CUDA_LAUNCH_BLOCKING=1 (and compute-sanitizer) to find the failing kernel";
   }
