@@ -9,7 +9,8 @@
 #   - hidden visibility but for the entry points STRATA_PLUGIN exports (Boost.DLL aliases carry
 #     default visibility): two plugins loaded into one runner can never bind to each other's
 #     internals, and the loader sees only what the ABI names;
-#   - the Boost headers plugin.hpp includes (Boost.DLL), through strata::sdk.
+#   - the Boost headers plugin.hpp includes (Boost.DLL), through strata::sdk;
+#   - every symbol resolved at link time (--no-undefined) from the SDK and LIBS.
 # OUTPUT_DIRECTORY: where the library is built (in the strata tree: the build tree's plugin
 # directory; elsewhere CMAKE_LIBRARY_OUTPUT_DIRECTORY, else the current binary directory: pass it
 # to `runner --plugin-path`). INSTALL_DESTINATION: default strata's plugin directory relative to its
@@ -48,6 +49,9 @@ function(strata_add_plugin name)
   add_library(${target} MODULE ${ARG_SOURCES})
   set_property(GLOBAL APPEND PROPERTY STRATA_PLUGIN_TARGETS ${target})
   target_link_libraries(${target} PRIVATE strata::sdk ${ARG_LIBS})
+  # Every symbol resolved at link time, from the SDK and LIBS alone: a plugin that needs anything
+  # else (the runner's own code is in no library a plugin links) fails its build, not its loading.
+  target_link_options(${target} PRIVATE -Wl,--no-undefined)
   set_target_properties(${target} PROPERTIES
     PREFIX "lib"
     SUFFIX ".so"

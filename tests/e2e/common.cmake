@@ -4,7 +4,7 @@
 
 add_executable(check_run tools/check_run.cpp)
 target_include_directories(check_run PRIVATE ${PROJECT_SOURCE_DIR}/core/src)
-target_link_libraries(check_run PRIVATE strata_core)
+target_link_libraries(check_run PRIVATE strata_runner)
 # What a CPU run's /provenance says of CUDA and NCCL: "not loaded" where the build has libstrata_cuda.so.
 if(TARGET strata_cuda)
   set(_expect_cuda 1)

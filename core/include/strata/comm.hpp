@@ -14,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "strata/export.hpp"
 #include "strata/types.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 enum class CommOp : int {
@@ -220,3 +222,4 @@ class CommStream {
 };
 
 }  // namespace strata
+STRATA_EXPORT_END

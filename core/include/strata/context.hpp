@@ -9,11 +9,13 @@
 
 #include "strata/comm.hpp"
 #include "strata/device.hpp"
+#include "strata/export.hpp"
 #include "strata/memory.hpp"
 #include "strata/mesh.hpp"
 #include "strata/model.hpp"
 #include "strata/stage_model.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 struct TrainSpec {
@@ -143,3 +145,4 @@ class PhaseTimer {
 };
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <functional>
 
+#include "strata/export.hpp"
 #include "strata/optimizer.hpp"
 #include "strata/plugin.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // The whole model's parameters (MemTag::params, in the run's param dtype, initialised from the
@@ -79,3 +81,4 @@ StateBytes state_bytes_per_param(const MixedPrecision& precision);
 Prediction replicated_prediction(const PredictInput& in);
 
 }  // namespace strata
+STRATA_EXPORT_END

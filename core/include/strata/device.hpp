@@ -8,8 +8,10 @@
 // each result rounded once to nearest even); otherwise strata::Error naming the operation and the
 // mismatch.
 #pragma once
+#include "strata/export.hpp"
 #include "strata/types.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 const char* device_name(Device d);  // "cpu", "cuda"
@@ -51,3 +53,4 @@ DeviceOps& cpu_ops();
 void copy_across(BufferView dst, BufferView src);
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -9,8 +9,10 @@
 #include <span>
 #include <utility>
 
+#include "strata/export.hpp"
 #include "strata/types.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Every tag but `offload` is memory of the ledger's device. `offload` is host memory whatever the
@@ -154,3 +156,4 @@ class DeviceBuffer {
 };
 
 }  // namespace strata
+STRATA_EXPORT_END

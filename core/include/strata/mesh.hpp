@@ -4,6 +4,9 @@
 #pragma once
 #include <vector>
 
+#include "strata/export.hpp"
+
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // dp x tp x pp = world. Rank order: tp fastest, then dp, then pp (Megatron's order), so that tensor
@@ -47,3 +50,4 @@ class Mesh {
 inline MeshCoord mesh_coord(const MeshSpec& m, int rank) { return Mesh(m).coord(rank); }
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "strata/export.hpp"
 #include "strata/memory.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 struct ModelSpec {
@@ -190,3 +192,4 @@ ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, cons
                                     Device device = Device::cpu);
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -6,9 +6,11 @@
 #include <span>
 #include <vector>
 
+#include "strata/export.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 struct AdamWConfig {
@@ -77,3 +79,4 @@ inline float clip_scale(double global_norm, double max_norm) {
 }
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "strata/context.hpp"
+#include "strata/export.hpp"
 #include "strata/step_plan.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Bump when any SDK type crossing the plugin boundary changes layout or meaning.
@@ -106,6 +108,7 @@ class Strategy {
 using CreateFn = std::unique_ptr<Strategy>(const std::string& strategy, const Options& options);
 
 }  // namespace strata
+STRATA_EXPORT_END
 
 // Export a plugin: STRATA_PLUGIN(descriptor_function, create_function), where
 //   const strata::PluginDescriptor& descriptor_function();

@@ -27,11 +27,13 @@
 #include <vector>
 
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/optimizer.hpp"
 #include "strata/tensor_parallel.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Throws ConfigError (one line, naming the option) if the model cannot be split tp ways:
@@ -202,3 +204,4 @@ std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, i
                                                         DType tp_comm_dtype);
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -26,8 +26,10 @@
 
 #include "strata/comm.hpp"
 #include "strata/context.hpp"
+#include "strata/export.hpp"
 #include "strata/mesh.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 enum class PlanOp { forward, backward, update, fresh, comm, copy, wait, send, recv };
@@ -104,3 +106,4 @@ std::array<double, kNumCommOps> plan_comm_bytes(const StepPlan& plan, const Mode
                                                 const TrainSpec& train, int tp);
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -12,7 +12,9 @@
 #include <memory>
 
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // The views are fp32, or bf16 for activations and their gradients when the run's tp comm dtype
@@ -52,3 +54,4 @@ class SyncTensorParallelComm final : public TensorParallelComm {
 };
 
 }  // namespace strata
+STRATA_EXPORT_END

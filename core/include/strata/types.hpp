@@ -7,6 +7,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "strata/export.hpp"
+
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Element types a collective can move. f32 is the training dtype on the CPU; bf16 is bfloat16.
@@ -124,3 +127,4 @@ class ConfigError : public Error {
 };
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -13,7 +13,9 @@
 
 #include "backends/kernels.hpp"
 #include "strata/device.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Compute-stream work captured once (a CUDA graph) and replayed by launch(): the same kernels on
@@ -108,3 +110,4 @@ Kernels& device_kernels(Device device);
 void copy_bytes(Device device, void* dst, const void* src, std::size_t bytes);
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -8,8 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "strata/export.hpp"
 #include "strata/types.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Rows per chunk of Kernels::bias_grad's summation order.
@@ -185,3 +187,4 @@ inline std::size_t attention_state_floats(Device device, int B, int T, int C, in
 }
 
 }  // namespace strata
+STRATA_EXPORT_END

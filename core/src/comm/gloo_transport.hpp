@@ -5,7 +5,9 @@
 #include <string>
 
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata::gloo_comm {
 
 // Collective over MPI_COMM_WORLD (MPI must be initialised; MPI is the rendezvous that exchanges
@@ -25,3 +27,4 @@ std::string library_version();
 std::string interface_choice(bool one_host);
 
 }  // namespace strata::gloo_comm
+STRATA_EXPORT_END

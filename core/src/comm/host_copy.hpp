@@ -4,7 +4,9 @@
 // as a blocking collective there does: the transfer is on the step's critical path.
 #pragma once
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 inline constexpr const char* kHostGroupName = "host";
@@ -13,3 +15,4 @@ inline constexpr const char* kHostGroupName = "host";
 void recorded_host_copy(CommLedger& ledger, CommOp op, BufferView dst, BufferView src);
 
 }  // namespace strata
+STRATA_EXPORT_END

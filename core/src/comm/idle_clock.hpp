@@ -11,7 +11,9 @@
 #include <cstdint>
 
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 class IdleClock {
@@ -46,3 +48,4 @@ void resolve_idle_waits();
 void forget_idle_waits(const CommLedger* ledger);
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -4,6 +4,9 @@
 #include <utility>
 #include <vector>
 
+#include "strata/export.hpp"
+
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 using Intervals = std::vector<std::pair<double, double>>;
@@ -16,3 +19,4 @@ double union_length(const Intervals& v);
 double intersection_length(const Intervals& a, const Intervals& b);
 
 }  // namespace strata
+STRATA_EXPORT_END

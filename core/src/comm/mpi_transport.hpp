@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata::mpi {
 
 void init(int* argc, char*** argv);  // MPI_THREAD_MULTIPLE, errors returned not fatal
@@ -58,3 +60,4 @@ void send_error_to_root(const std::string& message);
 [[noreturn]] void abort_job(int code);
 
 }  // namespace strata::mpi
+STRATA_EXPORT_END

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 // The CPU-side transports built into this binary, in a stable order ("mpi" first).
@@ -44,3 +46,4 @@ bool comm_stop_requested();
 std::string transport_version(const std::string& transport);
 
 }  // namespace strata
+STRATA_EXPORT_END

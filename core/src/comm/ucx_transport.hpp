@@ -4,7 +4,9 @@
 #include <string>
 
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata::ucx {
 
 // Collective over MPI_COMM_WORLD (MPI must be initialised; MPI is the bootstrap that exchanges the
@@ -15,3 +17,4 @@ std::unique_ptr<Group> split(const std::string& name, int color, int key, CommLe
 std::string library_version();
 
 }  // namespace strata::ucx
+STRATA_EXPORT_END

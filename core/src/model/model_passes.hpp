@@ -12,6 +12,7 @@
 #include "backends/kernels.hpp"
 #include "model/model_parts.hpp"
 #include "strata/comm.hpp"
+#include "strata/export.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
 #include "strata/stage_model.hpp"
@@ -30,6 +31,8 @@ void validate_partition(const ModelSpec& spec, int micro_batch, const Partition&
                         Recompute recompute, DType param_dtype = DType::f32,
                         Device device = Device::cpu);
 
+// Exported for the tests (test_mixed_precision): the sizes and the head's chunking.
+STRATA_EXPORT_BEGIN
 // Sizes of one partition for a micro-batch of B sequences. N = B*T token rows; Nl the rows of the
 // residual stream on this rank (N/tp with sequence parallelism).
 struct Dims {
@@ -47,6 +50,7 @@ std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype);
 // shared scratch: as many rows as fit kHeadLogitsBudget bytes (at least 1, at most N).
 constexpr std::size_t kHeadLogitsBudget = std::size_t(256) << 20;
 std::size_t head_chunk_rows(const Dims& d);
+STRATA_EXPORT_END
 
 // One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
 struct BlockActs {

@@ -16,8 +16,8 @@
 #include "backends/cpu/gemm_bf16.hpp"
 #include "backends/cpu/layers.hpp"
 #include "comm/mpi_transport.hpp"
-#include "runner/run_config.hpp"
 #include "runner/launch.hpp"
+#include "runner/run_config.hpp"
 
 namespace strata {
 

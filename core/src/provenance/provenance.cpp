@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
-#include <mutex>
 
 #include "backends/backend.hpp"
 #include "backends/cpu/gemm_bf16.hpp"
@@ -35,23 +34,9 @@ static std::string cpu_model() {
   return "unknown";
 }
 
-static std::mutex providers_mutex;
-static std::vector<ProvenanceProvider>& providers() {
-  static std::vector<ProvenanceProvider> list;
-  return list;
-}
-
-void register_provenance_provider(ProvenanceProvider provider) {
-  std::lock_guard lock(providers_mutex);
-  for (ProvenanceProvider p : providers())
-    if (p == provider) return;  // registering twice adds nothing
-  providers().push_back(provider);
-}
-
 // Each provider's entries replace the core's of the same key, or are added after them.
 static void add_registered(Provenance& p) {
-  std::lock_guard lock(providers_mutex);
-  for (ProvenanceProvider provider : providers())
+  for (ProvenanceProvider provider : provenance_providers())
     for (auto& entry : provider()) {  // not a structured binding: clang 14 cannot capture one
       auto same =
           std::find_if(p.begin(), p.end(), [&](const auto& e) { return e.first == entry.first; });

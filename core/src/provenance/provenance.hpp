@@ -1,18 +1,12 @@
 // Where and how a run ran: versions, job, selected environment.
 #pragma once
 #include <string>
-#include <utility>
-#include <vector>
+
+#include "provenance/providers.hpp"  // Provenance, and what a backend library registers
 
 namespace strata {
-using Provenance = std::vector<std::pair<std::string, std::string>>;
 
-// What collect_provenance() adds from a backend that strata_core does not link (the CUDA one:
-// strata_cuda registers its versions from the runner, as the NCCL transport registers itself).
-// A provider's key replaces the core's entry of the same name (e.g. cuda_version "not built").
-using ProvenanceProvider = Provenance (*)();
-void register_provenance_provider(ProvenanceProvider provider);
-
+// The core's entries, then what each registered provider adds or replaces.
 Provenance collect_provenance();
 // "strata 0.1.0 (git 3d8959c-dirty)": CMake's project(VERSION) and `git describe --always --dirty`
 // at configure time ("unknown" outside a git checkout); runner --version, /provenance.

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -14,12 +13,6 @@
 namespace strata {
 
 namespace {
-
-std::mutex providers_mutex;
-std::vector<TopologyProvider>& providers() {
-  static std::vector<TopologyProvider> list;
-  return list;
-}
 
 // Owns a loaded hwloc topology.
 class Hwloc {
@@ -126,12 +119,6 @@ std::string counted(std::int64_t n, const std::string& one, const std::string& m
 
 }  // namespace
 
-void register_topology_provider(TopologyProvider provider) {
-  std::lock_guard lock(providers_mutex);
-  if (std::find(providers().begin(), providers().end(), provider) == providers().end())
-    providers().push_back(provider);
-}
-
 NodeTopology collect_node_topology(const std::string& host) {
   NodeTopology node;
   node.host = host;
@@ -153,8 +140,7 @@ NodeTopology collect_node_topology(const std::string& host) {
   node.text.emplace_back("hwloc_api_version", std::to_string(v >> 16) + "." +
                                                   std::to_string((v >> 8) & 0xff) + "." +
                                                   std::to_string(v & 0xff));
-  std::lock_guard lock(providers_mutex);
-  for (TopologyProvider provider : providers()) provider(node);
+  for (TopologyProvider provider : topology_providers()) provider(node);
   return node;
 }
 

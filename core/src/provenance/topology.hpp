@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "provenance/providers.hpp"  // register_topology_provider
 #include "results/run_record.hpp"
 
 namespace strata {
@@ -16,10 +17,6 @@ namespace strata {
 // l2_bytes, l3_bytes (one cache instance; 0 without that level), gpus, nics. Text: nic_names,
 // gpu_pci ("bus-id vendor:device" per GPU), hwloc_api_version, and what providers add (gpu_links).
 NodeTopology collect_node_topology(const std::string& host);
-
-// What a backend adds to this node's topology (the CUDA build: NVML's gpu_links matrix).
-using TopologyProvider = void (*)(NodeTopology&);
-void register_topology_provider(TopologyProvider provider);
 
 // One line per node: "host: 1 package, 1 NUMA node, 2 cores, 2 PUs, L1d 32 KiB, L2 1 MiB,
 // L3 32 MiB, GPUs 0, NICs eth0" (+ ", GPU links [X NV18; NV18 X]" where known).

@@ -8,7 +8,9 @@
 #include <string_view>
 
 #include "strata/context.hpp"  // profiler_range_start, profiler_range_end
+#include "strata/export.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata {
 
 struct ProfilerHooks {
@@ -33,3 +35,4 @@ class ProfilerRange {
 };
 
 }  // namespace strata
+STRATA_EXPORT_END

@@ -8,8 +8,10 @@
 #include <cstddef>
 #include <string>
 
+#include "strata/export.hpp"
 #include "strata/types.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata::cpu {
 
 // True when this build has oneDNN (STRATA_HAVE_ONEDNN): the CPU backend can run bf16 GEMMs.
@@ -56,3 +58,4 @@ void round_to_bf16(bf16* out, const float* in, std::size_t n);
 void widen_bf16(float* out, const bf16* in, std::size_t n);
 
 }  // namespace strata::cpu
+STRATA_EXPORT_END

@@ -6,6 +6,9 @@
 #pragma once
 #include <cstdint>
 
+#include "strata/export.hpp"
+
+STRATA_EXPORT_BEGIN
 namespace strata::cpu {
 
 // out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]
@@ -78,3 +81,4 @@ void set_one_thread_pool(bool on);
 bool one_thread_pool();
 
 }  // namespace strata::cpu
+STRATA_EXPORT_END

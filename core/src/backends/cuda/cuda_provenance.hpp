@@ -1,7 +1,7 @@
 // The CUDA build's versions for the run file's /provenance (see provenance.hpp in the core).
 // Plain C++: the runner includes it in CUDA builds and registers the provider at start.
 #pragma once
-#include "provenance/provenance.hpp"
+#include "provenance/providers.hpp"
 
 namespace strata::cuda {
 

@@ -31,10 +31,12 @@
 
 #include "strata/engines/pipe_schedule.hpp"
 #include "strata/engines/sharded.hpp"
+#include "strata/export.hpp"
 #include "strata/plugin.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/tensor_parallel.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata::mp {
 
 // The data-parallel part: all-reduce, ZeRO-1 (Megatron's distributed optimizer), ZeRO-2, or
@@ -134,3 +136,4 @@ class MpStrategy final : public Strategy {
 };
 
 }  // namespace strata::mp
+STRATA_EXPORT_END

@@ -13,6 +13,9 @@
 #pragma once
 #include <vector>
 
+#include "strata/export.hpp"
+
+STRATA_EXPORT_BEGIN
 namespace strata::pp {
 
 enum class PipeSchedule { gpipe, one_f_one_b, interleaved };
@@ -79,3 +82,4 @@ double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_ba
 const char* schedule_name(PipeSchedule schedule);
 
 }  // namespace strata::pp
+STRATA_EXPORT_END

@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "strata/data_parallel.hpp"
+#include "strata/export.hpp"
 #include "strata/stage_model.hpp"
 
+STRATA_EXPORT_BEGIN
 namespace strata::sharded {
 
 struct EngineConfig {
@@ -325,3 +327,4 @@ class EngineStrategy final : public Strategy {
 };
 
 }  // namespace strata::sharded
+STRATA_EXPORT_END
