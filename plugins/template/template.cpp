@@ -7,7 +7,7 @@
 // overlap), and every rank applies the same AdamW update.
 #include <optional>
 
-#include "strata/data_parallel.hpp"  // Replica, forward_backward, replicated_prediction, AdamW
+#include "strata/data_parallel.hpp"  // Replica, forward_backward, plan_replica, AdamW
 
 namespace {
 
@@ -23,13 +23,14 @@ class SyncAllReduce final : public Strategy {
     require_data_parallel_only(mesh, "allreduce");
   }
 
-  // plan_step(): what train_step() below issues, in order, as data. The core counts the bytes it
-  // moves per op (the run file stores them beside the measured bytes, and tests check that they
-  // are equal) and times each action from a machine profile (runner --dry-run --profile, the
-  // advisor). Memory per tag is predict()'s; its default, a full replica's parameters,
-  // gradients, AdamW state and activations (replicated_prediction), is this strategy's.
+  // plan_step(): what setup() and train_step() below allocate and issue, in order, as data. The
+  // core counts the bytes it moves per op (the run file stores them beside the measured bytes,
+  // and tests check that they are equal), takes its memory per tag from its allocations (the
+  // same check against the ledger's peaks; no predict() needed) and times each action from a
+  // machine profile (runner --dry-run --profile, the advisor).
   StepPlan plan_step(const PredictInput& in) const override {
     StepPlan plan;
+    plan_replica(in, plan.setup);  // setup(): parameters, gradients, AdamW state, activations
     plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);  // one micro-batch
     plan.micro_batches = in.train.micro_steps(in.mesh);                          // ... this often
     const double n = double(in.model.total_params());

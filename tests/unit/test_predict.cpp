@@ -290,6 +290,63 @@ TEST(Predictor, DdpWithOneBucketExposesTheWholeAllReduce) {
 }
 
 // The template plugin (plugins/template): one all-reduce of every gradient after backward.
+// A plan's memory: setup's allocations held, a micro-batch's freed ones peaking once however
+// often it repeats, one it never frees growing with each repeat, the step's on top; every tag's
+// peak on its own.
+TEST(StepPlanMemory, PeaksPerTagOverSetupMicroBatchesAndStep) {
+  StepPlan plan;
+  plan.setup = {plan_alloc(MemTag::params, 100), plan_alloc(MemTag::grads, 100)};
+  plan.micro_batch = {plan_alloc(MemTag::activations, 50), plan_forward(0),
+                      plan_alloc(MemTag::workspace, 10), plan_backward(0),
+                      plan_free(MemTag::activations, 50)};
+  plan.micro_batches = 3;
+  plan.step = {plan_alloc(MemTag::comm_buffers, 20), plan_free(MemTag::comm_buffers, 20),
+               plan_free(MemTag::grads, 100), plan_alloc(MemTag::grads, 40)};
+  const std::array<double, kNumMemTags> peak = plan_memory(plan);
+  auto at = [&](MemTag t) { return peak[static_cast<int>(t)]; };
+  EXPECT_EQ(at(MemTag::params), 100);
+  EXPECT_EQ(at(MemTag::grads), 100);
+  EXPECT_EQ(at(MemTag::activations), 50);
+  EXPECT_EQ(at(MemTag::workspace), 30);
+  EXPECT_EQ(at(MemTag::comm_buffers), 20);
+  EXPECT_EQ(at(MemTag::optimizer), 0);
+  EXPECT_TRUE(plan_allocates(plan));
+  StepPlan compute;
+  plan_forward_backward(4, compute.micro_batch);
+  EXPECT_FALSE(plan_allocates(compute));
+}
+
+// Strategy::predict()'s default: the plan's memory when it allocates (the template plugin states
+// a replica's in its setup list), else a full replica's; the two agree for the template.
+TEST(StepPlanMemory, DefaultPredictIsThePlansMemory) {
+  struct Planned final : Strategy {
+    StepPlan plan_step(const PredictInput&) const override {
+      StepPlan plan;
+      plan.setup = {plan_alloc(MemTag::params, 7), plan_alloc(MemTag::offload, 3)};
+      return plan;
+    }
+    void setup(Context&) override {}
+    void train_step(Context&, int) override {}
+  };
+  struct Unplanned final : Strategy {
+    void setup(Context&) override {}
+    void train_step(Context&, int) override {}
+  };
+  const ModelSpec m = tiny();
+  TrainSpec train;
+  train.micro_batch = 4;
+  train.global_batch = 8;
+  const PredictInput in{MeshSpec{2, 1, 1, 1, 2}, m, train, 0};
+  const Prediction planned = Planned().predict(in);
+  EXPECT_EQ(planned.memory_bytes[static_cast<int>(MemTag::params)], 7);
+  EXPECT_EQ(planned.memory_bytes[static_cast<int>(MemTag::offload)], 3);
+  EXPECT_EQ(planned.memory_bytes[static_cast<int>(MemTag::activations)], 0);
+  const Prediction replica = replicated_prediction(in);
+  EXPECT_EQ(Unplanned().predict(in).memory_bytes, replica.memory_bytes);
+  EXPECT_EQ(replica.memory_bytes[static_cast<int>(MemTag::params)], 4.0 * m.total_params());
+  EXPECT_EQ(installed_strategy("allreduce", {})->predict(in).memory_bytes, replica.memory_bytes);
+}
+
 TEST(Predictor, TemplatePluginsAllReduceFollowsTheBackward) {
   const ModelSpec m = tiny();
   const StepTime t =

@@ -75,9 +75,15 @@ struct StateBytes {
 };
 StateBytes state_bytes_per_param(const MixedPrecision& precision);
 
-// Prediction for a strategy that keeps a full replica of parameters and gradients on every rank:
-// state_bytes_per_param() x P, activations of one micro-batch, the batch workspace. Strategies
-// adjust what differs.
+// The allocations of a full replica of parameters and gradients on every rank, as a plan's setup
+// actions: state_bytes_per_param() x P of params, grads and optimizer, the whole model's
+// activations of one micro-batch, the micro-batch's tokens (the core's and the model slot's,
+// MemTag::workspace). A replicated strategy's plan_step() adds them to StepPlan::setup, and its
+// memory is the plan's (Strategy::predict()'s default).
+void plan_replica(const PredictInput& in, std::vector<PlanAction>& setup);
+
+// Their memory (plan_memory of plan_replica), for a strategy that adjusts what differs in its own
+// predict() (dp: no optimizer state off rank 0).
 Prediction replicated_prediction(const PredictInput& in);
 
 }  // namespace strata

@@ -89,7 +89,9 @@ class Strategy {
   // cannot run under this strategy. Called before any rank allocates.
   virtual void validate(const MeshSpec&, const TrainSpec&, const ModelSpec&) const {}
   // Memory per tag on rank in.rank (what every run's measured peaks are checked against). The
-  // default: a full replica's, replicated_prediction() (strata/data_parallel.hpp).
+  // default: the plan's (plan_memory) when plan_step() allocates, else a full replica's
+  // (replicated_prediction(), strata/data_parallel.hpp). A strategy whose plan states its
+  // allocations needs no predict() of its own.
   virtual Prediction predict(const PredictInput& in) const;
   // One step of rank in.rank as the actions its train_step() issues (strata/step_plan.hpp): the
   // bytes it moves per op are the run's predicted bytes (plan_comm_bytes), and `runner --dry-run

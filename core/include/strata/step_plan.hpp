@@ -16,6 +16,8 @@
 //   send, recv                         point to point with rank `peer`: a send never blocks (it
 //                                      runs on a comm stream); the recv of the same tag waits for
 //                                      the send's issue plus its transfer time
+//   alloc, free                        memory, no time: `bytes` of `tag` taken or given back
+//                                      (plan_memory; the setup list holds setup()'s allocations)
 // At the end of the step the clock waits for every stream. Collectives are costs of the rank's
 // own group (its peers run the same plan); sends and receives pair ranks of different pipeline
 // stages, so the predictor asks for the plan of every stage (rank 0's pp group).
@@ -32,7 +34,7 @@
 STRATA_EXPORT_BEGIN
 namespace strata {
 
-enum class PlanOp { forward, backward, update, fresh, comm, copy, wait, send, recv };
+enum class PlanOp { forward, backward, update, fresh, comm, copy, wait, send, recv, alloc, free };
 
 struct PlanAction {
   PlanOp op = PlanOp::forward;
@@ -47,10 +49,13 @@ struct PlanAction {
   int event = -1;        // comm, copy: the event its end sets; wait: the event waited for
   int peer = -1;         // send, recv: the other rank
   int tag = 0;           // send, recv: pairs a recv with its send
+  MemTag memory = MemTag::workspace;  // alloc, free: the ledger tag of `bytes`
 };
 
-// One rank's step: `micro_batch` replayed `micro_batches` times, then `step` once.
+// One rank's step: `micro_batch` replayed `micro_batches` times, then `step` once. `setup`: the
+// allocations setup() makes and the run holds (alloc actions only).
 struct StepPlan {
+  std::vector<PlanAction> setup;
   std::vector<PlanAction> micro_batch;
   int micro_batches = 0;
   std::vector<PlanAction> step;
@@ -92,10 +97,24 @@ inline PlanAction plan_send(int peer, int tag, double bytes) {
 inline PlanAction plan_recv(int peer, int tag, double bytes) {
   return {.op = PlanOp::recv, .bytes = bytes, .axis = Axis::pp, .peer = peer, .tag = tag};
 }
+// Memory the rank takes (the ledger's `tag`, as the Buffer that allocates it says) and gives back.
+inline PlanAction plan_alloc(MemTag tag, double bytes) {
+  return {.op = PlanOp::alloc, .bytes = bytes, .memory = tag};
+}
+inline PlanAction plan_free(MemTag tag, double bytes) {
+  return {.op = PlanOp::free, .bytes = bytes, .memory = tag};
+}
 
 // Every unit's forward then backward (in reverse) of one micro-batch, nothing else: the compute
 // of a replica or a pipeline-free rank.
 void plan_forward_backward(int num_units, std::vector<PlanAction>& out);
+
+// The peak bytes per tag a plan holds: setup's allocations, then `micro_batch` `micro_batches`
+// times, then `step`, each alloc adding to its tag and each free taking from it; every tag's peak
+// on its own, as the memory ledger keeps them. Strategy::predict()'s default when the plan
+// allocates (plan_allocates): a strategy that describes its memory in its plan needs no predict().
+std::array<double, kNumMemTags> plan_memory(const StepPlan& plan);
+bool plan_allocates(const StepPlan& plan);
 
 // The bytes per step a plan moves, per op (indexed by CommOp; nccl-tests size convention): its
 // collectives, copies, sends and receives, and the tensor-parallel collectives inside each unit

@@ -106,6 +106,9 @@ bool advance(Costs& c, RankReplay& r, std::map<SendKey, double>& sent) {
       sent.erase(it);
       break;
     }
+    case PlanOp::alloc:
+    case PlanOp::free:
+      break;  // memory, no time (plan_memory)
   }
   ++r.next;
   return true;

@@ -137,24 +137,39 @@ std::uint64_t batch_workspace_bytes(const TrainSpec& train, const ModelSpec& mod
   return 2ull * sizeof(std::int32_t) * std::uint64_t(train.micro_batch) * model.seq;
 }
 
-Prediction replicated_prediction(const PredictInput& in) {
-  Prediction p;
+void plan_replica(const PredictInput& in, std::vector<PlanAction>& setup) {
   const double n = double(in.model.total_params());
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  auto at = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  at(MemTag::params) = per.params * n;
-  at(MemTag::grads) = per.grads * n;
-  at(MemTag::optimizer) = per.optimizer * n;
-  at(MemTag::activations) =
+  setup.push_back(plan_alloc(MemTag::params, per.params * n));
+  setup.push_back(plan_alloc(MemTag::grads, per.grads * n));
+  setup.push_back(plan_alloc(MemTag::optimizer, per.optimizer * n));
+  setup.push_back(plan_alloc(
+      MemTag::activations,
       double(predict_activations(in.model, in.train.micro_batch, whole_model(in.model),
                                  in.train.recompute, in.train.precision.param, in.train.device)
-                 .total(1));
+                 .total(1))));
   // The core's micro-batch and the model's copy of it in its slot.
-  at(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model) +
-                                 StageModel::slot_token_bytes(in.model, in.train.micro_batch));
+  setup.push_back(plan_alloc(MemTag::workspace,
+                             double(batch_workspace_bytes(in.train, in.model) +
+                                    StageModel::slot_token_bytes(in.model, in.train.micro_batch))));
+}
+
+Prediction replicated_prediction(const PredictInput& in) {
+  StepPlan plan;
+  plan_replica(in, plan.setup);
+  Prediction p;
+  p.memory_bytes = plan_memory(plan);
   return p;
 }
 
-Prediction Strategy::predict(const PredictInput& in) const { return replicated_prediction(in); }
+// A plan that allocates describes the strategy's memory; one that does not is taken for a
+// replica's.
+Prediction Strategy::predict(const PredictInput& in) const {
+  const StepPlan plan = plan_step(in);
+  if (!plan_allocates(plan)) return replicated_prediction(in);
+  Prediction p;
+  p.memory_bytes = plan_memory(plan);
+  return p;
+}
 
 }  // namespace strata

@@ -1,6 +1,8 @@
 // The SDK's step-plan helpers (strata/step_plan.hpp).
 #include "strata/step_plan.hpp"
 
+#include <algorithm>
+
 #include "strata/stage_model.hpp"
 
 namespace strata {
@@ -41,6 +43,29 @@ void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
 }
 
 }  // namespace
+
+std::array<double, kNumMemTags> plan_memory(const StepPlan& plan) {
+  std::array<double, kNumMemTags> now{}, peak{};
+  auto replay = [&](const std::vector<PlanAction>& actions) {
+    for (const PlanAction& a : actions) {
+      if (a.op != PlanOp::alloc && a.op != PlanOp::free) continue;
+      const int t = static_cast<int>(a.memory);
+      now[t] += a.op == PlanOp::alloc ? a.bytes : -a.bytes;
+      peak[t] = std::max(peak[t], now[t]);
+    }
+  };
+  replay(plan.setup);
+  for (int m = 0; m < plan.micro_batches; ++m) replay(plan.micro_batch);
+  replay(plan.step);
+  return peak;
+}
+
+bool plan_allocates(const StepPlan& plan) {
+  for (const std::vector<PlanAction>* actions : {&plan.setup, &plan.micro_batch, &plan.step})
+    for (const PlanAction& a : *actions)
+      if (a.op == PlanOp::alloc) return true;
+  return false;
+}
 
 std::array<double, kNumCommOps> plan_comm_bytes(const StepPlan& plan, const ModelSpec& model,
                                                 const TrainSpec& train, int tp) {

@@ -200,9 +200,6 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   return 0;
 }
 
-// Everything that can be checked before any rank starts. Returns false when the action is done.
-// The requests answered with a print and no run (--help, --version, --list-transports,
-// --list-plugins, --describe); scans the plugin directories on the way. True when one was.
 // What comm a plan action is, for a message: the collective or copy, send, recv or a wait.
 std::string action_text(const PlanAction& a) {
   if (a.op == PlanOp::comm || a.op == PlanOp::copy) return op_name(a.collective);
@@ -237,6 +234,9 @@ void check_cuda_graphs(const RunConfig& c, const Strategy& strategy) {
                       "zero1, allreduce, the pipelines with dp=allreduce|zero1)");
 }
 
+// Everything that can be checked before any rank starts. Returns false when the action is done.
+// The requests answered with a print and no run (--help, --version, --list-transports,
+// --list-plugins, --describe); scans the plugin directories on the way. True when one was.
 bool answered_request(const RunConfig& config, const LaunchEnv& env, PluginRegistry& registry) {
   if (config.help) {
     if (env.rank == 0) std::printf("%s", config.help_text.c_str());
