@@ -210,13 +210,14 @@ std::string action_text(const PlanAction& a) {
 // --cuda-graphs captures runs of unit passes with nothing between them; the rest of a step (ddp's
 // last backward with its bucket all-reduces, a pipeline's sends) runs as it is. Refused before any
 // work where no such run exists: communication inside the passes (tp > 1), or between the unit
-// passes of every micro-batch (its plan's per-micro-batch actions: zero2, zero3, fsdp), on any
-// rank's plan (pipeline stages differ).
+// passes of every micro-batch (its plan's per-micro-batch actions: zero2, zero3, fsdp), on each
+// pipeline stage's plan (rank 0's pp group, as the predictor asks for them).
 void check_cuda_graphs(const RunConfig& c, const Strategy& strategy) {
   if (!c.train.cuda_graphs) return;
   std::string why;
   if (c.mesh.tp > 1) why = "tensor parallelism has collectives inside the passes";
-  for (int rank = 0; rank < c.mesh.world() && why.empty(); ++rank) {
+  for (int rank : Mesh(c.mesh).group(Axis::pp, 0)) {
+    if (!why.empty()) break;
     const StepPlan plan = strategy.plan_step(PredictInput{c.mesh, c.model, c.train, rank});
     if (plan.empty())
       why = "it has no step plan to tell" +

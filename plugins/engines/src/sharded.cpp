@@ -297,6 +297,9 @@ Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
       shards_(std::make_unique<Shards>(ctx, c, std::vector<const StageModel*>{model_.get()})) {
   const Partition& part = model_->partition();
   schedule_ = micro_batch_schedule(shards_->groups(), part.last_unit - part.first_unit + 1, c);
+  passes_only_ = std::all_of(schedule_.begin(), schedule_.end(), [](const Action& a) {
+    return a.act == Act::forward || a.act == Act::backward;
+  });
 }
 
 Engine::~Engine() = default;
@@ -308,10 +311,7 @@ void Engine::run_micro_batch(Context& ctx, const MicroBatch& mb) {
   const int head = model.partition().last_unit;
   const float scale = float(grad_scale(ctx));
   const int slot = model.acquire_slot();
-  const bool passes_only = std::all_of(schedule_.begin(), schedule_.end(), [](const Action& a) {
-    return a.act == Act::forward || a.act == Act::backward;
-  });
-  if (ctx.train().cuda_graphs && passes_only && !tp_) {
+  if (ctx.train().cuda_graphs && passes_only_ && !tp_) {
     forward_backward(ctx, model, slot, shards_->params(), shards_->grads(), mb);
     model.release_slot(slot);
     return;

@@ -75,15 +75,24 @@ bool forbids(const Capture& c) {
          (c.mode == cudaStreamCaptureModeThreadLocal && c.thread == std::this_thread::get_id());
 }
 
-}  // namespace
-
-bool capture_op(cudaStream_t stream, std::function<void()>& op) {
+// If `stream` is capturing: f(its capture) under the lock, and true; else false. The count read
+// first keeps the lock off every enqueue while nothing captures.
+template <class F>
+bool with_capture(cudaStream_t stream, F&& f) {
   if (active_captures.load() == 0) return false;
   std::lock_guard lock(capture_mutex);
   const auto it = captures.find(stream);
   if (it == captures.end()) return false;
-  if (!it->second.invalidated) it->second.graph->ops.push_back(std::move(op));
+  f(it->second);
   return true;
+}
+
+}  // namespace
+
+bool capture_op(cudaStream_t stream, std::function<void()>& op) {
+  return with_capture(stream, [&](Capture& c) {
+    if (!c.invalidated) c.graph->ops.push_back(std::move(op));
+  });
 }
 
 bool capture_forbids(const char* call) {
@@ -100,38 +109,28 @@ bool capture_forbids(const char* call) {
 }
 
 bool in_capture(cudaStream_t stream) {
-  if (active_captures.load() == 0) return false;
-  std::lock_guard lock(capture_mutex);
-  return captures.count(stream) != 0;
+  return with_capture(stream, [](Capture&) {});
 }
 
 bool capturing(cudaStream_t stream, const char* call) {
-  if (active_captures.load() == 0) return false;
-  std::lock_guard lock(capture_mutex);
-  const auto it = captures.find(stream);
-  if (it == captures.end()) return false;
-  report("%s of stream %p, which is capturing: not permitted; the capture is invalidated", call,
-         static_cast<void*>(stream));
-  it->second.invalidated = true;
-  return true;
+  return with_capture(stream, [&](Capture& c) {
+    report("%s of stream %p, which is capturing: not permitted; the capture is invalidated", call,
+           static_cast<void*>(stream));
+    c.invalidated = true;
+  });
 }
 
 bool capture_allocates(cudaStream_t stream, void* p) {
-  if (active_captures.load() == 0) return false;
-  std::lock_guard lock(capture_mutex);
-  const auto it = captures.find(stream);
-  if (it == captures.end()) return false;
-  it->second.graph->memory->blocks.push_back(p);
-  return true;
+  return with_capture(stream, [&](Capture& c) { c.graph->memory->blocks.push_back(p); });
 }
 
 bool capture_frees(cudaStream_t stream, void* p) {
-  if (active_captures.load() == 0) return false;
-  std::lock_guard lock(capture_mutex);
-  const auto it = captures.find(stream);
-  if (it == captures.end()) return false;
-  const std::vector<void*>& owned = it->second.graph->memory->blocks;
-  return std::find(owned.begin(), owned.end(), p) != owned.end();
+  bool owned = false;
+  with_capture(stream, [&](Capture& c) {
+    const std::vector<void*>& blocks = c.graph->memory->blocks;
+    owned = std::find(blocks.begin(), blocks.end(), p) != blocks.end();
+  });
+  return owned;
 }
 
 }  // namespace strata_emu

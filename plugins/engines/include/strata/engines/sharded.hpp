@@ -303,6 +303,7 @@ class Engine {
   TensorParallelComm* tp_ = nullptr;   // tp > 1: the collectives inside the passes
   std::unique_ptr<Shards> shards_;
   std::vector<Action> schedule_;
+  bool passes_only_ = false;  // no Shards action in schedule_: --cuda-graphs captures it
 };
 
 // A Strategy that runs the engine with a fixed configuration: the zero and fsdp plugins only map
