@@ -25,18 +25,15 @@ class BucketedDdp final : public Strategy {
     require_data_parallel_only(mesh, "ddp");
   }
 
-  Prediction predict(const PredictInput& in) const override {
-    Prediction p = replicated_prediction(in);
-    p.notes = "buckets are views of the flat gradient buffer: no comm_buffers";
-    return p;
-  }
-
-  // The micro-batches before the last as they are; in the last, each bucket's all-reduce issued
-  // on the comm stream as soon as backward has passed its ready unit; then the wait and the update.
+  // A replica; the micro-batches before the last as they are; in the last, each bucket's all-reduce
+  // issued on the comm stream as soon as backward has passed its ready unit; then the wait and the
+  // update.
   StepPlan plan_step(const PredictInput& in) const override {
     const ParamLayout layout(in.model);
     const int units = layout.num_units(), m = in.train.micro_steps(in.mesh);
     StepPlan plan;
+    plan_replica(in, plan.setup);
+    plan.notes = "buckets are views of the flat gradient buffer: no comm_buffers";
     plan_forward_backward(units, plan.micro_batch);
     plan.micro_batches = m - 1;
     const double grad_bytes = state_bytes_per_param(in.train.precision).grads;

@@ -16,24 +16,21 @@ class SingleMaster final : public Strategy {
     require_data_parallel_only(mesh, "dp");
   }
 
-  Prediction predict(const PredictInput& in) const override {
-    Prediction p = replicated_prediction(in);
-    bool root = mesh_coord(in.mesh, in.rank).dp == 0;
-    if (!root) p.memory_bytes[static_cast<int>(MemTag::optimizer)] = 0;
-    p.notes = "optimizer state on dp rank 0 only; reduce + broadcast of all parameters per step";
-    return p;
-  }
-
-  // Every micro-batch's passes, then the reduce, rank 0's update and the broadcast, one after the
-  // other on the compute thread.
+  // A replica, with the optimizer state on dp rank 0 only; every micro-batch's passes, then the
+  // reduce, rank 0's update and the broadcast, one after the other on the compute thread.
   StepPlan plan_step(const PredictInput& in) const override {
     StepPlan plan;
+    const bool root = mesh_coord(in.mesh, in.rank).dp == 0;
+    plan_replica(in, plan.setup);
+    if (!root)
+      std::erase_if(plan.setup, [](const PlanAction& a) { return a.memory == MemTag::optimizer; });
+    plan.notes = "optimizer state on dp rank 0 only; reduce + broadcast of all parameters per step";
     plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
     plan.micro_batches = in.train.micro_steps(in.mesh);
     const StateBytes per = state_bytes_per_param(in.train.precision);
     const double n = double(in.model.total_params());
     if (in.mesh.dp > 1) plan.step.push_back(plan_comm(CommOp::reduce, per.grads * n, Axis::dp));
-    if (mesh_coord(in.mesh, in.rank).dp == 0) plan.step.push_back(plan_update(n));
+    if (root) plan.step.push_back(plan_update(n));
     if (in.mesh.dp > 1) plan.step.push_back(plan_comm(CommOp::broadcast, per.params * n, Axis::dp));
     return plan;
   }

@@ -26,8 +26,8 @@ class SyncAllReduce final : public Strategy {
   // plan_step(): what setup() and train_step() below allocate and issue, in order, as data. The
   // core counts the bytes it moves per op (the run file stores them beside the measured bytes,
   // and tests check that they are equal), takes its memory per tag from its allocations (the
-  // same check against the ledger's peaks; no predict() needed) and times each action from a
-  // machine profile (runner --dry-run --profile, the advisor).
+  // same check against the ledger's peaks) and times each action from a machine profile
+  // (runner --dry-run --profile, the advisor). It is the strategy's one description of its step.
   StepPlan plan_step(const PredictInput& in) const override {
     StepPlan plan;
     plan_replica(in, plan.setup);  // setup(): parameters, gradients, AdamW state, activations

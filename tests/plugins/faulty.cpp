@@ -28,7 +28,6 @@ class Faulty final : public Strategy {
         at_(o.get("at")),
         rank_(int(o.get_int("rank"))),
         step_(int(o.get_int("step"))) {}
-  Prediction predict(const PredictInput& in) const override { return replicated_prediction(in); }
   void setup(Context& ctx) override {
     if (at_ == "setup" && ctx.coord().rank == rank_) fail(ctx, "setup");
     replica_.emplace(ctx);

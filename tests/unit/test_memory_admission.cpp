@@ -111,7 +111,7 @@ RunConfig tiny_ddp(int ranks) {
 }
 
 double predicted_bytes(const Strategy& s, const RunConfig& c, int rank) {
-  const Prediction p = s.predict(PredictInput{c.mesh, c.model, c.train, rank});
+  const Prediction p = predict(s, PredictInput{c.mesh, c.model, c.train, rank});
   double total = 0;
   for (double b : p.memory_bytes) total += b;
   return total;

@@ -316,7 +316,7 @@ TEST(StepPlanMemory, PeaksPerTagOverSetupMicroBatchesAndStep) {
   EXPECT_FALSE(plan_allocates(compute));
 }
 
-// Strategy::predict()'s default: the plan's memory when it allocates (the template plugin states
+// predict(): the plan's memory when it allocates (the template plugin states
 // a replica's in its setup list), else a full replica's; the two agree for the template.
 TEST(StepPlanMemory, DefaultPredictIsThePlansMemory) {
   struct Planned final : Strategy {
@@ -337,14 +337,14 @@ TEST(StepPlanMemory, DefaultPredictIsThePlansMemory) {
   train.micro_batch = 4;
   train.global_batch = 8;
   const PredictInput in{MeshSpec{2, 1, 1, 1, 2}, m, train, 0};
-  const Prediction planned = Planned().predict(in);
+  const Prediction planned = predict(Planned(), in);
   EXPECT_EQ(planned.memory_bytes[static_cast<int>(MemTag::params)], 7);
   EXPECT_EQ(planned.memory_bytes[static_cast<int>(MemTag::offload)], 3);
   EXPECT_EQ(planned.memory_bytes[static_cast<int>(MemTag::activations)], 0);
   const Prediction replica = replicated_prediction(in);
-  EXPECT_EQ(Unplanned().predict(in).memory_bytes, replica.memory_bytes);
+  EXPECT_EQ(predict(Unplanned(), in).memory_bytes, replica.memory_bytes);
   EXPECT_EQ(replica.memory_bytes[static_cast<int>(MemTag::params)], 4.0 * m.total_params());
-  EXPECT_EQ(installed_strategy("allreduce", {})->predict(in).memory_bytes, replica.memory_bytes);
+  EXPECT_EQ(predict(*installed_strategy("allreduce", {}), in).memory_bytes, replica.memory_bytes);
 }
 
 TEST(Predictor, TemplatePluginsAllReduceFollowsTheBackward) {
@@ -661,7 +661,6 @@ TEST(Predictor, UnplannedStrategiesAndUnknownShapesHaveNoTimeModel) {
   StepTime t;
   // An out-of-tree strategy that does not describe its step (Strategy::plan_step's default).
   struct Unplanned final : Strategy {
-    Prediction predict(const PredictInput& in) const override { return replicated_prediction(in); }
     void setup(Context&) override {}
     void train_step(Context&, int) override {}
   };
@@ -802,10 +801,10 @@ TEST(StepPlan, Bf16TpCommHalvesTheActivationBytes) {
   for (int rank : {0, 1}) {
     TrainSpec train;
     train.micro_batch = B, train.global_batch = 4 * B;
-    const Prediction f = strategy->predict({pp2, m, train, rank});
+    const Prediction f = predict(*strategy, {pp2, m, train, rank});
     const auto f_bytes = planned_bytes(*strategy, {pp2, m, train, rank});
     train.precision.param = train.precision.tp_comm = DType::bf16;
-    const Prediction h = strategy->predict({pp2, m, train, rank});
+    const Prediction h = predict(*strategy, {pp2, m, train, rank});
     const auto h_bytes = planned_bytes(*strategy, {pp2, m, train, rank});
     for (const char* op : {"send", "recv"}) {
       EXPECT_EQ(f_bytes.at(op), 4 * E + wte) << op;

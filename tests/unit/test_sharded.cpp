@@ -28,6 +28,11 @@ PredictInput input(int dp, int rank, int nodes = 1) {
 
 double mem(const Prediction& p, MemTag t) { return p.memory_bytes[static_cast<int>(t)]; }
 
+// The memory the core predicts for a rank of the engine: its step plan's.
+Prediction predict(const PredictInput& in, const EngineConfig& c) {
+  return strata::predict(EngineStrategy("zero", c), in);
+}
+
 // The bytes per op name the core predicts for a rank: those its step plan moves.
 std::map<std::string, double> planned(const PredictInput& in, const EngineConfig& c) {
   const auto bytes = plan_comm_bytes(plan_step(in, c), in.model, in.train, in.mesh.tp);

@@ -79,11 +79,11 @@ StateBytes state_bytes_per_param(const MixedPrecision& precision);
 // actions: state_bytes_per_param() x P of params, grads and optimizer, the whole model's
 // activations of one micro-batch, the micro-batch's tokens (the core's and the model slot's,
 // MemTag::workspace). A replicated strategy's plan_step() adds them to StepPlan::setup, and its
-// memory is the plan's (Strategy::predict()'s default).
+// predicted memory is the plan's (predict(), strata/plugin.hpp).
 void plan_replica(const PredictInput& in, std::vector<PlanAction>& setup);
 
-// Their memory (plan_memory of plan_replica), for a strategy that adjusts what differs in its own
-// predict() (dp: no optimizer state off rank 0).
+// Their memory (plan_memory of plan_replica): predict()'s answer for a plan that states no
+// allocations.
 Prediction replicated_prediction(const PredictInput& in);
 
 }  // namespace strata

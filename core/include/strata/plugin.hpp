@@ -5,9 +5,9 @@
 //   strata_descriptor    -> const PluginDescriptor& (family, strategies, typed options, help)
 //   strata_create        -> std::unique_ptr<Strategy>(strategy name, validated Options)
 // Lifecycle per run: validate(mesh, train, model) -> setup(ctx) -> train_step(ctx, step) per step.
-// plan_step() describes one step as data (strata/step_plan.hpp): the core counts its bytes per op
-// (the prediction every run's measured bytes are checked against) and the step-time predictor
-// replays it. predict() answers memory per tag without running.
+// plan_step() describes one step as data (strata/step_plan.hpp), once: the core derives from it
+// the bytes per op and the memory per tag every run's measurements are checked against (predict()
+// below), and the step-time predictor replays it for time.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -24,7 +24,7 @@ STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Bump when any SDK type crossing the plugin boundary changes layout or meaning.
-inline constexpr std::uint32_t kPluginAbiVersion = 9;
+inline constexpr std::uint32_t kPluginAbiVersion = 10;
 
 enum class OptionType { integer, real, boolean, string, choice };
 const char* option_type_name(OptionType t);
@@ -66,7 +66,7 @@ class Options {
   std::map<std::string, std::string> values_;
 };
 
-// What predict() is asked about: one rank of one configuration.
+// What a plan and predict() are asked about: one rank of one configuration.
 struct PredictInput {
   MeshSpec mesh;
   ModelSpec model;
@@ -76,10 +76,8 @@ struct PredictInput {
 
 struct Prediction {
   std::array<double, kNumMemTags> memory_bytes{};  // bytes per tag on this rank
-  std::string notes;                               // assumptions, padding, ...
-  // Pipeline strategies: the fraction of the step a stage idles in an ideal pipeline
-  // ((p-1)/(m+p-1) for GPipe and 1F1B). Negative: not a pipeline.
-  double bubble_fraction = -1;
+  std::string notes;                               // StepPlan::notes
+  double bubble_fraction = -1;                     // StepPlan::bubble_fraction
 };
 
 class Strategy {
@@ -88,15 +86,11 @@ class Strategy {
   // Throw ConfigError (one line naming the option and what is allowed) if the configuration
   // cannot run under this strategy. Called before any rank allocates.
   virtual void validate(const MeshSpec&, const TrainSpec&, const ModelSpec&) const {}
-  // Memory per tag on rank in.rank (what every run's measured peaks are checked against). The
-  // default: the plan's (plan_memory) when plan_step() allocates, else a full replica's
-  // (replicated_prediction(), strata/data_parallel.hpp). A strategy whose plan states its
-  // allocations needs no predict() of its own.
-  virtual Prediction predict(const PredictInput& in) const;
-  // One step of rank in.rank as the actions its train_step() issues (strata/step_plan.hpp): the
-  // bytes it moves per op are the run's predicted bytes (plan_comm_bytes), and `runner --dry-run
-  // --profile` and the advisor replay it for time. The default, an empty plan, predicts no bytes
-  // and reports the strategy as having no time model.
+  // One step of rank in.rank as the actions setup() and train_step() take and issue
+  // (strata/step_plan.hpp): the memory they allocate, the passes, the collectives, the update. The
+  // core derives the run's predictions from it (predict() below), and `runner --dry-run --profile`
+  // and the advisor replay it for time. The default, an empty plan, predicts no bytes, a replica's
+  // memory, and reports the strategy as having no time model.
   virtual StepPlan plan_step(const PredictInput& in) const {
     (void)in;
     return {};
@@ -108,6 +102,11 @@ class Strategy {
 };
 
 using CreateFn = std::unique_ptr<Strategy>(const std::string& strategy, const Options& options);
+
+// What every run's measured memory is checked against, from the strategy's plan for rank in.rank:
+// plan_memory() when the plan allocates, else a full replica's (replicated_prediction(),
+// strata/data_parallel.hpp), with the plan's notes and bubble fraction.
+Prediction predict(const Strategy& strategy, const PredictInput& in);
 
 }  // namespace strata
 STRATA_EXPORT_END

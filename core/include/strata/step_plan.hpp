@@ -64,6 +64,11 @@ struct StepPlan {
   bool sequence_parallel = false;
   // Empty plan: why this configuration has no time model (e.g. "no plan for offload yet").
   std::string unmodelled;
+  // What predict() reports beside the memory: assumptions, padding, the rank's stage (--dry-run
+  // prints them), and a pipeline's ideal bubble ((p-1)/(m+p-1) for GPipe and 1F1B; negative: not
+  // a pipeline), recorded beside the measured one.
+  std::string notes;
+  double bubble_fraction = -1;
   bool empty() const { return micro_batch.empty() && step.empty(); }
 };
 
@@ -111,8 +116,8 @@ void plan_forward_backward(int num_units, std::vector<PlanAction>& out);
 
 // The peak bytes per tag a plan holds: setup's allocations, then `micro_batch` `micro_batches`
 // times, then `step`, each alloc adding to its tag and each free taking from it; every tag's peak
-// on its own, as the memory ledger keeps them. Strategy::predict()'s default when the plan
-// allocates (plan_allocates): a strategy that describes its memory in its plan needs no predict().
+// on its own, as the memory ledger keeps them. A strategy's predicted memory when its plan
+// allocates (plan_allocates; predict(), strata/plugin.hpp).
 std::array<double, kNumMemTags> plan_memory(const StepPlan& plan);
 bool plan_allocates(const StepPlan& plan);
 

@@ -69,7 +69,7 @@ double device_memory(const Strategy& s, const MeshSpec& mesh, const AdviseReques
   double worst = 0;
   for (int pp : {0, mesh.pp - 1})
     for (const auto& [dp, tp] : {std::pair{0, 0}, std::pair{mesh.dp - 1, mesh.tp - 1}}) {
-      const Prediction p = s.predict(PredictInput{mesh, r.model, train, m.rank_of(dp, tp, pp)});
+      const Prediction p = predict(s, PredictInput{mesh, r.model, train, m.rank_of(dp, tp, pp)});
       double total = 0;
       for (int t = 0; t < kNumMemTags; ++t)
         if (!is_host_tag(MemTag(t))) total += p.memory_bytes[t];

@@ -164,11 +164,12 @@ Prediction replicated_prediction(const PredictInput& in) {
 
 // A plan that allocates describes the strategy's memory; one that does not is taken for a
 // replica's.
-Prediction Strategy::predict(const PredictInput& in) const {
-  const StepPlan plan = plan_step(in);
-  if (!plan_allocates(plan)) return replicated_prediction(in);
-  Prediction p;
-  p.memory_bytes = plan_memory(plan);
+Prediction predict(const Strategy& strategy, const PredictInput& in) {
+  const StepPlan plan = strategy.plan_step(in);
+  Prediction p = replicated_prediction(in);
+  if (plan_allocates(plan)) p.memory_bytes = plan_memory(plan);
+  p.notes = plan.notes;
+  p.bubble_fraction = plan.bubble_fraction;
   return p;
 }
 

@@ -264,7 +264,7 @@ void finish_report(const Run& run, double peak_flops, std::uint64_t baseline_byt
                    double* predicted_bubble, RankReport& report) {
   const RunConfig& c = run.config;
   const PredictInput in{c.mesh, c.model, c.train, mpi::world_rank()};
-  const Prediction pred = run.strategy->predict(in);
+  const Prediction pred = predict(*run.strategy, in);
   report.predicted_comm_bytes =
       plan_comm_bytes(run.strategy->plan_step(in), c.model, c.train, c.mesh.tp);
   const MemoryLedger& memory = run.ctx.memory();
@@ -410,7 +410,7 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   // this rank will issue. Compiled before the baseline, that code is runtime memory (like BLAS's
   // warmed-up buffers) and the first step compiles nothing.
   if (config.train.precision.mixed() && config.device_kind() == Device::cpu)
-    strategy->predict(PredictInput{config.mesh, config.model, config.train, mpi::world_rank()});
+    predict(*strategy, PredictInput{config.mesh, config.model, config.train, mpi::world_rank()});
   CoreContext ctx(config, ledger);
   // The strategy's buffers go back to the context's ledger (and, on a GPU, to the backend's pool)
   // before the context itself goes.

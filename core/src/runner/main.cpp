@@ -166,7 +166,7 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   double bubble = -1;
   for (int r = 0; r < world; ++r) {
     const PredictInput in{c.mesh, c.model, c.train, r};
-    const Prediction p = strategy.predict(in);
+    const Prediction p = predict(strategy, in);
     const auto bytes = plan_comm_bytes(strategy.plan_step(in), c.model, c.train, c.mesh.tp);
     double total = 0, host = 0;
     for (int t = 0; t < kNumMemTags; ++t) {

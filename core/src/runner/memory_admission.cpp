@@ -100,7 +100,7 @@ struct RankNeed {
 };
 
 RankNeed rank_need(const RunConfig& c, const Strategy& strategy, const TrainSpec& train, int rank) {
-  const Prediction p = strategy.predict(PredictInput{c.mesh, c.model, train, rank});
+  const Prediction p = predict(strategy, PredictInput{c.mesh, c.model, train, rank});
   RankNeed need;
   std::vector<std::pair<double, int>> tags;
   for (int t = 0; t < kNumMemTags; ++t) {

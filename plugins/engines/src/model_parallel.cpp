@@ -1,4 +1,5 @@
-// Model-parallel engine (see model_parallel.hpp): plan, prediction and the step.
+// Model-parallel engine (see model_parallel.hpp): the rank's plan and the step (its StepPlan is
+// mp_plan.cpp's).
 #include "strata/engines/model_parallel.hpp"
 
 #include <algorithm>
@@ -24,13 +25,6 @@ std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& c
   if (ctx.mesh().tp == 1) return nullptr;
   return cfg.make_tp_comm ? cfg.make_tp_comm(ctx.group(Axis::tp))
                           : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
-}
-
-std::string join(const std::vector<std::pair<int, int>>& r) {
-  std::ostringstream s;
-  for (std::size_t i = 0; i < r.size(); ++i)
-    s << (i ? " | " : "") << "units " << r[i].first << "-" << r[i].second;
-  return s.str();
 }
 
 }  // namespace
@@ -186,82 +180,6 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
              ? "set --global-batch " + std::to_string(batch)
              : std::string("no --global-batch gives that many (at most 2147483647)")));
   }
-}
-
-// predict()'s notes: the rank's stage and units, micro-batches, tp and what dp shards.
-std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig& cfg) {
-  std::ostringstream notes;
-  notes << cfg.strategy << ": stage " << plan.stage << " of " << plan.P << " holds " << join([&] {
-    std::vector<std::pair<int, int>> r;
-    for (const Partition& part : plan.parts) r.emplace_back(part.first_unit, part.last_unit);
-    return r;
-  }()) << "; "
-        << plan.m << " micro-batches; tp=" << in.mesh.tp
-        << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
-        << (cfg.dp != DpMode::allreduce && in.mesh.dp > 1
-                ? std::string("; ") + dp_mode_name(cfg.dp) + " over dp" +
-                      (cfg.dp == DpMode::zero1 ? "" : ", reduced once per step")
-                : std::string())
-        << "; recompute " << recompute_name(in.train.recompute);
-  return notes.str();
-}
-
-Prediction predict(const PredictInput& in, const MpConfig& cfg) {
-  if (on_sharded_engine(cfg, in.mesh)) {
-    Prediction p = sharded::predict(
-        in, dp_axis_config(cfg),
-        sharded::tp_partition(in.model, in.mesh.tp, mesh_coord(in.mesh, in.rank).tp,
-                              cfg.sequence_parallel));
-    p.notes = cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + p.notes;
-    return p;
-  }
-  const MeshCoord coord = mesh_coord(in.mesh, in.rank);
-  const Plan plan = make_plan(in.mesh, coord, in.model, in.train, cfg);
-  const int B = in.train.micro_batch;
-  const DType tp_comm = in.train.precision.tp_comm;
-  Prediction p;
-  auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  mem(MemTag::workspace) = double(batch_workspace_bytes(in.train, in.model));
-  for (int c = 0; c < plan.v; ++c) {
-    const Partition& part = plan.parts[c];
-    const double in_flight = pp::max_in_flight(plan.actions, c);
-    const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute,
-                                                     in.train.precision.param, in.train.device);
-    mem(MemTag::activations) += in_flight * double(acts.slot) + double(acts.scratch);
-    mem(MemTag::workspace) += in_flight * double(StageModel::slot_token_bytes(in.model, B));
-    // The bf16 comm buffer of the tensor-parallel collectives.
-    mem(MemTag::comm_buffers) +=
-        double(StageModel::tp_comm_buffer_bytes(in.model, B, part, tp_comm));
-    // Pipeline sends and receives in the tp comm dtype: in bf16 each slot in flight has its send
-    // buffer (BoundaryBuffers).
-    const double boundary =
-        double(StageModel::boundary_count(in.model, B, part)) * double(dtype_size(tp_comm));
-    if (plan.K > 1 && tp_comm != DType::f32) mem(MemTag::comm_buffers) += in_flight * boundary;
-  }
-  if (plan.K > 1 && tp_comm != DType::f32)  // the one receive buffer (BoundaryBuffers)
-    mem(MemTag::comm_buffers) +=
-        double(StageModel::boundary_count(in.model, B, plan.parts[0])) * dtype_size(tp_comm);
-  // Activations stay fp32 (the residual stream is fp32 in every precision); the data-parallel
-  // axis's state by precision (sharded::Shards), and zero2's and fsdp's buffers of a step
-  // replayed from its schedule.
-  MemoryLedger state;
-  const sharded::EngineConfig dp = dp_axis_config(cfg);
-  sharded::predict_state(in, dp, plan.parts, state);
-  const auto groups = sharded::make_groups(in.model, plan.parts,
-                                           sharded::placement(in.mesh, in.rank, dp).shards, dp);
-  const StateBytes bytes = state_bytes_per_param(in.train.precision);
-  sharded::replay_schedule(dp_schedule_of(plan, groups, cfg, in.model).flat(), groups, bytes.params,
-                           bytes.grads, state);
-  for (MemTag t :
-       {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
-    mem(t) += double(state.peak(t));
-  const StateBytes per = state_bytes_per_param(in.train.precision);
-  const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden * per.grads;
-  if (plan.tied_exchange()) mem(MemTag::comm_buffers) += wte;
-  if (cfg.pipeline)
-    p.bubble_fraction = pp::predicted_bubble_fraction(cfg.schedule, plan.P, plan.m, plan.v);
-  p.notes = plan_notes(plan, in, cfg);
-  return p;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
-// The model-parallel engine's step as a plan (strata/step_plan.hpp): the pipeline schedule's
-// actions with their receives and sends, then what Engine::train_step does after the schedule.
+// The model-parallel engine's step as a plan (strata/step_plan.hpp): what the rank holds for the
+// run, the pipeline schedule's actions with their receives and sends, then what Engine::train_step
+// does after the schedule.
+#include <sstream>
+
 #include "rank_plan.hpp"
 #include "strata/data_parallel.hpp"
 #include "strata/engines/model_parallel.hpp"
@@ -59,17 +62,77 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   for (const sharded::Action& x : dp.end) sharded::plan_action(x, groups, per, at, end);
 }
 
+// What the rank holds for the run: per chunk a StageModel whose pool keeps as many activation
+// slots (each with its copy of the tokens) as the schedule has micro-batches in flight through
+// it, its tp comm buffer and, in bf16, a send buffer per slot (BoundaryBuffers) and the one
+// receive buffer; beside them the core's micro-batch, Shards' state and the tied embedding's
+// gradient on its way between the first and the last stage.
+void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
+                std::vector<PlanAction>& setup) {
+  const int B = in.train.micro_batch;
+  const DType tp_comm = in.train.precision.tp_comm;
+  setup.push_back(plan_alloc(MemTag::workspace, double(batch_workspace_bytes(in.train, in.model))));
+  auto boundary = [&](const Partition& part) {
+    return double(StageModel::boundary_count(in.model, B, part)) * double(dtype_size(tp_comm));
+  };
+  const bool converts = plan.K > 1 && tp_comm != DType::f32;
+  for (int c = 0; c < plan.v; ++c) {
+    const Partition& part = plan.parts[std::size_t(c)];
+    const double in_flight = pp::max_in_flight(plan.actions, c);
+    const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute,
+                                                     in.train.precision.param, in.train.device);
+    setup.push_back(
+        plan_alloc(MemTag::activations, in_flight * double(acts.slot) + double(acts.scratch)));
+    setup.push_back(plan_alloc(MemTag::workspace,
+                               in_flight * double(StageModel::slot_token_bytes(in.model, B))));
+    setup.push_back(plan_alloc(MemTag::comm_buffers, double(StageModel::tp_comm_buffer_bytes(
+                                                         in.model, B, part, tp_comm))));
+    if (converts) setup.push_back(plan_alloc(MemTag::comm_buffers, in_flight * boundary(part)));
+  }
+  if (converts) setup.push_back(plan_alloc(MemTag::comm_buffers, boundary(plan.parts[0])));
+  sharded::plan_state(in, dp_axis_config(cfg), plan.parts, setup);
+  if (plan.tied_exchange())
+    setup.push_back(
+        plan_alloc(MemTag::comm_buffers, double(in.model.vocab / in.mesh.tp) * in.model.hidden *
+                                             state_bytes_per_param(in.train.precision).grads));
+}
+
+// The rank's stage and units, micro-batches, tp and what dp shards.
+std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig& cfg) {
+  std::ostringstream notes;
+  notes << cfg.strategy << ": stage " << plan.stage << " of " << plan.P << " holds ";
+  for (std::size_t c = 0; c < plan.parts.size(); ++c)
+    notes << (c ? " | " : "") << "units " << plan.parts[c].first_unit << "-"
+          << plan.parts[c].last_unit;
+  notes << "; " << plan.m << " micro-batches; tp=" << in.mesh.tp
+        << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
+        << (cfg.dp != DpMode::allreduce && in.mesh.dp > 1
+                ? std::string("; ") + dp_mode_name(cfg.dp) + " over dp" +
+                      (cfg.dp == DpMode::zero1 ? "" : ", reduced once per step")
+                : std::string())
+        << "; recompute " << recompute_name(in.train.recompute);
+  return notes.str();
+}
+
 }  // namespace
 
 StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   StepPlan plan;
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
-  if (on_sharded_engine(cfg, in.mesh))  // the sharded engine on the tp partition
-    return sharded::plan_step(
+  if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp partition
+    plan = sharded::plan_step(
         in, dp_axis_config(cfg),
         sharded::tp_partition(in.model, in.mesh.tp, me.tp, cfg.sequence_parallel));
+    plan.notes =
+        cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + plan.notes;
+    return plan;
+  }
   const Plan rank = make_plan(in.mesh, me, in.model, in.train, cfg);
+  plan_setup(in, cfg, rank, plan.setup);
+  plan.notes = plan_notes(rank, in, cfg);
+  if (cfg.pipeline)
+    plan.bubble_fraction = pp::predicted_bubble_fraction(cfg.schedule, rank.P, rank.m, rank.v);
   const auto units = chunk_units(in.model, rank.K, cfg.stage_layers);
   std::vector<PlanAction>& step = plan.step;
   std::vector<PlanAction> end;  // the data-parallel axis's after the tied exchange

@@ -1,5 +1,5 @@
 // What one rank of a model-parallel mesh holds and does, from the configuration alone: the
-// engine's setup, its predict() and its plan_step() share it (the engines library's own, not
+// engine's setup and its plan_step() share it (the engines library's own, not
 // an SDK header).
 #pragma once
 #include <vector>

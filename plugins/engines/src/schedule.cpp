@@ -1,5 +1,5 @@
-// Groups, the per-micro-batch schedule, and predict(): everything about the sharded engine that is
-// decided before running.
+// Groups and the per-micro-batch schedule: everything about the sharded engine that is decided
+// before running (its plan, with its memory, is sharded_plan.cpp's).
 #include <sstream>
 
 #include "strata/engines/sharded.hpp"
@@ -215,117 +215,8 @@ std::string describe_schedule(const std::vector<Action>& actions) {
   return s.str();
 }
 
-// Its bytes on the wire are its plan's (sharded_plan.cpp).
-void replay_schedule(const std::vector<Action>& schedule, const std::vector<ShardGroup>& groups,
-                     double P, double Gr, MemoryLedger& sim) {
-  auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };
-  for (const Action& a : schedule) {
-    const ShardGroup& g = groups[a.index < int(groups.size()) ? a.index : 0];
-    const double gp = double(g.padded()), gc = double(g.chunk);
-    switch (a.act) {
-      case Act::gather:
-        sim.on_alloc(MemTag::comm_buffers, bytes_of(P, gp));
-        break;
-      case Act::free_params:
-        sim.on_free(MemTag::comm_buffers, bytes_of(P, gp));
-        break;
-      case Act::alloc_grads:
-        sim.on_alloc(MemTag::grads, bytes_of(Gr, gp));
-        break;
-      case Act::reduce_grads:
-        sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, gc));
-        break;
-      case Act::finish_grads:
-        sim.on_free(MemTag::grads, bytes_of(Gr, gp));
-        sim.on_free(MemTag::comm_buffers, bytes_of(Gr, gc));
-        break;
-      default:
-        break;
-    }
-  }
-}
-
 Partition tp_partition(const ModelSpec& model, int tp, int tp_rank, bool sequence_parallel) {
   return {0, model.layers + 1, tp, tp_rank, sequence_parallel && tp > 1};
-}
-
-Prediction predict(const PredictInput& in, const EngineConfig& c) {
-  return predict(in, c, whole_model(in.model));
-}
-
-void predict_state(const PredictInput& in, const EngineConfig& c,
-                   const std::vector<Partition>& parts, MemoryLedger& sim) {
-  const Placement at = placement(in.mesh, in.rank, c);
-  const int i = at.index;
-  const auto groups = make_groups(in.model, parts, at.shards, c);
-  double padded = 0, chunks = 0, valid = 0;
-  for (const ShardGroup& g : groups) {
-    padded += double(g.padded());
-    chunks += double(g.chunk);
-    valid += double(g.valid(i));
-  }
-  // Bytes per element by precision (state_bytes_per_param): parameters, gradients, AdamW m and v
-  // (and the fp32 master with bf16 parameters).
-  const StateBytes per = state_bytes_per_param(in.train.precision);
-  const double P = per.params, Gr = per.grads;
-  auto bytes_of = [](double b, double elements) { return std::uint64_t(b * elements); };
-  sim.on_alloc(MemTag::params, bytes_of(P, c.shard_params ? chunks : padded));
-  // This rank's reduced gradients, and zero1's and allreduce's full ones; one shard of those is
-  // the full buffer itself.
-  if (c.shard_grads || at.shards > 1) sim.on_alloc(MemTag::grads, bytes_of(Gr, chunks));
-  if (!c.shard_grads) sim.on_alloc(MemTag::grads, bytes_of(Gr, padded));
-  // AdamW state: on the device, or in host memory with offload=optimizer, beside host copies of
-  // this rank's gradient and parameter shards (every group's, so that the copies overlap the
-  // steps).
-  const MemTag state = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
-  sim.on_alloc(state, bytes_of(per.optimizer, valid));
-  if (c.offload_optimizer)
-    for (const ShardGroup& g : groups)
-      sim.on_alloc(MemTag::offload,
-                   bytes_of(Gr, double(g.valid(i))) + bytes_of(P, double(g.valid(i))));
-  // With sequence parallelism, the pack of the partial gradients' owned parts
-  // (Shards::reduce_partial_grads).
-  sim.on_alloc(MemTag::comm_buffers, bytes_of(Gr, partial_count(in.model, parts, groups, i)));
-}
-
-Prediction predict(const PredictInput& in, const EngineConfig& c, const Partition& part) {
-  Prediction p;
-  auto mem = [&](MemTag t) -> double& { return p.memory_bytes[static_cast<int>(t)]; };
-  const int B = in.train.micro_batch;
-  // The StageModel of the partition: one activation slot and its copy of the micro-batch's
-  // tokens; beside it the core's micro-batch.
-  mem(MemTag::activations) = double(predict_activations(in.model, B, part, in.train.recompute,
-                                                        in.train.precision.param, in.train.device)
-                                        .total(1));
-  mem(MemTag::workspace) =
-      double(batch_workspace_bytes(in.train, in.model) + StageModel::slot_token_bytes(in.model, B));
-  const Placement at = placement(in.mesh, in.rank, c);
-  const auto units = StageModel::unit_ranges(in.model, part);
-  const auto groups = make_groups(units, part.first_unit, at.shards, c);
-  const StateBytes per = state_bytes_per_param(in.train.precision);
-  MemoryLedger sim;
-  predict_state(in, c, {part}, sim);
-  // Under tp: the bf16 tp comm buffer.
-  sim.on_alloc(MemTag::comm_buffers,
-               StageModel::tp_comm_buffer_bytes(in.model, B, part, in.train.precision.tp_comm));
-  // Working buffers, replayed from the schedule.
-  replay_schedule(micro_batch_schedule(groups, int(units.size()), c), groups, per.params, per.grads,
-                  sim);
-  for (MemTag t :
-       {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::comm_buffers, MemTag::offload})
-    mem(t) = double(sim.peak(t));
-  double local = 0, padded = 0;
-  for (const auto& u : units) local += double(u.second);
-  for (const ShardGroup& g : groups) padded += double(g.padded());
-  std::ostringstream notes;
-  notes << groups.size() << " group(s) over " << at.shards << " shard(s); padding "
-        << (padded - local) << " elements";
-  if (part.tp_size > 1)
-    notes << "; tp rank " << part.tp_rank << " of " << part.tp_size
-          << (part.sequence_parallel ? " with sequence parallelism" : "");
-  if (c.offload_optimizer) notes << "; optimizer state in host memory (offload)";
-  p.notes = notes.str();
-  return p;
 }
 
 }  // namespace strata::sharded

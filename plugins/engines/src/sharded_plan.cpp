@@ -1,5 +1,9 @@
-// The sharded engine's step as a plan (strata/step_plan.hpp): its micro-batch action list
-// (micro_batch_schedule) with the collectives it issues on comm stream 0, then Engine::update().
+// The sharded engine's step as a plan (strata/step_plan.hpp): what Shards and the StageModel hold
+// for the run, its micro-batch action list (micro_batch_schedule) with the buffers it takes and
+// gives back and the collectives it issues on comm stream 0, then Engine::update().
+#include <sstream>
+
+#include "strata/data_parallel.hpp"
 #include "strata/engines/sharded.hpp"
 
 namespace strata::sharded {
@@ -19,7 +23,8 @@ void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const S
   auto padded = [&] { return double(groups[std::size_t(g)].padded()); };
   auto chunk = [&] { return double(groups[std::size_t(g)].chunk); };
   switch (a.act) {
-    case Act::gather:  // a new buffer for the group, then its all-gather
+    case Act::gather:  // a new buffer for the group (comm_buffers), then its all-gather
+      out.push_back(plan_alloc(MemTag::comm_buffers, per.params * padded()));
       out.push_back(plan_fresh(per.params * padded()));
       if (n > 1)
         out.push_back(
@@ -34,10 +39,12 @@ void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const S
     case Act::backward:
       out.push_back(plan_backward(g));
       break;
-    case Act::alloc_grads:
+    case Act::alloc_grads:  // the group's unsharded gradients
+      out.push_back(plan_alloc(MemTag::grads, per.grads * padded()));
       out.push_back(plan_fresh(per.grads * padded()));
       break;
-    case Act::reduce_grads:
+    case Act::reduce_grads:  // into a new buffer of the rank's chunk (comm_buffers)
+      out.push_back(plan_alloc(MemTag::comm_buffers, per.grads * chunk()));
       out.push_back(plan_fresh(per.grads * chunk()));
       if (n > 1)
         out.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(), shard_axis, 0,
@@ -46,12 +53,49 @@ void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const S
         out.push_back(plan_comm(CommOp::all_reduce, per.grads * chunk(), at.replica_axis, 0,
                                 reduce_event(g)));
       break;
-    case Act::finish_grads:
+    case Act::finish_grads:  // added into the shard: both buffers go
       if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
+      out.push_back(plan_free(MemTag::grads, per.grads * padded()));
+      out.push_back(plan_free(MemTag::comm_buffers, per.grads * chunk()));
       break;
     case Act::free_params:
+      out.push_back(plan_free(MemTag::comm_buffers, per.params * padded()));
       break;
   }
+}
+
+void plan_state(const PredictInput& in, const EngineConfig& c, const std::vector<Partition>& parts,
+                std::vector<PlanAction>& setup) {
+  const Placement at = placement(in.mesh, in.rank, c);
+  const int i = at.index;
+  const auto groups = make_groups(in.model, parts, at.shards, c);
+  double padded = 0, chunks = 0, valid = 0;
+  for (const ShardGroup& g : groups) {
+    padded += double(g.padded());
+    chunks += double(g.chunk);
+    valid += double(g.valid(i));
+  }
+  // Bytes per element by precision (state_bytes_per_param): parameters, gradients, AdamW m and v
+  // (and the fp32 master with bf16 parameters).
+  const StateBytes per = state_bytes_per_param(in.train.precision);
+  setup.push_back(plan_alloc(MemTag::params, per.params * (c.shard_params ? chunks : padded)));
+  // This rank's reduced gradients, and zero1's and allreduce's full ones; one shard of those is
+  // the full buffer itself.
+  if (c.shard_grads || at.shards > 1)
+    setup.push_back(plan_alloc(MemTag::grads, per.grads * chunks));
+  if (!c.shard_grads) setup.push_back(plan_alloc(MemTag::grads, per.grads * padded));
+  // AdamW state: on the device, or in host memory with offload=optimizer, beside host copies of
+  // this rank's gradient and parameter shards (every group's, so that the copies overlap the
+  // steps).
+  const MemTag state = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
+  setup.push_back(plan_alloc(state, per.optimizer * valid));
+  if (c.offload_optimizer)
+    for (const ShardGroup& g : groups)
+      setup.push_back(plan_alloc(MemTag::offload, (per.grads + per.params) * double(g.valid(i))));
+  // With sequence parallelism, the pack of the partial gradients' owned parts
+  // (Shards::reduce_partial_grads).
+  setup.push_back(
+      plan_alloc(MemTag::comm_buffers, per.grads * partial_count(in.model, parts, groups, i)));
 }
 
 namespace {
@@ -125,16 +169,56 @@ void plan_shards_update(const PredictInput& in, const EngineConfig& c,
       step.push_back(plan_comm(CommOp::all_gather, per.params * double(g.padded()), at.shard_axis));
 }
 
+namespace {
+
+// What the engine holds for the run on `part`: the StageModel's one activation slot and its copy
+// of the micro-batch's tokens beside the core's micro-batch, Shards' state, and under tp the bf16
+// tp comm buffer.
+void plan_setup(const PredictInput& in, const EngineConfig& c, const Partition& part,
+                std::vector<PlanAction>& setup) {
+  const int B = in.train.micro_batch;
+  setup.push_back(plan_alloc(MemTag::activations,
+                             double(predict_activations(in.model, B, part, in.train.recompute,
+                                                        in.train.precision.param, in.train.device)
+                                        .total(1))));
+  setup.push_back(plan_alloc(MemTag::workspace, double(batch_workspace_bytes(in.train, in.model) +
+                                                       StageModel::slot_token_bytes(in.model, B))));
+  plan_state(in, c, {part}, setup);
+  setup.push_back(plan_alloc(
+      MemTag::comm_buffers,
+      double(StageModel::tp_comm_buffer_bytes(in.model, B, part, in.train.precision.tp_comm))));
+}
+
+std::string plan_notes(const std::vector<ShardGroup>& groups, const Placement& at,
+                       const Partition& part, const EngineConfig& c, double local) {
+  double padded = 0;
+  for (const ShardGroup& g : groups) padded += double(g.padded());
+  std::ostringstream notes;
+  notes << groups.size() << " group(s) over " << at.shards << " shard(s); padding "
+        << (padded - local) << " elements";
+  if (part.tp_size > 1)
+    notes << "; tp rank " << part.tp_rank << " of " << part.tp_size
+          << (part.sequence_parallel ? " with sequence parallelism" : "");
+  if (c.offload_optimizer) notes << "; optimizer state in host memory (offload)";
+  return notes.str();
+}
+
+}  // namespace
+
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part) {
   const Placement at = placement(in.mesh, in.rank, c);
   const auto units = StageModel::unit_ranges(in.model, part);
   const auto groups = make_groups(units, part.first_unit, at.shards, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   StepPlan plan;
+  plan_setup(in, c, part, plan.setup);
   plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
   plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, per, at);
   plan.micro_batches = in.train.micro_steps(in.mesh);
   plan_shards_update(in, c, {part}, plan.step);
+  double local = 0;
+  for (const auto& u : units) local += double(u.second);
+  plan.notes = plan_notes(groups, at, part, c, local);
   return plan;
 }
 

@@ -108,8 +108,7 @@ std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
 // One clear ConfigError line for a configuration the strategy cannot run.
 void validate(const MeshSpec& mesh, const TrainSpec& train, const ModelSpec& model,
               const MpConfig& config);
-Prediction predict(const PredictInput& in, const MpConfig& config);
-// One step of rank in.rank as the step-time predictor replays it (src/mp_plan.cpp).
+// One step of rank in.rank as it allocates, runs and moves bytes (src/mp_plan.cpp).
 StepPlan plan_step(const PredictInput& in, const MpConfig& config);
 
 class Engine;
@@ -122,7 +121,6 @@ class MpStrategy final : public Strategy {
                 const ModelSpec& model) const override {
     mp::validate(mesh, train, model, config_);
   }
-  Prediction predict(const PredictInput& in) const override { return mp::predict(in, config_); }
   StepPlan plan_step(const PredictInput& in) const override { return mp::plan_step(in, config_); }
   void setup(Context& ctx) override;
   void train_step(Context& ctx, int step) override;

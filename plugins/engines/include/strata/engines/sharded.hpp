@@ -147,29 +147,25 @@ class ScheduleBuilder {
 // The actions of one micro-batch's forward and backward under config `c`.
 std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, int units,
                                          const EngineConfig& c);
-// Actions replayed on a simulated ledger: gathered parameters and reduction outputs are comm
-// buffers, a group's unsharded gradients grads; P and Gr bytes per parameter and gradient element.
-void replay_schedule(const std::vector<Action>& schedule, const std::vector<ShardGroup>& groups,
-                     double P, double Gr, MemoryLedger& sim);
 // The plan of one action (sharded_plan.cpp): a gather's buffer and all-gather, a reduction's
 // buffer, reduce-scatter and inter-replica all-reduce on comm stream 0, their waits, the passes.
+// Gathered parameters and reduction outputs are comm_buffers, a group's unsharded gradients
+// grads: allocated and freed as the engine does.
 void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const StateBytes& per,
                  const Placement& at, std::vector<PlanAction>& out);
 
 // Human-readable schedule (for --dry-run and docs).
 std::string describe_schedule(const std::vector<Action>& actions);
 
-// Memory of rank in.rank: the engine on `part`, the rank's partition of the model (whole_model at
-// tp 1; a tp rank's, sequence parallel or not, under tensor parallelism).
-Prediction predict(const PredictInput& in, const EngineConfig& c, const Partition& part);
-Prediction predict(const PredictInput& in, const EngineConfig& c);  // the whole model at tp 1
-// One step of rank in.rank as it runs and moves bytes (src/sharded_plan.cpp).
+// One step of rank in.rank as it allocates, runs and moves bytes (src/sharded_plan.cpp): the
+// engine on `part`, the rank's partition of the model (whole_model at tp 1; a tp rank's, sequence
+// parallel or not, under tensor parallelism).
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part);
-StepPlan plan_step(const PredictInput& in, const EngineConfig& c);
-// What Shards holds for rank in.rank's partitions `parts` for the whole run, on `sim`: parameters,
-// gradients, AdamW state (or its offload), the sequence-parallel pack (schedule.cpp).
-void predict_state(const PredictInput& in, const EngineConfig& c,
-                   const std::vector<Partition>& parts, MemoryLedger& sim);
+StepPlan plan_step(const PredictInput& in, const EngineConfig& c);  // the whole model at tp 1
+// What Shards holds for rank in.rank's partitions `parts` for the whole run, as setup
+// allocations: parameters, gradients, AdamW state (or its offload), the sequence-parallel pack.
+void plan_state(const PredictInput& in, const EngineConfig& c, const std::vector<Partition>& parts,
+                std::vector<PlanAction>& setup);
 // Shards::update's plan for those partitions (sharded_plan.cpp).
 void plan_shards_update(const PredictInput& in, const EngineConfig& c,
                         const std::vector<Partition>& parts, std::vector<PlanAction>& step);
@@ -312,9 +308,6 @@ class EngineStrategy final : public Strategy {
  public:
   EngineStrategy(std::string name, const EngineConfig& c) : name_(std::move(name)), config_(c) {}
   void validate(const MeshSpec& mesh, const TrainSpec&, const ModelSpec&) const override;
-  Prediction predict(const PredictInput& in) const override {
-    return sharded::predict(in, config_);
-  }
   StepPlan plan_step(const PredictInput& in) const override {
     return sharded::plan_step(in, config_);
   }
