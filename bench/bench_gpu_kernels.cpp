@@ -98,10 +98,17 @@ struct AttentionShape {
 constexpr AttentionShape kAttentionShapes[] = {{"hs64", 8, 1024, 768, 12},
                                                {"hs128", 4, 1024, 2048, 16}};
 
-// pass: 0 forward, 1 backward, 2 both.
+// pass: 0 forward, 1 backward, 2 both. Q, K, V and the output in the dtype of the run each kernel
+// serves: bf16 for the own kernel (a bf16 run's), fp32 for the reference.
 void BM_GpuAttention(benchmark::State& state, bool own, const AttentionShape& s, int pass) {
   const std::size_t btc = std::size_t(s.B) * s.T * s.C, rows = std::size_t(s.B) * s.NH * s.T;
-  DeviceArray<float> qkv(3 * btc), out(btc), lse(rows), dout(btc), dqkv(3 * btc), delta(rows);
+  const std::size_t n32 = own ? 1 : btc, n16 = own ? btc : 1;
+  DeviceArray<float> qkv32(3 * n32), out32(n32), lse(rows), dout(btc), dqkv(3 * btc), delta(rows);
+  DeviceArray<bf16> qkv16(3 * n16), out16(n16);
+  auto typed = [own](DeviceArray<bf16>& h, DeviceArray<float>& f) {
+    return own ? ActView(static_cast<bf16*>(h)) : ActView(static_cast<float*>(f));
+  };
+  const ActView qkv = typed(qkv16, qkv32), out = typed(out16, out32);
   const auto& ctx = cuda_ctx();
   auto forward = [&] {
     if (own)
@@ -130,16 +137,20 @@ struct Linear {
   bool gelu;
 };
 
+// The forward writes what a bf16 run's layer writes: the FC layer (with GELU) its pre-GELU and
+// GELU outputs in bf16, the others fp32.
 void BM_GpuGemmBf16(benchmark::State& state, const Linear& g, bool backward) {
   const int N = 8 * 1024, K = g.K, OC = g.OC;
   const std::size_t nk = std::size_t(N) * K, no = std::size_t(N) * OC, ok = std::size_t(OC) * K;
-  DeviceArray<bf16> inp(nk), w(ok), dout(no);
-  DeviceArray<float> bias(OC), out(no), gelu_out(g.gelu ? no : 1), dinp(nk), dw(ok);
+  DeviceArray<bf16> inp(nk), w(ok), dout(no), out16(g.gelu ? no : 1), gelu16(g.gelu ? no : 1);
+  DeviceArray<float> bias(OC), out32(g.gelu ? 1 : no), f32(g.gelu ? no : 1), dinp(nk), dw(ok);
+  const ActView out =
+      g.gelu ? ActView(static_cast<bf16*>(out16)) : ActView(static_cast<float*>(out32));
+  const ActView gelu_out = g.gelu ? ActView(static_cast<bf16*>(gelu16)) : ActView{};
   Kernels& k = kernels();
   const double seconds = time_passes(state, [&] {
     if (!backward) {
-      k.matmul_bf16_forward(out, g.gelu ? static_cast<float*>(gelu_out) : nullptr, inp, w, bias, N,
-                            K, OC, nullptr, 0);
+      k.matmul_bf16_forward(out, gelu_out, inp, w, bias, N, K, OC, nullptr, 0, f32);
     } else {  // dinp[N,K] = dout[N,OC] W[OC,K]; dweight[OC,K] += dout^T inp
       k.gemm_bf16(false, false, N, K, OC, dout, w, dinp, DType::f32, false, nullptr, 0);
       k.gemm_bf16(true, false, OC, K, N, dout, inp, dw, DType::f32, true, nullptr, 0);
@@ -153,7 +164,7 @@ void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
   const bool mlp = kernel.rfind("gelu_backward", 0) == 0;  // on fc1's output [8192, kFc1]
   const std::int64_t n = std::int64_t(8) * 1024 * (mlp ? kFc1 : 768);
   DeviceArray<float> a{std::size_t(n)}, b{std::size_t(n)}, c{std::size_t(n)};
-  DeviceArray<bf16> h{std::size_t(n)};
+  DeviceArray<bf16> h{std::size_t(n)}, h_in{std::size_t(mlp ? n : 1)};
   DeviceArray<float> dbias{std::size_t(kFc1)};
   Kernels& k = kernels();
   double bytes = 0;  // per pass, each tensor once
@@ -161,9 +172,12 @@ void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
   if (kernel == "gelu_backward") {  // read inp, dout, dinp; write dinp
     pass = [&] { k.gelu_backward(c, a, b, n); };
     bytes = 16.0 * double(n);
-  } else if (kernel == "gelu_backward_bf16_bias_grad") {  // read inp, dout; write bf16
-    pass = [&] { k.gelu_backward_bf16_bias_grad(h, dbias, c, a, b, std::size_t(n / kFc1), kFc1); };
-    bytes = 10.0 * double(n);
+  } else if (kernel == "gelu_backward_bf16_bias_grad") {  // read bf16 inp, dout; write bf16
+    pass = [&] {
+      k.gelu_backward_bf16_bias_grad(h, dbias, c, static_cast<bf16*>(h_in), b,
+                                     std::size_t(n / kFc1), kFc1);
+    };
+    bytes = 8.0 * double(n);
   } else if (kernel == "residual") {  // read a, b; write out
     pass = [&] { k.residual_forward(c, a, b, n); };
     bytes = 12.0 * double(n);

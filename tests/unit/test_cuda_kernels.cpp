@@ -196,6 +196,145 @@ TEST_F(CudaKernelsTest, ResidualLayerNormIsTheUnfusedComposition) {
   for (int i = 0; i < Nr * Cc; ++i) ASSERT_EQ(sum[i], a[i] + b[i]) << "sum[" << i << "]";
 }
 
+// The GELU's backward reading a bf16 input (a bf16 run's pre-GELU activations) gives the bits
+// its widened fp32 values give, on the GPU and on the CPU (more rows than the CPU's block of 64).
+TEST_F(CudaKernelsTest, GeluBackwardReadsABf16InputAsItsWidenedValues) {
+  STRATA_REQUIRE_GPU();
+  constexpr std::size_t rows = 3 * kBiasGradRows + 7;
+  constexpr int cols = 45;
+  constexpr std::size_t n = rows * cols;
+  std::vector<bf16> pre_h = random_bf16(n, 90);
+  std::vector<float> pre(n);
+  for (std::size_t i = 0; i < n; ++i) pre[i] = to_float(pre_h[i]);
+  const std::vector<float> dgelu = random_floats(n, 91, -3, 3),
+                           dbias0 = random_floats(cols, 92, -1, 1), nans(n, NAN);
+  const std::vector<bf16> zeros_h(n);
+  Dev<bf16> d_pre_h(pre_h), d_out_h(zeros_h), d_out(zeros_h);
+  Dev<float> d_pre(pre), d_dgelu(dgelu), d_bias_h(dbias0), d_bias(dbias0), d_scratch(nans);
+  gpu->gelu_backward_bf16_bias_grad(d_out_h.p, d_bias_h.p, d_scratch.p, d_pre_h.p, d_dgelu.p, rows,
+                                    cols);
+  gpu->gelu_backward_bf16_bias_grad(d_out.p, d_bias.p, d_scratch.p, d_pre.p, d_dgelu.p, rows, cols);
+  std::vector<bf16> out_h(n), out(n);
+  std::vector<float> bias_h = dbias0, bias = dbias0, scratch(n);
+  cpu.gelu_backward_bf16_bias_grad(out_h.data(), bias_h.data(), scratch.data(), pre_h.data(),
+                                   dgelu.data(), rows, cols);
+  cpu.gelu_backward_bf16_bias_grad(out.data(), bias.data(), scratch.data(), pre.data(),
+                                   dgelu.data(), rows, cols);
+  sync();
+  expect_bits("gpu d(output)", d_out_h.host(), d_out.host());
+  expect_bits("gpu bias_grad", d_bias_h.host(), d_bias.host());
+  expect_bits("cpu d(output)", out_h, out);
+  expect_bits("cpu bias_grad", bias_h, bias);
+  EXPECT_NE(bias, dbias0);  // the backward did run
+}
+
+// The attention of each backend reading bf16 q | k | v and writing a bf16 output (the CPU's a
+// sequence at a time, widened; the GPU's fused fp32 kernel) gives what it gives from the same
+// values in fp32: the output rounded once, the kept state and the backward's dqkv bit for bit.
+TEST_F(CudaKernelsTest, AttentionReadsAndWritesBf16AsTheSameValuesInFp32) {
+  STRATA_REQUIRE_GPU();
+  constexpr int Bc = 2, Tc = 21, Cc = 32, NHc = 2;
+  const std::size_t n = std::size_t(Bc) * Tc * Cc,
+                    state = attention_state_floats(Device::cpu, Bc, Tc, Cc, NHc);
+  std::vector<bf16> qkv_h = random_bf16(3 * n, 93);
+  std::vector<float> qkv(3 * n);
+  for (std::size_t i = 0; i < 3 * n; ++i) qkv[i] = to_float(qkv_h[i]);
+  const std::vector<float> dout = random_floats(n, 94, -1, 1), dqkv0 = random_floats(3 * n, 95),
+                           zeros(n), zero_state(state);
+  const std::vector<bf16> zeros_h(n);
+  // Each backend on its own memory: the fp32 pass on qkv, the bf16 pass on qkv_h.
+  for (bool on_gpu : {false, true}) {
+    SCOPED_TRACE(on_gpu ? "gpu" : "cpu");
+    Kernels& k = on_gpu ? static_cast<Kernels&>(*gpu) : cpu;
+    Dev<float> d_qkv(qkv), d_out(zeros), d_att(zero_state), d_att_h(zero_state), d_datt(zero_state),
+        d_dout(dout), d_dqkv(dqkv0), d_dqkv_h(dqkv0);
+    Dev<bf16> d_qkv_h(qkv_h), d_out_h(zeros_h);
+    std::vector<float> h_qkv = qkv, h_out(n), h_att(state), h_att_h(state), h_datt(state),
+                       h_dout = dout, h_dqkv = dqkv0, h_dqkv_h = dqkv0;
+    std::vector<bf16> h_qkv_h = qkv_h, h_out_h(n);
+    auto pick = [&](float* dev, std::vector<float>& host) { return on_gpu ? dev : host.data(); };
+    auto pick_h = [&](bf16* dev, std::vector<bf16>& host) { return on_gpu ? dev : host.data(); };
+    k.attention_forward(pick(d_out.p, h_out), pick(d_att.p, h_att), pick(d_qkv.p, h_qkv), Bc, Tc,
+                        Cc, NHc);
+    k.attention_forward(pick_h(d_out_h.p, h_out_h), pick(d_att_h.p, h_att_h),
+                        pick_h(d_qkv_h.p, h_qkv_h), Bc, Tc, Cc, NHc);
+    k.attention_backward(pick(d_dqkv.p, h_dqkv), pick(d_datt.p, h_datt), pick(d_dout.p, h_dout),
+                         pick(d_qkv.p, h_qkv), pick(d_att.p, h_att), pick(d_out.p, h_out), Bc, Tc,
+                         Cc, NHc);
+    // The bf16 backward reads the bf16 output; the fp32 one the fp32 output, so compare against
+    // an fp32 backward fed the rounded output: on the CPU the output is not read at all.
+    sync();
+    std::vector<float> rounded(n);
+    const std::vector<float> out = on_gpu ? d_out.host() : h_out;
+    for (std::size_t i = 0; i < n; ++i) rounded[i] = to_float(to_bf16(out[i]));
+    Dev<float> d_rounded(rounded), d_dqkv_r(dqkv0);
+    std::vector<float> h_dqkv_r = dqkv0;
+    k.attention_backward(pick(d_dqkv_r.p, h_dqkv_r), pick(d_datt.p, h_datt), pick(d_dout.p, h_dout),
+                         pick(d_qkv.p, h_qkv), pick(d_att.p, h_att), pick(d_rounded.p, rounded), Bc,
+                         Tc, Cc, NHc);
+    k.attention_backward(pick(d_dqkv_h.p, h_dqkv_h), pick(d_datt.p, h_datt), pick(d_dout.p, h_dout),
+                         pick_h(d_qkv_h.p, h_qkv_h), pick(d_att_h.p, h_att_h),
+                         pick_h(d_out_h.p, h_out_h), Bc, Tc, Cc, NHc);
+    sync();
+    std::vector<bf16> want_h(n);
+    for (std::size_t i = 0; i < n; ++i) want_h[i] = to_bf16(out[i]);
+    expect_bits("out", on_gpu ? d_out_h.host() : h_out_h, want_h);
+    expect_bits("state", on_gpu ? d_att_h.host() : h_att_h, on_gpu ? d_att.host() : h_att);
+    expect_bits("dqkv", on_gpu ? d_dqkv_h.host() : h_dqkv_h, on_gpu ? d_dqkv_r.host() : h_dqkv_r);
+    EXPECT_NE(on_gpu ? d_dqkv.host() : h_dqkv, dqkv0);  // the backward did run
+  }
+}
+
+// A LayerNorm writing bf16 (a bf16 run's GEMM inputs) writes its fp32 output rounded once: plain
+// and fused with the residual add, on the GPU and on the CPU (more rows than the CPU's block of
+// 64, C not a multiple of 32), each equal to round_to_bf16 of the same backend's fp32 output, with
+// the same mean, rstd and sum.
+TEST_F(CudaKernelsTest, LayerNormWritesItsFp32OutputRoundedToBf16) {
+  STRATA_REQUIRE_GPU();
+  constexpr int Nr = 150, Cc = 70;
+  const std::size_t n = std::size_t(Nr) * Cc;
+  const std::vector<float> a = random_floats(n, 74, -2, 2), b = random_floats(n, 75, -2, 2);
+  const std::vector<float> w = random_floats(Cc, 76, 0.5, 1.5), bias = random_floats(Cc, 77, -1, 1);
+  for (bool fused : {false, true}) {
+    const char* what = fused ? "residual_layernorm" : "layernorm";
+    auto run = [&](Kernels& k, float* x, float* out, bf16* half, float* mean, float* rstd,
+                   float* mean_h, float* rstd_h, float* sum_h, const float* y, const float* wp,
+                   const float* bp) {
+      if (fused) {
+        k.residual_layernorm_forward(x, out, mean, rstd, x, y, wp, bp, Nr, Cc);
+        k.residual_layernorm_forward(sum_h, half, mean_h, rstd_h, sum_h, y, wp, bp, Nr, Cc);
+      } else {
+        k.layernorm_forward(out, mean, rstd, x, wp, bp, Nr, Cc);
+        k.layernorm_forward(half, mean_h, rstd_h, x, wp, bp, Nr, Cc);
+      }
+    };
+    // GPU: the fp32 pass on one copy of a, the bf16 pass on another.
+    const std::vector<float> zeros(n), zero_rows(Nr);
+    const std::vector<bf16> zeros_h(n);
+    Dev<float> d_x(a), d_sum_h(a), d_y(b), d_w(w), d_bias(bias), d_out(zeros), d_mean(zero_rows),
+        d_rstd(zero_rows), d_mean_h(zero_rows), d_rstd_h(zero_rows);
+    Dev<bf16> d_half(zeros_h), d_rounded(zeros_h);
+    run(*gpu, d_x.p, d_out.p, d_half.p, d_mean.p, d_rstd.p, d_mean_h.p, d_rstd_h.p, d_sum_h.p,
+        d_y.p, d_w.p, d_bias.p);
+    gpu->round_to_bf16(d_rounded.p, d_out.p, n);
+    sync();
+    expect_bits(what, d_half.host(), d_rounded.host());
+    expect_bits("mean", d_mean_h.host(), d_mean.host());
+    expect_bits("rstd", d_rstd_h.host(), d_rstd.host());
+    if (fused) expect_bits("sum", d_sum_h.host(), d_x.host());
+    // CPU: the same.
+    std::vector<float> x = a, sum_h = a, y = b, out(n), mean(Nr), rstd(Nr), mean_h(Nr), rstd_h(Nr);
+    std::vector<bf16> half(n), rounded(n);
+    run(cpu, x.data(), out.data(), half.data(), mean.data(), rstd.data(), mean_h.data(),
+        rstd_h.data(), sum_h.data(), y.data(), w.data(), bias.data());
+    cpu.round_to_bf16(rounded.data(), out.data(), n);
+    expect_bits(what, half, rounded);
+    expect_bits("mean", mean_h, mean);
+    expect_bits("rstd", rstd_h, rstd);
+    if (fused) expect_bits("sum", sum_h, x);
+  }
+}
+
 // The fused round_to_bf16_bias_grad against its unfused composition, round_to_bf16 then bias_grad,
 // on the same backend: the bf16 operand and the bias gradient bit for bit (a partial last chunk
 // and a partial last block of columns), and the CPU's composition equal to both.
@@ -230,7 +369,7 @@ TEST_F(CudaKernelsTest, GeluBackwardWithRoundingAndBiasGradIsTheUnfusedCompositi
   constexpr std::size_t rows = 9 * kBiasGradRows + 5;
   constexpr int cols = 45;
   constexpr std::size_t n = rows * cols;
-  const std::vector<float> pre = random_floats(n, 66, -4, 4);
+  std::vector<float> pre = random_floats(n, 66, -4, 4);  // not const: an ActView is read-write
   const std::vector<float> dgelu = random_floats(n, 67, -3, 3);
   const std::vector<float> dbias0 = random_floats(cols, 68, -1, 1);
   Dev<float> d_pre(pre), d_dgelu(dgelu), d_fused_bias(dbias0), d_bias(dbias0);
@@ -464,12 +603,12 @@ TEST_F(CudaKernelsTest, MatmulBf16ForwardEpilogues) {
       std::vector<float> out(Nr * OC, NAN), gelu(Nr * OC, NAN);
       const float* b = with_bias ? d_bias.p : nullptr;
       gpu->matmul_bf16_forward(d_out.p, with_gelu ? d_gelu.p : nullptr, d_x.p, d_w.p, b, Nr, Ci, OC,
-                               nullptr, 0);
+                               nullptr, 0, nullptr);
       std::vector<char> pad(
           cpu.gemm_bf16_scratchpad_bytes(false, true, Nr, OC, Ci, DType::f32, false));
       cpu.matmul_bf16_forward(out.data(), with_gelu ? gelu.data() : nullptr, x.data(), w.data(),
-                              with_bias ? bias.data() : nullptr, Nr, Ci, OC, pad.data(),
-                              pad.size());
+                              with_bias ? bias.data() : nullptr, Nr, Ci, OC, pad.data(), pad.size(),
+                              nullptr);
       sync();
       for (auto [got, side] : {std::pair{d_out.host(), "gpu"}, {out, "cpu"}}) {
         std::size_t bad = 0;
@@ -505,6 +644,60 @@ TEST_F(CudaKernelsTest, MatmulBf16ForwardEpilogues) {
 // below its rows is CUBLAS_STATUS_INVALID_VALUE at the heuristic and at the matmul; a BIAS
 // epilogue without a bias pointer passes the heuristic (which sees no pointers) and is refused by
 // the matmul. Each case gives (heuristic, matmul).
+// A bf16 run's FC layer writes its pre-GELU and GELU outputs in bf16 (cuBLASLt's D and aux, or
+// the steps where it has no algorithm: OC 10), each its fp32 value rounded once: on the CPU (the
+// steps) bit for bit against its fp32 outputs rounded; on the GPU within one bf16 rounding of
+// them (a bf16-output algorithm may sum in another order). And cuBLASLt has a fused algorithm
+// for GPT-2's FC layer with bf16 outputs, so a GPU run does not fall back to the steps.
+TEST_F(CudaKernelsTest, MatmulBf16ForwardWritesBf16Outputs) {
+  STRATA_REQUIRE_GPU();
+  constexpr int Nr = 37, Ci = 24;
+  for (int OC : {16, 10}) {
+    SCOPED_TRACE(::testing::Message() << "OC " << OC);
+    const std::size_t n = std::size_t(Nr) * OC;
+    const std::vector<bf16> x = random_bf16(Nr * Ci, 33), w = random_bf16(OC * Ci, 34);
+    const std::vector<float> bias = random_floats(OC, 35, -2, 2), zeros(n), nans(n, NAN);
+    const std::vector<bf16> zeros_h(n);
+    Dev<bf16> d_x(x), d_w(w), d_out_h(zeros_h), d_gelu_h(zeros_h);
+    Dev<float> d_bias(bias), d_out(zeros), d_gelu(zeros), d_f32(nans);
+    gpu->matmul_bf16_forward(d_out.p, d_gelu.p, d_x.p, d_w.p, d_bias.p, Nr, Ci, OC, nullptr, 0,
+                             nullptr);
+    gpu->matmul_bf16_forward(d_out_h.p, d_gelu_h.p, d_x.p, d_w.p, d_bias.p, Nr, Ci, OC, nullptr, 0,
+                             d_f32.p);
+    std::vector<char> pad(
+        cpu.gemm_bf16_scratchpad_bytes(false, true, Nr, OC, Ci, DType::f32, false));
+    std::vector<float> out(n), gelu(n), f32(n);
+    std::vector<bf16> out_h(n), gelu_h(n);
+    cpu.matmul_bf16_forward(out.data(), gelu.data(), x.data(), w.data(), bias.data(), Nr, Ci, OC,
+                            pad.data(), pad.size(), nullptr);
+    cpu.matmul_bf16_forward(out_h.data(), gelu_h.data(), x.data(), w.data(), bias.data(), Nr, Ci,
+                            OC, pad.data(), pad.size(), f32.data());
+    sync();
+    const auto rounded = [](const std::vector<float>& v) {
+      std::vector<bf16> r(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) r[i] = to_bf16(v[i]);
+      return r;
+    };
+    expect_bits("cpu out", out_h, rounded(out));
+    expect_bits("cpu gelu", gelu_h, rounded(gelu));
+    for (auto [got, want, what] : {std::tuple{d_out_h.host(), d_out.host(), "gpu out"},
+                                   {d_gelu_h.host(), d_gelu.host(), "gpu gelu"}}) {
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double g = to_float(got[i]), f = want[i];
+        if (!(std::fabs(g - f) <= std::ldexp(std::fabs(f), -8) + 1e-5 * (1 + std::fabs(f))) &&
+            !bad++)
+          ADD_FAILURE() << what << "[" << i << "] = " << g << ", fp32 " << f;
+      }
+      EXPECT_EQ(bad, 0u) << what;
+    }
+  }
+  EXPECT_TRUE(gpu->fuses_bias_gelu(8192, 768, 3072, DType::bf16))
+      << "cuBLASLt has no GELU_AUX_BIAS algorithm with bf16 outputs and an fp32 bias here: a bf16 "
+         "run's FC layers fall back to a GEMM and three kernels";
+  EXPECT_TRUE(gpu->fuses_bias_gelu(8192, 768, 3072, DType::f32));
+}
+
 TEST_F(CudaKernelsTest, CublasLtRefusesBadArguments) {
   STRATA_REQUIRE_GPU();
   constexpr int M = 16, Nc = 8, K = 24;
@@ -589,7 +782,8 @@ TEST_F(CudaKernelsTest, CublasLtAlgorithmKeepsItsAlignment) {
   cublasLtMatrixLayoutDestroy(d);
   cublasLtMatmulDescDestroy(desc);
   // Through the kernel entry: out = x[Nc,K] @ w[M,K]^T at the same offset, no bias.
-  gpu->matmul_bf16_forward(shifted, nullptr, d_b.p, d_a.p, nullptr, Nc, K, M, nullptr, 0);
+  gpu->matmul_bf16_forward(shifted, ActView{}, d_b.p, d_a.p, nullptr, Nc, K, M, nullptr, 0,
+                           nullptr);
   sync();
   const std::vector<float> got = d_d.host();
   const std::vector<bf16> x = d_b.host(), w = d_a.host();
@@ -609,9 +803,9 @@ TEST_F(CudaKernelsTest, CublasLtPlanIsReusedWithEachCallsPointers) {
   Dev<float> d_b1(bias1), d_b2(bias2), d_out1(std::vector<float>(Nr * OC)),
       d_out2(std::vector<float>(Nr * OC)), d_g1(std::vector<float>(Nr * OC)),
       d_g2(std::vector<float>(Nr * OC));
-  gpu->matmul_bf16_forward(d_out1.p, d_g1.p, d_x.p, d_w.p, d_b1.p, Nr, Ci, OC, nullptr, 0);
+  gpu->matmul_bf16_forward(d_out1.p, d_g1.p, d_x.p, d_w.p, d_b1.p, Nr, Ci, OC, nullptr, 0, nullptr);
   const long long asked = strata_emu::lt_heuristic_calls();
-  gpu->matmul_bf16_forward(d_out2.p, d_g2.p, d_x.p, d_w.p, d_b2.p, Nr, Ci, OC, nullptr, 0);
+  gpu->matmul_bf16_forward(d_out2.p, d_g2.p, d_x.p, d_w.p, d_b2.p, Nr, Ci, OC, nullptr, 0, nullptr);
   EXPECT_EQ(strata_emu::lt_heuristic_calls(), asked) << "the plan was made again";
   sync();
   const std::vector<float> out1 = d_out1.host(), out2 = d_out2.host(), g2 = d_g2.host();

@@ -182,7 +182,7 @@ TEST_P(CudaLayerNorm, ForwardAndBackward) {
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), Nr,
                          Cw);
   DeviceBuffer<float> d_x(x), d_w(w), d_b(b), d_out(n), d_mean(Nr), d_rstd(Nr);
-  gpu::layernorm_forward(ctx, d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
+  gpu::layernorm_forward(ctx, d_out.get(), false, d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
                          d_b.get(), Nr, Cw);
   expect_close("out", d_out.host(), out, kReduceRtol, kReduceAtol);
   expect_close("mean", d_mean.host(), mean, kReduceRtol, kReduceAtol);
@@ -618,6 +618,56 @@ TEST_F(CudaLayers, TcAttentionRejectsUnsupportedHeads) {
       gpu::tc_flash_attention_backward(ctx(), d_buf.get(), d_buf.get(), d_buf.get(), d_buf.get(),
                                        d_buf.get(), d_buf.get(), 1, 1, 288, 1),
       strata::Error);
+}
+
+// A bf16 run keeps the fused attentions' Q, K, V and output in bf16: both kernels reading bf16
+// q | k | v give what they give from the same values in fp32 (forward, lse and backward, bit for
+// bit), and write their fp32 output rounded once (strata::to_bf16's bits); their backward reading
+// the bf16 output gives the bits it gives from the same values widened (delta = rowsum(dout out)
+// is the only use). Two tiles with a partial one, hs 64.
+TEST_F(CudaLayers, FusedAttentionsReadAndWriteBf16Activations) {
+  constexpr int Bc = 2, Tc = 77, Cc = 128, NHc = 2;
+  const std::size_t n = std::size_t(Bc) * Tc * Cc, nlse = std::size_t(Bc) * NHc * Tc;
+  const auto dout = random_floats(n, 81), dqkv_init = random_floats(3 * n, 82);
+  std::vector<strata::bf16> qkv_h(3 * n);
+  std::vector<float> qkv(3 * n);  // the same values in fp32
+  const auto drawn = random_floats(3 * n, 80);
+  for (std::size_t i = 0; i < 3 * n; ++i) {
+    qkv_h[i] = strata::to_bf16(drawn[i]);
+    qkv[i] = strata::to_float(qkv_h[i]);
+  }
+  using Forward = void (*)(const gpu::CudaContext&, strata::ActView, float*, strata::ActView, int,
+                           int, int, int);
+  using Backward = void (*)(const gpu::CudaContext&, float*, float*, const float*, strata::ActView,
+                            strata::ActView, const float*, int, int, int, int);
+  const std::tuple<const char*, Forward, Backward> kernels[] = {
+      {"flash", &gpu::flash_attention_forward, &gpu::flash_attention_backward},
+      {"tc", &gpu::tc_flash_attention_forward, &gpu::tc_flash_attention_backward}};
+  for (const auto& [name, forward, backward] : kernels) {
+    DeviceBuffer<float> d_qkv(qkv), d_out(n), d_lse(nlse), d_lse_h(nlse);
+    DeviceBuffer<strata::bf16> d_qkv_h(qkv_h), d_half(n);
+    forward(ctx(), d_out.get(), d_lse.get(), d_qkv.get(), Bc, Tc, Cc, NHc);
+    forward(ctx(), d_half.get(), d_lse_h.get(), d_qkv_h.get(), Bc, Tc, Cc, NHc);
+    const auto out = d_out.host(), lse = d_lse.host();
+    const auto half = d_half.host();
+    std::vector<float> widened(n);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      wrong += half[i].bits != strata::to_bf16(out[i]).bits;
+      widened[i] = strata::to_float(half[i]);
+    }
+    EXPECT_EQ(wrong, 0u) << name << ": bf16 outputs that are not the fp32 ones rounded";
+    EXPECT_TRUE(d_lse_h.host() == lse) << name << ": lse";
+    DeviceBuffer<float> d_widened(widened), d_dout(dout), d_dqkv(dqkv_init), d_dqkv_h(dqkv_init),
+        d_delta(nlse);
+    backward(ctx(), d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(), d_widened.get(),
+             d_lse.get(), Bc, Tc, Cc, NHc);
+    backward(ctx(), d_dqkv_h.get(), d_delta.get(), d_dout.get(), d_qkv_h.get(), d_half.get(),
+             d_lse.get(), Bc, Tc, Cc, NHc);
+    const auto dqkv = d_dqkv.host();
+    EXPECT_TRUE(d_dqkv_h.host() == dqkv) << name << ": dqkv from bf16 q | k | v and output";
+    EXPECT_NE(dqkv, dqkv_init) << name;  // the backward did run
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

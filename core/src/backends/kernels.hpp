@@ -17,6 +17,20 @@ namespace strata {
 // Rows per chunk of Kernels::bias_grad's summation order.
 constexpr std::size_t kBiasGradRows = 64;
 
+// An activation tensor a kernel reads or writes: fp32, or bf16 where a bf16 run keeps the GEMMs'
+// inputs and outputs (all but the residual stream) in bf16, so that the GEMMs and the attention
+// read them as they are, forward and backward.
+struct ActView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  ActView() = default;
+  ActView(float* p) : data(p) {}                     // NOLINT: an fp32 tensor is an fp32 view
+  ActView(bf16* p) : data(p), dtype(DType::bf16) {}  // NOLINT
+  float* f32() const { return static_cast<float*>(data); }
+  bf16* half() const { return static_cast<bf16*>(data); }
+  bool is_bf16() const { return dtype == DType::bf16; }
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -26,7 +40,8 @@ class Kernels {
                                const float* wpe, int B, int T, int C) = 0;
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
                                 const std::int32_t* tokens, int B, int T, int C) = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+  // out in fp32 or bf16 (the fp32 values rounded once).
+  virtual void layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
                                  const float* weight, const float* bias, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean,
@@ -37,19 +52,19 @@ class Kernels {
                                const float* inp, const float* weight, int N, int C, int OC) = 0;
   // att [B,NH,T,T] is the backend's to keep for the backward: the CPU keeps the probabilities
   // there, the CUDA backend's fused attention only a log-sum-exp per row. `out` of the backward is
-  // the forward's output; datt [B,NH,T,T] is scratch.
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  // the forward's output; datt [B,NH,T,T] is scratch. qkv (read only) and out in bf16 where
+  // attention_writes_bf16 says so (out: the fp32 values rounded once; qkv: widened as read).
+  virtual void attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C,
                                  int NH) = 0;
-  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                  const float* att, const float* out, int B, int T, int C,
-                                  int NH) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
+                                  const float* att, ActView out, int B, int T, int C, int NH) = 0;
   virtual void gelu_forward(float* out, const float* inp, std::int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, std::int64_t n) = 0;
   // sum[N,C] = a + b (sum may be a), then layernorm_forward(out, mean, rstd, sum, ...): the
   // residual add and the next LayerNorm. This is the two calls; a GPU overrides it with one pass
   // of the same values.
-  virtual void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd,
+  virtual void residual_layernorm_forward(float* sum, ActView out, float* mean, float* rstd,
                                           const float* a, const float* b, const float* weight,
                                           const float* bias, int N, int C) {
     residual_forward(sum, a, b, std::int64_t(N) * C);
@@ -71,14 +86,17 @@ class Kernels {
                          std::size_t scratchpad_bytes) = 0;
   virtual std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
                                                  DType c_dtype, bool accumulate) = 0;
-  // A linear layer's forward on bf16 operands with its epilogue: out[N,OC] (=, fp32) = inp[N,C] @
+  // A linear layer's forward on bf16 operands with its epilogue: out[N,OC] (=) = inp[N,C] @
   // weight[OC,C]^T + bias[OC] (bias fp32, may be null); with gelu_out [N,OC] also gelu_out =
-  // GELU(out), out keeping the GELU's input for the backward. The scratchpad is gemm_bf16's for
-  // (false, true, N, OC, C, f32, false). The CPU backend runs gemm_bf16, add_bias and
-  // gelu_forward (one rounding each); the CUDA one fuses bias and GELU into cuBLASLt's epilogue.
-  virtual void matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp, const bf16* weight,
-                                   const float* bias, int N, int C, int OC, void* scratchpad,
-                                   std::size_t scratchpad_bytes) = 0;
+  // GELU(out), out keeping the GELU's input for the backward. out fp32 or bf16, gelu_out of
+  // out's dtype: the bias and the GELU are applied to the fp32 accumulator and each result is
+  // rounded once. The scratchpad is gemm_bf16's for (false, true, N, OC, C, f32, false); `f32`
+  // (N x OC floats, or null with fp32 outputs) holds the fp32 values where a backend computes
+  // them apart from the rounding: the CPU backend runs gemm_bf16, add_bias, gelu_forward and the
+  // roundings; the CUDA one fuses bias and GELU into cuBLASLt's epilogue (f32 unused there).
+  virtual void matmul_bf16_forward(ActView out, ActView gelu_out, const bf16* inp,
+                                   const bf16* weight, const float* bias, int N, int C, int OC,
+                                   void* scratchpad, std::size_t scratchpad_bytes, float* f32) = 0;
 
   // --- elementwise steps of the passes
   virtual void zero(float* p, std::size_t n) = 0;  // p = 0
@@ -93,17 +111,11 @@ class Kernels {
   virtual void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
                                        int C) = 0;
   // The GELU's backward feeding a bf16 linear layer's backward: d = GELU'(inp) * dout [rows, C]
-  // (the values gelu_backward adds into zeros), then round_to_bf16_bias_grad(out, dbias, d). This
-  // is the three calls, d in `scratch` [rows, C]; a GPU overrides it with one pass over inp and
-  // dout that never writes d (scratch unused).
-  virtual void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch,
-                                            const float* inp, const float* dout, std::size_t rows,
-                                            int C) {
-    const std::size_t n = rows * std::size_t(C);
-    zero(scratch, n);
-    gelu_backward(scratch, inp, dout, std::int64_t(n));
-    round_to_bf16_bias_grad(out, dbias, scratch, rows, C);
-  }
+  // (the values gelu_backward adds into zeros; inp fp32 or bf16, widened), then
+  // round_to_bf16_bias_grad(out, dbias, d). The CPU runs those calls, d in `scratch` [rows, C]; a
+  // GPU one pass over inp and dout that never writes d (scratch unused).
+  virtual void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch, ActView inp,
+                                            const float* dout, std::size_t rows, int C) = 0;
   // dst[i] = bf16(float(dst[i]) + src[i]): fp32 partial gradients into bf16 ones.
   virtual void add_into_bf16(bf16* dst, const float* src, std::size_t n) = 0;
   // Vocab-parallel embedding: rows[n, :] = wte[tokens[n] - v0, :] (f32 or bf16 table) when the
@@ -150,6 +162,28 @@ class Kernels {
   virtual void scale_bf16(bf16* x, float scale, std::size_t n) = 0;
   // Sum of x[0, n) in double, read back to the host (the loss).
   virtual double sum(const float* x, std::size_t n) = 0;
+
+ protected:
+  // matmul_bf16_forward as its steps: gemm_bf16 into fp32 (out itself, or f32), add_bias, then
+  // for bf16 outputs the roundings, the GELU of the fp32 values in place in f32 (the CPU's
+  // implementation, and the CUDA one's where cuBLASLt has no fused algorithm).
+  void matmul_bf16_forward_steps(ActView out, ActView gelu_out, const bf16* inp, const bf16* weight,
+                                 const float* bias, int N, int C, int OC, void* scratchpad,
+                                 std::size_t scratchpad_bytes, float* f32) {
+    const std::size_t n = std::size_t(N) * std::size_t(OC);
+    float* pre = out.is_bf16() ? f32 : out.f32();
+    gemm_bf16(false, true, N, OC, C, inp, weight, pre, DType::f32, false, scratchpad,
+              scratchpad_bytes);
+    if (bias) add_bias(pre, bias, std::size_t(N), OC);
+    if (!out.is_bf16()) {
+      if (gelu_out.data) gelu_forward(gelu_out.f32(), pre, std::int64_t(n));
+      return;
+    }
+    round_to_bf16(out.half(), pre, n);
+    if (!gelu_out.data) return;
+    gelu_forward(pre, pre, std::int64_t(n));
+    round_to_bf16(gelu_out.half(), pre, n);
+  }
 };
 
 // The CPU backend's kernels (stateless).
@@ -176,6 +210,14 @@ inline bool cuda_tensor_core_attention(int B, int C, int NH) {
 // most 128 and at most 65535 (batch, head) pairs, the grid's y dimension.
 inline bool cuda_fused_attention(int B, int C, int NH) {
   return NH > 0 && C % NH == 0 && C / NH <= 128 && std::int64_t(B) * NH <= 65535;
+}
+
+// Whether the attention of `device` reads bf16 Q, K, V and writes a bf16 output for a bf16 run
+// (and reads both back in the backward): the CPU's and the CUDA fused ones do; the CUDA cuBLAS
+// path, for the shapes the fused kernels do not take, takes fp32, so that its input and output
+// are fp32 in every run.
+inline bool attention_writes_bf16(Device device, int B, int C, int NH) {
+  return device == Device::cpu || cuda_fused_attention(B, C, NH);
 }
 
 // Floats of the attention's state kept from forward to backward (att) and of its backward scratch

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstddef>
 
+#include "backends/kernels.hpp"
+
 namespace strata {
 
 // Tensors of one block, in flat order (ParamLayout builds them in this order).
@@ -30,6 +32,11 @@ struct Carver {
     float* p = base ? base + used : nullptr;
     used += (n + 15) / 16 * 16;
     return p;
+  }
+  // n elements of `dtype` (f32 or bf16; bf16 rounded up to whole floats).
+  ActView take(std::size_t n, DType dtype) {
+    if (dtype == DType::f32) return take(n);
+    return reinterpret_cast<bf16*>(take((n + 1) / 2));
   }
 };
 

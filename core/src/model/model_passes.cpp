@@ -106,6 +106,15 @@ void ModelPasses::gather(TensorParallelComm* tp, const float* shard,
   k_.widen_bf16(full, comm_.data(), n);
 }
 
+void ModelPasses::gather(TensorParallelComm* tp, ActView shard, ActView full) {
+  if (!shard.is_bf16()) return gather(tp, shard.f32(), full.f32());
+  const std::size_t nl = run_.Nl * run_.C, n = run_.N * run_.C;
+  if (comm_.size() != 0) return tp->all_gather(view(shard.half(), nl), view(full.half(), n));
+  k_.widen_bf16(g_.shard, shard.half(), nl);
+  tp->all_gather(view(g_.shard, nl), view(g_.partial, n));
+  k_.round_to_bf16(full.half(), g_.partial, n);
+}
+
 void ModelPasses::scatter(TensorParallelComm* tp, float* full,
                           float* shard) {  // [N,C] partial -> [Nl,C]
   const std::size_t nl = run_.Nl * run_.C, n = run_.N * run_.C;
@@ -117,23 +126,32 @@ void ModelPasses::scatter(TensorParallelComm* tp, float* full,
 
 // --- dtype-aware pieces: the GEMMs and a unit's small tensors
 
-void ModelPasses::matmul_forward(float* out, const float* inp, BufferView w, const float* bias,
-                                 int N, int C, int OC, float* gelu_out) {
+const bf16* ModelPasses::gemm_input(ActView inp, std::size_t n) {
+  if (inp.is_bf16()) return inp.half();
+  k_.round_to_bf16(g_.op_in, inp.f32(), n);
+  return g_.op_in;
+}
+
+// With bf16 outputs a backend that rounds apart from the GEMM computes the fp32 values in a, free
+// in every forward (a block's backward scratch) and large enough for the FC layer's [N, 4Cl] and
+// the QKV layer's [N, 3Cl].
+void ModelPasses::matmul_forward(ActView out, ActView inp, BufferView w, const float* bias, int N,
+                                 int C, int OC, ActView gelu_out) {
   if (w.dtype == DType::f32) {
-    k_.matmul_forward(out, inp, static_cast<const float*>(w.data), bias, N, C, OC);
-    if (gelu_out) k_.gelu_forward(gelu_out, out, std::int64_t(N) * OC);
+    k_.matmul_forward(out.f32(), inp.f32(), static_cast<const float*>(w.data), bias, N, C, OC);
+    if (gelu_out.data) k_.gelu_forward(gelu_out.f32(), out.f32(), std::int64_t(N) * OC);
     return;
   }
-  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
-  k_.matmul_bf16_forward(out, gelu_out, g_.op_in, static_cast<const bf16*>(w.data), bias, N, C, OC,
-                         g_.gemm_pad, g_.gemm_pad_bytes);
+  k_.matmul_bf16_forward(out, gelu_out, gemm_input(inp, std::size_t(N) * C),
+                         static_cast<const bf16*>(w.data), bias, N, C, OC, g_.gemm_pad,
+                         g_.gemm_pad_bytes, g_.a);
 }
 
 void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
-                                  const float* inp, BufferView w, int N, int C, int OC) {
+                                  ActView inp, BufferView w, int N, int C, int OC) {
   if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
     k_.zero(dinp, std::size_t(N) * C);  // the fp32 kernel accumulates
-    k_.matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp,
+    k_.matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp.f32(),
                        static_cast<const float*>(w.data), N, C, OC);
     return;
   }
@@ -144,22 +162,21 @@ void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, cons
   matmul_backward_bf16(dinp, dw, g_.op_out, inp, w, N, C, OC);
 }
 
-void ModelPasses::matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout,
-                                       const float* inp, BufferView w, int N, int C, int OC) {
+void ModelPasses::matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout, ActView inp,
+                                       BufferView w, int N, int C, int OC) {
   k_.gemm_bf16(false, false, N, C, OC, dout, static_cast<const bf16*>(w.data), dinp, DType::f32,
                false, g_.gemm_pad, g_.gemm_pad_bytes);  // dout@W
-  k_.round_to_bf16(g_.op_in, inp, std::size_t(N) * C);
-  k_.gemm_bf16(true, false, OC, C, N, dout, g_.op_in, dw.data, dw.dtype, true, g_.gemm_pad,
-               g_.gemm_pad_bytes);  // dout^T @ inp
+  k_.gemm_bf16(true, false, OC, C, N, dout, gemm_input(inp, std::size_t(N) * C), dw.data, dw.dtype,
+               true, g_.gemm_pad, g_.gemm_pad_bytes);  // dout^T @ inp
 }
 
 void ModelPasses::gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
-                                       const float* pre_gelu, const float* inp, BufferView w, int N,
-                                       int C, int OC) {
+                                       ActView pre_gelu, ActView inp, BufferView w, int N, int C,
+                                       int OC) {
   const std::size_t n = std::size_t(N) * OC;
   if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
     k_.zero(g_.b, n);
-    k_.gelu_backward(g_.b, pre_gelu, dgelu, std::int64_t(n));
+    k_.gelu_backward(g_.b, pre_gelu.f32(), dgelu, std::int64_t(n));
     matmul_backward(dinp, dw, dbias, g_.b, inp, w, N, C, OC);
     return;
   }
@@ -196,7 +213,7 @@ void SmallTensors::flush() {
 
 // Row-parallel matmul (proj, FC2): out[Nl,C] = reduce(inp[N,ICl] @ W[C,ICl]^T) + bias. At tp 1
 // the bias goes into the GEMM call.
-void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
+void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, ActView inp, BufferView w,
                                const float* bias, int icl) {
   const Dims& d = run_;
   if (d.tp == 1) {
@@ -367,10 +384,9 @@ void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, Buffe
   const std::size_t N = d.N, Vl = d.Vl, C = std::size_t(d.C), R = head_chunk_rows(d);
   const std::size_t v0 = Vl * part_.tp_rank;
   float* logits = g_.logits;
-  k_.round_to_bf16(g_.op_in, s.lnf_full, N * C);
   for (std::size_t r0 = 0; r0 < N; r0 += R) {
     const std::size_t rows = std::min(R, N - r0);
-    k_.gemm_bf16(false, true, int(rows), int(Vl), int(C), g_.op_in + r0 * C,
+    k_.gemm_bf16(false, true, int(rows), int(Vl), int(C), s.lnf_full.half() + r0 * C,
                  static_cast<const bf16*>(wte.data), logits, DType::f32, false, g_.gemm_pad,
                  g_.gemm_pad_bytes);
     bf16* dlogits = s.dlogits + r0 * Vl;

@@ -40,6 +40,9 @@ struct Dims {
   bool sp, embedding, head;
   // row0: first token row; att: floats of the attention's state (attention_state_floats)
   std::size_t N, Nl, Cl, NHl, Vl, row0, att;
+  // attention_bf16: the device's attention takes bf16 q | k | v and output
+  // (attention_writes_bf16)
+  bool attention_bf16;
   Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device);
 };
 
@@ -53,15 +56,21 @@ std::size_t head_chunk_rows(const Dims& d);
 STRATA_EXPORT_END
 
 // One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
+// The GEMMs' inputs and outputs but the residual stream (the LayerNorms' outputs, q | k | v, the
+// attention's output, the GELU's input and output) are in the GEMMs' dtype (bf16 with bf16
+// parameters), so that the GEMMs read and write them as they are, forward and backward.
 struct BlockActs {
-  float *ln1, *ln1_mean, *ln1_rstd, *ln1_full;  // [Nl,C] [Nl] [Nl] [N,C] (= ln1 without sp)
-  float* qkv;                                   // [N,3Cl] this rank's heads of q | k | v
-  float* atty;                                  // [N,Cl]
-  float* att;   // the attention's state: [B,NHl,T,T] probabilities or [B,NHl,T] log-sum-exps
-  float* xmid;  // [Nl,C]  x_in + attention projection
-  float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;  // as ln1
-  float *fch, *fch_gelu;                        // [N,4Cl]
-  void carve(const Dims& d, bool with_att, Carver& c);
+  ActView ln1, ln1_full;       // [Nl,C] [N,C] (= ln1 without sp)
+  float *ln1_mean, *ln1_rstd;  // [Nl] [Nl]
+  ActView qkv;   // [N,3Cl] this rank's heads of q | k | v (bf16 where Dims::attention_bf16)
+  ActView atty;  // [N,Cl], a GEMM input (bf16 where Dims::attention_bf16)
+  float* att;    // the attention's state: [B,NHl,T,T] probabilities or [B,NHl,T] log-sum-exps
+  float* xmid;   // [Nl,C]  x_in + attention projection
+  ActView ln2, ln2_full;       // as ln1
+  float *ln2_mean, *ln2_rstd;  // as ln1
+  ActView fch, fch_gelu;       // [N,4Cl] the GELU's input and output (the FC layers' GEMMs')
+  // gemm_in: the dtype of the GEMM inputs (the parameters').
+  void carve(const Dims& d, bool with_att, DType gemm_in, Carver& c);
 };
 
 // Shared by all micro-batches, live only inside one pass call (dres: from one backward call to
@@ -77,12 +86,13 @@ struct BlockActs {
 // backward recomputes them), and the head's view is dead outside the head's passes, so the two
 // views can overlap.
 struct Scratch {
-  // bf16 parameters only (null otherwise): the matmuls' operands rounded to bf16, op_in for the
-  // input [N, max(C, 4Cl)], op_out for a block's d(output) [N, max(C, 4Cl)] (the head's d(logits)
-  // is already bf16, the slot's dlogits; no op_out without blocks); fp32 copies of a unit's
-  // small tensors (LayerNorm weights, biases) and of their gradients, small [6C + 7Cl] each.
-  // gemm_pad: the bf16 GEMMs' scratchpad, the largest any of this partition's needs (oneDNN's
-  // own figure, gemm_bf16_scratchpad_bytes), so that it is in the ledger and in predictions.
+  // bf16 parameters only (null otherwise): the matmuls' operands rounded to bf16, op_in for an
+  // fp32 input [N, Cl] (atty where the attention writes fp32, Dims::attention_bf16; else none),
+  // op_out for a block's d(output) [N, max(C, 4Cl)] (the head's d(logits) is already bf16, the
+  // slot's dlogits; no op_out without blocks); fp32 copies of a unit's small tensors (LayerNorm
+  // weights, biases) and of their gradients, small [6C + 7Cl] each. gemm_pad: the bf16 GEMMs'
+  // scratchpad, the largest any of this partition's needs (oneDNN's own figure,
+  // gemm_bf16_scratchpad_bytes), so that it is in the ledger and in predictions.
   bf16 *op_in, *op_out;
   float *small_params, *small_grads;
   float* gemm_pad;
@@ -122,7 +132,8 @@ struct SlotActs {
   // Recompute::none: a set per block; selective: a set per block whose att is the shared one;
   // full: every entry is the shared set (only x[l], the block's input, is kept).
   std::vector<BlockActs> block;
-  float *lnf, *lnf_mean, *lnf_rstd, *lnf_full;  // head: [Nl,C] [Nl] [Nl] [N,C]
+  ActView lnf, lnf_full;       // head: [Nl,C] [N,C], in the GEMMs' dtype as a block's ln1
+  float *lnf_mean, *lnf_rstd;  // [Nl] [Nl]
   // The head's cross-entropy state, by parameter dtype (the other is null):
   //   fp32  probs [N,Vl], the softmax; the backward forms d(logits) from it
   //   bf16  dlogits [N,Vl] bf16(softmax - onehot(target)), written unscaled by the forward a chunk
@@ -188,27 +199,32 @@ class ModelPasses {
   // rounded into comm_, moved as bf16 and widened back.
   void all_reduce_activation(TensorParallelComm* tp, float* data, std::size_t n);
   void gather(TensorParallelComm* tp, const float* shard, float* full);
+  // The same for a LayerNorm's output in bf16: moved as bf16, or with fp32 tp comm widened into
+  // the scratch's shard, gathered in fp32 into partial and rounded back (the same values).
+  void gather(TensorParallelComm* tp, ActView shard, ActView full);
   void scatter(TensorParallelComm* tp, float* full, float* shard);
-  void row_parallel(TensorParallelComm* tp, float* out, const float* inp, BufferView w,
+  void row_parallel(TensorParallelComm* tp, float* out, ActView inp, BufferView w,
                     const float* bias, int icl);
   // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias), and gelu_out = GELU(out) when given: sgemm for
   // f32 weights, for bf16 ones Kernels::matmul_bf16_forward (bf16 operands, fp32 accumulation;
   // bias and GELU in cuBLASLt's epilogue on a GPU).
-  void matmul_forward(float* out, const float* inp, BufferView w, const float* bias, int N, int C,
-                      int OC, float* gelu_out = nullptr);
+  void matmul_forward(ActView out, ActView inp, BufferView w, const float* bias, int N, int C,
+                      int OC, ActView gelu_out = {});
   // dinp[N,C] = dout @ w (overwritten: a bf16 GEMM writes it with beta 0, no zeroing pass);
   // dw[OC,C] += dout^T @ inp (dw f32 or bf16); dbias += sum_n dout.
-  void matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout,
-                       const float* inp, BufferView w, int N, int C, int OC);
-  // The same for bf16 weights and a d(output) already in bf16 (no bias): inp rounded to bf16.
-  void matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout, const float* inp,
-                            BufferView w, int N, int C, int OC);
+  void matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dout, ActView inp,
+                       BufferView w, int N, int C, int OC);
+  // The same for bf16 weights and a d(output) already in bf16 (no bias): inp rounded to bf16
+  // unless it is bf16.
+  void matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout, ActView inp, BufferView w,
+                            int N, int C, int OC);
+  // inp in bf16 for a bf16 GEMM: itself, or rounded into op_in.
+  const bf16* gemm_input(ActView inp, std::size_t n);
   // matmul_backward of d(output) = GELU'(pre_gelu) * dgelu [N,OC], formed in scratch b; with bf16
   // weights in one pass that writes the bf16 operand and the bias gradient
   // (Kernels::gelu_backward_bf16_bias_grad), never the fp32 d(output).
   void gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
-                            const float* pre_gelu, const float* inp, BufferView w, int N, int C,
-                            int OC);
+                            ActView pre_gelu, ActView inp, BufferView w, int N, int C, int OC);
   float* reduce_input_grad(TensorParallelComm* tp);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
   void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,

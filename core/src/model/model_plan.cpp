@@ -84,6 +84,7 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   Vl = std::size_t(V) / tp;
   row0 = sp ? Nl * p.tp_rank : 0;
   att = attention_state_floats(device, B, T, int(Cl), int(NHl));
+  attention_bf16 = attention_writes_bf16(device, B, int(Cl), int(NHl));
 }
 
 std::size_t head_chunk_rows(const Dims& d) {
@@ -94,22 +95,22 @@ std::size_t head_chunk_rows(const Dims& d) {
 // ---------------------------------------------------------------------------------------------
 // The activation plan: the same carve sizes the buffers (null base) and lays them out.
 
-void BlockActs::carve(const Dims& d, bool with_att, Carver& c) {
+void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   const std::size_t N = d.N, Nl = d.Nl, C = d.C;
-  ln1 = c.take(Nl * C);
+  ln1 = c.take(Nl * C, gemm_in);
   ln1_mean = c.take(Nl);
   ln1_rstd = c.take(Nl);
-  ln1_full = d.sp ? c.take(N * C) : ln1;
-  qkv = c.take(3 * N * d.Cl);
-  atty = c.take(N * d.Cl);
+  ln1_full = d.sp ? c.take(N * C, gemm_in) : ln1;
+  qkv = c.take(3 * N * d.Cl, d.attention_bf16 ? gemm_in : DType::f32);
+  atty = c.take(N * d.Cl, d.attention_bf16 ? gemm_in : DType::f32);
   att = with_att ? c.take(d.att) : nullptr;
   xmid = c.take(Nl * C);
-  ln2 = c.take(Nl * C);
+  ln2 = c.take(Nl * C, gemm_in);
   ln2_mean = c.take(Nl);
   ln2_rstd = c.take(Nl);
-  ln2_full = d.sp ? c.take(N * C) : ln2;
-  fch = c.take(4 * N * d.Cl);
-  fch_gelu = c.take(4 * N * d.Cl);
+  ln2_full = d.sp ? c.take(N * C, gemm_in) : ln2;
+  fch = c.take(4 * N * d.Cl, gemm_in);
+  fch_gelu = c.take(4 * N * d.Cl, gemm_in);
 }
 
 // The largest scratchpad of the bf16 GEMMs a partition issues: for each matmul (inputs IC ->
@@ -149,8 +150,10 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   gemm_pad_bytes = 0;
   const bool bf16_params = param_dtype == DType::bf16;
   if (bf16_params) {
+    // The one fp32 input of a bf16 GEMM: the attention's output [N,Cl] where the device's
+    // attention writes fp32 (attention_writes_bf16; every other GEMM input is written in bf16).
     const std::size_t widest = std::max<std::size_t>(C, 4 * d.Cl);
-    op_in = take_bf16(c, N * widest);
+    op_in = d.blocks > 0 && !d.attention_bf16 ? take_bf16(c, N * d.Cl) : nullptr;
     // The head's d(logits) is the slot's bf16 dlogits: op_out serves the blocks' matmuls only.
     op_out = d.blocks > 0 ? take_bf16(c, N * widest) : nullptr;
     const std::size_t small = d.blocks > 0 ? 6 * C + 7 * d.Cl : 2 * C;
@@ -174,7 +177,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   if (d.blocks > 0) {
     a = block.take(4 * N * d.Cl);
     b = block.take(std::max(4 * N * d.Cl, d.att));
-    if (r == Recompute::full) shared.carve(d, true, block);
+    if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
     if (r == Recompute::selective) shared.att = block.take(d.att);
   }
   c.used = std::max(head.used, block.used);
@@ -191,16 +194,17 @@ void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratc
       b = scratch.shared;
       continue;
     }
-    b.carve(d, r == Recompute::none, c);
+    b.carve(d, r == Recompute::none, param_dtype, c);
     if (r == Recompute::selective) b.att = scratch.shared.att;
   }
-  lnf = lnf_mean = lnf_rstd = lnf_full = probs = losses = nullptr;
+  lnf = lnf_full = ActView{};
+  lnf_mean = lnf_rstd = probs = losses = nullptr;
   dlogits = nullptr;
   if (d.head) {
-    lnf = c.take(Nl * C);
+    lnf = c.take(Nl * C, param_dtype);
     lnf_mean = c.take(Nl);
     lnf_rstd = c.take(Nl);
-    lnf_full = d.sp ? c.take(N * C) : lnf;
+    lnf_full = d.sp ? c.take(N * C, param_dtype) : lnf;
     if (param_dtype == DType::bf16)
       dlogits = take_bf16(c, N * d.Vl);
     else

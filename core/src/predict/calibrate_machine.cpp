@@ -231,8 +231,8 @@ double time_gemm(CoreContext& ctx, const GemmSample& s) {
     else if (!in_bf16)
       k.matmul_backward(f32(din), f32(dw), nullptr, f32(dout), f32(in), f32(w), s.m, s.k, s.n);
     else if (forward)
-      k.matmul_bf16_forward(f32(out), nullptr, half(in), half(w), nullptr, s.m, s.k, s.n, p,
-                            pad_bytes);
+      k.matmul_bf16_forward(f32(out), ActView{}, half(in), half(w), nullptr, s.m, s.k, s.n, p,
+                            pad_bytes, nullptr);
     else {
       k.gemm_bf16(false, false, s.m, s.k, s.n, half(dout), half(w), f32(din), DType::f32, false, p,
                   pad_bytes);

@@ -19,3 +19,4 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   return {std::uint16_t(u >> 16)};
 }
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }

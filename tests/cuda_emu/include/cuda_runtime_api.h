@@ -34,6 +34,11 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 constexpr float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+// The 8-byte one (four bf16 at a time).
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+constexpr uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 
 enum cudaError {
   cudaSuccess = 0,

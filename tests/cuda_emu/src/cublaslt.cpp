@@ -94,12 +94,19 @@ cublasStatus_t check(const cublasLtEmuMatmulDesc& d, const cublasLtEmuMatrixLayo
     return not_supported(call, "a pointer mode other than host");
   const bool bf16_ab = a.type == CUDA_R_16BF && b.type == CUDA_R_16BF;
   const bool f32_ab = a.type == CUDA_R_32F && b.type == CUDA_R_32F;
-  if (!(bf16_ab || f32_ab) || c.type != CUDA_R_32F || dl.type != CUDA_R_32F)
-    return not_supported(call, "a type combination other than bf16 (or fp32) A/B, fp32 C/D");
+  const bool bf16_cd = bf16_ab && c.type == CUDA_R_16BF && dl.type == CUDA_R_16BF;
+  const bool f32_cd = c.type == CUDA_R_32F && dl.type == CUDA_R_32F;
+  if (!(bf16_ab || f32_ab) || !(f32_cd || bf16_cd))
+    return not_supported(call,
+                         "a type combination other than bf16 (or fp32) A/B with fp32 C/D, or bf16 "
+                         "A/B/C/D");
   if (!emulated_epilogue(d.epilogue)) return not_supported(call, "this epilogue");
+  // The bias fp32 (with a bf16 D only when said so: its default is D's type); aux of D's type.
   if ((d.bias_type != -1 && d.bias_type != CUDA_R_32F) ||
-      (d.aux_type != -1 && d.aux_type != CUDA_R_32F))
-    return not_supported(call, "a bias or aux type other than fp32");
+      (bf16_cd && has_bias(d.epilogue) && d.bias_type != CUDA_R_32F))
+    return not_supported(call, "a bias type other than fp32");
+  if (d.aux_type != -1 && d.aux_type != dl.type)
+    return not_supported(call, "an aux type other than D's");
   for (auto [l, name] : {std::pair{&a, "A"}, {&b, "B"}, {&c, "C"}, {&dl, "D"}})
     if (const cublasStatus_t st = check_layout(*l, name, call)) return st;
   auto invalid = [&](const char* why) {
@@ -150,7 +157,7 @@ struct Matmul {
   float alpha, beta;
   const void *a, *b, *c;
   void* out;
-  cudaDataType_t ab_type;
+  cudaDataType_t ab_type, d_type;
   std::int64_t lda, ldb, ldc, ldd;
 };
 
@@ -169,11 +176,11 @@ void run_matmul(const Matmul& g) {
           sum += load(g.a, g.ab_type, ta ? l + i * g.lda : i + l * g.lda) *
                  load(g.b, g.ab_type, tb ? j + l * g.ldb : l + j * g.ldb);
       float v = g.alpha * sum;
-      if (g.beta != 0.0f) v += g.beta * static_cast<const float*>(g.c)[i + j * g.ldc];
+      if (g.beta != 0.0f) v += g.beta * load(g.c, g.d_type, i + j * g.ldc);
       if (has_bias(g.d.epilogue)) v += static_cast<const float*>(g.d.bias)[i];
-      if (has_aux(g.d.epilogue)) static_cast<float*>(g.d.aux)[i + j * g.d.aux_ld] = v;
+      if (has_aux(g.d.epilogue)) store(g.d.aux, g.d_type, i + j * g.d.aux_ld, v);
       if (has_gelu(g.d.epilogue)) v = gelu(v);
-      static_cast<float*>(g.out)[i + j * g.ldd] = v;
+      store(g.out, g.d_type, i + j * g.ldd, v);
     }
 }
 
@@ -377,6 +384,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
            C,
            D,
            a->type,
+           d->type,
            a->ld,
            b->ld,
            c->ld,
@@ -391,12 +399,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       (!reads_ab ||
        (operand_inside(A, elem, int(a->rows), int(a->cols), int(a->ld), 0, 1, "A", call) &&
         operand_inside(B, elem, int(b->rows), int(b->cols), int(b->ld), 0, 1, "B", call))) &&
-      (g.beta == 0.0f || operand_inside(C, 4, g.s.m, g.s.n, int(c->ld), 0, 1, "C", call)) &&
-      operand_inside(D, 4, g.s.m, g.s.n, int(d->ld), 0, 1, "D", call) &&
+      (g.beta == 0.0f ||
+       operand_inside(C, type_size(c->type), g.s.m, g.s.n, int(c->ld), 0, 1, "C", call)) &&
+      operand_inside(D, type_size(d->type), g.s.m, g.s.n, int(d->ld), 0, 1, "D", call) &&
       (!has_bias(desc->epilogue) ||
        operand_inside(desc->bias, 4, g.s.m, 1, g.s.m, 0, 1, "bias", call)) &&
-      (!has_aux(desc->epilogue) ||
-       operand_inside(desc->aux, 4, g.s.m, g.s.n, int(desc->aux_ld), 0, 1, "aux", call)) &&
+      (!has_aux(desc->epilogue) || operand_inside(desc->aux, type_size(d->type), g.s.m, g.s.n,
+                                                  int(desc->aux_ld), 0, 1, "aux", call)) &&
       (workspace_bytes == 0 || in_device_memory(workspace, workspace_bytes));
   if (!ok) return CUBLAS_STATUS_EXECUTION_FAILED;
   if (enqueue(stream, [g] { run_matmul(g); }) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backends/cpu/gemm_bf16.hpp"
 #include "backends/cpu/layers.hpp"
@@ -30,6 +31,13 @@ void add_row(BufferView table, std::size_t row, const float* src, int C) {
   for (int c = 0; c < C; ++c) dst[c] = to_bf16(to_float(dst[c]) + src[c]);
 }
 
+// Sequence b of n elements of x in fp32: x itself, or widened into `wide` (n floats) when bf16.
+const float* sequence(ActView x, int b, std::size_t n, std::vector<float>& wide) {
+  if (!x.is_bf16()) return x.f32() + std::size_t(b) * n;
+  cpu::widen_bf16(wide.data(), x.half() + std::size_t(b) * n, n);
+  return wide.data();
+}
+
 class CpuKernels final : public Kernels {
  public:
   void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
@@ -40,9 +48,20 @@ class CpuKernels final : public Kernels {
                         int B, int T, int C) override {
     cpu::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+  // A bf16 output: a block of rows computed in fp32, then rounded (the values an fp32 LayerNorm
+  // and round_to_bf16 give, bit for bit).
+  void layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C) override {
-    cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    if (!out.is_bf16())
+      return cpu::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C);
+    constexpr int kRows = 64;
+    std::vector<float> rows(std::size_t(std::min(N, kRows)) * std::size_t(C));
+    for (int n0 = 0; n0 < N; n0 += kRows) {
+      const int n = std::min(kRows, N - n0);
+      const std::size_t at = std::size_t(n0) * std::size_t(C);
+      cpu::layernorm_forward(rows.data(), mean + n0, rstd + n0, inp + at, weight, bias, n, C);
+      cpu::round_to_bf16(out.half() + at, rows.data(), std::size_t(n) * std::size_t(C));
+    }
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, const float* mean,
@@ -57,13 +76,30 @@ class CpuKernels final : public Kernels {
                        const float* inp, const float* weight, int N, int C, int OC) override {
     cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  // bf16 Q, K, V or output: a sequence at a time, its qkv widened into fp32 and its output
+  // computed in fp32, then rounded (round_to_bf16's values).
+  void attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C,
                          int NH) override {
-    cpu::attention_forward(out, att, qkv, B, T, C, NH);
+    if (!out.is_bf16() && !qkv.is_bf16())
+      return cpu::attention_forward(out.f32(), att, qkv.f32(), B, T, C, NH);
+    const std::size_t TC = std::size_t(T) * std::size_t(C), TT = std::size_t(NH) * T * T;
+    std::vector<float> rows(out.is_bf16() ? TC : 0), wide(qkv.is_bf16() ? 3 * TC : 0);
+    for (int b = 0; b < B; ++b) {
+      float* o = out.is_bf16() ? rows.data() : out.f32() + b * TC;
+      cpu::attention_forward(o, att + b * TT, sequence(qkv, b, 3 * TC, wide), 1, T, C, NH);
+      if (out.is_bf16()) cpu::round_to_bf16(out.half() + b * TC, o, TC);
+    }
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, const float*, int B, int T, int C, int NH) override {
-    cpu::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+  // The probabilities in att are what the CPU's backward reads; not the output.
+  void attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
+                          const float* att, ActView, int B, int T, int C, int NH) override {
+    if (!qkv.is_bf16())
+      return cpu::attention_backward(dqkv, datt, dout, qkv.f32(), att, B, T, C, NH);
+    const std::size_t TC = std::size_t(T) * std::size_t(C), TT = std::size_t(NH) * T * T;
+    std::vector<float> wide(3 * TC);
+    for (int b = 0; b < B; ++b)
+      cpu::attention_backward(dqkv + 3 * b * TC, datt + b * TT, dout + b * TC,
+                              sequence(qkv, b, 3 * TC, wide), att + b * TT, 1, T, C, NH);
   }
   void gelu_forward(float* out, const float* inp, std::int64_t n) override {
     cpu::gelu_forward(out, inp, n);
@@ -100,14 +136,12 @@ class CpuKernels final : public Kernels {
                                          DType c_dtype, bool accumulate) override {
     return cpu::gemm_bf16_scratchpad_bytes(trans_a, trans_b, M, N, K, c_dtype, accumulate);
   }
-  // The three steps ModelPasses ran before this entry existed: the same arithmetic.
-  void matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp, const bf16* weight,
+  // As its steps: GEMM, bias, GELU and, for bf16 outputs, the roundings.
+  void matmul_bf16_forward(ActView out, ActView gelu_out, const bf16* inp, const bf16* weight,
                            const float* bias, int N, int C, int OC, void* scratchpad,
-                           std::size_t scratchpad_bytes) override {
-    gemm_bf16(false, true, N, OC, C, inp, weight, out, DType::f32, false, scratchpad,
-              scratchpad_bytes);
-    if (bias) add_bias(out, bias, std::size_t(N), OC);
-    if (gelu_out) gelu_forward(gelu_out, out, std::int64_t(N) * OC);
+                           std::size_t scratchpad_bytes, float* f32) override {
+    matmul_bf16_forward_steps(out, gelu_out, inp, weight, bias, N, C, OC, scratchpad,
+                              scratchpad_bytes, f32);
   }
 
   void zero(float* p, std::size_t n) override { std::memset(p, 0, n * sizeof(float)); }
@@ -115,6 +149,25 @@ class CpuKernels final : public Kernels {
     for (std::size_t n = 0; n < rows; ++n)
 #pragma omp simd
       for (int c = 0; c < C; ++c) out[n * C + c] += bias[c];
+  }
+  // d = GELU'(inp) dout in scratch (a bf16 inp widened a block of rows at a time), then the
+  // rounding and the bias gradient.
+  void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch, ActView inp,
+                                    const float* dout, std::size_t rows, int C) override {
+    const std::size_t n = rows * std::size_t(C);
+    zero(scratch, n);
+    if (!inp.is_bf16()) {
+      gelu_backward(scratch, inp.f32(), dout, std::int64_t(n));
+    } else {
+      constexpr std::size_t kRows = 64;
+      std::vector<float> x(std::min(rows, kRows) * std::size_t(C));
+      for (std::size_t r0 = 0; r0 < rows; r0 += kRows) {
+        const std::size_t at = r0 * std::size_t(C), m = std::min(kRows, rows - r0) * std::size_t(C);
+        cpu::widen_bf16(x.data(), inp.half() + at, m);
+        gelu_backward(scratch + at, x.data(), dout + at, std::int64_t(m));
+      }
+    }
+    round_to_bf16_bias_grad(out, dbias, scratch, rows, C);
   }
   void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
                                int C) override {

@@ -36,6 +36,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backends/cuda/bf16.cuh"
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/layers.cuh"
@@ -86,9 +87,9 @@ __device__ __forceinline__ float row_max(float v) {
 }
 
 // tile[r][d] = src[(row0 + r) * ld + d] for r < 32, d < kD; 0 where row0 + r >= T or d >= hs.
-template <int kD>
-__device__ __forceinline__ void load_head_tile(float* tile,       // [32, kD + 1] shared
-                                               const float* src,  // row t at src + t * ld
+template <int kD, class Src>
+__device__ __forceinline__ void load_head_tile(float* tile,  // [32, kD + 1] shared
+                                               Src src,  // row t at src + t * ld (float*, ActRead)
                                                int ld, int row0, int T, int hs) {
   for (int e = threadIdx.x; e < kTile * kD; e += kTileThreads) {
     const int r = e / kD, d = e % kD, t = row0 + r;
@@ -206,9 +207,11 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kRows][kCols], fl
 // out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
 template <int kD>
 __global__ void __launch_bounds__(kTileThreads)
-    flash_forward_kernel(float* out,        // [B, T, C]
-                         float* lse,        // [B, NH, T]
-                         const float* qkv,  // [B, T, 3C]
+    flash_forward_kernel(void* out,        // [B, T, C] fp32 or bf16
+                         bool out_bf16,    //
+                         float* lse,       // [B, NH, T]
+                         const void* qkv,  // [B, T, 3C] fp32 or bf16
+                         bool qkv_bf16,    //
                          int T, int C, int NH, float scale) {
   STRATA_DYNAMIC_SHARED(float, smem);
   float* q_tile = smem;                          // [32, kD + 1]
@@ -218,7 +221,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kTile;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const ActRead q{qkv, qkv_bf16, std::int64_t(b) * T * C3 + h * hs};  // k at + C, v at + 2C
 
   load_head_tile<kD>(q_tile, q, C3, q0, T, hs);
   float acc[kRows][kD / kGroup] = {}, m[kRows], l[kRows];
@@ -245,7 +248,7 @@ __global__ void __launch_bounds__(kTileThreads)
     STRATA_UNROLL
     for (int i = 0; i < kD / kGroup; ++i) acc[r][i] *= inv_l[r];
   }
-  float* o = out + std::int64_t(b) * T * C + h * hs;
+  const std::int64_t o = std::int64_t(b) * T * C + h * hs;
   STRATA_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const int t = q0 + ty * kRows + r;
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(kTileThreads)
     STRATA_UNROLL
     for (int i = 0; i < kD / kGroup; ++i) {
       const int d = tx + kGroup * i;
-      if (d < hs) o[std::int64_t(t) * C + d] = acc[r][i];
+      if (d < hs) store(out, out_bf16, std::size_t(o + std::int64_t(t) * C + d), acc[r][i]);
     }
   }
 }
@@ -263,8 +266,8 @@ __global__ void __launch_bounds__(kTileThreads)
 // delta[b,h,t] = dout[b,t,h head] . out[b,t,h head]; one warp per row (b, h, t).
 __global__ void attention_delta_kernel(float* delta,       // [B, NH, T]
                                        const float* dout,  // [B, T, C]
-                                       const float* out,   // [B, T, C]
-                                       std::int64_t rows, int T, int C, int NH) {
+                                       const void* out,    // [B, T, C] fp32 or bf16
+                                       bool out_bf16, std::int64_t rows, int T, int C, int NH) {
   constexpr int kWarps = kDeltaThreads / 32;
   const int lane = threadIdx.x % 32, hs = C / NH;
   for (std::int64_t row = blockIdx.x * std::int64_t(kWarps) + threadIdx.x / 32; row < rows;
@@ -273,7 +276,8 @@ __global__ void attention_delta_kernel(float* delta,       // [B, NH, T]
     const int t = int(row % T), h = int(bh % NH);
     const std::int64_t off = (b * T + t) * C + std::int64_t(h) * hs;
     float s = 0.0f;
-    for (int d = lane; d < hs; d += 32) s += dout[off + d] * out[off + d];
+    for (int d = lane; d < hs; d += 32)
+      s += dout[off + d] * load(out, out_bf16, std::size_t(off + d));
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
     if (lane == 0) delta[row] = s;
   }
@@ -285,7 +289,8 @@ template <int kD>
 __global__ void __launch_bounds__(kTileThreads)
     flash_backward_dkdv_kernel(float* dqkv,         // [B, T, 3C] += (dk, dv columns)
                                const float* dout,   // [B, T, C]
-                               const float* qkv,    // [B, T, 3C]
+                               const void* qkv,     // [B, T, 3C] fp32 or bf16
+                               bool qkv_bf16,       //
                                const float* lse,    // [B, NH, T]
                                const float* delta,  // [B, NH, T]
                                int T, int C, int NH, float scale) {
@@ -301,7 +306,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int kt = blockIdx.x, k0 = kt * kTile, tiles = gridDim.x;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const ActRead q{qkv, qkv_bf16, std::int64_t(b) * T * C3 + h * hs};  // k at + C, v at + 2C
   const float* dob = dout + std::int64_t(b) * T * C + h * hs;
 
   load_head_tile<kD>(k_tile, q + C, C3, k0, T, hs);
@@ -343,7 +348,8 @@ template <int kD>
 __global__ void __launch_bounds__(kTileThreads)
     flash_backward_dq_kernel(float* dqkv,         // [B, T, 3C] += (dq columns)
                              const float* dout,   // [B, T, C]
-                             const float* qkv,    // [B, T, 3C]
+                             const void* qkv,     // [B, T, 3C] fp32 or bf16
+                             bool qkv_bf16,       //
                              const float* lse,    // [B, NH, T]
                              const float* delta,  // [B, NH, T]
                              int T, int C, int NH, float scale) {
@@ -358,7 +364,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kTile;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const ActRead q{qkv, qkv_bf16, std::int64_t(b) * T * C3 + h * hs};  // k at + C, v at + 2C
 
   load_head_tile<kD>(q_tile, q, C3, q0, T, hs);
   load_head_tile<kD>(do_tile, dout + std::int64_t(b) * T * C + h * hs, C, q0, T, hs);
@@ -430,8 +436,8 @@ dim3 tile_grid(int B, int T, int NH) { return dim3(unsigned((T + kTile - 1) / kT
 
 }  // namespace
 
-void flash_attention_forward(const CudaContext& ctx, float* out, float* lse, const float* qkv,
-                             int B, int T, int C, int NH) {
+void flash_attention_forward(const CudaContext& ctx, ActView out, float* lse, ActView qkv, int B,
+                             int T, int C, int NH) {
   with_head_size("flash_attention_forward", B, T, C, NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
@@ -439,25 +445,25 @@ void flash_attention_forward(const CudaContext& ctx, float* out, float* lse, con
     allow_shared_memory(flash_forward_kernel<kD>, forward_smem_bytes<kD>());
     STRATA_LAUNCH(flash_forward_kernel<kD>, tile_grid(B, T, NH), kTileThreads,
                   forward_smem_bytes<kD>(), ctx.stream)
-    (out, lse, qkv, T, C, NH, scale);
+    (out.data, out.is_bf16(), lse, qkv.data, qkv.is_bf16(), T, C, NH, scale);
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }
 
-void attention_delta(const CudaContext& ctx, float* delta, const float* dout, const float* out,
-                     int B, int T, int C, int NH) {
+void attention_delta(const CudaContext& ctx, float* delta, const float* dout, ActView out, int B,
+                     int T, int C, int NH) {
   const std::int64_t rows = std::int64_t(B) * NH * T;
   if (rows == 0) return;
   const unsigned blocks = unsigned(std::min<std::int64_t>(
       (rows + kDeltaThreads / 32 - 1) / (kDeltaThreads / 32), std::int64_t(1) << 16));
   STRATA_LAUNCH(attention_delta_kernel, blocks, kDeltaThreads, 0, ctx.stream)
-  (delta, dout, out, rows, T, C, NH);
+  (delta, dout, out.data, out.is_bf16(), rows, T, C, NH);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
 void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta, const float* dout,
-                              const float* qkv, const float* out, const float* lse, int B, int T,
-                              int C, int NH) {
+                              ActView qkv, ActView out, const float* lse, int B, int T, int C,
+                              int NH) {
   with_head_size("flash_attention_backward", B, T, C, NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
@@ -467,13 +473,13 @@ void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
     allow_shared_memory(flash_backward_dkdv_kernel<kD>, dkdv_smem_bytes<kD>());
     STRATA_LAUNCH(flash_backward_dkdv_kernel<kD>, tile_grid(B, T, NH), kTileThreads,
                   dkdv_smem_bytes<kD>(), ctx.stream)
-    (dqkv, dout, qkv, lse, delta, T, C, NH, scale);
+    (dqkv, dout, qkv.data, qkv.is_bf16(), lse, delta, T, C, NH, scale);
     STRATA_CUDA_CHECK_LAUNCH();
 
     allow_shared_memory(flash_backward_dq_kernel<kD>, dq_smem_bytes<kD>());
     STRATA_LAUNCH(flash_backward_dq_kernel<kD>, tile_grid(B, T, NH), kTileThreads,
                   dq_smem_bytes<kD>(), ctx.stream)
-    (dqkv, dout, qkv, lse, delta, T, C, NH, scale);
+    (dqkv, dout, qkv.data, qkv.is_bf16(), lse, delta, T, C, NH, scale);
     STRATA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -47,6 +47,7 @@
 #include <type_traits>
 
 #include "../kernels.hpp"  // cuda_tensor_core_attention ("kernels.hpp" is cuda/kernels.hpp here)
+#include "backends/cuda/bf16.cuh"
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/layers.cuh"
@@ -121,12 +122,13 @@ struct SharedCarver {
   }
 };
 
-// --- Global memory: the only functions that read or write the fp32 activations -----------------
+// --- Global memory: the only functions that read or write the activations ------------------------
 
 // tile[r][d] = bf16(src[(row0 + r) * ld + d]) for r < 64, d < kD; 0 where row0 + r >= T or d >= hs.
-// kVector: four columns a thread where src and ld allow 16-byte loads (hs is a multiple of 16, so
-// four columns never straddle hs), a quarter of the load instructions. Off in the dK/dV kernel:
-// its fragments leave no registers for the loads in flight (ptxas spilled it at 168 registers).
+// kVector: four columns a thread where src and ld allow 16-byte fp32 or 8-byte bf16 loads (hs is a
+// multiple of 16, so four columns never straddle hs), a quarter of the load instructions. Off in
+// the dK/dV kernel: its fragments leave no registers for the loads in flight (ptxas spilled it at
+// 168 registers). src: dout, or an fp32 run's Q, K, V.
 template <int kD, bool kVector = true>
 __device__ __forceinline__ void load_tile_bf16(bfloat16* tile, const float* src, int ld, int row0,
                                                int T, int hs) {
@@ -147,6 +149,30 @@ __device__ __forceinline__ void load_tile_bf16(bfloat16* tile, const float* src,
     tile[r * kTileStride<kD> + d] = __float2bfloat16_rn(v);
   }
 }
+// The same from bf16 (a bf16 run's Q, K, V: its 16 bits), copied as they are: four columns a
+// thread with 8-byte loads where src and ld allow.
+template <int kD, bool kVector = true>
+__device__ __forceinline__ void load_tile_bf16(bfloat16* tile, const std::uint16_t* src, int ld,
+                                               int row0, int T, int hs) {
+  if (kVector && ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(src) % 8 == 0) {
+    for (int e = 4 * int(threadIdx.x); e < kRows * kD; e += 4 * kThreads) {
+      const int r = e / kD, d = e % kD, t = row0 + r;
+      uint2 v = make_uint2(0u, 0u);
+      if (t < T && d < hs) v = *reinterpret_cast<const uint2*>(src + std::int64_t(t) * ld + d);
+      bfloat16* out = tile + r * kTileStride<kD> + d;
+      out[0] = __ushort_as_bfloat16(std::uint16_t(v.x & 0xffffu));
+      out[1] = __ushort_as_bfloat16(std::uint16_t(v.x >> 16));
+      out[2] = __ushort_as_bfloat16(std::uint16_t(v.y & 0xffffu));
+      out[3] = __ushort_as_bfloat16(std::uint16_t(v.y >> 16));
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < kRows * kD; e += kThreads) {
+    const int r = e / kD, d = e % kD, t = row0 + r;
+    tile[r * kTileStride<kD> + d] =
+        __ushort_as_bfloat16(t < T && d < hs ? src[std::int64_t(t) * ld + d] : std::uint16_t(0));
+  }
+}
 
 // v[r] = factor src[bh * T + row0 + r] for r < 64; 0 past T. (lse or delta of a tile's rows.)
 __device__ __forceinline__ void load_row_values(float* v, const float* src, std::int64_t bh,
@@ -155,18 +181,22 @@ __device__ __forceinline__ void load_row_values(float* v, const float* src, std:
     v[r] = row0 + r < T ? factor * src[bh * T + row0 + r] : 0.0f;
 }
 
-// dst[(row0 + r) * ld + d] (+)= scale rows[r][d] / divisor[r] over the warp's 16 rows, inside T
-// rows and hs columns (consecutive lanes write consecutive columns). `divisor` may be null (1).
+// dst[base + (row0 + r) * ld + d] (+)= scale rows[r][d] / divisor[r] over the warp's 16 rows,
+// inside T rows and hs columns (consecutive lanes write consecutive columns). `divisor` may be
+// null (1). dst fp32, or bf16 (dst_bf16; written, not accumulated: the forward's output).
 template <int kD, bool kAccumulate>
-__device__ __forceinline__ void write_warp_rows(float* dst, int ld, const float* rows,
-                                                const float* divisor, float scale, int row0, int T,
-                                                int hs) {
+__device__ __forceinline__ void write_warp_rows(void* dst, bool dst_bf16, std::size_t base, int ld,
+                                                const float* rows, const float* divisor,
+                                                float scale, int row0, int T, int hs) {
   for (int e = threadIdx.x % 32; e < kFrag * kD; e += 32) {
     const int r = e / kD, d = e % kD, t = row0 + r;
     if (t >= T || d >= hs) continue;
     const float v = scale * rows[r * kAccStride<kD> + d] / (divisor ? divisor[r] : 1.0f);
-    float& out = dst[std::int64_t(t) * ld + d];
-    out = kAccumulate ? out + v : v;
+    const std::size_t at = base + std::size_t(std::int64_t(t) * ld + d);
+    if (kAccumulate)
+      static_cast<float*>(dst)[at] += v;
+    else
+      store(dst, dst_bf16, at, v);
   }
 }
 
@@ -316,11 +346,12 @@ __device__ __forceinline__ void rescale_and_accumulate(FragAcc (&o)[kD / kFrag],
 }
 
 // out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
-template <int kD>
+template <int kD, class Qkv>
 __global__ void __launch_bounds__(kThreads)
-    tc_forward_kernel(float* out,        // [B, T, C]
-                      float* lse,        // [B, NH, T]
-                      const float* qkv,  // [B, T, 3C]
+    tc_forward_kernel(void* out,       // [B, T, C] fp32 or bf16
+                      bool out_bf16,   //
+                      float* lse,      // [B, NH, T]
+                      const Qkv* qkv,  // [B, T, 3C] fp32 or bf16's bits
                       int T, int C, int NH, float scale_log2) {
   STRATA_DYNAMIC_SHARED(SharedUnit, smem);
   SharedCarver carve{smem->bytes};
@@ -336,7 +367,7 @@ __global__ void __launch_bounds__(kThreads)
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kRows;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w0 = warp * kFrag;
-  const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
 
   load_tile_bf16<kD>(q_tile, q, C3, q0, T, hs);
   if (lane < kFrag) m_rows[w0 + lane] = -INFINITY, l_rows[w0 + lane] = 0.0f;
@@ -372,7 +403,7 @@ __global__ void __launch_bounds__(kThreads)
   if (lane < kFrag && q0 + w0 + lane < T)
     lse[std::int64_t(bh) * T + q0 + w0 + lane] =
         (m_rows[w0 + lane] + log2f(l_rows[w0 + lane])) * kLn2;
-  write_warp_rows<kD, false>(out + std::int64_t(b) * T * C + h * hs, C,
+  write_warp_rows<kD, false>(out, out_bf16, std::size_t(std::int64_t(b) * T * C + h * hs), C,
                              o_tile + w0 * kAccStride<kD>, l_rows + w0, 1.0f, q0 + w0, T, hs);
 }
 
@@ -418,11 +449,11 @@ __device__ __forceinline__ void key_rows_p_and_ds(bfloat16* pt_rows, bfloat16* d
 }
 
 // dK, dV of key tile kt = blockIdx.x (the first tiles see the most query tiles) of head (b, h).
-template <int kD>
+template <int kD, class Qkv>
 __global__ void __launch_bounds__(kThreads)
     tc_backward_dkdv_kernel(float* dqkv,         // [B, T, 3C] += (dk, dv columns)
                             const float* dout,   // [B, T, C]
-                            const float* qkv,    // [B, T, 3C]
+                            const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
                             const float* lse,    // [B, NH, T]
                             const float* delta,  // [B, NH, T]
                             int T, int C, int NH, float scale, float scale_log2) {
@@ -445,7 +476,7 @@ __global__ void __launch_bounds__(kThreads)
   const int kt = blockIdx.x, k0 = kt * kRows, tiles = gridDim.x;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int warp = threadIdx.x / 32, w0 = warp * kFrag;
-  const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
   const float* dob = dout + std::int64_t(b) * T * C + h * hs;
 
   load_tile_bf16<kD, false>(k_tile, q + C, C3, k0, T, hs);
@@ -487,10 +518,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();  // dK, dV rows stored (fragment lanes != writing lanes)
   }
   float* dk_out = dqkv + std::int64_t(b) * T * C3 + C + h * hs;  // dv at + C
-  write_warp_rows<kD, true>(dk_out, C3, dk_tile + w0 * kAccStride<kD>, nullptr, scale, k0 + w0, T,
-                            hs);
-  write_warp_rows<kD, true>(dk_out + C, C3, dv_tile + w0 * kAccStride<kD>, nullptr, 1.0f, k0 + w0,
-                            T, hs);
+  write_warp_rows<kD, true>(dk_out, false, 0, C3, dk_tile + w0 * kAccStride<kD>, nullptr, scale,
+                            k0 + w0, T, hs);
+  write_warp_rows<kD, true>(dk_out + C, false, 0, C3, dv_tile + w0 * kAccStride<kD>, nullptr, 1.0f,
+                            k0 + w0, T, hs);
 }
 
 // dS of the warp's 16 queries (q, dout its fragments) against the 64 keys of the loaded tile.
@@ -513,11 +544,11 @@ __device__ __forceinline__ void query_rows_ds(bfloat16* ds_rows, float* scratch,
 }
 
 // dQ of query tile qt (longest first, as the forward) of head (b, h).
-template <int kD>
+template <int kD, class Qkv>
 __global__ void __launch_bounds__(kThreads)
     tc_backward_dq_kernel(float* dqkv,         // [B, T, 3C] += (dq columns)
                           const float* dout,   // [B, T, C]
-                          const float* qkv,    // [B, T, 3C]
+                          const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
                           const float* lse,    // [B, NH, T]
                           const float* delta,  // [B, NH, T]
                           int T, int C, int NH, float scale, float scale_log2) {
@@ -535,7 +566,7 @@ __global__ void __launch_bounds__(kThreads)
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kRows;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int warp = threadIdx.x / 32, w0 = warp * kFrag;
-  const float* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
 
   load_tile_bf16<kD>(q_tile, q, C3, q0, T, hs);
   load_tile_bf16<kD>(do_tile, dout + std::int64_t(b) * T * C + h * hs, C, q0, T, hs);
@@ -557,7 +588,7 @@ __global__ void __launch_bounds__(kThreads)
     accumulate_product<kD>(dq_tile + w0 * kAccStride<kD>, ds_tile + w0 * kProbStride, k_tile);
     __syncthreads();  // K, V read before the next key tile overwrites them
   }
-  write_warp_rows<kD, true>(dqkv + std::int64_t(b) * T * C3 + h * hs, C3,
+  write_warp_rows<kD, true>(dqkv + std::int64_t(b) * T * C3 + h * hs, false, 0, C3,
                             dq_tile + w0 * kAccStride<kD>, nullptr, scale, q0 + w0, T, hs);
 }
 
@@ -618,39 +649,58 @@ bool tc_attention_supported(int B, int C, int NH) {
   return B >= 0 && cuda_tensor_core_attention(B, C, NH);
 }
 
-void tc_flash_attention_forward(const CudaContext& ctx, float* out, float* lse, const float* qkv,
-                                int B, int T, int C, int NH) {
+namespace {
+// f(std::type_identity<Qkv>{}) with Qkv the element the kernels read q | k | v as: float, or a
+// bf16's 16 bits. A template argument, not a flag: one load path per kernel keeps its registers.
+template <class F>
+void with_qkv_type(ActView qkv, F&& f) {
+  if (qkv.is_bf16())
+    f(std::type_identity<std::uint16_t>{});
+  else
+    f(std::type_identity<float>{});
+}
+}  // namespace
+
+void tc_flash_attention_forward(const CudaContext& ctx, ActView out, float* lse, ActView qkv, int B,
+                                int T, int C, int NH) {
   with_tc_head_size("tc_flash_attention_forward", B, T, C, NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
-    allow_shared_memory(tc_forward_kernel<kD>, forward_smem_bytes<kD>());
-    STRATA_LAUNCH(tc_forward_kernel<kD>, tc_grid(B, T, NH), kThreads, forward_smem_bytes<kD>(),
-                  ctx.stream)
-    (out, lse, qkv, T, C, NH, scale_of(C, NH) * kLog2e);
-    STRATA_CUDA_CHECK_LAUNCH();
+    with_qkv_type(qkv, [&](auto type) {
+      using Qkv = typename decltype(type)::type;
+      allow_shared_memory(tc_forward_kernel<kD, Qkv>, forward_smem_bytes<kD>());
+      STRATA_LAUNCH((tc_forward_kernel<kD, Qkv>), tc_grid(B, T, NH), kThreads,
+                    forward_smem_bytes<kD>(), ctx.stream)
+      (out.data, out.is_bf16(), lse, static_cast<const Qkv*>(qkv.data), T, C, NH,
+       scale_of(C, NH) * kLog2e);
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
 void tc_flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
-                                 const float* dout, const float* qkv, const float* out,
-                                 const float* lse, int B, int T, int C, int NH) {
+                                 const float* dout, ActView qkv, ActView out, const float* lse,
+                                 int B, int T, int C, int NH) {
   with_tc_head_size("tc_flash_attention_backward", B, T, C, NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
     const float scale = scale_of(C, NH);
     attention_delta(ctx, delta, dout, out, B, T, C, NH);
+    with_qkv_type(qkv, [&](auto type) {
+      using Qkv = typename decltype(type)::type;
+      const Qkv* q = static_cast<const Qkv*>(qkv.data);
+      allow_shared_memory(tc_backward_dkdv_kernel<kD, Qkv>, dkdv_smem_bytes<kD>());
+      STRATA_LAUNCH((tc_backward_dkdv_kernel<kD, Qkv>), tc_grid(B, T, NH), kThreads,
+                    dkdv_smem_bytes<kD>(), ctx.stream)
+      (dqkv, dout, q, lse, delta, T, C, NH, scale, scale * kLog2e);
+      STRATA_CUDA_CHECK_LAUNCH();
 
-    allow_shared_memory(tc_backward_dkdv_kernel<kD>, dkdv_smem_bytes<kD>());
-    STRATA_LAUNCH(tc_backward_dkdv_kernel<kD>, tc_grid(B, T, NH), kThreads, dkdv_smem_bytes<kD>(),
-                  ctx.stream)
-    (dqkv, dout, qkv, lse, delta, T, C, NH, scale, scale * kLog2e);
-    STRATA_CUDA_CHECK_LAUNCH();
-
-    allow_shared_memory(tc_backward_dq_kernel<kD>, dq_smem_bytes<kD>());
-    STRATA_LAUNCH(tc_backward_dq_kernel<kD>, tc_grid(B, T, NH), kThreads, dq_smem_bytes<kD>(),
-                  ctx.stream)
-    (dqkv, dout, qkv, lse, delta, T, C, NH, scale, scale * kLog2e);
-    STRATA_CUDA_CHECK_LAUNCH();
+      allow_shared_memory(tc_backward_dq_kernel<kD, Qkv>, dq_smem_bytes<kD>());
+      STRATA_LAUNCH((tc_backward_dq_kernel<kD, Qkv>), tc_grid(B, T, NH), kThreads,
+                    dq_smem_bytes<kD>(), ctx.stream)
+      (dqkv, dout, q, lse, delta, T, C, NH, scale, scale * kLog2e);
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

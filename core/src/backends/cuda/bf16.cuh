@@ -30,4 +30,16 @@ __device__ __forceinline__ void store(void* p, bool bf16, std::size_t i, float v
     static_cast<float*>(p)[i] = v;
 }
 
+// An fp32-or-bf16 tensor read from element `at` on (a bf16 run's Q, K, V): src[i] is the value
+// widened to fp32, src + d the same tensor d elements on.
+struct ActRead {
+  const void* p;
+  bool bf16;
+  std::int64_t at;
+  __device__ __forceinline__ float operator[](std::int64_t i) const {
+    return load(p, bf16, std::size_t(at + i));
+  }
+  __device__ __forceinline__ ActRead operator+(std::int64_t d) const { return {p, bf16, at + d}; }
+};
+
 }  // namespace strata::cuda

@@ -34,9 +34,9 @@ void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout,
                                    const std::int32_t* tokens, int B, int T, int C) {
   cuda::encoder_backward(ctx_, dwte, dwpe, dout, tokens, B, T, C);
 }
-void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+void CudaKernels::layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
                                     const float* weight, const float* bias, int N, int C) {
-  cuda::layernorm_forward(ctx_, out, mean, rstd, inp, weight, bias, N, C);
+  cuda::layernorm_forward(ctx_, out.data, out.is_bf16(), mean, rstd, inp, weight, bias, N, C);
 }
 void CudaKernels::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                      const float* inp, const float* weight, const float* mean,
@@ -55,24 +55,28 @@ void CudaKernels::matmul_backward(float* dinp, float* dweight, float* dbias, con
 // fp32 flash kernel (attention.cu) where it takes the shape; else the probabilities through cuBLAS
 // (layers.cu). The two flash kernels keep the same state: att the log-sum-exp of each row
 // [B,NH,T], datt the backward's row sums [B,NH,T] (attention_state_floats).
-void CudaKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+void CudaKernels::attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C,
                                     int NH) {
+  if ((out.is_bf16() || qkv.is_bf16()) && !attention_writes_bf16(Device::cuda, B, C, NH))
+    throw Error(
+        "CudaKernels::attention_forward: bf16 activations for a shape only the cuBLAS "
+        "path takes (head size " +
+        std::to_string(C / NH) + ")");
   if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
     cuda::tc_flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
   else if (cuda_fused_attention(B, C, NH))
     cuda::flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
   else
-    cuda::attention_forward(ctx_, out, att, qkv, B, T, C, NH);
+    cuda::attention_forward(ctx_, out.f32(), att, qkv.f32(), B, T, C, NH);
 }
-void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                     const float* att, const float* out, int B, int T, int C,
-                                     int NH) {
+void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
+                                     const float* att, ActView out, int B, int T, int C, int NH) {
   if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
     cuda::tc_flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
   else if (cuda_fused_attention(B, C, NH))
     cuda::flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
   else
-    cuda::attention_backward(ctx_, dqkv, datt, dout, qkv, att, B, T, C, NH);
+    cuda::attention_backward(ctx_, dqkv, datt, dout, qkv.f32(), att, B, T, C, NH);
 }
 void CudaKernels::gelu_forward(float* out, const float* inp, std::int64_t n) {
   cuda::gelu_forward(ctx_, out, inp, n);
@@ -83,10 +87,11 @@ void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout
 void CudaKernels::residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
   cuda::residual_forward(ctx_, out, a, b, n);
 }
-void CudaKernels::residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd,
+void CudaKernels::residual_layernorm_forward(float* sum, ActView out, float* mean, float* rstd,
                                              const float* a, const float* b, const float* weight,
                                              const float* bias, int N, int C) {
-  cuda::residual_layernorm_forward(ctx_, sum, out, mean, rstd, a, b, weight, bias, N, C);
+  cuda::residual_layernorm_forward(ctx_, sum, out.data, out.is_bf16(), mean, rstd, a, b, weight,
+                                   bias, N, C);
 }
 void CudaKernels::softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                                const std::int32_t* targets, int N, int V) {

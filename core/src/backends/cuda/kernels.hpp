@@ -31,7 +31,7 @@ class CudaKernels final : public Kernels {
                        int B, int T, int C) override;
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
                         int B, int T, int C) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+  void layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, const float* mean,
@@ -40,14 +40,14 @@ class CudaKernels final : public Kernels {
                       int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int C, int OC) override;
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  void attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C,
                          int NH) override;
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, const float* out, int B, int T, int C, int NH) override;
+  void attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
+                          const float* att, ActView out, int B, int T, int C, int NH) override;
   void gelu_forward(float* out, const float* inp, std::int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
   void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override;
-  void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a,
+  void residual_layernorm_forward(float* sum, ActView out, float* mean, float* rstd, const float* a,
                                   const float* b, const float* weight, const float* bias, int N,
                                   int C) override;
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
@@ -64,19 +64,22 @@ class CudaKernels final : public Kernels {
   // 0: cuBLAS works in the context's workspace.
   std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
                                          DType c_dtype, bool accumulate) override;
-  // cublasLtMatmul (matmul_lt.cpp): bias and GELU in the epilogue; GELU in a kernel of its own
-  // where cuBLASLt's aux matrix does not take OC (not a multiple of 8), and the whole call as
-  // gemm_bf16, add_bias and gelu_forward where cuBLASLt has no algorithm for it.
-  void matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp, const bf16* weight,
+  // cublasLtMatmul (matmul_lt.cpp): bias and GELU in the epilogue, D and the aux matrix in the
+  // outputs' dtype; the whole call as its steps (matmul_bf16_forward_steps) where cuBLASLt has no
+  // algorithm for it or its aux matrix does not take OC (not a multiple of 8).
+  void matmul_bf16_forward(ActView out, ActView gelu_out, const bf16* inp, const bf16* weight,
                            const float* bias, int N, int C, int OC, void* scratchpad,
-                           std::size_t scratchpad_bytes) override;
+                           std::size_t scratchpad_bytes, float* f32) override;
+  // Whether cuBLASLt has a fused algorithm for a bf16 linear layer with bias and GELU writing
+  // `out` (fp32 or bf16) on this GPU (a plan is made and kept): what make test-gpu checks.
+  bool fuses_bias_gelu(int N, int C, int OC, DType out);
 
   void zero(float* p, std::size_t n) override;
   void add_bias(float* out, const float* bias, std::size_t rows, int C) override;
   void bias_grad(float* dbias, const float* dout, std::size_t rows, int C) override;
   void round_to_bf16_bias_grad(bf16* out, float* dbias, const float* dout, std::size_t rows,
                                int C) override;
-  void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch, const float* inp,
+  void gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* scratch, ActView inp,
                                     const float* dout, std::size_t rows, int C) override;
   void add_into_bf16(bf16* dst, const float* src, std::size_t n) override;
   void embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N, BufferView wte,
@@ -106,11 +109,13 @@ class CudaKernels final : public Kernels {
 
  private:
   // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null, of
-  // GELU'(gelu_inp) * dout instead of dout where gelu_inp is not null (kernels_steps.cu).
+  // GELU'(gelu_inp) * dout instead of dout where gelu_inp is not null (fp32 or bf16;
+  // kernels_steps.cu).
   void bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout, std::size_t rows, int C,
-                          const float* gelu_inp = nullptr);
-  // cublasLtMatmul with a cached plan (matmul_lt.cpp); false where cuBLASLt has no algorithm.
-  bool lt_matmul(cublasLtEpilogue_t epilogue, float* d, float* aux, const void* inp,
+                          ActView gelu_inp = {});
+  // cublasLtMatmul with a cached plan (matmul_lt.cpp), D and aux of d's dtype; false where
+  // cuBLASLt has no algorithm (nothing queued).
+  bool lt_matmul(cublasLtEpilogue_t epilogue, ActView d, ActView aux, const void* inp,
                  const void* weight, const float* bias, int N, int C, int OC);
 
   const CudaContext& ctx_;

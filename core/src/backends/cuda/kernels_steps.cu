@@ -69,7 +69,8 @@ constexpr int kBiasGradChunksPerBlock = 8;
 // summed is GELU'(gelu_inp) * dout, added to 0 as gelu_backward adds it into zeros: the GELU's
 // backward fused with the next linear layer's operand and bias gradient.
 __global__ void bias_chunk_sums_kernel(float* out, std::uint16_t* bf16_out, const float* dout,
-                                       const float* gelu_inp, std::size_t rows, int C) {
+                                       const void* gelu_inp, bool gelu_bf16, std::size_t rows,
+                                       int C) {
   const int c = int(blockIdx.x) * 32 + int(threadIdx.x);
   const std::size_t k = std::size_t(blockIdx.y) * kBiasGradChunksPerBlock + threadIdx.y;
   const std::size_t begin = k * kBiasGradRows;
@@ -78,7 +79,7 @@ __global__ void bias_chunk_sums_kernel(float* out, std::uint16_t* bf16_out, cons
   float sum = 0.0f;
   for (std::size_t n = begin; n < end; ++n) {
     float v = dout[n * C + c];
-    if (gelu_inp) v = __fadd_rn(0.0f, gelu_local_grad(gelu_inp[n * C + c]) * v);
+    if (gelu_inp) v = __fadd_rn(0.0f, gelu_local_grad(load(gelu_inp, gelu_bf16, n * C + c)) * v);
     if (bf16_out) bf16_out[n * C + c] = float_to_bf16(v);
     sum = __fadd_rn(sum, v);
   }
@@ -224,15 +225,15 @@ void CudaKernels::round_to_bf16_bias_grad(bf16* out, float* dbias, const float* 
   bias_grad_rounding(dbias, out, dout, rows, C);
 }
 void CudaKernels::gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* /*scratch*/,
-                                               const float* inp, const float* dout,
-                                               std::size_t rows, int C) {
+                                               ActView inp, const float* dout, std::size_t rows,
+                                               int C) {
   bias_grad_rounding(dbias, out, dout, rows, C, inp);
 }
 // The chunk sums live in a stream-ordered allocation of the backend's pool for the two launches
 // (rows / 64 x C floats, 1/16 of dout): counted in the device peak, not in the memory ledger, as
 // cuBLAS's workspace.
 void CudaKernels::bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout,
-                                     std::size_t rows, int C, const float* gelu_inp) {
+                                     std::size_t rows, int C, ActView gelu_inp) {
   if (rows == 0 || C <= 0) return;
   const std::size_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
   float* sums = nullptr;
@@ -241,7 +242,8 @@ void CudaKernels::bias_grad_rounding(float* dbias, bf16* dout_bf16, const float*
   const dim3 grid(unsigned((C + 31) / 32),
                   unsigned((chunks + kBiasGradChunksPerBlock - 1) / kBiasGradChunksPerBlock));
   STRATA_LAUNCH(bias_chunk_sums_kernel, grid, dim3(32, kBiasGradChunksPerBlock), 0, ctx_.stream)
-  (sums, reinterpret_cast<std::uint16_t*>(dout_bf16), dout, gelu_inp, rows, C);
+  (sums, reinterpret_cast<std::uint16_t*>(dout_bf16), dout, gelu_inp.data, gelu_inp.is_bf16(), rows,
+   C);
   STRATA_CUDA_CHECK_LAUNCH();
   STRATA_LAUNCH(bias_add_chunks_kernel, unsigned((C + 127) / 128), 128, 0, ctx_.stream)
   (dbias, sums, chunks, C);

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cuda/bf16.cuh"
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/gelu.cuh"
 #include "backends/cuda/launch.cuh"
@@ -105,7 +106,8 @@ __global__ void encoder_backward_kernel(float* dwte,                 // [V, C] +
 // With `residual` (not null) the row is first sum = inp + residual (the residual stream, which
 // may be inp itself), written by the lane that reads it back: residual_forward then
 // layernorm_forward of sum, the same arithmetic in one pass.
-__global__ void layernorm_forward_kernel(float* out,             // [N, C]
+__global__ void layernorm_forward_kernel(void* out,              // [N, C] fp32 or bf16
+                                         bool out_bf16,          //
                                          float* mean,            // [N]
                                          float* rstd,            // [N]
                                          float* sum,             // [N, C] or null
@@ -118,7 +120,6 @@ __global__ void layernorm_forward_kernel(float* out,             // [N, C]
   for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
        row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
     const float* x = inp + row * C;
-    float* o = out + row * C;
     if (residual) {
       float* xs = sum + row * C;
       for (int i = lane; i < C; i += 32) xs[i] = x[i] + residual[row * C + i];
@@ -133,7 +134,8 @@ __global__ void layernorm_forward_kernel(float* out,             // [N, C]
       v += d * d;
     }
     const float r = 1.0f / sqrtf(warp_sum(v) / float(C) + kLayerNormEps);
-    for (int i = lane; i < C; i += 32) o[i] = (x[i] - m) * r * weight[i] + bias[i];
+    for (int i = lane; i < C; i += 32)
+      store(out, out_bf16, std::size_t(row * C + i), (x[i] - m) * r * weight[i] + bias[i]);
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = r;
@@ -439,20 +441,20 @@ void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const fl
 // ---------------------------------------------------------------------------------------------
 // LayerNorm (biased variance, eps 1e-5, as torch.nn.LayerNorm)
 
-void layernorm_forward(const CudaContext& ctx, float* out, float* mean, float* rstd,
+void layernorm_forward(const CudaContext& ctx, void* out, bool out_bf16, float* mean, float* rstd,
                        const float* inp, const float* weight, const float* bias, int N, int C) {
   if (N == 0) return;
   STRATA_LAUNCH(layernorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
-  (out, mean, rstd, nullptr, inp, nullptr, weight, bias, N, C);
+  (out, out_bf16, mean, rstd, nullptr, inp, nullptr, weight, bias, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void residual_layernorm_forward(const CudaContext& ctx, float* sum, float* out, float* mean,
-                                float* rstd, const float* a, const float* b, const float* weight,
-                                const float* bias, int N, int C) {
+void residual_layernorm_forward(const CudaContext& ctx, float* sum, void* out, bool out_bf16,
+                                float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, int N, int C) {
   if (N == 0) return;
   STRATA_LAUNCH(layernorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
-  (out, mean, rstd, sum, a, b, weight, bias, N, C);
+  (out, out_bf16, mean, rstd, sum, a, b, weight, bias, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 

@@ -3,8 +3,10 @@
 // (stream + cuBLAS handle + cuBLAS workspace) as the first argument. Every call is asynchronous on
 // ctx.stream.
 //
-// Every tensor is fp32, row-major. Shapes in comments: B batch, T sequence, C channels (hidden),
-// NH heads, hs = C / NH, V vocab, N = B*T rows.
+// Every tensor is fp32, row-major, but the fused attentions' input qkv and output, which a bf16
+// run keeps in bf16 (ActViews, backends/kernels.hpp: written rounded once, read as they are; read
+// only where the signature's other pointers are const). Shapes in comments:
+// B batch, T sequence, C channels (hidden), NH heads, hs = C / NH, V vocab, N = B*T rows.
 // Convention: parameter gradients and input gradients ACCUMULATE (+=); callers zero them.
 //
 // These passes are fp32 only: GEMMs run in plain fp32 (CUBLAS_DEFAULT_MATH, no TF32), so results
@@ -19,6 +21,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "backends/kernels.hpp"
 
 namespace strata::cuda {
 
@@ -56,14 +60,15 @@ void encoder_forward(const CudaContext& ctx, float* out, const std::int32_t* tok
 void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const float* dout,
                       const std::int32_t* tokens, int B, int T, int C);
 
-// out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]
-void layernorm_forward(const CudaContext& ctx, float* out, float* mean, float* rstd,
+// out[N,C] = (inp - mean) * rstd * weight + bias, fp32 or (out_bf16) rounded to bf16; saves
+// mean[N], rstd[N]
+void layernorm_forward(const CudaContext& ctx, void* out, bool out_bf16, float* mean, float* rstd,
                        const float* inp, const float* weight, const float* bias, int N, int C);
 // sum[N,C] = a + b (sum may be a), then out, mean, rstd = layernorm_forward(sum): a residual add
 // and the next LayerNorm in one pass, the same arithmetic as the two calls.
-void residual_layernorm_forward(const CudaContext& ctx, float* sum, float* out, float* mean,
-                                float* rstd, const float* a, const float* b, const float* weight,
-                                const float* bias, int N, int C);
+void residual_layernorm_forward(const CudaContext& ctx, float* sum, void* out, bool out_bf16,
+                                float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, int N, int C);
 void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
                         const float* dout, const float* inp, const float* weight, const float* mean,
                         const float* rstd, int N, int C);
@@ -78,7 +83,8 @@ void matmul_backward(const CudaContext& ctx, float* dinp, float* dweight, float*
                      int OC);
 
 // Causal multi-head attention. qkv[B,T,3C] holds q | k | v, head h at columns h*hs.
-// out[B,T,C]; att[B,NH,T,T] saves the softmax probabilities for backward.
+// out[B,T,C] (fp32 only: a bf16 run keeps fp32 attention outputs for the shapes that come here,
+// attention_writes_bf16); att[B,NH,T,T] saves the softmax probabilities for backward.
 void attention_forward(const CudaContext& ctx, float* out, float* att, const float* qkv, int B,
                        int T, int C, int NH);
 // dqkv[B,T,3C] +=; datt[B,NH,T,T] is scratch (overwritten).
@@ -88,19 +94,19 @@ void attention_backward(const CudaContext& ctx, float* dqkv, float* datt, const 
 // The same attention fused, FlashAttention-2 style (cuda/attention.cu): online softmax over tiles
 // of 32 keys, no T x T matrix in memory. Head size hs = C / NH <= 128; any B, T, NH (B * NH <=
 // 65535). out[B,T,C]; lse[B,NH,T] = log sum_{j<=t} exp(q_t . k_j / sqrt(hs)), saved for backward.
-void flash_attention_forward(const CudaContext& ctx, float* out, float* lse, const float* qkv,
-                             int B, int T, int C, int NH);
+void flash_attention_forward(const CudaContext& ctx, ActView out, float* lse, ActView qkv, int B,
+                             int T, int C, int NH);
 // dqkv[B,T,3C] +=, from dout[B,T,C], the forward's qkv[B,T,3C], out[B,T,C] and lse[B,NH,T] (the
 // probabilities are recomputed). delta[B,NH,T] is scratch (overwritten with rowsum(dout * out) per
 // head). Deterministic: no atomics.
 void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta, const float* dout,
-                              const float* qkv, const float* out, const float* lse, int B, int T,
-                              int C, int NH);
+                              ActView qkv, ActView out, const float* lse, int B, int T, int C,
+                              int NH);
 
 // delta[B,NH,T] = rowsum(dout * out) per head: the first step of both flash backwards (their
 // dS = P (dP - delta)), one warp per row (attention.cu).
-void attention_delta(const CudaContext& ctx, float* delta, const float* dout, const float* out,
-                     int B, int T, int C, int NH);
+void attention_delta(const CudaContext& ctx, float* delta, const float* dout, ActView out, int B,
+                     int T, int C, int NH);
 
 // The same attention on tensor cores (cuda/attention_tc.cu): WMMA bf16 16x16x16 tiles with fp32
 // accumulation, tiles of 64 queries x 64 keys. Q, K, V and dout are rounded to bf16 (to nearest
@@ -110,11 +116,11 @@ void attention_delta(const CudaContext& ctx, float* delta, const float* dout, co
 // Whether the shape is one it runs: hs = C / NH a multiple of 16 and at most 128, B * NH <= 65535.
 bool tc_attention_supported(int B, int C, int NH);
 // Unsupported shapes throw strata::Error (naming the call), as flash_attention_forward does.
-void tc_flash_attention_forward(const CudaContext& ctx, float* out, float* lse, const float* qkv,
-                                int B, int T, int C, int NH);
+void tc_flash_attention_forward(const CudaContext& ctx, ActView out, float* lse, ActView qkv, int B,
+                                int T, int C, int NH);
 void tc_flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
-                                 const float* dout, const float* qkv, const float* out,
-                                 const float* lse, int B, int T, int C, int NH);
+                                 const float* dout, ActView qkv, ActView out, const float* lse,
+                                 int B, int T, int C, int NH);
 
 // tanh-approximation GELU, elementwise over n.
 void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n);

@@ -5,7 +5,8 @@
 // [C,OC] (ld C, transposed) and B = inp stored [C,N] (ld C): D's rows are the output channels, so
 // the bias vector (one per row of D) is the layer's bias[OC]. With GELU_AUX the epilogue writes
 // GELU(x) to D (gelu_out) and x = acc + bias to the aux matrix (out, ld OC), which is what the
-// backward's gelu_backward reads.
+// backward's gelu_backward reads. D and aux are fp32, or both bf16 in a bf16 run (each rounded
+// once from the fp32 epilogue; the bias stays fp32).
 //
 // cuBLASLt's GELU is the tanh approximation, as gelu_forward's, but its own code: on a GPU the
 // values differ from the separate kernel's by a few fp32 ulp.
@@ -74,16 +75,17 @@ std::uint32_t alignment_of(const void* p) {
 struct LtPlanKey {
   cublasLtEpilogue_t epilogue;
   int N, C, OC;
+  bool bf16_d;  // D (and aux) bf16, else fp32
   std::uint32_t align_weight, align_inp, align_d;
   auto operator<=>(const LtPlanKey&) const = default;
 };
 
-// The descriptors of D[OC,N] (fp32) = epilogue(W^T-op inp) and the algorithm the heuristic chose.
+// The descriptors of D[OC,N] = epilogue(W^T-op inp) and the algorithm the heuristic chose.
 struct LtPlan {
   explicit LtPlan(const LtPlanKey& k)
       : a(CUDA_R_16BF, k.C, k.OC, k.C),
         b(CUDA_R_16BF, k.C, k.N, k.C),
-        cd(CUDA_R_32F, k.OC, k.N, k.OC) {
+        cd(k.bf16_d ? CUDA_R_16BF : CUDA_R_32F, k.OC, k.N, k.OC) {
     desc.set(CUBLASLT_MATMUL_DESC_TRANSA, std::int32_t(CUBLAS_OP_T));
     desc.set(CUBLASLT_MATMUL_DESC_TRANSB, std::int32_t(CUBLAS_OP_N));
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, std::uint32_t(k.epilogue));
@@ -91,7 +93,8 @@ struct LtPlan {
       desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, std::int32_t(CUDA_R_32F));
     if (k.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || k.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
       desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, std::int64_t(k.OC));
-      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, std::int32_t(CUDA_R_32F));
+      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+               std::int32_t(k.bf16_d ? CUDA_R_16BF : CUDA_R_32F));
     }
   }
   LtDesc desc;
@@ -113,7 +116,10 @@ std::unique_ptr<LtPlan> make_plan(const CudaContext& ctx, const LtPlanKey& key) 
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, plan->desc.p, plan->a.p, plan->b.p, plan->cd.p,
                                      plan->cd.p, pref.p, 1, &heuristic, &found);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+  // Not supported: also a configuration this cuBLASLt refuses as invalid (a bf16 D with an fp32
+  // bias, say); the call then runs as its steps.
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+      (st == CUBLAS_STATUS_SUCCESS && found == 0))
     return nullptr;
   STRATA_CUBLAS_CHECK(st);
   plan->algo = heuristic.algo;
@@ -130,46 +136,63 @@ struct CudaKernels::LtPlans {
 };
 void CudaKernels::LtPlansDeleter::operator()(LtPlans* p) const { delete p; }
 
-// D[OC,N] (fp32) = epilogue(W^T-op inp); false, with nothing queued, where cuBLASLt has no
-// algorithm for the configuration.
-bool CudaKernels::lt_matmul(cublasLtEpilogue_t epilogue, float* d, float* aux, const void* inp,
+// D[OC,N] = epilogue(W^T-op inp); false, with nothing queued, where cuBLASLt has no algorithm
+// for the configuration.
+bool CudaKernels::lt_matmul(cublasLtEpilogue_t epilogue, ActView d, ActView aux, const void* inp,
                             const void* weight, const float* bias, int N, int C, int OC) {
   using namespace lt;
   if (!lt_plans_) lt_plans_.reset(new LtPlans);
-  const LtPlanKey key{epilogue, N, C, OC, alignment_of(weight), alignment_of(inp), alignment_of(d)};
+  const LtPlanKey key{epilogue,
+                      N,
+                      C,
+                      OC,
+                      d.is_bf16(),
+                      alignment_of(weight),
+                      alignment_of(inp),
+                      alignment_of(d.data)};
   auto it = lt_plans_->plans.find(key);
   if (it == lt_plans_->plans.end()) it = lt_plans_->plans.emplace(key, make_plan(ctx_, key)).first;
   LtPlan* plan = it->second.get();
   if (!plan) return false;
   if (bias) plan->desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
-  if (aux) plan->desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
+  if (aux.data) plan->desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.data);
   const float alpha = 1.0f, beta = 0.0f;
   STRATA_CUBLAS_CHECK(cublasLtMatmul(ctx_.cublaslt, plan->desc.p, &alpha, weight, plan->a.p, inp,
-                                     plan->b.p, &beta, d, plan->cd.p, d, plan->cd.p, &plan->algo,
-                                     ctx_.workspace, ctx_.workspace_bytes, ctx_.stream));
+                                     plan->b.p, &beta, d.data, plan->cd.p, d.data, plan->cd.p,
+                                     &plan->algo, ctx_.workspace, ctx_.workspace_bytes,
+                                     ctx_.stream));
   return true;
 }
 
-void CudaKernels::matmul_bf16_forward(float* out, float* gelu_out, const bf16* inp,
+bool CudaKernels::fuses_bias_gelu(int N, int C, int OC, DType out) {
+  using namespace lt;
+  if (!lt_plans_) lt_plans_.reset(new LtPlans);
+  const LtPlanKey key{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, N, C, OC, out == DType::bf16, 256, 256, 256};
+  auto it = lt_plans_->plans.find(key);
+  if (it == lt_plans_->plans.end()) it = lt_plans_->plans.emplace(key, make_plan(ctx_, key)).first;
+  return it->second != nullptr;
+}
+
+void CudaKernels::matmul_bf16_forward(ActView out, ActView gelu_out, const bf16* inp,
                                       const bf16* weight, const float* bias, int N, int C, int OC,
-                                      void* scratchpad, std::size_t scratchpad_bytes) {
+                                      void* scratchpad, std::size_t scratchpad_bytes, float* f32) {
   if (N < 0 || C < 0 || OC < 0)
     throw Error("matmul_bf16_forward: negative shape " + std::to_string(N) + "x" +
                 std::to_string(C) + "x" + std::to_string(OC));
+  if (gelu_out.data && gelu_out.dtype != out.dtype)
+    throw Error("matmul_bf16_forward: the GELU's output and its input in different dtypes");
   if (N == 0 || OC == 0) return;
   // cuBLASLt wants the aux matrix's leading dimension (OC) a multiple of 8.
-  const bool fused_gelu = gelu_out != nullptr && OC % 8 == 0;
+  const bool gelu = gelu_out.data != nullptr;
   const cublasLtEpilogue_t epilogue =
-      fused_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                 : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-  const bool done = C > 0 && lt_matmul(epilogue, fused_gelu ? gelu_out : out,
-                                       fused_gelu ? out : nullptr, inp, weight, bias, N, C, OC);
-  if (!done) {
-    gemm_bf16(false, true, N, OC, C, inp, weight, out, DType::f32, false, scratchpad,
-              scratchpad_bytes);
-    if (bias) add_bias(out, bias, std::size_t(N), OC);
-  }
-  if (gelu_out && !(done && fused_gelu)) gelu_forward(gelu_out, out, std::int64_t(N) * OC);
+      gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+           : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  if (C > 0 && (!gelu || OC % 8 == 0) &&
+      lt_matmul(epilogue, gelu ? gelu_out : out, gelu ? out : ActView{}, inp, weight, bias, N, C,
+                OC))
+    return;
+  matmul_bf16_forward_steps(out, gelu_out, inp, weight, bias, N, C, OC, scratchpad,
+                            scratchpad_bytes, f32);
 }
 
 }  // namespace strata::cuda
