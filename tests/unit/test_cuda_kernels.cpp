@@ -692,10 +692,15 @@ TEST_F(CudaKernelsTest, MatmulBf16ForwardWritesBf16Outputs) {
       EXPECT_EQ(bad, 0u) << what;
     }
   }
-  EXPECT_TRUE(gpu->fuses_bias_gelu(8192, 768, 3072, DType::bf16))
+  // GPT-2's FC layer (GELU_AUX_BIAS) and QKV layer (BIAS) at 8 x 1024 tokens.
+  EXPECT_TRUE(gpu->fuses_bias(true, 8192, 768, 3072, DType::bf16))
       << "cuBLASLt has no GELU_AUX_BIAS algorithm with bf16 outputs and an fp32 bias here: a bf16 "
          "run's FC layers fall back to a GEMM and three kernels";
-  EXPECT_TRUE(gpu->fuses_bias_gelu(8192, 768, 3072, DType::f32));
+  EXPECT_TRUE(gpu->fuses_bias(false, 8192, 768, 2304, DType::bf16))
+      << "cuBLASLt has no BIAS algorithm with a bf16 output and an fp32 bias here: a bf16 run's "
+         "QKV "
+         "layers fall back to a GEMM and two kernels";
+  EXPECT_TRUE(gpu->fuses_bias(true, 8192, 768, 3072, DType::f32));
 }
 
 TEST_F(CudaKernelsTest, CublasLtRefusesBadArguments) {

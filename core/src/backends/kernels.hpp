@@ -171,6 +171,8 @@ class Kernels {
                                  const float* bias, int N, int C, int OC, void* scratchpad,
                                  std::size_t scratchpad_bytes, float* f32) {
     const std::size_t n = std::size_t(N) * std::size_t(OC);
+    if (out.is_bf16() && !f32)
+      throw Error("matmul_bf16_forward: bf16 outputs need the fp32 scratch (f32 is null)");
     float* pre = out.is_bf16() ? f32 : out.f32();
     gemm_bf16(false, true, N, OC, C, inp, weight, pre, DType::f32, false, scratchpad,
               scratchpad_bytes);

@@ -70,9 +70,9 @@ class CudaKernels final : public Kernels {
   void matmul_bf16_forward(ActView out, ActView gelu_out, const bf16* inp, const bf16* weight,
                            const float* bias, int N, int C, int OC, void* scratchpad,
                            std::size_t scratchpad_bytes, float* f32) override;
-  // Whether cuBLASLt has a fused algorithm for a bf16 linear layer with bias and GELU writing
-  // `out` (fp32 or bf16) on this GPU (a plan is made and kept): what make test-gpu checks.
-  bool fuses_bias_gelu(int N, int C, int OC, DType out);
+  // Whether cuBLASLt has a fused algorithm for a bf16 linear layer with an fp32 bias (and GELU)
+  // writing `out` (fp32 or bf16) on this GPU (a plan is made and kept): what make test-gpu checks.
+  bool fuses_bias(bool gelu, int N, int C, int OC, DType out);
 
   void zero(float* p, std::size_t n) override;
   void add_bias(float* out, const float* bias, std::size_t rows, int C) override;

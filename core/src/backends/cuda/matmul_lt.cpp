@@ -164,10 +164,17 @@ bool CudaKernels::lt_matmul(cublasLtEpilogue_t epilogue, ActView d, ActView aux,
   return true;
 }
 
-bool CudaKernels::fuses_bias_gelu(int N, int C, int OC, DType out) {
+bool CudaKernels::fuses_bias(bool gelu, int N, int C, int OC, DType out) {
   using namespace lt;
   if (!lt_plans_) lt_plans_.reset(new LtPlans);
-  const LtPlanKey key{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, N, C, OC, out == DType::bf16, 256, 256, 256};
+  const LtPlanKey key{gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS,
+                      N,
+                      C,
+                      OC,
+                      out == DType::bf16,
+                      256,
+                      256,
+                      256};
   auto it = lt_plans_->plans.find(key);
   if (it == lt_plans_->plans.end()) it = lt_plans_->plans.emplace(key, make_plan(ctx_, key)).first;
   return it->second != nullptr;
