@@ -82,6 +82,13 @@ StateBytes state_bytes_per_param(const MixedPrecision& precision);
 // predicted memory is the plan's (predict(), strata/plugin.hpp).
 void plan_replica(const PredictInput& in, std::vector<PlanAction>& setup);
 
+// A StageModel of `part` keeping `slots` activation slots, as setup actions: its activations
+// (predict_activations: `slots` slots and the shared scratch) and each slot's copy of the
+// micro-batch's tokens (MemTag::workspace). Without the core's micro-batch
+// (batch_workspace_bytes), which a rank holds once whatever its models.
+void plan_model_slots(const PredictInput& in, const Partition& part, int slots,
+                      std::vector<PlanAction>& setup);
+
 // Their memory (plan_memory of plan_replica): predict()'s answer for a plan that states no
 // allocations.
 Prediction replicated_prediction(const PredictInput& in);

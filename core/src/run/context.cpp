@@ -137,21 +137,24 @@ std::uint64_t batch_workspace_bytes(const TrainSpec& train, const ModelSpec& mod
   return 2ull * sizeof(std::int32_t) * std::uint64_t(train.micro_batch) * model.seq;
 }
 
+void plan_model_slots(const PredictInput& in, const Partition& part, int slots,
+                      std::vector<PlanAction>& setup) {
+  const int B = in.train.micro_batch;
+  const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute,
+                                                   in.train.precision.param, in.train.device);
+  setup.push_back(plan_alloc(MemTag::activations, double(acts.total(slots))));
+  setup.push_back(plan_alloc(MemTag::workspace,
+                             double(slots) * double(StageModel::slot_token_bytes(in.model, B))));
+}
+
 void plan_replica(const PredictInput& in, std::vector<PlanAction>& setup) {
   const double n = double(in.model.total_params());
   const StateBytes per = state_bytes_per_param(in.train.precision);
   setup.push_back(plan_alloc(MemTag::params, per.params * n));
   setup.push_back(plan_alloc(MemTag::grads, per.grads * n));
   setup.push_back(plan_alloc(MemTag::optimizer, per.optimizer * n));
-  setup.push_back(plan_alloc(
-      MemTag::activations,
-      double(predict_activations(in.model, in.train.micro_batch, whole_model(in.model),
-                                 in.train.recompute, in.train.precision.param, in.train.device)
-                 .total(1))));
-  // The core's micro-batch and the model's copy of it in its slot.
-  setup.push_back(plan_alloc(MemTag::workspace,
-                             double(batch_workspace_bytes(in.train, in.model) +
-                                    StageModel::slot_token_bytes(in.model, in.train.micro_batch))));
+  plan_model_slots(in, whole_model(in.model), 1, setup);
+  setup.push_back(plan_alloc(MemTag::workspace, double(batch_workspace_bytes(in.train, in.model))));
 }
 
 Prediction replicated_prediction(const PredictInput& in) {
@@ -166,8 +169,9 @@ Prediction replicated_prediction(const PredictInput& in) {
 // replica's.
 Prediction predict(const Strategy& strategy, const PredictInput& in) {
   const StepPlan plan = strategy.plan_step(in);
-  Prediction p = replicated_prediction(in);
-  if (plan_allocates(plan)) p.memory_bytes = plan_memory(plan);
+  Prediction p;
+  p.memory_bytes =
+      plan_allocates(plan) ? plan_memory(plan) : replicated_prediction(in).memory_bytes;
   p.notes = plan.notes;
   p.bubble_fraction = plan.bubble_fraction;
   return p;

@@ -78,13 +78,8 @@ void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
   const bool converts = plan.K > 1 && tp_comm != DType::f32;
   for (int c = 0; c < plan.v; ++c) {
     const Partition& part = plan.parts[std::size_t(c)];
-    const double in_flight = pp::max_in_flight(plan.actions, c);
-    const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute,
-                                                     in.train.precision.param, in.train.device);
-    setup.push_back(
-        plan_alloc(MemTag::activations, in_flight * double(acts.slot) + double(acts.scratch)));
-    setup.push_back(plan_alloc(MemTag::workspace,
-                               in_flight * double(StageModel::slot_token_bytes(in.model, B))));
+    const int in_flight = pp::max_in_flight(plan.actions, c);
+    plan_model_slots(in, part, in_flight, setup);
     setup.push_back(plan_alloc(MemTag::comm_buffers, double(StageModel::tp_comm_buffer_bytes(
                                                          in.model, B, part, tp_comm))));
     if (converts) setup.push_back(plan_alloc(MemTag::comm_buffers, in_flight * boundary(part)));

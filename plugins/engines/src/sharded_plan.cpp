@@ -177,12 +177,8 @@ namespace {
 void plan_setup(const PredictInput& in, const EngineConfig& c, const Partition& part,
                 std::vector<PlanAction>& setup) {
   const int B = in.train.micro_batch;
-  setup.push_back(plan_alloc(MemTag::activations,
-                             double(predict_activations(in.model, B, part, in.train.recompute,
-                                                        in.train.precision.param, in.train.device)
-                                        .total(1))));
-  setup.push_back(plan_alloc(MemTag::workspace, double(batch_workspace_bytes(in.train, in.model) +
-                                                       StageModel::slot_token_bytes(in.model, B))));
+  plan_model_slots(in, part, 1, setup);
+  setup.push_back(plan_alloc(MemTag::workspace, double(batch_workspace_bytes(in.train, in.model))));
   plan_state(in, c, {part}, setup);
   setup.push_back(plan_alloc(
       MemTag::comm_buffers,

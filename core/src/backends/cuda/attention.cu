@@ -87,13 +87,14 @@ __device__ __forceinline__ float row_max(float v) {
 }
 
 // tile[r][d] = src[(row0 + r) * ld + d] for r < 32, d < kD; 0 where row0 + r >= T or d >= hs.
-template <int kD, class Src>
-__device__ __forceinline__ void load_head_tile(float* tile,  // [32, kD + 1] shared
-                                               Src src,  // row t at src + t * ld (float*, ActRead)
+// src: fp32, or a bf16 run's Q, K, V (a bf16's 16 bits), widened.
+template <int kD, class E>
+__device__ __forceinline__ void load_head_tile(float* tile,   // [32, kD + 1] shared
+                                               const E* src,  // row t at src + t * ld
                                                int ld, int row0, int T, int hs) {
   for (int e = threadIdx.x; e < kTile * kD; e += kTileThreads) {
     const int r = e / kD, d = e % kD, t = row0 + r;
-    tile[r * kHeadStride<kD> + d] = t < T && d < hs ? src[std::int64_t(t) * ld + d] : 0.0f;
+    tile[r * kHeadStride<kD> + d] = t < T && d < hs ? widen(src[std::int64_t(t) * ld + d]) : 0.0f;
   }
 }
 
@@ -205,13 +206,12 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kRows][kCols], fl
 }
 
 // out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
-template <int kD>
+template <int kD, class Qkv>
 __global__ void __launch_bounds__(kTileThreads)
-    flash_forward_kernel(void* out,        // [B, T, C] fp32 or bf16
-                         bool out_bf16,    //
-                         float* lse,       // [B, NH, T]
-                         const void* qkv,  // [B, T, 3C] fp32 or bf16
-                         bool qkv_bf16,    //
+    flash_forward_kernel(void* out,       // [B, T, C] fp32 or bf16
+                         bool out_bf16,   //
+                         float* lse,      // [B, NH, T]
+                         const Qkv* qkv,  // [B, T, 3C] fp32 or bf16's bits
                          int T, int C, int NH, float scale) {
   STRATA_DYNAMIC_SHARED(float, smem);
   float* q_tile = smem;                          // [32, kD + 1]
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kTile;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const ActRead q{qkv, qkv_bf16, std::int64_t(b) * T * C3 + h * hs};  // k at + C, v at + 2C
+  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
 
   load_head_tile<kD>(q_tile, q, C3, q0, T, hs);
   float acc[kRows][kD / kGroup] = {}, m[kRows], l[kRows];
@@ -285,12 +285,11 @@ __global__ void attention_delta_kernel(float* delta,       // [B, NH, T]
 
 // dK, dV of key tile kt = blockIdx.x (the first tiles see the most query tiles) of head (b, h).
 // The thread's score rows are keys here, its columns queries (S^T, P^T).
-template <int kD>
+template <int kD, class Qkv>
 __global__ void __launch_bounds__(kTileThreads)
     flash_backward_dkdv_kernel(float* dqkv,         // [B, T, 3C] += (dk, dv columns)
                                const float* dout,   // [B, T, C]
-                               const void* qkv,     // [B, T, 3C] fp32 or bf16
-                               bool qkv_bf16,       //
+                               const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
                                const float* lse,    // [B, NH, T]
                                const float* delta,  // [B, NH, T]
                                int T, int C, int NH, float scale) {
@@ -306,7 +305,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int kt = blockIdx.x, k0 = kt * kTile, tiles = gridDim.x;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const ActRead q{qkv, qkv_bf16, std::int64_t(b) * T * C3 + h * hs};  // k at + C, v at + 2C
+  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
   const float* dob = dout + std::int64_t(b) * T * C + h * hs;
 
   load_head_tile<kD>(k_tile, q + C, C3, k0, T, hs);
@@ -344,12 +343,11 @@ __global__ void __launch_bounds__(kTileThreads)
 }
 
 // dQ of query tile qt (longest first, as the forward) of head (b, h).
-template <int kD>
+template <int kD, class Qkv>
 __global__ void __launch_bounds__(kTileThreads)
     flash_backward_dq_kernel(float* dqkv,         // [B, T, 3C] += (dq columns)
                              const float* dout,   // [B, T, C]
-                             const void* qkv,     // [B, T, 3C] fp32 or bf16
-                             bool qkv_bf16,       //
+                             const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
                              const float* lse,    // [B, NH, T]
                              const float* delta,  // [B, NH, T]
                              int T, int C, int NH, float scale) {
@@ -364,7 +362,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kTile;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const ActRead q{qkv, qkv_bf16, std::int64_t(b) * T * C3 + h * hs};  // k at + C, v at + 2C
+  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
 
   load_head_tile<kD>(q_tile, q, C3, q0, T, hs);
   load_head_tile<kD>(do_tile, dout + std::int64_t(b) * T * C + h * hs, C, q0, T, hs);
@@ -442,11 +440,14 @@ void flash_attention_forward(const CudaContext& ctx, ActView out, float* lse, Ac
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
     const float scale = 1.0f / std::sqrt(float(C / NH));
-    allow_shared_memory(flash_forward_kernel<kD>, forward_smem_bytes<kD>());
-    STRATA_LAUNCH(flash_forward_kernel<kD>, tile_grid(B, T, NH), kTileThreads,
-                  forward_smem_bytes<kD>(), ctx.stream)
-    (out.data, out.is_bf16(), lse, qkv.data, qkv.is_bf16(), T, C, NH, scale);
-    STRATA_CUDA_CHECK_LAUNCH();
+    with_element_type(qkv.is_bf16(), [&](auto type) {
+      using Qkv = typename decltype(type)::type;
+      allow_shared_memory(flash_forward_kernel<kD, Qkv>, forward_smem_bytes<kD>());
+      STRATA_LAUNCH((flash_forward_kernel<kD, Qkv>), tile_grid(B, T, NH), kTileThreads,
+                    forward_smem_bytes<kD>(), ctx.stream)
+      (out.data, out.is_bf16(), lse, static_cast<const Qkv*>(qkv.data), T, C, NH, scale);
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
@@ -470,17 +471,21 @@ void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
     const float scale = 1.0f / std::sqrt(float(C / NH));
     attention_delta(ctx, delta, dout, out, B, T, C, NH);
 
-    allow_shared_memory(flash_backward_dkdv_kernel<kD>, dkdv_smem_bytes<kD>());
-    STRATA_LAUNCH(flash_backward_dkdv_kernel<kD>, tile_grid(B, T, NH), kTileThreads,
-                  dkdv_smem_bytes<kD>(), ctx.stream)
-    (dqkv, dout, qkv.data, qkv.is_bf16(), lse, delta, T, C, NH, scale);
-    STRATA_CUDA_CHECK_LAUNCH();
+    with_element_type(qkv.is_bf16(), [&](auto type) {
+      using Qkv = typename decltype(type)::type;
+      const Qkv* q = static_cast<const Qkv*>(qkv.data);
+      allow_shared_memory(flash_backward_dkdv_kernel<kD, Qkv>, dkdv_smem_bytes<kD>());
+      STRATA_LAUNCH((flash_backward_dkdv_kernel<kD, Qkv>), tile_grid(B, T, NH), kTileThreads,
+                    dkdv_smem_bytes<kD>(), ctx.stream)
+      (dqkv, dout, q, lse, delta, T, C, NH, scale);
+      STRATA_CUDA_CHECK_LAUNCH();
 
-    allow_shared_memory(flash_backward_dq_kernel<kD>, dq_smem_bytes<kD>());
-    STRATA_LAUNCH(flash_backward_dq_kernel<kD>, tile_grid(B, T, NH), kTileThreads,
-                  dq_smem_bytes<kD>(), ctx.stream)
-    (dqkv, dout, qkv.data, qkv.is_bf16(), lse, delta, T, C, NH, scale);
-    STRATA_CUDA_CHECK_LAUNCH();
+      allow_shared_memory(flash_backward_dq_kernel<kD, Qkv>, dq_smem_bytes<kD>());
+      STRATA_LAUNCH((flash_backward_dq_kernel<kD, Qkv>), tile_grid(B, T, NH), kTileThreads,
+                    dq_smem_bytes<kD>(), ctx.stream)
+      (dqkv, dout, q, lse, delta, T, C, NH, scale);
+      STRATA_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

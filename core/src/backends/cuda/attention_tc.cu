@@ -649,24 +649,12 @@ bool tc_attention_supported(int B, int C, int NH) {
   return B >= 0 && cuda_tensor_core_attention(B, C, NH);
 }
 
-namespace {
-// f(std::type_identity<Qkv>{}) with Qkv the element the kernels read q | k | v as: float, or a
-// bf16's 16 bits. A template argument, not a flag: one load path per kernel keeps its registers.
-template <class F>
-void with_qkv_type(ActView qkv, F&& f) {
-  if (qkv.is_bf16())
-    f(std::type_identity<std::uint16_t>{});
-  else
-    f(std::type_identity<float>{});
-}
-}  // namespace
-
 void tc_flash_attention_forward(const CudaContext& ctx, ActView out, float* lse, ActView qkv, int B,
                                 int T, int C, int NH) {
   with_tc_head_size("tc_flash_attention_forward", B, T, C, NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
-    with_qkv_type(qkv, [&](auto type) {
+    with_element_type(qkv.is_bf16(), [&](auto type) {
       using Qkv = typename decltype(type)::type;
       allow_shared_memory(tc_forward_kernel<kD, Qkv>, forward_smem_bytes<kD>());
       STRATA_LAUNCH((tc_forward_kernel<kD, Qkv>), tc_grid(B, T, NH), kThreads,
@@ -686,7 +674,7 @@ void tc_flash_attention_backward(const CudaContext& ctx, float* dqkv, float* del
     if (B == 0 || T == 0) return;
     const float scale = scale_of(C, NH);
     attention_delta(ctx, delta, dout, out, B, T, C, NH);
-    with_qkv_type(qkv, [&](auto type) {
+    with_element_type(qkv.is_bf16(), [&](auto type) {
       using Qkv = typename decltype(type)::type;
       const Qkv* q = static_cast<const Qkv*>(qkv.data);
       allow_shared_memory(tc_backward_dkdv_kernel<kD, Qkv>, dkdv_smem_bytes<kD>());

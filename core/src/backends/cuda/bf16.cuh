@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace strata::cuda {
 
@@ -30,16 +31,20 @@ __device__ __forceinline__ void store(void* p, bool bf16, std::size_t i, float v
     static_cast<float*>(p)[i] = v;
 }
 
-// An fp32-or-bf16 tensor read from element `at` on (a bf16 run's Q, K, V): src[i] is the value
-// widened to fp32, src + d the same tensor d elements on.
-struct ActRead {
-  const void* p;
-  bool bf16;
-  std::int64_t at;
-  __device__ __forceinline__ float operator[](std::int64_t i) const {
-    return load(p, bf16, std::size_t(at + i));
-  }
-  __device__ __forceinline__ ActRead operator+(std::int64_t d) const { return {p, bf16, at + d}; }
-};
+// An element as fp32: a float as it is, a bf16's 16 bits widened (kernels templated on the element
+// type they read, a bf16 run's Q, K, V).
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(std::uint16_t v) { return bf16_to_float(v); }
+
+// f(std::type_identity<E>{}) with E the element a bf16 (a bf16's 16 bits) or fp32 (float) tensor
+// is read as: a template argument, not a flag, so each kernel has one load path (a run-time
+// choice made ptxas spill the tensor-core attention).
+template <class F>
+void with_element_type(bool bf16, F&& f) {
+  if (bf16)
+    f(std::type_identity<std::uint16_t>{});
+  else
+    f(std::type_identity<float>{});
+}
 
 }  // namespace strata::cuda
