@@ -236,10 +236,14 @@ const Backend& cuda_backend() {
       &OnCtx<&gpu::attention_forward>::call,
       &OnCtx<&gpu::attention_backward>::call,
       [](float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-         int N, int C) {  // fp32 output, as the CPU's
-        gpu::layernorm_forward(cuda_ctx(), out, false, mean, rstd, inp, w, b, N, C);
+         int N, int C) {  // fp32, as the CPU's
+        gpu::layernorm_forward(cuda_ctx(), out, mean, rstd, const_cast<float*>(inp), w, b, N, C);
       },
-      &OnCtx<&gpu::layernorm_backward>::call,
+      [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+         const float* mean, const float* rstd, int N, int C) {
+        gpu::layernorm_backward(cuda_ctx(), dinp, dw, db, dout, const_cast<float*>(inp), w, mean,
+                                rstd, N, C);
+      },
   };
   return be;
 }

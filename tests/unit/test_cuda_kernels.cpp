@@ -24,6 +24,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <numbers>
 #include <random>
@@ -95,6 +96,67 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
                      << " out of tolerance; first at " << first << ": gpu " << got[first] << " cpu "
                      << want[first];
+}
+
+// A host vector with Dev's interface: the CPU backend's half of a test written once for both.
+template <class T>
+struct Host {
+  std::vector<T> v;
+  T* p;
+  explicit Host(const std::vector<T>& h) : v(h), p(v.data()) {}
+  Host(const Host&) = delete;
+  std::vector<T> host() const { return v; }
+};
+
+// A bf16 run's residual stream on backend k (its memory M: Dev or Host): the residual add writes
+// a + b rounded once; the LayerNorm fused with it normalises that rounded sum; a LayerNorm reading
+// a bf16 input (forward and backward) gives the bits it gives on the input widened to fp32. 150
+// rows (more than the CPU's block of 64), C = 70 (not a multiple of 32). The GPU sums the
+// LayerNorm's weight and bias gradients with atomics across blocks, in no fixed order: those to
+// 1e-5.
+template <template <class> class M>
+void check_bf16_residual_stream(Kernels& k, const std::function<void()>& sync) {
+  constexpr int Nr = 150, Cc = 70;
+  const std::size_t n = std::size_t(Nr) * Cc;
+  const std::vector<float> a = random_floats(n, 80, -2, 2), dout = random_floats(n, 81, -1, 1);
+  const std::vector<float> w = random_floats(Cc, 82, 0.5, 1.5), bias = random_floats(Cc, 83, -1, 1);
+  const std::vector<bf16> x_h = random_bf16(n, 84), zeros_h(n);
+  std::vector<float> x(n), sum(n);  // x_h widened; the rounded sum a + x, widened
+  std::vector<bf16> sum_h(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = to_float(x_h[i]);
+    sum_h[i] = to_bf16(a[i] + x[i]);
+    sum[i] = to_float(sum_h[i]);
+  }
+  const std::vector<float> zeros(n), zero_rows(Nr), zero_cols(Cc);
+  M<float> d_a(a), d_x(x), d_sum(sum), d_w(w), d_bias(bias), d_dout(dout);
+  M<bf16> d_x_h(x_h), d_added(zeros_h), d_fused_sum(zeros_h), d_fused_out(zeros_h),
+      d_ln_sum(zeros_h), d_ln_h(zeros_h), d_ln(zeros_h);
+  M<float> fm(zero_rows), fr(zero_rows), sm(zero_rows), sr(zero_rows), hm(zero_rows), hr(zero_rows),
+      m(zero_rows), r(zero_rows);
+  M<float> dinp_h(zeros), dinp(zeros), dw_h(zero_cols), dw(zero_cols), db_h(zero_cols),
+      db(zero_cols);
+  k.residual_forward(d_added.p, d_a.p, d_x_h.p, std::int64_t(n));
+  k.residual_layernorm_forward(d_fused_sum.p, d_fused_out.p, fm.p, fr.p, d_a.p, d_x_h.p, d_w.p,
+                               d_bias.p, Nr, Cc);
+  k.layernorm_forward(d_ln_sum.p, sm.p, sr.p, d_sum.p, d_w.p, d_bias.p, Nr, Cc);
+  k.layernorm_forward(d_ln_h.p, hm.p, hr.p, d_x_h.p, d_w.p, d_bias.p, Nr, Cc);
+  k.layernorm_forward(d_ln.p, m.p, r.p, d_x.p, d_w.p, d_bias.p, Nr, Cc);
+  k.layernorm_backward(dinp_h.p, dw_h.p, db_h.p, d_dout.p, d_x_h.p, d_w.p, m.p, r.p, Nr, Cc);
+  k.layernorm_backward(dinp.p, dw.p, db.p, d_dout.p, d_x.p, d_w.p, m.p, r.p, Nr, Cc);
+  sync();
+  expect_bits("residual_forward", d_added.host(), sum_h);
+  expect_bits("fused sum", d_fused_sum.host(), sum_h);
+  expect_bits("fused out", d_fused_out.host(), d_ln_sum.host());
+  expect_bits("fused mean", fm.host(), sm.host());
+  expect_bits("fused rstd", fr.host(), sr.host());
+  expect_bits("layernorm of bf16", d_ln_h.host(), d_ln.host());
+  expect_bits("mean", hm.host(), m.host());
+  expect_bits("rstd", hr.host(), r.host());
+  expect_bits("layernorm_backward dinp", dinp_h.host(), dinp.host());
+  expect_close("layernorm_backward dweight", dw_h.host(), dw.host(), 1e-5, 1e-6);
+  expect_close("layernorm_backward dbias", db_h.host(), db.host(), 1e-5, 1e-6);
+  EXPECT_NE(dinp.host(), zeros);  // the backward did run
 }
 
 constexpr int N = 37, C = 24, V = 50, T = 5;
@@ -298,7 +360,7 @@ TEST_F(CudaKernelsTest, LayerNormWritesItsFp32OutputRoundedToBf16) {
   for (bool fused : {false, true}) {
     const char* what = fused ? "residual_layernorm" : "layernorm";
     auto run = [&](Kernels& k, float* x, float* out, bf16* half, float* mean, float* rstd,
-                   float* mean_h, float* rstd_h, float* sum_h, const float* y, const float* wp,
+                   float* mean_h, float* rstd_h, float* sum_h, float* y, const float* wp,
                    const float* bp) {
       if (fused) {
         k.residual_layernorm_forward(x, out, mean, rstd, x, y, wp, bp, Nr, Cc);
@@ -333,6 +395,16 @@ TEST_F(CudaKernelsTest, LayerNormWritesItsFp32OutputRoundedToBf16) {
     expect_bits("rstd", rstd_h, rstd);
     if (fused) expect_bits("sum", sum_h, x);
   }
+}
+
+TEST_F(CudaKernelsTest, Bf16ResidualStreamIsWrittenRoundedOnceAndReadWidened) {
+  STRATA_REQUIRE_GPU();
+  {
+    SCOPED_TRACE("gpu");
+    check_bf16_residual_stream<Dev>(*gpu, [&] { sync(); });
+  }
+  SCOPED_TRACE("cpu");
+  check_bf16_residual_stream<Host>(cpu, [] {});
 }
 
 // The fused round_to_bf16_bias_grad against its unfused composition, round_to_bf16 then bias_grad,
@@ -422,17 +494,26 @@ TEST_F(CudaKernelsTest, EmbeddingsMatchBitForBit) {
     const BufferView hp{wpe.data(), std::size_t(T) * C, dt, Device::cpu},
         dp{d_wpe.p, std::size_t(T) * C, dt, Device::cuda};
     std::vector<float> rows(N * C, 7.0f);
+    std::vector<bf16> rows_h(N * C);
     Dev<float> d_rows(rows);
+    Dev<bf16> d_rows_h(rows_h);
     gpu->embedding_rows(d_rows.p, d_tokens.p, N, dw, v0, Vl, C);
     cpu.embedding_rows(rows.data(), tokens.data(), N, hw, v0, Vl, C);
-    gpu->add_positions(d_rows.p, dp, N, row0, T, C);
-    cpu.add_positions(rows.data(), hp, N, row0, T, C);
+    // Into a bf16 residual stream (a bf16 run's), then in place in fp32.
+    gpu->add_positions(d_rows_h.p, d_rows.p, dp, N, row0, T, C);
+    cpu.add_positions(rows_h.data(), rows.data(), hp, N, row0, T, C);
+    gpu->add_positions(d_rows.p, d_rows.p, dp, N, row0, T, C);
+    cpu.add_positions(rows.data(), rows.data(), hp, N, row0, T, C);
     gpu->embedding_rows_backward(dw, d_d.p, d_tokens.p, N, v0, Vl, C);
     cpu.embedding_rows_backward(hw, d.data(), tokens.data(), N, v0, Vl, C);
     gpu->positions_backward(dp, d_d.p, N, row0, T, C);
     cpu.positions_backward(hp, d.data(), N, row0, T, C);
     sync();
     expect_bits("embedding_rows + add_positions", d_rows.host(), rows);
+    std::vector<bf16> rounded(N * C);
+    for (std::size_t i = 0; i < rows.size(); ++i) rounded[i] = to_bf16(rows[i]);
+    expect_bits("add_positions into bf16", d_rows_h.host(), rounded);
+    expect_bits("add_positions into bf16 (CPU)", rows_h, rounded);
     expect_bits("embedding_rows_backward", d_wte.host(), wte);
     expect_bits("positions_backward", d_wpe.host(), wpe);
   }

@@ -182,7 +182,7 @@ TEST_P(CudaLayerNorm, ForwardAndBackward) {
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), Nr,
                          Cw);
   DeviceBuffer<float> d_x(x), d_w(w), d_b(b), d_out(n), d_mean(Nr), d_rstd(Nr);
-  gpu::layernorm_forward(ctx, d_out.get(), false, d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
+  gpu::layernorm_forward(ctx, d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
                          d_b.get(), Nr, Cw);
   expect_close("out", d_out.host(), out, kReduceRtol, kReduceAtol);
   expect_close("mean", d_mean.host(), mean, kReduceRtol, kReduceAtol);

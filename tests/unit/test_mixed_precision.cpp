@@ -158,11 +158,11 @@ TEST(MixedPrecision, ActivationBytesCountTheBf16ScratchExactly) {
   }
 }
 
-// The bf16 slot keeps bf16 d(logits) [N, V] instead of fp32 probabilities [N, V], and the GEMMs'
-// inputs and outputs but the residual stream in bf16: ln1, the attention's output and ln2 [N, C]
-// of every block, lnf [N, C], and each block's q | k | v [N, 3C] and pre-GELU and GELU outputs
-// [N, 4C]: half their bytes, the rest of the slot as in fp32. gpt2-124m: the formula only
-// (nothing allocated).
+// The bf16 slot keeps bf16 d(logits) [N, V] instead of fp32 probabilities [N, V], and the residual
+// stream and the GEMMs' inputs and outputs in bf16: ln1, the attention's output, xmid and ln2
+// [N, C] of every block, the L + 1 block boundaries x [N, C], lnf [N, C], and each block's
+// q | k | v [N, 3C] and pre-GELU and GELU outputs [N, 4C]: half their bytes, the rest of the slot
+// as in fp32. gpt2-124m: the formula only (nothing allocated).
 TEST(MixedPrecision, Bf16SlotKeepsBf16LogitGradientsAndGemmInputs) {
   for (auto [spec, B] : {std::pair{tiny_spec(), 3}, std::pair{model_preset("gpt2-124m"), 8}}) {
     const std::uint64_t N = std::uint64_t(B) * spec.seq, NV = N * spec.vocab, NC = N * spec.hidden;
@@ -173,8 +173,8 @@ TEST(MixedPrecision, Bf16SlotKeepsBf16LogitGradientsAndGemmInputs) {
                                                       DType::f32, device),
                             b16 = predict_activations(spec, B, whole_model(spec), Recompute::none,
                                                       DType::bf16, device);
-      EXPECT_EQ(f32.slot - b16.slot,
-                NV * 2 + (3 * spec.layers + 1) * NC * 2 + spec.layers * (16 + 6) * NC)
+      const std::uint64_t L = spec.layers;
+      EXPECT_EQ(f32.slot - b16.slot, NV * 2 + (4 * L + 1 + L + 1) * NC * 2 + L * (16 + 6) * NC)
           << spec.preset << " " << device_name(device);
     }
   }

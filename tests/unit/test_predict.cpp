@@ -810,11 +810,18 @@ TEST(StepPlan, Bf16TpCommHalvesTheActivationBytes) {
       EXPECT_EQ(f_bytes.at(op), 4 * E + wte) << op;
       EXPECT_EQ(h_bytes.at(op), 4 * E / 2 + wte) << op;
     }
-    // bf16: a send buffer per slot in flight (1f1b: pp - stage) and the receive buffer.
+    // bf16: the activations cross as they are kept (the bf16 residual stream: no buffer); the
+    // fp32 gradients are cast, the first stage's into its receive buffer, the last stage's into
+    // a send buffer per slot in flight (1f1b: pp - stage = 1).
     const auto comm_buffers = [](const Prediction& p) {
       return p.memory_bytes[static_cast<int>(MemTag::comm_buffers)];
     };
-    EXPECT_EQ(comm_buffers(h) - comm_buffers(f), (2 - rank + 1) * E / 2) << "rank " << rank;
+    EXPECT_EQ(comm_buffers(h) - comm_buffers(f), E / 2) << "rank " << rank;
+    // A bf16 run moving fp32 (--tp-comm-dtype fp32): the activations are cast instead, the first
+    // stage's into a send buffer per slot in flight (2), the last stage's into its receive buffer.
+    train.precision.tp_comm = DType::f32;
+    const Prediction w = predict(*strategy, {pp2, m, train, rank});
+    EXPECT_EQ(comm_buffers(w) - comm_buffers(f), (2 - rank) * E) << "rank " << rank;
   }
 }
 

@@ -18,6 +18,12 @@
 namespace strata {
 namespace {
 
+// A boundary of an fp32 model as its floats (StageModel::input, output).
+float* floats(BufferView v) {
+  EXPECT_EQ(v.dtype, DType::f32);
+  return static_cast<float*>(v.data);
+}
+
 ModelSpec tiny4() {
   ModelSpec s = model_preset("tiny");
   s.layers = 4;
@@ -129,7 +135,8 @@ TEST(StageModel, PipelineChainEqualsTheWholeModel) {
     last.init_params(3, view(p1.data(), p1.size()));
     const int s0 = first.acquire_slot(), s1 = last.acquire_slot();
     first.forward(s0, view(p0.data(), p0.size()), mb, nullptr);
-    std::memcpy(last.input(s1), first.output(s0), first.boundary_count() * sizeof(float));
+    std::memcpy(floats(last.input(s1)), floats(first.output(s0)),
+                first.boundary_count() * sizeof(float));
     last.forward(s1, view(p1.data(), p1.size()), mb, nullptr);
     EXPECT_EQ(last.loss_sum(s1), loss);
     last.backward(s1, view(p1.data(), p1.size()), view(g1.data(), g1.size()), nullptr, scale);
@@ -264,7 +271,7 @@ TEST(StageModel, UnitAtATimePassesEqualTheWholeBuffer) {
           return a;
         };
         const int slot = sm.acquire_slot();
-        if (!sm.has_embedding()) std::copy(in_act.begin(), in_act.end(), sm.input(slot));
+        if (!sm.has_embedding()) std::copy(in_act.begin(), in_act.end(), floats(sm.input(slot)));
         if (units)
           sm.forward(slot, access(held_p, &p, "p"), mb, nullptr);
         else
@@ -423,7 +430,7 @@ RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompu
       const std::size_t n = m.boundary_count(),
                         row0 = part.sequence_parallel ? part.tp_rank * n : 0;
       for (std::size_t i = 0; i < n; ++i)
-        m.input(slot[k])[i] = float(std::sin(0.37 * double(row0 + i) + k));
+        floats(m.input(slot[k]))[i] = float(std::sin(0.37 * double(row0 + i) + k));
     }
     m.forward(slot[k], view(params.data(), params.size()),
               {in[k].data(), tg[k].data(), B, spec.seq}, &tp_comm);

@@ -105,8 +105,8 @@ class StageModel {
   // gradients, e.g. a ZeRO-1 shard over data parallelism).
   bool in_grad_norm(const LocalTensor& t) const;
 
-  // Floats of the residual stream at a partition boundary for one micro-batch: rows x C, with rows
-  // = B*T, or B*T/tp under sequence parallelism. What a pipeline stage sends and receives.
+  // Elements of the residual stream at a partition boundary for one micro-batch: rows x C, with
+  // rows = B*T, or B*T/tp under sequence parallelism. What a pipeline stage sends and receives.
   std::size_t boundary_count() const;
   static std::size_t boundary_count(const ModelSpec& spec, int micro_batch, const Partition& part);
 
@@ -115,13 +115,16 @@ class StageModel {
   int acquire_slot();
   void release_slot(int slot);
   int slots_allocated() const;
-  // Where a stage without the embedding receives its input (boundary_count() floats).
-  float* input(int slot);
-  // The partition's output after forward (what a stage without the head sends on).
-  const float* output(int slot) const;
-  // Where a stage without the head receives d(output) before backward (shared scratch).
+  // Where a stage without the embedding receives its input: boundary_count() elements of the
+  // residual stream, in the parameters' dtype (bf16 in a bf16 run, as Megatron-LM keeps it).
+  BufferView input(int slot);
+  // The partition's output after forward (what a stage without the head sends on), as input().
+  BufferView output(int slot) const;
+  // Where a stage without the head receives d(output) before backward (shared scratch; fp32
+  // boundary_count() floats, as every activation gradient).
   float* output_grad();
-  // d(input) after backward, on a stage without the embedding (kept in the slot until released).
+  // d(input) after backward, on a stage without the embedding (kept in the slot until released;
+  // fp32).
   const float* input_grad(int slot) const;
 
   // Forward of the partition for micro-batch mb (its tokens, if needed, are copied into the slot).

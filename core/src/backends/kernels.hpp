@@ -17,9 +17,9 @@ namespace strata {
 // Rows per chunk of Kernels::bias_grad's summation order.
 constexpr std::size_t kBiasGradRows = 64;
 
-// An activation tensor a kernel reads or writes: fp32, or bf16 where a bf16 run keeps the GEMMs'
-// inputs and outputs (all but the residual stream) in bf16, so that the GEMMs and the attention
-// read them as they are, forward and backward.
+// An activation tensor a kernel reads or writes: fp32, or bf16 where a bf16 run keeps it in bf16
+// (the residual stream and the GEMMs' inputs and outputs), so that the GEMMs, the attention and
+// the LayerNorms read them as they are, forward and backward.
 struct ActView {
   void* data = nullptr;
   DType dtype = DType::f32;
@@ -40,11 +40,12 @@ class Kernels {
                                const float* wpe, int B, int T, int C) = 0;
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
                                 const std::int32_t* tokens, int B, int T, int C) = 0;
-  // out in fp32 or bf16 (the fp32 values rounded once).
-  virtual void layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
+  // out in fp32 or bf16 (the fp32 values rounded once); inp, the residual stream, fp32 or bf16
+  // (a bf16 run's: widened as read), here and in the backward.
+  virtual void layernorm_forward(ActView out, float* mean, float* rstd, ActView inp,
                                  const float* weight, const float* bias, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, const float* mean,
+                                  ActView inp, const float* weight, const float* mean,
                                   const float* rstd, int N, int C) = 0;
   virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                               int N, int C, int OC) = 0;
@@ -60,12 +61,14 @@ class Kernels {
                                   const float* att, ActView out, int B, int T, int C, int NH) = 0;
   virtual void gelu_forward(float* out, const float* inp, std::int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
-  virtual void residual_forward(float* out, const float* a, const float* b, std::int64_t n) = 0;
-  // sum[N,C] = a + b (sum may be a), then layernorm_forward(out, mean, rstd, sum, ...): the
-  // residual add and the next LayerNorm. This is the two calls; a GPU overrides it with one pass
-  // of the same values.
-  virtual void residual_layernorm_forward(float* sum, ActView out, float* mean, float* rstd,
-                                          const float* a, const float* b, const float* weight,
+  // The residual add: out = a + b, a a sub-block's fp32 output, b and out the residual stream in
+  // fp32 or bf16 (out rounded once; it may be a or b).
+  virtual void residual_forward(ActView out, const float* a, ActView b, std::int64_t n) = 0;
+  // sum[N,C] = a + b (residual_forward), then layernorm_forward(out, mean, rstd, sum, ...) of the
+  // sum as stored (rounded, for a bf16 sum: what the backward reads): the residual add and the
+  // next LayerNorm. This is the two calls; a GPU overrides it with one pass of the same values.
+  virtual void residual_layernorm_forward(ActView sum, ActView out, float* mean, float* rstd,
+                                          const float* a, ActView b, const float* weight,
                                           const float* bias, int N, int C) {
     residual_forward(sum, a, b, std::int64_t(N) * C);
     layernorm_forward(out, mean, rstd, sum, weight, bias, N, C);
@@ -119,11 +122,12 @@ class Kernels {
   // dst[i] = bf16(float(dst[i]) + src[i]): fp32 partial gradients into bf16 ones.
   virtual void add_into_bf16(bf16* dst, const float* src, std::size_t n) = 0;
   // Vocab-parallel embedding: rows[n, :] = wte[tokens[n] - v0, :] (f32 or bf16 table) when the
-  // token is in [v0, v0 + Vl), else 0 (=, not +=); x[i, :] += wpe[(row0 + i) % T, :].
+  // token is in [v0, v0 + Vl), else 0 (=, not +=); out[i, :] = x[i, :] + wpe[(row0 + i) % T, :],
+  // out the residual stream in fp32 (it may be x) or bf16 (rounded once).
   virtual void embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N,
                               BufferView wte, std::size_t v0, std::size_t Vl, int C) = 0;
-  virtual void add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
-                             int C) = 0;
+  virtual void add_positions(ActView out, const float* x, BufferView wpe, std::size_t rows,
+                             std::size_t row0, int T, int C) = 0;
   // Their backward: gwte[tokens[n] - v0, :] += d[n, :] for tokens in the shard;
   // gwpe[(row0 + i) % T, :] += d[i, :] (f32 or bf16 gradients, bf16 rounded per addition).
   virtual void embedding_rows_backward(BufferView gwte, const float* d, const std::int32_t* tokens,

@@ -211,6 +211,12 @@ void SmallTensors::flush() {
   used_ = 0;
 }
 
+// Where a sub-block's fp32 output [Nl,C] (the attention's or the MLP's projection, the embedding's
+// rows) is formed before it is added to the residual stream `x`: in x itself when fp32, else in
+// the scratch's shard, free in every forward from the row-parallel matmul to the residual add
+// (the rank's rows after a reduce-scatter; = partial without sequence parallelism).
+float* ModelPasses::sublayer_output(ActView x) { return x.is_bf16() ? g_.shard : x.f32(); }
+
 // Row-parallel matmul (proj, FC2): out[Nl,C] = reduce(inp[N,ICl] @ W[C,ICl]^T) + bias. At tp 1
 // the bias goes into the GEMM call.
 void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, ActView inp, BufferView w,
@@ -257,22 +263,24 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   BlockActs& a = s.block[l];
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
   SmallTensors small(k_, p, g_.small_params);
-  const float* x_in = s.x[l];
+  const ActView x_in = s.x[l];
   k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C),
                        small.param(o[kLn1B], C), Nl, C);
   if (d.sp) gather(tp, a.ln1, a.ln1_full);
   matmul_forward(a.qkv, a.ln1_full, at(p, o[kQkvW]), small.param(o[kQkvB], 3 * d.Cl), N, C, 3 * Cl);
   k_.attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
-  row_parallel(tp, a.xmid, a.atty, at(p, o[kProjW]), small.param(o[kProjB], C), Cl);
-  k_.residual_layernorm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, a.xmid, x_in,
+  float* proj = sublayer_output(a.xmid);
+  row_parallel(tp, proj, a.atty, at(p, o[kProjW]), small.param(o[kProjB], C), Cl);
+  k_.residual_layernorm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, proj, x_in,
                                 small.param(o[kLn2W], C), small.param(o[kLn2B], C), Nl, C);
   if (d.sp) gather(tp, a.ln2, a.ln2_full);
   matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl,
                  a.fch_gelu);
   if (recomputing) return;
-  float* x_out = s.x[l + 1];
-  row_parallel(tp, x_out, a.fch_gelu, at(p, o[kFcprojW]), small.param(o[kFcprojB], C), 4 * Cl);
-  k_.residual_forward(x_out, x_out, a.xmid, std::int64_t(Nl) * C);
+  const ActView x_out = s.x[l + 1];
+  float* mlp = sublayer_output(x_out);
+  row_parallel(tp, mlp, a.fch_gelu, at(p, o[kFcprojW]), small.param(o[kFcprojB], C), 4 * Cl);
+  k_.residual_forward(x_out, mlp, a.xmid, std::int64_t(Nl) * C);
 }
 
 void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr,
@@ -327,19 +335,20 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   const Dims& d = run_;
   const int C = d.C;
   check_tokens(memory_.device(), tok, d.N, d.V, "input");
-  float* x0 = s.x[0];
-  if (d.tp == 1 && wte.dtype == DType::f32) {
-    k_.encoder_forward(x0, tok, static_cast<const float*>(wte.data),
+  const ActView x0 = s.x[0];
+  if (d.tp == 1 && wte.dtype == DType::f32) {  // fp32 parameters: an fp32 residual stream
+    k_.encoder_forward(x0.f32(), tok, static_cast<const float*>(wte.data),
                        static_cast<const float*>(wpe.data), d.B, d.T, C);
     return;
   }
-  float* rows = d.sp ? g_.partial : x0;
+  float* sum = sublayer_output(x0);  // the token rows, summed over tp
+  float* rows = d.sp ? g_.partial : sum;
   k_.embedding_rows(rows, tok, d.N, wte, d.Vl * part_.tp_rank, d.Vl, C);
   if (d.sp)
-    scatter(tp, g_.partial, x0);
+    scatter(tp, g_.partial, sum);
   else if (d.tp > 1)
-    all_reduce_activation(tp, x0, d.N * C);
-  k_.add_positions(x0, wpe, d.Nl, d.row0, d.T, C);
+    all_reduce_activation(tp, sum, d.N * C);
+  k_.add_positions(x0, sum, wpe, d.Nl, d.row0, d.T, C);
 }
 
 void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* tok,

@@ -56,16 +56,18 @@ std::size_t head_chunk_rows(const Dims& d);
 STRATA_EXPORT_END
 
 // One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
-// The GEMMs' inputs and outputs but the residual stream (the LayerNorms' outputs, q | k | v, the
-// attention's output, the GELU's input and output) are in the GEMMs' dtype (bf16 with bf16
-// parameters), so that the GEMMs read and write them as they are, forward and backward.
+// The residual stream (xmid, SlotActs::x) and the GEMMs' inputs and outputs (the LayerNorms'
+// outputs, q | k | v, the attention's output, the GELU's input and output) are in the GEMMs'
+// dtype (bf16 with bf16 parameters, as Megatron-LM keeps them), so that the GEMMs, the attention
+// and the LayerNorms read and write them as they are, forward and backward; each is computed in
+// fp32 and rounded once. Gradients of activations stay fp32 (one [Nl,C] d(residual) in flight).
 struct BlockActs {
   ActView ln1, ln1_full;       // [Nl,C] [N,C] (= ln1 without sp)
   float *ln1_mean, *ln1_rstd;  // [Nl] [Nl]
   ActView qkv;   // [N,3Cl] this rank's heads of q | k | v (bf16 where Dims::attention_bf16)
   ActView atty;  // [N,Cl], a GEMM input (bf16 where Dims::attention_bf16)
   float* att;    // the attention's state: [B,NHl,T,T] probabilities or [B,NHl,T] log-sum-exps
-  float* xmid;   // [Nl,C]  x_in + attention projection
+  ActView xmid;  // [Nl,C]  x_in + attention projection, the residual stream
   ActView ln2, ln2_full;       // as ln1
   float *ln2_mean, *ln2_rstd;  // as ln1
   ActView fch, fch_gelu;       // [N,4Cl] the GELU's input and output (the FC layers' GEMMs')
@@ -128,7 +130,8 @@ class SmallTensors {
 
 // What one micro-batch in flight keeps from its forward to its backward.
 struct SlotActs {
-  std::vector<float*> x;  // residual stream [Nl,C]: x[0] input (or embedding output) .. x[blocks]
+  // residual stream [Nl,C], in the GEMMs' dtype: x[0] input (or embedding output) .. x[blocks]
+  std::vector<ActView> x;
   // Recompute::none: a set per block; selective: a set per block whose att is the shared one;
   // full: every entry is the shared set (only x[l], the block's input, is kept).
   std::vector<BlockActs> block;
@@ -226,6 +229,7 @@ class ModelPasses {
   void gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
                             ActView pre_gelu, ActView inp, BufferView w, int N, int C, int OC);
   float* reduce_input_grad(TensorParallelComm* tp);
+  float* sublayer_output(ActView x);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
   void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,
                       TensorParallelComm* tp);

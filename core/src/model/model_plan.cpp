@@ -104,7 +104,7 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   qkv = c.take(3 * N * d.Cl, d.attention_bf16 ? gemm_in : DType::f32);
   atty = c.take(N * d.Cl, d.attention_bf16 ? gemm_in : DType::f32);
   att = with_att ? c.take(d.att) : nullptr;
-  xmid = c.take(Nl * C);
+  xmid = c.take(Nl * C, gemm_in);
   ln2 = c.take(Nl * C, gemm_in);
   ln2_mean = c.take(Nl);
   ln2_rstd = c.take(Nl);
@@ -187,7 +187,7 @@ void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratc
                      Carver& c) {
   const std::size_t N = d.N, Nl = d.Nl, C = d.C;
   x.resize(d.blocks + 1);
-  for (auto& p : x) p = c.take(Nl * C);
+  for (ActView& p : x) p = c.take(Nl * C, param_dtype);
   block.resize(d.blocks);
   for (BlockActs& b : block) {
     if (r == Recompute::full) {

@@ -257,9 +257,19 @@ int StageModel::acquire_slot() {
 
 void StageModel::release_slot(int slot) { impl_->slot(slot).busy = false; }
 int StageModel::slots_allocated() const { return int(impl_->slots.size()); }
-float* StageModel::input(int slot) { return impl_->slot(slot).acts->acts.x[0]; }
-const float* StageModel::output(int slot) const {
-  return impl_->slot(slot).acts->acts.x[impl_->d.blocks];
+namespace {
+BufferView boundary_view(ActView x, std::size_t count, Device device) {
+  return {x.data, count, x.dtype, device};
+}
+}  // namespace
+
+BufferView StageModel::input(int slot) {
+  return boundary_view(impl_->slot(slot).acts->acts.x[0], boundary_count(),
+                       impl_->memory->device());
+}
+BufferView StageModel::output(int slot) const {
+  return boundary_view(impl_->slot(slot).acts->acts.x[impl_->d.blocks], boundary_count(),
+                       impl_->memory->device());
 }
 float* StageModel::output_grad() { return impl_->passes->dres(); }
 const float* StageModel::input_grad(int slot) const { return impl_->slot(slot).acts->acts.grad_in; }

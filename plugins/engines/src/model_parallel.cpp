@@ -186,41 +186,46 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
 
 namespace {
 
-// What crosses a stage boundary (one micro-batch's boundary_count() fp32 elements: an activation
-// forward, its gradient backward), moved in the tp comm dtype (MixedPrecision::tp_comm). fp32:
-// the slot's own tensors are sent and received into. bf16 (Megatron-LM's choice, half the bytes):
-// a tensor is rounded into its slot's send buffer, which the send reads until it completes, and
-// received into the one receive buffer, then widened into place on the compute thread. All
-// MemTag::comm_buffers; a slot's send buffer is made with the slot, so there are as many as the
-// schedule has slots in flight (what predict() counts).
+// What crosses a stage boundary (one micro-batch's boundary_count() elements: the residual stream
+// forward, in the parameters' dtype, its fp32 gradient backward), moved in the tp comm dtype
+// (MixedPrecision::tp_comm; the run's precision by default, as Megatron-LM sends them). A tensor
+// kept in that dtype (a bf16 run's activations) is sent and received into as it is; another (its
+// gradients, or activations under --tp-comm-dtype fp32) is cast into its slot's send buffer,
+// which the send reads until it completes, or received into the one receive buffer and cast into
+// place on the compute thread. All MemTag::comm_buffers; a slot's send buffer is made at its
+// first cast, so there is one per slot in flight of a chunk that casts what it sends, and a
+// receive buffer where a chunk casts what it receives (boundary_casts: what plan_setup counts).
 class BoundaryBuffers {
  public:
-  BoundaryBuffers(MemoryLedger& memory, DType dtype, std::size_t count, std::size_t chunks)
-      : memory_(memory), dtype_(dtype), count_(count), send_(chunks) {
-    if (dtype_ != DType::f32) recv_ = DeviceBuffer(memory_, MemTag::comm_buffers, dtype_, count_);
+  BoundaryBuffers(MemoryLedger& memory, DType wire, std::size_t count, std::size_t chunks,
+                  bool receives_cast)
+      : memory_(memory), wire_(wire), count_(count), send_(chunks) {
+    if (receives_cast) recv_ = DeviceBuffer(memory_, MemTag::comm_buffers, wire_, count_);
   }
-  bool converts() const { return dtype_ != DType::f32; }
-  // The view a send of `src` reads: src itself, or src rounded into the slot's send buffer (whose
+  bool casts(const BufferView& v) const { return v.dtype != wire_; }
+  // The view a send of `src` reads: src itself, or src cast into the slot's send buffer (whose
   // previous send must have completed: the caller waits for the slot's sends first).
-  BufferView outgoing(DeviceOps& ops, int chunk, int slot, const float* src) {
-    const BufferView fp32 = device_view(const_cast<float*>(src));
-    if (!converts()) return fp32;
+  BufferView outgoing(DeviceOps& ops, int chunk, int slot, const BufferView& src) {
+    if (!casts(src)) return src;
     std::vector<DeviceBuffer>& bufs = send_[std::size_t(chunk)];
     while (int(bufs.size()) <= slot)
-      bufs.emplace_back(memory_, MemTag::comm_buffers, dtype_, count_);
-    ops.cast(bufs[std::size_t(slot)].view(), fp32);
+      bufs.emplace_back(memory_, MemTag::comm_buffers, wire_, count_);
+    ops.cast(bufs[std::size_t(slot)].view(), src);
     return bufs[std::size_t(slot)].view();
   }
   // The view a receive for `dst` fills; then arrived(dst) puts it in place.
-  BufferView incoming(float* dst) { return converts() ? recv_.view() : device_view(dst); }
-  void arrived(DeviceOps& ops, float* dst) {
-    if (converts()) ops.cast(device_view(dst), recv_.view());
+  BufferView incoming(const BufferView& dst) { return casts(dst) ? recv_.view() : dst; }
+  void arrived(DeviceOps& ops, const BufferView& dst) {
+    if (casts(dst)) ops.cast(dst, recv_.view());
+  }
+  // A gradient (fp32) where it is kept.
+  BufferView fp32(const float* p) const {
+    return {const_cast<float*>(p), count_, DType::f32, memory_.device()};
   }
 
  private:
-  BufferView device_view(float* p) const { return {p, count_, DType::f32, memory_.device()}; }
   MemoryLedger& memory_;
-  DType dtype_;
+  DType wire_;
   std::size_t count_;
   std::vector<std::vector<DeviceBuffer>> send_;  // [chunk][slot]
   DeviceBuffer recv_;
@@ -243,9 +248,12 @@ class Engine {
     shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);
     dp_ = dp_schedule_of(plan_, shards_->groups(), cfg, ctx.model_spec());
     pending_.resize(chunks_.size());
+    bool receives_cast = false;
+    for (int c = 0; c < plan_.v; ++c)
+      receives_cast = receives_cast || boundary_casts(plan_, c, ctx.train().precision).recv;
     if (plan_.K > 1)
       boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
-                        chunks_.size());
+                        chunks_.size(), receives_cast);
     tp_comm_ = make_tp_comm(cfg, ctx);
     if (plan_.tied_exchange())
       tied_recv_ = DeviceBuffer(mem, MemTag::comm_buffers, ctx.train().precision.reduce,
@@ -385,9 +393,9 @@ class Engine {
     if (k < plan_.K - 1) {
       {
         PhaseTimer idle(ctx, Phase::bubble);
-        pp.recv(boundary_->incoming(sm.output_grad()), next, kTagGradient);
+        pp.recv(boundary_->incoming(boundary_->fp32(sm.output_grad())), next, kTagGradient);
       }
-      boundary_->arrived(ctx.ops(), sm.output_grad());
+      boundary_->arrived(ctx.ops(), boundary_->fp32(sm.output_grad()));
     }
     {
       PhaseTimer t(ctx, Phase::backward);
@@ -397,10 +405,12 @@ class Engine {
       });
     }
     if (k > 0) {
-      // The slot's send buffer last carried its activation: that send is done (the next stage
-      // received it before sending this gradient), and waiting makes it so on every transport.
-      if (boundary_->converts()) wait_sends(ctx, a.chunk, slot);
-      const BufferView din = boundary_->outgoing(ctx.ops(), a.chunk, slot, sm.input_grad(slot));
+      // The slot's send buffer may have carried its activation (cast): that send is done (the
+      // next stage received it before sending this gradient), and waiting makes it so on every
+      // transport.
+      const BufferView grad = boundary_->fp32(sm.input_grad(slot));
+      if (boundary_->casts(grad)) wait_sends(ctx, a.chunk, slot);
+      const BufferView din = boundary_->outgoing(ctx.ops(), a.chunk, slot, grad);
       pending(a.chunk, slot)
           .push_back(ctx.comm_stream(kStreamPrev)
                          .enqueue([&pp, din, prev] { pp.send(din, prev, kTagGradient); },

@@ -24,8 +24,8 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
                    const Plan& rank, const std::vector<std::pair<int, int>>& units, bool sp,
                    std::vector<PlanAction>& out, std::vector<PlanAction>& end) {
   const int P = rank.P, K = rank.K;
-  // Every boundary carries one micro-batch's [B, T, C] residual stream (sp: this rank's token rows
-  // of it) in the tp comm dtype.
+  // Every boundary carries one micro-batch's [B, T, C] residual stream or its gradient (sp: this
+  // rank's token rows of it) in the tp comm dtype.
   const Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
   const double bytes = double(StageModel::boundary_count(in.model, in.train.micro_batch, second)) *
                        double(dtype_size(in.train.precision.tp_comm));
@@ -64,9 +64,9 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
 
 // What the rank holds for the run: per chunk a StageModel whose pool keeps as many activation
 // slots (each with its copy of the tokens) as the schedule has micro-batches in flight through
-// it, its tp comm buffer and, in bf16, a send buffer per slot (BoundaryBuffers) and the one
-// receive buffer; beside them the core's micro-batch, Shards' state and the tied embedding's
-// gradient on its way between the first and the last stage.
+// it, its tp comm buffer and, where a boundary tensor is cast (boundary_casts), a send buffer per
+// slot (BoundaryBuffers) and the one receive buffer; beside them the core's micro-batch, Shards'
+// state and the tied embedding's gradient on its way between the first and the last stage.
 void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
                 std::vector<PlanAction>& setup) {
   const int B = in.train.micro_batch;
@@ -75,16 +75,19 @@ void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
   auto boundary = [&](const Partition& part) {
     return double(StageModel::boundary_count(in.model, B, part)) * double(dtype_size(tp_comm));
   };
-  const bool converts = plan.K > 1 && tp_comm != DType::f32;
+  bool receives_cast = false;
   for (int c = 0; c < plan.v; ++c) {
     const Partition& part = plan.parts[std::size_t(c)];
     const int in_flight = pp::max_in_flight(plan.actions, c);
     plan_model_slots(in, part, in_flight, setup);
     setup.push_back(plan_alloc(MemTag::comm_buffers, double(StageModel::tp_comm_buffer_bytes(
                                                          in.model, B, part, tp_comm))));
-    if (converts) setup.push_back(plan_alloc(MemTag::comm_buffers, in_flight * boundary(part)));
+    const BoundaryCasts casts = boundary_casts(plan, c, in.train.precision);
+    if (plan.K > 1 && casts.send)
+      setup.push_back(plan_alloc(MemTag::comm_buffers, in_flight * boundary(part)));
+    receives_cast = receives_cast || (plan.K > 1 && casts.recv);
   }
-  if (converts) setup.push_back(plan_alloc(MemTag::comm_buffers, boundary(plan.parts[0])));
+  if (receives_cast) setup.push_back(plan_alloc(MemTag::comm_buffers, boundary(plan.parts[0])));
   sharded::plan_state(in, dp_axis_config(cfg), plan.parts, setup);
   if (plan.tied_exchange())
     setup.push_back(

@@ -19,6 +19,20 @@ struct Plan {
   bool tied_exchange() const { return P > 1 && (first_stage() || last_stage()); }
 };
 
+// Which of local chunk c's boundary tensors move in another dtype than they are kept in, through
+// the engine's send and receive buffers (BoundaryBuffers): every boundary moves in the tp comm
+// dtype; activations are kept in the parameters' dtype (StageModel::input, output), their
+// gradients in fp32. A chunk receives its input and sends its output unless it is the first /
+// the last, and the reverse for the gradients.
+struct BoundaryCasts {
+  bool send = false, recv = false;
+};
+inline BoundaryCasts boundary_casts(const Plan& plan, int c, const MixedPrecision& precision) {
+  const int k = plan.global[std::size_t(c)];
+  const bool first = k == 0, last = k == plan.K - 1;
+  const bool act = precision.param != precision.tp_comm, grad = precision.tp_comm != DType::f32;
+  return {(!last && act) || (!first && grad), (!first && act) || (!last && grad)};
+}
 Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
                const TrainSpec& t, const MpConfig& cfg);
 

@@ -31,12 +31,22 @@ void add_row(BufferView table, std::size_t row, const float* src, int C) {
   for (int c = 0; c < C; ++c) dst[c] = to_bf16(to_float(dst[c]) + src[c]);
 }
 
-// Sequence b of n elements of x in fp32: x itself, or widened into `wide` (n floats) when bf16.
-const float* sequence(ActView x, int b, std::size_t n, std::vector<float>& wide) {
-  if (!x.is_bf16()) return x.f32() + std::size_t(b) * n;
-  cpu::widen_bf16(wide.data(), x.half() + std::size_t(b) * n, n);
+// Elements [at, at + n) of x in fp32: x itself, or widened into `wide` (n floats) when bf16.
+const float* span_f32(ActView x, std::size_t at, std::size_t n, std::vector<float>& wide) {
+  if (!x.is_bf16()) return x.f32() + at;
+  cpu::widen_bf16(wide.data(), x.half() + at, n);
   return wide.data();
 }
+// Sequence b of n elements of x in fp32 (span_f32).
+const float* sequence(ActView x, int b, std::size_t n, std::vector<float>& wide) {
+  return span_f32(x, std::size_t(b) * n, n, wide);
+}
+
+// Rows per block of the row-wise kernels on bf16 tensors: a block is widened, computed in fp32
+// and rounded, so the values are the fp32 kernel's on the widened input, rounded once.
+constexpr int kBlockRows = 64;
+// Elements per block of the elementwise ones.
+constexpr std::size_t kBlockElems = std::size_t(1) << 16;
 
 class CpuKernels final : public Kernels {
  public:
@@ -48,25 +58,37 @@ class CpuKernels final : public Kernels {
                         int B, int T, int C) override {
     cpu::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
-  // A bf16 output: a block of rows computed in fp32, then rounded (the values an fp32 LayerNorm
-  // and round_to_bf16 give, bit for bit).
-  void layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, int N, int C) override {
-    if (!out.is_bf16())
-      return cpu::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, N, C);
-    constexpr int kRows = 64;
-    std::vector<float> rows(std::size_t(std::min(N, kRows)) * std::size_t(C));
-    for (int n0 = 0; n0 < N; n0 += kRows) {
-      const int n = std::min(kRows, N - n0);
-      const std::size_t at = std::size_t(n0) * std::size_t(C);
-      cpu::layernorm_forward(rows.data(), mean + n0, rstd + n0, inp + at, weight, bias, n, C);
-      cpu::round_to_bf16(out.half() + at, rows.data(), std::size_t(n) * std::size_t(C));
+  // A bf16 input or output: a block of rows widened, computed in fp32, then rounded (the values
+  // an fp32 LayerNorm and round_to_bf16 give, bit for bit).
+  void layernorm_forward(ActView out, float* mean, float* rstd, ActView inp, const float* weight,
+                         const float* bias, int N, int C) override {
+    if (!out.is_bf16() && !inp.is_bf16())
+      return cpu::layernorm_forward(out.f32(), mean, rstd, inp.f32(), weight, bias, N, C);
+    const std::size_t block = std::size_t(std::min(N, kBlockRows)) * std::size_t(C);
+    std::vector<float> rows(out.is_bf16() ? block : 0), wide(inp.is_bf16() ? block : 0);
+    for (int n0 = 0; n0 < N; n0 += kBlockRows) {
+      const int n = std::min(kBlockRows, N - n0);
+      const std::size_t at = std::size_t(n0) * std::size_t(C), len = std::size_t(n) * C;
+      float* o = out.is_bf16() ? rows.data() : out.f32() + at;
+      cpu::layernorm_forward(o, mean + n0, rstd + n0, span_f32(inp, at, len, wide), weight, bias, n,
+                             C);
+      if (out.is_bf16()) cpu::round_to_bf16(out.half() + at, o, len);
     }
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* mean,
-                          const float* rstd, int N, int C) override {
-    cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  // Row by row, so a block at a time sums dweight and dbias in the same order.
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, ActView inp,
+                          const float* weight, const float* mean, const float* rstd, int N,
+                          int C) override {
+    if (!inp.is_bf16())
+      return cpu::layernorm_backward(dinp, dweight, dbias, dout, inp.f32(), weight, mean, rstd, N,
+                                     C);
+    std::vector<float> wide(std::size_t(std::min(N, kBlockRows)) * std::size_t(C));
+    for (int n0 = 0; n0 < N; n0 += kBlockRows) {
+      const int n = std::min(kBlockRows, N - n0);
+      const std::size_t at = std::size_t(n0) * std::size_t(C), len = std::size_t(n) * C;
+      cpu::layernorm_backward(dinp + at, dweight, dbias, dout + at, span_f32(inp, at, len, wide),
+                              weight, mean + n0, rstd + n0, n, C);
+    }
   }
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int C, int OC) override {
@@ -107,8 +129,16 @@ class CpuKernels final : public Kernels {
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override {
     cpu::gelu_backward(dinp, inp, dout, n);
   }
-  void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override {
-    cpu::residual_forward(out, a, b, n);
+  void residual_forward(ActView out, const float* a, ActView b, std::int64_t n) override {
+    if (!out.is_bf16() && !b.is_bf16()) return cpu::residual_forward(out.f32(), a, b.f32(), n);
+    const std::size_t total = std::size_t(n), block = kBlockElems;
+    std::vector<float> acc(std::min(total, block)), wide(b.is_bf16() ? acc.size() : 0);
+    for (std::size_t at = 0; at < total; at += block) {
+      const std::size_t len = std::min(block, total - at);
+      float* o = out.is_bf16() ? acc.data() : out.f32() + at;
+      cpu::residual_forward(o, a + at, span_f32(b, at, len, wide), std::int64_t(len));
+      if (out.is_bf16()) cpu::round_to_bf16(out.half() + at, o, len);
+    }
   }
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override {
@@ -206,17 +236,21 @@ class CpuKernels final : public Kernels {
         std::copy_n(src, C, row);
     }
   }
-  void add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
-                     int C) override {
+  // wpe's bf16 widened as it is added (no scratch row on every call); a bf16 out rounded per
+  // element.
+  void add_positions(ActView out, const float* x, BufferView wpe, std::size_t rows,
+                     std::size_t row0, int T, int C) override {
     for (std::size_t i = 0; i < rows; ++i) {
-      const std::size_t t = (row0 + i) % T;
-      float* out = x + i * C;
-      if (wpe.dtype == DType::f32) {
-        const float* pos = static_cast<const float*>(wpe.data) + t * C;
-        for (int c = 0; c < C; ++c) out[c] += pos[c];
-      } else {  // bf16 widened as it is added: no scratch row on every call
-        const bf16* pos = static_cast<const bf16*>(wpe.data) + t * C;
-        for (int c = 0; c < C; ++c) out[c] += to_float(pos[c]);
+      const std::size_t t = (row0 + i) % T, at = i * C;
+      for (int c = 0; c < C; ++c) {
+        const float pos = wpe.dtype == DType::f32
+                              ? static_cast<const float*>(wpe.data)[t * C + c]
+                              : to_float(static_cast<const bf16*>(wpe.data)[t * C + c]);
+        const float v = x[at + c] + pos;
+        if (out.is_bf16())
+          out.half()[at + c] = to_bf16(v);
+        else
+          out.f32()[at + c] = v;
       }
     }
   }

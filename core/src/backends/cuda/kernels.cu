@@ -34,12 +34,12 @@ void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout,
                                    const std::int32_t* tokens, int B, int T, int C) {
   cuda::encoder_backward(ctx_, dwte, dwpe, dout, tokens, B, T, C);
 }
-void CudaKernels::layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
+void CudaKernels::layernorm_forward(ActView out, float* mean, float* rstd, ActView inp,
                                     const float* weight, const float* bias, int N, int C) {
-  cuda::layernorm_forward(ctx_, out.data, out.is_bf16(), mean, rstd, inp, weight, bias, N, C);
+  cuda::layernorm_forward(ctx_, out, mean, rstd, inp, weight, bias, N, C);
 }
 void CudaKernels::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                     const float* inp, const float* weight, const float* mean,
+                                     ActView inp, const float* weight, const float* mean,
                                      const float* rstd, int N, int C) {
   cuda::layernorm_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
@@ -84,14 +84,13 @@ void CudaKernels::gelu_forward(float* out, const float* inp, std::int64_t n) {
 void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
   cuda::gelu_backward(ctx_, dinp, inp, dout, n);
 }
-void CudaKernels::residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+void CudaKernels::residual_forward(ActView out, const float* a, ActView b, std::int64_t n) {
   cuda::residual_forward(ctx_, out, a, b, n);
 }
-void CudaKernels::residual_layernorm_forward(float* sum, ActView out, float* mean, float* rstd,
-                                             const float* a, const float* b, const float* weight,
+void CudaKernels::residual_layernorm_forward(ActView sum, ActView out, float* mean, float* rstd,
+                                             const float* a, ActView b, const float* weight,
                                              const float* bias, int N, int C) {
-  cuda::residual_layernorm_forward(ctx_, sum, out.data, out.is_bf16(), mean, rstd, a, b, weight,
-                                   bias, N, C);
+  cuda::residual_layernorm_forward(ctx_, sum, out, mean, rstd, a, b, weight, bias, N, C);
 }
 void CudaKernels::softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                                const std::int32_t* targets, int N, int V) {

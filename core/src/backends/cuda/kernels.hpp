@@ -31,11 +31,11 @@ class CudaKernels final : public Kernels {
                        int B, int T, int C) override;
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
                         int B, int T, int C) override;
-  void layernorm_forward(ActView out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, int N, int C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* mean,
-                          const float* rstd, int N, int C) override;
+  void layernorm_forward(ActView out, float* mean, float* rstd, ActView inp, const float* weight,
+                         const float* bias, int N, int C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, ActView inp,
+                          const float* weight, const float* mean, const float* rstd, int N,
+                          int C) override;
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -46,10 +46,10 @@ class CudaKernels final : public Kernels {
                           const float* att, ActView out, int B, int T, int C, int NH) override;
   void gelu_forward(float* out, const float* inp, std::int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
-  void residual_forward(float* out, const float* a, const float* b, std::int64_t n) override;
-  void residual_layernorm_forward(float* sum, ActView out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* weight, const float* bias, int N,
-                                  int C) override;
+  void residual_forward(ActView out, const float* a, ActView b, std::int64_t n) override;
+  void residual_layernorm_forward(ActView sum, ActView out, float* mean, float* rstd,
+                                  const float* a, ActView b, const float* weight, const float* bias,
+                                  int N, int C) override;
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override;
   void crossentropy_softmax_backward(float* dlogits, const float* probs,
@@ -84,8 +84,8 @@ class CudaKernels final : public Kernels {
   void add_into_bf16(bf16* dst, const float* src, std::size_t n) override;
   void embedding_rows(float* rows, const std::int32_t* tokens, std::size_t N, BufferView wte,
                       std::size_t v0, std::size_t Vl, int C) override;
-  void add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
-                     int C) override;
+  void add_positions(ActView out, const float* x, BufferView wpe, std::size_t rows,
+                     std::size_t row0, int T, int C) override;
   void embedding_rows_backward(BufferView gwte, const float* d, const std::int32_t* tokens,
                                std::size_t N, std::size_t v0, std::size_t Vl, int C) override;
   void positions_backward(BufferView gwpe, const float* d, std::size_t rows, std::size_t row0,

@@ -48,11 +48,11 @@ __global__ void embedding_rows_kernel(float* rows, const std::int32_t* tokens, s
     rows[i] = v < Vl ? load(wte, bf16, v * C + i % C) : 0.0f;
   }
 }
-__global__ void add_positions_kernel(float* x, const void* wpe, bool bf16, std::size_t n,
-                                     std::size_t row0, int T, int C) {
+__global__ void add_positions_kernel(void* out, bool out_bf16, const float* x, const void* wpe,
+                                     bool bf16, std::size_t n, std::size_t row0, int T, int C) {
   STRATA_GRID_STRIDE(i, n) {
     const std::size_t pos = (row0 + i / C) % std::size_t(T);
-    x[i] = __fadd_rn(x[i], load(wpe, bf16, pos * C + i % C));
+    store(out, out_bf16, i, __fadd_rn(x[i], load(wpe, bf16, pos * C + i % C)));
   }
 }
 
@@ -265,12 +265,12 @@ void CudaKernels::embedding_rows(float* rows, const std::int32_t* tokens, std::s
   (rows, tokens, N * C, wte.data, bf16, v0, Vl, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
-void CudaKernels::add_positions(float* x, BufferView wpe, std::size_t rows, std::size_t row0, int T,
-                                int C) {
+void CudaKernels::add_positions(ActView out, const float* x, BufferView wpe, std::size_t rows,
+                                std::size_t row0, int T, int C) {
   const bool bf16 = table_is_bf16("add_positions", wpe);
   if (rows == 0 || C <= 0) return;
   STRATA_LAUNCH(add_positions_kernel, blocks_for(rows * C), kThreads, 0, ctx_.stream)
-  (x, wpe.data, bf16, rows * C, row0, T, C);
+  (out.data, out.is_bf16(), x, wpe.data, bf16, rows * C, row0, T, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 void CudaKernels::embedding_rows_backward(BufferView gwte, const float* d,

@@ -103,39 +103,44 @@ __global__ void encoder_backward_kernel(float* dwte,                 // [V, C] +
 }
 
 // One warp per row: mean, biased variance (two passes, fp32), normalise, scale and shift.
-// With `residual` (not null) the row is first sum = inp + residual (the residual stream, which
-// may be inp itself), written by the lane that reads it back: residual_forward then
-// layernorm_forward of sum, the same arithmetic in one pass.
-__global__ void layernorm_forward_kernel(void* out,              // [N, C] fp32 or bf16
-                                         bool out_bf16,          //
-                                         float* mean,            // [N]
-                                         float* rstd,            // [N]
-                                         float* sum,             // [N, C] or null
-                                         const float* inp,       // [N, C]
-                                         const float* residual,  // [N, C] or null
-                                         const float* weight,    // [C]
-                                         const float* bias,      // [C]
+// With `a` (not null) the row is first sum = a + x (the residual add; sum may be a or x), written
+// rounded to sum's dtype by the lane that reads it back: residual_forward then layernorm_forward
+// of the stored sum, the same values in one pass. x (the residual stream) and sum fp32 or bf16.
+__global__ void layernorm_forward_kernel(void* out,            // [N, C] fp32 or bf16
+                                         bool out_bf16,        //
+                                         float* mean,          // [N]
+                                         float* rstd,          // [N]
+                                         void* sum,            // [N, C] or null
+                                         bool sum_bf16,        //
+                                         const float* a,       // [N, C] or null
+                                         const void* x,        // [N, C]
+                                         bool x_bf16,          //
+                                         const float* weight,  // [C]
+                                         const float* bias,    // [C]
                                          int N, int C) {
   const int lane = threadIdx.x % 32;
   for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
        row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
-    const float* x = inp + row * C;
-    if (residual) {
-      float* xs = sum + row * C;
-      for (int i = lane; i < C; i += 32) xs[i] = x[i] + residual[row * C + i];
-      x = xs;
+    const std::size_t r0 = std::size_t(row) * std::size_t(C);
+    const void* in = x;
+    bool in_bf16 = x_bf16;
+    if (a) {
+      for (int i = lane; i < C; i += 32)
+        store(sum, sum_bf16, r0 + i, a[r0 + i] + load(x, x_bf16, r0 + i));
+      in = sum;
+      in_bf16 = sum_bf16;
     }
     float s = 0.0f;
-    for (int i = lane; i < C; i += 32) s += x[i];
+    for (int i = lane; i < C; i += 32) s += load(in, in_bf16, r0 + i);
     const float m = warp_sum(s) / float(C);
     float v = 0.0f;
     for (int i = lane; i < C; i += 32) {
-      const float d = x[i] - m;
+      const float d = load(in, in_bf16, r0 + i) - m;
       v += d * d;
     }
     const float r = 1.0f / sqrtf(warp_sum(v) / float(C) + kLayerNormEps);
     for (int i = lane; i < C; i += 32)
-      store(out, out_bf16, std::size_t(row * C + i), (x[i] - m) * r * weight[i] + bias[i]);
+      store(out, out_bf16, r0 + i, (load(in, in_bf16, r0 + i) - m) * r * weight[i] + bias[i]);
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = r;
@@ -150,7 +155,8 @@ __global__ void layernorm_backward_kernel(float* dinp,          // [N, C] +=
                                           float* dweight,       // [C] +=
                                           float* dbias,         // [C] +=
                                           const float* dout,    // [N, C]
-                                          const float* inp,     // [N, C]
+                                          const void* inp,      // [N, C] fp32 or bf16
+                                          bool inp_bf16,        //
                                           const float* weight,  // [C]
                                           const float* mean,    // [N]
                                           const float* rstd,    // [N]
@@ -164,13 +170,13 @@ __global__ void layernorm_backward_kernel(float* dinp,          // [N, C] +=
   const int lane = threadIdx.x % 32;
   for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
        row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
-    const float* x = inp + row * C;
-    const float* d = dout + row * C;
-    float* dx = dinp + row * C;
+    const std::size_t r0 = std::size_t(row) * std::size_t(C);
+    const float* d = dout + r0;
+    float* dx = dinp + r0;
     const float m = mean[row], r = rstd[row];
     float gsum = 0.0f, gxsum = 0.0f;
     for (int i = lane; i < C; i += 32) {
-      const float xhat = (x[i] - m) * r;
+      const float xhat = (load(inp, inp_bf16, r0 + i) - m) * r;
       const float g = d[i] * weight[i];
       gsum += g;
       gxsum += g * xhat;
@@ -178,7 +184,7 @@ __global__ void layernorm_backward_kernel(float* dinp,          // [N, C] +=
     const float gmean = warp_sum(gsum) / float(C);
     const float gxmean = warp_sum(gxsum) / float(C);
     for (int i = lane; i < C; i += 32) {
-      const float xhat = (x[i] - m) * r;
+      const float xhat = (load(inp, inp_bf16, r0 + i) - m) * r;
       atomicAdd(s_dbias + i, d[i]);
       atomicAdd(s_dweight + i, d[i] * xhat);
       dx[i] += r * (d[i] * weight[i] - gmean - xhat * gxmean);
@@ -284,13 +290,15 @@ __global__ void gelu_backward_kernel(float* dinp,        // [n] +=
   }
 }
 
-__global__ void residual_forward_kernel(float* out,      // [n]
+__global__ void residual_forward_kernel(void* out,       // [n] fp32 or bf16
+                                        bool out_bf16,   //
                                         const float* a,  // [n]
-                                        const float* b,  // [n]
+                                        const void* b,   // [n] fp32 or bf16
+                                        bool b_bf16,     //
                                         std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
-    out[i] = a[i] + b[i];
+    store(out, out_bf16, std::size_t(i), a[i] + load(b, b_bf16, std::size_t(i)));
 }
 
 // One block per row: max, sum of exp, normalise; loss = log(sum) - (x_target - max), without
@@ -441,25 +449,27 @@ void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const fl
 // ---------------------------------------------------------------------------------------------
 // LayerNorm (biased variance, eps 1e-5, as torch.nn.LayerNorm)
 
-void layernorm_forward(const CudaContext& ctx, void* out, bool out_bf16, float* mean, float* rstd,
-                       const float* inp, const float* weight, const float* bias, int N, int C) {
+void layernorm_forward(const CudaContext& ctx, ActView out, float* mean, float* rstd, ActView inp,
+                       const float* weight, const float* bias, int N, int C) {
   if (N == 0) return;
   STRATA_LAUNCH(layernorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
-  (out, out_bf16, mean, rstd, nullptr, inp, nullptr, weight, bias, N, C);
+  (out.data, out.is_bf16(), mean, rstd, nullptr, false, nullptr, inp.data, inp.is_bf16(), weight,
+   bias, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void residual_layernorm_forward(const CudaContext& ctx, float* sum, void* out, bool out_bf16,
-                                float* mean, float* rstd, const float* a, const float* b,
-                                const float* weight, const float* bias, int N, int C) {
+void residual_layernorm_forward(const CudaContext& ctx, ActView sum, ActView out, float* mean,
+                                float* rstd, const float* a, ActView b, const float* weight,
+                                const float* bias, int N, int C) {
   if (N == 0) return;
   STRATA_LAUNCH(layernorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
-  (out, out_bf16, mean, rstd, sum, a, b, weight, bias, N, C);
+  (out.data, out.is_bf16(), mean, rstd, sum.data, sum.is_bf16(), a, b.data, b.is_bf16(), weight,
+   bias, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
 void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
-                        const float* dout, const float* inp, const float* weight, const float* mean,
+                        const float* dout, ActView inp, const float* weight, const float* mean,
                         const float* rstd, int N, int C) {
   if (N == 0) return;
   const std::size_t smem = std::size_t(2) * C * sizeof(float);
@@ -470,7 +480,7 @@ void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, flo
   // Enough blocks to fill the GPU; each block then sums dweight/dbias over many rows.
   const unsigned grid = std::min(grid_for_rows(N), 1024u);
   STRATA_LAUNCH(layernorm_backward_kernel, grid, kBlock, smem, ctx.stream)
-  (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  (dinp, dweight, dbias, dout, inp.data, inp.is_bf16(), weight, mean, rstd, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
@@ -583,10 +593,11 @@ void gelu_backward(const CudaContext& ctx, float* dinp, const float* inp, const 
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void residual_forward(const CudaContext& ctx, float* out, const float* a, const float* b,
+void residual_forward(const CudaContext& ctx, ActView out, const float* a, ActView b,
                       std::int64_t n) {
   if (n == 0) return;
-  STRATA_LAUNCH(residual_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)(out, a, b, n);
+  STRATA_LAUNCH(residual_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)
+  (out.data, out.is_bf16(), a, b.data, b.is_bf16(), n);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 

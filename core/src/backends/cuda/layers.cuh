@@ -60,17 +60,18 @@ void encoder_forward(const CudaContext& ctx, float* out, const std::int32_t* tok
 void encoder_backward(const CudaContext& ctx, float* dwte, float* dwpe, const float* dout,
                       const std::int32_t* tokens, int B, int T, int C);
 
-// out[N,C] = (inp - mean) * rstd * weight + bias, fp32 or (out_bf16) rounded to bf16; saves
-// mean[N], rstd[N]
-void layernorm_forward(const CudaContext& ctx, void* out, bool out_bf16, float* mean, float* rstd,
-                       const float* inp, const float* weight, const float* bias, int N, int C);
-// sum[N,C] = a + b (sum may be a), then out, mean, rstd = layernorm_forward(sum): a residual add
-// and the next LayerNorm in one pass, the same arithmetic as the two calls.
-void residual_layernorm_forward(const CudaContext& ctx, float* sum, void* out, bool out_bf16,
-                                float* mean, float* rstd, const float* a, const float* b,
-                                const float* weight, const float* bias, int N, int C);
+// out[N,C] = (inp - mean) * rstd * weight + bias, fp32 or bf16 (rounded once); saves mean[N],
+// rstd[N]. inp, the residual stream, fp32 or bf16 (widened as read), here and in the backward.
+void layernorm_forward(const CudaContext& ctx, ActView out, float* mean, float* rstd, ActView inp,
+                       const float* weight, const float* bias, int N, int C);
+// sum[N,C] = a + b (rounded once for a bf16 sum; sum may be a or b), then out, mean, rstd =
+// layernorm_forward(sum as stored): a residual add and the next LayerNorm in one pass, the same
+// values as the two calls.
+void residual_layernorm_forward(const CudaContext& ctx, ActView sum, ActView out, float* mean,
+                                float* rstd, const float* a, ActView b, const float* weight,
+                                const float* bias, int N, int C);
 void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
-                        const float* dout, const float* inp, const float* weight, const float* mean,
+                        const float* dout, ActView inp, const float* weight, const float* mean,
                         const float* rstd, int N, int C);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null). cuBLAS sgemm.
@@ -128,8 +129,8 @@ void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int
 void gelu_backward(const CudaContext& ctx, float* dinp, const float* inp, const float* dout,
                    std::int64_t n);
 
-// out = a + b, elementwise.
-void residual_forward(const CudaContext& ctx, float* out, const float* a, const float* b,
+// out = a + b, elementwise; b and out fp32 or bf16 (out rounded once; it may be a or b).
+void residual_forward(const CudaContext& ctx, ActView out, const float* a, ActView b,
                       std::int64_t n);
 
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
