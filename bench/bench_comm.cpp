@@ -5,21 +5,24 @@
 // group of all ranks (strata::split_group(<transport>, ...)), float32 data, a fixed number of
 // times. <transport>: strata::transports_built() (mpi; ucx, gloo in builds with them).
 // <op>: all_reduce (sum), reduce_scatter (sum), all_gather, broadcast (root 0), reduce (sum to
-// root 0), sendrecv (ring: send to rank+1 on a comm stream while receiving from rank-1).
+// root 0), sendrecv (ring: send to rank+1 on a comm stream while receiving from rank-1),
+// all_to_all (a block of bytes / n to every rank).
 // Conventions (nccl-tests):
 //   bytes     the buffer size for all_reduce, broadcast, reduce and sendrecv; the full n x shard
-//             size (reduce_scatter's input, all_gather's output) for the other two, rounded down
-//             to a multiple of 4n; <B> in the name is the requested size
+//             size (reduce_scatter's input, all_gather's output, all_to_all's input and output)
+//             for the other three, rounded down to a multiple of 4n; <B> in the name is the
+//             requested size
 //   modes     the Group API has all_reduce, broadcast and reduce only in place (the result
-//             overwrites the input), reduce_scatter and sendrecv only out of place, all_gather
-//             both (in place: the input is this rank's slot of the output, ZeRO's layout)
+//             overwrites the input), reduce_scatter, sendrecv and all_to_all only out of place,
+//             all_gather both (in place: the input is this rank's slot of the output, ZeRO's
+//             layout)
 //   time      per iteration the slowest rank's time (max over ranks, as nccl-tests reports), each
 //             iteration after a barrier; the Time column is its mean over iterations
 // Counters:
 //   bytes       the nccl-tests size above
 //   algbw_GBps  bytes / time / 1e9 (also bytes_per_second, from SetBytesProcessed)
-//   busbw_GBps  algbw * strata::bus_factor(op, n): 2(n-1)/n all_reduce, (n-1)/n reduce_scatter
-//               and all_gather, 1 otherwise; comparable across rank counts
+//   busbw_GBps  algbw * strata::bus_factor(op, n): 2(n-1)/n all_reduce, (n-1)/n reduce_scatter,
+//               all_gather and all_to_all, 1 otherwise; comparable across rank counts
 //   ranks, in_place (0/1)
 //   wrong       output elements (all ranks) that differ from the expected result (with --check=1;
 //               a nonzero count also reports the benchmark as an error naming the first one)
@@ -29,7 +32,7 @@
 // in float), one more call, every output element compared exactly; any mismatch: exit status 1.
 // Flags (removed before Google Benchmark parses argv; sizes take K, M, G = 1024^1..3):
 //   --min-bytes=8 --max-bytes=256M --step-factor=2 --iters=20 --warmup-iters=5 --check=1
-//   --transports=mpi,ucx (default: all built) --ops=all_reduce,... (default: all six)
+//   --transports=mpi,ucx (default: all built) --ops=all_reduce,... (default: all seven)
 // Google Benchmark flags work (--benchmark_filter, --benchmark_format=json, --benchmark_out=FILE,
 // written by rank 0 only; its context has `ranks` and `ranks_per_node`, so that `runner
 // --calibrate --calibrate-from FILE.json` takes the points into a machine profile), except those
@@ -108,6 +111,12 @@ const Coll kColls[] = {
     {"all_gather", CommOp::all_gather, true, true, false, true, value,
      [](int, int, std::size_t unit, std::size_t i) { return value(int(i / unit), i % unit); },
      [](Ctx& c, BufferView in, BufferView out) { c.g.all_gather(in, out); }},
+    // Block k of rank r's output is block r of rank k's input.
+    {"all_to_all", CommOp::all_to_all, true, false, true, true, value,
+     [](int r, int, std::size_t unit, std::size_t i) {
+       return value(int(i / unit), std::size_t(r) * unit + i % unit);
+     },
+     [](Ctx& c, BufferView in, BufferView out) { c.g.all_to_all(in, out); }},
     {"broadcast", CommOp::broadcast, false, true, false, false,
      [](int r, std::size_t i) { return r == 0 ? value(0, i) : kPoison; },
      [](int, int, std::size_t, std::size_t i) { return value(0, i); },

@@ -2,7 +2,7 @@
 # bench_comm under mpirun on a non-power-of-two world: every op of every transport built in runs,
 # its data check passes (wrong = 0) and it reports busbw. Not a speed test: sizes up to 256 KiB.
 # Then its points of one transport go into a machine profile (runner --calibrate --calibrate-from
-# FILE.json): one sample per point of the three collectives the predictor fits.
+# FILE.json): one sample per point of the four collectives the predictor fits.
 # usage: comm.sh BENCH_COMM RUNNER RANKS WORK_DIR MPIRUN_FLAGS...
 set -euo pipefail
 bench=$1 runner=$2 ranks=$3 work=$4; shift 4
@@ -15,7 +15,8 @@ transports=$("$runner" --list-transports | cut -f1 | grep -vx nccl | paste -sd, 
 import json, sys
 runs = json.load(open(sys.argv[1]))["benchmarks"]
 transports, ranks = sys.argv[2].split(","), int(sys.argv[3])
-ops = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "sendrecv"]
+ops = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "sendrecv",
+       "all_to_all"]
 bad = [r["name"] for r in runs if r.get("error_occurred") or r["wrong"] != 0]
 assert not bad, "data check failed: %s" % bad
 for t in transports:
@@ -36,7 +37,7 @@ if [[ $transports == *,* ]]; then
   fi
   grep -q "transports; a profile is of one" "$work/mixed.txt" || { cat "$work/mixed.txt"; echo "FAIL: mixed transports message"; exit 1; }
 fi
-mpirun -np "$ranks" "$@" "$bench" --transports=mpi --ops=all_reduce,reduce_scatter,all_gather \
+mpirun -np "$ranks" "$@" "$bench" --transports=mpi --ops=all_reduce,reduce_scatter,all_gather,all_to_all \
   --min-bytes=64K --max-bytes=1M --step-factor=4 --iters=3 --warmup-iters=1 --check=0 \
   --benchmark_out="$work/mpi.json" --benchmark_out_format=json > "$work/mpi.txt"
 "$runner" --calibrate --calibrate-from "$work/mpi.json" --profile "$work/bench.h5" > "$work/calibrate.txt" 2>&1 \
@@ -54,6 +55,6 @@ mean_us = sorted(p["real_time"] for p in points)
 assert all(abs(t * 1e6 - m) <= 1e-9 * m for t, m in zip(sorted(s["time_s"][:]), mean_us)), \
     "times: the benchmarks' means"
 ops = sorted(o.decode() for o in f["comm_fits/op"])
-assert ops == ["all_gather", "all_reduce", "reduce_scatter"], ops
+assert ops == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"], ops
 print("profile from bench_comm: %d samples, fits of %s on %d ranks" % (len(points), ", ".join(ops), ranks))
 PY

@@ -45,7 +45,7 @@ assert list(c["preset"]) == [b"gpt3-175b"] and list(c["device"]) == [b"cuda"], l
 h, T = 12288, 2048
 want = T * (24 * h * h + 4 * h * T) / (0.6 * 989e12)
 assert abs(c["block_forward_s"][0] / want - 1) < 1e-12, (c["block_forward_s"][0], want)
-assert len(f["comm_fits/op"]) == 9
+assert len(f["comm_fits/op"]) == 12  # 4 ops x 3 group shapes
 PY
 
 # GPT-3 175B on 1,024 GPUs (128 nodes x 8), 80 GiB each, Megatron-LM's global batch of 1536.

@@ -119,7 +119,7 @@ check "STRATA_PLUGIN_PATH=/nonexistent: not a directory" STRATA_PLUGIN_PATH=/non
 printf 'run-id = ../../escape\n' > "$tmp/escape.ini"
 check "--config $tmp/escape.ini: run-id = ../../escape: must be a name" --plugin ddp --config "$tmp/escape.ini"
 printf '\x00\x01\x02' > "$tmp/odd.bin"
-check "--data $tmp/odd.bin: must be a flat file of uint16 tokens" --plugin ddp --data "$tmp/odd.bin"
+check "--data $tmp/odd.bin: must be a flat file of uint16 tokens or an llm.c token file" --plugin ddp --data "$tmp/odd.bin"
 head -c 4000 /dev/zero | tr '\0' '\377' > "$tmp/big-tokens.bin"
 check "--data $tmp/big-tokens.bin: token 65535 at 0 is not below --vocab 256" --plugin ddp --data "$tmp/big-tokens.bin"
 check "--steps 6: --steps is given twice" --plugin ddp --steps 5 --steps 6

@@ -21,7 +21,7 @@ c = f["compute"]
 assert list(c["device"]) == [b"cuda"], list(c["device"])
 assert 0 < c["block_forward_s"][0] and 0 < c["copy_s_per_byte"][0], "passes and copies timed"
 ops = sorted(o.decode() for o in f["comm_fits/op"])
-assert ops == ["all_gather", "all_reduce", "reduce_scatter"], ops
+assert ops == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"], ops
 # The GEMM sweep through the CUDA kernels: hidden 8..48 rounded to 16, 32, 48, five linears each,
 # less hidden 16's FC (64 x 16) that is also its head (vocab 64): 14 shapes, forward and backward.
 g = f["gemm"]

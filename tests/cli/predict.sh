@@ -20,8 +20,8 @@ assert list(c["preset"]) == [b"tiny"] and c["micro_batch"][0] == 4 and c["ranks_
 assert c["block_forward_s"].attrs["unit"] == "s" and 0 < c["block_forward_s"][0] < 1
 assert 0 < c["optimizer_s_per_param"][0] < 1e-6, c["optimizer_s_per_param"][0]
 ops = {o.decode() for o in f["comm_fits/op"]}
-assert ops == {"all_reduce", "reduce_scatter", "all_gather"}, ops
-assert (f["comm_samples/time_s"][:] > 0).all() and len(f["comm_samples/op"]) == 18  # 3 ops x 6 sizes
+assert ops == {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"}, ops
+assert (f["comm_samples/time_s"][:] > 0).all() and len(f["comm_samples/op"]) == 24  # 4 ops x 6 sizes
 assert c["pass_spread"][0] > 0, c["pass_spread"][0]  # three rounds, not identical
 PY
 # Predicted time beside memory and bytes, for each time model; tokens/s = global tokens / step.
@@ -68,9 +68,9 @@ grep -q "no time model: the profile has no compute entry" <<<"$out" || { echo "$
 "$runner" --plugin ddp --model tiny --micro-batch 4 --ranks-per-node 2 --steps 3 --warmup 1 --calibrate-comm \
   --quiet --out "$dir" --run-id cal >/dev/null 2>&1 || fail "run with --calibrate-comm"
 out=$("$runner" --calibrate --calibrate-from "$dir/cal.h5" --profile "$dir/from-run.h5")
-# 3 ops x 3 sizes on dp and on dp_intra_node (the same 2 ranks: one shape, the faster point kept)
-grep -q "^calibrate: $dir/cal.h5: 18 comm sample(s), a compute entry from its phase timers" <<<"$out" \
-  && grep -q "1 compute entries, 3 comm fits" <<<"$out" || { echo "$out"; fail "--calibrate-from"; }
+# 4 ops x 3 sizes on dp and on dp_intra_node (the same 2 ranks: one shape, the faster point kept)
+grep -q "^calibrate: $dir/cal.h5: 24 comm sample(s), a compute entry from its phase timers" <<<"$out" \
+  && grep -q "1 compute entries, 4 comm fits" <<<"$out" || { echo "$out"; fail "--calibrate-from"; }
 # Repeats give the median, not the mean: with a third copy of the run 10x slower (its phase timers
 # and its comm samples), the profile from the three copies is the profile from the run alone.
 for i in 1 2 3; do cp "$dir/cal.h5" "$dir/rep$i.h5"; done

@@ -211,7 +211,7 @@ DAMAGED = [
     ("comm_time_transposed", DDP, edit("/comm/all_reduce/time_s", lambda a: a.T),
      "malformed: /comm/all_reduce/time_s has shape [20 x 2], expected [2 x 20]"),
     ("calibration_short_column", CAL, edit("/calibration/busbw", lambda a: a[:-1]),
-     "malformed: /calibration/busbw has shape [26], expected [27]"),
+     "malformed: /calibration/busbw has shape [35], expected [36]"),
     ("trace_short_column", PIPE, edit("/trace/kind", lambda a: a[:-1].astype(STR)),
      "malformed: /trace/kind has shape [5279], expected [5280]"),
     # links that dangle or loop
@@ -231,7 +231,7 @@ DAMAGED = [
     ("memory_tags_empty_value", DDP, set_attr("/memory", "tags", h5py.Empty("f8")),
      "malformed: /memory attribute tags is empty (no value), not a list of strings"),
     ("calibration_op_scalar", CAL, put("/calibration/op", "all_reduce"),
-     "malformed: /calibration/op has shape [], expected [27]"),
+     "malformed: /calibration/op has shape [], expected [36]"),
     ("trace_kind_group", PIPE, put("/trace/kind", "group"), "malformed: /trace/kind is a group, not a dataset"),
     ("comm_time_fixed_strings", DDP, edit("/comm/all_reduce/time_s", lambda a: a.astype("S8")),
      "malformed: /comm/all_reduce/time_s holds strings, not numbers"),

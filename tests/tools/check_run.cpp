@@ -25,7 +25,8 @@
 //   check_run untracked FILE BYTES           on every rank, process peak - runtime baseline -
 //                                            tracked peak within +-BYTES, plus the rank's largest
 //                                            reduction (MPI's scratch) above
-//   check_run make-tokens FILE N VOCAB       write N uint16 tokens (a learnable sequence)
+//   check_run make-tokens FILE N VOCAB [FORMAT]  write N tokens (a learnable sequence): FORMAT
+//                                            flat (uint16, the default), llmc-v1, llmc-v2
 //   check_run device FILE DEVICE [ATTENTION] /config device is DEVICE (and attention ATTENTION);
 //                                            a GPU run has a device
 //                                            peak per rank of at least its tracked peak
@@ -427,10 +428,11 @@ static void calibration(const RunRecord& r, const std::string& groups_csv) {
     if (b == std::string::npos) b = groups_csv.size();
     groups.push_back(groups_csv.substr(a, b - a));
   }
-  const char* ops[] = {"all_reduce", "reduce_scatter", "all_gather"};
+  const char* ops[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"};
   const double sizes[] = {64 << 10, 1 << 20, 16 << 20};
-  EXPECT(r.calibration.size() == groups.size() * 9, "%zu calibration rows, want %zu\n",
-         r.calibration.size(), groups.size() * 9);
+  const std::size_t rows = groups.size() * std::size(ops) * std::size(sizes);
+  EXPECT(r.calibration.size() == rows, "%zu calibration rows, want %zu\n", r.calibration.size(),
+         rows);
   std::size_t i = 0;
   for (const std::string& g : groups)
     for (const char* op : ops)
@@ -525,14 +527,26 @@ static void summary_equals(const RunRecord& r, const std::string& key, double wa
 
 // A learnable uint16 token file of n tokens below `vocab`: token t+1 = (5 * token t + 3) mod V,
 // with every 7th token random-ish.
-static void make_tokens(const char* path, long n, long vocab) {
+// The same learnable sequence in any format: flat uint16, or llm.c's header (256 int32: magic
+// 20240520, version, count) then version 1's uint16 or version 2's uint32 tokens.
+static void make_tokens(const char* path, long n, long vocab, const std::string& format) {
+  const int version = format == "llmc-v1" ? 1 : format == "llmc-v2" ? 2 : 0;
+  if (version == 0 && format != "flat") throw Error("make-tokens: format flat|llmc-v1|llmc-v2");
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   FILE* f = std::fopen(path, "wb");
   if (!f) throw Error(std::string("cannot write ") + path);
-  std::uint16_t tok = 1;
+  if (version > 0) {
+    std::int32_t header[256] = {20240520, version, std::int32_t(n)};
+    std::fwrite(header, sizeof header, 1, f);
+  }
+  std::uint32_t tok = 1;
   for (long i = 0; i < n; ++i) {
-    std::fwrite(&tok, 2, 1, f);
-    tok = std::uint16_t(i % 7 == 6 ? (i * 2654435761u >> 7) % vocab : (5 * tok + 3) % vocab);
+    const std::uint16_t narrow = std::uint16_t(tok);
+    if (version == 2)
+      std::fwrite(&tok, 4, 1, f);
+    else
+      std::fwrite(&narrow, 2, 1, f);
+    tok = std::uint32_t(i % 7 == 6 ? (i * 2654435761u >> 7) % vocab : (5 * tok + 3) % vocab);
   }
   std::fclose(f);
 }
@@ -575,8 +589,8 @@ static bool run_command(int argc, char** argv) {
     memory_plus(run(2), run(3), argv[4], argv[5], std::atof(argv[6]));
   else if (cmd == "summary" && argc == 5)
     summary_equals(run(2), argv[3], std::atof(argv[4]));
-  else if (cmd == "make-tokens" && argc == 5)
-    make_tokens(argv[2], std::atol(argv[3]), std::atol(argv[4]));
+  else if (cmd == "make-tokens" && (argc == 5 || argc == 6))
+    make_tokens(argv[2], std::atol(argv[3]), std::atol(argv[4]), argc == 6 ? argv[5] : "flat");
   else
     return false;
   return true;

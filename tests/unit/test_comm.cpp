@@ -52,6 +52,8 @@ class NullGroup : public Group {
   void do_send(BufferView, int, int) override {}
   void do_recv(BufferView, int, int) override {}
   void do_barrier() override {}
+  void do_all_to_all(BufferView, const std::vector<std::size_t>&, BufferView,
+                     const std::vector<std::size_t>&) override {}
 };
 
 class LoopbackGroup final : public NullGroup {  // an all-reduce takes 20 ms
@@ -94,6 +96,35 @@ TEST(CommLedger, RecordsNcclTestsSizes) {
   EXPECT_EQ(waits.size(), 4u);
   EXPECT_TRUE(ledger.records().empty());
   EXPECT_TRUE(ledger.waits(3).empty());
+}
+
+// all_to_all(v) is recorded with the rank's send bytes (nccl-tests' alltoall size) and the bus
+// factor (n-1)/n; its counts are checked before the transport is called; a group of one copies.
+TEST(CommLedger, AllToAllRecordsItsSendBytesAndChecksItsCounts) {
+  CommLedger ledger;
+  NullGroup g("test", 4, &ledger);  // this rank is 0
+  std::vector<float> in(400), out(400);
+  g.all_to_all(view(in.data(), 400), view(out.data(), 400));
+  g.all_to_allv(view(in.data(), 400), {5, 0, 7, 1}, view(out.data(), 400), {5, 3, 0, 9});
+  const auto r = ledger.records();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].op, CommOp::all_to_all);
+  EXPECT_EQ(r[0].bytes, 1600u);
+  EXPECT_EQ(r[1].bytes, 13 * sizeof(float));
+  EXPECT_DOUBLE_EQ(bus_factor(CommOp::all_to_all, 4), 0.75);
+  EXPECT_STREQ(op_name(CommOp::all_to_all), "all_to_all");
+  const BufferView a = view(in.data(), 400), b = view(out.data(), 400);
+  EXPECT_THROW(g.all_to_all(a, view(out.data(), 398)), Error);             // not a multiple of 4
+  EXPECT_THROW(g.all_to_allv(a, {1, 1, 1}, b, {1, 1, 1, 1}), Error);       // a count per rank
+  EXPECT_THROW(g.all_to_allv(a, {1, 1, 1, 1}, b, {2, 1, 1, 1}), Error);    // its own block differs
+  EXPECT_THROW(g.all_to_allv(a, {1, 1, 1, 400}, b, {1, 1, 1, 1}), Error);  // beyond `in`
+  EXPECT_THROW(g.all_to_allv(a, {4, 4, 4, 4}, view(in.data() + 8, 16), {4, 4, 4, 4}), Error);
+  EXPECT_EQ(ledger.records().size(), 2u);  // nothing refused was recorded
+
+  NullGroup one("one", 1, &ledger);
+  std::vector<float> src = {1, 2, 3}, dst(3, 0.0f);
+  one.all_to_all(view(src.data(), 3), view(dst.data(), 3));
+  EXPECT_EQ(dst, src);
 }
 
 // CPU offload's copies are ledger calls: d2h / h2d on the group "host" of size 1 (busbw = algbw),

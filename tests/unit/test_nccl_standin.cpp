@@ -100,6 +100,27 @@ TEST_F(NcclVsMpi, RegistryShapeAndVersion) {
   EXPECT_EQ(strata::transport_version("nccl"), "NCCL 2.18.0");  // the stand-in's NCCL_VERSION_CODE
 }
 
+// Equal blocks (all_to_all) and blocks of any size, empty ones included (all_to_allv): grouped
+// ncclSend / ncclRecv, against the known result and MPI's.
+TEST_F(NcclVsMpi, AllToAllEqualAndVaryingBlocks) {
+  for (DType t : kDtypes)
+    for (std::size_t scale : {std::size_t(1), std::size_t(7), std::size_t(4099)})
+      for (bool varying : {false, true}) {
+        AllToAllCase c = all_to_all_case(t, rank(), size(), scale, varying);
+        const std::size_t n = c.want.count();
+        Buf want(t, n);
+        const Dev in(c.in), got(Buf(t, n));
+        mpi().all_to_allv(c.in.view(), c.send_counts, want.view(), c.recv_counts);
+        nccl().all_to_allv(in.view(), c.send_counts, got.view(), c.recv_counts);
+        expect_same(want, c.want, label("all_to_allv over MPI", t, n));
+        expect_same(got.host(), c.want, label("all_to_allv", t, n));
+        if (varying) continue;
+        const Dev equal(Buf(t, n));
+        nccl().all_to_all(in.view(), equal.view());
+        expect_same(equal.host(), c.want, label("all_to_all", t, n));
+      }
+}
+
 TEST_F(NcclVsMpi, AllReduceSumAndMax) {
   for (DType t : kDtypes)
     for (std::size_t n : kSizes) {

@@ -289,6 +289,26 @@ TEST(Predictor, DdpWithOneBucketExposesTheWholeAllReduce) {
   EXPECT_NEAR(t.mfu, t.tokens_per_s * m.flops_per_token() / 2 / 50e9, 1e-12);
 }
 
+// A blocking all_to_all after the step costs its fit's alpha + bytes / beta; a profile made
+// before all_to_all was measured times it by its all_gather fit (the same bus bytes) and says so.
+TEST(Predictor, AllToAllByItsFitOrAllGathers) {
+  const ModelSpec m = tiny();
+  MachineProfile p = synthetic_profile(m, 4);
+  StepQuery q = query("ddp", {{"bucket_mb", "25"}}, m, 2, 1, 4, 16);
+  const StepTime base = predict_step_time(p, q);
+  const double bytes = 3e6;
+  q.plans[0].step.push_back(plan_comm(CommOp::all_to_all, bytes, Axis::dp));
+  const StepTime borrowed = predict_step_time(p, q);
+  ASSERT_TRUE(borrowed.modelled) << borrowed.why;
+  EXPECT_NEAR(borrowed.step_s - base.step_s, 1e-4 + bytes / 1e9, 1e-12);
+  EXPECT_NE(borrowed.notes.find("all_to_all timed as all_gather"), std::string::npos)
+      << borrowed.notes;
+  p.comm.push_back(CommFit{"all_to_all", 2, 2, 2e-4, 5e8, 2, 0});
+  const StepTime fitted = predict_step_time(p, q);
+  EXPECT_NEAR(fitted.step_s - base.step_s, 2e-4 + bytes / 5e8, 1e-12);
+  EXPECT_EQ(fitted.notes.find("all_to_all timed as"), std::string::npos) << fitted.notes;
+}
+
 // The template plugin (plugins/template): one all-reduce of every gradient after backward.
 // A plan's memory: setup's allocations held, a micro-batch's freed ones peaking once however
 // often it repeats, one it never frees growing with each repeat, the step's on top; every tag's

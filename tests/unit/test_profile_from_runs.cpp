@@ -161,7 +161,8 @@ TEST(ProfileFromBench, ReadsTheCollectivesPoints) {
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
            {"{not json", "not readable as JSON"},
            {R"({"benchmarks": []})", "no context.ranks_per_node"},
-           {context + R"("benchmarks": []})", "no all_reduce, reduce_scatter or all_gather point"},
+           {context + R"("benchmarks": []})",
+            "no all_reduce, reduce_scatter, all_gather or all_to_all point"},
            {context + R"("benchmarks": [)" +
                 point("BM_Coll/mpi/all_reduce/in-place/bytes:8", 8, 1) + ", " +
                 point("BM_Coll/ucx/all_reduce/in-place/bytes:8", 8, 1) + "]}",

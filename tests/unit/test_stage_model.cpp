@@ -352,6 +352,10 @@ class ThreadGroup final : public Group {
   void do_send(BufferView, int, int) override { FAIL() << "not used by the model"; }
   void do_recv(BufferView, int, int) override { FAIL() << "not used by the model"; }
   void do_barrier() override { shared_.sync.arrive_and_wait(); }
+  void do_all_to_all(BufferView, const std::vector<std::size_t>&, BufferView,
+                     const std::vector<std::size_t>&) override {
+    FAIL() << "not used by the model";
+  }
 
  private:
   template <class F>

@@ -132,6 +132,26 @@ TEST_F(TransportVsMpi, AllGatherOutOfPlaceAndInPlace) {
     }
 }
 
+// Equal blocks (all_to_all) and blocks of any size, empty ones included (all_to_allv), against
+// the known result and MPI's.
+TEST_F(TransportVsMpi, AllToAllEqualAndVaryingBlocks) {
+  for (DType t : kDtypes)
+    for (std::size_t scale : {std::size_t(1), std::size_t(7), std::size_t(1023), kLarge / 8})
+      for (bool varying : {false, true}) {
+        AllToAllCase c = all_to_all_case(t, rank(), size(), scale, varying);
+        const std::size_t n = c.want.count();
+        Buf want(t, n), got(t, n);
+        mpi().all_to_allv(c.in.view(), c.send_counts, want.view(), c.recv_counts);
+        tr().all_to_allv(c.in.view(), c.send_counts, got.view(), c.recv_counts);
+        expect_same(want, c.want, label("all_to_allv over MPI", t, n));
+        expect_same(got, c.want, label("all_to_allv", t, n));
+        if (varying) continue;
+        Buf equal(t, n);
+        tr().all_to_all(c.in.view(), equal.view());
+        expect_same(equal, c.want, label("all_to_all", t, n));
+      }
+}
+
 TEST_F(TransportVsMpi, BroadcastEveryRoot) {
   for (int root = 0; root < size(); ++root)
     for (DType t : kDtypes)

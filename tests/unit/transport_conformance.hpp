@@ -118,6 +118,38 @@ inline long long max_value(int rank, std::size_t i, int salt) {
   return (long long)((i * 31 + std::size_t(rank) * 17 + std::size_t(salt) * 5) % 101) - 50;
 }
 
+// An all_to_allv whose result every rank knows: rank a sends rank b a block of scale elements, or
+// with `varying` scale x (0 to 3, by the pair: empty blocks included), element k of it
+// a2a_value(a, b, k).
+struct AllToAllCase {
+  std::vector<std::size_t> send_counts, recv_counts;
+  Buf in, want;
+};
+inline std::size_t a2a_count(int from, int to, std::size_t scale, bool varying) {
+  return varying ? scale * std::size_t((from * 3 + to * 5 + 1) % 4) : scale;
+}
+inline long long a2a_value(int from, int to, std::size_t k) {
+  return (long long)((std::size_t(from) * 7 + std::size_t(to) * 11 + k) % 23);
+}
+inline AllToAllCase all_to_all_case(DType t, int rank, int size, std::size_t scale, bool varying) {
+  AllToAllCase c{{}, {}, Buf(t, 0), Buf(t, 0)};
+  std::size_t sent = 0, received = 0;
+  for (int p = 0; p < size; ++p) {
+    sent += c.send_counts.emplace_back(a2a_count(rank, p, scale, varying));
+    received += c.recv_counts.emplace_back(a2a_count(p, rank, scale, varying));
+  }
+  c.in = Buf(t, sent);
+  c.want = Buf(t, received);
+  std::size_t in_at = 0, want_at = 0;
+  for (int p = 0; p < size; ++p) {
+    for (std::size_t k = 0; k < c.send_counts[std::size_t(p)]; ++k)
+      c.in.set(in_at++, a2a_value(rank, p, k));
+    for (std::size_t k = 0; k < c.recv_counts[std::size_t(p)]; ++k)
+      c.want.set(want_at++, a2a_value(p, rank, k));
+  }
+  return c;
+}
+
 inline std::string label(const char* op, DType t, std::size_t count, int extra = -1) {
   std::string s = std::string(op) + " " + dtype_name(t) + " x" + std::to_string(count);
   if (extra >= 0) s += " root " + std::to_string(extra);

@@ -33,12 +33,14 @@ enum class CommOp : int {
   // the pseudo-group "host" of size 1 (bus factor 1): device to host, host to device. Appended:
   // run files name their ops, so older files keep theirs.
   d2h,
-  h2d
+  h2d,
+  // The personalised exchange (Group::all_to_all and all_to_allv: a block to each rank).
+  all_to_all
 };
-inline constexpr int kNumCommOps = 10;
+inline constexpr int kNumCommOps = 11;
 inline constexpr std::array<const char*, kNumCommOps> kCommOpNames = {
-    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
-    "send",       "recv",           "barrier",    "d2h",       "h2d"};
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",    "send",
+    "recv",       "barrier",        "d2h",        "h2d",       "all_to_all"};
 inline const char* op_name(CommOp op) { return kCommOpNames[static_cast<int>(op)]; }
 
 // nccl-tests bus-bandwidth factor: busbw = algbw * factor, so numbers compare across world sizes.
@@ -48,6 +50,7 @@ inline double bus_factor(CommOp op, int n) {
       return n > 1 ? 2.0 * (n - 1) / n : 0.0;
     case CommOp::reduce_scatter:
     case CommOp::all_gather:
+    case CommOp::all_to_all:
       return n > 1 ? double(n - 1) / n : 0.0;
     default:
       return 1.0;
@@ -56,7 +59,8 @@ inline double bus_factor(CommOp op, int n) {
 
 // One finished collective or point-to-point call. `bytes` follows the nccl-tests size convention:
 // the buffer size for all_reduce/broadcast/reduce/send/recv, the full (n x shard) size for
-// all_gather and reduce_scatter; d2h/h2d: the bytes copied.
+// all_gather and reduce_scatter, the rank's whole send buffer (its blocks for every rank, its own
+// included) for all_to_all; d2h/h2d: the bytes copied.
 struct CommRecord {
   CommOp op;
   std::string group;
@@ -137,6 +141,16 @@ class Group {
   void send(BufferView buf, int peer, int tag = 0);
   void recv(BufferView buf, int peer, int tag = 0);
   void barrier();
+  // The personalised exchange: block j of `in` goes to rank j, block i of `out` comes from rank i
+  // (expert parallelism's token dispatch and combine, Ulysses' sequence <-> head resharding).
+  // all_to_all: equal blocks (in.count == out.count, a multiple of size()). all_to_allv: blocks of
+  // any size, packed in rank order: send_counts[j] elements of `in` to rank j, recv_counts[i] of
+  // `out` from rank i, which must be what rank i sends here (exchange the counts first, e.g. with
+  // all_to_all). `in` and `out` must not overlap. Recorded as all_to_all with the rank's send
+  // bytes.
+  void all_to_all(BufferView in, BufferView out);
+  void all_to_allv(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                   const std::vector<std::size_t>& recv_counts);
 
  protected:
   enum class Reduction { sum, max };
@@ -148,6 +162,10 @@ class Group {
   virtual void do_send(BufferView buf, int peer, int tag) = 0;
   virtual void do_recv(BufferView buf, int peer, int tag) = 0;
   virtual void do_barrier() = 0;
+  // Counts checked (one per rank, within the buffers); a host transport's group of one is a copy
+  // and never gets here.
+  virtual void do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts,
+                             BufferView out, const std::vector<std::size_t>& recv_counts) = 0;
   // True for a transport that moves device memory (nccl): it gets every call, even those with
   // nothing to move, since it orders them on its stream.
   virtual bool moves_device_memory() const { return false; }

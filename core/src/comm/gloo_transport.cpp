@@ -38,6 +38,7 @@
 #include <arpa/inet.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -408,6 +409,22 @@ class GlooGroup final : public Group {
     guarded(name(), "recv", [&] {
       buffer->recv(peer, p2p_slot(tag));
       buffer->waitRecv();
+    });
+  }
+
+  // gloo's alltoallv (its pairs' unbound buffers, every block posted at once).
+  void do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                     const std::vector<std::size_t>& recv_counts) override {
+    const std::vector<std::int64_t> sends(send_counts.begin(), send_counts.end()),
+        recvs(recv_counts.begin(), recv_counts.end());
+    std::lock_guard lock(collective_mu_);
+    by_element_size(in.dtype, [&](auto e) {
+      using T = decltype(e);
+      ::gloo::AlltoallvOptions o(context_);
+      o.setInput(static_cast<T*>(in.data), sends);
+      o.setOutput(static_cast<T*>(out.data), recvs);
+      o.setTag(next_tag());
+      guarded(name(), "alltoallv", [&] { ::gloo::alltoallv(o); });
     });
   }
 

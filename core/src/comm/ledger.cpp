@@ -199,6 +199,34 @@ void Group::recv(BufferView b, int peer, int tag) {
   check_rank(peer, "recv peer");
   recorded(CommOp::recv, b.bytes(), [&] { do_recv(b, peer, tag); });
 }
+void Group::all_to_all(BufferView in, BufferView out) {
+  const std::size_t n = std::size_t(size_);
+  require(in.count == out.count && in.count % n == 0,
+          "all_to_all needs in.count == out.count, a multiple of the group size, on " + name_);
+  const std::vector<std::size_t> counts(n, in.count / n);
+  all_to_allv(in, counts, out, counts);
+}
+void Group::all_to_allv(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                        const std::vector<std::size_t>& recv_counts) {
+  const std::size_t n = std::size_t(size_);
+  require(send_counts.size() == n && recv_counts.size() == n && in.dtype == out.dtype,
+          "all_to_allv needs a send and a receive count per rank of " + name_ + " and one dtype");
+  std::size_t sent = 0, received = 0;
+  for (std::size_t c : send_counts) sent += c;
+  for (std::size_t c : recv_counts) received += c;
+  require(sent <= in.count && received <= out.count,
+          "all_to_allv's counts exceed its buffers on " + name_);
+  const auto* a = static_cast<const char*>(in.data);
+  const auto* b = static_cast<const char*>(out.data);
+  require(sent == 0 || received == 0 || a + in.bytes() <= b || b + out.bytes() <= a,
+          "all_to_allv's input and output overlap on " + name_);
+  require(send_counts[std::size_t(rank_)] == recv_counts[std::size_t(rank_)],
+          "all_to_allv's block to itself must be its block from itself on " + name_);
+  recorded(CommOp::all_to_all, sent * dtype_size(in.dtype), [&] {
+    if (moves_device_memory() || size_ > 1) return do_all_to_all(in, send_counts, out, recv_counts);
+    if (sent > 0) std::memcpy(out.data, in.data, sent * dtype_size(in.dtype));
+  });
+}
 void Group::barrier() {
   recorded(CommOp::barrier, 0, [&] {
     if (size_ > 1 || moves_device_memory()) do_barrier();

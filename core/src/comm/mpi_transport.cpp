@@ -180,8 +180,26 @@ class MpiGroup final : public Group {
     yield_until_done(request);
   }
   void do_barrier() override { STRATA_MPI_CHECK(MPI_Barrier(comm_)); }
+  void do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                     const std::vector<std::size_t>& recv_counts) override {
+    const std::vector<int> sends = ints(send_counts), recvs = ints(recv_counts);
+    STRATA_MPI_CHECK(MPI_Alltoallv(in.data, sends.data(), displacements(sends).data(),
+                                   to_mpi(in.dtype), out.data, recvs.data(),
+                                   displacements(recvs).data(), to_mpi(out.dtype), comm_));
+  }
 
  private:
+  static std::vector<int> ints(const std::vector<std::size_t>& counts) {
+    std::vector<int> out;
+    for (std::size_t c : counts) out.push_back(as_int(c));
+    return out;
+  }
+  static std::vector<int> displacements(const std::vector<int>& counts) {
+    std::vector<int> at(counts.size(), 0);
+    for (std::size_t i = 1; i < counts.size(); ++i)
+      at[i] = as_int(std::size_t(at[i - 1]) + std::size_t(counts[i - 1]));
+    return at;
+  }
   static int rank_of(MPI_Comm c) {
     int r = 0;
     MPI_Comm_rank(c, &r);

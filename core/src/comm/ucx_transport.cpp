@@ -231,6 +231,33 @@ class UcxGroup final : public Group {
     wait({post_recv(b.data, b.bytes(), p2p_tag(tag, peer))});
   }
 
+  // Every block at once: a receive posted from each peer, then a send to each, peer r+1 first
+  // (so that the ranks do not all send to rank 0 first); this rank's own block copied.
+  void do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                     const std::vector<std::size_t>& recv_counts) override {
+    const std::size_t esize = dtype_size(in.dtype);
+    std::vector<std::size_t> send_at(size(), 0), recv_at(size(), 0);
+    for (int i = 1; i < size(); ++i) {
+      send_at[i] = send_at[i - 1] + send_counts[i - 1] * esize;
+      recv_at[i] = recv_at[i - 1] + recv_counts[i - 1] * esize;
+    }
+    const auto* src = static_cast<const char*>(in.data);
+    auto* dst = static_cast<char*>(out.data);
+    std::lock_guard lock(collective_mu_);
+    const std::uint32_t seq = next_seq();
+    std::vector<Pending> ops;
+    for (int k = 1; k < size(); ++k) {
+      const int peer = peer_at(-k);
+      ops.push_back(recv(dst + recv_at[peer], recv_counts[peer] * esize, peer, seq));
+    }
+    for (int k = 1; k < size(); ++k) {
+      const int peer = peer_at(k);
+      ops.push_back(send(src + send_at[peer], send_counts[peer] * esize, peer, seq));
+    }
+    std::memcpy(dst + recv_at[rank()], src + send_at[rank()], send_counts[rank()] * esize);
+    wait(ops);
+  }
+
   void do_barrier() override {
     std::lock_guard lock(collective_mu_);
     const std::uint32_t seq = next_seq();

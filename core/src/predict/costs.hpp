@@ -57,7 +57,8 @@ struct Costs {
   }
   // Seconds of `op` moving nccl-tests `bytes` on rank 0's `axis` group. Ops the calibration does
   // not measure borrow a measured op's fit: reduce that of all_reduce, broadcast that of
-  // all_gather, a send of b bytes a 2-rank all_gather of 2b (each rank sends b).
+  // all_gather, a send of b bytes a 2-rank all_gather of 2b (each rank sends b); all_to_all that
+  // of all_gather (the same bus bytes) in a profile made before it was measured.
   double comm(const std::string& op, double bytes, Axis axis) {
     const auto key = std::make_tuple(op, bytes, axis);
     if (const auto it = comm_memo.find(key); it != comm_memo.end()) return it->second;
@@ -76,6 +77,8 @@ struct Costs {
       use = "all_gather", note("broadcast timed as all_gather");
     }
     const int host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
+    if (op == "all_to_all" && comm_time(profile, use, bytes, ranks, per_node, nullptr, host) < 0)
+      use = "all_gather", note("all_to_all timed as all_gather (a profile without its fit)");
     const double t = comm_time(profile, use, bytes, ranks, per_node, &how, host);
     if (t < 0) throw NoTimeModel{"the profile has no " + use + " fit"};
     note(how);

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "run/calibrate.hpp"
 #include "run/summary.hpp"
 
 namespace strata {
@@ -105,7 +106,9 @@ std::vector<CommSample> samples_from_bench(const std::string& path, std::string*
         b.get<std::string>("run_type", "") != "iteration")
       continue;
     const std::string& op = part[2];
-    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather") continue;
+    if (std::none_of(std::begin(kCalibratedCommOps), std::end(kCalibratedCommOps),
+                     [&](CommOp o) { return op == op_name(o); }))
+      continue;
     if (op == "all_gather" && part[3] != "in-place") continue;  // the engines' layout
     CommSample s{op,
                  int(b.get<double>("ranks", 0)),
@@ -120,7 +123,7 @@ std::vector<CommSample> samples_from_bench(const std::string& path, std::string*
     out.push_back(s);
   }
   if (out.empty())
-    throw bad("no all_reduce, reduce_scatter or all_gather point of 2 or more ranks");
+    throw bad("no all_reduce, reduce_scatter, all_gather or all_to_all point of 2 or more ranks");
   if (transports.size() > 1)
     throw bad("points of " + std::to_string(transports.size()) +
               " transports; a profile is of one: run bench_comm with --transports=NAME");

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "run/calibrate.hpp"
 #include "strata/comm.hpp"
 #include "strata/types.hpp"
 
@@ -62,10 +63,10 @@ std::map<std::string, std::string> read_table(const std::string& path) {
   return table;
 }
 
-// Alpha-beta fits of the three measured ops on a group of `ranks` (`per_node` per node) whose
-// links carry `busbw` (nccl-tests bus bandwidth, bytes/s) after `alpha` seconds.
+// Alpha-beta fits of the measured ops (kCalibratedCommOps) on a group of `ranks` (`per_node` per
+// node) whose links carry `busbw` (nccl-tests bus bandwidth, bytes/s) after `alpha` seconds.
 void add_fits(MachineProfile& p, int ranks, int per_node, double busbw, double alpha) {
-  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather})
+  for (CommOp op : kCalibratedCommOps)
     p.comm.push_back(
         CommFit{op_name(op), ranks, per_node, alpha, busbw / bus_factor(op, ranks), 0, 0});
 }

@@ -19,8 +19,6 @@ constexpr std::pair<Axis, const char*> kAxes[] = {{Axis::dp, "dp"},
                                                   {Axis::pp, "pp"},
                                                   {Axis::dp_intra_node, "dp_intra_node"},
                                                   {Axis::dp_inter_node, "dp_inter_node"}};
-constexpr CommOp kOps[] = {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather};
-
 // One call of `op` on `g` over `n` elements of `in` (all_gather: its shard) into `out`.
 void run_op(Group& g, CommOp op, BufferView in, BufferView out) {
   const std::size_t n = in.count, shard = n / std::size_t(g.size());
@@ -31,20 +29,25 @@ void run_op(Group& g, CommOp op, BufferView in, BufferView out) {
     case CommOp::reduce_scatter:
       g.reduce_scatter(in, slice(out, 0, shard));
       break;
+    case CommOp::all_to_all:
+      g.all_to_all(in, out);
+      break;
     default:
       g.all_gather(slice(in, 0, shard), out);
       break;
   }
 }
 
-// `in` held ones, so every output element must be g.size() (reductions) or 1 (all_gather);
+// `in` held ones, so every output element must be g.size() (reductions) or 1 (all_gather,
+// all_to_all);
 // sampled elements, copied to the host first (the buffers are on the run's device).
 void check_result(const Group& g, CommOp op, BufferView in, BufferView out) {
   const std::size_t n = in.count, shard = n / std::size_t(g.size());
   const std::size_t count = op == CommOp::reduce_scatter ? shard : n;
   std::vector<float> got(count);
   copy_across(view(got.data(), count), slice(op == CommOp::all_reduce ? in : out, 0, count));
-  const float want = op == CommOp::all_gather ? 1.0f : float(g.size());
+  const bool moved = op == CommOp::all_gather || op == CommOp::all_to_all;
+  const float want = moved ? 1.0f : float(g.size());
   for (std::size_t i = 0; i < count; i += std::max<std::size_t>(1, count / 97))
     if (got[i] != want)
       throw Error("--calibrate-comm: " + std::string(op_name(op)) + " on group " + g.name() +
@@ -70,7 +73,7 @@ std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
     double size = g.size();
     mpi::control_allreduce_max(&size, 1);  // every rank skips the same axes
     if (size < 2) continue;
-    for (CommOp op : kOps)
+    for (CommOp op : kCalibratedCommOps)
       for (std::size_t bytes : sizes) {
         // Whole elements, divisible by the group so the shards are equal.
         const std::size_t unit = std::size_t(g.size());

@@ -12,6 +12,12 @@
 
 namespace strata {
 
+// The ops a machine profile fits (--calibrate-comm measures them, bench_comm's points of them
+// become samples, a published profile states them); the predictor times the others by these
+// (predict/costs.hpp).
+inline constexpr CommOp kCalibratedCommOps[] = {CommOp::all_reduce, CommOp::reduce_scatter,
+                                                CommOp::all_gather, CommOp::all_to_all};
+
 // Timed iterations per point (after one warm-up).
 inline constexpr int kCalibrationIterations = 5;
 
@@ -19,11 +25,11 @@ inline constexpr int kCalibrationIterations = 5;
 // around it).
 std::vector<std::size_t> default_calibration_sizes();
 
-// Collective over the world: every rank calls it with the same arguments. Measures all_reduce,
-// reduce_scatter and all_gather at each size on every mesh axis whose groups have more than one
-// rank (groups of one axis run concurrently, as in training), checks the reduced data, and
-// leaves `ledger` empty (calibration is not training traffic). Returns the points on every rank:
-// time_s is the median over iterations of the slowest rank's time (as nccl-tests reports).
+// Collective over the world: every rank calls it with the same arguments. Measures
+// kCalibratedCommOps at each size on every mesh axis whose groups have more than one rank (groups
+// of one axis run concurrently, as in training), checks the reduced data, and leaves `ledger` empty
+// (calibration is not training traffic). Returns the points on every rank: time_s is the median
+// over iterations of the slowest rank's time (as nccl-tests reports).
 std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
                                              const std::vector<std::size_t>& sizes, int iterations);
 

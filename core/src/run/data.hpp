@@ -22,14 +22,19 @@ class DataSource {
 // well below ln(V), so a working model's loss falls fast.
 std::unique_ptr<DataSource> make_synthetic_source(std::uint64_t seed, int seq, int vocab);
 
-// A flat file of uint16 tokens (nanoGPT / llm.c convention), read with pread (not mapped, so a
-// file changed during the run is an Error naming --data, not a SIGBUS); each sample is a window
-// at an offset hashed from (seed, step, sample). Throws ConfigError on a bad file.
+// A token file, in one of two formats, told apart by its first four bytes:
+//   llm.c's   a header of 256 int32 (20240520, version, token count), then the tokens: version 1
+//             uint16 (GPT-2's 50257), version 2 uint32 (Llama 3's 128256)
+//   flat      uint16 tokens and nothing else (nanoGPT's)
+// read with pread (not mapped, so a file changed during the run is an Error naming --data, not a
+// SIGBUS); each sample is a window at an offset hashed from (seed, step, sample). Throws
+// ConfigError on a bad file.
 std::unique_ptr<DataSource> make_token_file_source(const std::string& path, std::uint64_t seed,
                                                    int seq, int vocab);
 
-// Check a token file before any rank starts: a whole number of uint16 tokens, at least seq + 2 of
-// them, every one below `vocab`. Throws ConfigError naming --data and the first problem.
+// Check a token file before any rank starts: a header that agrees with the file's size (or a
+// whole number of flat uint16 tokens), at least seq + 2 tokens, every one below `vocab`. Throws
+// ConfigError naming --data and the first problem.
 void check_token_file(const std::string& path, int seq, int vocab);
 
 }  // namespace strata

@@ -376,7 +376,9 @@ std::vector<Row> model_rows() {
               [](RunConfig& c, long long v) { c.model.heads = int(v), c.model.preset = "custom"; }),
       integer("seq", M, "", 1, 1048576, "sequence length",
               [](RunConfig& c, long long v) { c.model.seq = int(v), c.model.preset = "custom"; }),
-      integer("vocab", M, "", 2, 65536, "vocabulary size (tokens are uint16)",
+      integer("vocab", M, "", 2, 2147483647,
+              "vocabulary size (token ids are int32 in the kernels; --data files hold uint16 or "
+              "uint32 tokens)",
               [](RunConfig& c, long long v) { c.model.vocab = int(v), c.model.preset = "custom"; }),
   };
 }
@@ -440,9 +442,10 @@ std::vector<Row> training_rows() {
                   }),
              {"fp32", "bf16"}),
       with_rule(text("data", T, K::text, "",
-                     "flat binary file of uint16 tokens (default: synthetic data)",
+                     "token file: llm.c's (a header, then uint16 or uint32 tokens) or flat uint16 "
+                     "(default: synthetic data)",
                      [](RunConfig& c, const std::string& s) { c.data_file = s; }),
-                readable_file_rule, "a readable file of uint16 tokens", "/etc/hostname",
+                readable_file_rule, "a readable token file", "/etc/hostname",
                 {"", "/nonexistent-strata-tokens", "/"}),
   };
 }

@@ -456,6 +456,35 @@ void NcclGroup::do_reduce(BufferView b, int root) {
   });
 }
 
+// A send to and a receive from every rank (itself included) in one group, as nccl-tests'
+// alltoall: NCCL runs them together. Empty blocks are left out on both sides alike (the counts
+// match). After a failed post the rest are not posted, and the group is still ended.
+void NcclGroup::do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts,
+                              BufferView out, const std::vector<std::size_t>& recv_counts) {
+  std::lock_guard lock(call_mutex_);
+  check_usable("all_to_all");
+  DeviceScope scope(device_);
+  const std::size_t esize = dtype_size(in.dtype);
+  const ncclDataType_t type = to_nccl(in.dtype);
+  timed("all_to_all", [&] {
+    ncclResult_t posted = ncclSuccess;
+    std::size_t send_at = 0, recv_at = 0;
+    STRATA_NCCL_CHECK(ncclGroupStart());
+    for (int peer = 0; peer < size() && posted == ncclSuccess; ++peer) {
+      const std::size_t s = send_counts[std::size_t(peer)], r = recv_counts[std::size_t(peer)];
+      if (s > 0)
+        posted = ncclSend(static_cast<const char*>(in.data) + send_at * esize, s, type, peer, comm_,
+                          stream_);
+      if (r > 0 && posted == ncclSuccess)
+        posted =
+            ncclRecv(static_cast<char*>(out.data) + recv_at * esize, r, type, peer, comm_, stream_);
+      send_at += s, recv_at += r;
+    }
+    STRATA_NCCL_CHECK(ncclGroupEnd());
+    STRATA_NCCL_CHECK(posted);
+  });
+}
+
 // The header and the payload in one group: the receiver reads the header first.
 void NcclGroup::do_send(BufferView b, int peer, int tag) {
   if (up_) return (peer > rank() ? *up_ : *down_).do_send(b, peer, tag);

@@ -105,6 +105,8 @@ class NcclGroup final : public Group {
   void do_send(BufferView buf, int peer, int tag) override;
   void do_recv(BufferView buf, int peer, int tag) override;
   void do_barrier() override;  // a 1-element all-reduce
+  void do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                     const std::vector<std::size_t>& recv_counts) override;
   bool moves_device_memory() const override { return true; }
 
  private:
