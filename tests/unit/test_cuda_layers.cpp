@@ -705,6 +705,61 @@ TEST_F(CudaLayers, ResidualForward) {
   expect_close("out", d_out.host(), out, 0.0, 0.0);  // one rounding, the same on both sides
 }
 
+// The Llama block's layers against the CPU's: RMSNorm at a width below and above a warp's
+// stride, over more rows than one block of warps; SwiGLU; the rotary embedding of q's and k's
+// heads in a q | k | v row (GQA: fewer k heads), rows wrapping past T, from one host table.
+TEST_F(CudaLayers, RmsNormSwiGluAndRope) {
+  for (int Cw : {24, 70}) {
+    const int Nr = 37;
+    const std::size_t n = std::size_t(Nr) * Cw;
+    const auto x = random_floats(n, 80, -2.0f, 3.0f), w = random_floats(Cw, 81),
+               dout = random_floats(n, 82);
+    std::vector<float> out(n), rstd(Nr), dx = random_floats(n, 83), dw = random_floats(Cw, 84);
+    DeviceBuffer<float> d_x(x), d_w(w), d_out(n), d_rstd(Nr), d_dout(dout), d_dx(dx), d_dw(dw);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), Nr, Cw);
+    gpu::rmsnorm_forward(ctx(), d_out.get(), d_rstd.get(), d_x.get(), d_w.get(), Nr, Cw);
+    cpu::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), Nr,
+                          Cw);
+    gpu::rmsnorm_backward(ctx(), d_dx.get(), d_dw.get(), d_dout.get(), d_x.get(), d_w.get(),
+                          d_rstd.get(), Nr, Cw);
+    expect_close("rmsnorm out", d_out.host(), out, kReduceRtol, kReduceAtol);
+    expect_close("rmsnorm rstd", d_rstd.host(), rstd, kReduceRtol, kReduceAtol);
+    expect_close("rmsnorm dinp", d_dx.host(), dx, kReduceRtol, kReduceAtol);
+    expect_close("rmsnorm dweight", d_dw.host(), dw, kReduceRtol, kReduceAtol);
+  }
+  const int Nr = 29, F = 45;
+  const auto gu = random_floats(std::size_t(Nr) * 2 * F, 85, -4.0f, 4.0f),
+             dh = random_floats(std::size_t(Nr) * F, 86);
+  std::vector<float> h(std::size_t(Nr) * F), dgu = random_floats(gu.size(), 87);
+  DeviceBuffer<float> d_gu(gu), d_h(h.size()), d_dh(dh), d_dgu(dgu);
+  cpu::swiglu_forward(h.data(), gu.data(), Nr, F);
+  gpu::swiglu_forward(ctx(), d_h.get(), d_gu.get(), Nr, F);
+  cpu::swiglu_backward(dgu.data(), gu.data(), dh.data(), Nr, F);
+  gpu::swiglu_backward(ctx(), d_dgu.get(), d_gu.get(), d_dh.get(), Nr, F);
+  expect_close("swiglu out", d_h.host(), h, kElemRtol, kElemAtol);
+  expect_close("swiglu dgu", d_dgu.host(), dgu, kElemRtol, kElemAtol);
+
+  const int T = 6, hs = 16, q_heads = 4, k_heads = 2, row0 = 4;
+  const int stride = (q_heads + 2 * k_heads) * hs;  // q | k | v of one token
+  std::vector<float> table(std::size_t(T) * hs);
+  cpu::rope_table(table.data(), T, hs, 500000.0);  // Llama 3's theta
+  std::vector<float> qkv = random_floats(std::size_t(Nr) * stride, 88, -2.0f, 2.0f);
+  DeviceBuffer<float> d_table(table), d_qkv(qkv);
+  for (bool backward : {false, true})
+    for (auto [at, heads] : {std::pair{0, q_heads}, {q_heads * hs, k_heads}}) {
+      (backward ? cpu::rope_backward : cpu::rope_forward)(qkv.data() + at, table.data(), Nr, T,
+                                                          row0, heads, hs, stride);
+      (backward ? gpu::rope_backward : gpu::rope_forward)(ctx(), d_qkv.get() + at, d_table.get(),
+                                                          Nr, T, row0, heads, hs, stride);
+    }
+  expect_close("rope forward and back", d_qkv.host(), qkv, kElemRtol, kElemAtol);
+  const auto start = random_floats(std::size_t(Nr) * stride, 88, -2.0f, 2.0f);
+  expect_close("rope back undoes forward", qkv, start, kElemRtol, kElemAtol);
+  gpu::rope_forward(ctx(), d_qkv.get(), d_table.get(), Nr, T, row0, q_heads, hs, stride);
+  cpu::rope_forward(qkv.data(), table.data(), Nr, T, row0, q_heads, hs, stride);
+  expect_close("rope forward", d_qkv.host(), qkv, kElemRtol, kElemAtol);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 // Cross-entropy over a vocabulary smaller than, and several times larger than, one block.

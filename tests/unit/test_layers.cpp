@@ -139,6 +139,96 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
 
 // ---------------------------------------------------------------------------------------------
 
+// The Llama block's layers (RMSNorm, SwiGLU, rotary position embedding).
+
+TEST(RmsNorm, ForwardScalesByTheRootMeanSquare) {
+  const int N = 3, C = 16;
+  auto x = random_floats(N * C, 40, -3.0f, 5.0f), w = random_floats(C, 41);
+  std::vector<float> out(N * C), rstd(N);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C);
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += double(x[n * C + c]) * x[n * C + c];
+    const double s = 1.0 / std::sqrt(ss / C + 1e-5);
+    EXPECT_NEAR(rstd[n], s, 1e-5 * s);
+    for (int c = 0; c < C; ++c) EXPECT_NEAR(out[n * C + c], x[n * C + c] * s * w[c], 1e-5);
+  }
+}
+
+TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
+  const int N = 3, C = 8;
+  auto x = random_floats(N * C, 42, -2.0f, 2.0f), w = random_floats(C, 43, 0.5f, 1.5f),
+       R = random_floats(N * C, 44);
+  std::vector<float> out(N * C), rstd(N);
+  auto J = [&] {
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C);
+    return dot(out, R);
+  };
+  J();
+  std::vector<float> dx(N * C, kPrefill), dw(C, kPrefill);
+  cpu::rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  check_gradient("dinp", x, minus_prefill(dx), J);
+  check_gradient("dweight", w, minus_prefill(dw), J);
+}
+
+TEST(SwiGlu, ForwardAndBackward) {
+  const int N = 3, F = 5;
+  auto gu = random_floats(N * 2 * F, 45, -3.0f, 3.0f), R = random_floats(N * F, 46);
+  std::vector<float> out(N * F);
+  auto J = [&] {
+    cpu::swiglu_forward(out.data(), gu.data(), N, F);
+    return dot(out, R);
+  };
+  J();
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < F; ++i) {
+      const double g = gu[n * 2 * F + i], u = gu[n * 2 * F + F + i];
+      EXPECT_NEAR(out[n * F + i], g / (1 + std::exp(-g)) * u, 1e-6) << n << " " << i;
+    }
+  std::vector<float> dgu(N * 2 * F, kPrefill);
+  cpu::swiglu_backward(dgu.data(), gu.data(), R.data(), N, F);
+  check_gradient("dgu", gu, minus_prefill(dgu), J);
+}
+
+// Pairs turn by pos * theta^(-2i/hs): a turn keeps each pair's length, position 0 is the identity,
+// the backward is the transpose (finite differences) and undoes the forward.
+TEST(Rope, TurnsPairsByPositionAndBackwardIsTheTranspose) {
+  const int T = 5, hs = 8, heads = 2, N = 7, stride = 19, row0 = 3;  // rows wrap past T
+  std::vector<float> table(T * hs);
+  cpu::rope_table(table.data(), T, hs, 10000.0);
+  auto x = random_floats(N * stride, 47, -2.0f, 2.0f), R = random_floats(N * stride, 48);
+  const std::vector<float> x0 = x;
+  std::vector<float> y;
+  auto J = [&] {
+    y = x;
+    cpu::rope_forward(y.data(), table.data(), N, T, row0, heads, hs, stride);
+    return dot(y, R);
+  };
+  J();
+  for (int n = 0; n < N; ++n) {
+    const int pos = (row0 + n) % T;
+    for (int c = 0; c < stride; ++c) {
+      const std::size_t at = std::size_t(n) * stride + c;
+      if (c >= heads * hs) {
+        EXPECT_EQ(y[at], x0[at]) << "column " << c << " is not a head's";
+        continue;
+      }
+      if (c % 2) continue;
+      const int i = (c % hs) / 2;
+      const double angle = pos * std::pow(10000.0, -2.0 * i / hs);
+      EXPECT_NEAR(y[at], x0[at] * std::cos(angle) - x0[at + 1] * std::sin(angle), 1e-5);
+      EXPECT_NEAR(y[at + 1], x0[at] * std::sin(angle) + x0[at + 1] * std::cos(angle), 1e-5);
+    }
+  }
+  std::vector<float> dx = R;
+  cpu::rope_backward(dx.data(), table.data(), N, T, row0, heads, hs, stride);
+  check_gradient("dx", x, dx, J);
+  J();  // y of x0 again (the differences left y of a perturbed x)
+  std::vector<float> back = y;
+  cpu::rope_backward(back.data(), table.data(), N, T, row0, heads, hs, stride);
+  for (std::size_t i = 0; i < back.size(); ++i) EXPECT_NEAR(back[i], x0[i], 1e-5);
+}
+
 class Matmul : public ::testing::TestWithParam<bool> {};  // parameter: with bias
 
 TEST_P(Matmul, ForwardMatchesReference) {

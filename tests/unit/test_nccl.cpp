@@ -217,6 +217,23 @@ TEST_F(NcclTest, BarrierAndGpuTiming) {
   EXPECT_EQ(out.host(), std::vector<float>(n, 1.5f));
 }
 
+// On one GPU the exchange is a grouped ncclSend / ncclRecv to itself (NCCL allows that inside a
+// group, where a lone send to itself would never complete); ranks apart are the stand-in's.
+TEST_F(NcclTest, AllToAllSendsItsOwnBlockToItself) {
+  constexpr std::size_t n = 4099;
+  DeviceBuffer<float> in(pattern<float>(n));
+  DeviceBuffer<float> out(std::vector<float>(n, -1.0f));
+  const std::size_t ranks = std::size_t(group_->size());
+  const std::vector<std::size_t> counts(ranks, n / ranks);
+  group_->all_to_allv(in.view(DType::f32), counts, out.view(DType::f32), counts);
+  expect_last_record(CommOp::all_to_all, n / ranks * ranks * 4);
+  std::vector<float> want = pattern<float>(n);
+  want.resize(n / ranks * ranks);
+  std::vector<float> got = out.host();
+  got.resize(want.size());
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(NcclTest, SendRecvNeedAPeer) {
   DeviceBuffer<float> buf(pattern<float>(16));
   // A blocking send to itself would never complete: rejected before NCCL is called.

@@ -404,6 +404,110 @@ void residual_forward(float* out, const float* a, const float* b, std::int64_t n
 }
 
 // ---------------------------------------------------------------------------------------------
+// The Llama block: RMSNorm, SwiGLU, rotary position embedding
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    float* o = out + std::int64_t(n) * C;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < C; ++i) ss += x[i] * x[i];
+    const float s = 1.0f / std::sqrt(ss / float(C) + kLayerNormEps);
+#pragma omp simd
+    for (int i = 0; i < C; ++i) o[i] = x[i] * s * weight[i];
+    rstd[n] = s;
+  }
+}
+
+// With xhat = x * s and g = dout * weight:  dx = s * (g - xhat * mean(g xhat)).
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    const float* d = dout + std::int64_t(n) * C;
+    float* dx = dinp + std::int64_t(n) * C;
+    const float s = rstd[n];
+    float gx = 0.0f;
+#pragma omp simd reduction(+ : gx)
+    for (int i = 0; i < C; ++i) gx += d[i] * weight[i] * x[i] * s;
+    gx /= float(C);
+#pragma omp simd
+    for (int i = 0; i < C; ++i) {
+      const float xhat = x[i] * s;
+      dweight[i] += d[i] * xhat;
+      dx[i] += s * (d[i] * weight[i] - xhat * gx);
+    }
+  }
+}
+
+namespace {
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+}  // namespace
+
+void swiglu_forward(float* out, const float* gu, int N, int F) {
+  for (int n = 0; n < N; ++n) {
+    const float* gate = gu + std::int64_t(n) * 2 * F;
+    const float* up = gate + F;
+    float* o = out + std::int64_t(n) * F;
+    for (int i = 0; i < F; ++i) o[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  }
+}
+
+// silu'(x) = sigmoid(x) (1 + x (1 - sigmoid(x))).
+void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) {
+  for (int n = 0; n < N; ++n) {
+    const float* gate = gu + std::int64_t(n) * 2 * F;
+    const float* up = gate + F;
+    const float* d = dout + std::int64_t(n) * F;
+    float* dgate = dgu + std::int64_t(n) * 2 * F;
+    float* dup = dgate + F;
+    for (int i = 0; i < F; ++i) {
+      const float sg = sigmoid(gate[i]);
+      dgate[i] += d[i] * up[i] * (sg * (1.0f + gate[i] * (1.0f - sg)));
+      dup[i] += d[i] * gate[i] * sg;
+    }
+  }
+}
+
+void rope_table(float* table, int T, int hs, double theta) {
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < hs / 2; ++i) {
+      const double angle = double(t) * std::pow(theta, -2.0 * i / hs);
+      table[(std::int64_t(t) * (hs / 2) + i) * 2] = float(std::cos(angle));
+      table[(std::int64_t(t) * (hs / 2) + i) * 2 + 1] = float(std::sin(angle));
+    }
+}
+
+namespace {
+// sign +1 turns by the angle, -1 back.
+void rope_turn(float* x, const float* table, int N, int T, int row0, int heads, int hs,
+               int row_stride, float sign) {
+  for (int n = 0; n < N; ++n) {
+    const float* cs = table + std::int64_t((row0 + n) % T) * hs;  // [hs/2, 2]
+    for (int h = 0; h < heads; ++h) {
+      float* p = x + std::int64_t(n) * row_stride + std::int64_t(h) * hs;
+      for (int i = 0; i < hs / 2; ++i) {
+        const float c = cs[2 * i], sn = sign * cs[2 * i + 1];
+        const float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c - b * sn;
+        p[2 * i + 1] = a * sn + b * c;
+      }
+    }
+  }
+}
+}  // namespace
+
+void rope_forward(float* x, const float* table, int N, int T, int row0, int heads, int hs,
+                  int row_stride) {
+  rope_turn(x, table, N, T, row0, heads, hs, row_stride, 1.0f);
+}
+void rope_backward(float* dx, const float* table, int N, int T, int row0, int heads, int hs,
+                   int row_stride) {
+  rope_turn(dx, table, N, T, row0, heads, hs, row_stride, -1.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Softmax + cross-entropy over the vocabulary
 
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,

@@ -52,6 +52,28 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
 // out = a + b, elementwise.
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n);
 
+// --- The Llama block's layers (torchtitan's and Meta's definitions), for --arch llama.
+// RMSNorm (eps 1e-5): out[N,C] = inp * rstd * weight with rstd[N] = 1 / sqrt(mean(inp^2) + eps).
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C);
+// SwiGLU on the fused gate | up projection gu[N,2F] (each row: F gate columns, then F up):
+// out[N,F] = silu(gate) * up, silu(x) = x * sigmoid(x); its backward dgu[N,2F] +=
+// (dout * up * silu'(gate) | dout * silu(gate)).
+void swiglu_forward(float* out, const float* gu, int N, int F);
+void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F);
+// Rotary position embedding: in each head of hs columns the pairs (2i, 2i+1) turn by the angle
+// pos * theta^(-2i/hs) (Meta's Llama, torchtitan). table[T, hs/2, 2] holds (cos, sin) of every
+// position and pair, computed once in double and rounded (rope_table), so every backend turns by
+// the same values. x[N, row_stride]: `heads` heads of hs columns from column 0 of each row, row n
+// at position (row0 + n) % T; turned in place. The backward turns a gradient back (the inverse
+// rotation), in place.
+void rope_table(float* table, int T, int hs, double theta);
+void rope_forward(float* x, const float* table, int N, int T, int row0, int heads, int hs,
+                  int row_stride);
+void rope_backward(float* dx, const float* table, int N, int T, int row0, int heads, int hs,
+                   int row_stride);
+
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                   const std::int32_t* targets, int N, int V);

@@ -197,6 +197,100 @@ __global__ void layernorm_backward_kernel(float* dinp,          // [N, C] +=
   }
 }
 
+// RMSNorm, one warp per row: rstd = 1 / sqrt(mean(x^2) + eps), out = x * rstd * weight.
+__global__ void rmsnorm_forward_kernel(float* out,           // [N, C]
+                                       float* rstd,          // [N]
+                                       const float* inp,     // [N, C]
+                                       const float* weight,  // [C]
+                                       int N, int C) {
+  const int lane = threadIdx.x % 32;
+  for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
+       row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
+    const float* x = inp + row * C;
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += 32) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(warp_sum(ss) / float(C) + kLayerNormEps);
+    for (int i = lane; i < C; i += 32) out[row * C + i] = x[i] * r * weight[i];
+    if (lane == 0) rstd[row] = r;
+  }
+}
+
+// dinp += rstd * (g - xhat * mean(g xhat)), g = dout * weight, xhat = x * rstd; dweight += dout
+// xhat, summed over the block's rows in shared memory (C floats) and added once per block.
+__global__ void rmsnorm_backward_kernel(float* dinp,          // [N, C] +=
+                                        float* dweight,       // [C] +=
+                                        const float* dout,    // [N, C]
+                                        const float* inp,     // [N, C]
+                                        const float* weight,  // [C]
+                                        const float* rstd,    // [N]
+                                        int N, int C) {
+  STRATA_DYNAMIC_SHARED(float, s_dweight);  // [C]
+  for (int i = threadIdx.x; i < C; i += blockDim.x) s_dweight[i] = 0.0f;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
+       row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
+    const float* x = inp + row * C;
+    const float* d = dout + row * C;
+    const float r = rstd[row];
+    float gx = 0.0f;
+    for (int i = lane; i < C; i += 32) gx += d[i] * weight[i] * x[i] * r;
+    const float gxmean = warp_sum(gx) / float(C);
+    for (int i = lane; i < C; i += 32) {
+      const float xhat = x[i] * r;
+      atomicAdd(s_dweight + i, d[i] * xhat);
+      dinp[row * C + i] += r * (d[i] * weight[i] - xhat * gxmean);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(dweight + i, s_dweight[i]);
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// out[n, i] = silu(gu[n, i]) * gu[n, F + i].
+__global__ void swiglu_forward_kernel(float* out, const float* gu, std::int64_t N, int F) {
+  const std::int64_t total = N * F;
+  for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
+       k += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t n = k / F, i = k % F;
+    const float g = gu[n * 2 * F + i], u = gu[n * 2 * F + F + i];
+    out[k] = g * sigmoid(g) * u;
+  }
+}
+
+// dgu[n, i] += dout up silu'(gate), dgu[n, F + i] += dout silu(gate).
+__global__ void swiglu_backward_kernel(float* dgu, const float* gu, const float* dout,
+                                       std::int64_t N, int F) {
+  const std::int64_t total = N * F;
+  for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
+       k += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t n = k / F, i = k % F;
+    const float g = gu[n * 2 * F + i], u = gu[n * 2 * F + F + i], d = dout[k];
+    const float sg = sigmoid(g);
+    dgu[n * 2 * F + i] += d * u * (sg * (1.0f + g * (1.0f - sg)));
+    dgu[n * 2 * F + F + i] += d * g * sg;
+  }
+}
+
+// One thread per (row, head, pair): the pair turned by the table's angle (sign -1: back).
+__global__ void rope_kernel(float* x, const float* table, std::int64_t N, int T, int row0,
+                            int heads, int hs, int row_stride, float sign) {
+  const int pairs = hs / 2;
+  const std::int64_t total = N * heads * pairs;
+  for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
+       k += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t n = k / (std::int64_t(heads) * pairs);
+    const int h = int(k / pairs % heads), i = int(k % pairs);
+    const float* cs = table + (std::int64_t((row0 + n) % T) * pairs + i) * 2;
+    const float c = cs[0], s = sign * cs[1];
+    float* p = x + n * row_stride + std::int64_t(h) * hs + 2 * i;
+    const float a = p[0], b = p[1];
+    p[0] = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s));
+    p[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  }
+}
+
 // out[n, :] = bias, before a beta = 1 GEMM adds inp @ weight^T.
 __global__ void broadcast_bias_kernel(float* out,         // [N, OC]
                                       const float* bias,  // [OC]
@@ -575,6 +669,65 @@ void attention_backward(const CudaContext& ctx, float* dqkv, float* datt, const 
     sgemm_batched(ctx, kN, kN, hs, T, T, scale, k, C3, hs, ds, T, TT, 1.0f, dq, C3, hs, NH);
     sgemm_batched(ctx, kN, kT, hs, T, T, scale, q, C3, hs, ds, T, TT, 1.0f, dk, C3, hs, NH);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Llama block: RMSNorm, SwiGLU, rotary position embedding
+
+void rmsnorm_forward(const CudaContext& ctx, float* out, float* rstd, const float* inp,
+                     const float* weight, int N, int C) {
+  if (N == 0) return;
+  STRATA_LAUNCH(rmsnorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
+  (out, rstd, inp, weight, N, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward(const CudaContext& ctx, float* dinp, float* dweight, const float* dout,
+                      const float* inp, const float* weight, const float* rstd, int N, int C) {
+  if (N == 0) return;
+  const std::size_t smem = std::size_t(C) * sizeof(float);
+  if (smem > 48 * 1024)  // above the default dynamic shared-memory limit: opt in
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_backward_kernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  STRATA_LAUNCH(rmsnorm_backward_kernel, std::min(grid_for_rows(N), 1024u), kBlock, smem,
+                ctx.stream)
+  (dinp, dweight, dout, inp, weight, rstd, N, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_forward(const CudaContext& ctx, float* out, const float* gu, int N, int F) {
+  const std::int64_t n = std::int64_t(N) * F;
+  if (n == 0) return;
+  STRATA_LAUNCH(swiglu_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)(out, gu, N, F);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(const CudaContext& ctx, float* dgu, const float* gu, const float* dout, int N,
+                     int F) {
+  const std::int64_t n = std::int64_t(N) * F;
+  if (n == 0) return;
+  STRATA_LAUNCH(swiglu_backward_kernel, grid_for(n), kBlock, 0, ctx.stream)(dgu, gu, dout, N, F);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+void rope(const CudaContext& ctx, float* x, const float* table, int N, int T, int row0, int heads,
+          int hs, int row_stride, float sign) {
+  const std::int64_t n = std::int64_t(N) * heads * (hs / 2);
+  if (n == 0) return;
+  STRATA_LAUNCH(rope_kernel, grid_for(n), kBlock, 0, ctx.stream)
+  (x, table, N, T, row0, heads, hs, row_stride, sign);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void rope_forward(const CudaContext& ctx, float* x, const float* table, int N, int T, int row0,
+                  int heads, int hs, int row_stride) {
+  rope(ctx, x, table, N, T, row0, heads, hs, row_stride, 1.0f);
+}
+void rope_backward(const CudaContext& ctx, float* dx, const float* table, int N, int T, int row0,
+                   int heads, int hs, int row_stride) {
+  rope(ctx, dx, table, N, T, row0, heads, hs, row_stride, -1.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
