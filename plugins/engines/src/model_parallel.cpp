@@ -248,12 +248,9 @@ class Engine {
     shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);
     dp_ = dp_schedule_of(plan_, shards_->groups(), cfg, ctx.model_spec());
     pending_.resize(chunks_.size());
-    bool receives_cast = false;
-    for (int c = 0; c < plan_.v; ++c)
-      receives_cast = receives_cast || boundary_casts(plan_, c, ctx.train().precision).recv;
     if (plan_.K > 1)
       boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
-                        chunks_.size(), receives_cast);
+                        chunks_.size(), receives_cast(plan_, ctx.train().precision));
     tp_comm_ = make_tp_comm(cfg, ctx);
     if (plan_.tied_exchange())
       tied_recv_ = DeviceBuffer(mem, MemTag::comm_buffers, ctx.train().precision.reduce,

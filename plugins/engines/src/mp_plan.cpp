@@ -75,19 +75,17 @@ void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
   auto boundary = [&](const Partition& part) {
     return double(StageModel::boundary_count(in.model, B, part)) * double(dtype_size(tp_comm));
   };
-  bool receives_cast = false;
   for (int c = 0; c < plan.v; ++c) {
     const Partition& part = plan.parts[std::size_t(c)];
     const int in_flight = pp::max_in_flight(plan.actions, c);
     plan_model_slots(in, part, in_flight, setup);
     setup.push_back(plan_alloc(MemTag::comm_buffers, double(StageModel::tp_comm_buffer_bytes(
                                                          in.model, B, part, tp_comm))));
-    const BoundaryCasts casts = boundary_casts(plan, c, in.train.precision);
-    if (plan.K > 1 && casts.send)
+    if (plan.K > 1 && boundary_casts(plan, c, in.train.precision).send)
       setup.push_back(plan_alloc(MemTag::comm_buffers, in_flight * boundary(part)));
-    receives_cast = receives_cast || (plan.K > 1 && casts.recv);
   }
-  if (receives_cast) setup.push_back(plan_alloc(MemTag::comm_buffers, boundary(plan.parts[0])));
+  if (receives_cast(plan, in.train.precision))
+    setup.push_back(plan_alloc(MemTag::comm_buffers, boundary(plan.parts[0])));
   sharded::plan_state(in, dp_axis_config(cfg), plan.parts, setup);
   if (plan.tied_exchange())
     setup.push_back(

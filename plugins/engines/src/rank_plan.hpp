@@ -33,6 +33,12 @@ inline BoundaryCasts boundary_casts(const Plan& plan, int c, const MixedPrecisio
   const bool act = precision.param != precision.tp_comm, grad = precision.tp_comm != DType::f32;
   return {(!last && act) || (!first && grad), (!first && act) || (!last && grad)};
 }
+// Whether the rank needs the receive buffer: a pipeline one of whose chunks casts what it receives.
+inline bool receives_cast(const Plan& plan, const MixedPrecision& precision) {
+  bool any = false;
+  for (int c = 0; c < plan.v; ++c) any = any || boundary_casts(plan, c, precision).recv;
+  return plan.K > 1 && any;
+}
 Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
                const TrainSpec& t, const MpConfig& cfg);
 
