@@ -205,11 +205,23 @@ struct Watchdog::Impl {
     return m + " (--watchdog " + seconds(timeout_s) + ")";
   }
 
+  // This process was frozen (SIGSTOP, a debugger) after `t` was read, before it judged: the
+  // others may have judged it gone and written the file meanwhile. It never replaces that file,
+  // and judges in the next round (whose start sees the freeze and starts the clocks anew), not
+  // with the stale `t` (which made a rank 0 stopped and resumed replace rank 1's file, saying
+  // rank 0 waited -4.1 s).
+  bool frozen_since(double t) {
+    if (now() - t <= timeout_s / 2) return false;
+    may_replace = false;
+    return true;
+  }
+
   void root_check(double t) {
     std::string payload;
     int from = 0;
     while (mpi::poll_notice(mpi::Notice::heartbeat, &from, &payload))
       last_seen[from] = t, doing[from] = payload;
+    if (frozen_since(t)) return;
     while (mpi::poll_notice(mpi::Notice::error, &from, &payload)) {
       auto bar = payload.find('|');
       const std::string status = bar == std::string::npos ? "failed" : payload.substr(0, bar);
@@ -234,6 +246,7 @@ struct Watchdog::Impl {
       root_seen = t;
       mpi::post_notice(0, mpi::Notice::cancel, "");
     }
+    if (frozen_since(t)) return;
     const bool root_silent = t - root_seen > timeout_s;
     // Rank 0 is gone: rank 1 writes the file (rank 2 too, should rank 1 be gone as well).
     if (root_silent && (rank == 1 || t - root_seen > 2 * timeout_s)) {
