@@ -77,9 +77,11 @@ struct Costs {
       use = "all_gather", note("broadcast timed as all_gather");
     }
     const int host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
-    if (op == "all_to_all" && comm_time(profile, use, bytes, ranks, per_node, nullptr, host) < 0)
+    double t = comm_time(profile, use, bytes, ranks, per_node, &how, host);
+    if (t < 0 && op == "all_to_all") {
       use = "all_gather", note("all_to_all timed as all_gather (a profile without its fit)");
-    const double t = comm_time(profile, use, bytes, ranks, per_node, &how, host);
+      t = comm_time(profile, use, bytes, ranks, per_node, &how, host);
+    }
     if (t < 0) throw NoTimeModel{"the profile has no " + use + " fit"};
     note(how);
     return t;

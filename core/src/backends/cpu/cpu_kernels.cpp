@@ -37,10 +37,6 @@ const float* span_f32(ActView x, std::size_t at, std::size_t n, std::vector<floa
   cpu::widen_bf16(wide.data(), x.half() + at, n);
   return wide.data();
 }
-// Sequence b of n elements of x in fp32 (span_f32).
-const float* sequence(ActView x, int b, std::size_t n, std::vector<float>& wide) {
-  return span_f32(x, std::size_t(b) * n, n, wide);
-}
 
 // Rows per block of the row-wise kernels on bf16 tensors: a block is widened, computed in fp32
 // and rounded, so the values are the fp32 kernel's on the widened input, rounded once.
@@ -108,7 +104,7 @@ class CpuKernels final : public Kernels {
     std::vector<float> rows(out.is_bf16() ? TC : 0), wide(qkv.is_bf16() ? 3 * TC : 0);
     for (int b = 0; b < B; ++b) {
       float* o = out.is_bf16() ? rows.data() : out.f32() + b * TC;
-      cpu::attention_forward(o, att + b * TT, sequence(qkv, b, 3 * TC, wide), 1, T, C, NH);
+      cpu::attention_forward(o, att + b * TT, span_f32(qkv, b * 3 * TC, 3 * TC, wide), 1, T, C, NH);
       if (out.is_bf16()) cpu::round_to_bf16(out.half() + b * TC, o, TC);
     }
   }
@@ -121,7 +117,7 @@ class CpuKernels final : public Kernels {
     std::vector<float> wide(3 * TC);
     for (int b = 0; b < B; ++b)
       cpu::attention_backward(dqkv + 3 * b * TC, datt + b * TT, dout + b * TC,
-                              sequence(qkv, b, 3 * TC, wide), att + b * TT, 1, T, C, NH);
+                              span_f32(qkv, b * 3 * TC, 3 * TC, wide), att + b * TT, 1, T, C, NH);
   }
   void gelu_forward(float* out, const float* inp, std::int64_t n) override {
     cpu::gelu_forward(out, inp, n);
