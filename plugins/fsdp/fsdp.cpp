@@ -3,8 +3,8 @@
 //   fsdp-grad-op  SHARD_GRAD_OP: parameters stay gathered from forward to backward
 //   fsdp-hybrid   HYBRID_SHARD: full shard inside a node, replicas across nodes (gradients
 //                 reduce-scattered in the node, then all-reduced across nodes)
-// The embedding's FSDP unit also holds the tied LM-head weight; like FSDP's root unit it is not
-// resharded between forward and backward.
+// A GPT-2 embedding's FSDP unit also holds the tied LM-head weight; like FSDP's root unit it is
+// not resharded between forward and backward (a llama's, untied, is).
 #include "strata/engines/sharded.hpp"
 
 namespace {

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cpu/layers.hpp"
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/kernels.hpp"
 #include "backends/kernels.hpp"
@@ -157,6 +158,81 @@ void check_bf16_residual_stream(Kernels& k, const std::function<void()>& sync) {
   expect_close("layernorm_backward dweight", dw_h.host(), dw.host(), 1e-5, 1e-6);
   expect_close("layernorm_backward dbias", db_h.host(), db.host(), 1e-5, 1e-6);
   EXPECT_NE(dinp.host(), zeros);  // the backward did run
+}
+
+// The llama block's layers on backend k in a bf16 run: each reads a bf16 activation as its widened
+// fp32 values and writes a bf16 one as its fp32 result rounded once (RMSNorm forward and backward,
+// SwiGLU forward and backward, the rotary embedding in place, the K/V repeat); the repeat's
+// backward sums each K/V head's query heads. 150 rows (more than the CPU's block of 64).
+template <template <class> class M>
+void check_bf16_llama_layers(Kernels& k, const std::function<void()>& sync) {
+  constexpr int Nr = 150, Cc = 70, F = 45, NHq = 4, KV = 2, hs = 8, Tt = 7;
+  constexpr int qkv_w = (NHq + 2 * KV) * hs, att_w = 3 * NHq * hs;
+  auto widened = [](const std::vector<bf16>& h) {
+    std::vector<float> f(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) f[i] = to_float(h[i]);
+    return f;
+  };
+  const std::vector<bf16> x_h = random_bf16(std::size_t(Nr) * Cc, 90),
+                          gu_h = random_bf16(std::size_t(Nr) * 2 * F, 91),
+                          qkv_h = random_bf16(std::size_t(Nr) * qkv_w, 92);
+  const std::vector<float> x = widened(x_h), gu = widened(gu_h), qkv = widened(qkv_h);
+  const std::vector<float> w = random_floats(Cc, 93, 0.5, 1.5),
+                           dx0 = random_floats(x.size(), 94, -1, 1),
+                           dh = random_floats(std::size_t(Nr) * F, 95, -1, 1),
+                           datt = random_floats(std::size_t(Nr) * att_w, 96, -1, 1);
+  std::vector<float> table(std::size_t(Tt) * hs);
+  cpu::rope_table(table.data(), Tt, hs, 500000.0);
+  M<bf16> d_x_h(x_h), d_gu_h(gu_h), d_qkv_h(qkv_h), d_norm_h(std::vector<bf16>(x.size())),
+      d_act_h(std::vector<bf16>(dh.size())), d_att_h(std::vector<bf16>(datt.size()));
+  M<float> d_x(x), d_gu(gu), d_qkv(qkv), d_w(w), d_table(table),
+      d_norm(std::vector<float>(x.size())), d_act(std::vector<float>(dh.size())),
+      d_att(std::vector<float>(datt.size())), r_h{std::vector<float>(Nr)},
+      r{std::vector<float>(Nr)}, dx_h(dx0), dx(dx0), dw_h(w), dw(w), d_dh(dh),
+      dgu_h(std::vector<float>(gu.size())), dgu(std::vector<float>(gu.size())), d_datt(datt),
+      d_dqkv(std::vector<float>(qkv.size(), NAN)), d_g(random_floats(x.size(), 97, -1, 1));
+  k.rmsnorm_forward(d_norm_h.p, r_h.p, d_x_h.p, d_w.p, Nr, Cc);
+  k.rmsnorm_forward(d_norm.p, r.p, d_x.p, d_w.p, Nr, Cc);
+  k.rmsnorm_backward(dx_h.p, dw_h.p, d_g.p, d_x_h.p, d_w.p, r.p, Nr, Cc);
+  k.rmsnorm_backward(dx.p, dw.p, d_g.p, d_x.p, d_w.p, r.p, Nr, Cc);
+  k.swiglu_forward(d_act_h.p, d_gu_h.p, Nr, F);
+  k.swiglu_forward(d_act.p, d_gu.p, Nr, F);
+  k.swiglu_backward(dgu_h.p, d_gu_h.p, d_dh.p, Nr, F);
+  k.swiglu_backward(dgu.p, d_gu.p, d_dh.p, Nr, F);
+  k.rope_forward(d_qkv_h.p, d_table.p, Nr, Tt, 3, NHq + KV, hs, qkv_w);
+  k.rope_forward(d_qkv.p, d_table.p, Nr, Tt, 3, NHq + KV, hs, qkv_w);
+  k.repeat_kv_forward(d_att_h.p, d_qkv_h.p, Nr, NHq, KV, hs);
+  k.repeat_kv_forward(d_att.p, d_qkv.p, Nr, NHq, KV, hs);
+  k.repeat_kv_backward(d_dqkv.p, d_datt.p, Nr, NHq, KV, hs);
+  sync();
+  auto rounded = [](const std::vector<float>& f) {
+    std::vector<bf16> h(f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) h[i] = to_bf16(f[i]);
+    return h;
+  };
+  expect_bits("rmsnorm of bf16, to bf16", d_norm_h.host(), rounded(d_norm.host()));
+  expect_bits("rmsnorm rstd", r_h.host(), r.host());
+  expect_bits("rmsnorm_backward dinp", dx_h.host(), dx.host());
+  expect_close("rmsnorm_backward dweight", dw_h.host(), dw.host(), 1e-5, 1e-6);
+  expect_bits("swiglu of bf16, to bf16", d_act_h.host(), rounded(d_act.host()));
+  expect_bits("swiglu_backward", dgu_h.host(), dgu.host());
+  expect_bits("rope of bf16, in place", d_qkv_h.host(), rounded(d_qkv.host()));
+  expect_bits("repeat_kv of bf16", d_att_h.host(), rounded(d_att.host()));
+  // The repeat's backward: q as it is, each K/V head the sum over its NHq / KV query heads.
+  const std::vector<float> got = d_dqkv.host();
+  for (int n = 0; n < Nr; ++n)
+    for (int j = 0; j < qkv_w; ++j) {
+      float want = datt[std::size_t(n) * att_w + j];
+      if (j >= NHq * hs) {
+        const int part = (j - NHq * hs) / (KV * hs), g = (j - NHq * hs) % (KV * hs) / hs,
+                  e = j % hs;
+        want = 0.0f;
+        for (int rep = 0; rep < NHq / KV; ++rep)
+          want += datt[std::size_t(n) * att_w + (part + 1) * NHq * hs +
+                       (g * (NHq / KV) + rep) * hs + e];
+      }
+      ASSERT_EQ(got[std::size_t(n) * qkv_w + j], want) << "row " << n << " column " << j;
+    }
 }
 
 constexpr int N = 37, C = 24, V = 50, T = 5;
@@ -405,6 +481,16 @@ TEST_F(CudaKernelsTest, Bf16ResidualStreamIsWrittenRoundedOnceAndReadWidened) {
   }
   SCOPED_TRACE("cpu");
   check_bf16_residual_stream<Host>(cpu, [] {});
+}
+
+TEST_F(CudaKernelsTest, LlamaLayersReadBf16WidenedAndWriteItRoundedOnce) {
+  STRATA_REQUIRE_GPU();
+  {
+    SCOPED_TRACE("gpu");
+    check_bf16_llama_layers<Dev>(*gpu, [&] { sync(); });
+  }
+  SCOPED_TRACE("cpu");
+  check_bf16_llama_layers<Host>(cpu, [] {});
 }
 
 // The fused round_to_bf16_bias_grad against its unfused composition, round_to_bf16 then bias_grad,

@@ -749,8 +749,10 @@ TEST_F(CudaLayers, RmsNormSwiGluAndRope) {
     for (auto [at, heads] : {std::pair{0, q_heads}, {q_heads * hs, k_heads}}) {
       (backward ? cpu::rope_backward : cpu::rope_forward)(qkv.data() + at, table.data(), Nr, T,
                                                           row0, heads, hs, stride);
-      (backward ? gpu::rope_backward : gpu::rope_forward)(ctx(), d_qkv.get() + at, d_table.get(),
-                                                          Nr, T, row0, heads, hs, stride);
+      if (backward)
+        gpu::rope_backward(ctx(), d_qkv.get() + at, d_table.get(), Nr, T, row0, heads, hs, stride);
+      else
+        gpu::rope_forward(ctx(), d_qkv.get() + at, d_table.get(), Nr, T, row0, heads, hs, stride);
     }
   expect_close("rope forward and back", d_qkv.host(), qkv, kElemRtol, kElemAtol);
   const auto start = random_floats(std::size_t(Nr) * stride, 88, -2.0f, 2.0f);

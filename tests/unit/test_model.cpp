@@ -22,6 +22,9 @@ using namespace strata;
 namespace {
 
 ModelSpec tiny_spec() { return {"tiny", 2, 16, 2, 8, 32}; }
+// The llama block at the same size: 4 query heads sharing 2 K/V heads (grouped-query attention),
+// head size 4, an MLP of 24.
+ModelSpec tiny_llama_spec() { return {"tiny-l", 2, 16, 4, 8, 32, Arch::llama, 2, 24, 10000}; }
 
 ModelSpec small_spec() { return model_preset("small"); }
 
@@ -175,12 +178,57 @@ TEST(ParamLayout, TensorNamesShapesAndInit) {
   EXPECT_THROW(layout.tensor_at(layout.total()), Error);
 }
 
+// A llama's tensors, with grouped-query attention: q | k | v rows (NH + 2 KV) hs, gate | up 2F,
+// no biases, no wpe, an untied LM head; its unit sizes the formulas' and the published counts of
+// Llama 3 8B (8,030,261,248) and 70B (70,553,706,496) parameters from the presets.
+TEST(ParamLayout, LlamaTensorsAndPublishedParameterCounts) {
+  const ModelSpec spec = tiny_llama_spec();
+  const ParamLayout layout(spec);
+  const int C = spec.hidden, F = spec.ffn, hs = spec.head_dim(), L = spec.layers;
+  std::vector<std::string> names;
+  std::vector<std::vector<int>> shapes;
+  for (const TensorInfo& t : layout.tensors()) names.push_back(t.name), shapes.push_back(t.shape);
+  const std::vector<std::string> want_names = {
+      "embedding.wte",     "block0.attn_norm_w", "block0.qkv_w",      "block0.proj_w",
+      "block0.mlp_norm_w", "block0.gate_up_w",   "block0.down_w",     "block1.attn_norm_w",
+      "block1.qkv_w",      "block1.proj_w",      "block1.mlp_norm_w", "block1.gate_up_w",
+      "block1.down_w",     "head.lnf_w",         "head.lm_head"};
+  EXPECT_EQ(names, want_names);
+  EXPECT_EQ(shapes[2], (std::vector<int>{(4 + 2 * 2) * hs, C}));
+  EXPECT_EQ(shapes[5], (std::vector<int>{2 * F, C}));
+  EXPECT_EQ(shapes[6], (std::vector<int>{C, F}));
+  EXPECT_EQ(shapes[14], (std::vector<int>{spec.vocab, C}));
+  EXPECT_EQ(layout.units()[0].count, std::size_t(spec.vocab) * C);
+  EXPECT_EQ(layout.units()[L + 1].count, std::size_t(spec.vocab + 1) * C);
+  const std::size_t block = std::size_t(C) * ((4 + 2 * 2) * hs + C + 3 * F) + 2 * C;
+  EXPECT_EQ(layout.units()[1].count, block);
+  EXPECT_EQ(layout.total(), std::size_t(spec.total_params()));
+  EXPECT_FALSE(spec.tied());
+  EXPECT_EQ(model_preset("llama3-8b").total_params(), 8030261248LL);
+  EXPECT_EQ(model_preset("llama3-70b").total_params(), 70553706496LL);
+  EXPECT_EQ(ParamLayout(model_preset("llama3-8b")).total(), 8030261248ull);
+  // FLOPs per token: 6 (non-embedding parameters + the LM head's V C) + 12 L C T.
+  const ModelSpec l8 = model_preset("llama3-8b");
+  const double n = 8030261248.0 - 128256.0 * 4096;  // all but the embedding's table
+  EXPECT_DOUBLE_EQ(l8.flops_per_token(), 6 * n + 12.0 * 32 * 4096 * 8192);
+}
+
 TEST(ParamLayout, RejectsBadSpecs) {
   ModelSpec s = tiny_spec();
   s.heads = 3;  // 16 % 3 != 0
   EXPECT_THROW(ParamLayout{s}, ConfigError);
   s = tiny_spec();
   s.layers = 0;
+  EXPECT_THROW(ParamLayout{s}, ConfigError);
+  s = tiny_spec();
+  s.kv_heads = 1;  // grouped-query attention is a llama's
+  EXPECT_THROW(ParamLayout{s}, ConfigError);
+  s = tiny_llama_spec();
+  s.kv_heads = 3;  // 4 heads
+  EXPECT_THROW(ParamLayout{s}, ConfigError);
+  s = tiny_llama_spec();
+  s.heads = 16;  // head size 1: no rotary pairs
+  s.kv_heads = 16;
   EXPECT_THROW(ParamLayout{s}, ConfigError);
 }
 
@@ -262,8 +310,7 @@ TEST(InitParams, DependsOnSeedAndFollowsTheTensorInit) {
 // h = 2e-2; observed per-tensor relative 2-norm errors are 4e-5 .. 5e-4 and element errors below
 // 1e-4. Tolerances: element |fd - analytic| <= 5e-4 + 1e-2 |fd|, tensor relative 2-norm <= 5e-3.
 // A missing contribution (e.g. wte's embedding or tied-head part) is an O(1) relative error.
-TEST(ModelGradient, MatchesFiniteDifferencesForEveryTensor) {
-  const ModelSpec spec = tiny_spec();
+void expect_gradients_match_finite_differences(const ModelSpec& spec) {
   const int B = 2;
   Harness h(spec, B);
   const ParamLayout& layout = h.layout;
@@ -320,6 +367,16 @@ TEST(ModelGradient, MatchesFiniteDifferencesForEveryTensor) {
     EXPECT_LE(std::sqrt(err2), 5e-3 * std::sqrt(ref2)) << t.name;
   }
   EXPECT_GE(checked, 6 * int(layout.tensors().size()));
+}
+
+TEST(ModelGradient, MatchesFiniteDifferencesForEveryTensor) {
+  expect_gradients_match_finite_differences(tiny_spec());
+}
+
+// RMSNorm, SwiGLU, the rotary embedding, grouped-query attention and the untied LM head: every
+// tensor of a llama (attn_norm_w .. down_w, lm_head) by the same stencil and bounds.
+TEST(ModelGradient, LlamaMatchesFiniteDifferencesForEveryTensor) {
+  expect_gradients_match_finite_differences(tiny_llama_spec());
 }
 
 TEST(ModelGradient, WteGetsEmbeddingAndTiedHeadContributions) {
@@ -507,7 +564,7 @@ ModelSpec gpt2_124m_spec() { return model_preset("gpt2-124m"); }
 // The activation layout as documented in model.cpp, counted independently, for shapes where
 // N = B*T is a multiple of 16 (then every piece is already 64-byte aligned: no padding).
 //   kept always     x_0..x_L (L+1)NC; lnf NC + 2N; probs NV; losses N; dres NC
-//   per block       ln1 NC + 2N, qkv 3NC, atty NC, xmid NC, ln2 NC + 2N, fch 4NC, fch_gelu 4NC
+//   per block       ln1 NC + 2N, qkv 3NC, atty NC, xmid NC, ln2 NC + 2N, fch 4NC, fch_act 4NC
 //                   = 15NC + 4N, plus att = B*NH*T*T
 //   scratch         max(head: NV + NC, block: 4NC + max(4NC, att) + NC + shared recompute)
 //   none:      all L blocks with att; no shared recompute buffers

@@ -106,6 +106,8 @@ TEST(Options, EveryOptionAcceptsItsValidExample) {
     if (o.name.rfind("advise", 0) == 0)  // --advise and its own options
       args.insert(args.end(), {"--profile", "machine.h5", "--memory-limit", "80GiB"});
     if (o.name.rfind("advise-", 0) == 0) args.push_back("--advise");
+    if (o.name == "kv-heads")  // a llama's, dividing its heads (head size 2: rotary pairs)
+      args.insert(args.end(), {"--arch", "llama", "--heads", "64", "--hidden", "128"});
     if (o.name == "cuda-graphs") {  // a GPU option: refused in one line without --device cuda
       expect_refused([&] { parse(args); }, "--cuda-graphs", "--cuda-graphs without --device cuda");
       if (!backend_built(Device::cuda)) continue;

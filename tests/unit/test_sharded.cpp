@@ -74,74 +74,86 @@ TEST(Groups, TileTheParametersAndPadToTheShardCount) {
   EXPECT_EQ(make_groups(layout, 4, stage(3)).size(), std::size_t(layout.num_units()));
 }
 
+// Every group gathered before its passes, everything released at the end; a tied model's embedding
+// group (the head reads its wte, writes its gradient) held from its forward to its backward, an
+// untied one's (a llama's) resharded after its forward like the others.
 TEST(Schedule, GatheredBeforeUseAndEverythingReleased) {
   ParamLayout layout(small());
   EngineConfig fsdp = stage(3);
-  for (int prefetch : {0, 1, 2})
-    for (bool post : {false, true})
-      for (bool reshard : {false, true}) {
-        EngineConfig c = fsdp;
-        c.forward_prefetch = c.backward_prefetch = prefetch;
-        c.prefetch_post = post;
-        c.reshard_after_forward = reshard;
-        c.max_gathers_in_flight = 2;
-        auto groups = make_groups(layout, 4, c);
-        std::vector<int> group_of;
-        for (std::size_t g = 0; g < groups.size(); ++g)
-          for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u)
-            group_of.push_back(int(g));
-        std::vector<int> state(groups.size(), 0);  // 0 free, 1 issued, 2 ready
-        std::vector<bool> grads(groups.size(), false), reducing(groups.size(), false);
-        int fwd = 0, bwd = 0, in_flight = 0, max_in_flight = 0;
-        for (const Action& a : micro_batch_schedule(groups, layout.num_units(), c)) {
-          switch (a.act) {
-            case Act::gather:
-              ASSERT_EQ(state[a.index], 0);
-              state[a.index] = 1;
-              max_in_flight = std::max(max_in_flight, ++in_flight);
-              break;
-            case Act::wait_gather:
-              ASSERT_EQ(state[a.index], 1);
-              state[a.index] = 2;
-              --in_flight;
-              break;
-            case Act::forward:
-              ASSERT_EQ(state[group_of[a.index]], 2) << "forward of unit " << a.index;
-              ++fwd;
-              if (a.index == layout.num_units() - 1) ASSERT_EQ(state[0], 2) << "tied weight";
-              break;
-            case Act::backward:
-              ASSERT_EQ(state[group_of[a.index]], 2);
-              ASSERT_TRUE(grads[group_of[a.index]]);
-              ++bwd;
-              if (a.index == layout.num_units() - 1) ASSERT_TRUE(grads[0]) << "tied gradient";
-              break;
-            case Act::free_params:
-              ASSERT_EQ(state[a.index], 2);
-              state[a.index] = 0;
-              break;
-            case Act::alloc_grads:
-              ASSERT_FALSE(grads[a.index]);
-              grads[a.index] = true;
-              break;
-            case Act::reduce_grads:
-              ASSERT_TRUE(grads[a.index]);
-              reducing[a.index] = true;
-              break;
-            case Act::finish_grads:
-              ASSERT_TRUE(reducing[a.index]);
-              reducing[a.index] = grads[a.index] = false;
-              break;
+  for (bool tied : {true, false})
+    for (int prefetch : {0, 1, 2})
+      for (bool post : {false, true})
+        for (bool reshard : {false, true}) {
+          SCOPED_TRACE(std::string(tied ? "tied" : "untied") + " prefetch " +
+                       std::to_string(prefetch) + (post ? " post" : "") +
+                       (reshard ? " reshard" : ""));
+          bool embedding_freed_in_forward = false;
+          EngineConfig c = fsdp;
+          c.forward_prefetch = c.backward_prefetch = prefetch;
+          c.prefetch_post = post;
+          c.reshard_after_forward = reshard;
+          c.max_gathers_in_flight = 2;
+          auto groups = make_groups(layout, 4, c);
+          std::vector<int> group_of;
+          for (std::size_t g = 0; g < groups.size(); ++g)
+            for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u)
+              group_of.push_back(int(g));
+          std::vector<int> state(groups.size(), 0);  // 0 free, 1 issued, 2 ready
+          std::vector<bool> grads(groups.size(), false), reducing(groups.size(), false);
+          int fwd = 0, bwd = 0, in_flight = 0, max_in_flight = 0;
+          for (const Action& a : micro_batch_schedule(groups, layout.num_units(), c, tied)) {
+            switch (a.act) {
+              case Act::gather:
+                ASSERT_EQ(state[a.index], 0);
+                state[a.index] = 1;
+                max_in_flight = std::max(max_in_flight, ++in_flight);
+                break;
+              case Act::wait_gather:
+                ASSERT_EQ(state[a.index], 1);
+                state[a.index] = 2;
+                --in_flight;
+                break;
+              case Act::forward:
+                ASSERT_EQ(state[group_of[a.index]], 2) << "forward of unit " << a.index;
+                ++fwd;
+                if (tied && a.index == layout.num_units() - 1)
+                  ASSERT_EQ(state[0], 2) << "tied weight";
+                break;
+              case Act::backward:
+                ASSERT_EQ(state[group_of[a.index]], 2);
+                ASSERT_TRUE(grads[group_of[a.index]]);
+                ++bwd;
+                if (tied && a.index == layout.num_units() - 1)
+                  ASSERT_TRUE(grads[0]) << "tied gradient";
+                break;
+              case Act::free_params:
+                ASSERT_EQ(state[a.index], 2);
+                state[a.index] = 0;
+                if (a.index == 0 && bwd == 0) embedding_freed_in_forward = true;
+                break;
+              case Act::alloc_grads:
+                ASSERT_FALSE(grads[a.index]);
+                grads[a.index] = true;
+                break;
+              case Act::reduce_grads:
+                ASSERT_TRUE(grads[a.index]);
+                reducing[a.index] = true;
+                break;
+              case Act::finish_grads:
+                ASSERT_TRUE(reducing[a.index]);
+                reducing[a.index] = grads[a.index] = false;
+                break;
+            }
+          }
+          EXPECT_EQ(fwd, layout.num_units());
+          EXPECT_EQ(bwd, layout.num_units());
+          EXPECT_LE(max_in_flight, 2);
+          EXPECT_EQ(embedding_freed_in_forward, !tied && reshard);
+          for (std::size_t g = 0; g < groups.size(); ++g) {
+            EXPECT_EQ(state[g], 0) << "group " << g << " still gathered";
+            EXPECT_FALSE(grads[g] || reducing[g]);
           }
         }
-        EXPECT_EQ(fwd, layout.num_units());
-        EXPECT_EQ(bwd, layout.num_units());
-        EXPECT_LE(max_in_flight, 2);
-        for (std::size_t g = 0; g < groups.size(); ++g) {
-          EXPECT_EQ(state[g], 0) << "group " << g << " still gathered";
-          EXPECT_FALSE(grads[g] || reducing[g]);
-        }
-      }
 }
 
 TEST(Predict, FollowsTheZeroPaperPerRank) {

@@ -30,40 +30,62 @@ ModelSpec tiny4() {
   return s;
 }
 
+// A llama of 4 blocks whose 8 query heads share 4 K/V heads: tp 2 and 4 split both.
+ModelSpec llama4() { return {"llama4", 4, 64, 8, 64, 256, Arch::llama, 4, 192, 10000}; }
+
+// The global rows of each stacked block of a tensor cut by stacked_rows, from the spec: q | k | v
+// heads (K/V fewer with grouped-query attention), a llama's gate | up.
+std::vector<std::int64_t> stacked_blocks(const ModelSpec& spec, const TensorInfo& t) {
+  const std::int64_t hs = spec.head_dim(), kv = spec.kv_head_count();
+  if (t.name.find("qkv") != std::string::npos) return {spec.heads * hs, kv * hs, kv * hs};
+  if (t.name.find("gate_up") != std::string::npos) return {spec.ffn, spec.ffn};
+  return {};
+}
+
 TEST(StageModel, ShardsReassembleTheGlobalInit) {
-  const ModelSpec spec = tiny4();
-  const ParamLayout layout(spec);
-  std::vector<float> full(layout.total());
-  init_params(layout, 7, 0, full);
-  for (int tp : {2, 4}) {
-    Partition part{0, spec.layers + 1, tp, 0, false};
-    std::vector<std::vector<float>> local(tp);
-    std::vector<LocalTensor> tensors;
-    for (int r = 0; r < tp; ++r) {
-      MemoryLedger mem;
-      part.tp_rank = r;
-      StageModel m(spec, 1, part, mem);
-      local[r].resize(m.param_count());
-      m.init_params(7, view(local[r].data(), local[r].size()));
-      tensors = m.tensors();
-    }
-    for (const LocalTensor& lt : tensors) {
-      const TensorInfo& t = layout.tensors()[lt.global];
-      const float* g = full.data() + t.offset;
+  for (const ModelSpec& spec : {tiny4(), llama4()}) {
+    SCOPED_TRACE(spec.preset);
+    const ParamLayout layout(spec);
+    std::vector<float> full(layout.total());
+    init_params(layout, 7, 0, full);
+    for (int tp : {2, 4}) {
+      Partition part{0, spec.layers + 1, tp, 0, false};
+      std::vector<std::vector<float>> local(tp);
+      std::vector<LocalTensor> tensors;
       for (int r = 0; r < tp; ++r) {
-        const float* l = local[r].data() + lt.offset;
-        for (std::size_t i = 0; i < lt.count; ++i) {
-          std::size_t gi = i;  // global index of local element i
-          if (lt.shard == ShardKind::rows) {
-            gi = r * lt.count + i;
-          } else if (lt.shard == ShardKind::qkv_rows) {
-            const std::size_t part_n = lt.count / 3;
-            gi = (i / part_n) * (t.count / 3) + r * part_n + i % part_n;
-          } else if (lt.shard == ShardKind::columns) {
-            const std::size_t ic = t.shape[1], icl = ic / tp;
-            gi = (i / icl) * ic + r * icl + i % icl;
+        MemoryLedger mem;
+        part.tp_rank = r;
+        StageModel m(spec, 1, part, mem);
+        local[r].resize(m.param_count());
+        m.init_params(7, view(local[r].data(), local[r].size()));
+        tensors = m.tensors();
+      }
+      for (const LocalTensor& lt : tensors) {
+        const TensorInfo& t = layout.tensors()[lt.global];
+        const float* g = full.data() + t.offset;
+        for (int r = 0; r < tp; ++r) {
+          const float* l = local[r].data() + lt.offset;
+          for (std::size_t i = 0; i < lt.count; ++i) {
+            std::size_t gi = i;  // global index of local element i
+            if (lt.shard == ShardKind::rows) {
+              gi = r * lt.count + i;
+            } else if (lt.shard == ShardKind::stacked_rows) {
+              // Block b's rank-r part sits after the parts of blocks before b.
+              ASSERT_EQ(lt.stacked, stacked_blocks(spec, t)) << t.name;
+              const std::size_t row = t.count / std::size_t(t.shape[0]);
+              std::size_t local0 = 0, global0 = 0, b = 0;
+              while (i >= local0 + std::size_t(lt.stacked[b]) * row / tp) {
+                local0 += std::size_t(lt.stacked[b]) * row / tp;
+                global0 += std::size_t(lt.stacked[b]) * row;
+                ++b;
+              }
+              gi = global0 + r * (std::size_t(lt.stacked[b]) * row / tp) + (i - local0);
+            } else if (lt.shard == ShardKind::columns) {
+              const std::size_t ic = t.shape[1], icl = ic / tp;
+              gi = (i / icl) * ic + r * icl + i % icl;
+            }
+            ASSERT_EQ(l[i], g[gi]) << t.name << " tp " << tp << " rank " << r << " element " << i;
           }
-          ASSERT_EQ(l[i], g[gi]) << t.name << " tp " << tp << " rank " << r << " element " << i;
         }
       }
     }
@@ -481,43 +503,47 @@ CommOp op_named(const std::string& name) {
 // ledger's collective bytes equal to tensor_parallel_collectives() of each unit's passes (a full
 // recompute repeats the block's forward collectives).
 TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMemory) {
-  const ModelSpec spec = att_heavy();
-  const int B = 2, L = spec.layers;
-  for (bool sp : {false, true}) {
-    for (Partition part : {Partition{0, L + 1, 2, 0, sp}, Partition{2, L + 1, 2, 0, sp}}) {
-      const std::vector<RankResult> ref = run_tp(spec, B, part, Recompute::none);
-      for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
-        SCOPED_TRACE(std::string(sp ? "sp " : "") + "units " + std::to_string(part.first_unit) +
-                     "-" + std::to_string(part.last_unit) + " " + recompute_name(r));
-        const std::vector<RankResult> got = r == Recompute::none ? ref : run_tp(spec, B, part, r);
-        const ActivationBytes predicted = predict_activations(spec, B, part, r);
-        std::map<std::string, double> tp_bytes;
-        for (int u = part.first_unit; u <= part.last_unit; ++u)
-          for (bool backward : {false, true})
-            for (const PassCollective& c :
-                 tensor_parallel_collectives(spec, B, u, backward, 2, sp, r, DType::f32))
-              tp_bytes[op_name(c.op)] += c.bytes;
-        for (int rank = 0; rank < 2; ++rank) {
-          const RankResult& a = ref[rank];
-          const RankResult& b = got[rank];
-          EXPECT_EQ(b.activation_peak, predicted.total(2)) << "rank " << rank;
-          if (r != Recompute::none) EXPECT_LT(b.activation_peak, a.activation_peak);
-          for (const auto& [op, bytes] : tp_bytes)
-            EXPECT_EQ(double(b.comm_bytes.at(op_named(op))), 2 * bytes) << op;
-          // Every collective the ledger saw went through the TensorParallelComm the caller gave.
-          EXPECT_EQ(b.tp_bytes, b.comm_bytes);
-          ASSERT_EQ(a.losses.size(), b.losses.size());
-          for (std::size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i]);
-          double max_g = 0;
-          for (float g : a.grads) max_g = std::max(max_g, double(std::fabs(g)));
-          ASSERT_GT(max_g, 1e-4);
-          std::size_t not_bitwise = 0;
-          for (std::size_t i = 0; i < a.grads.size(); ++i) {
-            ASSERT_NEAR(b.grads[i], a.grads[i], 1e-6 * std::fabs(a.grads[i]) + 1e-9 * max_g)
-                << "rank " << rank << " element " << i;
-            not_bitwise += b.grads[i] != a.grads[i];
+  // att_heavy, and the same as a llama with grouped-query attention (2 K/V heads).
+  for (const ModelSpec& spec :
+       {att_heavy(), ModelSpec{"att-heavy-llama", 2, 32, 4, 16, 64, Arch::llama, 2, 96, 10000}}) {
+    SCOPED_TRACE(spec.preset);
+    const int B = 2, L = spec.layers;
+    for (bool sp : {false, true}) {
+      for (Partition part : {Partition{0, L + 1, 2, 0, sp}, Partition{2, L + 1, 2, 0, sp}}) {
+        const std::vector<RankResult> ref = run_tp(spec, B, part, Recompute::none);
+        for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
+          SCOPED_TRACE(std::string(sp ? "sp " : "") + "units " + std::to_string(part.first_unit) +
+                       "-" + std::to_string(part.last_unit) + " " + recompute_name(r));
+          const std::vector<RankResult> got = r == Recompute::none ? ref : run_tp(spec, B, part, r);
+          const ActivationBytes predicted = predict_activations(spec, B, part, r);
+          std::map<std::string, double> tp_bytes;
+          for (int u = part.first_unit; u <= part.last_unit; ++u)
+            for (bool backward : {false, true})
+              for (const PassCollective& c :
+                   tensor_parallel_collectives(spec, B, u, backward, 2, sp, r, DType::f32))
+                tp_bytes[op_name(c.op)] += c.bytes;
+          for (int rank = 0; rank < 2; ++rank) {
+            const RankResult& a = ref[rank];
+            const RankResult& b = got[rank];
+            EXPECT_EQ(b.activation_peak, predicted.total(2)) << "rank " << rank;
+            if (r != Recompute::none) EXPECT_LT(b.activation_peak, a.activation_peak);
+            for (const auto& [op, bytes] : tp_bytes)
+              EXPECT_EQ(double(b.comm_bytes.at(op_named(op))), 2 * bytes) << op;
+            // Every collective the ledger saw went through the TensorParallelComm the caller gave.
+            EXPECT_EQ(b.tp_bytes, b.comm_bytes);
+            ASSERT_EQ(a.losses.size(), b.losses.size());
+            for (std::size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i]);
+            double max_g = 0;
+            for (float g : a.grads) max_g = std::max(max_g, double(std::fabs(g)));
+            ASSERT_GT(max_g, 1e-4);
+            std::size_t not_bitwise = 0;
+            for (std::size_t i = 0; i < a.grads.size(); ++i) {
+              ASSERT_NEAR(b.grads[i], a.grads[i], 1e-6 * std::fabs(a.grads[i]) + 1e-9 * max_g)
+                  << "rank " << rank << " element " << i;
+              not_bitwise += b.grads[i] != a.grads[i];
+            }
+            EXPECT_EQ(not_bitwise, 0u) << "gradient elements not bit-for-bit equal (informative)";
           }
-          EXPECT_EQ(not_bitwise, 0u) << "gradient elements not bit-for-bit equal (informative)";
         }
       }
     }

@@ -1,8 +1,9 @@
-// strata SDK: the standard workload, a GPT-2 style decoder.
+// strata SDK: the standard workload, a decoder-only transformer of the GPT-2 or the Llama family.
 //
-// Parameters live per *unit*: unit 0 is the embedding (wte, wpe), units 1..L are the transformer
-// blocks, unit L+1 is the head (final LayerNorm; the LM head is tied to wte). All units sit in one
-// flat parameter index space with an offset table, so sharding a unit is slicing its range.
+// Parameters live per *unit*: unit 0 is the embedding (wte, and GPT-2's wpe), units 1..L are the
+// transformer blocks, unit L+1 is the head (the final norm; GPT-2's LM head is tied to wte, a
+// llama's is its own lm_head). All units sit in one flat parameter index space with an offset
+// table, so sharding a unit is slicing its range.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,6 +17,18 @@
 STRATA_EXPORT_BEGIN
 namespace strata {
 
+// The model family (--arch): the block the units hold.
+//   gpt2   LayerNorm, GELU MLP (biases everywhere), learned positions (wpe), full multi-head
+//          attention, the LM head tied to wte.
+//   llama  RMSNorm, SwiGLU MLP on a fused gate | up projection, rotary positions, grouped-query
+//          attention (kv_heads K/V heads), no biases, an untied LM head (Meta's Llama 3,
+//          torchtitan's model).
+enum class Arch { gpt2, llama };
+// "gpt2", "llama".
+const char* arch_name(Arch a);
+// Parses one of the names above into *out; false (and *out untouched) for another.
+bool parse_arch(const std::string& name, Arch* out);
+
 struct ModelSpec {
   std::string preset = "custom";
   int layers = 2;   // L
@@ -23,22 +36,53 @@ struct ModelSpec {
   int heads = 4;    // NH
   int seq = 64;     // T (also the number of learned positions)
   int vocab = 256;  // V
+  Arch arch = Arch::gpt2;
+  int kv_heads = 0;           // llama: K/V heads (grouped-query attention); 0: as many as heads
+  int ffn = 0;                // the MLP's hidden size F; 0: 4 C (GPT-2's)
+  double rope_theta = 10000;  // llama: the rotary base (Llama 3: 500000)
 
   int head_dim() const { return hidden / heads; }
-  std::int64_t block_params() const { return 12LL * hidden * hidden + 13LL * hidden; }
+  int kv_head_count() const { return arch == Arch::llama && kv_heads > 0 ? kv_heads : heads; }
+  int ffn_hidden() const { return ffn > 0 ? ffn : 4 * hidden; }
+  bool tied() const { return arch == Arch::gpt2; }  // the LM head reuses wte
+  // Rows of the fused q | k | v projection and of the FC layer (gate | up for llama).
+  std::int64_t qkv_rows() const { return std::int64_t(heads + 2 * kv_head_count()) * head_dim(); }
+  std::int64_t fc_rows() const { return (arch == Arch::llama ? 2LL : 1LL) * ffn_hidden(); }
+  // The weights of a block's four linear layers (qkv, projection, FC, FC projection).
+  std::int64_t block_linear_params() const {
+    return std::int64_t(hidden) * (qkv_rows() + hidden + fc_rows() + ffn_hidden());
+  }
+  // Norm weights and biases of a block: GPT-2 two LayerNorms (weight, bias) and the four biases,
+  // llama two RMSNorm weights.
+  std::int64_t block_small_params() const {
+    if (arch == Arch::llama) return 2LL * hidden;
+    return 4LL * hidden + qkv_rows() + hidden + fc_rows() + hidden;
+  }
+  std::int64_t block_params() const { return block_linear_params() + block_small_params(); }
+  // The final norm's parameters: LayerNorm weight and bias, or the RMSNorm's weight.
+  std::int64_t final_norm_params() const { return (arch == Arch::llama ? 1LL : 2LL) * hidden; }
   std::int64_t total_params() const {
-    return std::int64_t(vocab) * hidden + std::int64_t(seq) * hidden + layers * block_params() +
-           2LL * hidden;
+    const std::int64_t embedding = std::int64_t(vocab) * hidden;
+    if (arch == Arch::llama)  // wte, the blocks, the final norm, the untied LM head
+      return 2 * embedding + layers * block_params() + final_norm_params();
+    return embedding + std::int64_t(seq) * hidden + layers * block_params() + final_norm_params();
   }
-  // N of the FLOP formula: non-embedding parameters plus the tied LM-head matmul.
+  // N of the FLOP formula: non-embedding parameters plus the LM-head matmul (tied or not; the
+  // embedding's lookup is not a matmul).
   std::int64_t flop_params() const {
-    return layers * block_params() + 2LL * hidden + std::int64_t(vocab) * hidden;
+    return layers * block_params() + final_norm_params() + std::int64_t(vocab) * hidden;
   }
-  // Training FLOPs per token = 6N + 12*L*h*s (forward + backward, attention scores included).
+  // Training FLOPs per token = 6N + 12*L*h*s (forward + backward, attention scores included; with
+  // grouped-query attention every query head still scores every position).
   double flops_per_token() const {
     return 6.0 * double(flop_params()) + 12.0 * layers * double(hidden) * seq;
   }
 };
+
+// Throws ConfigError, one line naming the option, for sizes no model can be built from: a size not
+// positive, heads not dividing hidden, K/V heads not dividing heads (or given for gpt2), an odd
+// head size for rotary embeddings.
+void validate_model_spec(const ModelSpec& spec);
 
 // A named model size and the constant AdamW learning rate it trains with unless --lr is given.
 struct ModelPreset {
@@ -46,10 +90,13 @@ struct ModelPreset {
   double lr = 0;
 };
 // The model presets, smallest first: the one table behind --model, its help, the default learning
-// rates, tests and benchmarks. "tiny" (2 layers, h 64, 4 heads, seq 64, vocab 256, lr 3e-3),
-// "small" (4, 256, 4, 128, 4096, 1e-3), "gpt2-124m" (12, 768, 12, 1024, 50304, 6e-4; GPT-2's
-// vocabulary padded to a multiple of 64), "gpt3-6.7b" (32, 4096, 32, 2048, 50304, 1.2e-4),
-// "gpt3-175b" (96, 12288, 96, 2048, 50304, 0.6e-4).
+// rates, tests and benchmarks. GPT-2 family (layers, hidden, heads, seq, vocab, lr): "tiny" (2,
+// 64, 4, 64, 256, 3e-3), "small" (4, 256, 4, 128, 4096, 1e-3), "gpt2-124m" (12, 768, 12, 1024,
+// 50304, 6e-4; GPT-2's vocabulary padded to a multiple of 64), "gpt3-6.7b" (32, 4096, 32, 2048,
+// 50304, 1.2e-4), "gpt3-175b" (96, 12288, 96, 2048, 50304, 0.6e-4). Llama family (the same, then
+// kv heads, ffn, rope theta): "tiny-llama" (2, 64, 4, 64, 256, 2, 192, 1e4, 3e-3), "llama3-8b"
+// (32, 4096, 32, 8192, 128256, 8, 14336, 5e5, 3e-4: 8.03B parameters), "llama3-70b" (80, 8192,
+// 64, 8192, 128256, 8, 28672, 5e5, 1.5e-4: 70.6B), Meta's published shapes and learning rates.
 const std::vector<ModelPreset>& model_presets();
 // The preset called `name`, or null.
 const ModelPreset* find_model_preset(const std::string& name);

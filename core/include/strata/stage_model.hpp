@@ -2,11 +2,13 @@
 //
 // A StageModel holds a contiguous range of units (a pipeline stage, or one virtual chunk of an
 // interleaved stage) with every tensor split across the tensor-parallel group:
-//   QKV, FC1       column-parallel: this rank's attention heads / its slice of the 4h MLP rows
+//   QKV, FC1       column-parallel: this rank's attention heads (and, with grouped-query
+//                  attention, its K/V heads) / its slice of the MLP's rows (of gate and of up)
 //   proj, FC2      row-parallel: the matching input columns; the partial outputs are all-reduced
-//   wte            vocab-parallel: rows [r V/t, (r+1) V/t) of the tied embedding / LM head, with a
-//                  vocab-parallel cross-entropy (max and sum-of-exp all-reduced, never the logits)
-//   LayerNorms, biases of row-parallel layers, wpe: replicated.
+//   wte, lm_head   vocab-parallel: rows [r V/t, (r+1) V/t) of the embedding and of the LM head
+//                  (GPT-2's tied to wte), with a vocab-parallel cross-entropy (max and sum-of-exp
+//                  all-reduced, never the logits)
+//   norms, biases of row-parallel layers, wpe: replicated.
 // One all-reduce in forward and one in backward per sub-block (attention, MLP). With sequence
 // parallelism the residual stream between those sub-blocks is sharded by token rows (N/t rows of
 // the micro-batch's N = B*T tokens; LayerNorm, residual, bias and dropout are per token, so any row
@@ -43,10 +45,11 @@ void validate_tensor_parallel(const ModelSpec& spec, int micro_batch, int tp,
 
 // How a local tensor is cut from the global one.
 enum class ShardKind {
-  replicated,  // whole tensor on every tp rank
-  rows,        // a contiguous block of rows (wte, fc_w, fc_b)
-  qkv_rows,    // this rank's heads from each of q, k, v (qkv_w, qkv_b)
-  columns      // a block of input columns (proj_w, fcproj_w)
+  replicated,    // whole tensor on every tp rank
+  rows,          // a contiguous block of rows (wte, lm_head, fc_w, fc_b)
+  stacked_rows,  // this rank's part of each stacked block of rows (LocalTensor::stacked): its
+                 // heads of q, k and v (qkv_w, qkv_b), its rows of gate and up (gate_up_w)
+  columns        // a block of input columns (proj_w, fcproj_w, down_w)
 };
 
 struct LocalTensor {
@@ -58,6 +61,10 @@ struct LocalTensor {
   // The LM head's copy of the tied wte on a partition without the embedding: its gradient must be
   // exchanged with the embedding's stage, and it is counted once in the gradient norm.
   bool tied_copy = false;
+  // stacked_rows: the global rows of each stacked block, in order (q, k, v: heads x head size,
+  // K/V heads fewer with grouped-query attention; gate, up: ffn each). Block i's rank-r part is
+  // its rows [r * rows_i / tp, (r + 1) * rows_i / tp), the parts concatenated in block order.
+  std::vector<std::int64_t> stacked;
 };
 
 class StageModel {

@@ -73,6 +73,26 @@ class Kernels {
     residual_forward(sum, a, b, std::int64_t(N) * C);
     layernorm_forward(out, mean, rstd, sum, weight, bias, N, C);
   }
+  // The Llama block's layers (cpu/layers.hpp): RMSNorm, SwiGLU on the fused gate | up, the rotary
+  // embedding (in place, from rope_table's [T, hs/2, 2]), and grouped-query attention's K/V
+  // repeated to every query head. Activations (out, inp, gu, x) fp32 or bf16 (widened as read,
+  // rounded once as written); gradients fp32.
+  virtual void rmsnorm_forward(ActView out, float* rstd, ActView inp, const float* weight, int N,
+                               int C) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, ActView inp,
+                                const float* weight, const float* rstd, int N, int C) = 0;
+  virtual void swiglu_forward(ActView out, ActView gu, int N, int F) = 0;
+  virtual void swiglu_backward(float* dgu, ActView gu, const float* dout, int N, int F) = 0;
+  virtual void rope_forward(ActView x, const float* table, int N, int T, int row0, int heads,
+                            int hs, int row_stride) = 0;
+  virtual void rope_backward(float* dx, const float* table, int N, int T, int row0, int heads,
+                             int hs, int row_stride) = 0;
+  // out[N, 3 NH hs] = q | k | v with each of in's KV heads of k and v [N, (NH + 2 KV) hs] repeated
+  // NH / KV times (query head h reads K/V head h / (NH / KV), as Llama's repeat_kv); out and in of
+  // one dtype. The backward (=): din's q is dout's, each K/V head the sum over its query heads in
+  // head order.
+  virtual void repeat_kv_forward(ActView out, ActView in, int N, int NH, int KV, int hs) = 0;
+  virtual void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) = 0;
   virtual void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                             const std::int32_t* targets, int N, int V) = 0;
   virtual void crossentropy_softmax_backward(float* dlogits, const float* probs,

@@ -30,6 +30,12 @@ const std::vector<ModelPreset>& model_presets() {
       // what a CPU trains.
       {{"gpt3-6.7b", 32, 4096, 32, 2048, 50304}, 1.2e-4},
       {{"gpt3-175b", 96, 12288, 96, 2048, 50304}, 0.6e-4},
+      // Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, table 3): grouped-query attention with
+      // 8 K/V heads, the 128,256-token vocabulary, rope theta 500,000, peak learning rates as
+      // there. tiny-llama is its shape at the size of tiny, for tests (2 K/V heads: GQA).
+      {{"tiny-llama", 2, 64, 4, 64, 256, Arch::llama, 2, 192, 10000}, 3e-3},
+      {{"llama3-8b", 32, 4096, 32, 8192, 128256, Arch::llama, 8, 14336, 500000}, 3e-4},
+      {{"llama3-70b", 80, 8192, 64, 8192, 128256, Arch::llama, 8, 28672, 500000}, 1.5e-4},
   };
   return presets;
 }
@@ -49,6 +55,17 @@ ModelSpec model_preset(const std::string& name) {
   throw ConfigError("model preset " + name + ": must be one of " + names);
 }
 
+const char* arch_name(Arch a) { return a == Arch::llama ? "llama" : "gpt2"; }
+
+bool parse_arch(const std::string& name, Arch* out) {
+  for (Arch a : {Arch::gpt2, Arch::llama})
+    if (name == arch_name(a)) {
+      if (out) *out = a;
+      return true;
+    }
+  return false;
+}
+
 void validate_model_spec(const ModelSpec& s) {
   auto positive = [](int v, const char* name) {
     if (v <= 0) {
@@ -65,6 +82,22 @@ void validate_model_spec(const ModelSpec& s) {
     throw ConfigError("model: hidden (" + std::to_string(s.hidden) +
                       ") must be a multiple of heads (" + std::to_string(s.heads) + ")");
   }
+  if (s.ffn < 0) throw ConfigError("--ffn " + std::to_string(s.ffn) + ": must be positive");
+  if (s.arch != Arch::llama) {
+    if (s.kv_heads > 0 && s.kv_heads != s.heads)
+      throw ConfigError("--kv-heads " + std::to_string(s.kv_heads) +
+                        ": grouped-query attention needs --arch llama");
+    return;
+  }
+  const int kv = s.kv_head_count();
+  if (kv <= 0 || s.heads % kv != 0)
+    throw ConfigError("--kv-heads " + std::to_string(s.kv_heads) + ": must divide --heads " +
+                      std::to_string(s.heads));
+  if (s.head_dim() % 2 != 0)
+    throw ConfigError("--arch llama: the head size (--hidden / --heads = " +
+                      std::to_string(s.head_dim()) + ") must be even for rotary embeddings");
+  if (!(s.rope_theta > 1))
+    throw ConfigError("model: rope theta must be above 1, got " + std::to_string(s.rope_theta));
 }
 
 namespace {
@@ -135,27 +168,46 @@ ParamLayout::ParamLayout(const ModelSpec& spec) {
     units_.back().num_tensors += 1;
   };
 
+  const bool llama = spec.arch == Arch::llama;
   begin_unit("embedding", UnitKind::embedding, -1);
   add("wte", {spec.vocab, C}, true, std_w, 0.0f);
-  add("wpe", {spec.seq, C}, true, std_w, 0.0f);
+  if (!llama) add("wpe", {spec.seq, C}, true, std_w, 0.0f);
+  const int qkv = int(spec.qkv_rows()), fc = int(spec.fc_rows()), F = spec.ffn_hidden();
   for (int b = 0; b < L; ++b) {
     begin_unit("block" + std::to_string(b), UnitKind::block, b);
-    add("ln1_w", {C}, false, 0.0f, 1.0f);
-    add("ln1_b", {C}, false, 0.0f, 0.0f);
-    add("qkv_w", {3 * C, C}, true, std_w, 0.0f);
-    add("qkv_b", {3 * C}, false, 0.0f, 0.0f);
-    add("proj_w", {C, C}, true, std_out, 0.0f);
-    add("proj_b", {C}, false, 0.0f, 0.0f);
-    add("ln2_w", {C}, false, 0.0f, 1.0f);
-    add("ln2_b", {C}, false, 0.0f, 0.0f);
-    add("fc_w", {4 * C, C}, true, std_w, 0.0f);
-    add("fc_b", {4 * C}, false, 0.0f, 0.0f);
-    add("fcproj_w", {C, 4 * C}, true, std_out, 0.0f);
-    add("fcproj_b", {C}, false, 0.0f, 0.0f);
+    for (int k : block_tensors(spec.arch)) {
+      switch (k) {
+        case kLn1W:
+          add(llama ? "attn_norm_w" : "ln1_w", {C}, false, 0.0f, 1.0f);
+          break;
+        case kLn2W:
+          add(llama ? "mlp_norm_w" : "ln2_w", {C}, false, 0.0f, 1.0f);
+          break;
+        case kQkvW:
+          add("qkv_w", {qkv, C}, true, std_w, 0.0f);
+          break;
+        case kProjW:
+          add("proj_w", {C, C}, true, std_out, 0.0f);
+          break;
+        case kFcW:
+          add(llama ? "gate_up_w" : "fc_w", {fc, C}, true, std_w, 0.0f);
+          break;
+        case kFcprojW:
+          add(llama ? "down_w" : "fcproj_w", {C, F}, true, std_out, 0.0f);
+          break;
+        default: {  // GPT-2's LayerNorm biases and linear biases: zeros
+          static const char* const names[kBlockTensors] = {
+              "", "ln1_b", "", "qkv_b", "", "proj_b", "", "ln2_b", "", "fc_b", "", "fcproj_b"};
+          const int n = k == kQkvB ? qkv : k == kFcB ? fc : C;
+          add(names[k], {n}, false, 0.0f, 0.0f);
+        }
+      }
+    }
   }
   begin_unit("head", UnitKind::head, -1);
   add("lnf_w", {C}, false, 0.0f, 1.0f);
-  add("lnf_b", {C}, false, 0.0f, 0.0f);
+  if (!llama) add("lnf_b", {C}, false, 0.0f, 0.0f);
+  if (llama) add("lm_head", {spec.vocab, C}, true, std_w, 0.0f);
 
   if (total_ != std::size_t(spec.total_params())) {
     throw Error("ParamLayout: " + std::to_string(total_) + " parameters, ModelSpec says " +

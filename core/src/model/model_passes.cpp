@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backends/backend.hpp"
+#include "backends/cpu/layers.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/types.hpp"
 
@@ -46,17 +47,23 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
       k_(device_kernels(memory.device())) {
   const ParamLayout layout(spec);
   const int first = layout.units()[1].first_tensor;
+  const std::vector<int>& kinds = block_tensors(spec.arch);
   std::size_t at = 0;
-  for (int k = 0; k < kBlockTensors; ++k) {
-    block_off_[k] = at;
-    const std::size_t n = layout.tensors()[first + k].count;
-    at += block_shard(k) == ShardKind::replicated ? n : n / part.tp_size;
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    block_off_[kinds[i]] = at;
+    const std::size_t n = layout.tensors()[first + int(i)].count;
+    at += block_shard(spec.arch, kinds[i]) == ShardKind::replicated ? n : n / part.tp_size;
   }
   Carver count;
   g_.carve(alloc_, r, param_dtype, count);
   scratch_memory_ = Buffer<float>(memory, MemTag::activations, count.used);
   Carver c{scratch_memory_.data(), 0};
   g_.carve(alloc_, r, param_dtype, c);
+  if (g_.rope) {  // the same table on every backend: made on the host in double, then copied
+    std::vector<float> table(std::size_t(alloc_.T) * alloc_.hs);
+    cpu::rope_table(table.data(), alloc_.T, int(alloc_.hs), spec.rope_theta);
+    copy_bytes(memory.device(), g_.rope, table.data(), table.size() * sizeof(float));
+  }
   if (tp_comm_dtype != DType::f32 && tp_comm_dtype != DType::bf16)
     throw ConfigError(std::string("model: tensor-parallel comm in ") + dtype_name(tp_comm_dtype) +
                       "; fp32 or bf16 are allowed");
@@ -233,7 +240,7 @@ void ModelPasses::row_parallel(TensorParallelComm* tp, float* out, ActView inp, 
     matmul_forward(out, inp, w, nullptr, int(d.N), icl, d.C);
     all_reduce_activation(tp, out, d.N * d.C);
   }
-  k_.add_bias(out, bias, d.Nl, d.C);
+  if (bias) k_.add_bias(out, bias, d.Nl, d.C);
 }
 
 // d(input of a column-parallel matmul): partial [N,C] in g_.partial -> the rank's rows, summed.
@@ -254,32 +261,109 @@ BufferView at(BufferView unit, std::size_t offset) {
 }
 }  // namespace
 
-// recomputing: Recompute::full's rerun in backward, which stops at fch_gelu: the block's output
+namespace {
+// A scratch buffer as an activation of `dtype`.
+ActView as_act(float* p, DType dtype) {
+  return dtype == DType::bf16 ? ActView(reinterpret_cast<bf16*>(p)) : ActView(p);
+}
+}  // namespace
+
+// The norms: GPT-2's LayerNorm (mean, bias) or a llama's RMSNorm (neither: mean and bias null).
+void ModelPasses::norm_forward(ActView out, float* mean, float* rstd, ActView inp, const float* w,
+                               const float* b, int rows) {
+  if (run_.llama) return k_.rmsnorm_forward(out, rstd, inp, w, rows, run_.C);
+  k_.layernorm_forward(out, mean, rstd, inp, w, b, rows, run_.C);
+}
+
+// sum = a + b (the residual add), then the norm of the sum as stored (fused for LayerNorm).
+void ModelPasses::residual_norm_forward(ActView sum, ActView out, float* mean, float* rstd,
+                                        const float* a, ActView b, const float* w,
+                                        const float* bias, int rows) {
+  if (!run_.llama)
+    return k_.residual_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, rows, run_.C);
+  k_.residual_forward(sum, a, b, std::int64_t(rows) * run_.C);
+  k_.rmsnorm_forward(out, rstd, sum, w, rows, run_.C);
+}
+
+void ModelPasses::norm_backward(float* dinp, float* dw, float* db, const float* dout, ActView inp,
+                                const float* w, const float* mean, const float* rstd, int rows) {
+  if (run_.llama) return k_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, rows, run_.C);
+  k_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, rows, run_.C);
+}
+
+// q | k | v as the attention reads them (BlockActs::qkv): the projection; a llama's then turns q
+// and k by the rotary embedding (their NHl + KVl heads are adjacent from column 0) and, with
+// grouped-query attention, repeats K/V to every query head from the projection's output in b.
+void ModelPasses::qkv_forward(BlockActs& a, BufferView w, const float* bias) {
+  const Dims& d = run_;
+  const bool gqa = d.KVl != d.NHl;
+  const ActView out = gqa ? as_act(g_.b, a.qkv.dtype) : a.qkv;
+  matmul_forward(out, a.ln1_full, w, bias, int(d.N), d.C, int(d.QKVl));
+  if (!d.llama) return;
+  k_.rope_forward(out, g_.rope, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs), int(d.QKVl));
+  if (gqa) k_.repeat_kv_forward(a.qkv, out, int(d.N), int(d.NHl), int(d.KVl), int(d.hs));
+}
+
+// Its backward from d(q | k | v) [N,3Cl] in a: the repeat's sums (into b), the rotation back,
+// then the projection's backward into partial.
+void ModelPasses::qkv_backward(const BlockActs& a, BufferView w, BufferView gw, float* gbias) {
+  const Dims& d = run_;
+  float* dqkv = g_.a;
+  if (d.KVl != d.NHl) {
+    k_.repeat_kv_backward(g_.b, g_.a, int(d.N), int(d.NHl), int(d.KVl), int(d.hs));
+    dqkv = g_.b;
+  }
+  if (d.llama)
+    k_.rope_backward(dqkv, g_.rope, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs), int(d.QKVl));
+  matmul_backward(g_.partial, gw, gbias, dqkv, a.ln1_full, w, int(d.N), d.C, int(d.QKVl));
+}
+
+// The MLP up to its activation's output: FC with GELU in its epilogue (GPT-2), or gate | up
+// then SwiGLU (llama).
+void ModelPasses::mlp_up_forward(BlockActs& a, BufferView w, const float* bias) {
+  const Dims& d = run_;
+  if (!d.llama)
+    return matmul_forward(a.fch, a.ln2_full, w, bias, int(d.N), d.C, int(d.FCl), a.fch_act);
+  matmul_forward(a.fch, a.ln2_full, w, nullptr, int(d.N), d.C, int(d.FCl));
+  k_.swiglu_forward(a.fch_act, a.fch, int(d.N), int(d.Fl));
+}
+
+// Its backward from d(fch_act) in a into partial (d(fch) formed in b).
+void ModelPasses::mlp_up_backward(const BlockActs& a, BufferView w, BufferView gw, float* gbias) {
+  const Dims& d = run_;
+  const int N = int(d.N), C = d.C, FC = int(d.FCl);
+  if (!d.llama)
+    return gelu_matmul_backward(g_.partial, gw, gbias, g_.a, a.fch, a.ln2_full, w, N, C, FC);
+  k_.zero(g_.b, d.N * d.FCl);
+  k_.swiglu_backward(g_.b, a.fch, g_.a, N, int(d.Fl));
+  matmul_backward(g_.partial, gw, nullptr, g_.b, a.ln2_full, w, N, C, FC);
+}
+
+// recomputing: Recompute::full's rerun in backward, which stops at fch_act: the block's output
 // (FC2, its reduction and the second residual) is not needed by the backward, x[l+1] is kept.
 void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallelComm* tp,
                                 bool recomputing) {
   const Dims& d = run_;
   const std::size_t* o = block_off_;
   BlockActs& a = s.block[l];
-  const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
+  const int Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
   SmallTensors small(k_, p, g_.small_params);
+  auto bias = [&](int k, std::size_t n) { return d.llama ? nullptr : small.param(o[k], n); };
   const ActView x_in = s.x[l];
-  k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C),
-                       small.param(o[kLn1B], C), Nl, C);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C), bias(kLn1B, C), Nl);
   if (d.sp) gather(tp, a.ln1, a.ln1_full);
-  matmul_forward(a.qkv, a.ln1_full, at(p, o[kQkvW]), small.param(o[kQkvB], 3 * d.Cl), N, C, 3 * Cl);
+  qkv_forward(a, at(p, o[kQkvW]), bias(kQkvB, d.QKVl));
   k_.attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
   float* proj = sublayer_output(a.xmid);
-  row_parallel(tp, proj, a.atty, at(p, o[kProjW]), small.param(o[kProjB], C), Cl);
-  k_.residual_layernorm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, proj, x_in,
-                                small.param(o[kLn2W], C), small.param(o[kLn2B], C), Nl, C);
+  row_parallel(tp, proj, a.atty, at(p, o[kProjW]), bias(kProjB, C), Cl);
+  residual_norm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, proj, x_in, small.param(o[kLn2W], C),
+                        bias(kLn2B, C), Nl);
   if (d.sp) gather(tp, a.ln2, a.ln2_full);
-  matmul_forward(a.fch, a.ln2_full, at(p, o[kFcW]), small.param(o[kFcB], 4 * d.Cl), N, C, 4 * Cl,
-                 a.fch_gelu);
+  mlp_up_forward(a, at(p, o[kFcW]), bias(kFcB, d.FCl));
   if (recomputing) return;
   const ActView x_out = s.x[l + 1];
   float* mlp = sublayer_output(x_out);
-  row_parallel(tp, mlp, a.fch_gelu, at(p, o[kFcprojW]), small.param(o[kFcprojB], C), 4 * Cl);
+  row_parallel(tp, mlp, a.fch_act, at(p, o[kFcprojW]), bias(kFcprojB, C), int(d.Fl));
   k_.residual_forward(x_out, mlp, a.xmid, std::int64_t(Nl) * C);
 }
 
@@ -292,39 +376,39 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   if (recompute_ == Recompute::full) forward_block(l, s, p, tp, true);
   const BlockActs& a = s.block[l];
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
-  const std::size_t NCl = d.N * d.Cl;
   const bool tp1 = d.tp == 1;
   SmallTensors small(k_, p, g_.small_params), gsmall(k_, gr, g_.small_grads);
-  // MLP: x_out = xmid + fcproj(gelu(fc(ln2(xmid)))). d(x_out) is all-gathered with sp.
+  auto gbias = [&](int k, std::size_t n) { return d.llama ? nullptr : gsmall.grad(o[k], n); };
+  // A row-parallel layer's bias gradient: in its GEMM's backward at tp 1, else from the rank's
+  // rows of d(output) (null: returned for the GEMM).
+  auto row_parallel_bias = [&](float* g) {
+    if (!tp1 && g) k_.bias_grad(g, g_.dres, d.Nl, C);
+    return tp1 ? g : nullptr;
+  };
+  // MLP: x_out = xmid + fcproj(act(fc(ln2(xmid)))). d(x_out) is all-gathered with sp.
   if (d.sp) gather(tp, g_.dres, g_.full);
-  float* g_fcproj_b = gsmall.grad(o[kFcprojB], C);
-  if (!tp1) k_.bias_grad(g_fcproj_b, g_.dres, d.Nl, C);
-  matmul_backward(g_.a, at(gr, o[kFcprojW]), tp1 ? g_fcproj_b : nullptr, g_.full, a.fch_gelu,
-                  at(p, o[kFcprojW]), N, 4 * Cl, C);
-  gelu_matmul_backward(g_.partial, at(gr, o[kFcW]), gsmall.grad(o[kFcB], 4 * d.Cl), g_.a, a.fch,
-                       a.ln2_full, at(p, o[kFcW]), N, C, 4 * Cl);
+  float* g_fcproj_b = row_parallel_bias(gbias(kFcprojB, C));
+  matmul_backward(g_.a, at(gr, o[kFcprojW]), g_fcproj_b, g_.full, a.fch_act, at(p, o[kFcprojW]), N,
+                  int(d.Fl), C);
+  mlp_up_backward(a, at(p, o[kFcW]), at(gr, o[kFcW]), gbias(kFcB, d.FCl));
   const float* dln2 = reduce_input_grad(tp);
-  k_.layernorm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gsmall.grad(o[kLn2B], C), dln2, a.xmid,
-                        small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl, C);
+  norm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gbias(kLn2B, C), dln2, a.xmid,
+                small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl);
   // Attention: xmid = x_in + proj(attention(qkv(ln1(x_in)))); d(atty) goes to partial (free).
   if (d.sp) gather(tp, g_.dres, g_.full);
-  float* g_proj_b = gsmall.grad(o[kProjB], C);
-  if (!tp1) k_.bias_grad(g_proj_b, g_.dres, d.Nl, C);
+  float* g_proj_b = row_parallel_bias(gbias(kProjB, C));
   float* datty = g_.partial;
-  matmul_backward(datty, at(gr, o[kProjW]), tp1 ? g_proj_b : nullptr, g_.full, a.atty,
-                  at(p, o[kProjW]), N, Cl, C);
+  matmul_backward(datty, at(gr, o[kProjW]), g_proj_b, g_.full, a.atty, at(p, o[kProjW]), N, Cl, C);
   // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
   // shared att. The attention output it also produces (atty is kept) goes to a, free until d(qkv).
   if (recompute_ == Recompute::selective)
     k_.attention_forward(g_.a, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
-  float* dqkv = g_.a;
-  k_.zero(dqkv, 3 * NCl);
-  k_.attention_backward(dqkv, g_.b, datty, a.qkv, a.att, a.atty, d.B, d.T, Cl, int(d.NHl));
-  matmul_backward(g_.partial, at(gr, o[kQkvW]), gsmall.grad(o[kQkvB], 3 * d.Cl), dqkv, a.ln1_full,
-                  at(p, o[kQkvW]), N, C, 3 * Cl);
+  k_.zero(g_.a, 3 * d.N * d.Cl);
+  k_.attention_backward(g_.a, g_.b, datty, a.qkv, a.att, a.atty, d.B, d.T, Cl, int(d.NHl));
+  qkv_backward(a, at(p, o[kQkvW]), at(gr, o[kQkvW]), gbias(kQkvB, d.QKVl));
   const float* dln1 = reduce_input_grad(tp);
-  k_.layernorm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gsmall.grad(o[kLn1B], C), dln1, s.x[l],
-                        small.param(o[kLn1W], C), a.ln1_mean, a.ln1_rstd, Nl, C);
+  norm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gbias(kLn1B, C), dln1, s.x[l],
+                small.param(o[kLn1W], C), a.ln1_mean, a.ln1_rstd, Nl);
   gsmall.flush();
 }
 
@@ -336,7 +420,7 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   const int C = d.C;
   check_tokens(memory_.device(), tok, d.N, d.V, "input");
   const ActView x0 = s.x[0];
-  if (d.tp == 1 && wte.dtype == DType::f32) {  // fp32 parameters: an fp32 residual stream
+  if (d.tp == 1 && wte.dtype == DType::f32 && !d.llama) {  // fp32 parameters, GPT-2's positions
     k_.encoder_forward(x0.f32(), tok, static_cast<const float*>(wte.data),
                        static_cast<const float*>(wpe.data), d.B, d.T, C);
     return;
@@ -348,19 +432,22 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
     scatter(tp, g_.partial, sum);
   else if (d.tp > 1)
     all_reduce_activation(tp, sum, d.N * C);
-  k_.add_positions(x0, sum, wpe, d.Nl, d.row0, d.T, C);
+  if (!d.llama)
+    k_.add_positions(x0, sum, wpe, d.Nl, d.row0, d.T, C);
+  else if (x0.is_bf16())  // rotary positions are the attention's: the rows are the stream
+    k_.round_to_bf16(x0.half(), sum, d.Nl * C);
 }
 
 void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* tok,
                                      TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
-  if (d.tp == 1 && gwte.dtype == DType::f32) {
+  if (d.tp == 1 && gwte.dtype == DType::f32 && !d.llama) {
     k_.encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data), g_.dres,
                         tok, d.B, d.T, C);
     return;
   }
-  k_.positions_backward(gwpe, g_.dres, d.Nl, d.row0, d.T, C);
+  if (!d.llama) k_.positions_backward(gwpe, g_.dres, d.Nl, d.row0, d.T, C);
   if (d.sp) gather(tp, g_.dres, g_.full);
   const float* full = d.sp ? g_.full : g_.dres;
   k_.embedding_rows_backward(gwte, full, tok, d.N, d.Vl * part_.tp_rank, d.Vl, C);
@@ -387,7 +474,7 @@ void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
 // chunk's cross-entropy leaves its losses and bf16(softmax - onehot) in the slot's dlogits. At
 // tp > 1 the vocab-parallel steps and their all-reduces run per chunk (one chunk for small models,
 // so the same collectives as the fp32 path).
-void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,
+void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView lm_head,
                                  TensorParallelComm* tp) {
   const Dims& d = run_;
   const std::size_t N = d.N, Vl = d.Vl, C = std::size_t(d.C), R = head_chunk_rows(d);
@@ -396,7 +483,7 @@ void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, Buffe
   for (std::size_t r0 = 0; r0 < N; r0 += R) {
     const std::size_t rows = std::min(R, N - r0);
     k_.gemm_bf16(false, true, int(rows), int(Vl), int(C), s.lnf_full.half() + r0 * C,
-                 static_cast<const bf16*>(wte.data), logits, DType::f32, false, g_.gemm_pad,
+                 static_cast<const bf16*>(lm_head.data), logits, DType::f32, false, g_.gemm_pad,
                  g_.gemm_pad_bytes);
     bf16* dlogits = s.dlogits + r0 * Vl;
     float* losses = s.losses + r0;
@@ -415,49 +502,51 @@ void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, Buffe
   }
 }
 
-void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView wte,
+void ModelPasses::forward_head(SlotActs& s, BufferView lnf, BufferView lm_head,
                                const std::int32_t* targets, TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
   check_tokens(memory_.device(), targets, d.N, d.V, "target");
   SmallTensors small(k_, lnf, g_.small_params);
-  k_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
-                       small.param(C, C), int(d.Nl), C);
+  norm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.x[d.blocks], small.param(0, C),
+               d.llama ? nullptr : small.param(C, C), int(d.Nl));
   if (d.sp) gather(tp, s.lnf, s.lnf_full);
   if (param_dtype_ == DType::bf16) {
-    head_xent_bf16(s, targets, wte, tp);
+    head_xent_bf16(s, targets, lm_head, tp);
     return;
   }
-  matmul_forward(s.probs, s.lnf_full, wte, nullptr, int(d.N), C, int(d.Vl));
+  matmul_forward(s.probs, s.lnf_full, lm_head, nullptr, int(d.N), C, int(d.Vl));
   if (d.tp == 1)
     k_.softmax_crossentropy_forward(s.probs, s.losses, s.probs, targets, int(d.N), d.V);
   else
     vocab_parallel_xent(s, targets, tp);
 }
 
-void ModelPasses::backward_head(SlotActs& s, BufferView lnf, BufferView wte, BufferView glnf,
-                                BufferView gwte, const std::int32_t* targets,
+void ModelPasses::backward_head(SlotActs& s, BufferView lnf, BufferView lm_head, BufferView glnf,
+                                BufferView glm_head, const std::int32_t* targets,
                                 TensorParallelComm* tp, float scale) {
   const Dims& d = run_;
   const int C = d.C;
   const std::size_t N = d.N, Vl = d.Vl;
-  // Tied LM head: logits = lnf @ wte^T, so wte's gradient lands in the embedding's tensor.
+  // logits = lnf @ lm_head^T; GPT-2's LM head is lm_head (tied): its gradient lands in the
+  // embedding's.
   if (param_dtype_ == DType::bf16) {  // the forward's bf16 (softmax - onehot), scaled in place
     k_.scale_bf16(s.dlogits, scale, N * Vl);
-    matmul_backward_bf16(g_.partial, gwte, s.dlogits, s.lnf_full, wte, int(N), C, int(Vl));
+    matmul_backward_bf16(g_.partial, glm_head, s.dlogits, s.lnf_full, lm_head, int(N), C, int(Vl));
   } else {
     k_.zero(g_.logits, N * Vl);
     if (d.tp == 1)
       k_.crossentropy_softmax_backward(g_.logits, s.probs, targets, scale, int(N), d.V);
     else
       k_.xent_backward_shard(g_.logits, s.probs, targets, Vl * part_.tp_rank, scale, N, Vl);
-    matmul_backward(g_.partial, gwte, nullptr, g_.logits, s.lnf_full, wte, int(N), C, int(Vl));
+    matmul_backward(g_.partial, glm_head, nullptr, g_.logits, s.lnf_full, lm_head, int(N), C,
+                    int(Vl));
   }
   const float* dlnf = reduce_input_grad(tp);
   k_.zero(g_.dres, d.Nl * C);
   SmallTensors small(k_, lnf, g_.small_params), gsmall(k_, glnf, g_.small_grads);
-  k_.layernorm_backward(g_.dres, gsmall.grad(0, C), gsmall.grad(C, C), dlnf, s.x[d.blocks],
-                        small.param(0, C), s.lnf_mean, s.lnf_rstd, int(d.Nl), C);
+  norm_backward(g_.dres, gsmall.grad(0, C), d.llama ? nullptr : gsmall.grad(C, C), dlnf,
+                s.x[d.blocks], small.param(0, C), s.lnf_mean, s.lnf_rstd, int(d.Nl));
   gsmall.flush();
 }
 

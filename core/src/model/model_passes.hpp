@@ -20,11 +20,11 @@
 
 namespace strata {
 
-// How block tensor k (BlockTensor) is cut across tensor-parallel ranks.
-ShardKind block_shard(int k);
+// How block tensor k (BlockTensor) of an `arch` block is cut across tensor-parallel ranks, and for
+// ShardKind::stacked_rows its stacked blocks' global rows (LocalTensor::stacked; else empty).
+ShardKind block_shard(Arch arch, int k);
+std::vector<std::int64_t> block_stacked_rows(const ModelSpec& spec, int k);
 
-// Throws ConfigError for a spec the model cannot be built from (defined in model.cpp).
-void validate_model_spec(const ModelSpec& spec);
 // Every check a partition needs before anything is allocated: the spec, micro-batch > 0, the unit
 // range, the tp rank, the tensor-parallel split, the recompute mode and the parameter dtype.
 void validate_partition(const ModelSpec& spec, int micro_batch, const Partition& part,
@@ -35,11 +35,14 @@ void validate_partition(const ModelSpec& spec, int micro_batch, const Partition&
 STRATA_EXPORT_BEGIN
 // Sizes of one partition for a micro-batch of B sequences. N = B*T token rows; Nl the rows of the
 // residual stream on this rank (N/tp with sequence parallelism).
+// KVl: K/V heads on this rank, hs the head size, QKVl = (NHl + 2 KVl) hs the q | k | v
+// projection's outputs on this rank, Fl the MLP's hidden size on this rank, FCl the FC layer's
+// outputs (Fl, or a llama's gate | up 2 Fl).
 struct Dims {
   int B, T, C, NH, V, tp, blocks;
-  bool sp, embedding, head;
+  bool sp, embedding, head, llama;
   // row0: first token row; att: floats of the attention's state (attention_state_floats)
-  std::size_t N, Nl, Cl, NHl, Vl, row0, att;
+  std::size_t N, Nl, Cl, NHl, KVl, hs, QKVl, Fl, FCl, Vl, row0, att;
   // attention_bf16: the device's attention takes bf16 q | k | v and output
   // (attention_writes_bf16)
   bool attention_bf16;
@@ -63,14 +66,19 @@ STRATA_EXPORT_END
 // fp32 and rounded once. Gradients of activations stay fp32 (one [Nl,C] d(residual) in flight).
 struct BlockActs {
   ActView ln1, ln1_full;       // [Nl,C] [N,C] (= ln1 without sp)
-  float *ln1_mean, *ln1_rstd;  // [Nl] [Nl]
-  ActView qkv;   // [N,3Cl] this rank's heads of q | k | v (bf16 where Dims::attention_bf16)
+  float *ln1_mean, *ln1_rstd;  // [Nl] [Nl] (RMSNorm: no mean, null)
+  // [N,3Cl] this rank's heads of q | k | v as the attention reads them (bf16 where
+  // Dims::attention_bf16); a llama's after the rotary embedding, its K/V heads repeated to every
+  // query head (as torchtitan's repeat_kv before its attention call)
+  ActView qkv;
   ActView atty;  // [N,Cl], a GEMM input (bf16 where Dims::attention_bf16)
   float* att;    // the attention's state: [B,NHl,T,T] probabilities or [B,NHl,T] log-sum-exps
   ActView xmid;  // [Nl,C]  x_in + attention projection, the residual stream
   ActView ln2, ln2_full;       // as ln1
   float *ln2_mean, *ln2_rstd;  // as ln1
-  ActView fch, fch_gelu;       // [N,4Cl] the GELU's input and output (the FC layers' GEMMs')
+  // [N,FCl] [N,Fl] the activation's input and output (the FC layers' GEMMs'): GELU's, or
+  // SwiGLU's from gate | up
+  ActView fch, fch_act;
   // gemm_in: the dtype of the GEMM inputs (the parameters').
   void carve(const Dims& d, bool with_att, DType gemm_in, Carver& c);
 };
@@ -80,9 +88,11 @@ struct BlockActs {
 //   head view   fp32 parameters: logits [N,Vl] (the backward's d(logits)), ce [3N] (vocab-parallel
 //               cross-entropy, tp > 1); bf16 parameters: logits [R,Vl] and ce [3R], one chunk of
 //               R = head_chunk_rows token rows of the forward's logits and their row statistics
-//   block view  a [4N Cl]: d(fch_gelu), later d(qkv) (and the discarded attention output of a
-//               selective recompute); b [max(4N Cl, att)]: d(fch), later attention's d(att)
-//               scratch; then the shared recompute buffers: Recompute::selective one att,
+//   block view  a [max(N FCl, 3N Cl)]: d(fch_act), later d(qkv) (and the discarded attention
+//               output of a selective recompute); in forward a bf16 GEMM's fp32 outputs.
+//               b [max(N FCl, att, N QKVl)]: d(fch), later attention's d(att) scratch, then
+//               grouped-query attention's d(q | k | v) before the repeat; in forward its q | k | v.
+//               Then the shared recompute buffers: Recompute::selective one att,
 //               Recompute::full one whole BlockActs.
 // A block's forward writes the shared recompute buffers and nothing reads them afterwards (its
 // backward recomputes them), and the head's view is dead outside the head's passes, so the two
@@ -105,6 +115,7 @@ struct Scratch {
   float* shard;    // [Nl,C] reduce-scattered (sequence parallel; else = partial)
   float *logits, *ce;
   float *a, *b;
+  float* rope;  // llama blocks: the rotary table [T, hs/2, 2] (rope_table), written once
   BlockActs shared;
   void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);
 };
@@ -179,18 +190,20 @@ class ModelPasses {
   int batch() const { return run_.B; }
   float* dres() { return g_.dres; }
 
-  // Parameters and gradients are views of a unit's elements (the embedding: wte and wpe; the
-  // head: lnf weight | bias, and wte). l: block index within the partition. forward_head also
-  // computes the per-token losses.
+  // Parameters and gradients are views of a unit's elements (the embedding: wte and GPT-2's wpe,
+  // none for a llama; the head: the final norm's weight (| bias), and the LM head's weight: wte
+  // when tied). l: block index within the partition. forward_head also computes the per-token
+  // losses.
   void forward_embedding(SlotActs& s, BufferView wte, BufferView wpe, const std::int32_t* inputs,
                          TensorParallelComm* tp);
   void forward_block(int l, SlotActs& s, BufferView p, TensorParallelComm* tp,
                      bool recomputing = false);
-  void forward_head(SlotActs& s, BufferView lnf, BufferView wte, const std::int32_t* targets,
+  void forward_head(SlotActs& s, BufferView lnf, BufferView lm_head, const std::int32_t* targets,
                     TensorParallelComm* tp);
   // dres() holds d(output) on entry of a block's backward and d(input) on return.
-  void backward_head(SlotActs& s, BufferView lnf, BufferView wte, BufferView glnf, BufferView gwte,
-                     const std::int32_t* targets, TensorParallelComm* tp, float grad_scale);
+  void backward_head(SlotActs& s, BufferView lnf, BufferView lm_head, BufferView glnf,
+                     BufferView glm_head, const std::int32_t* targets, TensorParallelComm* tp,
+                     float grad_scale);
   void backward_block(int l, SlotActs& s, BufferView p, BufferView g, TensorParallelComm* tp);
   void backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* inputs,
                           TensorParallelComm* tp);
@@ -229,9 +242,20 @@ class ModelPasses {
   void gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
                             ActView pre_gelu, ActView inp, BufferView w, int N, int C, int OC);
   float* reduce_input_grad(TensorParallelComm* tp);
+  // The family's pieces of a block (model_passes.cpp says which is which).
+  void norm_forward(ActView out, float* mean, float* rstd, ActView inp, const float* w,
+                    const float* b, int rows);
+  void residual_norm_forward(ActView sum, ActView out, float* mean, float* rstd, const float* a,
+                             ActView b, const float* w, const float* bias, int rows);
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, ActView inp,
+                     const float* w, const float* mean, const float* rstd, int rows);
+  void qkv_forward(BlockActs& a, BufferView w, const float* bias);
+  void qkv_backward(const BlockActs& a, BufferView w, BufferView gw, float* gbias);
+  void mlp_up_forward(BlockActs& a, BufferView w, const float* bias);
+  void mlp_up_backward(const BlockActs& a, BufferView w, BufferView gw, float* gbias);
   float* sublayer_output(ActView x);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
-  void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView wte,
+  void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView lm_head,
                       TensorParallelComm* tp);
 
   ModelSpec spec_;

@@ -14,12 +14,13 @@
 
 namespace strata {
 
-ShardKind block_shard(int k) {
+ShardKind block_shard(Arch arch, int k) {
   switch (k) {
     case kQkvW:
     case kQkvB:
-      return ShardKind::qkv_rows;
-    case kFcW:
+      return ShardKind::stacked_rows;
+    case kFcW:  // a llama's gate | up: this rank's rows of each
+      return arch == Arch::llama ? ShardKind::stacked_rows : ShardKind::rows;
     case kFcB:
       return ShardKind::rows;
     case kProjW:
@@ -30,6 +31,14 @@ ShardKind block_shard(int k) {
   }
 }
 
+std::vector<std::int64_t> block_stacked_rows(const ModelSpec& s, int k) {
+  const std::int64_t hs = s.head_dim(), F = s.ffn_hidden();
+  if (k == kQkvW || k == kQkvB)
+    return {s.heads * hs, s.kv_head_count() * hs, s.kv_head_count() * hs};
+  if (k == kFcW && s.arch == Arch::llama) return {F, F};
+  return {};
+}
+
 void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool sp) {
   auto need = [&](int value, const char* what) {
     if (value % tp != 0)
@@ -38,7 +47,9 @@ void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool 
   };
   if (tp < 1) throw ConfigError("--mesh tp=" + std::to_string(tp) + ": must be >= 1");
   need(s.heads, "heads");
+  need(s.kv_head_count(), "K/V heads (--kv-heads)");
   need(s.hidden, "hidden size");
+  need(s.ffn_hidden(), "MLP size (--ffn)");
   need(s.vocab, "vocabulary (the embedding is vocab-parallel)");
   if (sp && (micro_batch * s.seq) % tp != 0)
     throw ConfigError("--plugin-opt sp=on: tp=" + std::to_string(tp) +
@@ -77,10 +88,16 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   embedding = p.first_unit == 0;
   head = p.last_unit == L + 1;
   sp = p.sequence_parallel && tp > 1;
+  llama = s.arch == Arch::llama;
   N = std::size_t(B) * T;
   Nl = sp ? N / tp : N;
   Cl = std::size_t(C) / tp;
   NHl = std::size_t(NH) / tp;
+  KVl = std::size_t(s.kv_head_count()) / tp;
+  hs = std::size_t(s.head_dim());
+  QKVl = (NHl + 2 * KVl) * hs;
+  Fl = std::size_t(s.ffn_hidden()) / tp;
+  FCl = (llama ? 2 : 1) * Fl;
   Vl = std::size_t(V) / tp;
   row0 = sp ? Nl * p.tp_rank : 0;
   att = attention_state_floats(device, B, T, int(Cl), int(NHl));
@@ -97,20 +114,21 @@ std::size_t head_chunk_rows(const Dims& d) {
 
 void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   const std::size_t N = d.N, Nl = d.Nl, C = d.C;
+  const DType att_dtype = d.attention_bf16 ? gemm_in : DType::f32;
   ln1 = c.take(Nl * C, gemm_in);
-  ln1_mean = c.take(Nl);
+  ln1_mean = d.llama ? nullptr : c.take(Nl);  // RMSNorm keeps no mean
   ln1_rstd = c.take(Nl);
   ln1_full = d.sp ? c.take(N * C, gemm_in) : ln1;
-  qkv = c.take(3 * N * d.Cl, d.attention_bf16 ? gemm_in : DType::f32);
-  atty = c.take(N * d.Cl, d.attention_bf16 ? gemm_in : DType::f32);
+  qkv = c.take(3 * N * d.Cl, att_dtype);
+  atty = c.take(N * d.Cl, att_dtype);
   att = with_att ? c.take(d.att) : nullptr;
   xmid = c.take(Nl * C, gemm_in);
   ln2 = c.take(Nl * C, gemm_in);
-  ln2_mean = c.take(Nl);
+  ln2_mean = d.llama ? nullptr : c.take(Nl);
   ln2_rstd = c.take(Nl);
   ln2_full = d.sp ? c.take(N * C, gemm_in) : ln2;
-  fch = c.take(4 * N * d.Cl, gemm_in);
-  fch_gelu = c.take(4 * N * d.Cl, gemm_in);
+  fch = c.take(N * d.FCl, gemm_in);
+  fch_act = c.take(N * d.Fl, gemm_in);
 }
 
 // The largest scratchpad of the bf16 GEMMs a partition issues: for each matmul (inputs IC ->
@@ -119,7 +137,7 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
 std::size_t bf16_gemm_scratchpad(const Dims& d) {
   std::vector<std::pair<std::size_t, std::size_t>> matmuls;  // (IC, OC)
   const std::size_t C = d.C, Cl = d.Cl;
-  if (d.blocks > 0) matmuls = {{C, 3 * Cl}, {Cl, C}, {C, 4 * Cl}, {4 * Cl, C}};
+  if (d.blocks > 0) matmuls = {{C, d.QKVl}, {Cl, C}, {C, d.FCl}, {d.Fl, C}};
   if (d.head) matmuls.emplace_back(C, d.Vl);
   const int N = int(d.N);
   std::size_t most = 0;
@@ -152,11 +170,13 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   if (bf16_params) {
     // The one fp32 input of a bf16 GEMM: the attention's output [N,Cl] where the device's
     // attention writes fp32 (attention_writes_bf16; every other GEMM input is written in bf16).
-    const std::size_t widest = std::max<std::size_t>(C, 4 * d.Cl);
+    const std::size_t widest = std::max({std::size_t(C), d.FCl, d.QKVl});
     op_in = d.blocks > 0 && !d.attention_bf16 ? take_bf16(c, N * d.Cl) : nullptr;
     // The head's d(logits) is the slot's bf16 dlogits: op_out serves the blocks' matmuls only.
     op_out = d.blocks > 0 ? take_bf16(c, N * widest) : nullptr;
-    const std::size_t small = d.blocks > 0 ? 6 * C + 7 * d.Cl : 2 * C;
+    // A block's norm weights (and GPT-2's norm and linear biases); the head's final norm.
+    const std::size_t block_small = d.llama ? 2 * C : 6 * C + d.QKVl + d.FCl;
+    const std::size_t small = d.blocks > 0 ? block_small : (d.llama ? 1 : 2) * C;
     small_params = c.take(small);
     small_grads = c.take(small);
     gemm_pad_bytes = bf16_gemm_scratchpad(d);
@@ -166,6 +186,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   partial = c.take(N * C);
   full = d.sp ? c.take(N * C) : dres;
   shard = d.sp ? c.take(d.Nl * C) : partial;
+  rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.T) * d.hs) : nullptr;
   Carver head{c.base, c.used}, block{c.base, c.used};
   logits = ce = a = b = nullptr;
   shared = BlockActs{};
@@ -175,8 +196,11 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
     if (d.tp > 1) ce = head.take(3 * rows);
   }
   if (d.blocks > 0) {
-    a = block.take(4 * N * d.Cl);
-    b = block.take(std::max(4 * N * d.Cl, d.att));
+    // a: d(the activation's output) [N,Fl], then d(q | k | v) [N,3Cl]; in forward the fp32 GEMM
+    // outputs of a bf16 run [N,QKVl] or [N,FCl]. b: d(fch) [N,FCl], the attention's backward
+    // scratch, then grouped-query attention's d(q | k | v) [N,QKVl]; in forward its q | k | v.
+    a = block.take(std::max(N * d.FCl, 3 * N * d.Cl));
+    b = block.take(std::max({N * d.FCl, d.att, N * d.QKVl}));
     if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
     if (r == Recompute::selective) shared.att = block.take(d.att);
   }
@@ -202,7 +226,7 @@ void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratc
   dlogits = nullptr;
   if (d.head) {
     lnf = c.take(Nl * C, param_dtype);
-    lnf_mean = c.take(Nl);
+    lnf_mean = d.llama ? nullptr : c.take(Nl);
     lnf_rstd = c.take(Nl);
     lnf_full = d.sp ? c.take(N * C, param_dtype) : lnf;
     if (param_dtype == DType::bf16)

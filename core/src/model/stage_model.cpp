@@ -21,7 +21,8 @@ struct StageModel::Impl {
   std::size_t count = 0;
   std::vector<std::size_t> block_start;  // local offset of each block's first element
   std::vector<std::size_t> unit_start;   // local offset of each local unit's first element
-  std::size_t wte_off = 0, wpe_off = 0, lnf_off = 0;
+  // lm_head_off: the untied LM head's (a llama's); a tied one is wte
+  std::size_t wte_off = 0, wpe_off = 0, lnf_off = 0, lm_head_off = 0;
   bool have_wte = false;
   std::unique_ptr<ModelPasses> passes;
   MemoryLedger* memory = nullptr;
@@ -49,7 +50,8 @@ struct StageModel::Impl {
     return k == ShardKind::replicated ? t.count : t.count / part.tp_size;
   }
 
-  void add(int global, ShardKind shard, bool tied_copy = false) {
+  void add(int global, ShardKind shard, bool tied_copy = false,
+           std::vector<std::int64_t> stacked = {}) {
     const TensorInfo& t = layout.tensors()[global];
     LocalTensor lt;
     lt.global = global;
@@ -58,6 +60,7 @@ struct StageModel::Impl {
     lt.count = local_count(t, shard);
     lt.decay = t.decay;
     lt.tied_copy = tied_copy;
+    lt.stacked = std::move(stacked);
     count += lt.count;
     tensors.push_back(lt);
   }
@@ -72,19 +75,24 @@ struct StageModel::Impl {
         have_wte = true;
         add(unit.first_tensor, ShardKind::rows);
         wpe_off = count;
-        add(unit.first_tensor + 1, ShardKind::replicated);
+        if (spec.arch == Arch::gpt2) add(unit.first_tensor + 1, ShardKind::replicated);
       } else if (u <= L) {
         block_start.push_back(count);
-        for (int k = 0; k < kBlockTensors; ++k) add(unit.first_tensor + k, block_shard(k));
+        const std::vector<int>& kinds = block_tensors(spec.arch);
+        for (std::size_t i = 0; i < kinds.size(); ++i)
+          add(unit.first_tensor + int(i), block_shard(spec.arch, kinds[i]), false,
+              block_stacked_rows(spec, kinds[i]));
       } else {
-        if (!have_wte) {  // the LM head's own copy of the tied embedding
+        if (spec.tied() && !have_wte) {  // the LM head's own copy of the tied embedding
           wte_off = count;
           have_wte = true;
           add(layout.units()[0].first_tensor, ShardKind::rows, true);
         }
         lnf_off = count;
-        add(unit.first_tensor, ShardKind::replicated);
-        add(unit.first_tensor + 1, ShardKind::replicated);
+        add(unit.first_tensor, ShardKind::replicated);  // the final norm's weight (| bias)
+        if (spec.arch == Arch::gpt2) add(unit.first_tensor + 1, ShardKind::replicated);
+        lm_head_off = count;
+        if (!spec.tied()) add(unit.first_tensor + 1, ShardKind::rows);
       }
     }
   }
@@ -99,9 +107,14 @@ struct StageModel::Impl {
       f(0, t.offset, t.count);
     } else if (lt.shard == ShardKind::rows) {  // contiguous
       f(0, t.offset + r * lt.count, lt.count);
-    } else if (lt.shard == ShardKind::qkv_rows) {  // [3C(, C)]: rows r*Cl.. of each of q, k, v
-      const std::size_t third = t.count / 3, part_n = third / tp;
-      for (std::size_t i = 0; i < 3; ++i) f(i * part_n, t.offset + i * third + r * part_n, part_n);
+    } else if (lt.shard == ShardKind::stacked_rows) {             // the rank's rows of each block
+      const std::size_t row = t.count / std::size_t(t.shape[0]);  // elements per row
+      std::size_t global = t.offset, local = 0;
+      for (std::int64_t rows : lt.stacked) {
+        const std::size_t block = std::size_t(rows) * row, part_n = block / tp;
+        f(local, global + r * part_n, part_n);
+        global += block, local += part_n;
+      }
     } else {  // columns of [OC, IC]: columns r*ICl.. of every row
       const std::size_t oc = t.shape[0], ic = t.shape[1], icl = ic / tp;
       for (std::size_t o = 0; o < oc; ++o) f(o * icl, t.offset + o * ic + r * icl, icl);
@@ -143,12 +156,19 @@ struct StageModel::Impl {
   BufferView at(BufferView unit, std::size_t base, std::size_t offset, std::size_t n) const {
     return slice(unit, offset - base, n);
   }
-  BufferView wte(BufferView v) const { return slice(v, wte_off, d.Vl * d.C); }
-  BufferView wpe(BufferView v) const { return slice(v, wpe_off, std::size_t(d.T) * d.C); }
-  BufferView lnf(BufferView v) const { return slice(v, lnf_off, 2 * std::size_t(d.C)); }
-  BufferView block(BufferView v, int l) const {
-    const std::size_t end = l + 1 < int(block_start.size()) ? block_start[l + 1] : v.count;
-    return slice(v, block_start[l], end - block_start[l]);
+  std::size_t lnf_count() const { return std::size_t(spec.final_norm_params()); }
+  std::size_t wpe_count() const { return spec.tied() ? std::size_t(d.T) * d.C : 0; }
+  // The embedding unit's views (its view e starts at local 0): wte, and GPT-2's wpe (else empty).
+  BufferView wte(BufferView e) const { return at(e, 0, wte_off, d.Vl * d.C); }
+  BufferView wpe(BufferView e) const {
+    return spec.tied() ? at(e, 0, wpe_off, wpe_count()) : BufferView{};
+  }
+  // The head unit's final norm and LM head: its own lm_head, or the tied wte (the embedding's
+  // when this partition holds it, else the head's copy). embedding: unit 0's view, if held.
+  BufferView lnf(BufferView h, std::size_t hb) const { return at(h, hb, lnf_off, lnf_count()); }
+  BufferView lm_head(BufferView h, std::size_t hb, BufferView embedding) const {
+    if (!spec.tied()) return at(h, hb, lm_head_off, d.Vl * d.C);
+    return d.embedding ? wte(embedding) : at(h, hb, wte_off, d.Vl * d.C);
   }
 
   // Checks a forward's collectives and micro-batch, copies its tokens (if the partition reads
@@ -353,19 +373,15 @@ void StageModel::forward(int slot, int unit, const UnitPtrs& params, const Micro
   const std::int32_t* targets = inputs + d.N;
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
-  const std::size_t wte_n = d.Vl * d.C;
   if (d.embedding && unit == 0) {
     const BufferView e = unit_view(*this, params, 0, false, dev);
-    passes.forward_embedding(acts, m.at(e, 0, m.wte_off, wte_n),
-                             m.at(e, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
+    passes.forward_embedding(acts, m.wte(e), m.wpe(e), inputs, tp);
   } else if (d.head && unit == m.part.last_unit) {
-    // The tied wte: the embedding unit's when this partition has it, else the head's own copy.
     const BufferView h = unit_view(*this, params, unit, false, dev);
     const std::size_t hb = unit_range(unit).first;
-    const BufferView wte = d.embedding
-                               ? m.at(unit_view(*this, params, 0, false, dev), 0, m.wte_off, wte_n)
-                               : m.at(h, hb, m.wte_off, wte_n);
-    passes.forward_head(acts, m.at(h, hb, m.lnf_off, 2 * std::size_t(d.C)), wte, targets, tp);
+    const BufferView e =
+        d.embedding && m.spec.tied() ? unit_view(*this, params, 0, false, dev) : BufferView{};
+    passes.forward_head(acts, m.lnf(h, hb), m.lm_head(h, hb, e), targets, tp);
   } else {
     passes.forward_block(unit - (d.embedding ? first + 1 : first), acts,
                          unit_view(*this, params, unit, false, dev), tp);
@@ -383,23 +399,18 @@ void StageModel::backward(int slot, int unit, const UnitPtrs& params, const Unit
   const std::int32_t* targets = inputs + d.N;
   ModelPasses& passes = *m.passes;
   SlotActs& acts = s.acts->acts;
-  const std::size_t wte_n = d.Vl * d.C, lnf_n = 2 * std::size_t(d.C);
   if (d.head && unit == m.part.last_unit) {
     const BufferView hp = unit_view(*this, params, unit, false, dev),
                      hg = unit_view(*this, grads, unit, true, dev);
     const std::size_t hb = unit_range(unit).first;
-    const BufferView wp = d.embedding
-                              ? m.at(unit_view(*this, params, 0, false, dev), 0, m.wte_off, wte_n)
-                              : m.at(hp, hb, m.wte_off, wte_n);
-    const BufferView wg = d.embedding
-                              ? m.at(unit_view(*this, grads, 0, true, dev), 0, m.wte_off, wte_n)
-                              : m.at(hg, hb, m.wte_off, wte_n);
-    passes.backward_head(acts, m.at(hp, hb, m.lnf_off, lnf_n), wp, m.at(hg, hb, m.lnf_off, lnf_n),
-                         wg, targets, tp, grad_scale);
+    const bool tied_here = d.embedding && m.spec.tied();
+    const BufferView ep = tied_here ? unit_view(*this, params, 0, false, dev) : BufferView{},
+                     eg = tied_here ? unit_view(*this, grads, 0, true, dev) : BufferView{};
+    passes.backward_head(acts, m.lnf(hp, hb), m.lm_head(hp, hb, ep), m.lnf(hg, hb),
+                         m.lm_head(hg, hb, eg), targets, tp, grad_scale);
   } else if (d.embedding && unit == 0) {
     const BufferView eg = unit_view(*this, grads, 0, true, dev);
-    passes.backward_embedding(m.at(eg, 0, m.wte_off, wte_n),
-                              m.at(eg, 0, m.wpe_off, std::size_t(d.T) * d.C), inputs, tp);
+    passes.backward_embedding(m.wte(eg), m.wpe(eg), inputs, tp);
   } else {
     passes.backward_block(unit - (d.embedding ? first + 1 : first), acts,
                           unit_view(*this, params, unit, false, dev),

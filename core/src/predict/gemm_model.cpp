@@ -58,8 +58,9 @@ double GemmRoofline::seconds(const std::string& pass, int m, int n, int k) const
 }
 
 std::vector<Linear> block_linears(const ModelSpec& m) {
-  const int C = m.hidden;
-  return {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}};
+  const int C = m.hidden, F = m.ffn_hidden();
+  const int kv = int(std::int64_t(C) * m.kv_head_count() / m.heads);  // K's (and V's) outputs
+  return {{C + 2 * kv, C}, {C, C}, {int(m.fc_rows()), C}, {C, F}};
 }
 
 std::vector<Linear> head_linears(const ModelSpec& m) { return {{m.vocab, m.hidden}}; }
@@ -69,6 +70,7 @@ std::vector<GemmSample> gemm_sweep_shapes(const ComputeEntry& e) {
   for (double scale : {0.25, 0.5, 0.75, 1.0, 1.5}) {
     ModelSpec at = e.model;
     at.hidden = std::max(16, int(std::lround(e.model.hidden * scale / 16)) * 16);
+    if (at.ffn > 0) at.ffn = std::max(16, int(std::lround(e.model.ffn * scale / 16)) * 16);
     std::vector<Linear> layers = block_linears(at);
     for (const Linear& l : head_linears(at)) layers.push_back(l);
     for (const Linear& l : layers)

@@ -19,10 +19,11 @@ struct Linear {
   int n = 0, k = 0;
 };
 
-// A block's linear layers at tp 1: qkv (3C, C), the attention projection (C, C), FC (4C, C) and
-// the FC projection (C, 4C).
+// A block's linear layers at tp 1: qkv (C + 2 K, C; K = C for GPT-2, C kv_heads / heads with
+// grouped-query attention), the attention projection (C, C), FC (4C, C; a llama's gate | up
+// (2F, C)) and the FC projection (C, 4C; (C, F)).
 std::vector<Linear> block_linears(const ModelSpec& m);
-// The head's: the LM matmul against the tied embedding (V, C).
+// The head's: the LM matmul (V, C), against the tied embedding or the LM head.
 std::vector<Linear> head_linears(const ModelSpec& m);
 
 // The GEMMs runner --calibrate times for an entry (its conditions, m = micro-batch x seq): every

@@ -43,12 +43,13 @@ struct ComputeEntry {
 };
 
 // Forward FLOPs of one token through a unit, as ModelSpec::flops_per_token counts them (a block's
-// GEMMs 24 h^2 and its attention 4 h T; the LM head 2 h V); the embedding's lookup as h.
+// GEMMs twice its linear weights, GPT-2's 24 h^2, and its attention 4 h T; the LM head 2 h V);
+// the embedding's lookup as h.
 struct UnitFlops {
   double embedding, block, attention, head;
   explicit UnitFlops(const ModelSpec& m)
       : embedding(m.hidden),
-        block(24.0 * m.hidden * m.hidden + 4.0 * m.hidden * m.seq),
+        block(2.0 * double(m.block_linear_params()) + 4.0 * m.hidden * m.seq),
         attention(4.0 * m.hidden * m.seq),
         head(2.0 * m.hidden * m.vocab) {}
 };

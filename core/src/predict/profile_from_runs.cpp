@@ -146,6 +146,8 @@ RunQuestion question_of_run(const RunRecord& run) {
   m.layers = integer(config, "layers", m.layers), m.hidden = integer(config, "hidden", m.hidden);
   m.heads = integer(config, "heads", m.heads), m.seq = integer(config, "seq", m.seq);
   m.vocab = integer(config, "vocab", m.vocab);
+  if (!text("arch").empty()) parse_arch(text("arch"), &m.arch);  // runs before it: gpt2
+  m.kv_heads = integer(config, "kv_heads", m.kv_heads), m.ffn = integer(config, "ffn", m.ffn);
   TrainSpec& t = q.train;
   t.micro_batch = integer(config, "micro_batch", t.micro_batch);
   t.global_batch = integer(config, "global_batch", t.global_batch);

@@ -317,7 +317,7 @@ void begin_record(const RunConfig& config, RunState& state) {
     r.config = config.resolved(&r.config_types);
     r.provenance = collect_provenance();
     r.provenance.emplace_back("flops_per_token_formula",
-                              "6*N + 12*L*h*s; N = non-embedding params + tied LM head (V*h)");
+                              "6*N + 12*L*h*s; N = non-embedding params + the LM head (V*h)");
     r.ranks = mpi::world_size();
     r.run_id = config.run_id;
     fill_partial_steps({}, r);  // [ranks x 0] until the first step ends

@@ -288,6 +288,7 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   if (m.hidden % m.heads != 0)
     throw ConfigError("--heads " + std::to_string(m.heads) + ": must divide --hidden " +
                       std::to_string(m.hidden));
+  validate_model_spec(m);
   if (given_any(given, "warmup") && c.train.warmup >= c.train.steps)
     throw ConfigError("--warmup " + std::to_string(c.train.warmup) + ": must be below --steps " +
                       std::to_string(c.train.steps));
@@ -465,6 +466,10 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("heads", model.heads);
   add("seq", model.seq);
   add("vocab", model.vocab);
+  add("arch", std::string(arch_name(model.arch)));
+  add("kv_heads", model.kv_head_count());
+  add("ffn", model.ffn_hidden());
+  add("rope_theta", model.rope_theta);
   add("params", model.total_params());
   add("micro_batch", train.micro_batch);
   add("global_batch", train.global_batch);

@@ -380,6 +380,24 @@ std::vector<Row> model_rows() {
               "vocabulary size (token ids are int32 in the kernels; --data files hold uint16 or "
               "uint32 tokens)",
               [](RunConfig& c, long long v) { c.model.vocab = int(v), c.model.preset = "custom"; }),
+      choice(text("arch", M, K::choice, "",
+                  "model family: gpt2 (LayerNorm, GELU, learned "
+                  "positions, tied head) or llama (RMSNorm, SwiGLU, rotary, grouped-query "
+                  "attention, untied head); default the preset's",
+                  [](RunConfig& c, const std::string& s) {
+                    Arch arch = c.model.arch;  // unset: the preset's
+                    if (!parse_arch(s, &arch) || arch == c.model.arch) return;
+                    c.model.arch = arch;
+                    c.model.preset = "custom";
+                  }),
+             {"gpt2", "llama"}),
+      integer(
+          "kv-heads", M, "", 1, 4096,
+          "K/V heads of grouped-query attention (--arch llama; must divide --heads)",
+          [](RunConfig& c, long long v) { c.model.kv_heads = int(v), c.model.preset = "custom"; }),
+      integer("ffn", M, "", 1, 1048576,
+              "the MLP's hidden size (default 4 x --hidden, or the preset's)",
+              [](RunConfig& c, long long v) { c.model.ffn = int(v), c.model.preset = "custom"; }),
   };
 }
 

@@ -34,6 +34,7 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
   Plan p;
   p.P = mesh.pp;
   p.stage = coord.pp;
+  p.tied = model.tied();
   p.v = cfg.virtual_stages;
   p.K = p.P * p.v;
   p.m = t.micro_steps(mesh);

@@ -15,8 +15,9 @@ struct Plan {
   std::vector<pp::PipeAction> actions;
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == P - 1; }
+  bool tied = true;  // the model's LM head is its embedding (ModelSpec::tied)
   // The first and the last stage each hold a copy of the tied wte when they are different ranks.
-  bool tied_exchange() const { return P > 1 && (first_stage() || last_stage()); }
+  bool tied_exchange() const { return tied && P > 1 && (first_stage() || last_stage()); }
 };
 
 // Which of local chunk c's boundary tensors move in another dtype than they are kept in, through

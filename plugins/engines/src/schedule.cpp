@@ -166,7 +166,7 @@ std::vector<Action> ScheduleBuilder::take() {
 }
 
 std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, int units,
-                                         const EngineConfig& c) {
+                                         const EngineConfig& c, bool tied_head) {
   ScheduleBuilder b(groups, c);
   const int G = int(groups.size());
   // Forward.
@@ -177,14 +177,15 @@ std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, 
       b.ready(g);
     }
     for (int u = groups[g].first_unit; u <= groups[g].last_unit; ++u) b.add({Act::forward, u});
-    // The first group holds the embedding whose weight the head reuses (tied): like FSDP's root
-    // unit it stays gathered until its backward. The last group's backward follows at once.
-    if (c.shard_params && c.reshard_after_forward && g != 0 && g != G - 1) b.release(g);
+    // A tied model's first group holds the embedding whose weight the head reuses: like FSDP's
+    // root unit it stays gathered until its backward. The last group's backward follows at once.
+    if (c.shard_params && c.reshard_after_forward && (g != 0 || !tied_head) && g != G - 1)
+      b.release(g);
   }
-  // Backward. The head's backward already writes the tied embedding's gradient.
+  // Backward. A tied head's backward already writes the embedding's gradient.
   if (c.shard_grads) {
     b.grads(G - 1);
-    b.grads(0);
+    if (tied_head) b.grads(0);
   }
   for (int g = G - 1; g >= 0; --g) {
     if (c.shard_params) {

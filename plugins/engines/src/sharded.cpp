@@ -296,7 +296,8 @@ Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
       tp_(partition.tp_size > 1 ? tp : nullptr),
       shards_(std::make_unique<Shards>(ctx, c, std::vector<const StageModel*>{model_.get()})) {
   const Partition& part = model_->partition();
-  schedule_ = micro_batch_schedule(shards_->groups(), part.last_unit - part.first_unit + 1, c);
+  schedule_ = micro_batch_schedule(shards_->groups(), part.last_unit - part.first_unit + 1, c,
+                                   ctx.model_spec().tied());
   passes_only_ = std::all_of(schedule_.begin(), schedule_.end(), [](const Action& a) {
     return a.act == Act::forward || a.act == Act::backward;
   });

@@ -102,10 +102,10 @@ namespace {
 
 // One micro-batch: new buffers written on the compute thread, gathers and reductions on stream 0.
 std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, int units,
-                                         const EngineConfig& c, const StateBytes& per,
-                                         const Placement& at) {
+                                         const EngineConfig& c, bool tied_head,
+                                         const StateBytes& per, const Placement& at) {
   std::vector<PlanAction> out;
-  for (const Action& a : micro_batch_schedule(groups, units, c))
+  for (const Action& a : micro_batch_schedule(groups, units, c, tied_head))
     plan_action(a, groups, per, at, out);
   return out;
 }
@@ -209,7 +209,7 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partitio
   StepPlan plan;
   plan_setup(in, c, part, plan.setup);
   plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
-  plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, per, at);
+  plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, in.model.tied(), per, at);
   plan.micro_batches = in.train.micro_steps(in.mesh);
   plan_shards_update(in, c, {part}, plan.step);
   double local = 0;

@@ -44,6 +44,28 @@ constexpr int kBlockRows = 64;
 // Elements per block of the elementwise ones.
 constexpr std::size_t kBlockElems = std::size_t(1) << 16;
 
+// f(o, i, n0, n) on fp32 rows [n0, n0 + n) of out [N, out_width] and inp [N, inp_width]: the
+// tensors themselves when both are fp32, else a block of rows at a time with bf16 ones widened
+// before and rounded after. out may be inp (in place).
+template <class F>
+void by_row_blocks(ActView out, std::size_t out_width, ActView inp, std::size_t inp_width, int N,
+                   F&& f) {
+  if (!out.is_bf16() && !inp.is_bf16()) return f(out.f32(), inp.f32(), 0, N);
+  const bool in_place = out.data == inp.data;
+  const std::size_t rows = std::size_t(std::min(N, kBlockRows));
+  std::vector<float> o_rows(out.is_bf16() && !in_place ? rows * out_width : 0),
+      wide(inp.is_bf16() ? rows * inp_width : 0);
+  for (int n0 = 0; n0 < N; n0 += kBlockRows) {
+    const int n = std::min(kBlockRows, N - n0);
+    const float* i = span_f32(inp, n0 * inp_width, n * inp_width, wide);
+    float* o = in_place        ? const_cast<float*>(i)
+               : out.is_bf16() ? o_rows.data()
+                               : out.f32() + n0 * out_width;
+    f(o, i, n0, n);
+    if (out.is_bf16()) cpu::round_to_bf16(out.half() + n0 * out_width, o, n * out_width);
+  }
+}
+
 class CpuKernels final : public Kernels {
  public:
   void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
@@ -135,6 +157,49 @@ class CpuKernels final : public Kernels {
       cpu::residual_forward(o, a + at, span_f32(b, at, len, wide), std::int64_t(len));
       if (out.is_bf16()) cpu::round_to_bf16(out.half() + at, o, len);
     }
+  }
+  void rmsnorm_forward(ActView out, float* rstd, ActView inp, const float* weight, int N,
+                       int C) override {
+    by_row_blocks(out, C, inp, C, N, [&](float* o, const float* i, int n0, int n) {
+      cpu::rmsnorm_forward(o, rstd + n0, i, weight, n, C);
+    });
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, ActView inp,
+                        const float* weight, const float* rstd, int N, int C) override {
+    by_row_blocks(ActView{dinp}, C, inp, C, N, [&](float* o, const float* i, int n0, int n) {
+      const std::size_t at = std::size_t(n0) * C;
+      cpu::rmsnorm_backward(o, dweight, dout + at, i, weight, rstd + n0, n, C);
+    });
+  }
+  void swiglu_forward(ActView out, ActView gu, int N, int F) override {
+    by_row_blocks(out, F, gu, 2 * std::size_t(F), N,
+                  [&](float* o, const float* i, int, int n) { cpu::swiglu_forward(o, i, n, F); });
+  }
+  void swiglu_backward(float* dgu, ActView gu, const float* dout, int N, int F) override {
+    by_row_blocks(ActView{dgu}, 2 * std::size_t(F), gu, 2 * std::size_t(F), N,
+                  [&](float* o, const float* i, int n0, int n) {
+                    cpu::swiglu_backward(o, i, dout + std::size_t(n0) * F, n, F);
+                  });
+  }
+  void rope_forward(ActView x, const float* table, int N, int T, int row0, int heads, int hs,
+                    int row_stride) override {
+    by_row_blocks(x, row_stride, x, row_stride, N, [&](float* o, const float*, int n0, int n) {
+      cpu::rope_forward(o, table, n, T, row0 + n0, heads, hs, row_stride);
+    });
+  }
+  void rope_backward(float* dx, const float* table, int N, int T, int row0, int heads, int hs,
+                     int row_stride) override {
+    cpu::rope_backward(dx, table, N, T, row0, heads, hs, row_stride);
+  }
+  void repeat_kv_forward(ActView out, ActView in, int N, int NH, int KV, int hs) override {
+    if (out.dtype != in.dtype) throw Error("repeat_kv_forward: in and out in different dtypes");
+    const std::size_t C = std::size_t(NH) * hs;
+    by_row_blocks(
+        out, 3 * C, in, C + 2 * std::size_t(KV) * hs, N,
+        [&](float* o, const float* i, int, int n) { cpu::repeat_kv_forward(o, i, n, NH, KV, hs); });
+  }
+  void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) override {
+    cpu::repeat_kv_backward(din, dout, N, NH, KV, hs);
   }
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override {

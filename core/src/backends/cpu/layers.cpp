@@ -507,6 +507,37 @@ void rope_backward(float* dx, const float* table, int N, int T, int row0, int he
   rope_turn(dx, table, N, T, row0, heads, hs, row_stride, -1.0f);
 }
 
+void repeat_kv_forward(float* out, const float* in, int N, int NH, int KV, int hs) {
+  const std::size_t C = std::size_t(NH) * hs, kv = std::size_t(KV) * hs;
+  const int rep = NH / KV;
+  for (std::size_t n = 0; n < std::size_t(N); ++n) {
+    const float* i = in + n * (C + 2 * kv);
+    float* o = out + n * 3 * C;
+    std::memcpy(o, i, C * sizeof(float));
+    for (int part = 1; part <= 2; ++part)  // k, v
+      for (int h = 0; h < NH; ++h)
+        std::memcpy(o + part * C + std::size_t(h) * hs,
+                    i + C + (part - 1) * kv + std::size_t(h / rep) * hs, hs * sizeof(float));
+  }
+}
+
+void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) {
+  const std::size_t C = std::size_t(NH) * hs, kv = std::size_t(KV) * hs;
+  const int rep = NH / KV;
+  for (std::size_t n = 0; n < std::size_t(N); ++n) {
+    const float* d = dout + n * 3 * C;
+    float* o = din + n * (C + 2 * kv);
+    std::memcpy(o, d, C * sizeof(float));
+    for (int part = 1; part <= 2; ++part)
+      for (int g = 0; g < KV; ++g)
+        for (int e = 0; e < hs; ++e) {
+          float sum = 0.0f;
+          for (int r = 0; r < rep; ++r) sum += d[part * C + std::size_t(g * rep + r) * hs + e];
+          o[C + (part - 1) * kv + std::size_t(g) * hs + e] = sum;
+        }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Softmax + cross-entropy over the vocabulary
 

@@ -74,6 +74,12 @@ void rope_forward(float* x, const float* table, int N, int T, int row0, int head
 void rope_backward(float* dx, const float* table, int N, int T, int row0, int heads, int hs,
                    int row_stride);
 
+// Grouped-query attention: in[N, (NH + 2 KV) hs] (q | k | v, KV K/V heads) -> out[N, 3 NH hs]
+// with query head h reading K/V head h / (NH / KV) (Llama's repeat_kv). The backward (=): din's q
+// is dout's, each K/V head the sum of its NH / KV query heads' gradients in head order.
+void repeat_kv_forward(float* out, const float* in, int N, int NH, int KV, int hs);
+void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs);
+
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                   const std::int32_t* targets, int N, int V);

@@ -92,6 +92,34 @@ void CudaKernels::residual_layernorm_forward(ActView sum, ActView out, float* me
                                              const float* bias, int N, int C) {
   cuda::residual_layernorm_forward(ctx_, sum, out, mean, rstd, a, b, weight, bias, N, C);
 }
+void CudaKernels::rmsnorm_forward(ActView out, float* rstd, ActView inp, const float* weight, int N,
+                                  int C) {
+  cuda::rmsnorm_forward(ctx_, out, rstd, inp, weight, N, C);
+}
+void CudaKernels::rmsnorm_backward(float* dinp, float* dweight, const float* dout, ActView inp,
+                                   const float* weight, const float* rstd, int N, int C) {
+  cuda::rmsnorm_backward(ctx_, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+void CudaKernels::swiglu_forward(ActView out, ActView gu, int N, int F) {
+  cuda::swiglu_forward(ctx_, out, gu, N, F);
+}
+void CudaKernels::swiglu_backward(float* dgu, ActView gu, const float* dout, int N, int F) {
+  cuda::swiglu_backward(ctx_, dgu, gu, dout, N, F);
+}
+void CudaKernels::rope_forward(ActView x, const float* table, int N, int T, int row0, int heads,
+                               int hs, int row_stride) {
+  cuda::rope_forward(ctx_, x, table, N, T, row0, heads, hs, row_stride);
+}
+void CudaKernels::rope_backward(float* dx, const float* table, int N, int T, int row0, int heads,
+                                int hs, int row_stride) {
+  cuda::rope_backward(ctx_, dx, table, N, T, row0, heads, hs, row_stride);
+}
+void CudaKernels::repeat_kv_forward(ActView out, ActView in, int N, int NH, int KV, int hs) {
+  cuda::repeat_kv_forward(ctx_, out, in, N, NH, KV, hs);
+}
+void CudaKernels::repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) {
+  cuda::repeat_kv_backward(ctx_, din, dout, N, NH, KV, hs);
+}
 void CudaKernels::softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                                const std::int32_t* targets, int N, int V) {
   cuda::softmax_crossentropy_forward(ctx_, probs, losses, logits, targets, N, V);

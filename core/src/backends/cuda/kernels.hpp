@@ -50,6 +50,18 @@ class CudaKernels final : public Kernels {
   void residual_layernorm_forward(ActView sum, ActView out, float* mean, float* rstd,
                                   const float* a, ActView b, const float* weight, const float* bias,
                                   int N, int C) override;
+  void rmsnorm_forward(ActView out, float* rstd, ActView inp, const float* weight, int N,
+                       int C) override;
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, ActView inp,
+                        const float* weight, const float* rstd, int N, int C) override;
+  void swiglu_forward(ActView out, ActView gu, int N, int F) override;
+  void swiglu_backward(float* dgu, ActView gu, const float* dout, int N, int F) override;
+  void rope_forward(ActView x, const float* table, int N, int T, int row0, int heads, int hs,
+                    int row_stride) override;
+  void rope_backward(float* dx, const float* table, int N, int T, int row0, int heads, int hs,
+                     int row_stride) override;
+  void repeat_kv_forward(ActView out, ActView in, int N, int NH, int KV, int hs) override;
+  void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) override;
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override;
   void crossentropy_softmax_backward(float* dlogits, const float* probs,

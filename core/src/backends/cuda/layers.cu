@@ -198,31 +198,36 @@ __global__ void layernorm_backward_kernel(float* dinp,          // [N, C] +=
 }
 
 // RMSNorm, one warp per row: rstd = 1 / sqrt(mean(x^2) + eps), out = x * rstd * weight.
-__global__ void rmsnorm_forward_kernel(float* out,           // [N, C]
-                                       float* rstd,          // [N]
-                                       const float* inp,     // [N, C]
-                                       const float* weight,  // [C]
+// out and inp fp32 or bf16 (widened as read, out rounded once).
+__global__ void rmsnorm_forward_kernel(void* out, bool out_bf16,        // [N, C]
+                                       float* rstd,                     // [N]
+                                       const void* inp, bool inp_bf16,  // [N, C]
+                                       const float* weight,             // [C]
                                        int N, int C) {
   const int lane = threadIdx.x % 32;
   for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
        row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
-    const float* x = inp + row * C;
+    const std::size_t at = std::size_t(row) * C;
     float ss = 0.0f;
-    for (int i = lane; i < C; i += 32) ss += x[i] * x[i];
+    for (int i = lane; i < C; i += 32) {
+      const float x = load(inp, inp_bf16, at + i);
+      ss += x * x;
+    }
     const float r = 1.0f / sqrtf(warp_sum(ss) / float(C) + kLayerNormEps);
-    for (int i = lane; i < C; i += 32) out[row * C + i] = x[i] * r * weight[i];
+    for (int i = lane; i < C; i += 32)
+      store(out, out_bf16, at + i, load(inp, inp_bf16, at + i) * r * weight[i]);
     if (lane == 0) rstd[row] = r;
   }
 }
 
 // dinp += rstd * (g - xhat * mean(g xhat)), g = dout * weight, xhat = x * rstd; dweight += dout
 // xhat, summed over the block's rows in shared memory (C floats) and added once per block.
-__global__ void rmsnorm_backward_kernel(float* dinp,          // [N, C] +=
-                                        float* dweight,       // [C] +=
-                                        const float* dout,    // [N, C]
-                                        const float* inp,     // [N, C]
-                                        const float* weight,  // [C]
-                                        const float* rstd,    // [N]
+__global__ void rmsnorm_backward_kernel(float* dinp,                     // [N, C] +=
+                                        float* dweight,                  // [C] +=
+                                        const float* dout,               // [N, C]
+                                        const void* inp, bool inp_bf16,  // [N, C]
+                                        const float* weight,             // [C]
+                                        const float* rstd,               // [N]
                                         int N, int C) {
   STRATA_DYNAMIC_SHARED(float, s_dweight);  // [C]
   for (int i = threadIdx.x; i < C; i += blockDim.x) s_dweight[i] = 0.0f;
@@ -230,14 +235,14 @@ __global__ void rmsnorm_backward_kernel(float* dinp,          // [N, C] +=
   const int lane = threadIdx.x % 32;
   for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
        row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
-    const float* x = inp + row * C;
-    const float* d = dout + row * C;
+    const std::size_t at = std::size_t(row) * C;
+    const float* d = dout + at;
     const float r = rstd[row];
     float gx = 0.0f;
-    for (int i = lane; i < C; i += 32) gx += d[i] * weight[i] * x[i] * r;
+    for (int i = lane; i < C; i += 32) gx += d[i] * weight[i] * load(inp, inp_bf16, at + i) * r;
     const float gxmean = warp_sum(gx) / float(C);
     for (int i = lane; i < C; i += 32) {
-      const float xhat = x[i] * r;
+      const float xhat = load(inp, inp_bf16, at + i) * r;
       atomicAdd(s_dweight + i, d[i] * xhat);
       dinp[row * C + i] += r * (d[i] * weight[i] - xhat * gxmean);
     }
@@ -248,34 +253,37 @@ __global__ void rmsnorm_backward_kernel(float* dinp,          // [N, C] +=
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// out[n, i] = silu(gu[n, i]) * gu[n, F + i].
-__global__ void swiglu_forward_kernel(float* out, const float* gu, std::int64_t N, int F) {
+// out[n, i] = silu(gu[n, i]) * gu[n, F + i]; out and gu fp32 or bf16.
+__global__ void swiglu_forward_kernel(void* out, bool out_bf16, const void* gu, bool gu_bf16,
+                                      std::int64_t N, int F) {
   const std::int64_t total = N * F;
   for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
        k += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t n = k / F, i = k % F;
-    const float g = gu[n * 2 * F + i], u = gu[n * 2 * F + F + i];
-    out[k] = g * sigmoid(g) * u;
+    const float g = load(gu, gu_bf16, n * 2 * F + i), u = load(gu, gu_bf16, n * 2 * F + F + i);
+    store(out, out_bf16, k, g * sigmoid(g) * u);
   }
 }
 
 // dgu[n, i] += dout up silu'(gate), dgu[n, F + i] += dout silu(gate).
-__global__ void swiglu_backward_kernel(float* dgu, const float* gu, const float* dout,
+__global__ void swiglu_backward_kernel(float* dgu, const void* gu, bool gu_bf16, const float* dout,
                                        std::int64_t N, int F) {
   const std::int64_t total = N * F;
   for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
        k += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t n = k / F, i = k % F;
-    const float g = gu[n * 2 * F + i], u = gu[n * 2 * F + F + i], d = dout[k];
+    const float g = load(gu, gu_bf16, n * 2 * F + i), u = load(gu, gu_bf16, n * 2 * F + F + i),
+                d = dout[k];
     const float sg = sigmoid(g);
     dgu[n * 2 * F + i] += d * u * (sg * (1.0f + g * (1.0f - sg)));
     dgu[n * 2 * F + F + i] += d * g * sg;
   }
 }
 
-// One thread per (row, head, pair): the pair turned by the table's angle (sign -1: back).
-__global__ void rope_kernel(float* x, const float* table, std::int64_t N, int T, int row0,
-                            int heads, int hs, int row_stride, float sign) {
+// One thread per (row, head, pair): the pair turned by the table's angle (sign -1: back); x fp32
+// or bf16, turned in place.
+__global__ void rope_kernel(void* x, bool x_bf16, const float* table, std::int64_t N, int T,
+                            int row0, int heads, int hs, int row_stride, float sign) {
   const int pairs = hs / 2;
   const std::int64_t total = N * heads * pairs;
   for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
@@ -284,10 +292,53 @@ __global__ void rope_kernel(float* x, const float* table, std::int64_t N, int T,
     const int h = int(k / pairs % heads), i = int(k % pairs);
     const float* cs = table + (std::int64_t((row0 + n) % T) * pairs + i) * 2;
     const float c = cs[0], s = sign * cs[1];
-    float* p = x + n * row_stride + std::int64_t(h) * hs + 2 * i;
-    const float a = p[0], b = p[1];
-    p[0] = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s));
-    p[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    const std::size_t at = std::size_t(n) * row_stride + std::size_t(h) * hs + 2 * i;
+    const float a = load(x, x_bf16, at), b = load(x, x_bf16, at + 1);
+    store(x, x_bf16, at, __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s)));
+    store(x, x_bf16, at + 1, __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+  }
+}
+
+// Grouped-query attention's K/V for every query head: row n of in [N, (NH + 2 KV) hs] is q | k |
+// v with KV heads in k and v; out [N, 3 NH hs] the same q and each K/V head repeated NH / KV times
+// (query head h reads K/V head h / (NH / KV)), fp32 or bf16 (the same dtype both sides).
+__global__ void repeat_kv_forward_kernel(void* out, const void* in, bool bf16, std::int64_t N,
+                                         int NH, int KV, int hs) {
+  const std::int64_t C = std::int64_t(NH) * hs, in_row = C + 2 * std::int64_t(KV) * hs;
+  const std::int64_t total = N * 3 * C;
+  const int rep = NH / KV;
+  for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
+       k += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t n = k / (3 * C), j = k % (3 * C);
+    std::int64_t src = j;  // q
+    if (j >= C) {          // k or v: part 1 or 2, head h of that part reads K/V head h / rep
+      const std::int64_t part = j / C, h = j % C / hs, e = j % hs;
+      src = C + (part - 1) * KV * hs + (h / rep) * hs + e;
+    }
+    store(out, bf16, std::size_t(k), load(in, bf16, std::size_t(n * in_row + src)));
+  }
+}
+
+// Its backward: din[n, q] = dout's q; din's K/V head g = the sum over its query heads g * rep ..
+// (g + 1) * rep - 1 in head order (=, not +=).
+__global__ void repeat_kv_backward_kernel(float* din, const float* dout, std::int64_t N, int NH,
+                                          int KV, int hs) {
+  const std::int64_t C = std::int64_t(NH) * hs, in_row = C + 2 * std::int64_t(KV) * hs;
+  const std::int64_t total = N * in_row;
+  const int rep = NH / KV;
+  for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < total;
+       k += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t n = k / in_row, j = k % in_row;
+    const float* d = dout + n * 3 * C;
+    if (j < C) {
+      din[k] = d[j];
+      continue;
+    }
+    const std::int64_t kv_row = std::int64_t(KV) * hs, part = (j - C) / kv_row,
+                       g = (j - C) % kv_row / hs, e = j % hs;
+    float sum = 0.0f;
+    for (int r = 0; r < rep; ++r) sum += d[(part + 1) * C + (g * rep + r) * hs + e];
+    din[k] = sum;
   }
 }
 
@@ -674,16 +725,16 @@ void attention_backward(const CudaContext& ctx, float* dqkv, float* datt, const 
 // ---------------------------------------------------------------------------------------------
 // The Llama block: RMSNorm, SwiGLU, rotary position embedding
 
-void rmsnorm_forward(const CudaContext& ctx, float* out, float* rstd, const float* inp,
+void rmsnorm_forward(const CudaContext& ctx, ActView out, float* rstd, ActView inp,
                      const float* weight, int N, int C) {
   if (N == 0) return;
   STRATA_LAUNCH(rmsnorm_forward_kernel, grid_for_rows(N), kBlock, 0, ctx.stream)
-  (out, rstd, inp, weight, N, C);
+  (out.data, out.is_bf16(), rstd, inp.data, inp.is_bf16(), weight, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_backward(const CudaContext& ctx, float* dinp, float* dweight, const float* dout,
-                      const float* inp, const float* weight, const float* rstd, int N, int C) {
+                      ActView inp, const float* weight, const float* rstd, int N, int C) {
   if (N == 0) return;
   const std::size_t smem = std::size_t(C) * sizeof(float);
   if (smem > 48 * 1024)  // above the default dynamic shared-memory limit: opt in
@@ -691,43 +742,64 @@ void rmsnorm_backward(const CudaContext& ctx, float* dinp, float* dweight, const
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   STRATA_LAUNCH(rmsnorm_backward_kernel, std::min(grid_for_rows(N), 1024u), kBlock, smem,
                 ctx.stream)
-  (dinp, dweight, dout, inp, weight, rstd, N, C);
+  (dinp, dweight, dout, inp.data, inp.is_bf16(), weight, rstd, N, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_forward(const CudaContext& ctx, float* out, const float* gu, int N, int F) {
+void swiglu_forward(const CudaContext& ctx, ActView out, ActView gu, int N, int F) {
   const std::int64_t n = std::int64_t(N) * F;
   if (n == 0) return;
-  STRATA_LAUNCH(swiglu_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)(out, gu, N, F);
+  STRATA_LAUNCH(swiglu_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)
+  (out.data, out.is_bf16(), gu.data, gu.is_bf16(), N, F);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(const CudaContext& ctx, float* dgu, const float* gu, const float* dout, int N,
+void swiglu_backward(const CudaContext& ctx, float* dgu, ActView gu, const float* dout, int N,
                      int F) {
   const std::int64_t n = std::int64_t(N) * F;
   if (n == 0) return;
-  STRATA_LAUNCH(swiglu_backward_kernel, grid_for(n), kBlock, 0, ctx.stream)(dgu, gu, dout, N, F);
+  STRATA_LAUNCH(swiglu_backward_kernel, grid_for(n), kBlock, 0, ctx.stream)
+  (dgu, gu.data, gu.is_bf16(), dout, N, F);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
 namespace {
-void rope(const CudaContext& ctx, float* x, const float* table, int N, int T, int row0, int heads,
+void rope(const CudaContext& ctx, ActView x, const float* table, int N, int T, int row0, int heads,
           int hs, int row_stride, float sign) {
   const std::int64_t n = std::int64_t(N) * heads * (hs / 2);
   if (n == 0) return;
   STRATA_LAUNCH(rope_kernel, grid_for(n), kBlock, 0, ctx.stream)
-  (x, table, N, T, row0, heads, hs, row_stride, sign);
+  (x.data, x.is_bf16(), table, N, T, row0, heads, hs, row_stride, sign);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
 
-void rope_forward(const CudaContext& ctx, float* x, const float* table, int N, int T, int row0,
+void rope_forward(const CudaContext& ctx, ActView x, const float* table, int N, int T, int row0,
                   int heads, int hs, int row_stride) {
   rope(ctx, x, table, N, T, row0, heads, hs, row_stride, 1.0f);
 }
 void rope_backward(const CudaContext& ctx, float* dx, const float* table, int N, int T, int row0,
                    int heads, int hs, int row_stride) {
   rope(ctx, dx, table, N, T, row0, heads, hs, row_stride, -1.0f);
+}
+
+void repeat_kv_forward(const CudaContext& ctx, ActView out, ActView in, int N, int NH, int KV,
+                       int hs) {
+  const std::int64_t n = std::int64_t(N) * 3 * NH * hs;
+  if (n == 0) return;
+  if (out.dtype != in.dtype) throw Error("repeat_kv_forward: in and out in different dtypes");
+  STRATA_LAUNCH(repeat_kv_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)
+  (out.data, in.data, in.is_bf16(), N, NH, KV, hs);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+void repeat_kv_backward(const CudaContext& ctx, float* din, const float* dout, int N, int NH,
+                        int KV, int hs) {
+  const std::int64_t n = std::int64_t(N) * (NH + 2 * KV) * hs;
+  if (n == 0) return;
+  STRATA_LAUNCH(repeat_kv_backward_kernel, grid_for(n), kBlock, 0, ctx.stream)
+  (din, dout, N, NH, KV, hs);
+  STRATA_CUDA_CHECK_LAUNCH();
 }
 
 // ---------------------------------------------------------------------------------------------

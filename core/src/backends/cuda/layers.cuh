@@ -136,18 +136,24 @@ void residual_forward(const CudaContext& ctx, ActView out, const float* a, ActVi
 // The Llama block's layers, as cpu/layers.hpp defines them: RMSNorm (a warp per row; dweight
 // summed per block in shared memory, then atomically), SwiGLU on the fused gate | up projection
 // and the rotary position embedding from a table rope_table made on the host (the same cos and sin
-// on every backend).
-void rmsnorm_forward(const CudaContext& ctx, float* out, float* rstd, const float* inp,
+// on every backend). Activations fp32 or bf16 (widened as read, rounded once as written).
+void rmsnorm_forward(const CudaContext& ctx, ActView out, float* rstd, ActView inp,
                      const float* weight, int N, int C);
 void rmsnorm_backward(const CudaContext& ctx, float* dinp, float* dweight, const float* dout,
-                      const float* inp, const float* weight, const float* rstd, int N, int C);
-void swiglu_forward(const CudaContext& ctx, float* out, const float* gu, int N, int F);
-void swiglu_backward(const CudaContext& ctx, float* dgu, const float* gu, const float* dout, int N,
+                      ActView inp, const float* weight, const float* rstd, int N, int C);
+void swiglu_forward(const CudaContext& ctx, ActView out, ActView gu, int N, int F);
+void swiglu_backward(const CudaContext& ctx, float* dgu, ActView gu, const float* dout, int N,
                      int F);
-void rope_forward(const CudaContext& ctx, float* x, const float* table, int N, int T, int row0,
+void rope_forward(const CudaContext& ctx, ActView x, const float* table, int N, int T, int row0,
                   int heads, int hs, int row_stride);
 void rope_backward(const CudaContext& ctx, float* dx, const float* table, int N, int T, int row0,
                    int heads, int hs, int row_stride);
+// Grouped-query attention's K/V repeated to every query head (Kernels::repeat_kv_forward) and the
+// backward's sums over each K/V head's query heads.
+void repeat_kv_forward(const CudaContext& ctx, ActView out, ActView in, int N, int NH, int KV,
+                       int hs);
+void repeat_kv_backward(const CudaContext& ctx, float* din, const float* dout, int N, int NH,
+                        int KV, int hs);
 
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
 void softmax_crossentropy_forward(const CudaContext& ctx, float* probs, float* losses,

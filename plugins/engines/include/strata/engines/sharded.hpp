@@ -144,9 +144,12 @@ class ScheduleBuilder {
   int in_flight_ = 0;
 };
 
-// The actions of one micro-batch's forward and backward under config `c`.
+// The actions of one micro-batch's forward and backward under config `c`. tied_head: the head's
+// passes read the embedding's wte and write its gradient (ModelSpec::tied), so the first group
+// stays gathered from its forward to its backward (as FSDP's root unit) and its gradients are
+// taken with the head's; an untied model (a llama) reshards it after its forward like any other.
 std::vector<Action> micro_batch_schedule(const std::vector<ShardGroup>& groups, int units,
-                                         const EngineConfig& c);
+                                         const EngineConfig& c, bool tied_head = true);
 // The plan of one action (sharded_plan.cpp): a gather's buffer and all-gather, a reduction's
 // buffer, reduce-scatter and inter-replica all-reduce on comm stream 0, their waits, the passes.
 // Gathered parameters and reduction outputs are comm_buffers, a group's unsharded gradients
