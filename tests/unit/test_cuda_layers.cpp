@@ -42,6 +42,7 @@
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/layers.cuh"
 #include "cuda_test.hpp"
+#include "model/moe_dispatch.hpp"
 #include "strata/types.hpp"
 
 namespace cpu = strata::cpu;
@@ -760,6 +761,70 @@ TEST_F(CudaLayers, RmsNormSwiGluAndRope) {
   gpu::rope_forward(ctx(), d_qkv.get(), d_table.get(), Nr, T, row0, q_heads, hs, stride);
   cpu::rope_forward(qkv.data(), table.data(), Nr, T, row0, q_heads, hs, stride);
   expect_close("rope forward", d_qkv.host(), qkv, kElemRtol, kElemAtol);
+}
+
+// The mixture-of-experts pieces against the CPU's: routing (the same experts; probabilities, gates
+// and the backward to rounding), the load-balancing loss and its gradient, dispatch (exact),
+// combine and the backwards, over a plan with a capacity that drops choices.
+TEST_F(CudaLayers, MoeRoutingDispatchAndCombine) {
+  const int Bq = 3, Tq = 9, E = 5, k = 2, Cw = 37, Nq = Bq * Tq;
+  const auto logits = random_floats(std::size_t(Nq) * E, 90, -3.0f, 3.0f),
+             dgates = random_floats(std::size_t(Nq) * k, 91),
+             dprobs = random_floats(std::size_t(Nq) * E, 92);
+  std::vector<float> probs(logits.size()), gates(dgates.size()), dlogits(logits.size());
+  std::vector<std::int32_t> experts(dgates.size());
+  cpu::router_topk_forward(probs.data(), experts.data(), gates.data(), logits.data(), Nq, E, k);
+  cpu::router_topk_backward(dlogits.data(), probs.data(), experts.data(), gates.data(),
+                            dgates.data(), dprobs.data(), Nq, E, k);
+  DeviceBuffer<float> d_logits(logits), d_probs(probs.size()), d_gates(gates.size()),
+      d_dgates(dgates), d_dprobs(dprobs), d_dlogits(dlogits.size());
+  DeviceBuffer<std::int32_t> d_experts(experts.size());
+  gpu::router_topk_forward(ctx(), d_probs.get(), d_experts.get(), d_gates.get(), d_logits.get(), Nq,
+                           E, k);
+  gpu::router_topk_backward(ctx(), d_dlogits.get(), d_probs.get(), d_experts.get(), d_gates.get(),
+                            d_dgates.get(), d_dprobs.get(), Nq, E, k);
+  EXPECT_EQ(d_experts.host(), experts);
+  expect_close("router probs", d_probs.host(), probs, kElemRtol, kElemAtol);
+  expect_close("router gates", d_gates.host(), gates, kElemRtol, kElemAtol);
+  expect_close("router dlogits", d_dlogits.host(), dlogits, kReduceRtol, kReduceAtol);
+
+  std::vector<float> aux(Bq), daux(probs.size());
+  cpu::moe_aux_loss_forward(aux.data(), probs.data(), experts.data(), Bq, Tq, E, k, 0.01f);
+  cpu::moe_aux_loss_backward(daux.data(), experts.data(), Bq, Tq, E, k, 0.5f);
+  DeviceBuffer<float> d_aux(Bq), d_daux(daux.size()), d_scratch(std::size_t(Bq) * E);
+  gpu::moe_aux_loss_forward(ctx(), d_aux.get(), d_scratch.get(), d_probs.get(), d_experts.get(), Bq,
+                            Tq, E, k, 0.01f);
+  gpu::moe_aux_loss_backward(ctx(), d_daux.get(), d_scratch.get(), d_experts.get(), Bq, Tq, E, k,
+                             0.5f);
+  expect_close("aux loss", d_aux.host(), aux, kReduceRtol, kReduceAtol);
+  expect_close("aux dprobs", d_daux.host(), daux, kElemRtol, kElemAtol);
+
+  const strata::MoeDispatch plan = strata::moe_dispatch(experts.data(), Bq, Tq, E, k, 3);
+  ASSERT_GT(plan.dropped, 0);
+  const int R = plan.rows();
+  const auto x = random_floats(std::size_t(Nq) * Cw, 93),
+             eout = random_floats(std::size_t(R) * Cw, 94),
+             dy = random_floats(std::size_t(Nq) * Cw, 95), din = random_floats(eout.size(), 96);
+  std::vector<float> xd(eout.size()), y(x.size()), deout(eout.size()), dg(gates.size()),
+      dx = random_floats(x.size(), 97);
+  DeviceBuffer<float> d_x(x), d_eout(eout), d_dy(dy), d_din(din), d_xd(xd.size()), d_y(y.size()),
+      d_deout(deout.size()), d_dg(dg.size()), d_dx(dx);
+  DeviceBuffer<std::int32_t> d_token_of(plan.token_of), d_row_of(plan.row_of);
+  cpu::moe_gather(xd.data(), x.data(), plan.token_of.data(), R, Cw);
+  cpu::moe_gather_backward(dx.data(), din.data(), plan.row_of.data(), Nq, k, Cw);
+  cpu::moe_combine(y.data(), eout.data(), plan.row_of.data(), gates.data(), Nq, k, Cw);
+  cpu::moe_combine_backward(deout.data(), dg.data(), dy.data(), eout.data(), plan.row_of.data(),
+                            gates.data(), Nq, k, Cw);
+  gpu::moe_gather(ctx(), d_xd.get(), d_x.get(), d_token_of.get(), R, Cw);
+  gpu::moe_gather_backward(ctx(), d_dx.get(), d_din.get(), d_row_of.get(), Nq, k, Cw);
+  gpu::moe_combine(ctx(), d_y.get(), d_eout.get(), d_row_of.get(), d_gates.get(), Nq, k, Cw);
+  gpu::moe_combine_backward(ctx(), d_deout.get(), d_dg.get(), d_dy.get(), d_eout.get(),
+                            d_row_of.get(), d_gates.get(), Nq, k, Cw);
+  EXPECT_EQ(d_xd.host(), xd);
+  expect_close("gather backward", d_dx.host(), dx, kElemRtol, kElemAtol);
+  expect_close("combine", d_y.host(), y, kElemRtol, kElemAtol);
+  expect_close("combine backward rows", d_deout.host(), deout, kElemRtol, kElemAtol);
+  expect_close("combine backward gates", d_dg.host(), dg, kReduceRtol, kReduceAtol);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -470,6 +470,133 @@ void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int 
   }
 }
 
+void router_topk_forward(float* probs, std::int32_t* experts, float* gates, const float* logits,
+                         int N, int E, int k) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* l = logits + n * E;
+    float* p = probs + n * E;
+    std::int32_t* ex = experts + n * k;
+    float* g = gates + n * k;
+    float mx = l[0];
+    for (int e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - mx));
+    for (int e = 0; e < E; ++e) p[e] /= sum;
+    for (int j = 0; j < k; ++j) {  // the j-th largest: the largest not yet taken, lower index first
+      int best = -1;
+      for (int e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken = taken || ex[i] == e;
+        if (!taken && (best < 0 || l[e] > l[best])) best = e;
+      }
+      ex[j] = best;
+    }
+    float gsum = 0.0f;  // the first choice holds the largest logit: every exp <= 1
+    for (int j = 0; j < k; ++j) gsum += (g[j] = std::exp(l[ex[j]] - l[ex[0]]));
+    for (int j = 0; j < k; ++j) g[j] /= gsum;
+  }
+}
+
+void router_topk_backward(float* dlogits, const float* probs, const std::int32_t* experts,
+                          const float* gates, const float* dgates, const float* dprobs, int N,
+                          int E, int k) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* p = probs + n * E;
+    float* d = dlogits + n * E;
+    float pdp = 0.0f;
+    if (dprobs)
+      for (int e = 0; e < E; ++e) pdp += p[e] * dprobs[n * E + e];
+    for (int e = 0; e < E; ++e) d[e] = dprobs ? p[e] * (dprobs[n * E + e] - pdp) : 0.0f;
+    const float* g = gates + n * k;
+    const float* dg = dgates + n * k;
+    float gdg = 0.0f;
+    for (int j = 0; j < k; ++j) gdg += g[j] * dg[j];
+    for (int j = 0; j < k; ++j) d[experts[n * k + j]] += g[j] * (dg[j] - gdg);
+  }
+}
+
+namespace {
+// E / (k T) x the routing choices of each expert in sequence b: frac[E].
+void expert_fractions(float* frac, const std::int32_t* experts, int b, int T, int E, int k) {
+  std::fill(frac, frac + E, 0.0f);
+  const std::int32_t* ex = experts + std::int64_t(b) * T * k;
+  for (std::int64_t i = 0; i < std::int64_t(T) * k; ++i) frac[ex[i]] += 1.0f;
+  for (int e = 0; e < E; ++e) frac[e] *= float(E) / float(std::int64_t(k) * T);
+}
+}  // namespace
+
+void moe_aux_loss_forward(float* loss, const float* probs, const std::int32_t* experts, int B,
+                          int T, int E, int k, float coef) {
+  std::vector<float> frac(E);
+  for (int b = 0; b < B; ++b) {
+    expert_fractions(frac.data(), experts, b, T, E, k);
+    float l = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      float P = 0.0f;
+      for (std::int64_t t = 0; t < T; ++t) P += probs[(std::int64_t(b) * T + t) * E + e];
+      l += frac[e] * (P / float(T));
+    }
+    loss[b] = coef * l;
+  }
+}
+
+void moe_aux_loss_backward(float* dprobs, const std::int32_t* experts, int B, int T, int E, int k,
+                           float coef_scale) {
+  std::vector<float> frac(E);
+  for (int b = 0; b < B; ++b) {
+    expert_fractions(frac.data(), experts, b, T, E, k);
+    for (std::int64_t t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e)
+        dprobs[(std::int64_t(b) * T + t) * E + e] = coef_scale * frac[e] / float(T);
+  }
+}
+
+void moe_gather(float* out, const float* x, const std::int32_t* token_of, int rows, int C) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::memcpy(out + r * C, x + std::int64_t(token_of[r]) * C, std::size_t(C) * sizeof(float));
+}
+
+void moe_gather_backward(float* dx, const float* din, const std::int32_t* row_of, int N, int k,
+                         int C) {
+  for (std::int64_t n = 0; n < N; ++n)
+    for (int j = 0; j < k; ++j) {
+      const std::int32_t r = row_of[n * k + j];
+      if (r < 0) continue;
+      for (int c = 0; c < C; ++c) dx[n * C + c] += din[std::int64_t(r) * C + c];
+    }
+}
+
+void moe_combine(float* y, const float* eout, const std::int32_t* row_of, const float* gates, int N,
+                 int k, int C) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    float* out = y + n * C;
+    std::fill(out, out + C, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      const std::int32_t r = row_of[n * k + j];
+      if (r < 0) continue;
+      const float g = gates[n * k + j];
+      for (int c = 0; c < C; ++c) out[c] += g * eout[std::int64_t(r) * C + c];
+    }
+  }
+}
+
+void moe_combine_backward(float* deout, float* dgates, const float* dy, const float* eout,
+                          const std::int32_t* row_of, const float* gates, int N, int k, int C) {
+  for (std::int64_t n = 0; n < N; ++n)
+    for (int j = 0; j < k; ++j) {
+      const std::int32_t r = row_of[n * k + j];
+      float dot = 0.0f;
+      if (r >= 0) {
+        const float g = gates[n * k + j];
+        for (int c = 0; c < C; ++c) {
+          deout[std::int64_t(r) * C + c] = g * dy[n * C + c];
+          dot += dy[n * C + c] * eout[std::int64_t(r) * C + c];
+        }
+      }
+      dgates[n * k + j] = dot;
+    }
+}
+
 void rope_table(float* table, int T, int hs, double theta) {
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < hs / 2; ++i) {

@@ -80,6 +80,42 @@ void rope_backward(float* dx, const float* table, int N, int T, int row0, int he
 void repeat_kv_forward(float* out, const float* in, int N, int NH, int KV, int hs);
 void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs);
 
+// --- The mixture-of-experts layer's pieces (--arch moe; not yet wired into the model).
+// Top-k softmax routing (Mixtral's): probs[N,E] = softmax(logits) over all E experts (the
+// load-balancing loss reads them); experts[N,k] the k largest logits, largest first (a tie: the
+// lower index first); gates[N,k] the softmax of those k logits (probs renormalised over them).
+void router_topk_forward(float* probs, std::int32_t* experts, float* gates, const float* logits,
+                         int N, int E, int k);
+// dlogits[N,E] (=): d(gates) through the k-way softmax, gate_j (dgate_j - sum_i gate_i dgate_i) at
+// expert experts[n,j], plus d(probs) (null: none) through the full softmax, probs (dp - <probs,
+// dp>).
+void router_topk_backward(float* dlogits, const float* probs, const std::int32_t* experts,
+                          const float* gates, const float* dgates, const float* dprobs, int N,
+                          int E, int k);
+// The sequence-wise load-balancing loss (DeepSeek-V3's; Switch Transformer's form, per sequence so
+// that it does not depend on how sequences are split over micro-batches and ranks): for each of B
+// sequences of T tokens, loss[b] = coef * sum_e f[b,e] P[b,e] with f[b,e] = E / (k T) x the
+// sequence's routing choices of expert e, P[b,e] the mean of probs[:, e] over it. The backward
+// writes dprobs[N,E] (=) = scale * coef * f[b,e] / T (f does not depend on the probabilities).
+void moe_aux_loss_forward(float* loss, const float* probs, const std::int32_t* experts, int B,
+                          int T, int E, int k, float coef);
+void moe_aux_loss_backward(float* dprobs, const std::int32_t* experts, int B, int T, int E, int k,
+                           float coef_scale);
+// Dispatch and combine over a plan (model/moe_dispatch.hpp): row_of[N,k] the row of token n's
+// j-th choice in the experts' input (-1: dropped), token_of[rows] the token of each row.
+//   gather            out[r, :] = x[token_of[r], :]
+//   gather_backward   dx[n, :] += sum_j din[row_of[n,j], :] over kept choices, in choice order
+//   combine           y[n, :] = sum_j gates[n,j] eout[row_of[n,j], :] over kept choices (=)
+//   combine_backward  deout[row_of[n,j], :] = gates[n,j] dy[n, :] (=); dgates[n,j] = <dy[n, :],
+//                     eout[row_of[n,j], :]>, 0 when dropped (=)
+void moe_gather(float* out, const float* x, const std::int32_t* token_of, int rows, int C);
+void moe_gather_backward(float* dx, const float* din, const std::int32_t* row_of, int N, int k,
+                         int C);
+void moe_combine(float* y, const float* eout, const std::int32_t* row_of, const float* gates, int N,
+                 int k, int C);
+void moe_combine_backward(float* deout, float* dgates, const float* dy, const float* eout,
+                          const std::int32_t* row_of, const float* gates, int N, int k, int C);
+
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                   const std::int32_t* targets, int N, int V);

@@ -155,6 +155,28 @@ void repeat_kv_forward(const CudaContext& ctx, ActView out, ActView in, int N, i
 void repeat_kv_backward(const CudaContext& ctx, float* din, const float* dout, int N, int NH,
                         int KV, int hs);
 
+// The mixture-of-experts layer's pieces (moe.cu), as cpu/layers.hpp defines them; the
+// load-balancing loss takes a scratch of B x E floats.
+void router_topk_forward(const CudaContext& ctx, float* probs, std::int32_t* experts, float* gates,
+                         const float* logits, int N, int E, int k);
+void router_topk_backward(const CudaContext& ctx, float* dlogits, const float* probs,
+                          const std::int32_t* experts, const float* gates, const float* dgates,
+                          const float* dprobs, int N, int E, int k);
+void moe_aux_loss_forward(const CudaContext& ctx, float* loss, float* scratch, const float* probs,
+                          const std::int32_t* experts, int B, int T, int E, int k, float coef);
+void moe_aux_loss_backward(const CudaContext& ctx, float* dprobs, float* scratch,
+                           const std::int32_t* experts, int B, int T, int E, int k,
+                           float coef_scale);
+void moe_gather(const CudaContext& ctx, float* out, const float* x, const std::int32_t* token_of,
+                int rows, int C);
+void moe_gather_backward(const CudaContext& ctx, float* dx, const float* din,
+                         const std::int32_t* row_of, int N, int k, int C);
+void moe_combine(const CudaContext& ctx, float* y, const float* eout, const std::int32_t* row_of,
+                 const float* gates, int N, int k, int C);
+void moe_combine_backward(const CudaContext& ctx, float* deout, float* dgates, const float* dy,
+                          const float* eout, const std::int32_t* row_of, const float* gates, int N,
+                          int k, int C);
+
 // probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]]. logits may alias probs.
 void softmax_crossentropy_forward(const CudaContext& ctx, float* probs, float* losses,
                                   const float* logits, const std::int32_t* targets, int N, int V);

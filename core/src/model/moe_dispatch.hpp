@@ -1,0 +1,35 @@
+// Which rows of the experts' input each token's routing choices take (--arch moe; not yet wired
+// into the model): the one dispatch plan the passes, their backward and the memory plan share.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "strata/export.hpp"
+
+STRATA_EXPORT_BEGIN  // for the tests
+    namespace strata {
+  // Expert e's rows are [offset[e], offset[e] + count[e]), the experts one after another; inside an
+  // expert, its choices in token order (sequence by sequence). row_of[n * k + j]: the row of token
+  // n's j-th choice, -1 when dropped; token_of[r]: the token of row r.
+  struct MoeDispatch {
+    std::vector<std::int32_t> offset, count, row_of, token_of;
+    std::int64_t dropped = 0;  // choices over capacity
+    std::int32_t rows() const { return std::int32_t(token_of.size()); }
+  };
+
+  // Capacity per expert and sequence: ceil(capacity_factor x k T / E) choices; 0 for a factor of 0
+  // (dropless).
+  int moe_capacity(double capacity_factor, int T, int E, int k);
+  // The most rows a micro-batch of B sequences can take: B E capacity, at most B T k (dropless:
+  // B T k).
+  std::int64_t moe_max_rows(int B, int T, int E, int k, int capacity);
+
+  // The plan of B sequences of T tokens from their choices experts[B T, k] (host memory). With a
+  // capacity, each sequence keeps its first `capacity` choices of each expert (in token order, then
+  // choice order) and drops the rest, as GShard's groups of one sequence each: a sequence's plan
+  // does not depend on the sequences beside it, so splitting a batch over micro-batches or ranks
+  // keeps every token's experts. capacity 0: dropless.
+  MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity);
+
+}  // namespace strata
+STRATA_EXPORT_END
