@@ -117,6 +117,12 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   row "1.3B bf16 mb 4 ddp" "${xl[@]}" --plugin ddp --precision bf16 --micro-batch 4
   row "1.3B bf16 mb 4 zero3" "${xl[@]}" --plugin zero3 --precision bf16 --micro-batch 4
   row "1.3B fp32 mb 2 ddp" "${xl[@]}" --plugin ddp --micro-batch 2
+  # The llama family at Llama 3.2 1B's shape (16 layers of hidden 2048, 32 query heads on 8 K/V
+  # heads of 64, SwiGLU of 8192, the 128,256-token vocabulary; here untied: 1.5B parameters).
+  llama=(--model llama3-8b --layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ffn 8192
+    --seq 2048)
+  row "llama 1.5B bf16 mb 2 ddp" "${llama[@]}" --plugin ddp --precision bf16 --micro-batch 2
+  row "llama 1.5B bf16 mb 2 fsdp" "${llama[@]}" --plugin fsdp --precision bf16 --micro-batch 2
 fi
 if [ -s "$work/failures.txt" ]; then
   say ""

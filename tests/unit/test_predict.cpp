@@ -125,6 +125,8 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   p.compute[0].copy_s_per_byte = 2e-10;
   p.compute[0].pass_spread = 0.034;
   p.compute[0].tp = 2;
+  p.compute.push_back(p.compute[0]);  // the same sizes as a llama: another entry
+  p.compute[1].model = model_preset("tiny-llama");
   p.comm[1].host_ranks = 2;
   const fs::path path =
       fs::temp_directory_path() / ("strata-profile-" + std::to_string(::getpid()) + ".h5");
@@ -134,8 +136,13 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   EXPECT_EQ(q.source, "synthetic");
   EXPECT_EQ(q.description, "unit test");
   EXPECT_DOUBLE_EQ(q.node_peak_flops, 100e9);
-  ASSERT_EQ(q.compute.size(), 1u);
+  ASSERT_EQ(q.compute.size(), 2u);
+  EXPECT_EQ(q.compute[1].model.arch, Arch::llama);
+  EXPECT_EQ(q.compute[1].model.kv_heads, 2);
+  EXPECT_EQ(q.compute[1].model.ffn, 192);
+  EXPECT_EQ(q.compute[1].model.flops_per_token(), model_preset("tiny-llama").flops_per_token());
   const ComputeEntry& e = q.compute[0];
+  EXPECT_EQ(e.model.arch, Arch::gpt2);
   EXPECT_EQ(e.model.preset, "tiny");
   EXPECT_EQ(e.model.hidden, 64);
   EXPECT_EQ(e.model.vocab, 256);

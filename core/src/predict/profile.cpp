@@ -20,7 +20,10 @@ CommOp parse_op(const std::string& op) {
   throw Error("unknown comm op '" + op + "' in a profile");
 }
 
-auto shape_key(const ModelSpec& m) { return std::tie(m.layers, m.hidden, m.heads, m.seq, m.vocab); }
+auto shape_key(const ModelSpec& m) {
+  return std::make_tuple(m.layers, m.hidden, m.heads, m.seq, m.vocab, m.arch, m.kv_head_count(),
+                         m.ffn_hidden());
+}
 
 // The samples of one shape by size, without those slower than a larger size of the same op (a
 // rank descheduled during the measurement: time only grows with bytes).

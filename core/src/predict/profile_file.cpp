@@ -120,30 +120,39 @@ struct Column {
 
 const std::vector<Column<ComputeEntry>>& compute_columns() {
   using E = ComputeEntry;
-  static const std::vector<Column<E>> c = {STR(E, model.preset),
-                                           NUM(E, model.layers, "layers"),
-                                           NUM(E, model.hidden, "1"),
-                                           NUM(E, model.heads, "heads"),
-                                           NUM(E, model.seq, "tokens"),
-                                           NUM(E, model.vocab, "tokens"),
-                                           NUM(E, micro_batch, "sequences"),
-                                           STR(E, device),
-                                           STR(E, precision),
-                                           NUM(E, threads, "threads"),
-                                           NUM(E, ranks_per_node, "ranks"),
-                                           NUM(E, tp, "ranks"),
-                                           NUM(E, embedding_forward_s, "s"),
-                                           NUM(E, embedding_backward_s, "s"),
-                                           NUM(E, block_forward_s, "s"),
-                                           NUM(E, block_backward_s, "s"),
-                                           NUM(E, head_forward_s, "s"),
-                                           NUM(E, head_backward_s, "s"),
-                                           NUM(E, block_recompute_full_s, "s"),
-                                           NUM(E, block_recompute_selective_s, "s"),
-                                           NUM(E, optimizer_s_per_param, "s/param"),
-                                           NUM(E, fresh_memory_s_per_byte, "s/byte"),
-                                           NUM(E, copy_s_per_byte, "s/byte"),
-                                           NUM(E, pass_spread, "1")};
+  static const std::vector<Column<E>> c = {
+      STR(E, model.preset),
+      NUM(E, model.layers, "layers"),
+      NUM(E, model.hidden, "1"),
+      NUM(E, model.heads, "heads"),
+      NUM(E, model.seq, "tokens"),
+      NUM(E, model.vocab, "tokens"),
+      Column<E>{"model.arch", "", nullptr, nullptr,
+                [](const E& r) { return std::string(arch_name(r.model.arch)); },
+                [](E& r, const std::string& v) {
+                  if (!parse_arch(v, &r.model.arch))
+                    throw Error("model.arch '" + v + "': not gpt2 or llama");
+                }},
+      NUM(E, model.kv_heads, "heads"),
+      NUM(E, model.ffn, "1"),
+      NUM(E, micro_batch, "sequences"),
+      STR(E, device),
+      STR(E, precision),
+      NUM(E, threads, "threads"),
+      NUM(E, ranks_per_node, "ranks"),
+      NUM(E, tp, "ranks"),
+      NUM(E, embedding_forward_s, "s"),
+      NUM(E, embedding_backward_s, "s"),
+      NUM(E, block_forward_s, "s"),
+      NUM(E, block_backward_s, "s"),
+      NUM(E, head_forward_s, "s"),
+      NUM(E, head_backward_s, "s"),
+      NUM(E, block_recompute_full_s, "s"),
+      NUM(E, block_recompute_selective_s, "s"),
+      NUM(E, optimizer_s_per_param, "s/param"),
+      NUM(E, fresh_memory_s_per_byte, "s/byte"),
+      NUM(E, copy_s_per_byte, "s/byte"),
+      NUM(E, pass_spread, "1")};
   return c;
 }
 const std::vector<Column<CommSample>>& sample_columns() {
@@ -221,11 +230,12 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
   bool sized = false;
   for (const Column<Row>& c : columns) {
     const std::string path = column_path(table, c.name);
-    // Columns added after the first files (copy_s_per_byte, host_ranks, tp, pass_spread) may be
-    // missing: they keep the row's default (0; tp 1).
+    // Columns added after the first files (copy_s_per_byte, host_ranks, tp, pass_spread, the
+    // model family's) may be missing: they keep the row's default (0; tp 1; gpt2).
     if (sized &&
         (c.name == "copy_s_per_byte" || c.name == "host_ranks" || c.name == "tp" ||
-         c.name == "pass_spread") &&
+         c.name == "pass_spread" || c.name == "model.arch" || c.name == "model.kv_heads" ||
+         c.name == "model.ffn") &&
         H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
       continue;
     std::vector<double> v;
