@@ -146,8 +146,9 @@ class StageModel {
   void backward(int slot, BufferView params, BufferView grads, TensorParallelComm* tp,
                 float grad_scale);
   // One unit's pass (`unit` in [partition().first_unit, last_unit]), for a caller that drives the
-  // units itself: params[u] and grads[u] are unit u's views (unit_range(u).second elements; the
-  // head's pass also reads the embedding unit's wte when the partition has both). The first
+  // units itself: params[u] and grads[u] are unit u's views (unit_range(u).second elements; a
+  // tied head's pass (GPT-2's) also reads the embedding unit's wte and writes its gradient when
+  // the partition has both; a llama's head has its own lm_head). The first
   // unit's forward takes the micro-batch's tokens into the slot; the first unit's backward, on a
   // partition without the embedding, leaves d(input) in input_grad(slot). The passes of the
   // whole partition above and below are these, unit by unit.
@@ -167,11 +168,12 @@ class StageModel {
   static std::vector<std::pair<std::size_t, std::size_t>> unit_ranges(const ModelSpec& spec,
                                                                       const Partition& part);
   // The same passes as above, in this order (predictions mirror it). Forward: acquire the
-  // embedding unit (held to the end: the head reads its wte), each block acquired and released in
-  // turn, the head acquired and released, the embedding released. Backward: the embedding unit's
-  // gradients (and its parameters when the head is here) acquired first and held to the end; then
-  // the head's parameters and gradients, acquired and released; each block's, last first; then the
-  // embedding's backward and its release.
+  // embedding unit (held to the end, for a tied head's wte; also for an untied model, whose
+  // engine schedules may release it earlier: micro_batch_schedule), each block acquired and
+  // released in turn, the head acquired and released, the embedding released. Backward: the
+  // embedding unit's gradients (and its parameters when the head is here) acquired first and held
+  // to the end; then the head's parameters and gradients, acquired and released; each block's, last
+  // first; then the embedding's backward and its release.
   void forward(int slot, const UnitAccess& params, const MicroBatch& mb, TensorParallelComm* tp);
   void backward(int slot, const UnitAccess& params, const UnitAccess& grads, TensorParallelComm* tp,
                 float grad_scale);
