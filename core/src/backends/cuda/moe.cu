@@ -15,14 +15,9 @@
 namespace strata::cuda {
 namespace {
 
-// A signed grid-stride loop over [0, total) (grid.cuh's STRATA_GRID_STRIDE counts in size_t).
-#define MOE_GRID_STRIDE(i, total)                                                         \
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < (total); \
-       i += std::int64_t(gridDim.x) * blockDim.x)
-
 __global__ void router_topk_forward_kernel(float* probs, std::int32_t* experts, float* gates,
                                            const float* logits, std::int64_t N, int E, int k) {
-  MOE_GRID_STRIDE(n, N) {
+  STRATA_GRID_STRIDE(n, std::size_t(N)) {
     const float* l = logits + n * E;
     float* p = probs + n * E;
     std::int32_t* ex = experts + n * k;
@@ -51,7 +46,7 @@ __global__ void router_topk_backward_kernel(float* dlogits, const float* probs,
                                             const std::int32_t* experts, const float* gates,
                                             const float* dgates, const float* dprobs,
                                             std::int64_t N, int E, int k) {
-  MOE_GRID_STRIDE(n, N) {
+  STRATA_GRID_STRIDE(n, std::size_t(N)) {
     const float* p = probs + n * E;
     float* d = dlogits + n * E;
     float pdp = 0.0f;
@@ -69,7 +64,7 @@ __global__ void router_topk_backward_kernel(float* dlogits, const float* probs,
 // mean of probs[:, e] over the sequence.
 __global__ void expert_fraction_kernel(float* frac, float* term, const float* probs,
                                        const std::int32_t* experts, int B, int T, int E, int k) {
-  MOE_GRID_STRIDE(i, std::int64_t(B) * E) {
+  STRATA_GRID_STRIDE(i, std::size_t(std::int64_t(B) * E)) {
     const std::int64_t b = i / E;
     const int e = int(i % E);
     const std::int32_t* ex = experts + b * T * k;
@@ -86,7 +81,7 @@ __global__ void expert_fraction_kernel(float* frac, float* term, const float* pr
 }
 
 __global__ void aux_loss_sum_kernel(float* loss, const float* term, int B, int E, float coef) {
-  MOE_GRID_STRIDE(b, B) {
+  STRATA_GRID_STRIDE(b, std::size_t(B)) {
     float l = 0.0f;
     for (int e = 0; e < E; ++e) l += term[b * E + e];
     loss[b] = coef * l;
@@ -95,7 +90,7 @@ __global__ void aux_loss_sum_kernel(float* loss, const float* term, int B, int E
 
 __global__ void aux_loss_backward_kernel(float* dprobs, const float* frac, int B, int T, int E,
                                          float coef_scale) {
-  MOE_GRID_STRIDE(i, std::int64_t(B) * T * E) {
+  STRATA_GRID_STRIDE(i, std::size_t(std::int64_t(B) * T * E)) {
     const std::int64_t b = i / (std::int64_t(T) * E);
     dprobs[i] = coef_scale * frac[b * E + i % E] / float(T);
   }
@@ -103,12 +98,14 @@ __global__ void aux_loss_backward_kernel(float* dprobs, const float* frac, int B
 
 __global__ void moe_gather_kernel(float* out, const float* x, const std::int32_t* token_of,
                                   std::int64_t rows, int C) {
-  MOE_GRID_STRIDE(i, rows * C) { out[i] = x[std::int64_t(token_of[i / C]) * C + i % C]; }
+  STRATA_GRID_STRIDE(i, std::size_t(rows * C)) {
+    out[i] = x[std::int64_t(token_of[i / C]) * C + i % C];
+  }
 }
 
 __global__ void moe_gather_backward_kernel(float* dx, const float* din, const std::int32_t* row_of,
                                            std::int64_t N, int k, int C) {
-  MOE_GRID_STRIDE(i, N * C) {
+  STRATA_GRID_STRIDE(i, std::size_t(N * C)) {
     const std::int64_t n = i / C;
     float s = dx[i];
     for (int j = 0; j < k; ++j) {
@@ -121,7 +118,7 @@ __global__ void moe_gather_backward_kernel(float* dx, const float* din, const st
 
 __global__ void moe_combine_kernel(float* y, const float* eout, const std::int32_t* row_of,
                                    const float* gates, std::int64_t N, int k, int C) {
-  MOE_GRID_STRIDE(i, N * C) {
+  STRATA_GRID_STRIDE(i, std::size_t(N * C)) {
     const std::int64_t n = i / C;
     float s = 0.0f;
     for (int j = 0; j < k; ++j) {
@@ -135,7 +132,7 @@ __global__ void moe_combine_kernel(float* y, const float* eout, const std::int32
 __global__ void moe_combine_backward_rows_kernel(float* deout, const float* dy,
                                                  const std::int32_t* row_of, const float* gates,
                                                  std::int64_t N, int k, int C) {
-  MOE_GRID_STRIDE(i, N * k * C) {
+  STRATA_GRID_STRIDE(i, std::size_t(N * k * C)) {
     const std::int64_t choice = i / C;
     const std::int32_t r = row_of[choice];
     if (r >= 0) deout[std::int64_t(r) * C + i % C] = gates[choice] * dy[choice / k * C + i % C];
@@ -145,7 +142,7 @@ __global__ void moe_combine_backward_rows_kernel(float* deout, const float* dy,
 __global__ void moe_combine_backward_gates_kernel(float* dgates, const float* dy, const float* eout,
                                                   const std::int32_t* row_of, std::int64_t N, int k,
                                                   int C) {
-  MOE_GRID_STRIDE(choice, N * k) {
+  STRATA_GRID_STRIDE(choice, std::size_t(N * k)) {
     const std::int32_t r = row_of[choice];
     float dot = 0.0f;
     if (r >= 0)
@@ -153,8 +150,6 @@ __global__ void moe_combine_backward_gates_kernel(float* dgates, const float* dy
     dgates[choice] = dot;
   }
 }
-
-#undef MOE_GRID_STRIDE
 
 }  // namespace
 
