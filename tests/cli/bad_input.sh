@@ -87,6 +87,16 @@ check "option '--version' does not take any arguments" --version=yes
 check "--mesh tp=3: must divide the model's heads (4)" --plugin tp --mesh tp=3 --nodes 1 --ranks-per-node 3
 check "--mesh tp=2: must divide the model's vocabulary" --plugin tp --mesh tp=2 --nodes 1 --ranks-per-node 2 --vocab 255
 check "--mesh pp=2: tp has no pipeline" --plugin tp --mesh tp=2,pp=2 --nodes 1 --ranks-per-node 4
+# The mixture of experts: its options validated once, tp refused (its experts are not
+# tensor-parallel), CUDA graphs refused (its dispatch plan is read back to the host each step).
+check "--mesh tp=2: --arch moe's experts are not tensor-parallel" --plugin tp --mesh tp=2 \
+  --nodes 1 --ranks-per-node 2 --model tiny-moe
+check "--top-k 5: must be in [1, --experts 4]" --plugin ddp --model tiny-moe --top-k 5
+check "--shared-experts: a mixture of experts needs --arch moe" --plugin ddp \
+  --model tiny-llama --experts 4
+check "--cuda-graphs: --arch moe reads its routing back to the host" --plugin ddp --model tiny-moe \
+  --device cuda --transport nccl --cuda-graphs
+check "--capacity-factor -1: must be" --plugin ddp --model tiny-moe --capacity-factor -1
 check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4
 check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch x dp)) must be a multiple of pp (2)" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --layers 4
 check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3

@@ -32,16 +32,7 @@ function(strata_e2e_bf16 id ranks ref)
     set(tol ${E2E_BF16_PP_TOL})
   endif()
   strata_e2e_run(${id} ${ranks} ${ARGN} --precision bf16)
-  add_test(NAME e2e.layout.${id} COMMAND check_run layout ${E2E_DIR}/${id}.h5 ${ranks} ${E2E_STEPS})
-  add_test(NAME e2e.predicted.${id} COMMAND check_run predicted ${E2E_DIR}/${id}.h5)
-  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES
-                       FIXTURES_REQUIRED run.${id} LABELS e2e)
-  if(NOT id STREQUAL ref)
-    add_test(NAME e2e.trajectory.${id} COMMAND check_run trajectory ${E2E_DIR}/${ref}.h5
-                                               ${E2E_DIR}/${id}.h5 ${tol})
-    set_tests_properties(e2e.trajectory.${id} PROPERTIES FIXTURES_REQUIRED "run.${id};run.${ref}"
-                         LABELS e2e)
-  endif()
+  strata_e2e_checks_against(${id} ${ranks} ${ref} ${tol})
 endfunction()
 
 # References: one rank, the whole batch in one micro-batch; gradients reduced in fp32 (the

@@ -61,25 +61,30 @@ function(strata_e2e_run id ranks)
   strata_e2e_lock_cores(e2e.run.${id} ${ranks})
 endfunction()
 
-# strata_e2e_checks(<id> <ranks>): the run file's layout, its trajectory against the 1-rank
-# reference, and measured bytes/memory against predict().
-function(strata_e2e_checks id ranks)
+# strata_e2e_checks_against(<id> <ranks> <reference id> <tolerance>): the run file's layout, its
+# measured bytes/memory against predict() and, unless it is the reference, its loss trajectory
+# against the reference's.
+function(strata_e2e_checks_against id ranks ref tol)
   add_test(NAME e2e.layout.${id} COMMAND check_run layout ${E2E_DIR}/${id}.h5 ${ranks} ${E2E_STEPS})
-  add_test(NAME e2e.trajectory.${id}
-           COMMAND check_run trajectory ${E2E_DIR}/reference.h5 ${E2E_DIR}/${id}.h5 ${E2E_LOSS_TOL})
   add_test(NAME e2e.predicted.${id} COMMAND check_run predicted ${E2E_DIR}/${id}.h5)
-  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES FIXTURES_REQUIRED run.${id} LABELS e2e)
-  set_tests_properties(e2e.trajectory.${id} PROPERTIES FIXTURES_REQUIRED "run.${id};run.reference" LABELS e2e)
+  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES
+                       FIXTURES_REQUIRED run.${id} LABELS e2e)
+  if(NOT id STREQUAL ref)
+    add_test(NAME e2e.trajectory.${id} COMMAND check_run trajectory ${E2E_DIR}/${ref}.h5
+                                               ${E2E_DIR}/${id}.h5 ${tol})
+    set_tests_properties(e2e.trajectory.${id} PROPERTIES FIXTURES_REQUIRED "run.${id};run.${ref}"
+                         LABELS e2e)
+  endif()
+endfunction()
+
+# strata_e2e_checks(<id> <ranks>): the checks against the 1-rank reference within E2E_LOSS_TOL.
+function(strata_e2e_checks id ranks)
+  strata_e2e_checks_against(${id} ${ranks} reference ${E2E_LOSS_TOL})
 endfunction()
 
 # strata_e2e_checks_l8(<id> <ranks>): as strata_e2e_checks, against the 8-layer reference.
 function(strata_e2e_checks_l8 id ranks)
-  add_test(NAME e2e.layout.${id} COMMAND check_run layout ${E2E_DIR}/${id}.h5 ${ranks} ${E2E_STEPS})
-  add_test(NAME e2e.trajectory.${id}
-           COMMAND check_run trajectory ${E2E_DIR}/reference.l8.h5 ${E2E_DIR}/${id}.h5 ${E2E_LOSS_TOL})
-  add_test(NAME e2e.predicted.${id} COMMAND check_run predicted ${E2E_DIR}/${id}.h5)
-  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES FIXTURES_REQUIRED run.${id} LABELS e2e)
-  set_tests_properties(e2e.trajectory.${id} PROPERTIES FIXTURES_REQUIRED "run.${id};run.reference.l8" LABELS e2e)
+  strata_e2e_checks_against(${id} ${ranks} reference.l8 ${E2E_LOSS_TOL})
 endfunction()
 
 # L8: the 8-layer tiny of the pipelines (model_parallel.cmake, bf16.cmake, transports.cmake).

@@ -12,16 +12,7 @@ set(LLAMA --arch llama --layers 4 --heads 8 --kv-heads 4 --ffn 192)
 # strata_e2e_llama(<id> <ranks> <runner args...>): the run and its checks against the reference.
 function(strata_e2e_llama id ranks)
   strata_e2e_run(${id} ${ranks} ${LLAMA} ${ARGN})
-  add_test(NAME e2e.layout.${id} COMMAND check_run layout ${E2E_DIR}/${id}.h5 ${ranks} ${E2E_STEPS})
-  add_test(NAME e2e.predicted.${id} COMMAND check_run predicted ${E2E_DIR}/${id}.h5)
-  set_tests_properties(e2e.layout.${id} e2e.predicted.${id} PROPERTIES
-                       FIXTURES_REQUIRED run.${id} LABELS e2e)
-  if(NOT id STREQUAL "llama.reference")
-    add_test(NAME e2e.trajectory.${id} COMMAND check_run trajectory
-                  ${E2E_DIR}/llama.reference.h5 ${E2E_DIR}/${id}.h5 ${E2E_LOSS_TOL})
-    set_tests_properties(e2e.trajectory.${id} PROPERTIES
-                         FIXTURES_REQUIRED "run.${id};run.llama.reference" LABELS e2e)
-  endif()
+  strata_e2e_checks_against(${id} ${ranks} llama.reference ${E2E_LOSS_TOL})
 endfunction()
 
 strata_e2e_llama(llama.reference 1 --plugin dp --micro-batch 8)

@@ -821,6 +821,15 @@ TEST_F(CudaLayers, MoeRoutingDispatchAndCombine) {
   gpu::moe_combine_backward(ctx(), d_deout.get(), d_dg.get(), d_dy.get(), d_eout.get(),
                             d_row_of.get(), d_gates.get(), Nq, k, Cw);
   EXPECT_EQ(d_xd.host(), xd);
+  // A bf16 run's dispatch copies its bf16 rows as they are.
+  std::vector<strata::bf16> x_h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x_h[i] = strata::to_bf16(x[i]);
+  DeviceBuffer<strata::bf16> d_x_h(x_h), d_xd_h(xd.size());
+  gpu::moe_gather(ctx(), d_xd_h.get(), d_x_h.get(), d_token_of.get(), R, Cw);
+  const std::vector<strata::bf16> xd_h = d_xd_h.host();
+  int wrong = 0;
+  for (std::size_t i = 0; i < xd.size(); ++i) wrong += xd_h[i].bits != strata::to_bf16(xd[i]).bits;
+  EXPECT_EQ(wrong, 0) << "of " << xd.size() << " bf16 dispatched elements";
   expect_close("gather backward", d_dx.host(), dx, kElemRtol, kElemAtol);
   expect_close("combine", d_y.host(), y, kElemRtol, kElemAtol);
   expect_close("combine backward rows", d_deout.host(), deout, kElemRtol, kElemAtol);

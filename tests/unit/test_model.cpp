@@ -25,6 +25,11 @@ ModelSpec tiny_spec() { return {"tiny", 2, 16, 2, 8, 32}; }
 // The llama block at the same size: 4 query heads sharing 2 K/V heads (grouped-query attention),
 // head size 4, an MLP of 24.
 ModelSpec tiny_llama_spec() { return {"tiny-l", 2, 16, 4, 8, 32, Arch::llama, 2, 24, 10000}; }
+// 4 experts of 12, top 2, dropless (capacity_factor 0), a load-balancing coefficient large
+// enough that its gradient shows beside the loss's.
+ModelSpec tiny_moe_spec() {
+  return {"tiny-m", 2, 16, 4, 8, 32, Arch::moe, 2, 12, 10000, 4, 2, 0, 0.1};
+}
 
 ModelSpec small_spec() { return model_preset("small"); }
 
@@ -213,6 +218,49 @@ TEST(ParamLayout, LlamaTensorsAndPublishedParameterCounts) {
   EXPECT_DOUBLE_EQ(l8.flops_per_token(), 6 * n + 12.0 * 32 * 4096 * 8192);
 }
 
+// A moe block: a llama's attention, then the router and every expert's gate | up and down as one
+// tensor each; Mixtral 8x7B's published counts (46.7B, 12.9B active), and FLOPs on the active ones.
+TEST(ParamLayout, MoeTensorsAndMixtralsPublishedCounts) {
+  const ModelSpec spec = tiny_moe_spec();
+  const ParamLayout layout(spec);
+  const int C = spec.hidden, F = spec.ffn, E = spec.experts, hs = spec.head_dim();
+  std::vector<std::string> names;
+  for (int i = 1; i <= 7; ++i) names.push_back(layout.tensors()[std::size_t(i)].name);
+  EXPECT_EQ(names, (std::vector<std::string>{"block0.attn_norm_w", "block0.qkv_w", "block0.proj_w",
+                                             "block0.mlp_norm_w", "block0.router_w",
+                                             "block0.experts.gate_up_w", "block0.experts.down_w"}));
+  EXPECT_EQ(layout.tensors()[5].shape, (std::vector<int>{E, C}));
+  EXPECT_EQ(layout.tensors()[6].shape, (std::vector<int>{E, 2 * F, C}));
+  EXPECT_EQ(layout.tensors()[7].shape, (std::vector<int>{E, C, F}));
+  const std::size_t attention = std::size_t(C) * ((4 + 2 * 2) * hs + C);
+  EXPECT_EQ(layout.units()[1].count, attention + std::size_t(E) * C * (1 + 3 * F) + 2 * C);
+  EXPECT_EQ(layout.total(), std::size_t(spec.total_params()));
+  EXPECT_EQ(spec.block_active_params(), std::int64_t(attention + E * C + 2 * 3 * F * C + 2 * C));
+
+  ModelSpec shared = spec;  // shared experts: one SwiGLU of S F after the routed experts
+  shared.shared_experts = 2;
+  const ParamLayout with_shared(shared);
+  EXPECT_EQ(with_shared.tensors()[8].name, "block0.shared.gate_up_w");
+  EXPECT_EQ(with_shared.tensors()[8].shape, (std::vector<int>{2 * 2 * F, C}));
+  EXPECT_EQ(with_shared.tensors()[9].shape, (std::vector<int>{C, 2 * F}));
+  EXPECT_EQ(shared.block_active_params() - spec.block_active_params(), 2 * 3 * F * C);
+  EXPECT_EQ(with_shared.total(), std::size_t(shared.total_params()));
+
+  const ModelSpec mixtral = model_preset("mixtral-8x7b");
+  EXPECT_EQ(mixtral.total_params(), 46702792704LL);
+  EXPECT_EQ(mixtral.active_params(), 12879925248LL);
+  EXPECT_EQ(ParamLayout(mixtral).total(), 46702792704ull);
+  const double n = 12879925248.0 - 32000.0 * 4096;  // active, less the embedding's table
+  EXPECT_DOUBLE_EQ(mixtral.flops_per_token(), 6 * n + 12.0 * 32 * 4096 * 4096);
+  // DeepSeekMoE 16B's shape, every block a moe: 28 x (attention 4 C^2 + router 64 C + (64 + 2)
+  // experts of 3 x 1408 C + 2 norms) + 2 embeddings + the final norm; active 6 + 2 experts.
+  const ModelSpec fine = model_preset("fine-moe-16b");
+  const std::int64_t C16 = 2048, attn = 4 * C16 * C16, expert = 3 * 1408 * C16;
+  const std::int64_t rest = 2 * 102400 * C16 + C16, block_rest = attn + 64 * C16 + 2 * C16;
+  EXPECT_EQ(fine.total_params(), 28 * (block_rest + 66 * expert) + rest);
+  EXPECT_EQ(fine.active_params(), 28 * (block_rest + 8 * expert) + rest);
+}
+
 TEST(ParamLayout, RejectsBadSpecs) {
   ModelSpec s = tiny_spec();
   s.heads = 3;  // 16 % 3 != 0
@@ -220,6 +268,15 @@ TEST(ParamLayout, RejectsBadSpecs) {
   s = tiny_spec();
   s.layers = 0;
   EXPECT_THROW(ParamLayout{s}, ConfigError);
+  for (auto bad :
+       {+[](ModelSpec& m) { m.experts = 1; }, +[](ModelSpec& m) { m.top_k = 5; },
+        +[](ModelSpec& m) { m.top_k = 0; }, +[](ModelSpec& m) { m.capacity_factor = -1; },
+        +[](ModelSpec& m) { m.aux_loss_coef = -0.1; },
+        +[](ModelSpec& m) { m.arch = Arch::llama; }}) {  // experts without moe
+    s = tiny_moe_spec();
+    bad(s);
+    EXPECT_THROW(ParamLayout{s}, ConfigError);
+  }
   s = tiny_spec();
   s.kv_heads = 1;  // grouped-query attention is a llama's
   EXPECT_THROW(ParamLayout{s}, ConfigError);
@@ -310,6 +367,27 @@ TEST(InitParams, DependsOnSeedAndFollowsTheTensorInit) {
 // h = 2e-2; observed per-tensor relative 2-norm errors are 4e-5 .. 5e-4 and element errors below
 // 1e-4. Tolerances: element |fd - analytic| <= 5e-4 + 1e-2 |fd|, tensor relative 2-norm <= 5e-3.
 // A missing contribution (e.g. wte's embedding or tied-head part) is an O(1) relative error.
+// The 5-point central difference of f at 0 with step 2e-2. A moe's objective jumps where a token's
+// top-k experts switch; with `refine`, a stencil whose two central differences disagree (a switch
+// inside it) is redone with a step 4 times smaller, at most twice (the routing of these tests is
+// smooth at 1.25e-3, fp32's noise still below the bounds), and one that still jumps fails.
+template <class F>
+double stencil(F&& f, bool refine) {
+  double step = 2e-2;
+  for (int tries = 0;; ++tries, step /= 4) {
+    const double d1 = f(float(step)) - f(float(-step)),
+                 d2 = f(float(2 * step)) - f(float(-2 * step));
+    const double narrow = d1 / (2 * step), wide = d2 / (4 * step);
+    if (!refine || std::fabs(narrow - wide) <= 2e-3 + 0.05 * std::fabs(narrow))
+      return (8 * d1 - d2) / (12.0 * step);
+    if (tries == 2) {
+      ADD_FAILURE() << "the objective jumps within +-" << 2 * step << ": " << narrow << " vs "
+                    << wide;
+      return (8 * d1 - d2) / (12.0 * step);
+    }
+  }
+}
+
 void expect_gradients_match_finite_differences(const ModelSpec& spec) {
   const int B = 2;
   Harness h(spec, B);
@@ -334,7 +412,6 @@ void expect_gradients_match_finite_differences(const ModelSpec& spec) {
   const std::vector<float> analytic = h.grads;
 
   const std::set<std::int32_t> input_tokens(batch.inputs.begin(), batch.inputs.end());
-  const float step = 2e-2f;
   int checked = 0;
   for (const TensorInfo& t : layout.tensors()) {
     std::vector<std::size_t> idx;
@@ -351,11 +428,12 @@ void expect_gradients_match_finite_differences(const ModelSpec& spec) {
     double err2 = 0, ref2 = 0;
     for (std::size_t j : idx) {
       const float x0 = h.params[j];
-      auto f = [&](float d) {
+      auto f = [&](float d) {  // the objective: the loss (and moe's load-balancing loss)
         h.params[j] = x0 + d;
-        return h.forward(batch.mb) * scale;
+        const double lm = h.forward(batch.mb);
+        return (lm + spec.seq * h.model.aux_loss_sum(h.slot)) * scale;
       };
-      const double fd = (8 * (f(step) - f(-step)) - (f(2 * step) - f(-2 * step))) / (12.0 * step);
+      const double fd = stencil(f, spec.arch == Arch::moe);
       h.params[j] = x0;
       EXPECT_NEAR(analytic[j], fd, 5e-4 + 1e-2 * std::fabs(fd))
           << t.name << " element " << j - t.offset;
@@ -377,6 +455,28 @@ TEST(ModelGradient, MatchesFiniteDifferencesForEveryTensor) {
 // tensor of a llama (attn_norm_w .. down_w, lm_head) by the same stencil and bounds.
 TEST(ModelGradient, LlamaMatchesFiniteDifferencesForEveryTensor) {
   expect_gradients_match_finite_differences(tiny_llama_spec());
+}
+
+// The router, its top-k gates, the experts on their dispatched rows, the combine and the
+// sequence-wise load-balancing loss (in the objective as the backward differentiates it: the mean
+// over sequences, grad_scale x seq per sequence): every tensor of a moe, dropless and with a
+// capacity that drops choices (a dropped choice adds nothing, its gate's gradient is 0). A step
+// moves no token's top 2 at these seeds (a switch would break the stencil by O(1)).
+TEST(ModelGradient, MoeMatchesFiniteDifferencesForEveryTensor) {
+  expect_gradients_match_finite_differences(tiny_moe_spec());
+}
+
+TEST(ModelGradient, MoeWithDroppedChoicesMatchesFiniteDifferences) {
+  ModelSpec spec = tiny_moe_spec();
+  spec.capacity_factor = 0.75;  // 3 choices of each expert per sequence of 8 tokens x 2
+  expect_gradients_match_finite_differences(spec);
+}
+
+// DeepSeekMoE's shape: finer experts (6 of 8, top 3) and 2 shared experts beside them.
+TEST(ModelGradient, MoeWithSharedExpertsMatchesFiniteDifferences) {
+  ModelSpec spec = tiny_moe_spec();
+  spec.experts = 6, spec.ffn = 8, spec.top_k = 3, spec.shared_experts = 2;
+  expect_gradients_match_finite_differences(spec);
 }
 
 TEST(ModelGradient, WteGetsEmbeddingAndTiedHeadContributions) {

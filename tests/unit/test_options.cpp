@@ -108,6 +108,9 @@ TEST(Options, EveryOptionAcceptsItsValidExample) {
     if (o.name.rfind("advise-", 0) == 0) args.push_back("--advise");
     if (o.name == "kv-heads")  // a llama's, dividing its heads (head size 2: rotary pairs)
       args.insert(args.end(), {"--arch", "llama", "--heads", "64", "--hidden", "128"});
+    if (o.name == "experts" || o.name == "capacity-factor" || o.name == "shared-experts")
+      args.insert(args.end(), {"--arch", "moe"});  // a mixture of experts' options
+    if (o.name == "top-k") args.insert(args.end(), {"--arch", "moe", "--experts", "65536"});
     if (o.name == "cuda-graphs") {  // a GPU option: refused in one line without --device cuda
       expect_refused([&] { parse(args); }, "--cuda-graphs", "--cuda-graphs without --device cuda");
       if (!backend_built(Device::cuda)) continue;

@@ -1,4 +1,5 @@
-// strata SDK: the standard workload, a decoder-only transformer of the GPT-2 or the Llama family.
+// strata SDK: the standard workload, a decoder-only transformer of the GPT-2 or the Llama family,
+// or a Llama with a mixture of experts for its MLP.
 //
 // Parameters live per *unit*: unit 0 is the embedding (wte, and GPT-2's wpe), units 1..L are the
 // transformer blocks, unit L+1 is the head (the final norm; GPT-2's LM head is tied to wte, a
@@ -23,8 +24,14 @@ namespace strata {
 //   llama  RMSNorm, SwiGLU MLP on a fused gate | up projection, rotary positions, grouped-query
 //          attention (kv_heads K/V heads), no biases, an untied LM head (Meta's Llama 3,
 //          torchtitan's model).
-enum class Arch { gpt2, llama };
-// "gpt2", "llama".
+//   moe    the llama block with its MLP replaced by `experts` SwiGLU experts of size ffn and a
+//          top-k softmax router (Mixtral's): each token's output is the gate-weighted sum of its
+//          top_k experts' outputs; capacity_factor > 0 caps each expert's tokens per sequence
+//          (the rest dropped and counted), 0 routes dropless; a sequence-wise load-balancing loss
+//          (aux_loss_coef) is added to the objective; shared_experts always-active experts
+//          (DeepSeekMoE's) beside them.
+enum class Arch { gpt2, llama, moe };
+// "gpt2", "llama", "moe".
 const char* arch_name(Arch a);
 // Parses one of the names above into *out; false (and *out untouched) for another.
 bool parse_arch(const std::string& name, Arch* out);
@@ -37,52 +44,88 @@ struct ModelSpec {
   int seq = 64;     // T (also the number of learned positions)
   int vocab = 256;  // V
   Arch arch = Arch::gpt2;
-  int kv_heads = 0;           // llama: K/V heads (grouped-query attention); 0: as many as heads
-  int ffn = 0;                // the MLP's hidden size F; 0: 4 C (GPT-2's)
-  double rope_theta = 10000;  // llama: the rotary base (Llama 3: 500000)
+  int kv_heads = 0;             // llama: K/V heads (grouped-query attention); 0: as many as heads
+  int ffn = 0;                  // the MLP's hidden size F; 0: 4 C (GPT-2's)
+  double rope_theta = 10000;    // llama, moe: the rotary base (Llama 3: 500000)
+  int experts = 0;              // moe: routed experts E
+  int top_k = 0;                // moe: experts per token k
+  double capacity_factor = 0;   // moe: tokens per expert and sequence / (k T / E); 0: dropless
+  double aux_loss_coef = 0.01;  // moe: the load-balancing loss's coefficient (alpha)
+  // moe: experts every token goes through beside its top_k (DeepSeekMoE's shared experts), as
+  // one SwiGLU MLP of shared_experts x ffn
+  int shared_experts = 0;
 
   int head_dim() const { return hidden / heads; }
-  int kv_head_count() const { return arch == Arch::llama && kv_heads > 0 ? kv_heads : heads; }
+  bool llama_block() const { return arch != Arch::gpt2; }  // RMSNorm, SwiGLU, rope, GQA
+  int kv_head_count() const { return llama_block() && kv_heads > 0 ? kv_heads : heads; }
+  int expert_count() const { return arch == Arch::moe ? experts : 0; }
   int ffn_hidden() const { return ffn > 0 ? ffn : 4 * hidden; }
   bool tied() const { return arch == Arch::gpt2; }  // the LM head reuses wte
-  // Rows of the fused q | k | v projection and of the FC layer (gate | up for llama).
+  // Rows of the fused q | k | v projection and of the FC layer (gate | up for llama, one
+  // expert's for moe).
   std::int64_t qkv_rows() const { return std::int64_t(heads + 2 * kv_head_count()) * head_dim(); }
-  std::int64_t fc_rows() const { return (arch == Arch::llama ? 2LL : 1LL) * ffn_hidden(); }
-  // The weights of a block's four linear layers (qkv, projection, FC, FC projection).
-  std::int64_t block_linear_params() const {
-    return std::int64_t(hidden) * (qkv_rows() + hidden + fc_rows() + ffn_hidden());
+  std::int64_t fc_rows() const { return (llama_block() ? 2LL : 1LL) * ffn_hidden(); }
+  // The weights of a block's linear layers (qkv, projection, FC, FC projection; moe: the router
+  // and every expert's FC and FC projection, and the shared experts').
+  std::int64_t block_linear_params() const { return block_linear_params(expert_count()); }
+  // The same with `experts` experts (moe; the MLP once otherwise): a token's active weights with
+  // top_k.
+  std::int64_t block_linear_params(int experts_counted) const {
+    const std::int64_t mlp = std::int64_t(hidden) * (fc_rows() + ffn_hidden());
+    const std::int64_t attention = std::int64_t(hidden) * (qkv_rows() + hidden);
+    if (arch != Arch::moe) return attention + mlp;
+    return attention + std::int64_t(experts) * hidden +  // the router
+           (std::int64_t(experts_counted) + shared_experts) * mlp;
   }
   // Norm weights and biases of a block: GPT-2 two LayerNorms (weight, bias) and the four biases,
   // llama two RMSNorm weights.
   std::int64_t block_small_params() const {
-    if (arch == Arch::llama) return 2LL * hidden;
+    if (llama_block()) return 2LL * hidden;
     return 4LL * hidden + qkv_rows() + hidden + fc_rows() + hidden;
   }
   std::int64_t block_params() const { return block_linear_params() + block_small_params(); }
-  // The final norm's parameters: LayerNorm weight and bias, or the RMSNorm's weight.
-  std::int64_t final_norm_params() const { return (arch == Arch::llama ? 1LL : 2LL) * hidden; }
-  std::int64_t total_params() const {
-    const std::int64_t embedding = std::int64_t(vocab) * hidden;
-    if (arch == Arch::llama)  // wte, the blocks, the final norm, the untied LM head
-      return 2 * embedding + layers * block_params() + final_norm_params();
-    return embedding + std::int64_t(seq) * hidden + layers * block_params() + final_norm_params();
+  // A block's parameters one token computes with: moe's top_k experts of its experts.
+  std::int64_t block_active_linear_params() const {
+    return block_linear_params(arch == Arch::moe ? top_k : 0);
   }
-  // N of the FLOP formula: non-embedding parameters plus the LM-head matmul (tied or not; the
-  // embedding's lookup is not a matmul).
+  std::int64_t block_active_params() const {
+    return block_active_linear_params() + block_small_params();
+  }
+  // The final norm's parameters: LayerNorm weight and bias, or the RMSNorm's weight.
+  std::int64_t final_norm_params() const { return (llama_block() ? 1LL : 2LL) * hidden; }
+  std::int64_t total_params() const { return params_with(block_params()); }
+  // The parameters one token computes with (moe's active parameters; total_params otherwise).
+  std::int64_t active_params() const { return params_with(block_active_params()); }
+  // N of the FLOP formula: non-embedding active parameters plus the LM-head matmul (tied or not;
+  // the embedding's lookup is not a matmul).
   std::int64_t flop_params() const {
-    return layers * block_params() + final_norm_params() + std::int64_t(vocab) * hidden;
+    return layers * block_active_params() + final_norm_params() + std::int64_t(vocab) * hidden;
   }
   // Training FLOPs per token = 6N + 12*L*h*s (forward + backward, attention scores included; with
-  // grouped-query attention every query head still scores every position).
+  // grouped-query attention every query head still scores every position; moe: N active, the
+  // router's E h included, capacity drops not subtracted).
   double flops_per_token() const {
     return 6.0 * double(flop_params()) + 12.0 * layers * double(hidden) * seq;
+  }
+
+ private:
+  std::int64_t params_with(std::int64_t per_block) const {
+    const std::int64_t embedding = std::int64_t(vocab) * hidden;
+    if (llama_block())  // wte, the blocks, the final norm, the untied LM head
+      return 2 * embedding + layers * per_block + final_norm_params();
+    return embedding + std::int64_t(seq) * hidden + layers * per_block + final_norm_params();
   }
 };
 
 // Throws ConfigError, one line naming the option, for sizes no model can be built from: a size not
 // positive, heads not dividing hidden, K/V heads not dividing heads (or given for gpt2), an odd
-// head size for rotary embeddings.
+// head size for rotary embeddings; for moe fewer than 2 experts, top_k not in [1, experts], a
+// negative capacity factor, auxiliary coefficient or shared expert count (and any of them given
+// for another family).
 void validate_model_spec(const ModelSpec& spec);
+
+// "N params", or for moe "N params, A active" (ModelSpec::active_params): what a run prints.
+std::string params_text(const ModelSpec& spec);
 
 // A named model size and the constant AdamW learning rate it trains with unless --lr is given.
 struct ModelPreset {
@@ -97,6 +140,11 @@ struct ModelPreset {
 // kv heads, ffn, rope theta): "tiny-llama" (2, 64, 4, 64, 256, 2, 192, 1e4, 3e-3), "llama3-8b"
 // (32, 4096, 32, 8192, 128256, 8, 14336, 5e5, 3e-4: 8.03B parameters), "llama3-70b" (80, 8192,
 // 64, 8192, 128256, 8, 28672, 5e5, 1.5e-4: 70.6B), Meta's published shapes and learning rates.
+// Mixture of experts (the llama columns, then experts, top k, capacity factor, aux coefficient):
+// "tiny-moe" (2, 64, 4, 64, 256, 2, 96, 1e4, 4, 2, 0, 0.01, 3e-3), "mixtral-8x7b" (32, 4096, 32,
+// 4096, 32000, 8, 14336, 1e6, 8, 2, 0, 0.02, 1e-4: 46.7B, 12.8B active), Mistral's shapes;
+// "fine-moe-16b" (28, 2048, 16, 4096, 102400, 16, 1408, 1e4, 64, 6, 0, 0.001, then 2 shared
+// experts, 4.2e-4: 16.9B, 2.8B active), DeepSeekMoE 16B's shape with every block a moe.
 const std::vector<ModelPreset>& model_presets();
 // The preset called `name`, or null.
 const ModelPreset* find_model_preset(const std::string& name);

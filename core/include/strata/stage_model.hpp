@@ -179,6 +179,11 @@ class StageModel {
                 float grad_scale);
   // Sum of per-token losses of the slot's micro-batch (partitions with the head).
   double loss_sum(int slot) const;
+  // --arch moe: the sum over this partition's blocks and the slot's sequences of the
+  // load-balancing loss (its coefficient included; 0 for other families). The objective the
+  // backward differentiates is the mean per-token loss plus this averaged over the global batch's
+  // sequences; the loss a run reports is the first alone (Megatron-LM's "lm loss").
+  double aux_loss_sum(int slot) const;
 
   // Exact bytes of one slot's token copies (MemTag::workspace; its activations:
   // predict_activations()).

@@ -93,6 +93,29 @@ class Kernels {
   // head order.
   virtual void repeat_kv_forward(ActView out, ActView in, int N, int NH, int KV, int hs) = 0;
   virtual void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) = 0;
+  // The mixture of experts' pieces (cpu/layers.hpp; the plan's arrays from moe_dispatch): top-k
+  // softmax routing and its backward (=), the sequence-wise load-balancing loss per sequence and
+  // its d(probs) (=; scratch [B,E]), dispatch (out [rows,C] = x's rows token_of; out and x of one
+  // dtype, copied) and its backward (+=), the gate-weighted combine (=) and its backward (=).
+  virtual void router_topk_forward(float* probs, std::int32_t* experts, float* gates,
+                                   const float* logits, int N, int E, int k) = 0;
+  virtual void router_topk_backward(float* dlogits, const float* probs, const std::int32_t* experts,
+                                    const float* gates, const float* dgates, const float* dprobs,
+                                    int N, int E, int k) = 0;
+  virtual void moe_aux_loss_forward(float* loss, float* scratch, const float* probs,
+                                    const std::int32_t* experts, int B, int T, int E, int k,
+                                    float coef) = 0;
+  virtual void moe_aux_loss_backward(float* dprobs, float* scratch, const std::int32_t* experts,
+                                     int B, int T, int E, int k, float coef_scale) = 0;
+  virtual void moe_gather(ActView out, ActView x, const std::int32_t* token_of, int rows,
+                          int C) = 0;
+  virtual void moe_gather_backward(float* dx, const float* din, const std::int32_t* row_of, int N,
+                                   int k, int C) = 0;
+  virtual void moe_combine(float* y, const float* eout, const std::int32_t* row_of,
+                           const float* gates, int N, int k, int C) = 0;
+  virtual void moe_combine_backward(float* deout, float* dgates, const float* dy, const float* eout,
+                                    const std::int32_t* row_of, const float* gates, int N, int k,
+                                    int C) = 0;
   virtual void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                             const std::int32_t* targets, int N, int V) = 0;
   virtual void crossentropy_softmax_backward(float* dlogits, const float* probs,

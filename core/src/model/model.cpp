@@ -36,6 +36,18 @@ const std::vector<ModelPreset>& model_presets() {
       {{"tiny-llama", 2, 64, 4, 64, 256, Arch::llama, 2, 192, 10000}, 3e-3},
       {{"llama3-8b", 32, 4096, 32, 8192, 128256, Arch::llama, 8, 14336, 500000}, 3e-4},
       {{"llama3-70b", 80, 8192, 64, 8192, 128256, Arch::llama, 8, 28672, 500000}, 1.5e-4},
+      // Mixtral 8x7B (Jiang et al. 2024, table 1; Mistral's released configuration): 8 experts,
+      // top 2, dropless, rope theta 1e6, the HF configuration's auxiliary coefficient 0.02; a
+      // training sequence of 4096 and lr 1e-4 as Megatron-LM's Mixtral example. tiny-moe is its
+      // shape at the size of tiny (4 experts of 96, top 2, 2 K/V heads).
+      {{"tiny-moe", 2, 64, 4, 64, 256, Arch::moe, 2, 96, 10000, 4, 2, 0, 0.01}, 3e-3},
+      {{"mixtral-8x7b", 32, 4096, 32, 4096, 32000, Arch::moe, 8, 14336, 1e6, 8, 2, 0, 0.02}, 1e-4},
+      // Fine-grained experts with shared ones, DeepSeekMoE 16B's shape (Dai et al. 2024, table
+      // 1 and appendix: 64 experts of 1408, top 6, 2 shared, 16 heads without GQA, the 102,400
+      // vocabulary, seq 4096, lr 4.2e-4, balance factor 0.001), every block a moe: DeepSeekMoE's
+      // first block is a dense MLP, so this has 16.9B parameters (2.8B active) against its 16.4B.
+      {{"fine-moe-16b", 28, 2048, 16, 4096, 102400, Arch::moe, 16, 1408, 10000, 64, 6, 0, 0.001, 2},
+       4.2e-4},
   };
   return presets;
 }
@@ -55,16 +67,50 @@ ModelSpec model_preset(const std::string& name) {
   throw ConfigError("model preset " + name + ": must be one of " + names);
 }
 
-const char* arch_name(Arch a) { return a == Arch::llama ? "llama" : "gpt2"; }
+std::string params_text(const ModelSpec& spec) {
+  std::string text = std::to_string(spec.total_params()) + " params";
+  if (spec.arch == Arch::moe) text += ", " + std::to_string(spec.active_params()) + " active";
+  return text;
+}
+
+const char* arch_name(Arch a) {
+  return a == Arch::moe ? "moe" : a == Arch::llama ? "llama" : "gpt2";
+}
 
 bool parse_arch(const std::string& name, Arch* out) {
-  for (Arch a : {Arch::gpt2, Arch::llama})
+  for (Arch a : {Arch::gpt2, Arch::llama, Arch::moe})
     if (name == arch_name(a)) {
       if (out) *out = a;
       return true;
     }
   return false;
 }
+
+namespace {
+void validate_experts(const ModelSpec& s) {
+  if (s.arch != Arch::moe) {
+    if (s.experts != 0 || s.top_k != 0 || s.capacity_factor != 0 || s.shared_experts != 0)
+      throw ConfigError(
+          "--experts, --top-k, --capacity-factor, --shared-experts: a mixture of experts needs "
+          "--arch moe");
+    return;
+  }
+  if (s.experts < 2)
+    throw ConfigError("--experts " + std::to_string(s.experts) + ": must be at least 2");
+  if (s.top_k < 1 || s.top_k > s.experts)
+    throw ConfigError("--top-k " + std::to_string(s.top_k) + ": must be in [1, --experts " +
+                      std::to_string(s.experts) + "]");
+  if (!(s.capacity_factor >= 0))
+    throw ConfigError("--capacity-factor " + std::to_string(s.capacity_factor) +
+                      ": must be 0 (dropless) or positive");
+  if (s.shared_experts < 0)
+    throw ConfigError("--shared-experts " + std::to_string(s.shared_experts) +
+                      ": must be 0 or positive");
+  if (!(s.aux_loss_coef >= 0))
+    throw ConfigError("--aux-loss-coef " + std::to_string(s.aux_loss_coef) +
+                      ": must be 0 or positive");
+}
+}  // namespace
 
 void validate_model_spec(const ModelSpec& s) {
   auto positive = [](int v, const char* name) {
@@ -83,7 +129,8 @@ void validate_model_spec(const ModelSpec& s) {
                       ") must be a multiple of heads (" + std::to_string(s.heads) + ")");
   }
   if (s.ffn < 0) throw ConfigError("--ffn " + std::to_string(s.ffn) + ": must be positive");
-  if (s.arch != Arch::llama) {
+  validate_experts(s);
+  if (!s.llama_block()) {
     if (s.kv_heads > 0 && s.kv_heads != s.heads)
       throw ConfigError("--kv-heads " + std::to_string(s.kv_heads) +
                         ": grouped-query attention needs --arch llama");
@@ -94,8 +141,9 @@ void validate_model_spec(const ModelSpec& s) {
     throw ConfigError("--kv-heads " + std::to_string(s.kv_heads) + ": must divide --heads " +
                       std::to_string(s.heads));
   if (s.head_dim() % 2 != 0)
-    throw ConfigError("--arch llama: the head size (--hidden / --heads = " +
-                      std::to_string(s.head_dim()) + ") must be even for rotary embeddings");
+    throw ConfigError("--arch " + std::string(arch_name(s.arch)) +
+                      ": the head size (--hidden / --heads = " + std::to_string(s.head_dim()) +
+                      ") must be even for rotary embeddings");
   if (!(s.rope_theta > 1))
     throw ConfigError("model: rope theta must be above 1, got " + std::to_string(s.rope_theta));
 }
@@ -168,14 +216,15 @@ ParamLayout::ParamLayout(const ModelSpec& spec) {
     units_.back().num_tensors += 1;
   };
 
-  const bool llama = spec.arch == Arch::llama;
+  const bool llama = spec.llama_block(), moe = spec.arch == Arch::moe;
+  const int E = spec.expert_count();
   begin_unit("embedding", UnitKind::embedding, -1);
   add("wte", {spec.vocab, C}, true, std_w, 0.0f);
   if (!llama) add("wpe", {spec.seq, C}, true, std_w, 0.0f);
   const int qkv = int(spec.qkv_rows()), fc = int(spec.fc_rows()), F = spec.ffn_hidden();
   for (int b = 0; b < L; ++b) {
     begin_unit("block" + std::to_string(b), UnitKind::block, b);
-    for (int k : block_tensors(spec.arch)) {
+    for (int k : block_tensors(spec)) {
       switch (k) {
         case kLn1W:
           add(llama ? "attn_norm_w" : "ln1_w", {C}, false, 0.0f, 1.0f);
@@ -189,15 +238,31 @@ ParamLayout::ParamLayout(const ModelSpec& spec) {
         case kProjW:
           add("proj_w", {C, C}, true, std_out, 0.0f);
           break;
-        case kFcW:
-          add(llama ? "gate_up_w" : "fc_w", {fc, C}, true, std_w, 0.0f);
+        case kRouterW:
+          add("router_w", {E, C}, true, std_w, 0.0f);
+          break;
+        case kSharedFcW:  // the shared experts' gate | up [2 S F, C] and down [C, S F]
+          add("shared.gate_up_w", {2 * spec.shared_experts * F, C}, true, std_w, 0.0f);
+          break;
+        case kSharedFcprojW:
+          add("shared.down_w", {C, spec.shared_experts * F}, true, std_out, 0.0f);
+          break;
+        case kFcW:  // moe: every expert's, [E, 2F, C]
+          if (moe)
+            add("experts.gate_up_w", {E, fc, C}, true, std_w, 0.0f);
+          else
+            add(llama ? "gate_up_w" : "fc_w", {fc, C}, true, std_w, 0.0f);
           break;
         case kFcprojW:
-          add(llama ? "down_w" : "fcproj_w", {C, F}, true, std_out, 0.0f);
+          if (moe)
+            add("experts.down_w", {E, C, F}, true, std_out, 0.0f);
+          else
+            add(llama ? "down_w" : "fcproj_w", {C, F}, true, std_out, 0.0f);
           break;
         default: {  // GPT-2's LayerNorm biases and linear biases: zeros
-          static const char* const names[kBlockTensors] = {
-              "", "ln1_b", "", "qkv_b", "", "proj_b", "", "ln2_b", "", "fc_b", "", "fcproj_b"};
+          static const char* const names[kBlockTensors] = {"", "ln1_b", "", "qkv_b", "", "proj_b",
+                                                           "", "ln2_b", "", "fc_b",  "", "fcproj_b",
+                                                           "", "",      ""};
           const int n = k == kQkvB ? qkv : k == kFcB ? fc : C;
           add(names[k], {n}, false, 0.0f, 0.0f);
         }

@@ -1,6 +1,7 @@
 // Pieces of the model implementation: the order of a block's tensors and the activation carver.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "backends/kernels.hpp"
@@ -8,8 +9,11 @@
 
 namespace strata {
 
-// Tensors of one block, in flat order (ParamLayout builds them in this order). A llama block's are
-// named attn_norm_w, qkv_w, proj_w, mlp_norm_w, gate_up_w, down_w: the same roles.
+// Tensors of one block (block_tensors gives an architecture's flat order). A llama block's are
+// named attn_norm_w, qkv_w, proj_w, mlp_norm_w, gate_up_w, down_w: the same roles; a moe block's
+// are a llama's with router_w [E, C] before its experts' experts.gate_up_w [E, 2F, C] and
+// experts.down_w [E, C, F], then with shared experts their shared.gate_up_w [2 S F, C] and
+// shared.down_w [C, S F].
 enum BlockTensor {
   kLn1W,
   kLn1B,
@@ -23,16 +27,28 @@ enum BlockTensor {
   kFcB,
   kFcprojW,
   kFcprojB,
+  kRouterW,
+  kSharedFcW,
+  kSharedFcprojW,
   kBlockTensors
 };
 
-// The block tensors an architecture has, in flat order: GPT-2 every one, llama the weights only
-// (RMSNorm has no bias, nor have its linear layers).
-inline const std::vector<int>& block_tensors(Arch arch) {
-  static const std::vector<int> gpt2 = {kLn1W, kLn1B, kQkvW, kQkvB, kProjW,   kProjB,
-                                        kLn2W, kLn2B, kFcW,  kFcB,  kFcprojW, kFcprojB};
-  static const std::vector<int> llama = {kLn1W, kQkvW, kProjW, kLn2W, kFcW, kFcprojW};
-  return arch == Arch::llama ? llama : gpt2;
+// The block tensors of a spec's blocks, in flat order: GPT-2 every one, llama the weights only
+// (RMSNorm has no bias, nor have its linear layers), moe a llama's with the router (and the
+// shared experts').
+inline std::vector<int> block_tensors(const ModelSpec& spec) {
+  switch (spec.arch) {
+    case Arch::gpt2:
+      return {kLn1W, kLn1B, kQkvW, kQkvB, kProjW,   kProjB,
+              kLn2W, kLn2B, kFcW,  kFcB,  kFcprojW, kFcprojB};
+    case Arch::llama:
+      return {kLn1W, kQkvW, kProjW, kLn2W, kFcW, kFcprojW};
+    case Arch::moe:
+      break;
+  }
+  std::vector<int> moe = {kLn1W, kQkvW, kProjW, kLn2W, kRouterW, kFcW, kFcprojW};
+  if (spec.shared_experts > 0) moe.insert(moe.end(), {kSharedFcW, kSharedFcprojW});
+  return moe;
 }
 
 // Carves 64-byte aligned pieces from one float buffer; running the same carve with a null base
@@ -45,6 +61,7 @@ struct Carver {
     used += (n + 15) / 16 * 16;
     return p;
   }
+  std::int32_t* take_i32(std::size_t n) { return reinterpret_cast<std::int32_t*>(take(n)); }
   // n elements of `dtype` (f32 or bf16; bf16 rounded up to whole floats).
   ActView take(std::size_t n, DType dtype) {
     if (dtype == DType::f32) return take(n);

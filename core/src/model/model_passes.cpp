@@ -13,6 +13,7 @@
 
 #include "backends/backend.hpp"
 #include "backends/cpu/layers.hpp"
+#include "model/moe_dispatch.hpp"
 #include "strata/stage_model.hpp"
 #include "strata/types.hpp"
 
@@ -47,7 +48,7 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
       k_(device_kernels(memory.device())) {
   const ParamLayout layout(spec);
   const int first = layout.units()[1].first_tensor;
-  const std::vector<int>& kinds = block_tensors(spec.arch);
+  const std::vector<int> kinds = block_tensors(spec);
   std::size_t at = 0;
   for (std::size_t i = 0; i < kinds.size(); ++i) {
     block_off_[kinds[i]] = at;
@@ -89,6 +90,10 @@ void ModelPasses::set_batch(int batch) {
 
 double ModelPasses::loss_sum(const SlotActs& s, std::size_t rows) const {
   return k_.sum(s.losses, rows);
+}
+
+double ModelPasses::aux_loss_sum(const SlotActs& s) const {
+  return s.aux ? k_.sum(s.aux, std::size_t(run_.blocks) * run_.B) : 0.0;
 }
 
 // --- tensor-parallel communication (never called at tp 1). Activations and their gradients move
@@ -339,8 +344,119 @@ void ModelPasses::mlp_up_backward(const BlockActs& a, BufferView w, BufferView g
   matmul_backward(g_.partial, gw, nullptr, g_.b, a.ln2_full, w, N, C, FC);
 }
 
+// moe's dispatch plan: the routing choices read back to the host (a synchronisation on a GPU, as
+// in Megatron-LM's dropless token counts), the plan made there and its rows sent back.
+std::int64_t ModelPasses::plan_dispatch(BlockActs& a) {
+  const Dims& d = run_;
+  const Device device = memory_.device();
+  const std::size_t choices = d.N * std::size_t(d.topk);
+  std::vector<std::int32_t> experts(choices);
+  copy_bytes(device, experts.data(), a.experts, choices * sizeof(std::int32_t));
+  MoeDispatch plan = moe_dispatch(experts.data(), d.B, d.T, d.E, d.topk, d.capacity);
+  copy_bytes(device, a.row_of, plan.row_of.data(), choices * sizeof(std::int32_t));
+  copy_bytes(device, a.token_of, plan.token_of.data(), plan.token_of.size() * sizeof(std::int32_t));
+  a.expert_offset = std::move(plan.offset);
+  a.expert_rows = std::move(plan.count);
+  a.rows = plan.rows();
+  return plan.dropped;
+}
+
+namespace {
+// Element `offset` on of an activation.
+ActView act_at(ActView v, std::size_t offset) {
+  return v.is_bf16() ? ActView(v.half() + offset) : ActView(v.f32() + offset);
+}
+}  // namespace
+
+// The router (its logits in b, fp32), top-k, the plan; then each expert's gate | up, SwiGLU and
+// down on its rows of xe (ln2's rows gathered), and the gate-weighted sum of each token's experts,
+// plus the shared experts' MLP of every token (formed in moe_rows).
+void ModelPasses::moe_forward(BlockActs& a, BufferView p, float* y, bool recomputing) {
+  const Dims& d = run_;
+  const int N = int(d.N), C = d.C, E = d.E, k = d.topk, F = int(d.Fl), FC = int(d.FCl);
+  const std::size_t* o = block_off_;
+  matmul_forward(g_.b, a.ln2_full, at(p, o[kRouterW]), nullptr, N, C, E);
+  k_.router_topk_forward(a.probs, a.experts, a.gates, g_.b, N, E, k);
+  const std::int64_t dropped = plan_dispatch(a);
+  if (!recomputing) add_moe_routing(std::int64_t(N) * k, dropped);
+  k_.moe_gather(a.xe, a.ln2_full, a.token_of, int(a.rows), C);
+  const int SF = int(d.SF);
+  if (SF > 0) {  // the shared experts: one SwiGLU MLP every token goes through
+    matmul_forward(a.sfch, a.ln2_full, at(p, o[kSharedFcW]), nullptr, N, C, 2 * SF);
+    k_.swiglu_forward(a.sfch_act, a.sfch, N, SF);
+  }
+  for (int e = 0; e < E; ++e) {
+    const int rows = a.expert_rows[std::size_t(e)];
+    const std::size_t r0 = std::size_t(a.expert_offset[std::size_t(e)]);
+    if (rows == 0) continue;
+    const ActView fch = act_at(a.fch, r0 * FC), act = act_at(a.fch_act, r0 * F);
+    matmul_forward(fch, act_at(a.xe, r0 * C), at(p, o[kFcW] + std::size_t(e) * FC * C), nullptr,
+                   rows, C, FC);
+    k_.swiglu_forward(act, fch, rows, F);
+    matmul_forward(a.eout + r0 * C, act, at(p, o[kFcprojW] + std::size_t(e) * C * F), nullptr, rows,
+                   F, C);
+  }
+  if (recomputing) return;
+  k_.moe_combine(y, a.eout, a.row_of, a.gates, N, k, C);
+  if (SF == 0) return;
+  matmul_forward(g_.moe_rows, a.sfch_act, at(p, o[kSharedFcprojW]), nullptr, N, SF, C);
+  k_.residual_forward(y, g_.moe_rows, y, std::int64_t(N) * C);  // y += the shared experts'
+}
+
+// Backward from dy [N,C]: the combine's (d(eout) in moe_rows, d(gates)), each expert's down,
+// SwiGLU and gate | up (d(xe) over d(eout) in moe_rows), the router's with the load-balancing
+// loss's d(probs) (its loss averaged over the global batch's sequences: grad_scale x T) into
+// partial, then the dispatch's sums and the shared experts' d(ln2) into partial.
+void ModelPasses::moe_backward(const BlockActs& a, BufferView p, BufferView g, const float* dy,
+                               float grad_scale) {
+  const Dims& d = run_;
+  const int N = int(d.N), C = d.C, E = d.E, k = d.topk, F = int(d.Fl), FC = int(d.FCl);
+  const std::size_t* o = block_off_;
+  float* drows = g_.moe_rows;
+  float *dprobs = g_.moe_router, *dlogits = dprobs + d.N * E, *dgates = dlogits + d.N * E;
+  float* aux_scratch = dgates + d.N * k;
+  k_.moe_combine_backward(drows, dgates, dy, a.eout, a.row_of, a.gates, N, k, C);
+  for (int e = 0; e < E; ++e) {  // down: d(act) into a
+    const int rows = a.expert_rows[std::size_t(e)];
+    const std::size_t r0 = std::size_t(a.expert_offset[std::size_t(e)]), w = std::size_t(e) * C * F;
+    if (rows > 0)
+      matmul_backward(g_.a + r0 * F, at(g, o[kFcprojW] + w), nullptr, drows + r0 * C,
+                      act_at(a.fch_act, r0 * F), at(p, o[kFcprojW] + w), rows, F, C);
+  }
+  k_.zero(g_.b, std::size_t(a.rows) * FC);
+  k_.swiglu_backward(g_.b, a.fch, g_.a, int(a.rows), F);
+  for (int e = 0; e < E; ++e) {  // gate | up: d(xe) over d(eout)
+    const int rows = a.expert_rows[std::size_t(e)];
+    const std::size_t r0 = std::size_t(a.expert_offset[std::size_t(e)]),
+                      w = std::size_t(e) * FC * C;
+    if (rows > 0)
+      matmul_backward(drows + r0 * C, at(g, o[kFcW] + w), nullptr, g_.b + r0 * FC,
+                      act_at(a.xe, r0 * C), at(p, o[kFcW] + w), rows, C, FC);
+  }
+  const float coef = float(spec_.aux_loss_coef);
+  if (coef > 0)
+    k_.moe_aux_loss_backward(dprobs, aux_scratch, a.experts, d.B, d.T, E, k,
+                             coef * grad_scale * float(d.T));
+  k_.router_topk_backward(dlogits, a.probs, a.experts, a.gates, dgates, coef > 0 ? dprobs : nullptr,
+                          N, E, k);
+  matmul_backward(g_.partial, at(g, o[kRouterW]), nullptr, dlogits, a.ln2_full, at(p, o[kRouterW]),
+                  N, C, E);
+  k_.moe_gather_backward(g_.partial, drows, a.row_of, N, k, C);
+  const int SF = int(d.SF);
+  if (SF == 0) return;
+  // The shared experts: d(act) in a, d(gate | up) in b, d(ln2) in moe_rows, added to partial.
+  matmul_backward(g_.a, at(g, o[kSharedFcprojW]), nullptr, dy, a.sfch_act, at(p, o[kSharedFcprojW]),
+                  N, SF, C);
+  k_.zero(g_.b, d.N * 2 * SF);
+  k_.swiglu_backward(g_.b, a.sfch, g_.a, N, SF);
+  matmul_backward(drows, at(g, o[kSharedFcW]), nullptr, g_.b, a.ln2_full, at(p, o[kSharedFcW]), N,
+                  C, 2 * SF);
+  k_.residual_forward(g_.partial, drows, g_.partial, std::int64_t(N) * C);
+}
+
 // recomputing: Recompute::full's rerun in backward, which stops at fch_act: the block's output
-// (FC2, its reduction and the second residual) is not needed by the backward, x[l+1] is kept.
+// (FC2, its reduction and the second residual) is not needed by the backward, x[l+1] is kept
+// (moe's stops at its experts' outputs, which the combine's backward reads).
 void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallelComm* tp,
                                 bool recomputing) {
   const Dims& d = run_;
@@ -359,16 +475,24 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   residual_norm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, proj, x_in, small.param(o[kLn2W], C),
                         bias(kLn2B, C), Nl);
   if (d.sp) gather(tp, a.ln2, a.ln2_full);
-  mlp_up_forward(a, at(p, o[kFcW]), bias(kFcB, d.FCl));
-  if (recomputing) return;
   const ActView x_out = s.x[l + 1];
   float* mlp = sublayer_output(x_out);
-  row_parallel(tp, mlp, a.fch_act, at(p, o[kFcprojW]), bias(kFcprojB, C), int(d.Fl));
+  if (d.moe) {
+    moe_forward(a, p, mlp, recomputing);
+    if (!recomputing)  // the scratch's moe_router is free in a forward
+      k_.moe_aux_loss_forward(s.aux + std::size_t(l) * d.B, g_.moe_router, a.probs, a.experts, d.B,
+                              d.T, d.E, d.topk, float(spec_.aux_loss_coef));
+  } else {
+    mlp_up_forward(a, at(p, o[kFcW]), bias(kFcB, d.FCl));
+    if (!recomputing)
+      row_parallel(tp, mlp, a.fch_act, at(p, o[kFcprojW]), bias(kFcprojB, C), int(d.Fl));
+  }
+  if (recomputing) return;
   k_.residual_forward(x_out, mlp, a.xmid, std::int64_t(Nl) * C);
 }
 
 void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr,
-                                 TensorParallelComm* tp) {
+                                 TensorParallelComm* tp, float grad_scale) {
   const Dims& d = run_;
   const std::size_t* o = block_off_;
   // Full recompute: rebuild this block's activations from its kept input x[l] into the shared
@@ -387,10 +511,14 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   };
   // MLP: x_out = xmid + fcproj(act(fc(ln2(xmid)))). d(x_out) is all-gathered with sp.
   if (d.sp) gather(tp, g_.dres, g_.full);
-  float* g_fcproj_b = row_parallel_bias(gbias(kFcprojB, C));
-  matmul_backward(g_.a, at(gr, o[kFcprojW]), g_fcproj_b, g_.full, a.fch_act, at(p, o[kFcprojW]), N,
-                  int(d.Fl), C);
-  mlp_up_backward(a, at(p, o[kFcW]), at(gr, o[kFcW]), gbias(kFcB, d.FCl));
+  if (d.moe) {
+    moe_backward(a, p, gr, g_.full, grad_scale);
+  } else {
+    float* g_fcproj_b = row_parallel_bias(gbias(kFcprojB, C));
+    matmul_backward(g_.a, at(gr, o[kFcprojW]), g_fcproj_b, g_.full, a.fch_act, at(p, o[kFcprojW]),
+                    N, int(d.Fl), C);
+    mlp_up_backward(a, at(p, o[kFcW]), at(gr, o[kFcW]), gbias(kFcB, d.FCl));
+  }
   const float* dln2 = reduce_input_grad(tp);
   norm_backward(g_.dres, gsmall.grad(o[kLn2W], C), gbias(kLn2B, C), dln2, a.xmid,
                 small.param(o[kLn2W], C), a.ln2_mean, a.ln2_rstd, Nl);

@@ -37,12 +37,16 @@ STRATA_EXPORT_BEGIN
 // residual stream on this rank (N/tp with sequence parallelism).
 // KVl: K/V heads on this rank, hs the head size, QKVl = (NHl + 2 KVl) hs the q | k | v
 // projection's outputs on this rank, Fl the MLP's hidden size on this rank, FCl the FC layer's
-// outputs (Fl, or a llama's gate | up 2 Fl).
+// outputs (Fl, or a llama's gate | up 2 Fl; moe: one expert's).
 struct Dims {
   int B, T, C, NH, V, tp, blocks;
-  bool sp, embedding, head, llama;
+  bool sp, embedding, head, llama, moe;  // llama: the llama block (moe's too)
   // row0: first token row; att: floats of the attention's state (attention_state_floats)
   std::size_t N, Nl, Cl, NHl, KVl, hs, QKVl, Fl, FCl, Vl, row0, att;
+  // moe: E experts, topk per token, capacity per expert and sequence (0: dropless), R the most
+  // rows the experts take (moe_max_rows), SF the shared experts' hidden size; 0 otherwise
+  int E, topk, capacity;
+  std::size_t R, SF;
   // attention_bf16: the device's attention takes bf16 q | k | v and output
   // (attention_writes_bf16)
   bool attention_bf16;
@@ -77,8 +81,18 @@ struct BlockActs {
   ActView ln2, ln2_full;       // as ln1
   float *ln2_mean, *ln2_rstd;  // as ln1
   // [N,FCl] [N,Fl] the activation's input and output (the FC layers' GEMMs'): GELU's, or
-  // SwiGLU's from gate | up
+  // SwiGLU's from gate | up; moe's [R,FCl] [R,Fl], the experts' rows one expert after another
   ActView fch, fch_act;
+  // moe (null otherwise): the router's softmax probs [N,E], each token's experts and gates [N,k],
+  // the dispatch plan's row_of [N,k] and token_of [R] (MoeDispatch), the experts' input xe [R,C]
+  // (ln2's rows, in the GEMMs' dtype) and output eout [R,C]; on the host the plan's expert
+  // segments (the GEMMs' row ranges) and its rows.
+  float *probs = nullptr, *gates = nullptr, *eout = nullptr;
+  std::int32_t *experts = nullptr, *row_of = nullptr, *token_of = nullptr;
+  ActView xe;
+  ActView sfch, sfch_act;  // moe with shared experts: their [N,2SF] gate | up, [N,SF] SwiGLU
+  std::vector<std::int32_t> expert_offset, expert_rows;
+  std::int64_t rows = 0;
   // gemm_in: the dtype of the GEMM inputs (the parameters').
   void carve(const Dims& d, bool with_att, DType gemm_in, Carver& c);
 };
@@ -91,7 +105,8 @@ struct BlockActs {
 //   block view  a [max(N FCl, 3N Cl)]: d(fch_act), later d(qkv) (and the discarded attention
 //               output of a selective recompute); in forward a bf16 GEMM's fp32 outputs.
 //               b [max(N FCl, att, N QKVl)]: d(fch), later attention's d(att) scratch, then
-//               grouped-query attention's d(q | k | v) before the repeat; in forward its q | k | v.
+//               grouped-query attention's d(q | k | v) before the repeat; in forward its q | k | v
+//               (moe: R rows for N in both, and b also the router's logits [N,E]), then moe's.
 //               Then the shared recompute buffers: Recompute::selective one att,
 //               Recompute::full one whole BlockActs.
 // A block's forward writes the shared recompute buffers and nothing reads them afterwards (its
@@ -115,6 +130,10 @@ struct Scratch {
   float* shard;    // [Nl,C] reduce-scattered (sequence parallel; else = partial)
   float *logits, *ce;
   float *a, *b;
+  // moe: moe_rows [max(R,N),C] d(eout), then d(xe), then the shared experts' d(ln2) (in forward
+  // their output); moe_router [N,E] d(probs) | [N,E] d(logits) | [N,k] d(gates) | [B,E] the
+  // load-balancing loss's per-sequence fractions
+  float *moe_rows, *moe_router;
   float* rope;  // llama blocks: the rotary table [T, hs/2, 2] (rope_table), written once
   BlockActs shared;
   void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);
@@ -155,6 +174,7 @@ struct SlotActs {
   float* probs;
   bf16* dlogits;
   float* losses;   // [N]
+  float* aux;      // moe: [blocks,B] each block's load-balancing loss per sequence; else null
   float* grad_in;  // [Nl,C] d(input), partitions without embedding
   void carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch, Carver& c);
 };
@@ -204,11 +224,15 @@ class ModelPasses {
   void backward_head(SlotActs& s, BufferView lnf, BufferView lm_head, BufferView glnf,
                      BufferView glm_head, const std::int32_t* targets, TensorParallelComm* tp,
                      float grad_scale);
-  void backward_block(int l, SlotActs& s, BufferView p, BufferView g, TensorParallelComm* tp);
+  // grad_scale: d(loss)/d(per-token loss), for moe's load-balancing loss (its gradient only).
+  void backward_block(int l, SlotActs& s, BufferView p, BufferView g, TensorParallelComm* tp,
+                      float grad_scale);
   void backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* inputs,
                           TensorParallelComm* tp);
   // Sum of the per-token losses of the first `rows` token rows (after forward_head).
   double loss_sum(const SlotActs& s, std::size_t rows) const;
+  // moe: the sum of SlotActs::aux (after the blocks' forwards); 0 otherwise.
+  double aux_loss_sum(const SlotActs& s) const;
 
  private:
   // The activation collectives (never called at tp 1), in the tp comm dtype: fp32 in place, or
@@ -253,6 +277,14 @@ class ModelPasses {
   void qkv_backward(const BlockActs& a, BufferView w, BufferView gw, float* gbias);
   void mlp_up_forward(BlockActs& a, BufferView w, const float* bias);
   void mlp_up_backward(const BlockActs& a, BufferView w, BufferView gw, float* gbias);
+  // moe's MLP: from ln2_full to y [N,C] fp32 (the experts' outputs combined; with `recomputing`
+  // only up to eout), and its backward from dy [N,C] to partial.
+  void moe_forward(BlockActs& a, BufferView p, float* y, bool recomputing);
+  void moe_backward(const BlockActs& a, BufferView p, BufferView g, const float* dy,
+                    float grad_scale);
+  // The dispatch plan of a's routing choices, made on the host (MoeDispatch): its device arrays and
+  // its expert segments in a; returns the choices dropped.
+  std::int64_t plan_dispatch(BlockActs& a);
   float* sublayer_output(ActView x);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
   void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView lm_head,

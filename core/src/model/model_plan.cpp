@@ -10,11 +10,14 @@
 
 #include "backends/cpu/gemm_bf16.hpp"
 #include "model/model_passes.hpp"
+#include "model/moe_dispatch.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
 
 ShardKind block_shard(Arch arch, int k) {
+  if (arch == Arch::moe && k != kQkvW && k != kProjW)  // no tp for moe (validate_tensor_parallel)
+    return ShardKind::replicated;
   switch (k) {
     case kQkvW:
     case kQkvB:
@@ -46,6 +49,9 @@ void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool 
                         " (" + std::to_string(value) + ")");
   };
   if (tp < 1) throw ConfigError("--mesh tp=" + std::to_string(tp) + ": must be >= 1");
+  if (tp > 1 && s.arch == Arch::moe)
+    throw ConfigError("--mesh tp=" + std::to_string(tp) +
+                      ": --arch moe's experts are not tensor-parallel; use tp=1 (dp, fsdp, pp)");
   need(s.heads, "heads");
   need(s.kv_head_count(), "K/V heads (--kv-heads)");
   need(s.hidden, "hidden size");
@@ -88,7 +94,8 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   embedding = p.first_unit == 0;
   head = p.last_unit == L + 1;
   sp = p.sequence_parallel && tp > 1;
-  llama = s.arch == Arch::llama;
+  llama = s.llama_block();
+  moe = s.arch == Arch::moe;
   N = std::size_t(B) * T;
   Nl = sp ? N / tp : N;
   Cl = std::size_t(C) / tp;
@@ -102,6 +109,11 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   row0 = sp ? Nl * p.tp_rank : 0;
   att = attention_state_floats(device, B, T, int(Cl), int(NHl));
   attention_bf16 = attention_writes_bf16(device, B, int(Cl), int(NHl));
+  E = s.expert_count();
+  topk = moe ? s.top_k : 0;
+  capacity = moe ? moe_capacity(s.capacity_factor, T, E, topk) : 0;
+  R = moe ? std::size_t(moe_max_rows(B, T, E, topk, capacity)) : 0;
+  SF = moe ? std::size_t(s.shared_experts) * Fl : 0;
 }
 
 std::size_t head_chunk_rows(const Dims& d) {
@@ -127,8 +139,22 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   ln2_mean = d.llama ? nullptr : c.take(Nl);
   ln2_rstd = c.take(Nl);
   ln2_full = d.sp ? c.take(N * C, gemm_in) : ln2;
-  fch = c.take(N * d.FCl, gemm_in);
-  fch_act = c.take(N * d.Fl, gemm_in);
+  const std::size_t rows = d.moe ? d.R : N;  // the MLP's rows: moe's experts take R at most
+  if (d.moe) {
+    probs = c.take(N * d.E);
+    experts = c.take_i32(N * d.topk);
+    gates = c.take(N * d.topk);
+    row_of = c.take_i32(N * d.topk);
+    token_of = c.take_i32(d.R);
+    xe = c.take(d.R * C, gemm_in);
+    eout = c.take(d.R * C);
+    if (d.SF > 0) {
+      sfch = c.take(N * 2 * d.SF, gemm_in);
+      sfch_act = c.take(N * d.SF, gemm_in);
+    }
+  }
+  fch = c.take(rows * d.FCl, gemm_in);
+  fch_act = c.take(rows * d.Fl, gemm_in);
 }
 
 // The largest scratchpad of the bf16 GEMMs a partition issues: for each matmul (inputs IC ->
@@ -138,9 +164,24 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
   std::vector<std::pair<std::size_t, std::size_t>> matmuls;  // (IC, OC)
   const std::size_t C = d.C, Cl = d.Cl;
   if (d.blocks > 0) matmuls = {{C, d.QKVl}, {Cl, C}, {C, d.FCl}, {d.Fl, C}};
+  if (d.blocks > 0 && d.moe) matmuls.emplace_back(C, std::size_t(d.E));  // the router
+  if (d.blocks > 0 && d.SF > 0) matmuls.insert(matmuls.end(), {{C, 2 * d.SF}, {d.SF, C}});
   if (d.head) matmuls.emplace_back(C, d.Vl);
   const int N = int(d.N);
   std::size_t most = 0;
+  // moe's experts: their rows vary with the routing; sized here at the balanced load and at all
+  // R rows (a GEMM that asks more takes the backend's own per-thread scratchpad).
+  if (d.blocks > 0 && d.moe)
+    for (int M : {int(d.R), int((d.R + d.E - 1) / d.E)})
+      for (auto [ic, oc] : {std::pair{C, d.FCl}, std::pair{d.Fl, C}})
+        for (bool bf16_grad : {false, true})
+          most = std::max(
+              {most,
+               cpu::gemm_bf16_scratchpad_bytes(false, true, M, int(oc), int(ic), DType::f32, false),
+               cpu::gemm_bf16_scratchpad_bytes(false, false, M, int(ic), int(oc), DType::f32,
+                                               false),
+               cpu::gemm_bf16_scratchpad_bytes(true, false, int(oc), int(ic), M,
+                                               bf16_grad ? DType::bf16 : DType::f32, true)});
   if (d.head)  // the head's forward, a chunk of rows at a time (forward_head)
     most = cpu::gemm_bf16_scratchpad_bytes(false, true, int(head_chunk_rows(d)), int(d.Vl), int(C),
                                            DType::f32, false);
@@ -170,10 +211,12 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   if (bf16_params) {
     // The one fp32 input of a bf16 GEMM: the attention's output [N,Cl] where the device's
     // attention writes fp32 (attention_writes_bf16; every other GEMM input is written in bf16).
-    const std::size_t widest = std::max({std::size_t(C), d.FCl, d.QKVl});
+    const std::size_t widest =
+        std::max({std::size_t(C), d.FCl, d.QKVl, std::size_t(d.E), 2 * d.SF});
+    const std::size_t mlp_rows = std::max(N, d.R);  // moe's experts round R rows at most
     op_in = d.blocks > 0 && !d.attention_bf16 ? take_bf16(c, N * d.Cl) : nullptr;
     // The head's d(logits) is the slot's bf16 dlogits: op_out serves the blocks' matmuls only.
-    op_out = d.blocks > 0 ? take_bf16(c, N * widest) : nullptr;
+    op_out = d.blocks > 0 ? take_bf16(c, mlp_rows * widest) : nullptr;
     // A block's norm weights (and GPT-2's norm and linear biases); the head's final norm.
     const std::size_t block_small = d.llama ? 2 * C : 6 * C + d.QKVl + d.FCl;
     const std::size_t small = d.blocks > 0 ? block_small : (d.llama ? 1 : 2) * C;
@@ -188,7 +231,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   shard = d.sp ? c.take(d.Nl * C) : partial;
   rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.T) * d.hs) : nullptr;
   Carver head{c.base, c.used}, block{c.base, c.used};
-  logits = ce = a = b = nullptr;
+  logits = ce = a = b = moe_rows = moe_router = nullptr;
   shared = BlockActs{};
   if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
     const std::size_t rows = bf16_params ? head_chunk_rows(d) : N;
@@ -199,8 +242,14 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
     // a: d(the activation's output) [N,Fl], then d(q | k | v) [N,3Cl]; in forward the fp32 GEMM
     // outputs of a bf16 run [N,QKVl] or [N,FCl]. b: d(fch) [N,FCl], the attention's backward
     // scratch, then grouped-query attention's d(q | k | v) [N,QKVl]; in forward its q | k | v.
-    a = block.take(std::max(N * d.FCl, 3 * N * d.Cl));
-    b = block.take(std::max({N * d.FCl, d.att, N * d.QKVl}));
+    // moe: R rows of an expert's gate | up, or N of the shared experts'
+    const std::size_t mlp = std::max({N * d.FCl, d.R * d.FCl, N * 2 * d.SF});
+    a = block.take(std::max(mlp, 3 * N * d.Cl));
+    b = block.take(std::max({mlp, d.att, N * d.QKVl, N * d.E}));  // moe: the router's logits
+    if (d.moe) {
+      moe_rows = block.take(std::max(d.R, N) * C);
+      moe_router = block.take(N * (2 * d.E + d.topk) + std::size_t(d.B) * d.E);
+    }
     if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
     if (r == Recompute::selective) shared.att = block.take(d.att);
   }
@@ -236,6 +285,7 @@ void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratc
     losses = c.take(N);
   }
   grad_in = d.embedding ? nullptr : c.take(Nl * C);
+  aux = d.moe && d.blocks > 0 ? c.take(std::size_t(d.blocks) * d.B) : nullptr;
 }
 
 ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partition& part,

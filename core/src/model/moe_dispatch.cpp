@@ -2,12 +2,23 @@
 #include "model/moe_dispatch.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
 #include "strata/types.hpp"
 
 namespace strata {
+namespace {
+std::atomic<std::int64_t> g_choices{0}, g_dropped{0};
+}  // namespace
+
+MoeRoutingCounts moe_routing_counts() { return {g_choices.load(), g_dropped.load()}; }
+
+void add_moe_routing(std::int64_t choices, std::int64_t dropped) {
+  g_choices += choices;
+  g_dropped += dropped;
+}
 
 int moe_capacity(double capacity_factor, int T, int E, int k) {
   if (capacity_factor <= 0) return 0;

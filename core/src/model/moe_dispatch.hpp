@@ -31,5 +31,14 @@ STRATA_EXPORT_BEGIN  // for the tests
   // keeps every token's experts. capacity 0: dropless.
   MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity);
 
+  // This process's routing choices so far and those dropped over capacity (every moe block's
+  // forward adds its micro-batch's; recomputes do not): what a run reports as
+  // moe_dropped_fraction, from the difference over its steps summed over the ranks.
+  struct MoeRoutingCounts {
+    std::int64_t choices = 0, dropped = 0;
+  };
+  MoeRoutingCounts moe_routing_counts();
+  void add_moe_routing(std::int64_t choices, std::int64_t dropped);
+
 }  // namespace strata
 STRATA_EXPORT_END

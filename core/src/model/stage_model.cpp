@@ -78,7 +78,7 @@ struct StageModel::Impl {
         if (spec.arch == Arch::gpt2) add(unit.first_tensor + 1, ShardKind::replicated);
       } else if (u <= L) {
         block_start.push_back(count);
-        const std::vector<int>& kinds = block_tensors(spec.arch);
+        const std::vector<int> kinds = block_tensors(spec);
         for (std::size_t i = 0; i < kinds.size(); ++i)
           add(unit.first_tensor + int(i), block_shard(spec.arch, kinds[i]), false,
               block_stacked_rows(spec, kinds[i]));
@@ -414,7 +414,7 @@ void StageModel::backward(int slot, int unit, const UnitPtrs& params, const Unit
   } else {
     passes.backward_block(unit - (d.embedding ? first + 1 : first), acts,
                           unit_view(*this, params, unit, false, dev),
-                          unit_view(*this, grads, unit, true, dev), tp);
+                          unit_view(*this, grads, unit, true, dev), tp, grad_scale);
   }
   // A partition without the embedding hands d(input) to the previous stage.
   if (!d.embedding && unit == first)
@@ -459,6 +459,10 @@ void StageModel::backward(int slot, const UnitAccess& params, const UnitAccess& 
 double StageModel::loss_sum(int slot) const {
   const Impl::Slot& s = impl_->slot(slot);
   return impl_->d.head ? impl_->passes->loss_sum(s.acts->acts, impl_->d.N) : 0.0;
+}
+
+double StageModel::aux_loss_sum(int slot) const {
+  return impl_->passes->aux_loss_sum(impl_->slot(slot).acts->acts);
 }
 
 std::uint64_t StageModel::slot_token_bytes(const ModelSpec& spec, int B) {

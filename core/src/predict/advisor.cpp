@@ -205,7 +205,7 @@ void print_grouped(std::ostringstream& o, const Advice& a, Exclusion why, const 
 std::string format_advice(const Advice& a, const AdviseRequest& r, int top) {
   std::ostringstream o;
   const int world = r.nodes * r.ranks_per_node;
-  o << "advise: " << r.model.preset << " (" << r.model.total_params() << " params) on " << world
+  o << "advise: " << r.model.preset << " (" << params_text(r.model) << ") on " << world
     << " devices (" << r.nodes << " node(s) x " << r.ranks_per_node << "), memory limit "
     << gib(r.memory_limit) << " per device, global batch "
     << (r.global_batch ? std::to_string(r.global_batch) : std::string("micro-batch x dp")) << "\n";

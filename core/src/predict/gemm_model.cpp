@@ -60,6 +60,9 @@ double GemmRoofline::seconds(const std::string& pass, int m, int n, int k) const
 std::vector<Linear> block_linears(const ModelSpec& m) {
   const int C = m.hidden, F = m.ffn_hidden();
   const int kv = int(std::int64_t(C) * m.kv_head_count() / m.heads);  // K's (and V's) outputs
+  if (m.arch == Arch::moe)  // the router, then a token's top_k experts as one GEMM each way
+    return {
+        {C + 2 * kv, C}, {C, C}, {m.experts, C}, {m.top_k * int(m.fc_rows()), C}, {C, m.top_k * F}};
   return {{C + 2 * kv, C}, {C, C}, {int(m.fc_rows()), C}, {C, F}};
 }
 

@@ -21,7 +21,10 @@ struct Linear {
 
 // A block's linear layers at tp 1: qkv (C + 2 K, C; K = C for GPT-2, C kv_heads / heads with
 // grouped-query attention), the attention projection (C, C), FC (4C, C; a llama's gate | up
-// (2F, C)) and the FC projection (C, 4C; (C, F)).
+// (2F, C)) and the FC projection (C, 4C; (C, F)); a moe's router (E, C) and its top_k experts as
+// one GEMM of k times their rows (k 2F, C) and of their inputs (C, k F): the FLOPs of the k GEMMs a
+// token's rows go through, at the rate of one the size of their sum (the experts' GEMMs are
+// smaller, about k N / E rows each: the prediction is optimistic where that rate falls off).
 std::vector<Linear> block_linears(const ModelSpec& m);
 // The head's: the LM matmul (V, C), against the tied embedding or the LM head.
 std::vector<Linear> head_linears(const ModelSpec& m);

@@ -49,7 +49,7 @@ struct UnitFlops {
   double embedding, block, attention, head;
   explicit UnitFlops(const ModelSpec& m)
       : embedding(m.hidden),
-        block(2.0 * double(m.block_linear_params()) + 4.0 * m.hidden * m.seq),
+        block(2.0 * double(m.block_active_linear_params()) + 4.0 * m.hidden * m.seq),
         attention(4.0 * m.hidden * m.seq),
         head(2.0 * m.hidden * m.vocab) {}
 };

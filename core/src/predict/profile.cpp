@@ -22,7 +22,8 @@ CommOp parse_op(const std::string& op) {
 
 auto shape_key(const ModelSpec& m) {
   return std::make_tuple(m.layers, m.hidden, m.heads, m.seq, m.vocab, m.arch, m.kv_head_count(),
-                         m.ffn_hidden());
+                         m.ffn_hidden(), m.expert_count(), m.top_k, m.shared_experts,
+                         m.capacity_factor);
 }
 
 // The samples of one shape by size, without those slower than a larger size of the same op (a

@@ -131,10 +131,14 @@ const std::vector<Column<ComputeEntry>>& compute_columns() {
                 [](const E& r) { return std::string(arch_name(r.model.arch)); },
                 [](E& r, const std::string& v) {
                   if (!parse_arch(v, &r.model.arch))
-                    throw Error("model.arch '" + v + "': not gpt2 or llama");
+                    throw Error("model.arch '" + v + "': not gpt2, llama or moe");
                 }},
       NUM(E, model.kv_heads, "heads"),
       NUM(E, model.ffn, "1"),
+      NUM(E, model.experts, "1"),
+      NUM(E, model.top_k, "1"),
+      NUM(E, model.shared_experts, "1"),
+      NUM(E, model.capacity_factor, "1"),
       NUM(E, micro_batch, "sequences"),
       STR(E, device),
       STR(E, precision),
@@ -231,11 +235,11 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
   for (const Column<Row>& c : columns) {
     const std::string path = column_path(table, c.name);
     // Columns added after the first files (copy_s_per_byte, host_ranks, tp, pass_spread, the
-    // model family's) may be missing: they keep the row's default (0; tp 1; gpt2).
+    // model family's and its experts') may be missing: they keep the row's default (0; tp 1;
+    // gpt2).
     if (sized &&
         (c.name == "copy_s_per_byte" || c.name == "host_ranks" || c.name == "tp" ||
-         c.name == "pass_spread" || c.name == "model.arch" || c.name == "model.kv_heads" ||
-         c.name == "model.ffn") &&
+         c.name == "pass_spread" || c.name.starts_with("model.")) &&
         H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
       continue;
     std::vector<double> v;

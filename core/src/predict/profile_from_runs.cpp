@@ -148,6 +148,11 @@ RunQuestion question_of_run(const RunRecord& run) {
   m.vocab = integer(config, "vocab", m.vocab);
   if (!text("arch").empty()) parse_arch(text("arch"), &m.arch);  // runs before it: gpt2
   m.kv_heads = integer(config, "kv_heads", m.kv_heads), m.ffn = integer(config, "ffn", m.ffn);
+  m.experts = integer(config, "experts", m.experts), m.top_k = integer(config, "top_k", m.top_k);
+  m.shared_experts = integer(config, "shared_experts", m.shared_experts);
+  if (!text("capacity_factor").empty())
+    m.capacity_factor = std::atof(text("capacity_factor").c_str());
+  if (!text("aux_loss_coef").empty()) m.aux_loss_coef = std::atof(text("aux_loss_coef").c_str());
   TrainSpec& t = q.train;
   t.micro_batch = integer(config, "micro_batch", t.micro_batch);
   t.global_batch = integer(config, "global_batch", t.global_batch);

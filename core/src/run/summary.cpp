@@ -304,6 +304,9 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
   if (!std::isnan(get("bubble_fraction_predicted")))
     std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%)\n",
                 100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));
+  if (!std::isnan(get("moe_dropped_fraction")))
+    std::printf("  routing      %.2f%% of the experts' routing choices dropped over capacity\n",
+                100 * get("moe_dropped_fraction"));
   print_busbw(rec);
   print_memory(rec);
   print_topology(rec);

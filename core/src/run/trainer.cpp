@@ -13,6 +13,7 @@
 #include "comm/idle_clock.hpp"
 #include "comm/intervals.hpp"
 #include "comm/mpi_transport.hpp"
+#include "model/moe_dispatch.hpp"
 #include "provenance/node_peak.hpp"
 #include "provenance/provenance.hpp"
 #include "provenance/topology.hpp"
@@ -75,11 +76,10 @@ void announce(const Run& run, const PeakFlops& peak) {
   const TrainSpec& t = c.train;
   std::printf(
       "strata: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
-      "(%lld params), %d x %d seq/step (micro-batch %d, %d micro-step(s)), %s\n",
+      "(%s), %d x %d seq/step (micro-batch %d, %d micro-step(s)), %s\n",
       c.plugin.c_str(), mpi::world_size(), c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp,
-      c.mesh.tp, c.mesh.pp, c.model.preset.c_str(), (long long)c.model.total_params(),
-      t.global_batch, c.model.seq, t.micro_batch, t.micro_steps(c.mesh),
-      run.ctx.data().describe().c_str());
+      c.mesh.tp, c.mesh.pp, c.model.preset.c_str(), params_text(c.model).c_str(), t.global_batch,
+      c.model.seq, t.micro_batch, t.micro_steps(c.mesh), run.ctx.data().describe().c_str());
   if (const DeviceBackend* gpu = opened_backend(c.device_kind()))
     std::printf("strata: GPU %d of rank 0: %s, peak %.1f TFLOP/s (%s: %s)\n", gpu->ordinal(),
                 gpu->device_name().c_str(), peak.per_rank / 1e12, peak.source.c_str(),
@@ -352,7 +352,19 @@ struct StepsOutcome {
   const std::vector<double>& global_loss;
   const std::vector<double>& step_max;
   double predicted_bubble;
+  double moe_dropped_fraction;  // NaN without a mixture of experts
 };
+
+// --arch moe: the routing choices the steps dropped over capacity, over all ranks (each counts
+// its blocks' choices of its micro-batches).
+double moe_dropped_fraction(const RunConfig& config, MoeRoutingCounts before) {
+  if (config.model.arch != Arch::moe) return std::numeric_limits<double>::quiet_NaN();
+  const MoeRoutingCounts after = moe_routing_counts();
+  double counts[2] = {double(after.choices - before.choices),
+                      double(after.dropped - before.dropped)};
+  mpi::control_allreduce_sum(counts, 2);
+  return counts[0] > 0 ? counts[1] / counts[0] : 0.0;
+}
 
 // Rank 0: the ranks' gathered reports into the record, its summary, and the run file.
 void record_run(const RunConfig& config, RunState& state, const std::vector<double>& gathered,
@@ -369,6 +381,8 @@ void record_run(const RunConfig& config, RunState& state, const std::vector<doub
   std::vector<double> peaks;
   for (const RankReport& r : reports) peaks.push_back(r.peak_flops);
   summarize(config, state.record, steps.step_max, steps.global_loss, peaks, steps.predicted_bubble);
+  if (!std::isnan(steps.moe_dropped_fraction))
+    state.record.summary.push_back({"moe_dropped_fraction", steps.moe_dropped_fraction, "1"});
   // An MFU above 1 means the peak was too low (measured while the node was busy): the next run
   // measures the node again instead of reusing it.
   if (summary_value(state.record, "mfu_rank_max") > 1 &&
@@ -429,7 +443,9 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   run.t_base = now();
   RankReport report;
   std::vector<double> global_loss, step_max;
+  const MoeRoutingCounts routing = moe_routing_counts();
   run_steps(run, state, report, global_loss, step_max);
+  const double dropped = moe_dropped_fraction(config, routing);
   recheck_peak(config, step_max, peak, state);
   double predicted_bubble = 0;
   finish_report(run, peak.per_rank, baseline_bytes, &predicted_bubble, report);
@@ -438,7 +454,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   std::vector<std::vector<double>> traces;
   if (config.trace) traces = mpi::control_gather_varying(run.trace);
   if (root)
-    record_run(config, state, gathered, {global_loss, step_max, predicted_bubble}, peak, traces);
+    record_run(config, state, gathered, {global_loss, step_max, predicted_bubble, dropped}, peak,
+               traces);
 }
 
 }  // namespace strata

@@ -303,6 +303,11 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   check_attention(c);
   if (c.train.cuda_graphs && c.device != "cuda")
     throw ConfigError("--cuda-graphs: CUDA graphs need --device cuda");
+  // moe's dispatch plan is made on the host from the router's choices: a step reads them back.
+  if (c.train.cuda_graphs && c.model.arch == Arch::moe)
+    throw ConfigError(
+        "--cuda-graphs: --arch moe reads its routing back to the host each step "
+        "(its dispatch plan); run it without graphs");
   if (c.calibrate && c.profile.empty())
     throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
   if (!c.calibrate_from.empty() && !c.calibrate)
@@ -470,7 +475,13 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("kv_heads", model.kv_head_count());
   add("ffn", model.ffn_hidden());
   add("rope_theta", model.rope_theta);
+  add("experts", model.expert_count());
+  add("top_k", model.arch == Arch::moe ? model.top_k : 0);
+  add("capacity_factor", model.arch == Arch::moe ? model.capacity_factor : 0.0);
+  add("aux_loss_coef", model.arch == Arch::moe ? model.aux_loss_coef : 0.0);
+  add("shared_experts", model.arch == Arch::moe ? model.shared_experts : 0);
   add("params", model.total_params());
+  add("active_params", model.active_params());
   add("micro_batch", train.micro_batch);
   add("global_batch", train.global_batch);
   add("micro_steps", train.global_batch ? train.micro_steps(mesh) : 0);

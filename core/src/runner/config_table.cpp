@@ -382,15 +382,24 @@ std::vector<Row> model_rows() {
               [](RunConfig& c, long long v) { c.model.vocab = int(v), c.model.preset = "custom"; }),
       choice(text("arch", M, K::choice, "",
                   "model family: gpt2 (LayerNorm, GELU, learned "
-                  "positions, tied head) or llama (RMSNorm, SwiGLU, rotary, grouped-query "
-                  "attention, untied head); default the preset's",
+                  "positions, tied head), llama (RMSNorm, SwiGLU, rotary, grouped-query "
+                  "attention, untied head) or moe (llama with a top-k routed mixture of SwiGLU "
+                  "experts for its MLP; default 8 experts, top 2, dropless); default the preset's",
                   [](RunConfig& c, const std::string& s) {
                     Arch arch = c.model.arch;  // unset: the preset's
                     if (!parse_arch(s, &arch) || arch == c.model.arch) return;
-                    c.model.arch = arch;
-                    c.model.preset = "custom";
+                    ModelSpec& m = c.model;
+                    m.arch = arch;
+                    m.preset = "custom";
+                    if (arch != Arch::moe) {  // a moe preset's experts go with its family
+                      m.experts = m.top_k = m.shared_experts = 0;
+                      m.capacity_factor = 0;
+                    } else {  // Mixtral's, unless given
+                      if (m.experts == 0) m.experts = 8;
+                      if (m.top_k == 0) m.top_k = 2;
+                    }
                   }),
-             {"gpt2", "llama"}),
+             {"gpt2", "llama", "moe"}),
       integer(
           "kv-heads", M, "", 1, 4096,
           "K/V heads of grouped-query attention (--arch llama; must divide --heads)",
@@ -398,6 +407,26 @@ std::vector<Row> model_rows() {
       integer("ffn", M, "", 1, 1048576,
               "the MLP's hidden size (default 4 x --hidden, or the preset's)",
               [](RunConfig& c, long long v) { c.model.ffn = int(v), c.model.preset = "custom"; }),
+      integer(
+          "experts", M, "", 2, 65536, "routed experts of --arch moe (default 8)",
+          [](RunConfig& c, long long v) { c.model.experts = int(v), c.model.preset = "custom"; }),
+      integer("top-k", M, "", 1, 65536,
+              "experts each token is routed to (--arch moe; default 2, at most --experts)",
+              [](RunConfig& c, long long v) { c.model.top_k = int(v), c.model.preset = "custom"; }),
+      real("capacity-factor", M, "", 0, 1e6, false,
+           "--arch moe: tokens an expert takes per sequence, as a multiple of k x seq / experts; "
+           "the rest are dropped and counted (0: dropless, the default)",
+           [](RunConfig& c, double v) { c.model.capacity_factor = v, c.model.preset = "custom"; }),
+      integer("shared-experts", M, "", 0, 65536,
+              "--arch moe: experts every token goes through beside its top k (DeepSeekMoE's "
+              "shared experts; default 0, or the preset's)",
+              [](RunConfig& c, long long v) {
+                c.model.shared_experts = int(v), c.model.preset = "custom";
+              }),
+      real("aux-loss-coef", M, "", 0, 1e6, false,
+           "--arch moe: the sequence-wise load-balancing loss's coefficient (default 0.01, or "
+           "the preset's; 0: none)",
+           [](RunConfig& c, double v) { c.model.aux_loss_coef = v; }),
   };
 }
 

@@ -181,9 +181,9 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
   }
   std::printf(
       "dry run: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
-      "(%lld params), micro-batch %d, global batch %d (%d micro-step(s))\n",
+      "(%s), micro-batch %d, global batch %d (%d micro-step(s))\n",
       c.plugin.c_str(), world, c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp, c.mesh.tp, c.mesh.pp,
-      c.model.preset.c_str(), (long long)c.model.total_params(), c.train.micro_batch,
+      c.model.preset.c_str(), params_text(c.model).c_str(), c.train.micro_batch,
       c.train.global_batch, c.train.micro_steps(c.mesh));
   print_memory_sides(peak, worst_total, worst_rank, worst_host, worst_host_rank);
   print_comm_and_transfers(comm);

@@ -201,6 +201,43 @@ class CpuKernels final : public Kernels {
   void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) override {
     cpu::repeat_kv_backward(din, dout, N, NH, KV, hs);
   }
+  void router_topk_forward(float* probs, std::int32_t* experts, float* gates, const float* logits,
+                           int N, int E, int k) override {
+    cpu::router_topk_forward(probs, experts, gates, logits, N, E, k);
+  }
+  void router_topk_backward(float* dlogits, const float* probs, const std::int32_t* experts,
+                            const float* gates, const float* dgates, const float* dprobs, int N,
+                            int E, int k) override {
+    cpu::router_topk_backward(dlogits, probs, experts, gates, dgates, dprobs, N, E, k);
+  }
+  void moe_aux_loss_forward(float* loss, float*, const float* probs, const std::int32_t* experts,
+                            int B, int T, int E, int k, float coef) override {
+    cpu::moe_aux_loss_forward(loss, probs, experts, B, T, E, k, coef);
+  }
+  void moe_aux_loss_backward(float* dprobs, float*, const std::int32_t* experts, int B, int T,
+                             int E, int k, float coef_scale) override {
+    cpu::moe_aux_loss_backward(dprobs, experts, B, T, E, k, coef_scale);
+  }
+  void moe_gather(ActView out, ActView x, const std::int32_t* token_of, int rows, int C) override {
+    if (out.dtype != x.dtype) throw Error("moe_gather: x and out in different dtypes");
+    if (!out.is_bf16()) return cpu::moe_gather(out.f32(), x.f32(), token_of, rows, C);
+    for (std::int64_t r = 0; r < rows; ++r)  // bf16 rows copied as they are
+      std::memcpy(out.half() + r * C, x.half() + std::int64_t(token_of[r]) * C,
+                  std::size_t(C) * sizeof(bf16));
+  }
+  void moe_gather_backward(float* dx, const float* din, const std::int32_t* row_of, int N, int k,
+                           int C) override {
+    cpu::moe_gather_backward(dx, din, row_of, N, k, C);
+  }
+  void moe_combine(float* y, const float* eout, const std::int32_t* row_of, const float* gates,
+                   int N, int k, int C) override {
+    cpu::moe_combine(y, eout, row_of, gates, N, k, C);
+  }
+  void moe_combine_backward(float* deout, float* dgates, const float* dy, const float* eout,
+                            const std::int32_t* row_of, const float* gates, int N, int k,
+                            int C) override {
+    cpu::moe_combine_backward(deout, dgates, dy, eout, row_of, gates, N, k, C);
+  }
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override {
     cpu::softmax_crossentropy_forward(probs, losses, logits, targets, N, V);

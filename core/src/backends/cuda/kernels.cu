@@ -120,6 +120,42 @@ void CudaKernels::repeat_kv_forward(ActView out, ActView in, int N, int NH, int 
 void CudaKernels::repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) {
   cuda::repeat_kv_backward(ctx_, din, dout, N, NH, KV, hs);
 }
+void CudaKernels::router_topk_forward(float* probs, std::int32_t* experts, float* gates,
+                                      const float* logits, int N, int E, int k) {
+  cuda::router_topk_forward(ctx_, probs, experts, gates, logits, N, E, k);
+}
+void CudaKernels::router_topk_backward(float* dlogits, const float* probs,
+                                       const std::int32_t* experts, const float* gates,
+                                       const float* dgates, const float* dprobs, int N, int E,
+                                       int k) {
+  cuda::router_topk_backward(ctx_, dlogits, probs, experts, gates, dgates, dprobs, N, E, k);
+}
+void CudaKernels::moe_aux_loss_forward(float* loss, float* scratch, const float* probs,
+                                       const std::int32_t* experts, int B, int T, int E, int k,
+                                       float coef) {
+  cuda::moe_aux_loss_forward(ctx_, loss, scratch, probs, experts, B, T, E, k, coef);
+}
+void CudaKernels::moe_aux_loss_backward(float* dprobs, float* scratch, const std::int32_t* experts,
+                                        int B, int T, int E, int k, float coef_scale) {
+  cuda::moe_aux_loss_backward(ctx_, dprobs, scratch, experts, B, T, E, k, coef_scale);
+}
+void CudaKernels::moe_gather(ActView out, ActView x, const std::int32_t* token_of, int rows,
+                             int C) {
+  cuda::moe_gather(ctx_, out, x, token_of, rows, C);
+}
+void CudaKernels::moe_gather_backward(float* dx, const float* din, const std::int32_t* row_of,
+                                      int N, int k, int C) {
+  cuda::moe_gather_backward(ctx_, dx, din, row_of, N, k, C);
+}
+void CudaKernels::moe_combine(float* y, const float* eout, const std::int32_t* row_of,
+                              const float* gates, int N, int k, int C) {
+  cuda::moe_combine(ctx_, y, eout, row_of, gates, N, k, C);
+}
+void CudaKernels::moe_combine_backward(float* deout, float* dgates, const float* dy,
+                                       const float* eout, const std::int32_t* row_of,
+                                       const float* gates, int N, int k, int C) {
+  cuda::moe_combine_backward(ctx_, deout, dgates, dy, eout, row_of, gates, N, k, C);
+}
 void CudaKernels::softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                                const std::int32_t* targets, int N, int V) {
   cuda::softmax_crossentropy_forward(ctx_, probs, losses, logits, targets, N, V);

@@ -62,6 +62,24 @@ class CudaKernels final : public Kernels {
                      int row_stride) override;
   void repeat_kv_forward(ActView out, ActView in, int N, int NH, int KV, int hs) override;
   void repeat_kv_backward(float* din, const float* dout, int N, int NH, int KV, int hs) override;
+  void router_topk_forward(float* probs, std::int32_t* experts, float* gates, const float* logits,
+                           int N, int E, int k) override;
+  void router_topk_backward(float* dlogits, const float* probs, const std::int32_t* experts,
+                            const float* gates, const float* dgates, const float* dprobs, int N,
+                            int E, int k) override;
+  void moe_aux_loss_forward(float* loss, float* scratch, const float* probs,
+                            const std::int32_t* experts, int B, int T, int E, int k,
+                            float coef) override;
+  void moe_aux_loss_backward(float* dprobs, float* scratch, const std::int32_t* experts, int B,
+                             int T, int E, int k, float coef_scale) override;
+  void moe_gather(ActView out, ActView x, const std::int32_t* token_of, int rows, int C) override;
+  void moe_gather_backward(float* dx, const float* din, const std::int32_t* row_of, int N, int k,
+                           int C) override;
+  void moe_combine(float* y, const float* eout, const std::int32_t* row_of, const float* gates,
+                   int N, int k, int C) override;
+  void moe_combine_backward(float* deout, float* dgates, const float* dy, const float* eout,
+                            const std::int32_t* row_of, const float* gates, int N, int k,
+                            int C) override;
   void softmax_crossentropy_forward(float* probs, float* losses, const float* logits,
                                     const std::int32_t* targets, int N, int V) override;
   void crossentropy_softmax_backward(float* dlogits, const float* probs,

@@ -167,7 +167,8 @@ void moe_aux_loss_forward(const CudaContext& ctx, float* loss, float* scratch, c
 void moe_aux_loss_backward(const CudaContext& ctx, float* dprobs, float* scratch,
                            const std::int32_t* experts, int B, int T, int E, int k,
                            float coef_scale);
-void moe_gather(const CudaContext& ctx, float* out, const float* x, const std::int32_t* token_of,
+// out and x of one dtype (fp32 or bf16), rows copied as they are.
+void moe_gather(const CudaContext& ctx, ActView out, ActView x, const std::int32_t* token_of,
                 int rows, int C);
 void moe_gather_backward(const CudaContext& ctx, float* dx, const float* din,
                          const std::int32_t* row_of, int N, int k, int C);

@@ -1,8 +1,7 @@
-// The mixture-of-experts layer's pieces on a GPU, as cpu/layers.hpp defines them (not yet wired
-// into the model): top-k softmax routing and its backward (a thread per token), the
-// sequence-wise load-balancing loss (a thread per sequence and expert, then per sequence: fixed
-// summation orders), dispatch and combine over a plan's rows (a thread per element; every output
-// written by one thread, no atomics).
+// The mixture-of-experts layer's pieces on a GPU, as cpu/layers.hpp defines them: top-k softmax
+// routing and its backward (a thread per token), the sequence-wise load-balancing loss (a thread
+// per sequence and expert, then per sequence: fixed summation orders), dispatch and combine over a
+// plan's rows (a thread per element; every output written by one thread, no atomics).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -11,6 +10,7 @@
 #include "backends/cuda/grid.cuh"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/layers.cuh"
+#include "strata/types.hpp"
 
 namespace strata::cuda {
 namespace {
@@ -96,10 +96,15 @@ __global__ void aux_loss_backward_kernel(float* dprobs, const float* frac, int B
   }
 }
 
-__global__ void moe_gather_kernel(float* out, const float* x, const std::int32_t* token_of,
+// Rows copied as they are: 4-byte (fp32) or 2-byte (bf16) elements.
+__global__ void moe_gather_kernel(void* out, const void* x, bool half, const std::int32_t* token_of,
                                   std::int64_t rows, int C) {
   STRATA_GRID_STRIDE(i, std::size_t(rows * C)) {
-    out[i] = x[std::int64_t(token_of[i / C]) * C + i % C];
+    const std::size_t from = std::size_t(token_of[i / C]) * C + i % C;
+    if (half)
+      static_cast<std::uint16_t*>(out)[i] = static_cast<const std::uint16_t*>(x)[from];
+    else
+      static_cast<float*>(out)[i] = static_cast<const float*>(x)[from];
   }
 }
 
@@ -194,12 +199,13 @@ void moe_aux_loss_backward(const CudaContext& ctx, float* dprobs, float* scratch
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void moe_gather(const CudaContext& ctx, float* out, const float* x, const std::int32_t* token_of,
+void moe_gather(const CudaContext& ctx, ActView out, ActView x, const std::int32_t* token_of,
                 int rows, int C) {
+  if (out.dtype != x.dtype) throw Error("moe_gather: x and out in different dtypes");
   const std::int64_t n = std::int64_t(rows) * C;
   if (n == 0) return;
   STRATA_LAUNCH(moe_gather_kernel, blocks_for(n), kThreads, 0, ctx.stream)
-  (out, x, token_of, rows, C);
+  (out.data, x.data, out.is_bf16(), token_of, rows, C);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,78 @@
+# The mixture-of-experts family end to end (--arch moe: the llama block with 4 SwiGLU experts of
+# 64, top 2, a sequence-wise load-balancing loss of coefficient 0.01): tiny's sizes with 4 blocks,
+# 8 query heads on 4 K/V heads, against its own 1-rank reference at 1, 2 and 4 ranks: data
+# parallel, ZeRO-3 and FSDP (with full and selective recompute), the pipelines and dp=fsdp x pp;
+# each on the reference's trajectory within 1e-5 with memory and bytes = predict(). A capacity
+# of 1 (choices over it dropped, per sequence) has its own reference, which ZeRO-3 over 4 ranks of
+# one sequence each follows: a sequence's drops do not depend on the sequences beside it; finer
+# experts with shared ones (DeepSeekMoE's) have their own. Then bf16 runs on their bf16 reference
+# (bf16.cmake's tolerances) and the CUDA backend on the emulator against the CPU (cuda.cmake's;
+# bf16 with a capacity and a shared expert). tp is refused for moe (its experts are not
+# tensor-parallel; cli.bad_input checks the line).
+set(MOE --arch moe --layers 4 --heads 8 --kv-heads 4 --ffn 64 --experts 4 --top-k 2)
+
+# strata_e2e_moe(<id> <reference> <ranks> <runner args...>): the run of the model in MOE_MODEL
+# and its checks.
+set(MOE_MODEL ${MOE})
+function(strata_e2e_moe id ref ranks)
+  strata_e2e_run(${id} ${ranks} ${MOE_MODEL} ${ARGN})
+  strata_e2e_checks_against(${id} ${ranks} ${ref} ${E2E_LOSS_TOL})
+endfunction()
+
+strata_e2e_moe(moe.reference moe.reference 1 --plugin dp --micro-batch 8)
+strata_e2e_moe(moe.ddp.np2 moe.reference 2 --plugin ddp --micro-batch 2)
+strata_e2e_moe(moe.zero3.np4 moe.reference 4 --plugin zero3 --micro-batch 2 --nodes 2)
+strata_e2e_moe(moe.fsdp.np2.full moe.reference 2 --plugin fsdp --micro-batch 2 --recompute full)
+strata_e2e_moe(moe.zero2.np2.selective moe.reference 2 --plugin zero2 --micro-batch 2
+               --recompute selective)
+strata_e2e_moe(moe.1f1b.pp2 moe.reference 2 --plugin 1f1b --mesh pp=2 --micro-batch 2)
+strata_e2e_moe(moe.gpipe.pp4 moe.reference 4 --plugin gpipe --mesh pp=4 --micro-batch 1)
+strata_e2e_moe(moe.1f1b.dp2.pp2.fsdp moe.reference 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
+               --micro-batch 1 --plugin-opt dp=fsdp)
+strata_e2e_moe(moe.capacity.reference moe.capacity.reference 1 --plugin dp --micro-batch 8
+               --capacity-factor 1)
+strata_e2e_moe(moe.capacity.zero3.np4 moe.capacity.reference 4 --plugin zero3 --micro-batch 1
+               --nodes 2 --capacity-factor 1)
+# DeepSeekMoE's shape: 8 finer experts of 32, top 3, and 2 shared experts beside them.
+set(MOE_MODEL --arch moe --layers 4 --heads 8 --kv-heads 4 --ffn 32 --experts 8 --top-k 3
+              --shared-experts 2)
+strata_e2e_moe(moe.fine.reference moe.fine.reference 1 --plugin dp --micro-batch 8)
+strata_e2e_moe(moe.fine.fsdp.np2 moe.fine.reference 2 --plugin fsdp --micro-batch 2)
+strata_e2e_moe(moe.fine.1f1b.pp2 moe.fine.reference 2 --plugin 1f1b --mesh pp=2 --micro-batch 2
+               --recompute full)
+set(MOE_MODEL ${MOE})
+
+# Dropless drops nothing: the run file's moe_dropped_fraction is 0.
+add_test(NAME e2e.moe.dropless-drops-nothing
+         COMMAND check_run summary ${E2E_DIR}/moe.reference.h5 moe_dropped_fraction 0)
+set_tests_properties(e2e.moe.dropless-drops-nothing PROPERTIES LABELS e2e
+                     FIXTURES_REQUIRED run.moe.reference)
+# A capacity drops choices: its trajectory is not the dropless one.
+add_test(NAME e2e.moe.capacity-drops
+         COMMAND check_run trajectory ${E2E_DIR}/moe.reference.h5
+                 ${E2E_DIR}/moe.capacity.reference.h5 1e-3)
+set_tests_properties(e2e.moe.capacity-drops PROPERTIES LABELS e2e
+                     PASS_REGULAR_EXPRESSION "step [0-9]+ loss [0-9.]+ vs reference"
+                     FIXTURES_REQUIRED "run.moe.reference;run.moe.capacity.reference")
+# Not a llama: the same sizes with one dense MLP of 64 train to another trajectory (a moe run that
+# fell back to the llama block would pass every check above).
+strata_e2e_run(moe.as-llama 1 --plugin dp --micro-batch 8 --arch llama --layers 4 --heads 8
+               --kv-heads 4 --ffn 64)
+add_test(NAME e2e.moe-is-not-llama
+         COMMAND check_run trajectory ${E2E_DIR}/moe.reference.h5 ${E2E_DIR}/moe.as-llama.h5 1e-3)
+set_tests_properties(e2e.moe-is-not-llama PROPERTIES LABELS e2e
+                     PASS_REGULAR_EXPRESSION "step [0-9]+ loss [0-9.]+ vs reference"
+                     FIXTURES_REQUIRED "run.moe.reference;run.moe.as-llama")
+
+if(STRATA_WITH_ONEDNN)
+  strata_e2e_bf16(moe.bf16.reference 1 moe.bf16.reference ${MOE} --plugin dp --micro-batch 8)
+  strata_e2e_bf16(moe.bf16.fsdp.np2 2 moe.bf16.reference ${MOE} --plugin fsdp --micro-batch 2
+                  --recompute selective)
+  strata_e2e_bf16(moe.bf16.1f1b.pp2 2 moe.bf16.reference ${MOE} --plugin 1f1b --mesh pp=2
+                  --micro-batch 2)
+endif()
+
+set(MOE_CUDA --arch moe --heads 4 --kv-heads 2 --ffn 64 --experts 4 --top-k 2)
+strata_e2e_cuda(moe.ddp.np2 2 ${E2E_LOSS_TOL} --plugin ddp --micro-batch 2 ${MOE_CUDA})
+strata_e2e_cuda(moe.zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16
+                --capacity-factor 1 --shared-experts 1 ${MOE_CUDA})
