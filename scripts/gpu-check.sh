@@ -123,6 +123,11 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     --seq 2048)
   row "llama 1.5B bf16 mb 2 ddp" "${llama[@]}" --plugin ddp --precision bf16 --micro-batch 2
   row "llama 1.5B bf16 mb 2 fsdp" "${llama[@]}" --plugin fsdp --precision bf16 --micro-batch 2
+  # A mixture of experts at Mixtral's proportions, 8 blocks of hidden 2048 with 8 experts of 2816,
+  # top 2 (1.3B parameters, 0.5B active): the router's read-back and the experts' smaller GEMMs.
+  moe=(--model mixtral-8x7b --layers 8 --hidden 2048 --heads 16 --kv-heads 8 --ffn 2816
+    --seq 2048)
+  row "moe 1.3B bf16 mb 2 ddp" "${moe[@]}" --plugin ddp --precision bf16 --micro-batch 2
 fi
 if [ -s "$work/failures.txt" ]; then
   say ""
