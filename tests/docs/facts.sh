@@ -2,7 +2,8 @@
 # The facts the docs state are the code's: the plugin ABI version docs/architecture.md names,
 # every transport of this build in docs/architecture.md and docs/running.md, every strategy
 # `runner --list-plugins` finds in README.md's strategy table, every exit code of
-# core/src/run/exit_codes.hpp in docs/running.md's table; and every relative link of README.md,
+# core/src/run/exit_codes.hpp in docs/running.md's table, every model preset in
+# slurm/scale.sbatch's check and docs/running.md; and every relative link of README.md,
 # CHANGELOG.md and docs/*.md resolves.
 # usage: facts.sh SOURCE_DIR RUNNER
 set -u
@@ -22,6 +23,22 @@ while IFS=$'\t' read -r transport _; do
     grep -q "\`$transport\`" "$src/$doc" || fail "$doc does not name the transport \`$transport\`"
   done
 done < <("$runner" --list-transports)
+
+# Every model preset (runner --help's --model line) is one slurm/scale.sbatch's STRATA_MODEL check
+# accepts (its pattern and its message) and docs/running.md names.
+presets=$("$runner" --help 2>&1 | tr -s ' \n' ' ' | sed -n 's/.*--model arg[^[]*\[one of \([^]]*\)\].*/\1/p')
+pattern=$(sed -n 's/.*\[\[ \$m =~ \(.*\) \]\] ||.*/\1/p' "$src/slurm/scale.sbatch")
+allowed=$(sed -n 's/.*STRATA_MODEL: unknown preset.*(allowed: \([^)]*\)).*/\1/p' "$src/slurm/scale.sbatch")
+check
+[[ -n $presets && -n $pattern && -n $allowed ]] \
+  || fail "runner --help's presets or slurm/scale.sbatch's STRATA_MODEL check not found"
+for preset in ${presets//,/ }; do
+  check
+  [[ $preset =~ $pattern && ", $allowed, " == *", $preset, "* ]] \
+    || fail "slurm/scale.sbatch's STRATA_MODEL check does not accept the preset $preset"
+  check
+  grep -q "\`$preset\`" "$src/docs/running.md" || fail "docs/running.md does not name the preset \`$preset\`"
+done
 
 while read -r strategy; do
   check
