@@ -100,9 +100,12 @@ def _dates(runs):
 
 def _model(run):
     c = run.config
-    return "%s (%s layers, hidden %s, seq %s, vocab %s, %s)" % (
-        c.get("model", "?"), c.get("layers", "?"), c.get("hidden", "?"), c.get("seq", "?"),
-        c.get("vocab", "?"), c.get("precision", "fp32"))
+    family = c.get("arch", "gpt2")  # files before the llama family: gpt2
+    if family == "moe":
+        family += " %s experts top %s" % (c.get("experts", "?"), c.get("top_k", "?"))
+    return "%s (%s%s layers, hidden %s, seq %s, vocab %s, %s)" % (
+        c.get("model", "?"), "" if family == "gpt2" else family + ", ", c.get("layers", "?"),
+        c.get("hidden", "?"), c.get("seq", "?"), c.get("vocab", "?"), c.get("precision", "fp32"))
 
 
 def _steps(run):
