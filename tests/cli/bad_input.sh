@@ -95,7 +95,7 @@ check "--top-k 5: must be in [1, --experts 4]" --plugin ddp --model tiny-moe --t
 check "--shared-experts: a mixture of experts needs --arch moe" --plugin ddp \
   --model tiny-llama --experts 4
 check "--cuda-graphs: --arch moe reads its routing back to the host" --plugin ddp --model tiny-moe \
-  --device cuda --transport nccl --cuda-graphs
+  --cuda-graphs
 check "--capacity-factor -1: must be" --plugin ddp --model tiny-moe --capacity-factor -1
 check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4
 check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch x dp)) must be a multiple of pp (2)" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --layers 4

@@ -301,13 +301,14 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
   }
   check_advise(c, given);
   check_attention(c);
-  if (c.train.cuda_graphs && c.device != "cuda")
-    throw ConfigError("--cuda-graphs: CUDA graphs need --device cuda");
-  // moe's dispatch plan is made on the host from the router's choices: a step reads them back.
+  // moe's dispatch plan is made on the host from the router's choices: a step reads them back
+  // (refused before the device is looked at: the same line in a build without CUDA).
   if (c.train.cuda_graphs && c.model.arch == Arch::moe)
     throw ConfigError(
         "--cuda-graphs: --arch moe reads its routing back to the host each step "
         "(its dispatch plan); run it without graphs");
+  if (c.train.cuda_graphs && c.device != "cuda")
+    throw ConfigError("--cuda-graphs: CUDA graphs need --device cuda");
   if (c.calibrate && c.profile.empty())
     throw ConfigError("--calibrate: needs --profile FILE (the profile to create or merge into)");
   if (!c.calibrate_from.empty() && !c.calibrate)
