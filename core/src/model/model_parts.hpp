@@ -36,19 +36,16 @@ enum BlockTensor {
 // The block tensors of a spec's blocks, in flat order: GPT-2 every one, llama the weights only
 // (RMSNorm has no bias, nor have its linear layers), moe a llama's with the router (and the
 // shared experts').
-inline std::vector<int> block_tensors(const ModelSpec& spec) {
-  switch (spec.arch) {
-    case Arch::gpt2:
-      return {kLn1W, kLn1B, kQkvW, kQkvB, kProjW,   kProjB,
-              kLn2W, kLn2B, kFcW,  kFcB,  kFcprojW, kFcprojB};
-    case Arch::llama:
-      return {kLn1W, kQkvW, kProjW, kLn2W, kFcW, kFcprojW};
-    case Arch::moe:
-      break;
-  }
-  std::vector<int> moe = {kLn1W, kQkvW, kProjW, kLn2W, kRouterW, kFcW, kFcprojW};
-  if (spec.shared_experts > 0) moe.insert(moe.end(), {kSharedFcW, kSharedFcprojW});
-  return moe;
+inline const std::vector<int>& block_tensors(const ModelSpec& spec) {
+  static const std::vector<int> gpt2 = {kLn1W, kLn1B, kQkvW, kQkvB, kProjW,   kProjB,
+                                        kLn2W, kLn2B, kFcW,  kFcB,  kFcprojW, kFcprojB};
+  static const std::vector<int> llama = {kLn1W, kQkvW, kProjW, kLn2W, kFcW, kFcprojW};
+  static const std::vector<int> moe = {kLn1W, kQkvW, kProjW, kLn2W, kRouterW, kFcW, kFcprojW};
+  static const std::vector<int> moe_shared = {kLn1W, kQkvW,    kProjW,     kLn2W,         kRouterW,
+                                              kFcW,  kFcprojW, kSharedFcW, kSharedFcprojW};
+  if (spec.arch == Arch::gpt2) return gpt2;
+  if (spec.arch == Arch::llama) return llama;
+  return spec.shared_experts > 0 ? moe_shared : moe;
 }
 
 // Carves 64-byte aligned pieces from one float buffer; running the same carve with a null base

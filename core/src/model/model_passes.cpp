@@ -48,7 +48,7 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
       k_(device_kernels(memory.device())) {
   const ParamLayout layout(spec);
   const int first = layout.units()[1].first_tensor;
-  const std::vector<int> kinds = block_tensors(spec);
+  const std::vector<int>& kinds = block_tensors(spec);
   std::size_t at = 0;
   for (std::size_t i = 0; i < kinds.size(); ++i) {
     block_off_[kinds[i]] = at;

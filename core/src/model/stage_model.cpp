@@ -78,7 +78,7 @@ struct StageModel::Impl {
         if (spec.arch == Arch::gpt2) add(unit.first_tensor + 1, ShardKind::replicated);
       } else if (u <= L) {
         block_start.push_back(count);
-        const std::vector<int> kinds = block_tensors(spec);
+        const std::vector<int>& kinds = block_tensors(spec);
         for (std::size_t i = 0; i < kinds.size(); ++i)
           add(unit.first_tensor + int(i), block_shard(spec.arch, kinds[i]), false,
               block_stacked_rows(spec, kinds[i]));
