@@ -11,6 +11,8 @@
 // - xent_exp: CUDA's expf vs the CPU's exp_approx differ by a few ulp per element, and the row
 //   sums are reordered: rtol 1e-5;
 // - xent_normalise's losses: fp32 log(sum) - target vs the CPU's double: a few ulp of the operands;
+// - the norms' dweight / dbias (a bf16 and an fp32 input of the same values): atomics add the
+//   rows in any order, so 2 gamma_n of sum |terms| (Higham's bound for any order of n terms);
 // - sum: fp32 block partials vs the CPU's double running sum: rtol 1e-5 of sum |x|;
 // - gemm_bf16: fp32 accumulation in any order vs a double reference: 1e-5 of sum |a b| (f32 C),
 //   plus one bf16 rounding (2^-8 relative) for a bf16 C;
@@ -99,6 +101,34 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
                      << want[first];
 }
 
+// Column sums accumulated by atomics (the norms' dweight / dbias): the order of the additions
+// differs run to run, so each sum is within gamma_n sum |terms| of the exact one, whatever the
+// order (Higham's bound for n - 1 additions, u = 2^-24). Two such sums differ by twice that.
+// abs_sums[c] is sum |terms| of column c, the starting value counted as a term.
+void expect_sums_close(const char* what, const std::vector<float>& got,
+                       const std::vector<float>& want, const std::vector<double>& abs_sums,
+                       int terms) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_EQ(abs_sums.size(), want.size()) << what;
+  const double nu = terms * std::ldexp(1.0, -24), gamma = nu / (1 - nu);
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(double(got[i]) - want[i]) <= 2 * gamma * abs_sums[i]) && !bad++) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " out of 2 gamma_" << terms
+                     << " sum |terms|; first at " << first << ": " << got[first] << " vs "
+                     << want[first] << ", bound " << 2 * gamma * abs_sums[first];
+}
+// sum over rows of |f(r, c)| for each column c, plus |start[c]|.
+template <class F>
+std::vector<double> column_abs_sums(int rows, int cols, const std::vector<float>& start, F f) {
+  std::vector<double> s(cols);
+  for (int c = 0; c < cols; ++c) {
+    s[c] = std::fabs(double(start[c]));
+    for (int r = 0; r < rows; ++r) s[c] += std::fabs(f(r, c));
+  }
+  return s;
+}
+
 // A host vector with Dev's interface: the CPU backend's half of a test written once for both.
 template <class T>
 struct Host {
@@ -155,8 +185,18 @@ void check_bf16_residual_stream(Kernels& k, const std::function<void()>& sync) {
   expect_bits("mean", hm.host(), m.host());
   expect_bits("rstd", hr.host(), r.host());
   expect_bits("layernorm_backward dinp", dinp_h.host(), dinp.host());
-  expect_close("layernorm_backward dweight", dw_h.host(), dw.host(), 1e-5, 1e-6);
-  expect_close("layernorm_backward dbias", db_h.host(), db.host(), 1e-5, 1e-6);
+  const std::vector<float> mean = m.host(), rstd = r.host();
+  auto at = [&](int row, int c) { return std::size_t(row) * Cc + c; };
+  expect_sums_close("layernorm_backward dweight", dw_h.host(), dw.host(),
+                    column_abs_sums(Nr, Cc, zero_cols,
+                                    [&](int row, int c) {
+                                      return double(dout[at(row, c)]) *
+                                             (x[at(row, c)] - mean[row]) * rstd[row];
+                                    }),
+                    Nr + 1);
+  expect_sums_close(
+      "layernorm_backward dbias", db_h.host(), db.host(),
+      column_abs_sums(Nr, Cc, zero_cols, [&](int row, int c) { return dout[at(row, c)]; }), Nr + 1);
   EXPECT_NE(dinp.host(), zeros);  // the backward did run
 }
 
@@ -213,7 +253,14 @@ void check_bf16_llama_layers(Kernels& k, const std::function<void()>& sync) {
   expect_bits("rmsnorm of bf16, to bf16", d_norm_h.host(), rounded(d_norm.host()));
   expect_bits("rmsnorm rstd", r_h.host(), r.host());
   expect_bits("rmsnorm_backward dinp", dx_h.host(), dx.host());
-  expect_close("rmsnorm_backward dweight", dw_h.host(), dw.host(), 1e-5, 1e-6);
+  const std::vector<float> g = d_g.host(), rstd = r.host();
+  expect_sums_close("rmsnorm_backward dweight", dw_h.host(), dw.host(),
+                    column_abs_sums(Nr, Cc, w,
+                                    [&](int row, int c) {
+                                      const std::size_t i = std::size_t(row) * Cc + c;
+                                      return double(g[i]) * x[i] * rstd[row];
+                                    }),
+                    Nr + 1);
   expect_bits("swiglu of bf16, to bf16", d_act_h.host(), rounded(d_act.host()));
   expect_bits("swiglu_backward", dgu_h.host(), dgu.host());
   expect_bits("rope of bf16, in place", d_qkv_h.host(), rounded(d_qkv.host()));
