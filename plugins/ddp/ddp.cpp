@@ -29,15 +29,15 @@ class BucketedDdp final : public Strategy {
   // issued on the comm stream as soon as backward has passed its ready unit; then the wait and the
   // update.
   StepPlan plan_step(const PredictInput& in) const override {
-    const ParamLayout layout(in.model);
-    const int units = layout.num_units(), m = in.train.micro_steps(in.mesh);
+    const std::shared_ptr<const ParamLayout> layout = ParamLayout::of(in.model);
+    const int units = layout->num_units(), m = in.train.micro_steps(in.mesh);
     StepPlan plan;
     plan_replica(in, plan.setup);
     plan.notes = "buckets are views of the flat gradient buffer: no comm_buffers";
     plan_forward_backward(units, plan.micro_batch);
     plan.micro_batches = m - 1;
     const double grad_bytes = state_bytes_per_param(in.train.precision).grads;
-    const std::vector<Bucket> buckets = make_buckets(layout, grad_bytes);
+    const std::vector<Bucket> buckets = make_buckets(*layout, grad_bytes);
     std::size_t next = 0;
     for (int u = 0; u < units; ++u) plan.step.push_back(plan_forward(u));
     for (int u = units - 1; u >= 0; --u) {
@@ -48,7 +48,7 @@ class BucketedDdp final : public Strategy {
                                       Axis::dp, 0));
     }
     plan.step.push_back(plan_wait());
-    plan.step.push_back(plan_update(double(layout.total())));
+    plan.step.push_back(plan_update(double(layout->total())));
     return plan;
   }
 

@@ -25,7 +25,7 @@ class SingleMaster final : public Strategy {
     if (!root)
       std::erase_if(plan.setup, [](const PlanAction& a) { return a.memory == MemTag::optimizer; });
     plan.notes = "optimizer state on dp rank 0 only; reduce + broadcast of all parameters per step";
-    plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
+    plan_forward_backward(ParamLayout::of(in.model)->num_units(), plan.micro_batch);
     plan.micro_batches = in.train.micro_steps(in.mesh);
     const StateBytes per = state_bytes_per_param(in.train.precision);
     const double n = double(in.model.total_params());

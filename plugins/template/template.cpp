@@ -31,8 +31,9 @@ class SyncAllReduce final : public Strategy {
   StepPlan plan_step(const PredictInput& in) const override {
     StepPlan plan;
     plan_replica(in, plan.setup);  // setup(): parameters, gradients, AdamW state, activations
-    plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);  // one micro-batch
-    plan.micro_batches = in.train.micro_steps(in.mesh);                          // ... this often
+    plan_forward_backward(ParamLayout::of(in.model)->num_units(),
+                          plan.micro_batch);             // one micro-batch
+    plan.micro_batches = in.train.micro_steps(in.mesh);  // ... this often
     const double n = double(in.model.total_params());
     const double grad_bytes = state_bytes_per_param(in.train.precision).grads;
     if (in.mesh.dp > 1)  // blocking: no stream given, so the compute thread waits for it

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <set>
 #include <vector>
@@ -151,6 +152,32 @@ TEST(ParamLayout, SizesAndOffsetsFollowTheSpec) {
     EXPECT_EQ(off, layout.total());
     EXPECT_EQ(tid, int(layout.tensors().size()));
   }
+}
+
+// ParamLayout::of shares one layout while the model asked for stays the same, and makes a new one,
+// equal to a fresh ParamLayout, when any field of the spec changes.
+TEST(ParamLayout, SharedLayoutFollowsTheSpec) {
+  ModelSpec spec = small_spec();
+  const std::shared_ptr<const ParamLayout> first = ParamLayout::of(spec);
+  EXPECT_EQ(ParamLayout::of(spec), first);
+  auto same = [](const ParamLayout& a, const ParamLayout& b) {
+    if (a.total() != b.total() || a.tensors().size() != b.tensors().size()) return false;
+    for (std::size_t i = 0; i < a.tensors().size(); ++i)
+      if (a.tensors()[i].name != b.tensors()[i].name ||
+          a.tensors()[i].offset != b.tensors()[i].offset)
+        return false;
+    return true;
+  };
+  EXPECT_TRUE(same(*first, ParamLayout(spec)));
+  spec.vocab += 8;  // one field
+  const std::shared_ptr<const ParamLayout> other = ParamLayout::of(spec);
+  EXPECT_NE(other, first);
+  EXPECT_TRUE(same(*other, ParamLayout(spec)));
+  EXPECT_EQ(other->total(), first->total() + 8 * std::size_t(spec.hidden));
+  EXPECT_EQ(first->total(), std::size_t(small_spec().total_params()));  // still held, unchanged
+  spec.vocab = 0;  // a spec that is refused is not kept
+  EXPECT_THROW(ParamLayout::of(spec), ConfigError);
+  EXPECT_EQ(ParamLayout::of(small_spec())->total(), first->total());
 }
 
 TEST(ParamLayout, TensorNamesShapesAndInit) {

@@ -55,6 +55,7 @@ struct ModelSpec {
   // one SwiGLU MLP of shared_experts x ffn
   int shared_experts = 0;
 
+  bool operator==(const ModelSpec&) const = default;
   int head_dim() const { return hidden / heads; }
   bool llama_block() const { return arch != Arch::gpt2; }  // RMSNorm, SwiGLU, rope, GQA
   int kv_head_count() const { return llama_block() && kv_heads > 0 ? kv_heads : heads; }
@@ -179,6 +180,9 @@ struct UnitInfo {
 class ParamLayout {
  public:
   explicit ParamLayout(const ModelSpec& spec);
+  // The layout of `spec`, shared: built once for the model last asked for (thread-safe). What a
+  // planner that sizes many stages or candidates of one model holds instead of a copy each.
+  static std::shared_ptr<const ParamLayout> of(const ModelSpec& spec);
   const std::vector<UnitInfo>& units() const { return units_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   std::size_t total() const { return total_; }

@@ -14,7 +14,8 @@ namespace strata {
 
 struct StageModel::Impl {
   ModelSpec spec;
-  ParamLayout layout;
+  std::shared_ptr<const ParamLayout> layout_of_spec;
+  const ParamLayout& layout;
   Partition part;
   Dims d;
   std::vector<LocalTensor> tensors;
@@ -37,7 +38,8 @@ struct StageModel::Impl {
   Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r, DType dt,
        DType tp_comm = DType::f32)
       : spec(s),
-        layout(s),
+        layout_of_spec(ParamLayout::of(s)),
+        layout(*layout_of_spec),
         part(p),
         d((validate_partition(s, B, p, r, dt, m ? m->device() : Device::cpu),
            Dims(s, B, p, m ? m->device() : Device::cpu))),

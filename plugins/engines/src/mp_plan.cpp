@@ -136,7 +136,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   if (rank.P > 1 || reduces_in_schedule) {
     schedule_plan(in, cfg, me, rank, units, plan.sequence_parallel, step, end);
   } else {  // tp alone: every micro-batch through the whole model
-    plan_forward_backward(ParamLayout(in.model).num_units(), plan.micro_batch);
+    plan_forward_backward(ParamLayout::of(in.model)->num_units(), plan.micro_batch);
     plan.micro_batches = in.train.micro_steps(in.mesh);
   }
   // After the schedule (Engine::train_step): the tied embedding's gradient between the first and
