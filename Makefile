@@ -14,6 +14,9 @@ OUT   ?= results/local
 # ranks (4 = 2 virtual nodes x 2; 1 and 2 ranks repeated three times), then its tables, figures
 # and report.html under $(OUT), then three held-out checks of the step-time predictor.
 STUDY ?= slurm/studies/local.study
+# Then the model families beside GPT-2 (slurm/studies/families.study: tiny-llama and tiny-moe under
+# fsdp and 1f1b at 1, 2 and 4 ranks, run once, no profile) into $(OUT)-families.
+FAMILIES_STUDY ?= slurm/studies/families.study
 # Fuzzing (tests/fuzz, docs/testing.md "Fuzzing"): its own clang build with sanitizers, then run.sh.
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
@@ -50,6 +53,10 @@ run: build
 	-@for pair in ddp,zero1 ddp,zero2 zero1,zero2; do \
 	  HELDOUT_TRAIN=$$pair HELDOUT_NAME=heldout-$$(echo $$pair | tr , -) STRATA_RUNNER=$(abspath $(RUNNER)) \
 	    bash scripts/heldout.sh $(OUT); done
+	rm -rf $(OUT)-families
+	STRATA_RESULTS=$(abspath $(dir $(OUT))) STRATA_STUDY=$(notdir $(OUT))-families STRATA_RUNNER=$(abspath $(RUNNER)) \
+	  bash slurm/scale.sbatch $(FAMILIES_STUDY)
+	@echo "the llama and moe families: $(OUT)-families/summary.txt and figures/report.html"
 
 # Every test: the main build's, then the ASan + UBSan set, then a bounded fuzz run (TEST_FUZZ_SECONDS
 # per target). About 20 minutes from a fresh clone on 2 cores.
