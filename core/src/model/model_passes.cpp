@@ -366,6 +366,12 @@ namespace {
 ActView act_at(ActView v, std::size_t offset) {
   return v.is_bf16() ? ActView(v.half() + offset) : ActView(v.f32() + offset);
 }
+// f(expert e, its first row r0, rows) for each expert the dispatch plan in a gave rows.
+template <class F>
+void each_expert_rows(const BlockActs& a, F&& f) {
+  for (std::size_t e = 0; e < a.expert_rows.size(); ++e)
+    if (a.expert_rows[e] > 0) f(e, std::size_t(a.expert_offset[e]), a.expert_rows[e]);
+}
 }  // namespace
 
 // The router (its logits in b, fp32), top-k, the plan; then each expert's gate | up, SwiGLU and
@@ -385,17 +391,12 @@ void ModelPasses::moe_forward(BlockActs& a, BufferView p, float* y, bool recompu
     matmul_forward(a.sfch, a.ln2_full, at(p, o[kSharedFcW]), nullptr, N, C, 2 * SF);
     k_.swiglu_forward(a.sfch_act, a.sfch, N, SF);
   }
-  for (int e = 0; e < E; ++e) {
-    const int rows = a.expert_rows[std::size_t(e)];
-    const std::size_t r0 = std::size_t(a.expert_offset[std::size_t(e)]);
-    if (rows == 0) continue;
+  each_expert_rows(a, [&](std::size_t e, std::size_t r0, int rows) {
     const ActView fch = act_at(a.fch, r0 * FC), act = act_at(a.fch_act, r0 * F);
-    matmul_forward(fch, act_at(a.xe, r0 * C), at(p, o[kFcW] + std::size_t(e) * FC * C), nullptr,
-                   rows, C, FC);
+    matmul_forward(fch, act_at(a.xe, r0 * C), at(p, o[kFcW] + e * FC * C), nullptr, rows, C, FC);
     k_.swiglu_forward(act, fch, rows, F);
-    matmul_forward(a.eout + r0 * C, act, at(p, o[kFcprojW] + std::size_t(e) * C * F), nullptr, rows,
-                   F, C);
-  }
+    matmul_forward(a.eout + r0 * C, act, at(p, o[kFcprojW] + e * C * F), nullptr, rows, F, C);
+  });
   if (recomputing) return;
   k_.moe_combine(y, a.eout, a.row_of, a.gates, N, k, C);
   if (SF == 0) return;
@@ -416,23 +417,18 @@ void ModelPasses::moe_backward(const BlockActs& a, BufferView p, BufferView g, c
   float *dprobs = g_.moe_router, *dlogits = dprobs + d.N * E, *dgates = dlogits + d.N * E;
   float* aux_scratch = dgates + d.N * k;
   k_.moe_combine_backward(drows, dgates, dy, a.eout, a.row_of, a.gates, N, k, C);
-  for (int e = 0; e < E; ++e) {  // down: d(act) into a
-    const int rows = a.expert_rows[std::size_t(e)];
-    const std::size_t r0 = std::size_t(a.expert_offset[std::size_t(e)]), w = std::size_t(e) * C * F;
-    if (rows > 0)
-      matmul_backward(g_.a + r0 * F, at(g, o[kFcprojW] + w), nullptr, drows + r0 * C,
-                      act_at(a.fch_act, r0 * F), at(p, o[kFcprojW] + w), rows, F, C);
-  }
+  each_expert_rows(a, [&](std::size_t e, std::size_t r0, int rows) {  // down: d(act) into a
+    const std::size_t w = o[kFcprojW] + e * C * F;
+    matmul_backward(g_.a + r0 * F, at(g, w), nullptr, drows + r0 * C, act_at(a.fch_act, r0 * F),
+                    at(p, w), rows, F, C);
+  });
   k_.zero(g_.b, std::size_t(a.rows) * FC);
   k_.swiglu_backward(g_.b, a.fch, g_.a, int(a.rows), F);
-  for (int e = 0; e < E; ++e) {  // gate | up: d(xe) over d(eout)
-    const int rows = a.expert_rows[std::size_t(e)];
-    const std::size_t r0 = std::size_t(a.expert_offset[std::size_t(e)]),
-                      w = std::size_t(e) * FC * C;
-    if (rows > 0)
-      matmul_backward(drows + r0 * C, at(g, o[kFcW] + w), nullptr, g_.b + r0 * FC,
-                      act_at(a.xe, r0 * C), at(p, o[kFcW] + w), rows, C, FC);
-  }
+  each_expert_rows(a, [&](std::size_t e, std::size_t r0, int rows) {  // gate | up: d(xe) / d(eout)
+    const std::size_t w = o[kFcW] + e * FC * C;
+    matmul_backward(drows + r0 * C, at(g, w), nullptr, g_.b + r0 * FC, act_at(a.xe, r0 * C),
+                    at(p, w), rows, C, FC);
+  });
   const float coef = float(spec_.aux_loss_coef);
   if (coef > 0)
     k_.moe_aux_loss_backward(dprobs, aux_scratch, a.experts, d.B, d.T, E, k,
