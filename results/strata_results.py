@@ -340,6 +340,14 @@ class Run:
         # Files from before --device ran on the CPU: so the tables, --where and compare's
         # configurations treat them like runs that say device cpu.
         self.config.setdefault("device", "cpu")
+        # Files from before the model families and --precision: a GPT-2 block in fp32.
+        for k, v in OLD_FILE_CONFIG.items():
+            self.config.setdefault(k, v)
+        if "hidden" in self.config:
+            hidden = _integer(self.config["hidden"], "/config hidden", 1)
+            self.config.setdefault("ffn", str(4 * hidden))
+        if "heads" in self.config:
+            self.config.setdefault("kv_heads", self.config["heads"])
 
         self.provenance, self.hostnames = _provenance(f)
 
@@ -488,9 +496,17 @@ def _required_attr(obj, name, where):
 # What a configuration is: what was run (strategy and its options, mesh, nodes, model, batch,
 # transport, device). Runs of one configuration in a study are its repeats (results/compare,
 # results/summary).
+# What makes two runs the same configuration (results/compare, the summary's repeats, catalog
+# columns): the strategy, mesh, model (its family and shape included), batch, precision, recompute,
+# transport and device.
 KEY_FIELDS = ["plugin", "plugin_opts", "dp", "tp", "pp", "nodes", "ranks_per_node", "model",
-              "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch",
-              "recompute", "transport", "device"]
+              "arch", "layers", "hidden", "heads", "kv_heads", "ffn", "experts", "top_k",
+              "shared_experts", "capacity_factor", "aux_loss_coef", "seq", "vocab", "micro_batch",
+              "global_batch", "precision", "recompute", "transport", "device"]
+# /config attributes of those that older files lack, as such a run was (ffn and kv_heads follow
+# hidden and heads).
+OLD_FILE_CONFIG = {"arch": "gpt2", "experts": "0", "top_k": "0", "shared_experts": "0",
+                   "capacity_factor": "0", "aux_loss_coef": "0", "precision": "fp32"}
 
 
 def config_key(run, ignore=()):
@@ -500,9 +516,13 @@ def config_key(run, ignore=()):
 def describe(key):
     c = dict(zip(KEY_FIELDS, key))
     opts = " " + c["plugin_opts"] if c["plugin_opts"] else ""
-    return one_line("%s%s dp%s.tp%s.pp%s %sx%s %s mb%s/gb%s %s %s" % (
-        c["plugin"], opts, c["dp"], c["tp"], c["pp"], c["nodes"], c["ranks_per_node"], c["model"],
-        c["micro_batch"], c["global_batch"], c["transport"], c["device"]), 400)
+    precision = " " + c["precision"] if c["precision"] not in ("fp32", "*") else ""
+    model = c["model"]  # with its family where the name does not say it (mixtral-8x7b moe)
+    if c["arch"] not in ("gpt2", "*", "") and c["arch"] not in model:
+        model += " " + c["arch"]
+    return one_line("%s%s dp%s.tp%s.pp%s %sx%s %s mb%s/gb%s%s %s %s" % (
+        c["plugin"], opts, c["dp"], c["tp"], c["pp"], c["nodes"], c["ranks_per_node"], model,
+        c["micro_batch"], c["global_batch"], precision, c["transport"], c["device"]), 400)
 
 
 def group(runs, ignore=()):
