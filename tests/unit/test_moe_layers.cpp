@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/layers.hpp"
 #include "model/moe_dispatch.hpp"
 #include "random_inputs.hpp"
+#include "strata/types.hpp"
 
 namespace cpu = strata::cpu;
 using strata::MoeDispatch;
@@ -223,4 +225,53 @@ TEST(MoeDispatchPlan, CapacityPerSequenceAndDropless) {
           EXPECT_EQ(capped.token_of[capped.row_of[std::size_t(b * T + t) * k + j]], b * T + t);
       }
   }
+}
+
+// Expert parallelism's exchange: 3 ranks, 6 experts (2 each), each rank's own routing and plan.
+// The all_to_allv the layout describes, simulated with each row labelled (source rank, its row
+// in the source's plan): every rank receives exactly the rows its experts were given, and the
+// regrouped order puts each local expert's rows together, sources in rank order, each source's
+// rows in its plan's order. Counts that cannot be a layout are refused.
+TEST(MoeDispatchPlan, ExpertParallelExchange) {
+  const int ep = 3, E = 6, local = E / ep, B = 2, T = 7, k = 2, N = B * T;
+  std::mt19937 rng(29);
+  std::vector<MoeDispatch> plans;
+  std::vector<std::int32_t> counts;
+  for (int s = 0; s < ep; ++s) {
+    std::vector<std::int32_t> experts(std::size_t(N) * k);
+    for (int n = 0; n < N; ++n) {
+      experts[std::size_t(n) * k] = int(rng() % E);
+      experts[std::size_t(n) * k + 1] = (experts[std::size_t(n) * k] + 1 + int(rng() % 5)) % E;
+    }
+    plans.push_back(strata::moe_dispatch(experts.data(), B, T, E, k, s == 1 ? 2 : 0));
+    counts.insert(counts.end(), plans.back().count.begin(), plans.back().count.end());
+  }
+  std::vector<strata::MoeExchange> x;
+  for (int r = 0; r < ep; ++r) x.push_back(strata::moe_exchange(counts, r, ep, E));
+  for (int r = 0; r < ep; ++r) {
+    // What rank r receives: from each source s, s's rows for r, at recv_offset[s].
+    std::vector<std::pair<int, int>> received;
+    for (int s = 0; s < ep; ++s) {
+      EXPECT_EQ(x[r].recv_rows[s], x[s].send_rows[r]) << r << " from " << s;
+      EXPECT_EQ(x[r].recv_offset[s], std::int64_t(received.size()));
+      for (std::int64_t i = 0; i < x[s].send_rows[r]; ++i)
+        received.emplace_back(s, int(x[s].send_offset[r] + i));
+    }
+    ASSERT_EQ(x[r].order.size(), received.size());
+    // Regrouped: local expert l's rows, source by source, each in its plan's order.
+    std::vector<std::pair<int, int>> want;
+    for (int l = 0; l < local; ++l) {
+      const int e = r * local + l;
+      EXPECT_EQ(x[r].expert_offset[l], std::int32_t(want.size()));
+      for (int s = 0; s < ep; ++s)
+        for (int i = 0; i < plans[s].count[e]; ++i) want.emplace_back(s, plans[s].offset[e] + i);
+      EXPECT_EQ(x[r].expert_offset[l] + x[r].expert_rows[l], std::int32_t(want.size()));
+    }
+    std::vector<std::pair<int, int>> regrouped;
+    for (std::int32_t i : x[r].order) regrouped.push_back(received[std::size_t(i)]);
+    EXPECT_EQ(regrouped, want) << "rank " << r;
+  }
+  EXPECT_THROW(strata::moe_exchange(counts, 0, 4, E), strata::Error);      // 6 experts on 4 ranks
+  EXPECT_THROW(strata::moe_exchange(counts, 3, ep, E), strata::Error);     // no rank 3
+  EXPECT_THROW(strata::moe_exchange({1, 2, 3}, 0, ep, E), strata::Error);  // not ep x E counts
 }

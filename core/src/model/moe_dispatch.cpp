@@ -65,4 +65,41 @@ MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k
   return d;
 }
 
+MoeExchange moe_exchange(const std::vector<std::int32_t>& counts, int rank, int ep, int E) {
+  if (ep < 1 || E % ep != 0 || rank < 0 || rank >= ep ||
+      counts.size() != std::size_t(ep) * std::size_t(E))
+    throw Error("moe_exchange: " + std::to_string(counts.size()) + " counts for rank " +
+                std::to_string(rank) + " of " + std::to_string(ep) + " ranks and " +
+                std::to_string(E) + " experts (E a multiple of ep, ep x E counts)");
+  const int local = E / ep, first = rank * local;
+  auto count = [&](int s, int e) { return std::int64_t(counts[std::size_t(s) * E + e]); };
+  MoeExchange x;
+  x.send_rows.assign(std::size_t(ep), 0);
+  x.recv_rows.assign(std::size_t(ep), 0);
+  x.expert_rows.assign(std::size_t(local), 0);
+  for (int d = 0; d < ep; ++d)
+    for (int l = 0; l < local; ++l) {
+      x.send_rows[std::size_t(d)] += count(rank, d * local + l);
+      x.recv_rows[std::size_t(d)] += count(d, first + l);
+      x.expert_rows[std::size_t(l)] += std::int32_t(count(d, first + l));
+    }
+  auto offsets = [](const auto& n, auto& off) {
+    off.assign(n.size(), 0);
+    for (std::size_t i = 1; i < n.size(); ++i) off[i] = off[i - 1] + n[i - 1];
+  };
+  offsets(x.send_rows, x.send_offset);
+  offsets(x.recv_rows, x.recv_offset);
+  offsets(x.expert_rows, x.expert_offset);
+  // Regrouped row i <- received row order[i]: walk the local experts, each source's chunk of it.
+  x.order.reserve(std::size_t(x.recv_offset.back() + x.recv_rows.back()));
+  for (int l = 0; l < local; ++l)
+    for (int s = 0; s < ep; ++s) {
+      std::int64_t received = x.recv_offset[std::size_t(s)];  // source s's chunk of expert l
+      for (int m = 0; m < l; ++m) received += count(s, first + m);
+      for (std::int64_t r = 0; r < count(s, first + l); ++r)
+        x.order.push_back(std::int32_t(received + r));
+    }
+  return x;
+}
+
 }  // namespace strata

@@ -1,5 +1,6 @@
-// Which rows of the experts' input each token's routing choices take (--arch moe; not yet wired
-// into the model): the one dispatch plan the passes, their backward and the memory plan share.
+// Which rows of the experts' input each token's routing choices take (--arch moe): the one
+// dispatch plan the passes, their backward and the memory plan share; and, for expert
+// parallelism, how those rows travel between the ranks that hold the experts.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -30,6 +31,21 @@ STRATA_EXPORT_BEGIN  // for the tests
   // does not depend on the sequences beside it, so splitting a batch over micro-batches or ranks
   // keeps every token's experts. capacity 0: dropless.
   MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity);
+
+  // Expert parallelism's exchange of one moe block's rows (ep ranks, E experts, E / ep on each:
+  // expert e on rank e / (E / ep)), from counts[s E + e], the rows rank s's plan gives expert e
+  // (every rank's MoeDispatch::count, all-gathered). A plan's rows are in expert order, so the
+  // rows for one rank are contiguous: this rank sends send_rows[d] rows from send_offset[d] to
+  // rank d and receives recv_rows[s] rows from rank s at recv_offset[s], source after source (as
+  // all_to_allv lays them out). Received, each source's rows are in its local-expert order;
+  // the experts' GEMMs need each local expert's rows together: local expert l's are rows
+  // [expert_offset[l], + expert_rows[l]) of the regrouped order, from each source in rank order,
+  // and received row order[i] is regrouped row i (Megatron-Core's sort of chunks by expert).
+  struct MoeExchange {
+    std::vector<std::int64_t> send_rows, send_offset, recv_rows, recv_offset;
+    std::vector<std::int32_t> expert_rows, expert_offset, order;
+  };
+  MoeExchange moe_exchange(const std::vector<std::int32_t>& counts, int rank, int ep, int E);
 
   // This process's routing choices so far and those dropped over capacity (every moe block's
   // forward adds its micro-batch's; recomputes do not): what a run reports as
