@@ -90,15 +90,14 @@ MoeExchange moe_exchange(const std::vector<std::int32_t>& counts, int rank, int 
   offsets(x.send_rows, x.send_offset);
   offsets(x.recv_rows, x.recv_offset);
   offsets(x.expert_rows, x.expert_offset);
-  // Regrouped row i <- received row order[i]: walk the local experts, each source's chunk of it.
+  // Regrouped row i <- received row order[i]: walk the local experts, each source's chunk of it
+  // (a cursor per source through its received rows, which are in its local-expert order).
+  std::vector<std::int64_t> cursor = x.recv_offset;
   x.order.reserve(std::size_t(x.recv_offset.back() + x.recv_rows.back()));
   for (int l = 0; l < local; ++l)
-    for (int s = 0; s < ep; ++s) {
-      std::int64_t received = x.recv_offset[std::size_t(s)];  // source s's chunk of expert l
-      for (int m = 0; m < l; ++m) received += count(s, first + m);
+    for (int s = 0; s < ep; ++s)
       for (std::int64_t r = 0; r < count(s, first + l); ++r)
-        x.order.push_back(std::int32_t(received + r));
-    }
+        x.order.push_back(std::int32_t(cursor[std::size_t(s)]++));
   return x;
 }
 
