@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "strata/stage_model.hpp"
@@ -332,9 +333,10 @@ TEST(StageModel, UnitAtATimePassesEqualTheWholeBuffer) {
 class ThreadGroup final : public Group {
  public:
   struct Shared {
-    explicit Shared(int n) : sync(n), posted(n) {}
+    explicit Shared(int n) : sync(n), posted(n), counts(n) {}
     std::barrier<> sync;
     std::vector<const float*> posted;
+    std::vector<const std::vector<std::size_t>*> counts;  // all_to_allv: each rank's send counts
   };
   ThreadGroup(Shared& shared, int rank, int size, CommLedger* ledger)
       : Group("tp", rank, size, ledger), shared_(shared) {}
@@ -362,11 +364,11 @@ class ThreadGroup final : public Group {
       }
     });
   }
-  void do_all_gather(BufferView in, BufferView out) override {
-    float* o = static_cast<float*>(out.data);
+  void do_all_gather(BufferView in, BufferView out) override {  // any dtype (moe's i32 counts)
+    char* o = static_cast<char*>(out.data);
     exchange(static_cast<const float*>(in.data), [&] {
       for (int k = 0; k < size(); ++k)
-        std::copy_n(shared_.posted[k], in.count, o + std::size_t(k) * in.count);
+        std::memcpy(o + std::size_t(k) * in.bytes(), shared_.posted[k], in.bytes());
     });
   }
   void do_broadcast(BufferView, int) override { FAIL() << "not used by the model"; }
@@ -374,9 +376,24 @@ class ThreadGroup final : public Group {
   void do_send(BufferView, int, int) override { FAIL() << "not used by the model"; }
   void do_recv(BufferView, int, int) override { FAIL() << "not used by the model"; }
   void do_barrier() override { shared_.sync.arrive_and_wait(); }
-  void do_all_to_all(BufferView, const std::vector<std::size_t>&, BufferView,
-                     const std::vector<std::size_t>&) override {
-    FAIL() << "not used by the model";
+  // all_to_allv (expert parallelism): from each rank k the block its send counts put here.
+  void do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                     const std::vector<std::size_t>& recv_counts) override {
+    shared_.counts[rank()] = &send_counts;
+    const std::size_t elem = dtype_size(in.dtype);
+    exchange(static_cast<const float*>(in.data), [&] {
+      std::size_t at = 0;
+      for (int k = 0; k < size(); ++k) {
+        const std::vector<std::size_t>& theirs = *shared_.counts[k];
+        std::size_t from = 0;
+        for (int j = 0; j < rank(); ++j) from += theirs[j];
+        ASSERT_EQ(theirs[rank()], recv_counts[k]) << "from rank " << k;
+        std::memcpy(static_cast<char*>(out.data) + at * elem,
+                    reinterpret_cast<const char*>(shared_.posted[k]) + from * elem,
+                    recv_counts[k] * elem);
+        at += recv_counts[k];
+      }
+    });
   }
 
  private:
@@ -548,6 +565,164 @@ TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMem
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expert parallelism: ep ranks as threads, each with its own micro-batch, its experts' rows
+// exchanged through the ExpertParallelComm (all_to_allv).
+
+// The default comm, counting the bytes each all_to_allv sends, as the ledger records them.
+class CountingExpertParallelComm final : public ExpertParallelComm {
+ public:
+  CountingExpertParallelComm(Group& g, std::uint64_t& bytes) : sync_(g), bytes_(bytes) {}
+  int rank() const override { return sync_.rank(); }
+  int size() const override { return sync_.size(); }
+  void all_gather(BufferView mine, BufferView all) override { sync_.all_gather(mine, all); }
+  void all_to_allv(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
+                   const std::vector<std::size_t>& recv_counts) override {
+    bytes_ += in.bytes();
+    sync_.all_to_allv(in, send_counts, out, recv_counts);
+  }
+
+ private:
+  SyncExpertParallelComm sync_;
+  std::uint64_t& bytes_;
+};
+
+// Micro-batch `k` of B sequences: different tokens for each k.
+struct RankTokens {
+  std::vector<std::int32_t> in, tg;
+  RankTokens(const ModelSpec& spec, int B, int k) : in(std::size_t(B) * spec.seq), tg(in.size()) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      in[i] = std::int32_t((i * 37 + 11 * k + 3) % spec.vocab);
+      tg[i] = std::int32_t((i * 53 + 7 * k + 5) % spec.vocab);
+    }
+  }
+  MicroBatch mb(int B, int T) const { return {in.data(), tg.data(), B, T}; }
+};
+
+struct EpResult {
+  double loss = 0, aux = 0;
+  std::vector<float> grads;
+  std::vector<LocalTensor> tensors;
+  std::uint64_t activation_peak = 0, exchanged = 0, ledger_all_to_all = 0;
+};
+
+// Micro-batch `k`'s forward and backward on the partition `part`, gradients scaled for the mean
+// over `ranks` micro-batches.
+EpResult run_ep_rank(const ModelSpec& spec, int B, const Partition& part, Recompute r, int k,
+                     int ranks, Group* group, CommLedger* ledger) {
+  MemoryLedger mem;
+  StageModel m(spec, B, part, mem, r);
+  EpResult out;
+  CountingExpertParallelComm comm(*group, out.exchanged);
+  if (part.ep_size > 1) m.set_expert_comm(&comm);
+  std::vector<float> params(m.param_count());
+  out.grads.assign(m.param_count(), 0.0f);
+  m.init_params(5, view(params.data(), params.size()));
+  const RankTokens tokens(spec, B, k);
+  const int slot = m.acquire_slot();
+  m.forward(slot, view(params.data(), params.size()), tokens.mb(B, spec.seq), nullptr);
+  out.loss = m.loss_sum(slot);
+  out.aux = m.aux_loss_sum(slot);
+  m.backward(slot, view(params.data(), params.size()), view(out.grads.data(), out.grads.size()),
+             nullptr, 1.0f / float(ranks * B * spec.seq));
+  out.tensors = m.tensors();
+  out.activation_peak = mem.peak(MemTag::activations);
+  if (ledger)
+    for (const CommRecord& c : ledger->records())
+      if (c.op == CommOp::all_to_all) out.ledger_all_to_all += c.bytes;
+  return out;
+}
+
+std::vector<EpResult> run_ep(const ModelSpec& spec, int B, int ep, Recompute r) {
+  ThreadGroup::Shared shared(ep);
+  std::vector<EpResult> results(ep);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ep; ++rank)
+    threads.emplace_back([&, rank] {
+      CommLedger ledger;
+      ThreadGroup group(shared, rank, ep, &ledger);
+      Partition part = whole_model(spec);
+      part.ep_size = ep, part.ep_rank = rank;
+      results[rank] = run_ep_rank(spec, B, part, r, rank, ep, &group, &ledger);
+    });
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// tiny-moe's experts over ep = 2 and 4 ranks (dropless; with a capacity and a shared expert; with
+// recompute): each rank's loss and load-balancing loss are those of its micro-batch on one rank,
+// its non-expert gradients that micro-batch's, and its experts' gradients the sum of every
+// micro-batch's for those experts (their rows came from every rank); activations as predicted.
+TEST(StageModelExpertParallel, RanksEqualOneRankOnEachMicroBatch) {
+  ModelSpec capped = model_preset("tiny-moe");
+  capped.capacity_factor = 1.0, capped.shared_experts = 1;
+  for (const auto& [spec, ep, r] :
+       {std::tuple{model_preset("tiny-moe"), 2, Recompute::none},
+        std::tuple{model_preset("tiny-moe"), 4, Recompute::none},
+        std::tuple{capped, 2, Recompute::none}, std::tuple{capped, 2, Recompute::full},
+        std::tuple{model_preset("tiny-moe"), 4, Recompute::selective}}) {
+    SCOPED_TRACE("ep " + std::to_string(ep) + " capacity " + std::to_string(spec.capacity_factor) +
+                 " " + recompute_name(r));
+    const int B = 2;
+    const ParamLayout layout(spec);
+    std::vector<EpResult> ref;
+    for (int k = 0; k < ep; ++k) {  // micro-batch k alone on one rank
+      ThreadGroup::Shared one(1);
+      ThreadGroup group(one, 0, 1, nullptr);
+      ref.push_back(
+          run_ep_rank(spec, B, whole_model(spec), Recompute::none, k, ep, &group, nullptr));
+      ref.back().tensors.clear();
+    }
+    const std::vector<EpResult> got = run_ep(spec, B, ep, r);
+    double max_g = 0;
+    for (const EpResult& x : ref)
+      for (float g : x.grads) max_g = std::max(max_g, double(std::fabs(g)));
+    ASSERT_GT(max_g, 1e-4);
+    for (int rank = 0; rank < ep; ++rank) {
+      const EpResult& mine = got[rank];
+      EXPECT_NEAR(mine.loss, ref[rank].loss, 1e-6 * std::fabs(ref[rank].loss)) << rank;
+      EXPECT_NEAR(mine.aux, ref[rank].aux, 1e-9 + 1e-6 * std::fabs(ref[rank].aux)) << rank;
+      Partition part = whole_model(spec);
+      part.ep_size = ep, part.ep_rank = rank;
+      EXPECT_EQ(mine.activation_peak, predict_activations(spec, B, part, r).total(1)) << rank;
+      EXPECT_GT(mine.exchanged, 0u);
+      EXPECT_EQ(mine.exchanged, mine.ledger_all_to_all) << "every exchange went through the comm";
+      std::size_t expert_elements = 0;
+      for (const LocalTensor& lt : mine.tensors) {
+        const TensorInfo& t = layout.tensors()[lt.global];
+        const bool expert = lt.shard == ShardKind::experts;
+        ASSERT_EQ(lt.count, expert ? t.count / ep : t.count) << t.name;
+        expert_elements += expert ? lt.count : 0;
+        for (std::size_t i = 0; i < lt.count; ++i) {
+          const std::size_t g = t.offset + (expert ? rank * lt.count : 0) + i;
+          double want = ref[rank].grads[g];
+          if (expert) {
+            want = 0;
+            for (const EpResult& x : ref) want += x.grads[g];
+          }
+          ASSERT_NEAR(mine.grads[lt.offset + i], want, 1e-5 * std::fabs(want) + 1e-7 * max_g)
+              << t.name << " element " << i << " on rank " << rank;
+        }
+      }
+      EXPECT_EQ(expert_elements,
+                std::size_t(spec.layers) * 3 * spec.experts * spec.ffn * spec.hidden / ep);
+    }
+  }
+}
+
+TEST(StageModelExpertParallel, ImpossibleSplitsAreRefused) {
+  const ModelSpec moe = model_preset("tiny-moe");  // 4 experts
+  EXPECT_NO_THROW(validate_expert_parallel(moe, 4));
+  EXPECT_THROW(validate_expert_parallel(moe, 3), ConfigError);
+  EXPECT_THROW(validate_expert_parallel(moe, 0), ConfigError);
+  EXPECT_THROW(validate_expert_parallel(model_preset("tiny-llama"), 2), ConfigError);
+  EXPECT_NO_THROW(validate_expert_parallel(model_preset("tiny"), 1));
+  MemoryLedger mem;
+  Partition part = whole_model(moe);
+  part.ep_size = 2, part.ep_rank = 2;
+  EXPECT_THROW(StageModel(moe, 1, part, mem), Error);
 }
 
 }  // namespace

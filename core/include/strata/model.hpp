@@ -260,13 +260,17 @@ bool parse_recompute(const std::string& name, Recompute* out);
 
 // Which part of the model one rank computes: a contiguous unit range (a pipeline stage or chunk,
 // or the whole model) with every tensor split across a tensor-parallel group of tp_size ranks
-// (strata/stage_model.hpp says how), optionally with sequence parallelism.
+// (strata/stage_model.hpp says how), optionally with sequence parallelism; for --arch moe, its
+// routed experts split across an expert-parallel group of ep_size ranks (E / ep_size experts on
+// each, expert e on rank e / (E / ep_size); strata/expert_parallel.hpp).
 struct Partition {
   int first_unit = 0;  // units [first_unit, last_unit]: 0 embedding, 1..L blocks, L+1 head
   int last_unit = 0;
   int tp_size = 1;
   int tp_rank = 0;
   bool sequence_parallel = false;
+  int ep_size = 1;
+  int ep_rank = 0;
 };
 // All units at tp 1: the whole model (Context::model()).
 Partition whole_model(const ModelSpec& spec);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "strata/comm.hpp"
+#include "strata/expert_parallel.hpp"
 #include "strata/export.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
@@ -43,13 +44,19 @@ namespace strata {
 void validate_tensor_parallel(const ModelSpec& spec, int micro_batch, int tp,
                               bool sequence_parallel);
 
+// Throws ConfigError (one line, naming the option) if the model's experts cannot be split ep ways:
+// ep > 1 needs --arch moe and must divide the routed experts.
+void validate_expert_parallel(const ModelSpec& spec, int ep);
+
 // How a local tensor is cut from the global one.
 enum class ShardKind {
   replicated,    // whole tensor on every tp rank
   rows,          // a contiguous block of rows (wte, lm_head, fc_w, fc_b)
   stacked_rows,  // this rank's part of each stacked block of rows (LocalTensor::stacked): its
                  // heads of q, k and v (qkv_w, qkv_b), its rows of gate and up (gate_up_w)
-  columns        // a block of input columns (proj_w, fcproj_w, down_w)
+  columns,       // a block of input columns (proj_w, fcproj_w, down_w)
+  experts        // moe's routed experts (experts.gate_up_w, experts.down_w): the ep rank's block
+                 // of E / ep whole experts, over the expert-parallel group (Partition::ep_size)
 };
 
 struct LocalTensor {
@@ -133,6 +140,10 @@ class StageModel {
   // d(input) after backward, on a stage without the embedding (kept in the slot until released;
   // fp32).
   const float* input_grad(int slot) const;
+
+  // The expert-parallel exchanges (expert_parallel.hpp) the passes of an ep_size > 1 partition
+  // issue, from now on (a strategy's, e.g. SyncExpertParallelComm over its ep group; not owned).
+  void set_expert_comm(ExpertParallelComm* ep);
 
   // Forward of the partition for micro-batch mb (its tokens, if needed, are copied into the slot).
   // `tp`: the tensor-parallel collectives (tensor_parallel.hpp; SyncTensorParallelComm over the tp

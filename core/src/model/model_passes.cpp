@@ -53,7 +53,10 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
   for (std::size_t i = 0; i < kinds.size(); ++i) {
     block_off_[kinds[i]] = at;
     const std::size_t n = layout.tensors()[first + int(i)].count;
-    at += block_shard(spec.arch, kinds[i]) == ShardKind::replicated ? n : n / part.tp_size;
+    const ShardKind shard = block_shard(spec.arch, kinds[i]);
+    at += shard == ShardKind::replicated ? n
+          : shard == ShardKind::experts  ? n / part.ep_size
+                                         : n / part.tp_size;
   }
   Carver count;
   g_.carve(alloc_, r, param_dtype, count);
@@ -366,13 +369,64 @@ namespace {
 ActView act_at(ActView v, std::size_t offset) {
   return v.is_bf16() ? ActView(v.half() + offset) : ActView(v.f32() + offset);
 }
-// f(expert e, its first row r0, rows) for each expert the dispatch plan in a gave rows.
+// f(local expert e, its first row r0 of xg, rows) for each of this rank's experts with rows: the
+// dispatch plan's segments, or at ep > 1 the regrouped received rows'.
 template <class F>
 void each_expert_rows(const BlockActs& a, F&& f) {
-  for (std::size_t e = 0; e < a.expert_rows.size(); ++e)
-    if (a.expert_rows[e] > 0) f(e, std::size_t(a.expert_offset[e]), a.expert_rows[e]);
+  const bool ep = !a.ex.recv_rows.empty();  // an exchange was planned: ep > 1
+  const std::vector<std::int32_t>& rows = ep ? a.ex.expert_rows : a.expert_rows;
+  const std::vector<std::int32_t>& offset = ep ? a.ex.expert_offset : a.expert_offset;
+  for (std::size_t e = 0; e < rows.size(); ++e)
+    if (rows[e] > 0) f(e, std::size_t(offset[e]), rows[e]);
+}
+// Elements of `rows` rows of C.
+std::vector<std::size_t> row_elements(const std::vector<std::int64_t>& rows, int C) {
+  std::vector<std::size_t> n;
+  for (std::int64_t r : rows) n.push_back(std::size_t(r) * std::size_t(C));
+  return n;
+}
+BufferView rows_view(ActView v, std::size_t rows, int C) {
+  return {v.data, rows * std::size_t(C), v.dtype};
 }
 }  // namespace
+
+// Expert parallelism: every rank's rows per expert all-gathered over ep, this block's exchange
+// (MoeExchange), and the regrouping's permutation and its inverse copied to the device.
+void ModelPasses::plan_exchange(BlockActs& a) {
+  const Dims& d = run_;
+  if (!ep_)
+    throw Error("model: an expert-parallel partition (ep " + std::to_string(d.ep) +
+                ") was run without StageModel::set_expert_comm");
+  std::vector<std::int32_t> counts(std::size_t(d.ep) * d.E);
+  ep_->all_gather({a.expert_rows.data(), a.expert_rows.size(), DType::i32},
+                  {counts.data(), counts.size(), DType::i32});
+  a.ex = moe_exchange(counts, part_.ep_rank, d.ep, d.E);
+  const std::size_t n = a.ex.order.size();
+  std::vector<std::int32_t> inverse(n);
+  for (std::size_t i = 0; i < n; ++i) inverse[std::size_t(a.ex.order[i])] = std::int32_t(i);
+  copy_bytes(memory_.device(), a.ep_order, a.ex.order.data(), n * sizeof(std::int32_t));
+  copy_bytes(memory_.device(), a.ep_inverse, inverse.data(), n * sizeof(std::int32_t));
+}
+
+// Rows [rows, C] of this rank's plan (in expert order, so rank by rank) to the ranks holding their
+// experts, the rows from every rank into `received` regrouped by local expert (`to` [Rx, C]).
+void ModelPasses::dispatch_rows(const BlockActs& a, ActView from, ActView staging, ActView to) {
+  const int C = run_.C;
+  const std::size_t n = a.ex.order.size();
+  ep_->all_to_allv(rows_view(from, std::size_t(a.rows), C), row_elements(a.ex.send_rows, C),
+                   rows_view(staging, n, C), row_elements(a.ex.recv_rows, C));
+  k_.moe_gather(to, staging, a.ep_order, int(n), C);
+}
+
+// The inverse: rows regrouped by local expert (`from` [Rx, C], fp32) back to the ranks whose
+// tokens they are, into `to` [rows, C] in this rank's plan order.
+void ModelPasses::combine_rows(const BlockActs& a, float* from, float* staging, float* to) {
+  const int C = run_.C;
+  const std::size_t n = a.ex.order.size();
+  k_.moe_gather(staging, from, a.ep_inverse, int(n), C);
+  ep_->all_to_allv(view(staging, n * C), row_elements(a.ex.recv_rows, C),
+                   view(to, std::size_t(a.rows) * C), row_elements(a.ex.send_rows, C));
+}
 
 // The router (its logits in b, fp32), top-k, the plan; then each expert's gate | up, SwiGLU and
 // down on its rows of xe (ln2's rows gathered), and the gate-weighted sum of each token's experts,
@@ -386,17 +440,25 @@ void ModelPasses::moe_forward(BlockActs& a, BufferView p, float* y, bool recompu
   const std::int64_t dropped = plan_dispatch(a);
   if (!recomputing) add_moe_routing(std::int64_t(N) * k, dropped);
   k_.moe_gather(a.xe, a.ln2_full, a.token_of, int(a.rows), C);
+  if (d.ep > 1) {  // the rows to the experts' ranks, xg the rows of this rank's experts
+    plan_exchange(a);
+    const ActView staging =
+        a.xg.is_bf16() ? ActView(reinterpret_cast<bf16*>(g_.ep_a)) : ActView(g_.ep_a);
+    dispatch_rows(a, a.xe, staging, a.xg);
+  }
   const int SF = int(d.SF);
   if (SF > 0) {  // the shared experts: one SwiGLU MLP every token goes through
     matmul_forward(a.sfch, a.ln2_full, at(p, o[kSharedFcW]), nullptr, N, C, 2 * SF);
     k_.swiglu_forward(a.sfch_act, a.sfch, N, SF);
   }
+  float* out = d.ep > 1 ? g_.ep_b : a.eout;  // the local experts' outputs, xg's rows
   each_expert_rows(a, [&](std::size_t e, std::size_t r0, int rows) {
     const ActView fch = act_at(a.fch, r0 * FC), act = act_at(a.fch_act, r0 * F);
-    matmul_forward(fch, act_at(a.xe, r0 * C), at(p, o[kFcW] + e * FC * C), nullptr, rows, C, FC);
+    matmul_forward(fch, act_at(a.xg, r0 * C), at(p, o[kFcW] + e * FC * C), nullptr, rows, C, FC);
     k_.swiglu_forward(act, fch, rows, F);
-    matmul_forward(a.eout + r0 * C, act, at(p, o[kFcprojW] + e * C * F), nullptr, rows, F, C);
+    matmul_forward(out + r0 * C, act, at(p, o[kFcprojW] + e * C * F), nullptr, rows, F, C);
   });
+  if (d.ep > 1) combine_rows(a, g_.ep_b, g_.ep_a, a.eout);  // eout: this rank's rows' outputs
   if (recomputing) return;
   k_.moe_combine(y, a.eout, a.row_of, a.gates, N, k, C);
   if (SF == 0) return;
@@ -417,18 +479,28 @@ void ModelPasses::moe_backward(const BlockActs& a, BufferView p, BufferView g, c
   float *dprobs = g_.moe_router, *dlogits = dprobs + d.N * E, *dgates = dlogits + d.N * E;
   float* aux_scratch = dgates + d.N * k;
   k_.moe_combine_backward(drows, dgates, dy, a.eout, a.row_of, a.gates, N, k, C);
+  // The local experts' d(output) rows, d(input) over them: d(eout) itself, or at ep > 1 what the
+  // ranks whose tokens they are send back (regrouped, in ep_b)
+  float* dexp = drows;
+  std::size_t expert_rows = std::size_t(a.rows);
+  if (d.ep > 1) {
+    dispatch_rows(a, drows, g_.ep_a, g_.ep_b);
+    dexp = g_.ep_b;
+    expert_rows = a.ex.order.size();
+  }
   each_expert_rows(a, [&](std::size_t e, std::size_t r0, int rows) {  // down: d(act) into a
     const std::size_t w = o[kFcprojW] + e * C * F;
-    matmul_backward(g_.a + r0 * F, at(g, w), nullptr, drows + r0 * C, act_at(a.fch_act, r0 * F),
+    matmul_backward(g_.a + r0 * F, at(g, w), nullptr, dexp + r0 * C, act_at(a.fch_act, r0 * F),
                     at(p, w), rows, F, C);
   });
-  k_.zero(g_.b, std::size_t(a.rows) * FC);
-  k_.swiglu_backward(g_.b, a.fch, g_.a, int(a.rows), F);
-  each_expert_rows(a, [&](std::size_t e, std::size_t r0, int rows) {  // gate | up: d(xe) / d(eout)
+  k_.zero(g_.b, expert_rows * FC);
+  k_.swiglu_backward(g_.b, a.fch, g_.a, int(expert_rows), F);
+  each_expert_rows(a, [&](std::size_t e, std::size_t r0, int rows) {  // gate | up: d(xg) / d(out)
     const std::size_t w = o[kFcW] + e * FC * C;
-    matmul_backward(drows + r0 * C, at(g, w), nullptr, g_.b + r0 * FC, act_at(a.xe, r0 * C),
+    matmul_backward(dexp + r0 * C, at(g, w), nullptr, g_.b + r0 * FC, act_at(a.xg, r0 * C),
                     at(p, w), rows, C, FC);
   });
+  if (d.ep > 1) combine_rows(a, g_.ep_b, g_.ep_a, drows);  // d(xe) of this rank's rows
   const float coef = float(spec_.aux_loss_coef);
   if (coef > 0)
     k_.moe_aux_loss_backward(dprobs, aux_scratch, a.experts, d.B, d.T, E, k,

@@ -11,6 +11,7 @@
 
 #include "backends/kernels.hpp"
 #include "model/model_parts.hpp"
+#include "model/moe_dispatch.hpp"
 #include "strata/comm.hpp"
 #include "strata/export.hpp"
 #include "strata/memory.hpp"
@@ -44,9 +45,11 @@ struct Dims {
   // row0: first token row; att: floats of the attention's state (attention_state_floats)
   std::size_t N, Nl, Cl, NHl, KVl, hs, QKVl, Fl, FCl, Vl, row0, att;
   // moe: E experts, topk per token, capacity per expert and sequence (0: dropless), R the most
-  // rows the experts take (moe_max_rows), SF the shared experts' hidden size; 0 otherwise
-  int E, topk, capacity;
-  std::size_t R, SF;
+  // rows this rank's tokens send to the experts (moe_max_rows), SF the shared experts' hidden
+  // size; 0 otherwise. Expert parallelism: ep ranks, El = E / ep experts here, Rx the most rows
+  // they receive from all ranks (R at ep 1; expert_rows_received)
+  int E, topk, capacity, ep, El;
+  std::size_t R, SF, Rx;
   // attention_bf16: the device's attention takes bf16 q | k | v and output
   // (attention_writes_bf16)
   bool attention_bf16;
@@ -93,6 +96,13 @@ struct BlockActs {
   ActView sfch, sfch_act;  // moe with shared experts: their [N,2SF] gate | up, [N,SF] SwiGLU
   std::vector<std::int32_t> expert_offset, expert_rows;
   std::int64_t rows = 0;
+  // Expert parallelism (ep > 1; else xg is xe, the rest empty): the rows this rank's experts
+  // received, regrouped by local expert, xg [Rx,C] (the experts' GEMMs' input; fch and fch_act
+  // are theirs, Rx rows), the regrouping's permutation and its inverse [Rx] (MoeExchange::order),
+  // and on the host the block's exchange (its expert segments are xg's).
+  ActView xg;
+  std::int32_t *ep_order = nullptr, *ep_inverse = nullptr;
+  MoeExchange ex;
   // gemm_in: the dtype of the GEMM inputs (the parameters').
   void carve(const Dims& d, bool with_att, DType gemm_in, Carver& c);
 };
@@ -134,6 +144,9 @@ struct Scratch {
   // their output); moe_router [N,E] d(probs) | [N,E] d(logits) | [N,k] d(gates) | [B,E] the
   // load-balancing loss's per-sequence fractions
   float *moe_rows, *moe_router;
+  // moe at ep > 1: two [Rx,C] staging buffers of the exchange (what arrives, what leaves); fp32
+  // or, for the experts' input, in the GEMMs' dtype
+  float *ep_a, *ep_b;
   float* rope;  // llama blocks: the rotary table [T, hs/2, 2] (rope_table), written once
   BlockActs shared;
   void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);
@@ -209,6 +222,8 @@ class ModelPasses {
   void set_batch(int batch);
   int batch() const { return run_.B; }
   float* dres() { return g_.dres; }
+  // The expert-parallel exchanges of an ep_size > 1 partition (not owned).
+  void set_expert_comm(ExpertParallelComm* ep) { ep_ = ep; }
 
   // Parameters and gradients are views of a unit's elements (the embedding: wte and GPT-2's wpe,
   // none for a llama; the head: the final norm's weight (| bias), and the LM head's weight: wte
@@ -285,6 +300,10 @@ class ModelPasses {
   // The dispatch plan of a's routing choices, made on the host (MoeDispatch): its device arrays and
   // its expert segments in a; returns the choices dropped.
   std::int64_t plan_dispatch(BlockActs& a);
+  // Expert parallelism (model_passes.cpp): the block's exchange, and its two all_to_allv trips.
+  void plan_exchange(BlockActs& a);
+  void dispatch_rows(const BlockActs& a, ActView from, ActView staging, ActView to);
+  void combine_rows(const BlockActs& a, float* from, float* staging, float* to);
   float* sublayer_output(ActView x);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
   void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView lm_head,
@@ -297,6 +316,7 @@ class ModelPasses {
   Dims alloc_, run_;
   MemoryLedger& memory_;
   std::size_t block_off_[kBlockTensors] = {};
+  ExpertParallelComm* ep_ = nullptr;
   Buffer<float> scratch_memory_;
   Scratch g_;
   // bf16 tp comm only (else empty): [N,C] for an all-reduce or a gather's full rows, then with

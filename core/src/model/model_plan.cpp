@@ -16,6 +16,8 @@
 namespace strata {
 
 ShardKind block_shard(Arch arch, int k) {
+  if (arch == Arch::moe && (k == kFcW || k == kFcprojW))  // the routed experts: by expert over ep
+    return ShardKind::experts;
   if (arch == Arch::moe && k != kQkvW && k != kProjW)  // no tp for moe (validate_tensor_parallel)
     return ShardKind::replicated;
   switch (k) {
@@ -63,6 +65,17 @@ void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool 
                       " token rows)");
 }
 
+void validate_expert_parallel(const ModelSpec& s, int ep) {
+  const std::string what = "--mesh ep=" + std::to_string(ep);
+  if (ep < 1) throw ConfigError(what + ": must be >= 1");
+  if (ep == 1) return;
+  if (s.arch != Arch::moe)
+    throw ConfigError(what + ": expert parallelism needs a mixture of experts (--arch moe)");
+  if (s.experts % ep != 0)
+    throw ConfigError(what + ": must divide the experts (--experts " + std::to_string(s.experts) +
+                      ")");
+}
+
 void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute r,
                         DType param_dtype, Device device) {
   validate_model_spec(s);
@@ -74,6 +87,12 @@ void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute
   if (p.tp_rank < 0 || p.tp_rank >= p.tp_size)
     throw Error("model: tp rank " + std::to_string(p.tp_rank) + " of " + std::to_string(p.tp_size));
   validate_tensor_parallel(s, B, p.tp_size, p.sequence_parallel);
+  validate_expert_parallel(s, p.ep_size);
+  if (p.ep_rank < 0 || p.ep_rank >= p.ep_size)
+    throw Error("model: ep rank " + std::to_string(p.ep_rank) + " of " + std::to_string(p.ep_size));
+  if (p.ep_size > 1 && device != Device::cpu)
+    throw ConfigError("--mesh ep=" + std::to_string(p.ep_size) +
+                      ": expert parallelism runs on the CPU backend so far; use ep=1 on a GPU");
   if (r != Recompute::none && r != Recompute::full && r != Recompute::selective)
     throw ConfigError("model: recompute must be one of none, full, selective; got value " +
                       std::to_string(int(r)));
@@ -113,6 +132,9 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   topk = moe ? s.top_k : 0;
   capacity = moe ? moe_capacity(s.capacity_factor, T, E, topk) : 0;
   R = moe ? std::size_t(moe_max_rows(B, T, E, topk, capacity)) : 0;
+  ep = p.ep_size;
+  El = moe ? E / ep : 0;
+  Rx = moe ? std::size_t(moe_max_rows_received(B, T, E, topk, capacity, ep)) : 0;
   SF = moe ? std::size_t(s.shared_experts) * Fl : 0;
 }
 
@@ -139,7 +161,7 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   ln2_mean = d.llama ? nullptr : c.take(Nl);
   ln2_rstd = c.take(Nl);
   ln2_full = d.sp ? c.take(N * C, gemm_in) : ln2;
-  const std::size_t rows = d.moe ? d.R : N;  // the MLP's rows: moe's experts take R at most
+  const std::size_t rows = d.moe ? d.Rx : N;  // the MLP's rows: moe's experts take Rx at most
   if (d.moe) {
     probs = c.take(N * d.E);
     experts = c.take_i32(N * d.topk);
@@ -148,6 +170,12 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
     token_of = c.take_i32(d.R);
     xe = c.take(d.R * C, gemm_in);
     eout = c.take(d.R * C);
+    xg = xe;
+    if (d.ep > 1) {
+      xg = c.take(d.Rx * C, gemm_in);
+      ep_order = c.take_i32(d.Rx);
+      ep_inverse = c.take_i32(d.Rx);
+    }
     if (d.SF > 0) {
       sfch = c.take(N * 2 * d.SF, gemm_in);
       sfch_act = c.take(N * d.SF, gemm_in);
@@ -170,9 +198,9 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
   const int N = int(d.N);
   std::size_t most = 0;
   // moe's experts: their rows vary with the routing; sized here at the balanced load and at all
-  // R rows (a GEMM that asks more takes the backend's own per-thread scratchpad).
+  // Rx rows (a GEMM that asks more takes the backend's own per-thread scratchpad).
   if (d.blocks > 0 && d.moe)
-    for (int M : {int(d.R), int((d.R + d.E - 1) / d.E)})
+    for (int M : {int(d.Rx), int((d.Rx + d.El - 1) / d.El)})
       for (auto [ic, oc] : {std::pair{C, d.FCl}, std::pair{d.Fl, C}})
         for (bool bf16_grad : {false, true})
           most = std::max(
@@ -213,7 +241,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
     // attention writes fp32 (attention_writes_bf16; every other GEMM input is written in bf16).
     const std::size_t widest =
         std::max({std::size_t(C), d.FCl, d.QKVl, std::size_t(d.E), 2 * d.SF});
-    const std::size_t mlp_rows = std::max(N, d.R);  // moe's experts round R rows at most
+    const std::size_t mlp_rows = std::max({N, d.R, d.Rx});  // moe's experts round Rx at most
     op_in = d.blocks > 0 && !d.attention_bf16 ? take_bf16(c, N * d.Cl) : nullptr;
     // The head's d(logits) is the slot's bf16 dlogits: op_out serves the blocks' matmuls only.
     op_out = d.blocks > 0 ? take_bf16(c, mlp_rows * widest) : nullptr;
@@ -231,7 +259,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   shard = d.sp ? c.take(d.Nl * C) : partial;
   rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.T) * d.hs) : nullptr;
   Carver head{c.base, c.used}, block{c.base, c.used};
-  logits = ce = a = b = moe_rows = moe_router = nullptr;
+  logits = ce = a = b = moe_rows = moe_router = ep_a = ep_b = nullptr;
   shared = BlockActs{};
   if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
     const std::size_t rows = bf16_params ? head_chunk_rows(d) : N;
@@ -243,12 +271,16 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
     // outputs of a bf16 run [N,QKVl] or [N,FCl]. b: d(fch) [N,FCl], the attention's backward
     // scratch, then grouped-query attention's d(q | k | v) [N,QKVl]; in forward its q | k | v.
     // moe: R rows of an expert's gate | up, or N of the shared experts'
-    const std::size_t mlp = std::max({N * d.FCl, d.R * d.FCl, N * 2 * d.SF});
+    const std::size_t mlp = std::max({N * d.FCl, d.Rx * d.FCl, N * 2 * d.SF});
     a = block.take(std::max(mlp, 3 * N * d.Cl));
     b = block.take(std::max({mlp, d.att, N * d.QKVl, N * d.E}));  // moe: the router's logits
     if (d.moe) {
       moe_rows = block.take(std::max(d.R, N) * C);
       moe_router = block.take(N * (2 * d.E + d.topk) + std::size_t(d.B) * d.E);
+      if (d.ep > 1) {
+        ep_a = block.take(d.Rx * C);
+        ep_b = block.take(d.Rx * C);
+      }
     }
     if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
     if (r == Recompute::selective) shared.att = block.take(d.att);

@@ -30,6 +30,13 @@ std::int64_t moe_max_rows(int B, int T, int E, int k, int capacity) {
   return capacity > 0 ? std::min(all, std::int64_t(B) * E * capacity) : all;
 }
 
+std::int64_t moe_max_rows_received(int B, int T, int E, int k, int capacity, int ep) {
+  const int local = E / ep;  // a token's k choices are distinct experts
+  const std::int64_t from_one = std::int64_t(B) * T * std::min(k, local);
+  return std::int64_t(ep) *
+         (capacity > 0 ? std::min(from_one, std::int64_t(B) * local * capacity) : from_one);
+}
+
 MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity) {
   const std::int64_t N = std::int64_t(B) * T, choices = N * k;
   MoeDispatch d;

@@ -24,6 +24,10 @@ STRATA_EXPORT_BEGIN  // for the tests
   // The most rows a micro-batch of B sequences can take: B E capacity, at most B T k (dropless:
   // B T k).
   std::int64_t moe_max_rows(int B, int T, int E, int k, int capacity);
+  // The most rows one rank's E / ep experts receive from ep ranks' micro-batches of B sequences
+  // each (expert parallelism): from each, at most min(k, E / ep) choices per token, and with a
+  // capacity E / ep x capacity per sequence. moe_max_rows at ep 1.
+  std::int64_t moe_max_rows_received(int B, int T, int E, int k, int capacity, int ep);
 
   // The plan of B sequences of T tokens from their choices experts[B T, k] (host memory). With a
   // capacity, each sequence keeps its first `capacity` choices of each expert (in token order, then

@@ -49,6 +49,7 @@ struct StageModel::Impl {
   }
 
   std::size_t local_count(const TensorInfo& t, ShardKind k) const {
+    if (k == ShardKind::experts) return t.count / part.ep_size;
     return k == ShardKind::replicated ? t.count : t.count / part.tp_size;
   }
 
@@ -109,6 +110,8 @@ struct StageModel::Impl {
       f(0, t.offset, t.count);
     } else if (lt.shard == ShardKind::rows) {  // contiguous
       f(0, t.offset + r * lt.count, lt.count);
+    } else if (lt.shard == ShardKind::experts) {  // the ep rank's experts, contiguous
+      f(0, t.offset + std::size_t(part.ep_rank) * lt.count, lt.count);
     } else if (lt.shard == ShardKind::stacked_rows) {             // the rank's rows of each block
       const std::size_t row = t.count / std::size_t(t.shape[0]);  // elements per row
       std::size_t global = t.offset, local = 0;
@@ -207,6 +210,7 @@ StageModel::StageModel(const ModelSpec& spec, int micro_batch, const Partition& 
 StageModel::~StageModel() = default;
 
 const Partition& StageModel::partition() const { return impl_->part; }
+void StageModel::set_expert_comm(ExpertParallelComm* ep) { impl_->passes->set_expert_comm(ep); }
 Recompute StageModel::recompute() const { return impl_->passes->recompute(); }
 DType StageModel::param_dtype() const { return impl_->passes->param_dtype(); }
 bool StageModel::has_embedding() const { return impl_->d.embedding; }
