@@ -97,6 +97,14 @@ check "--shared-experts: a mixture of experts needs --arch moe" --plugin ddp \
 check "--cuda-graphs: --arch moe reads its routing back to the host" --plugin ddp --model tiny-moe \
   --cuda-graphs
 check "--capacity-factor -1: must be" --plugin ddp --model tiny-moe --capacity-factor -1
+# Expert parallelism: a moe whose experts the dp ranks divide, on the CPU.
+check "--plugin ep: expert parallelism needs a mixture of experts (--arch moe)" --plugin ep
+check "--plugin ep: dp=3 must divide the experts (4)" --plugin ep --model tiny-moe --nodes 1 \
+  --ranks-per-node 3
+check "--plugin-opt dp=zero1: must be one of allreduce" --plugin ep --model tiny-moe \
+  --plugin-opt dp=zero1
+check "--mesh pp=2: ep has no pipeline" --plugin ep --model tiny-moe --mesh pp=2 --nodes 1 \
+  --ranks-per-node 2
 check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4
 check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch x dp)) must be a multiple of pp (2)" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --layers 4
 check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3

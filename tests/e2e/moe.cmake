@@ -2,12 +2,13 @@
 # 64, top 2, a sequence-wise load-balancing loss of coefficient 0.01): tiny's sizes with 4 blocks,
 # 8 query heads on 4 K/V heads, against its own 1-rank reference at 1, 2 and 4 ranks: data
 # parallel, ZeRO-3 and FSDP (with full and selective recompute), the pipelines and dp=fsdp x pp;
-# each on the reference's trajectory within 1e-5 with memory and bytes = predict(). A capacity
+# expert parallelism (ep: the experts over the dp ranks) at 1, 2 and 4; each on the reference's
+# trajectory within 1e-5 with memory and bytes = predict(). A capacity
 # of 1 (choices over it dropped, per sequence) has its own reference, which ZeRO-3 over 4 ranks of
 # one sequence each follows: a sequence's drops do not depend on the sequences beside it; finer
 # experts with shared ones (DeepSeekMoE's) have their own. Then bf16 runs on their bf16 reference
 # (bf16.cmake's tolerances) and the CUDA backend on the emulator against the CPU (cuda.cmake's;
-# bf16 with a capacity and a shared expert). tp is refused for moe (its experts are not
+# bf16 with a capacity and a shared expert; ep's exchanges through the NCCL stand-in). tp is refused for moe (its experts are not
 # tensor-parallel; cli.bad_input checks the line).
 set(MOE --arch moe --layers 4 --heads 8 --kv-heads 4 --ffn 64 --experts 4 --top-k 2)
 
@@ -29,6 +30,13 @@ strata_e2e_moe(moe.1f1b.pp2 moe.reference 2 --plugin 1f1b --mesh pp=2 --micro-ba
 strata_e2e_moe(moe.gpipe.pp4 moe.reference 4 --plugin gpipe --mesh pp=4 --micro-batch 1)
 strata_e2e_moe(moe.1f1b.dp2.pp2.fsdp moe.reference 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
                --micro-batch 1 --plugin-opt dp=fsdp)
+# Expert parallelism (ep): the experts split over the dp ranks, each block's rows exchanged with
+# all_to_allv; its per-rank all_to_all bytes follow the routing, their sum over the ranks is
+# predicted (check_run predicted).
+strata_e2e_moe(moe.ep.np1 moe.reference 1 --plugin ep --micro-batch 8)
+strata_e2e_moe(moe.ep.np2 moe.reference 2 --plugin ep --micro-batch 2)
+strata_e2e_moe(moe.ep.np4.full moe.reference 4 --plugin ep --micro-batch 1 --nodes 2
+               --recompute full)
 strata_e2e_moe(moe.capacity.reference moe.capacity.reference 1 --plugin dp --micro-batch 8
                --capacity-factor 1)
 strata_e2e_moe(moe.capacity.zero3.np4 moe.capacity.reference 4 --plugin zero3 --micro-batch 1
@@ -40,6 +48,8 @@ strata_e2e_moe(moe.fine.reference moe.fine.reference 1 --plugin dp --micro-batch
 strata_e2e_moe(moe.fine.fsdp.np2 moe.fine.reference 2 --plugin fsdp --micro-batch 2)
 strata_e2e_moe(moe.fine.1f1b.pp2 moe.fine.reference 2 --plugin 1f1b --mesh pp=2 --micro-batch 2
                --recompute full)
+strata_e2e_moe(moe.fine.ep.np4 moe.fine.reference 4 --plugin ep --micro-batch 2 --nodes 2
+               --recompute selective)
 set(MOE_MODEL ${MOE})
 
 # Dropless drops nothing: the run file's moe_dropped_fraction is 0.
@@ -74,5 +84,6 @@ endif()
 
 set(MOE_CUDA --arch moe --heads 4 --kv-heads 2 --ffn 64 --experts 4 --top-k 2)
 strata_e2e_cuda(moe.ddp.np2 2 ${E2E_LOSS_TOL} --plugin ddp --micro-batch 2 ${MOE_CUDA})
+strata_e2e_cuda(moe.ep.np2 2 ${E2E_LOSS_TOL} --plugin ep --micro-batch 2 ${MOE_CUDA})
 strata_e2e_cuda(moe.zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16
                 --capacity-factor 1 --shared-experts 1 ${MOE_CUDA})

@@ -1,7 +1,8 @@
 // check_run: assertions on run files, for the end-to-end tests under ctest.
 //   check_run layout FILE RANKS STEPS        every DESIGN field present, shaped and plausible
 //   check_run trajectory REF FILE TOL        per-step loss equals REF's within TOL (absolute)
-//   check_run predicted FILE                 ledger bytes per op per rank per step == predicted;
+//   check_run predicted FILE                 ledger bytes per op per rank per step == predicted
+//                                            (a moe run's all_to_all: summed over the ranks);
 //                                            params/grads/optimizer/activations/workspace ==
 //                                            predicted
 //   check_run status FILE STATUS TEXT        status and a substring of the error
@@ -287,8 +288,30 @@ static void trace(const RunRecord& r, const std::string& path) {
               r.ranks, json.c_str());
 }
 
+// A moe run's all_to_all (expert parallelism): a rank sends its own rows out and what it received
+// back, so its bytes follow the routing; over the ranks each step they are the prediction's sum
+// (every row out comes back), which the prediction states at a uniform routing per rank.
+static bool routed_all_to_all(const RunRecord& r, const std::string& op, const CommSeries& cs) {
+  if (op != "all_to_all" || config(r, "arch") != "moe") return false;
+  EXPECT(cs.predicted_bytes_per_rank.size() == std::size_t(r.ranks), "%s predicted per rank\n",
+         op.c_str());
+  if (cs.predicted_bytes_per_rank.size() != std::size_t(r.ranks)) return true;
+  double want = 0;
+  for (double p : cs.predicted_bytes_per_rank) want += p;
+  for (int s = 0; s < r.steps; ++s) {
+    double total = 0;
+    for (int k = 0; k < r.ranks; ++k) total += cs.bytes[std::size_t(k) * r.steps + s];
+    EXPECT(total == want, "%s step %d: %.0f bytes over the ranks, predicted %.0f\n", op.c_str(), s,
+           total, want);
+  }
+  std::printf("comm %-14s %.0f bytes per step over the ranks = predicted (per rank: the routing)\n",
+              op.c_str(), want);
+  return true;
+}
+
 static void predicted(const RunRecord& r) {
   for (const auto& [op, cs] : r.comm) {
+    if (routed_all_to_all(r, op, cs)) continue;
     for (std::size_t i = 0; i < cs.bytes.size(); ++i) {
       const std::size_t rank = i / r.steps;
       const double p = cs.predicted_bytes_per_rank.empty() ? cs.predicted_bytes_per_step

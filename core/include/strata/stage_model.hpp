@@ -231,5 +231,17 @@ std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, i
                                                         bool sequence_parallel, Recompute recompute,
                                                         DType tp_comm_dtype);
 
+// The expert-parallel exchanges of one micro-batch's forward (backward: false) or backward of unit
+// `unit` on an ep group of `ep` ranks, as a moe block issues them (expert_parallel.hpp), those a
+// full recompute repeats in backward included: the rows per expert all-gathered (i32), then the
+// rows to the experts' ranks (in the parameters' dtype) and their outputs back (fp32); backward
+// d(output) rows out and d(input) rows back (fp32). all_to_all's bytes are the rank's send buffer:
+// its own rows out, what it received back, so they follow the routing; stated here dropless at a
+// uniform routing (each rank receives as many rows as it sends), where the sum over the ranks is
+// exact for any routing. Empty at ep 1 and for other units.
+std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, int micro_batch,
+                                                        int unit, bool backward, int ep,
+                                                        Recompute recompute, DType param_dtype);
+
 }  // namespace strata
 STRATA_EXPORT_END

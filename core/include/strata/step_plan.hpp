@@ -62,6 +62,9 @@ struct StepPlan {
   // The units run with Megatron's sequence parallelism (Partition::sequence_parallel): the core
   // charges their tp collectives as all-gathers and reduce-scatters instead of all-reduces.
   bool sequence_parallel = false;
+  // The moe blocks' routed experts split over an ep group of this many ranks (Partition::ep_size):
+  // the core charges their exchanges inside the unit passes (expert_parallel_collectives).
+  int expert_parallel = 1;
   // Empty plan: why this configuration has no time model (e.g. "no plan for offload yet").
   std::string unmodelled;
   // What predict() reports beside the memory: assumptions, padding, the rank's stage (--dry-run

@@ -385,8 +385,8 @@ std::vector<std::size_t> row_elements(const std::vector<std::int64_t>& rows, int
   for (std::int64_t r : rows) n.push_back(std::size_t(r) * std::size_t(C));
   return n;
 }
-BufferView rows_view(ActView v, std::size_t rows, int C) {
-  return {v.data, rows * std::size_t(C), v.dtype};
+BufferView rows_view(ActView v, std::size_t rows, int C, Device device) {
+  return {v.data, rows * std::size_t(C), v.dtype, device};
 }
 }  // namespace
 
@@ -397,15 +397,19 @@ void ModelPasses::plan_exchange(BlockActs& a) {
   if (!ep_)
     throw Error("model: an expert-parallel partition (ep " + std::to_string(d.ep) +
                 ") was run without StageModel::set_expert_comm");
-  std::vector<std::int32_t> counts(std::size_t(d.ep) * d.E);
-  ep_->all_gather({a.expert_rows.data(), a.expert_rows.size(), DType::i32},
-                  {counts.data(), counts.size(), DType::i32});
+  const Device device = memory_.device();
+  const std::size_t E = std::size_t(d.E);
+  std::vector<std::int32_t> counts(std::size_t(d.ep) * E);
+  std::int32_t *mine = g_.ep_counts, *all = g_.ep_counts + E;
+  copy_bytes(device, mine, a.expert_rows.data(), E * sizeof(std::int32_t));
+  ep_->all_gather({mine, E, DType::i32, device}, {all, counts.size(), DType::i32, device});
+  copy_bytes(device, counts.data(), all, counts.size() * sizeof(std::int32_t));
   a.ex = moe_exchange(counts, part_.ep_rank, d.ep, d.E);
   const std::size_t n = a.ex.order.size();
   std::vector<std::int32_t> inverse(n);
   for (std::size_t i = 0; i < n; ++i) inverse[std::size_t(a.ex.order[i])] = std::int32_t(i);
-  copy_bytes(memory_.device(), a.ep_order, a.ex.order.data(), n * sizeof(std::int32_t));
-  copy_bytes(memory_.device(), a.ep_inverse, inverse.data(), n * sizeof(std::int32_t));
+  copy_bytes(device, a.ep_order, a.ex.order.data(), n * sizeof(std::int32_t));
+  copy_bytes(device, a.ep_inverse, inverse.data(), n * sizeof(std::int32_t));
 }
 
 // Rows [rows, C] of this rank's plan (in expert order, so rank by rank) to the ranks holding their
@@ -413,8 +417,9 @@ void ModelPasses::plan_exchange(BlockActs& a) {
 void ModelPasses::dispatch_rows(const BlockActs& a, ActView from, ActView staging, ActView to) {
   const int C = run_.C;
   const std::size_t n = a.ex.order.size();
-  ep_->all_to_allv(rows_view(from, std::size_t(a.rows), C), row_elements(a.ex.send_rows, C),
-                   rows_view(staging, n, C), row_elements(a.ex.recv_rows, C));
+  const Device device = memory_.device();
+  ep_->all_to_allv(rows_view(from, std::size_t(a.rows), C, device), row_elements(a.ex.send_rows, C),
+                   rows_view(staging, n, C, device), row_elements(a.ex.recv_rows, C));
   k_.moe_gather(to, staging, a.ep_order, int(n), C);
 }
 
@@ -423,9 +428,10 @@ void ModelPasses::dispatch_rows(const BlockActs& a, ActView from, ActView stagin
 void ModelPasses::combine_rows(const BlockActs& a, float* from, float* staging, float* to) {
   const int C = run_.C;
   const std::size_t n = a.ex.order.size();
+  const Device device = memory_.device();
   k_.moe_gather(staging, from, a.ep_inverse, int(n), C);
-  ep_->all_to_allv(view(staging, n * C), row_elements(a.ex.recv_rows, C),
-                   view(to, std::size_t(a.rows) * C), row_elements(a.ex.send_rows, C));
+  ep_->all_to_allv(rows_view(staging, n, C, device), row_elements(a.ex.recv_rows, C),
+                   rows_view(to, std::size_t(a.rows), C, device), row_elements(a.ex.send_rows, C));
 }
 
 // The router (its logits in b, fp32), top-k, the plan; then each expert's gate | up, SwiGLU and

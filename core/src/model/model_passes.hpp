@@ -145,8 +145,10 @@ struct Scratch {
   // load-balancing loss's per-sequence fractions
   float *moe_rows, *moe_router;
   // moe at ep > 1: two [Rx,C] staging buffers of the exchange (what arrives, what leaves); fp32
-  // or, for the experts' input, in the GEMMs' dtype
+  // or, for the experts' input, in the GEMMs' dtype; the rows per expert, this rank's [E] then
+  // every rank's [ep,E], in the device's memory (what a GPU transport moves)
   float *ep_a, *ep_b;
+  std::int32_t* ep_counts;
   float* rope;  // llama blocks: the rotary table [T, hs/2, 2] (rope_table), written once
   BlockActs shared;
   void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);

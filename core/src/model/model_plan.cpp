@@ -90,9 +90,6 @@ void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute
   validate_expert_parallel(s, p.ep_size);
   if (p.ep_rank < 0 || p.ep_rank >= p.ep_size)
     throw Error("model: ep rank " + std::to_string(p.ep_rank) + " of " + std::to_string(p.ep_size));
-  if (p.ep_size > 1 && device != Device::cpu)
-    throw ConfigError("--mesh ep=" + std::to_string(p.ep_size) +
-                      ": expert parallelism runs on the CPU backend so far; use ep=1 on a GPU");
   if (r != Recompute::none && r != Recompute::full && r != Recompute::selective)
     throw ConfigError("model: recompute must be one of none, full, selective; got value " +
                       std::to_string(int(r)));
@@ -260,6 +257,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.T) * d.hs) : nullptr;
   Carver head{c.base, c.used}, block{c.base, c.used};
   logits = ce = a = b = moe_rows = moe_router = ep_a = ep_b = nullptr;
+  ep_counts = nullptr;
   shared = BlockActs{};
   if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
     const std::size_t rows = bf16_params ? head_chunk_rows(d) : N;
@@ -280,6 +278,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
       if (d.ep > 1) {
         ep_a = block.take(d.Rx * C);
         ep_b = block.take(d.Rx * C);
+        ep_counts = block.take_i32(std::size_t(d.ep + 1) * d.E);
       }
     }
     if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
@@ -373,6 +372,22 @@ std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, i
   std::vector<PassCollective> c{ag, rs, ag, rs};
   if (again) c.insert(c.end(), {ag, rs, ag});
   return c;
+}
+
+std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, int B, int unit,
+                                                        bool backward, int ep, Recompute r,
+                                                        DType param_dtype) {
+  if (ep == 1 || spec.arch != Arch::moe || unit < 1 || unit > spec.layers) return {};
+  // The rows a rank routes: every choice of its N tokens (dropless), C wide; they go out in the
+  // GEMMs' dtype and come back, and every gradient goes, in fp32. At a uniform routing a rank
+  // receives as many rows as it sends.
+  const double rows = double(B) * spec.seq * spec.top_k, C = spec.hidden;
+  const PassCollective counts{CommOp::all_gather, double(ep) * spec.experts * sizeof(std::int32_t)},
+      out{CommOp::all_to_all, rows * C * double(dtype_size(param_dtype))},
+      fp32{CommOp::all_to_all, rows * C * sizeof(float)};
+  if (!backward) return {counts, out, fp32};
+  if (r == Recompute::full) return {counts, out, fp32, fp32, fp32};  // the forward's again
+  return {fp32, fp32};
 }
 
 }  // namespace strata

@@ -22,7 +22,8 @@ struct Costs {
   const MachineProfile& profile;
   const StepQuery& q;
   std::vector<double> fwd, bwd;  // per unit of the whole model, one micro-batch
-  // tp > 1: the tp all-reduces inside each unit's passes (included in fwd, bwd); empty at tp 1.
+  // tp > 1: the tp all-reduces inside each unit's passes (included in fwd, bwd), and with expert
+  // parallelism the moe blocks' exchanges; empty at tp 1 and ep 1.
   std::vector<double> tp_fwd, tp_bwd;
   double opt_per_param = 0;
   double fresh_per_byte = 0;  // a new buffer allocated and written (the sharded engine's)

@@ -14,6 +14,7 @@ namespace strata {
 namespace time_model {
 
 void add_tensor_parallel(Costs& c, bool measured);
+void add_expert_parallel(Costs& c, int ep);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   Costs c{profile, q, {}, {}, {}, {}, 0, 0, 0, 1, 0, {}, {}};
@@ -40,7 +41,27 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.peak_shares = q.train.device == Device::cpu ? on_host : e->ranks_per_node;
   c.contention = q.train.device == Device::cpu ? 1.0 : 0.0;
   if (q.mesh.tp > 1) add_tensor_parallel(c, e->tp == q.mesh.tp);
+  if (q.plans.front().expert_parallel > 1) add_expert_parallel(c, q.plans.front().expert_parallel);
   return c;
+}
+
+// Expert parallelism: each moe block's exchanges (expert_parallel_collectives, at a uniform
+// routing) on the ep group, the dp axis, on the compute thread inside its passes; the experts'
+// GEMMs take the profile's time (at a uniform routing a rank's experts take as many rows as one
+// rank's tokens route).
+void add_expert_parallel(Costs& c, int ep) {
+  const StepQuery& q = c.q;
+  c.tp_fwd.resize(c.fwd.size(), 0.0), c.tp_bwd.resize(c.bwd.size(), 0.0);
+  for (std::size_t u = 0; u < c.fwd.size(); ++u)
+    for (const bool backward : {false, true})
+      for (const PassCollective& p :
+           expert_parallel_collectives(q.model, q.train.micro_batch, int(u), backward, ep,
+                                       q.train.recompute, q.train.precision.param)) {
+        const double t = c.comm(op_name(p.op), p.bytes, Axis::dp);
+        (backward ? c.bwd : c.fwd)[u] += t;
+        (backward ? c.tp_bwd : c.tp_fwd)[u] += t;
+      }
+  c.note("ep: each moe block's all-to-alls at a uniform routing, inside its passes");
 }
 
 // The tp group's collectives inside each unit's passes of one micro-batch, as StageModel issues

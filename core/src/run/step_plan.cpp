@@ -14,9 +14,9 @@ void plan_forward_backward(int num_units, std::vector<PlanAction>& out) {
 
 namespace {
 
-// One action's bytes, `times` over: its own, or the tp collectives inside a unit pass.
+// One action's bytes, `times` over: its own, or the tp and ep collectives inside a unit pass.
 void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
-                      const TrainSpec& train, int tp, bool sp,
+                      const TrainSpec& train, int tp, bool sp, int ep,
                       std::array<double, kNumCommOps>& bytes) {
   auto add = [&](CommOp op, double b) { bytes[static_cast<int>(op)] += times * b; };
   switch (a.op) {
@@ -35,6 +35,10 @@ void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
       for (const PassCollective& c :
            tensor_parallel_collectives(model, train.micro_batch, a.unit, a.op == PlanOp::backward,
                                        tp, sp, train.recompute, train.precision.tp_comm))
+        add(c.op, c.bytes);
+      for (const PassCollective& c :
+           expert_parallel_collectives(model, train.micro_batch, a.unit, a.op == PlanOp::backward,
+                                       ep, train.recompute, train.precision.param))
         add(c.op, c.bytes);
       break;
     default:
@@ -72,8 +76,9 @@ std::array<double, kNumCommOps> plan_comm_bytes(const StepPlan& plan, const Mode
   std::array<double, kNumCommOps> bytes{};
   const bool sp = plan.sequence_parallel && tp > 1;
   for (const PlanAction& a : plan.micro_batch)
-    add_action_bytes(a, plan.micro_batches, model, train, tp, sp, bytes);
-  for (const PlanAction& a : plan.step) add_action_bytes(a, 1, model, train, tp, sp, bytes);
+    add_action_bytes(a, plan.micro_batches, model, train, tp, sp, plan.expert_parallel, bytes);
+  for (const PlanAction& a : plan.step)
+    add_action_bytes(a, 1, model, train, tp, sp, plan.expert_parallel, bytes);
   return bytes;
 }
 

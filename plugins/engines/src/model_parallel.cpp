@@ -47,6 +47,8 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
     part.tp_size = mesh.tp;
     part.tp_rank = coord.tp;
     part.sequence_parallel = cfg.sequence_parallel;
+    part.ep_size = cfg.expert_parallel ? mesh.dp : 1;
+    part.ep_rank = cfg.expert_parallel ? coord.dp : 0;
     p.parts.push_back(part);
     p.global.push_back(k);
   }
@@ -128,10 +130,28 @@ std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
   return r;
 }
 
+namespace {
+
+// Expert parallelism over dp: a moe whose experts dp divides, dp=allreduce.
+void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const MpConfig& cfg) {
+  const std::string who = "--plugin " + cfg.strategy;
+  if (model.arch != Arch::moe)
+    throw ConfigError(who + ": expert parallelism needs a mixture of experts (--arch moe)");
+  if (model.experts % mesh.dp != 0)
+    throw ConfigError(who + ": dp=" + std::to_string(mesh.dp) + " must divide the experts (" +
+                      std::to_string(model.experts) + "): each dp rank holds experts / dp of them");
+  if (cfg.dp != DpMode::allreduce)
+    throw ConfigError("--plugin-opt dp=" + std::string(dp_mode_name(cfg.dp)) + ": " + cfg.strategy +
+                      " takes dp=allreduce only so far (the experts' ranks differ)");
+}
+
+}  // namespace
+
 void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
               const MpConfig& cfg) {
   const std::string who = cfg.strategy;
   validate_tensor_parallel(model, t.micro_batch, mesh.tp, cfg.sequence_parallel);
+  if (cfg.expert_parallel) validate_expert_axis(mesh, model, cfg);
   // prefetch is the sharded engine's (dp=zero2|fsdp); offload needs an optimizer sharded over dp.
   if (cfg.prefetch < 0) throw ConfigError("--plugin-opt prefetch: must be >= 0");
   if (cfg.offload_optimizer && cfg.dp == DpMode::allreduce)
@@ -246,6 +266,10 @@ class Engine {
           ctx.train().precision.param, ctx.train().precision.tp_comm));
       models.push_back(chunks_.back().get());
     }
+    if (plan_.parts.front().ep_size > 1) {  // the moe blocks' exchanges, on the dp group
+      ep_comm_ = std::make_unique<SyncExpertParallelComm>(ctx.group(Axis::dp));
+      for (auto& chunk : chunks_) chunk->set_expert_comm(ep_comm_.get());
+    }
     shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);
     dp_ = dp_schedule_of(plan_, shards_->groups(), cfg, ctx.model_spec());
     pending_.resize(chunks_.size());
@@ -340,9 +364,10 @@ class Engine {
         unit_pass(ctx, dp[std::size_t(i)],
                   [&] { pass(backward ? part.last_unit - i : part.first_unit + i); });
     };
-    const bool compute_only = !tp_comm_ && std::all_of(dp.begin(), dp.end(), [](const auto& d) {
-      return d.before.empty() && d.after.empty();
-    });
+    const bool compute_only =
+        !tp_comm_ && !ep_comm_ && std::all_of(dp.begin(), dp.end(), [](const auto& d) {
+          return d.before.empty() && d.after.empty();
+        });
     if (!compute_only) return run();
     ctx.run_graphed(passes_identity(sm, slot, backward, mb, shards_->params(), shards_->grads()),
                     run);
@@ -425,6 +450,7 @@ class Engine {
   DeviceBuffer tied_recv_;                   // the other stage's tied wte gradient
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
+  std::unique_ptr<ExpertParallelComm> ep_comm_;           // null without expert parallelism
   std::optional<BoundaryBuffers> boundary_;               // pipelines (more than one chunk)
 };
 

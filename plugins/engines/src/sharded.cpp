@@ -35,9 +35,22 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
   gather_done_.resize(G);
   reduce_done_.resize(G);
   allocate_state(ctx);
-  // in_grad_norm depends on the tp rank only, which every partition shares.
-  norm_slices_ = owned_slices(tensors, groups_, shard_index_,
-                              [&](const LocalTensor& t) { return models_[0]->in_grad_norm(t); });
+  // in_grad_norm depends on the tp rank only, which every partition shares. Expert parallelism:
+  // the routed experts differ across the ep group, the rest is replicated over dp.
+  const bool ep = parts[0].ep_size > 1;
+  auto expert = [](const LocalTensor& t) { return t.shard == ShardKind::experts; };
+  norm_slices_ = owned_slices(tensors, groups_, shard_index_, [&](const LocalTensor& t) {
+    return models_[0]->in_grad_norm(t) && !(ep && expert(t));
+  });
+  if (ep) {
+    if (!c.replicate) throw Error("Shards: expert parallelism runs with dp=allreduce only");
+    ep_group_ = &ctx.group(Axis::dp);
+    dense_slices_ = owned_slices(tensors, groups_, shard_index_,
+                                 [&](const LocalTensor& t) { return !expert(t); });
+    expert_norm_slices_ = owned_slices(tensors, groups_, shard_index_, [&](const LocalTensor& t) {
+      return expert(t) && models_[0]->in_grad_norm(t);
+    });
+  }
   if (tp_group_ && parts[0].sequence_parallel) {
     partial_slices_ = owned_slices(tensors, groups_, shard_index_, [](const LocalTensor& t) {
       return t.shard == ShardKind::replicated;
@@ -199,6 +212,14 @@ void Shards::run(Context& ctx, const Action& a) {
 // straight into its shard, or with one shard all-reduced in place over the replicas.
 void Shards::reduce_replicated_grads(Context& ctx) {
   std::vector<Event> done;
+  if (ep_group_) {  // expert parallelism: the dense slices only (each rank's experts are its own)
+    for (const ShardSlice& s : dense_slices_)
+      if (replica_group_)
+        done.push_back(ctx.comm_stream().all_reduce(
+            *replica_group_, slice(grads_of(s.group), s.at, s.count), ctx.compute_event()));
+    for (Event& e : done) e.wait();
+    return;
+  }
   for (int g = 0; g < int(groups_.size()); ++g) {
     const BufferView full = replica_grads_.view(base_[g], groups_[g].padded());
     if (shard_group_)
@@ -262,14 +283,20 @@ void Shards::reduce_partial_grads(Context& ctx) {
 
 // Only with clipping on does the norm cross ranks: its shards' squares over the shard group (the
 // replicas hold equal shards), then over tp (and over pp in update()).
+// Expert parallelism: the experts' squares added over the ep group (each rank holds its own).
 double Shards::shard_sum_of_squares(Context& ctx) {
-  double sumsq = 0;
-  for (const ShardSlice& s : norm_slices_)
-    sumsq += ctx.ops().sum_of_squares(slice(grads_of(s.group), s.at, s.count));
-  if (ctx.train().grad_clip <= 0) return sumsq;
+  auto squares = [&](const std::vector<ShardSlice>& slices) {
+    double sum = 0;
+    for (const ShardSlice& s : slices)
+      sum += ctx.ops().sum_of_squares(slice(grads_of(s.group), s.at, s.count));
+    return sum;
+  };
+  double sumsq = squares(norm_slices_), experts = squares(expert_norm_slices_);
+  if (ctx.train().grad_clip <= 0) return sumsq + experts;
   if (shard_group_) shard_group_->all_reduce({&sumsq, 1, DType::f64});
   if (tp_group_) tp_group_->all_reduce({&sumsq, 1, DType::f64});
-  return sumsq;
+  if (ep_group_) ep_group_->all_reduce({&experts, 1, DType::f64});
+  return sumsq + experts;
 }
 
 BufferView Shards::params_of(int g) {

@@ -142,7 +142,16 @@ void plan_shards_update(const PredictInput& in, const EngineConfig& c,
   const int n = at.shards, index = at.index;
   const auto groups = make_groups(in.model, parts, n, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  if (!c.shard_grads)
+  const bool ep = parts[0].ep_size > 1;  // dp=allreduce of all but the routed experts
+  if (ep && at.replicas > 1) {
+    std::vector<std::vector<LocalTensor>> tensors;
+    for (const Partition& part : parts)
+      tensors.push_back(StageModel::local_tensors(in.model, part));
+    for (const ShardSlice& s : owned_slices(tensors, groups, index, [](const LocalTensor& t) {
+           return t.shard != ShardKind::experts;
+         }))
+      step.push_back(plan_comm(CommOp::all_reduce, per.grads * double(s.count), at.replica_axis));
+  } else if (!c.shard_grads)
     for (const ShardGroup& g : groups) {
       if (n > 1)
         step.push_back(
@@ -157,6 +166,7 @@ void plan_shards_update(const PredictInput& in, const EngineConfig& c,
     if (n > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, at.shard_axis));
     if (in.mesh.tp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::tp));
     if (in.mesh.pp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::pp));
+    if (ep) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::dp));  // the experts' squares
   }
   if (c.offload_optimizer) {
     std::vector<std::size_t> counts;

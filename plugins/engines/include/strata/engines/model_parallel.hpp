@@ -62,6 +62,10 @@ struct MpConfig {
   // run from the tp group; empty: SyncTensorParallelComm (one blocking collective per call). A tp
   // strategy that overlaps them supplies its own here.
   std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
+  // Expert parallelism (the ep plugin): a moe's routed experts split over the dp group, E / dp on
+  // each rank (Partition::ep_size = dp), each block's rows exchanged with all_to_allv on it
+  // (SyncExpertParallelComm); the rest replicated (dp=allreduce of all but the experts).
+  bool expert_parallel = false;
 };
 
 // Whether the sharded engine runs this configuration with its own micro-batch schedule

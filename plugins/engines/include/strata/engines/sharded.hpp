@@ -264,6 +264,11 @@ class Shards {
   Group* replica_group_ = nullptr;  // hybrid's dp_inter_node, replicate's dp (more than one)
   Group* tp_group_ = nullptr;       // tp > 1: the norm's and the partial gradients' sums
   Group* pp_group_ = nullptr;       // pp > 1: the norm's sum
+  // Expert parallelism (Partition::ep_size > 1, dp=allreduce): the ep group (dp) the experts'
+  // squares are added over, the slices all-reduced over dp (all but the routed experts') and the
+  // experts' slices of the norm.
+  Group* ep_group_ = nullptr;
+  std::vector<ShardSlice> dense_slices_, expert_norm_slices_;
   int shard_index_ = 0;
   std::vector<ShardGroup> groups_;
   std::vector<int> group_of_unit_;

@@ -1,0 +1,44 @@
+// ep: expert parallelism for --arch moe (DeepSpeed-MoE's and Megatron-Core's), over the
+// data-parallel ranks (--mesh dp=D, D dividing --experts). Each rank holds E / D of every moe
+// block's routed experts and the whole rest of the model; it routes its own micro-batch, sends
+// each token's rows to the ranks holding its experts and gets their outputs back (all_to_allv,
+// forward and backward; the rows per expert all-gathered first), so a step moves activations,
+// not expert weights. The dense parameters (attention, router, shared experts, embedding, head)
+// are replicated and their gradients all-reduced over dp; the experts' gradients stay where they
+// are (every token that used them sent its rows there). Built on the model-parallel engine
+// (strata/engines/model_parallel.hpp) at tp = pp = 1.
+#include "strata/engines/model_parallel.hpp"
+
+namespace {
+
+using namespace strata;
+
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "ep",
+      "expert parallelism for --arch moe: experts split over the dp ranks, tokens exchanged with "
+      "all-to-all",
+      {{"ep",
+        "E / dp routed experts per rank, rows dispatched and combined with all_to_allv; "
+        "--mesh dp=D",
+        {{"dp",
+          OptionType::choice,
+          "allreduce",
+          "the dense parameters: allreduce (replicated, gradients all-reduced over dp)",
+          {"allreduce"}}}}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
+  mp::MpConfig c;
+  c.strategy = name;
+  c.pipeline = false;
+  c.expert_parallel = true;
+  c.dp = mp::dp_mode(o.get("dp"));
+  return std::make_unique<mp::MpStrategy>(c);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)
