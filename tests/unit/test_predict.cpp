@@ -316,6 +316,34 @@ TEST(Predictor, AllToAllByItsFitOrAllGathers) {
   EXPECT_EQ(fitted.notes.find("all_to_all timed as"), std::string::npos) << fitted.notes;
 }
 
+// Expert parallelism (the ep plugin on tiny-moe, dp 2): each moe block's exchanges inside its
+// passes, on the compute thread, at a uniform routing. Per block and micro-batch of B T = 256
+// tokens: forward the counts' all-gather (2 ranks x 4 experts x 4 bytes) and two all_to_alls of
+// the rank's k B T = 512 rows of C = 64 fp32 (131072 bytes), backward two more; a full recompute
+// repeats the forward's in backward. The same plans without expert_parallel are that much faster.
+TEST(Predictor, ExpertParallelChargesItsExchangesInsideThePasses) {
+  const ModelSpec m = model_preset("tiny-moe");  // 2 blocks, 4 experts, top 2
+  MachineProfile p = synthetic_profile(m, 4);
+  p.comm.push_back(CommFit{"all_to_all", 2, 2, 2e-4, 5e8, 2, 0});
+  StepQuery q = query("ep", {{"dp", "allreduce"}}, m, 2, 1, 4, 8);  // one micro-batch
+  ASSERT_EQ(q.plans.front().expert_parallel, 2);
+  const auto bytes = plan_comm_bytes(q.plans.front(), m, q.train, 1);
+  EXPECT_EQ(bytes[int(CommOp::all_to_all)], 2 * 4 * 131072.0);
+  EXPECT_EQ(bytes[int(CommOp::all_gather)], 2 * 32.0);
+  const double ag = 1e-4 + 32 / 1e9, a2a = 2e-4 + 131072 / 5e8;
+  const StepTime t = predict_step_time(p, q);
+  ASSERT_TRUE(t.modelled) << t.why;
+  StepQuery plain = q;
+  for (StepPlan& plan : plain.plans) plan.expert_parallel = 1;
+  const StepTime t0 = predict_step_time(p, plain);
+  EXPECT_NEAR(t.step_s - t0.step_s, 2 * (ag + 4 * a2a), 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s - t0.exposed_comm_s, 2 * (ag + 4 * a2a), 1e-12);
+  EXPECT_NE(t.notes.find("ep: "), std::string::npos) << t.notes;
+  q.train.recompute = plain.train.recompute = Recompute::full;
+  EXPECT_NEAR(predict_step_time(p, q).step_s - predict_step_time(p, plain).step_s,
+              2 * (2 * ag + 6 * a2a), 1e-12);
+}
+
 // The template plugin (plugins/template): one all-reduce of every gradient after backward.
 // A plan's memory: setup's allocations held, a micro-batch's freed ones peaking once however
 // often it repeats, one it never frees growing with each repeat, the step's on top; every tag's

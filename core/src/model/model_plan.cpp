@@ -52,8 +52,9 @@ void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool 
   };
   if (tp < 1) throw ConfigError("--mesh tp=" + std::to_string(tp) + ": must be >= 1");
   if (tp > 1 && s.arch == Arch::moe)
-    throw ConfigError("--mesh tp=" + std::to_string(tp) +
-                      ": --arch moe's experts are not tensor-parallel; use tp=1 (dp, fsdp, pp)");
+    throw ConfigError(
+        "--mesh tp=" + std::to_string(tp) +
+        ": --arch moe's experts are not tensor-parallel; use tp=1 (dp, fsdp, pp, ep)");
   need(s.heads, "heads");
   need(s.kv_head_count(), "K/V heads (--kv-heads)");
   need(s.hidden, "hidden size");
