@@ -413,7 +413,8 @@ void ModelPasses::plan_exchange(BlockActs& a) {
 }
 
 // Rows [rows, C] of this rank's plan (in expert order, so rank by rank) to the ranks holding their
-// experts, the rows from every rank into `received` regrouped by local expert (`to` [Rx, C]).
+// experts; the rows from every rank arrive in `staging`, source by source, and are regrouped by
+// local expert into `to` [Rx, C].
 void ModelPasses::dispatch_rows(const BlockActs& a, ActView from, ActView staging, ActView to) {
   const int C = run_.C;
   const std::size_t n = a.ex.order.size();

@@ -212,6 +212,8 @@ void plan_host_update(const std::vector<std::size_t>& counts, const TrainSpec& t
 // step). Under tp the gradient norm adds the tp ranks' shares and, with sequence parallelism, the
 // owned parts of the replicated tensors' partial gradients are all-reduced over tp before the
 // update (Megatron's sequence-parallel reduction); under a pipeline the norm adds the stages'.
+// With expert parallelism (Partition::ep_size > 1, allreduce only) the routed experts' gradients
+// are not reduced (each rank's experts are its own) and their squares are added over dp.
 class Shards {
  public:
   Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel*> models);
