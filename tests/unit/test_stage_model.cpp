@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "strata/stage_model.hpp"
@@ -489,21 +490,28 @@ RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompu
   return out;
 }
 
-std::vector<RankResult> run_tp(const ModelSpec& spec, int B, Partition part, Recompute r) {
-  const int tp = part.tp_size;
-  ThreadGroup::Shared shared(tp);
-  std::vector<RankResult> results(tp);
+// f(rank, its group member, its ledger) on n threads, one group of n ranks; the results by rank.
+template <class F>
+auto on_thread_ranks(int n, F&& f) {
+  ThreadGroup::Shared shared(n);
+  std::vector<decltype(f(0, std::declval<ThreadGroup&>(), std::declval<CommLedger&>()))> results(n);
   std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp; ++rank)
+  for (int rank = 0; rank < n; ++rank)
     threads.emplace_back([&, rank] {
       CommLedger ledger;
-      ThreadGroup group(shared, rank, tp, &ledger);
-      Partition p = part;
-      p.tp_rank = rank;
-      results[rank] = run_rank(spec, B, p, r, group, ledger);
+      ThreadGroup group(shared, rank, n, &ledger);
+      results[rank] = f(rank, group, ledger);
     });
   for (auto& t : threads) t.join();
   return results;
+}
+
+std::vector<RankResult> run_tp(const ModelSpec& spec, int B, Partition part, Recompute r) {
+  return on_thread_ranks(part.tp_size, [&](int rank, ThreadGroup& group, CommLedger& ledger) {
+    Partition p = part;
+    p.tp_rank = rank;
+    return run_rank(spec, B, p, r, group, ledger);
+  });
 }
 
 CommOp op_named(const std::string& name) {
@@ -636,19 +644,11 @@ EpResult run_ep_rank(const ModelSpec& spec, int B, const Partition& part, Recomp
 }
 
 std::vector<EpResult> run_ep(const ModelSpec& spec, int B, int ep, Recompute r) {
-  ThreadGroup::Shared shared(ep);
-  std::vector<EpResult> results(ep);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < ep; ++rank)
-    threads.emplace_back([&, rank] {
-      CommLedger ledger;
-      ThreadGroup group(shared, rank, ep, &ledger);
-      Partition part = whole_model(spec);
-      part.ep_size = ep, part.ep_rank = rank;
-      results[rank] = run_ep_rank(spec, B, part, r, rank, ep, &group, &ledger);
-    });
-  for (auto& t : threads) t.join();
-  return results;
+  return on_thread_ranks(ep, [&](int rank, ThreadGroup& group, CommLedger& ledger) {
+    Partition part = whole_model(spec);
+    part.ep_size = ep, part.ep_rank = rank;
+    return run_ep_rank(spec, B, part, r, rank, ep, &group, &ledger);
+  });
 }
 
 // tiny-moe's experts over ep = 2 and 4 ranks (dropless; with a capacity and a shared expert; with

@@ -213,8 +213,8 @@ void Shards::run(Context& ctx, const Action& a) {
 void Shards::reduce_replicated_grads(Context& ctx) {
   std::vector<Event> done;
   if (ep_group_) {  // expert parallelism: the dense slices only (each rank's experts are its own)
-    for (const ShardSlice& s : dense_slices_)
-      if (replica_group_)
+    if (replica_group_)
+      for (const ShardSlice& s : dense_slices_)
         done.push_back(ctx.comm_stream().all_reduce(
             *replica_group_, slice(grads_of(s.group), s.at, s.count), ctx.compute_event()));
     for (Event& e : done) e.wait();
