@@ -482,8 +482,9 @@ class Run:
 
     @property
     def mesh(self):
-        return "dp%s.tp%s.pp%s" % (self.config.get("dp", "?"), self.config.get("tp", "?"),
-                                   self.config.get("pp", "?"))
+        ep = self.config.get("ep", "1")
+        return "dp%s.tp%s.pp%s%s" % (self.config.get("dp", "?"), self.config.get("tp", "?"),
+                                     self.config.get("pp", "?"), "" if ep == "1" else ".ep" + ep)
 
 
 def _required_attr(obj, name, where):
@@ -499,14 +500,14 @@ def _required_attr(obj, name, where):
 # What makes two runs the same configuration (results/compare, the summary's repeats, catalog
 # columns): the strategy, mesh, model (its family and shape included), batch, precision, recompute,
 # transport and device.
-KEY_FIELDS = ["plugin", "plugin_opts", "dp", "tp", "pp", "nodes", "ranks_per_node", "model",
+KEY_FIELDS = ["plugin", "plugin_opts", "dp", "tp", "pp", "ep", "nodes", "ranks_per_node", "model",
               "arch", "layers", "hidden", "heads", "kv_heads", "ffn", "experts", "top_k",
               "shared_experts", "capacity_factor", "aux_loss_coef", "seq", "vocab", "micro_batch",
               "global_batch", "precision", "recompute", "transport", "device"]
 # /config attributes of those that older files lack, as such a run was (ffn and kv_heads follow
 # hidden and heads).
 OLD_FILE_CONFIG = {"arch": "gpt2", "experts": "0", "top_k": "0", "shared_experts": "0",
-                   "capacity_factor": "0", "aux_loss_coef": "0", "precision": "fp32"}
+                   "capacity_factor": "0", "aux_loss_coef": "0", "precision": "fp32", "ep": "1"}
 
 
 def config_key(run, ignore=()):
@@ -520,8 +521,9 @@ def describe(key):
     model = c["model"]  # with its family where the name does not say it (mixtral-8x7b moe)
     if c["arch"] not in ("gpt2", "*", "") and c["arch"] not in model:
         model += " " + c["arch"]
-    return one_line("%s%s dp%s.tp%s.pp%s %sx%s %s mb%s/gb%s%s %s %s" % (
-        c["plugin"], opts, c["dp"], c["tp"], c["pp"], c["nodes"], c["ranks_per_node"], model,
+    ep = ".ep" + c["ep"] if c["ep"] not in ("1", "*", "") else ""
+    return one_line("%s%s dp%s.tp%s.pp%s%s %sx%s %s mb%s/gb%s%s %s %s" % (
+        c["plugin"], opts, c["dp"], c["tp"], c["pp"], ep, c["nodes"], c["ranks_per_node"], model,
         c["micro_batch"], c["global_batch"], precision, c["transport"], c["device"]), 400)
 
 

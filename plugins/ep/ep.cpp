@@ -1,12 +1,13 @@
-// ep: expert parallelism for --arch moe (DeepSpeed-MoE's and Megatron-Core's), over the
-// data-parallel ranks (--mesh dp=D, D dividing --experts). Each rank holds E / D of every moe
-// block's routed experts and the whole rest of the model; it routes its own micro-batch, sends
-// each token's rows to the ranks holding its experts and gets their outputs back (all_to_allv,
-// forward and backward; the rows per expert all-gathered first), so a step moves activations,
-// not expert weights. The dense parameters (attention, router, shared experts, embedding, head)
-// are replicated and their gradients all-reduced over dp; the experts' gradients stay where they
-// are (every token that used them sent its rows there). Built on the model-parallel engine
-// (strata/engines/model_parallel.hpp) at tp = pp = 1.
+// ep: expert parallelism for --arch moe (DeepSpeed-MoE's and Megatron-Core's), over an
+// expert-parallel group carved out of the data-parallel ranks (--mesh dp=D,ep=N: N divides D and
+// --experts). Each rank holds E / N of every moe block's routed experts and the whole rest of the
+// model; it routes its own micro-batch, sends each token's rows to the ranks of its ep group
+// holding its experts and gets their outputs back (all_to_allv, forward and backward; the rows
+// per expert all-gathered first), so a step moves activations, not expert weights. The dense
+// parameters (attention, router, shared experts, embedding, head) are replicated and their
+// gradients all-reduced over dp; the experts' gradients are all-reduced over ep_dp, the D / N
+// ranks holding the same experts (Megatron's expert data parallelism; nothing at N = D). Built on
+// the model-parallel engine (strata/engines/model_parallel.hpp) at tp = pp = 1.
 #include "strata/engines/model_parallel.hpp"
 
 namespace {
@@ -17,11 +18,11 @@ const PluginDescriptor& descriptor() {
   static const PluginDescriptor d{
       kPluginAbiVersion,
       "ep",
-      "expert parallelism for --arch moe: experts split over the dp ranks, tokens exchanged with "
+      "expert parallelism for --arch moe: experts split over --mesh ep, tokens exchanged with "
       "all-to-all",
       {{"ep",
-        "E / dp routed experts per rank, rows dispatched and combined with all_to_allv; "
-        "--mesh dp=D",
+        "E / ep routed experts per rank, rows dispatched and combined with all_to_allv; "
+        "--mesh dp=D,ep=N (N divides D)",
         {{"dp",
           OptionType::choice,
           "allreduce",

@@ -71,6 +71,21 @@ PY
 "$runner" --advise --profile "$profile" --model gpt3-175b --nodes 512 --ranks-per-node 8 \
   --memory-limit 80GiB --global-batch 1536 --advise-top 3 >"$dir/4096.txt" || { cat "$dir/4096.txt"; fail "175b on 4096"; }
 grep -qE "^ +1  1f1b|^ +1  gpipe|^ +1  interleaved" "$dir/4096.txt" || { cat "$dir/4096.txt"; fail "4096: no pipeline first"; }
+# Expert parallelism is enumerated for a moe only, at each ep >= 2 that divides dp: fine-moe-16b
+# (64 experts) on 2 nodes ranks ep 8 inside a node (the experts replicated over the nodes) and ep 16
+# across them, whose all-to-alls cross the network and are the slower.
+! grep -qE "^ +[0-9]+  ep " "$dir/175b.txt" || { cat "$dir/175b.txt"; fail "ep ranked for a dense model"; }
+"$runner" --advise --profile "$profile" --model fine-moe-16b --capacity-factor 1.25 --nodes 2 \
+  --ranks-per-node 8 --memory-limit 80GiB --global-batch 128 --advise-micro-batches 4 \
+  --advise-top 1000 >"$dir/moe.txt" || { cat "$dir/moe.txt"; fail "fine-moe-16b on 16"; }
+/usr/bin/python3 - "$dir/moe.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+rate = {int(m[1]): float(m[2]) for m in re.finditer(
+    r"^ +\d+  ep dp16 tp1 pp1 ep(\d+) mb4 full +[0-9.]+ m?s +(\d+)", text, re.M)}
+assert sorted(rate) == [8, 16], text
+assert rate[8] > rate[16], rate
+PY
 # Nothing fits: said, exit 4.
 rc=0
 "$runner" --advise --profile "$profile" --model gpt3-175b --nodes 1 --ranks-per-node 8 \

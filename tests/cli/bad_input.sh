@@ -99,8 +99,12 @@ check "--cuda-graphs: --arch moe reads its routing back to the host" --plugin dd
 check "--capacity-factor -1: must be" --plugin ddp --model tiny-moe --capacity-factor -1
 # Expert parallelism: a moe whose experts the dp ranks divide, on the CPU.
 check "--plugin ep: expert parallelism needs a mixture of experts (--arch moe)" --plugin ep
-check "--plugin ep: dp=3 must divide the experts (4)" --plugin ep --model tiny-moe --nodes 1 \
-  --ranks-per-node 3
+check "--plugin ep: --mesh ep=3 must divide the experts (4)" --plugin ep --model tiny-moe \
+  --mesh dp=3,ep=3 --nodes 1 --ranks-per-node 3
+check "--mesh ep=3: must divide dp=4" --plugin ep --model tiny-moe --mesh dp=4,ep=3 --nodes 1 \
+  --ranks-per-node 4
+check "--mesh ep=2: --plugin zero1 does not split the experts" --plugin zero1 --model tiny-moe \
+  --mesh dp=2,ep=2 --nodes 1 --ranks-per-node 2
 check "--plugin-opt dp=zero1: must be one of allreduce" --plugin ep --model tiny-moe \
   --plugin-opt dp=zero1
 check "--mesh pp=2: ep has no pipeline" --plugin ep --model tiny-moe --mesh pp=2 --nodes 1 \

@@ -2,7 +2,8 @@
 # 64, top 2, a sequence-wise load-balancing loss of coefficient 0.01): tiny's sizes with 4 blocks,
 # 8 query heads on 4 K/V heads, against its own 1-rank reference at 1, 2 and 4 ranks: data
 # parallel, ZeRO-3 and FSDP (with full and selective recompute), the pipelines and dp=fsdp x pp;
-# expert parallelism (ep: the experts over the dp ranks) at 1, 2 and 4; each on the reference's
+# expert parallelism (ep: the experts over an ep group carved out of dp) at 1, 2 and 4 ranks, the
+# finer experts also replicated over two ep groups (dp=4, ep=2); each on the reference's
 # trajectory within 1e-5 with memory and bytes = predict(). A capacity
 # of 1 (choices over it dropped, per sequence) has its own reference, which ZeRO-3 over 4 ranks of
 # one sequence each follows: a sequence's drops do not depend on the sequences beside it; finer
@@ -30,13 +31,13 @@ strata_e2e_moe(moe.1f1b.pp2 moe.reference 2 --plugin 1f1b --mesh pp=2 --micro-ba
 strata_e2e_moe(moe.gpipe.pp4 moe.reference 4 --plugin gpipe --mesh pp=4 --micro-batch 1)
 strata_e2e_moe(moe.1f1b.dp2.pp2.fsdp moe.reference 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
                --micro-batch 1 --plugin-opt dp=fsdp)
-# Expert parallelism (ep): the experts split over the dp ranks, each block's rows exchanged with
+# Expert parallelism (ep): the experts split over the ep group, each block's rows exchanged with
 # all_to_allv; its per-rank all_to_all bytes follow the routing, their sum over the ranks is
 # predicted (check_run predicted).
 strata_e2e_moe(moe.ep.np1 moe.reference 1 --plugin ep --micro-batch 8)
-strata_e2e_moe(moe.ep.np2 moe.reference 2 --plugin ep --micro-batch 2)
-strata_e2e_moe(moe.ep.np4.full moe.reference 4 --plugin ep --micro-batch 1 --nodes 2
-               --recompute full)
+strata_e2e_moe(moe.ep.np2 moe.reference 2 --plugin ep --mesh dp=2,ep=2 --micro-batch 2)
+strata_e2e_moe(moe.ep.np4.full moe.reference 4 --plugin ep --mesh dp=4,ep=4 --micro-batch 1
+               --nodes 2 --recompute full)
 strata_e2e_moe(moe.capacity.reference moe.capacity.reference 1 --plugin dp --micro-batch 8
                --capacity-factor 1)
 strata_e2e_moe(moe.capacity.zero3.np4 moe.capacity.reference 4 --plugin zero3 --micro-batch 1
@@ -48,8 +49,10 @@ strata_e2e_moe(moe.fine.reference moe.fine.reference 1 --plugin dp --micro-batch
 strata_e2e_moe(moe.fine.fsdp.np2 moe.fine.reference 2 --plugin fsdp --micro-batch 2)
 strata_e2e_moe(moe.fine.1f1b.pp2 moe.fine.reference 2 --plugin 1f1b --mesh pp=2 --micro-batch 2
                --recompute full)
-strata_e2e_moe(moe.fine.ep.np4 moe.fine.reference 4 --plugin ep --micro-batch 2 --nodes 2
-               --recompute selective)
+# Two ep groups of 2 (Megatron's expert data parallelism): each rank holds 4 of the 8 experts, its
+# peer in the other group the same 4; their gradients all-reduced over ep_dp.
+strata_e2e_moe(moe.fine.ep2.dp4 moe.fine.reference 4 --plugin ep --mesh dp=4,ep=2 --micro-batch 2
+               --nodes 2 --recompute selective)
 set(MOE_MODEL ${MOE})
 
 # Dropless drops nothing: the run file's moe_dropped_fraction is 0.
@@ -84,6 +87,7 @@ endif()
 
 set(MOE_CUDA --arch moe --heads 4 --kv-heads 2 --ffn 64 --experts 4 --top-k 2)
 strata_e2e_cuda(moe.ddp.np2 2 ${E2E_LOSS_TOL} --plugin ddp --micro-batch 2 ${MOE_CUDA})
-strata_e2e_cuda(moe.ep.np2 2 ${E2E_LOSS_TOL} --plugin ep --micro-batch 2 ${MOE_CUDA})
+strata_e2e_cuda(moe.ep.np2 2 ${E2E_LOSS_TOL} --plugin ep --mesh dp=2,ep=2 --micro-batch 2
+                ${MOE_CUDA})
 strata_e2e_cuda(moe.zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16
                 --capacity-factor 1 --shared-experts 1 ${MOE_CUDA})

@@ -22,7 +22,11 @@ std::vector<MeshSpec> shapes() {
         for (int rpn : {1, 2, 4, 6, 8}) {
           const int world = dp * tp * pp;
           if (world % rpn != 0) continue;
-          v.push_back({dp, tp, pp, world / rpn, rpn});
+          for (int ep = 1; ep <= dp; ++ep)
+            if (dp % ep == 0) {
+              v.push_back({dp, tp, pp, world / rpn, rpn});
+              v.back().ep = ep;
+            }
         }
   return v;
 }
@@ -42,6 +46,10 @@ bool same_group(const Mesh& m, Axis axis, int a, int b) {
     case Axis::dp_inter_node:
       return x.tp == y.tp && x.pp == y.pp &&
              m.index_in_group(Axis::dp_intra_node, a) == m.index_in_group(Axis::dp_intra_node, b);
+    case Axis::ep:  // the same run of ep dp indices
+      return x.tp == y.tp && x.pp == y.pp && x.dp / m.spec().ep == y.dp / m.spec().ep;
+    case Axis::ep_dp:  // the same place in their runs
+      return x.tp == y.tp && x.pp == y.pp && x.dp % m.spec().ep == y.dp % m.spec().ep;
   }
   return false;
 }
@@ -55,15 +63,15 @@ TEST(Mesh, CoordinatesAndRanksAreInverse) {
       EXPECT_EQ(c.node, r / s.ranks_per_node);
       EXPECT_EQ(c.local_rank, r % s.ranks_per_node);
       EXPECT_EQ(c.tp, r % s.tp);  // tp fastest (Megatron's order)
+      EXPECT_EQ(c.ep, m.index_in_group(Axis::ep, r));
     }
   }
 }
 
 TEST(Mesh, EveryAxisPartitionsTheWorldByItsDefinition) {
-  const Axis axes[] = {Axis::dp, Axis::tp, Axis::pp, Axis::dp_intra_node, Axis::dp_inter_node};
   for (const MeshSpec& s : shapes()) {
     const Mesh m(s);
-    for (Axis axis : axes) {
+    for (const auto& [axis, name] : strata::kAxes) {
       for (int r = 0; r < m.world(); ++r) {
         const std::vector<int> g = m.group(axis, r);
         std::set<int> members(g.begin(), g.end());
@@ -88,6 +96,22 @@ TEST(Mesh, GroupSizesAndOrder) {
   EXPECT_EQ(m.group(Axis::dp_intra_node, r), (std::vector<int>{21, 23}));
   EXPECT_EQ(m.group(Axis::dp_inter_node, r), (std::vector<int>{19, 23}));
   EXPECT_EQ(m.index_in_group(Axis::dp_inter_node, r), 1);
+}
+
+// Expert parallelism carved out of dp: dp 8 in ep groups of 2 (dp indices 0-1, 2-3, ...); ep_dp
+// holds the 4 ranks at the same place in each, the replicas of one rank's experts.
+TEST(Mesh, ExpertParallelGroupsSplitDp) {
+  strata::MeshSpec s{8, 2, 1, 2, 8};
+  s.ep = 2;
+  const Mesh m(s);
+  const int r = m.rank_of(5, 1, 0);  // rank 11
+  EXPECT_EQ(m.coord(r).ep, 1);
+  EXPECT_EQ(m.group(Axis::ep, r), (std::vector<int>{9, 11}));
+  EXPECT_EQ(m.group(Axis::ep_dp, r), (std::vector<int>{3, 7, 11, 15}));
+  EXPECT_EQ(m.index_in_group(Axis::ep_dp, r), 2);
+  s.ep = 1;  // no expert parallelism: ep is the rank alone, ep_dp all of dp
+  EXPECT_EQ(Mesh(s).group(Axis::ep, r), (std::vector<int>{r}));
+  EXPECT_EQ(Mesh(s).group(Axis::ep_dp, r), Mesh(s).group(Axis::dp, r));
 }
 
 }  // namespace

@@ -50,8 +50,9 @@ MachineProfile synthetic_profile(const ModelSpec& m, int micro_batch, double alp
 // The plugin's own step plans for a mesh dp x tp x pp on `nodes` nodes.
 StepQuery query(const std::string& strategy, const std::map<std::string, std::string>& options,
                 const ModelSpec& m, int dp, int pp, int micro_batch, int global_batch, int tp = 1,
-                int nodes = 1) {
-  const MeshSpec mesh{dp, tp, pp, nodes, dp * tp * pp / nodes};
+                int nodes = 1, int ep = 1) {
+  MeshSpec mesh{dp, tp, pp, nodes, dp * tp * pp / nodes};
+  mesh.ep = ep;
   TrainSpec train;
   train.micro_batch = micro_batch;
   train.global_batch = global_batch;
@@ -316,8 +317,8 @@ TEST(Predictor, AllToAllByItsFitOrAllGathers) {
   EXPECT_EQ(fitted.notes.find("all_to_all timed as"), std::string::npos) << fitted.notes;
 }
 
-// Expert parallelism (the ep plugin on tiny-moe, dp 2): each moe block's exchanges inside its
-// passes, on the compute thread, at a uniform routing. Per block and micro-batch of B T = 256
+// Expert parallelism (the ep plugin on tiny-moe, dp = ep = 2): each moe block's exchanges inside
+// its passes, on the compute thread, at a uniform routing. Per block and micro-batch of B T = 256
 // tokens: forward the counts' all-gather (2 ranks x 4 experts x 4 bytes) and two all_to_alls of
 // the rank's k B T = 512 rows of C = 64 fp32 (131072 bytes), backward two more; a full recompute
 // repeats the forward's in backward. The same plans without expert_parallel are that much faster.
@@ -325,7 +326,7 @@ TEST(Predictor, ExpertParallelChargesItsExchangesInsideThePasses) {
   const ModelSpec m = model_preset("tiny-moe");  // 2 blocks, 4 experts, top 2
   MachineProfile p = synthetic_profile(m, 4);
   p.comm.push_back(CommFit{"all_to_all", 2, 2, 2e-4, 5e8, 2, 0});
-  StepQuery q = query("ep", {{"dp", "allreduce"}}, m, 2, 1, 4, 8);  // one micro-batch
+  StepQuery q = query("ep", {{"dp", "allreduce"}}, m, 2, 1, 4, 8, 1, 1, 2);  // one micro-batch
   ASSERT_EQ(q.plans.front().expert_parallel, 2);
   const auto bytes = plan_comm_bytes(q.plans.front(), m, q.train, 1);
   EXPECT_EQ(bytes[int(CommOp::all_to_all)], 2 * 4 * 131072.0);

@@ -11,22 +11,42 @@ namespace strata {
 
 // dp x tp x pp = world. Rank order: tp fastest, then dp, then pp (Megatron's order), so that tensor
 // parallel peers are neighbours on a node. `nodes` may be virtual: node = rank / ranks_per_node.
+// ep (expert parallelism) is carved out of dp, as torchtitan and Megatron-Core carve it: it divides
+// dp, and each run of ep consecutive dp ranks is one expert-parallel group.
 struct MeshSpec {
   int dp = 1, tp = 1, pp = 1;
   int nodes = 1, ranks_per_node = 1;
+  int ep = 1;
   int world() const { return dp * tp * pp; }
 };
 
-// Where one rank sits: its index on each axis and its node.
+// Where one rank sits: its index on each axis and its node (ep: its index in its ep group).
 struct MeshCoord {
   int rank = 0, dp = 0, tp = 0, pp = 0;
   int node = 0, local_rank = 0;
+  int ep = 0;
 };
 
 // Communicators a strategy can ask for. dp_intra_node: the dp peers on this (virtual) node;
 // dp_inter_node: the dp peers with the same position among their node's peers on every other
-// node. There is deliberately no world communicator: a strategy talks on its own axes.
-enum class Axis { dp, tp, pp, dp_intra_node, dp_inter_node };
+// node. ep: the dp peers of this rank's expert-parallel group (dp indices [e*ep, e*ep + ep));
+// ep_dp: the dp peers at the same place in every other ep group (Megatron's expert-data-parallel
+// group: the replicas of this rank's experts). There is deliberately no world communicator: a
+// strategy talks on its own axes.
+enum class Axis { dp, tp, pp, dp_intra_node, dp_inter_node, ep, ep_dp };
+
+// Every axis and its name (the run file's and the trace's group names), in creation order.
+struct AxisName {
+  Axis axis;
+  const char* name;
+};
+inline constexpr AxisName kAxes[] = {{Axis::dp, "dp"},
+                                     {Axis::tp, "tp"},
+                                     {Axis::pp, "pp"},
+                                     {Axis::dp_intra_node, "dp_intra_node"},
+                                     {Axis::dp_inter_node, "dp_inter_node"},
+                                     {Axis::ep, "ep"},
+                                     {Axis::ep_dp, "ep_dp"}};
 
 class Mesh {
  public:

@@ -53,6 +53,21 @@ bool takes_axis(const Strategy& s, int tp, int pp) {
   }
 }
 
+// Whether a strategy splits a mixture of experts over an ep axis: the one validation on a small
+// moe at dp = ep = 2.
+bool takes_ep(const std::string& name, const Strategy& s) {
+  TrainSpec t;
+  t.micro_batch = 1, t.global_batch = 2;
+  MeshSpec mesh{2, 1, 1, 1, 2};
+  mesh.ep = 2;
+  try {
+    validate_strategy(name, s, mesh, t, model_preset("tiny-moe"));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
@@ -95,7 +110,7 @@ bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant&
   train.micro_batch = c.micro_batch, train.global_batch = c.global_batch;
   train.recompute = c.recompute;
   try {
-    v.strategy->validate(c.mesh, train, r.model);
+    validate_strategy(c.strategy, *v.strategy, c.mesh, train, r.model);
   } catch (const std::exception& e) {
     return exclude(Exclusion::divisibility, one_line(e.what()));
   }
@@ -113,7 +128,9 @@ bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant&
 std::string Candidate::label() const {
   std::ostringstream s;
   s << strategy << (variant.empty() ? "" : " " + variant) << " dp" << mesh.dp << " tp" << mesh.tp
-    << " pp" << mesh.pp << " mb" << micro_batch << " " << recompute_name(recompute);
+    << " pp" << mesh.pp;
+  if (mesh.ep > 1) s << " ep" << mesh.ep;
+  s << " mb" << micro_batch << " " << recompute_name(recompute);
   return s.str();
 }
 
@@ -126,25 +143,37 @@ Advice advise(const MachineProfile& profile, const AdviseRequest& r,
     const Strategy& probe = *variants.front().strategy;  // interleaved needs pp >= 2 for tp
     const bool tp_axis = takes_axis(probe, 2, 1) || takes_axis(probe, 2, 2);
     const bool pp_axis = takes_axis(probe, 1, 2) || takes_axis(probe, 2, 2);
+    const bool ep_axis = takes_ep(s.name, probe);
     out.notes.push_back(s.name + ": " +
                         (tp_axis && pp_axis ? "dp x tp x pp (pp >= 2)"
                          : tp_axis          ? "dp x tp (tp >= 2)"
                          : pp_axis          ? "dp x pp (pp >= 2)"
+                         : ep_axis          ? "dp with ep dividing it (ep >= 2; a moe only)"
                                             : "dp only"));
     for (const int tp : tp_axis ? divisors(r.ranks_per_node) : std::vector<int>{1})
       for (const int pp : pp_axis ? divisors(world / tp) : std::vector<int>{1}) {
         // Without its own axis a model-parallel strategy is its dp mode, enumerated as such.
         if (world % (tp * pp) != 0 || (pp_axis && pp == 1) || (tp_axis && !pp_axis && tp == 1))
           continue;
-        const MeshSpec mesh{world / (tp * pp), tp, pp, r.nodes, r.ranks_per_node};
-        for (const Variant& v : variants) {
-          if (!v.label.empty() && mesh.dp == 1) continue;  // dp's choices change nothing at dp 1
-          for (const int mb : r.micro_batches)
-            for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-              Candidate c{s.name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
-              check(profile, r, v, c, out);
-            }
+        MeshSpec mesh{world / (tp * pp), tp, pp, r.nodes, r.ranks_per_node};
+        // An expert-parallel strategy at each ep of dp's (ep 1 is plain dp; a dense model has
+        // none).
+        std::vector<int> eps{1};
+        if (ep_axis) {
+          eps.clear();
+          for (const int ep : divisors(mesh.dp))
+            if (ep > 1 && r.model.arch == Arch::moe) eps.push_back(ep);
         }
+        for (const int ep : eps)
+          for (const Variant& v : variants) {
+            if (!v.label.empty() && mesh.dp == 1) continue;  // dp's choices change nothing at dp 1
+            mesh.ep = ep;
+            for (const int mb : r.micro_batches)
+              for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+                Candidate c{s.name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
+                check(profile, r, v, c, out);
+              }
+          }
       }
   }
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const auto& a, const auto& b) {

@@ -46,7 +46,7 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
 }
 
 // Expert parallelism: each moe block's exchanges (expert_parallel_collectives, at a uniform
-// routing) on the ep group, the dp axis, on the compute thread inside its passes; the experts'
+// routing) on the ep group, on the compute thread inside its passes; the experts'
 // GEMMs take the profile's time (at a uniform routing a rank's experts take as many rows as one
 // rank's tokens route).
 void add_expert_parallel(Costs& c, int ep) {
@@ -57,7 +57,7 @@ void add_expert_parallel(Costs& c, int ep) {
       for (const PassCollective& p :
            expert_parallel_collectives(q.model, q.train.micro_batch, int(u), backward, ep,
                                        q.train.recompute, q.train.precision.param)) {
-        const double t = c.comm(op_name(p.op), p.bytes, Axis::dp);
+        const double t = c.comm(op_name(p.op), p.bytes, Axis::ep);
         (backward ? c.bwd : c.fwd)[u] += t;
         (backward ? c.tp_bwd : c.tp_fwd)[u] += t;
       }

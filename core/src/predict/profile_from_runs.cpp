@@ -164,8 +164,12 @@ RunQuestion question_of_run(const RunRecord& run) {
   // Files from before --tp-comm-dtype have no tp_comm_dtype: they moved fp32 activations.
   t.precision.tp_comm = dtype_of_name(text("tp_comm_dtype"));
   t.device = text("device") == "cuda" ? Device::cuda : Device::cpu;
-  q.mesh = MeshSpec{integer(config, "dp", 1), integer(config, "tp", 1), integer(config, "pp", 1),
-                    integer(config, "nodes", 1), integer(config, "ranks_per_node", run.ranks)};
+  q.mesh = MeshSpec{integer(config, "dp", 1),
+                    integer(config, "tp", 1),
+                    integer(config, "pp", 1),
+                    integer(config, "nodes", 1),
+                    integer(config, "ranks_per_node", run.ranks),
+                    integer(config, "ep", 1)};  // files from before ep have none: 1
   q.threads = integer(provenance, "blas_threads", 1);
   r.plugin_opts = split_options(text("plugin_opts"));
   r.step_p50_s = summary_value(run, "step_s_p50");

@@ -14,11 +14,6 @@ std::vector<std::size_t> default_calibration_sizes() { return {64u << 10, 1u << 
 
 namespace {
 
-constexpr std::pair<Axis, const char*> kAxes[] = {{Axis::dp, "dp"},
-                                                  {Axis::tp, "tp"},
-                                                  {Axis::pp, "pp"},
-                                                  {Axis::dp_intra_node, "dp_intra_node"},
-                                                  {Axis::dp_inter_node, "dp_inter_node"}};
 // One call of `op` on `g` over `n` elements of `in` (all_gather: its shard) into `out`.
 void run_op(Group& g, CommOp op, BufferView in, BufferView out) {
   const std::size_t n = in.count, shard = n / std::size_t(g.size());
@@ -73,6 +68,9 @@ std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
     double size = g.size();
     mpi::control_allreduce_max(&size, 1);  // every rank skips the same axes
     if (size < 2) continue;
+    // ep's groups where they are groups of their own: at ep = 1 ep_dp is dp, at ep = dp ep is.
+    const MeshSpec& m = ctx.mesh();
+    if ((axis == Axis::ep && m.ep == m.dp) || (axis == Axis::ep_dp && m.ep == 1)) continue;
     for (CommOp op : kCalibratedCommOps)
       for (std::size_t bytes : sizes) {
         // Whole elements, divisible by the group so the shards are equal.

@@ -36,12 +36,7 @@ class CoreContext final : public Context {
     // The groups of an axis partition the world, so a group's first rank names it.
     const Mesh mesh(config.mesh);
     const int rank = mpi::world_rank();
-    const std::pair<Axis, const char*> axes[] = {{Axis::dp, "dp"},
-                                                 {Axis::tp, "tp"},
-                                                 {Axis::pp, "pp"},
-                                                 {Axis::dp_intra_node, "dp_intra_node"},
-                                                 {Axis::dp_inter_node, "dp_inter_node"}};
-    for (const auto& [axis, name] : axes)
+    for (const auto& [axis, name] : kAxes)
       groups_[axis] = split_group(config.transport, name, mesh.group(axis, rank).front(),
                                   mesh.index_in_group(axis, rank), &ledger);
 

@@ -12,6 +12,7 @@ MeshCoord Mesh::coord(int rank) const {
   c.pp = rank / (spec_.tp * spec_.dp);
   c.node = node_of(rank);
   c.local_rank = rank % spec_.ranks_per_node;
+  c.ep = c.dp % spec_.ep;
   return c;
 }
 
@@ -43,6 +44,13 @@ std::vector<int> Mesh::group(Axis axis, int rank) const {
       }
       break;
     }
+    case Axis::ep:  // the run of ep dp indices holding this one
+      for (int d = c.dp - c.ep; d < c.dp - c.ep + spec_.ep; ++d)
+        ranks.push_back(rank_of(d, c.tp, c.pp));
+      break;
+    case Axis::ep_dp:  // the same place in every ep group
+      for (int d = c.ep; d < spec_.dp; d += spec_.ep) ranks.push_back(rank_of(d, c.tp, c.pp));
+      break;
   }
   return ranks;
 }

@@ -75,11 +75,12 @@ void announce(const Run& run, const PeakFlops& peak) {
   const RunConfig& c = run.config;
   const TrainSpec& t = c.train;
   std::printf(
-      "strata: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
+      "strata: %s on %d rank(s) (%d node(s) x %d), mesh %s, model %s "
       "(%s), %d x %d seq/step (micro-batch %d, %d micro-step(s)), %s\n",
-      c.plugin.c_str(), mpi::world_size(), c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp,
-      c.mesh.tp, c.mesh.pp, c.model.preset.c_str(), params_text(c.model).c_str(), t.global_batch,
-      c.model.seq, t.micro_batch, t.micro_steps(c.mesh), run.ctx.data().describe().c_str());
+      c.plugin.c_str(), mpi::world_size(), c.mesh.nodes, c.mesh.ranks_per_node,
+      mesh_text(c.mesh).c_str(), c.model.preset.c_str(), params_text(c.model).c_str(),
+      t.global_batch, c.model.seq, t.micro_batch, t.micro_steps(c.mesh),
+      run.ctx.data().describe().c_str());
   if (const DeviceBackend* gpu = opened_backend(c.device_kind()))
     std::printf("strata: GPU %d of rank 0: %s, peak %.1f TFLOP/s (%s: %s)\n", gpu->ordinal(),
                 gpu->device_name().c_str(), peak.per_rank / 1e12, peak.source.c_str(),

@@ -416,6 +416,10 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
                       std::to_string(std::int64_t(m.dp) * m.tp * m.pp) +
                       " ranks, but the world has " + std::to_string(world) +
                       ": dp x tp x pp must equal the world size");
+  if (m.dp % m.ep != 0)
+    throw ConfigError("--mesh ep=" + std::to_string(m.ep) +
+                      ": must divide dp=" + std::to_string(m.dp) +
+                      " (the expert-parallel groups are carved out of the data-parallel ranks)");
   TrainSpec& t = c.train;
   const std::int64_t per_micro_step = std::int64_t(t.micro_batch) * m.dp;
   if (t.global_batch == 0) {
@@ -505,6 +509,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("dp", mesh.dp);
   add("tp", mesh.tp);
   add("pp", mesh.pp);
+  add("ep", mesh.ep);
   add("blas_threads", blas_threads);
   add("watchdog_s", watchdog_s);
   add("peak_tflops", peak_tflops);

@@ -180,9 +180,9 @@ int dry_run(const RunConfig& c, const Strategy& strategy) {
     if (r == 0) notes = p.notes, bubble = p.bubble_fraction;
   }
   std::printf(
-      "dry run: %s on %d rank(s) (%d node(s) x %d), mesh dp=%d tp=%d pp=%d, model %s "
+      "dry run: %s on %d rank(s) (%d node(s) x %d), mesh %s, model %s "
       "(%s), micro-batch %d, global batch %d (%d micro-step(s))\n",
-      c.plugin.c_str(), world, c.mesh.nodes, c.mesh.ranks_per_node, c.mesh.dp, c.mesh.tp, c.mesh.pp,
+      c.plugin.c_str(), world, c.mesh.nodes, c.mesh.ranks_per_node, mesh_text(c.mesh).c_str(),
       c.model.preset.c_str(), params_text(c.model).c_str(), c.train.micro_batch,
       c.train.global_batch, c.train.micro_steps(c.mesh));
   print_memory_sides(peak, worst_total, worst_rank, worst_host, worst_host_rank);
@@ -356,7 +356,8 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
   resolve_mesh(config, world, env.under_launcher ? env.local_size : world);
   std::shared_ptr<Strategy> strategy = registry.create(config.plugin, options);
   // --calibrate measures any mesh (a pipeline's or tp's groups too): no strategy runs on it.
-  if (!config.calibrate) strategy->validate(config.mesh, config.train, config.model);
+  if (!config.calibrate)
+    validate_strategy(config.plugin, *strategy, config.mesh, config.train, config.model);
   check_cuda_graphs(config, *strategy);
   if (config.dry_run) {
     code = dry_run(config, *strategy);

@@ -232,4 +232,14 @@ std::string describe(const LoadedPlugin& plugin, const StrategySpec& spec) {
   return out.str();
 }
 
+void validate_strategy(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
+                       const TrainSpec& train, const ModelSpec& model) {
+  strategy.validate(mesh, train, model);
+  if (mesh.ep > 1 &&
+      strategy.plan_step(PredictInput{mesh, model, train, 0}).expert_parallel != mesh.ep)
+    throw ConfigError("--mesh ep=" + std::to_string(mesh.ep) + ": --plugin " + name +
+                      " does not split the experts over an expert-parallel group; use --plugin "
+                      "ep, or leave ep out");
+}
+
 }  // namespace strata

@@ -57,6 +57,12 @@ class PluginRegistry {
 // naming the option and what is allowed.
 Options validate_options(const StrategySpec& spec, const std::vector<std::string>& key_values);
 
+// The strategy `name`'s validate() on this configuration, and what only the core can check: an
+// expert-parallel group (--mesh ep > 1) is for a strategy that splits the experts over it (its
+// step plan's expert_parallel); any other would leave the axis unused. Throws ConfigError.
+void validate_strategy(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
+                       const TrainSpec& train, const ModelSpec& model);
+
 // Human-readable description (for --describe).
 std::string describe(const LoadedPlugin& plugin, const StrategySpec& spec);
 

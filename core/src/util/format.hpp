@@ -3,7 +3,16 @@
 #include <cstdio>
 #include <string>
 
+#include "strata/mesh.hpp"
+
 namespace strata {
+
+// "dp=4 tp=1 pp=1", with " ep=2" where experts are split.
+inline std::string mesh_text(const MeshSpec& m) {
+  std::string s =
+      "dp=" + std::to_string(m.dp) + " tp=" + std::to_string(m.tp) + " pp=" + std::to_string(m.pp);
+  return m.ep > 1 ? s + " ep=" + std::to_string(m.ep) : s;
+}
 
 // 1536 -> "1.50 KiB"
 inline std::string human_bytes(double b) {

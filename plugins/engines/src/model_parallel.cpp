@@ -47,8 +47,8 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
     part.tp_size = mesh.tp;
     part.tp_rank = coord.tp;
     part.sequence_parallel = cfg.sequence_parallel;
-    part.ep_size = cfg.expert_parallel ? mesh.dp : 1;
-    part.ep_rank = cfg.expert_parallel ? coord.dp : 0;
+    part.ep_size = cfg.expert_parallel ? mesh.ep : 1;
+    part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
     p.parts.push_back(part);
     p.global.push_back(k);
   }
@@ -137,9 +137,10 @@ void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const Mp
   const std::string who = "--plugin " + cfg.strategy;
   if (model.arch != Arch::moe)
     throw ConfigError(who + ": expert parallelism needs a mixture of experts (--arch moe)");
-  if (model.experts % mesh.dp != 0)
-    throw ConfigError(who + ": dp=" + std::to_string(mesh.dp) + " must divide the experts (" +
-                      std::to_string(model.experts) + "): each dp rank holds experts / dp of them");
+  if (model.experts % mesh.ep != 0)
+    throw ConfigError(who + ": --mesh ep=" + std::to_string(mesh.ep) +
+                      " must divide the experts (" + std::to_string(model.experts) +
+                      "): each ep rank holds experts / ep of them");
   if (cfg.dp != DpMode::allreduce)
     throw ConfigError("--plugin-opt dp=" + std::string(dp_mode_name(cfg.dp)) + ": " + cfg.strategy +
                       " takes dp=allreduce only so far (the experts' ranks differ)");
@@ -266,8 +267,8 @@ class Engine {
           ctx.train().precision.param, ctx.train().precision.tp_comm));
       models.push_back(chunks_.back().get());
     }
-    if (plan_.parts.front().ep_size > 1) {  // the moe blocks' exchanges, on the dp group
-      ep_comm_ = std::make_unique<SyncExpertParallelComm>(ctx.group(Axis::dp));
+    if (plan_.parts.front().ep_size > 1) {  // the moe blocks' exchanges, on the ep group
+      ep_comm_ = std::make_unique<SyncExpertParallelComm>(ctx.group(Axis::ep));
       for (auto& chunk : chunks_) chunk->set_expert_comm(ep_comm_.get());
     }
     shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);

@@ -106,9 +106,14 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
                 ? std::string("; ") + dp_mode_name(cfg.dp) + " over dp" +
                       (cfg.dp == DpMode::zero1 ? "" : ", reduced once per step")
                 : std::string())
-        << (cfg.expert_parallel && in.mesh.dp > 1
-                ? "; experts over dp: " + std::to_string(in.model.experts / in.mesh.dp) +
-                      " of each block's " + std::to_string(in.model.experts) + " here"
+        << (cfg.expert_parallel && in.mesh.ep > 1
+                ? "; experts over ep=" + std::to_string(in.mesh.ep) + ": " +
+                      std::to_string(in.model.experts / in.mesh.ep) + " of each block's " +
+                      std::to_string(in.model.experts) + " here" +
+                      (in.mesh.dp > in.mesh.ep
+                           ? ", replicated over " + std::to_string(in.mesh.dp / in.mesh.ep) +
+                                 " ep groups"
+                           : std::string())
                 : std::string())
         << "; recompute " << recompute_name(in.train.recompute);
   return notes.str();
@@ -120,7 +125,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   StepPlan plan;
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
-  plan.expert_parallel = cfg.expert_parallel ? in.mesh.dp : 1;
+  plan.expert_parallel = cfg.expert_parallel ? in.mesh.ep : 1;
   if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp partition
     plan = sharded::plan_step(
         in, dp_axis_config(cfg),

@@ -36,7 +36,8 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
   reduce_done_.resize(G);
   allocate_state(ctx);
   // in_grad_norm depends on the tp rank only, which every partition shares. Expert parallelism:
-  // the routed experts differ across the ep group, the rest is replicated over dp.
+  // the routed experts differ across the ep group and are replicated over ep_dp (the other ep
+  // groups), the rest is replicated over dp.
   const bool ep = parts[0].ep_size > 1;
   auto expert = [](const LocalTensor& t) { return t.shard == ShardKind::experts; };
   norm_slices_ = owned_slices(tensors, groups_, shard_index_, [&](const LocalTensor& t) {
@@ -44,9 +45,11 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
   });
   if (ep) {
     if (!c.replicate) throw Error("Shards: expert parallelism runs with dp=allreduce only");
-    ep_group_ = &ctx.group(Axis::dp);
+    ep_group_ = &ctx.group(Axis::ep);
+    if (ctx.mesh().dp > ctx.mesh().ep) expert_replica_group_ = &ctx.group(Axis::ep_dp);
     dense_slices_ = owned_slices(tensors, groups_, shard_index_,
                                  [&](const LocalTensor& t) { return !expert(t); });
+    expert_slices_ = owned_slices(tensors, groups_, shard_index_, expert);
     expert_norm_slices_ = owned_slices(tensors, groups_, shard_index_, [&](const LocalTensor& t) {
       return expert(t) && models_[0]->in_grad_norm(t);
     });
@@ -212,11 +215,16 @@ void Shards::run(Context& ctx, const Action& a) {
 // straight into its shard, or with one shard all-reduced in place over the replicas.
 void Shards::reduce_replicated_grads(Context& ctx) {
   std::vector<Event> done;
-  if (ep_group_) {  // expert parallelism: the dense slices only (each rank's experts are its own)
-    if (replica_group_)
-      for (const ShardSlice& s : dense_slices_)
-        done.push_back(ctx.comm_stream().all_reduce(
-            *replica_group_, slice(grads_of(s.group), s.at, s.count), ctx.compute_event()));
+  if (ep_group_) {  // expert parallelism: the dense slices over dp, the experts' over their
+                    // replicas
+    auto all_reduce = [&](Group* over, const std::vector<ShardSlice>& slices) {
+      if (over)
+        for (const ShardSlice& s : slices)
+          done.push_back(ctx.comm_stream().all_reduce(
+              *over, slice(grads_of(s.group), s.at, s.count), ctx.compute_event()));
+    };
+    all_reduce(replica_group_, dense_slices_);
+    all_reduce(expert_replica_group_, expert_slices_);
     for (Event& e : done) e.wait();
     return;
   }

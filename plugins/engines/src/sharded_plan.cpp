@@ -142,15 +142,20 @@ void plan_shards_update(const PredictInput& in, const EngineConfig& c,
   const int n = at.shards, index = at.index;
   const auto groups = make_groups(in.model, parts, n, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  const bool ep = parts[0].ep_size > 1;  // dp=allreduce of all but the routed experts
-  if (ep && at.replicas > 1) {
+  // Expert parallelism: dp=allreduce of all but the routed experts, theirs over their replicas.
+  const bool ep = parts[0].ep_size > 1;
+  if (ep) {
     std::vector<std::vector<LocalTensor>> tensors;
     for (const Partition& part : parts)
       tensors.push_back(StageModel::local_tensors(in.model, part));
-    for (const ShardSlice& s : owned_slices(tensors, groups, index, [](const LocalTensor& t) {
-           return t.shard != ShardKind::experts;
-         }))
-      step.push_back(plan_comm(CommOp::all_reduce, per.grads * double(s.count), at.replica_axis));
+    auto all_reduce = [&](bool experts, Axis over) {
+      for (const ShardSlice& s : owned_slices(tensors, groups, index, [&](const LocalTensor& t) {
+             return (t.shard == ShardKind::experts) == experts;
+           }))
+        step.push_back(plan_comm(CommOp::all_reduce, per.grads * double(s.count), over));
+    };
+    if (at.replicas > 1) all_reduce(false, at.replica_axis);
+    if (in.mesh.dp > in.mesh.ep) all_reduce(true, Axis::ep_dp);
   } else if (!c.shard_grads)
     for (const ShardGroup& g : groups) {
       if (n > 1)
@@ -166,7 +171,7 @@ void plan_shards_update(const PredictInput& in, const EngineConfig& c,
     if (n > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, at.shard_axis));
     if (in.mesh.tp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::tp));
     if (in.mesh.pp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::pp));
-    if (ep) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::dp));  // the experts' squares
+    if (ep) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::ep));  // the experts' squares
   }
   if (c.offload_optimizer) {
     std::vector<std::size_t> counts;

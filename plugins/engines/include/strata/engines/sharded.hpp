@@ -213,7 +213,8 @@ void plan_host_update(const std::vector<std::size_t>& counts, const TrainSpec& t
 // owned parts of the replicated tensors' partial gradients are all-reduced over tp before the
 // update (Megatron's sequence-parallel reduction); under a pipeline the norm adds the stages'.
 // With expert parallelism (Partition::ep_size > 1, allreduce only) the routed experts' gradients
-// are not reduced (each rank's experts are its own) and their squares are added over dp.
+// are all-reduced over ep_dp (the ranks holding the same experts in the other ep groups; none when
+// ep = dp) and their squares added over the ep group.
 class Shards {
  public:
   Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel*> models);
@@ -266,11 +267,13 @@ class Shards {
   Group* replica_group_ = nullptr;  // hybrid's dp_inter_node, replicate's dp (more than one)
   Group* tp_group_ = nullptr;       // tp > 1: the norm's and the partial gradients' sums
   Group* pp_group_ = nullptr;       // pp > 1: the norm's sum
-  // Expert parallelism (Partition::ep_size > 1, dp=allreduce): the ep group (dp) the experts'
-  // squares are added over, the slices all-reduced over dp (all but the routed experts') and the
-  // experts' slices of the norm.
+  // Expert parallelism (Partition::ep_size > 1, dp=allreduce): the ep group the experts' squares
+  // are added over, the experts' replicas (ep_dp, when dp > ep), the slices all-reduced over dp
+  // (all but the routed experts'), those all-reduced over ep_dp (the experts') and the experts'
+  // slices of the norm.
   Group* ep_group_ = nullptr;
-  std::vector<ShardSlice> dense_slices_, expert_norm_slices_;
+  Group* expert_replica_group_ = nullptr;
+  std::vector<ShardSlice> dense_slices_, expert_slices_, expert_norm_slices_;
   int shard_index_ = 0;
   std::vector<ShardGroup> groups_;
   std::vector<int> group_of_unit_;
