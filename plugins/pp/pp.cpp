@@ -10,7 +10,9 @@
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
 // dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
 // gradients (and parameters) sharded too, per unit, reduced (and gathered) once per step as
-// torchtitan runs FSDP2 with PP.
+// torchtitan runs FSDP2 with PP. A mixture of experts' routed experts split over an expert-parallel
+// group inside each stage's dp ranks (--mesh dp=D,pp=P,ep=N, dp=allreduce), as the ep plugin
+// splits them (Megatron-Core's EP x PP).
 #include <sstream>
 
 #include "strata/engines/model_parallel.hpp"
@@ -107,6 +109,7 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.microbatches = int(o.get_int("microbatches"));
   c.prefetch = int(o.get_int("prefetch"));
   c.offload_optimizer = o.get("offload") == "optimizer";
+  c.expert_parallel = true;  // at --mesh ep > 1
   return std::make_unique<mp::MpStrategy>(c);
 }
 

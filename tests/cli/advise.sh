@@ -86,6 +86,13 @@ rate = {int(m[1]): float(m[2]) for m in re.finditer(
 assert sorted(rate) == [8, 16], text
 assert rate[8] > rate[16], rate
 PY
+# Mixtral 8x7B on 256 GPUs (issue 30's acceptance): the pipelines with their stages' experts over
+# ep are ranked beside those without.
+"$runner" --advise --profile "$profile" --model mixtral-8x7b --nodes 32 --ranks-per-node 8 \
+  --memory-limit 80GiB --global-batch 1024 --advise-micro-batches 1 --advise-top 1000 \
+  >"$dir/mixtral.txt" || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b on 256"; }
+grep -qE "^ +[0-9]+  (1f1b|gpipe|interleaved) dp[0-9]+ tp1 pp[0-9]+ ep8 mb1 " "$dir/mixtral.txt" \
+  || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b: no pipeline with ep 8 ranked"; }
 # Nothing fits: said, exit 4.
 rc=0
 "$runner" --advise --profile "$profile" --model gpt3-175b --nodes 1 --ranks-per-node 8 \

@@ -105,6 +105,10 @@ check "--mesh ep=3: must divide dp=4" --plugin ep --model tiny-moe --mesh dp=4,e
   --ranks-per-node 4
 check "--mesh ep=2: --plugin zero1 does not split the experts" --plugin zero1 --model tiny-moe \
   --mesh dp=2,ep=2 --nodes 1 --ranks-per-node 2
+check "--plugin-opt dp=zero1: 1f1b with --mesh ep=2 takes dp=allreduce only" --plugin 1f1b \
+  --model tiny-moe --mesh dp=2,pp=2,ep=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=zero1
+check "--plugin 1f1b: expert parallelism needs a mixture of experts (--arch moe)" --plugin 1f1b \
+  --mesh dp=2,pp=2,ep=2 --nodes 1 --ranks-per-node 4
 check "--plugin-opt dp=zero1: must be one of allreduce" --plugin ep --model tiny-moe \
   --plugin-opt dp=zero1
 check "--mesh pp=2: ep has no pipeline" --plugin ep --model tiny-moe --mesh pp=2 --nodes 1 \

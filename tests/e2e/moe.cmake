@@ -2,6 +2,7 @@
 # 64, top 2, a sequence-wise load-balancing loss of coefficient 0.01): tiny's sizes with 4 blocks,
 # 8 query heads on 4 K/V heads, against its own 1-rank reference at 1, 2 and 4 ranks: data
 # parallel, ZeRO-3 and FSDP (with full and selective recompute), the pipelines and dp=fsdp x pp;
+# 1F1B with its stages' experts split over ep;
 # expert parallelism (ep: the experts over an ep group carved out of dp) at 1, 2 and 4 ranks, the
 # finer experts also replicated over two ep groups (dp=4, ep=2); each on the reference's
 # trajectory within 1e-5 with memory and bytes = predict(). A capacity
@@ -38,6 +39,10 @@ strata_e2e_moe(moe.ep.np1 moe.reference 1 --plugin ep --micro-batch 8)
 strata_e2e_moe(moe.ep.np2 moe.reference 2 --plugin ep --mesh dp=2,ep=2 --micro-batch 2)
 strata_e2e_moe(moe.ep.np4.full moe.reference 4 --plugin ep --mesh dp=4,ep=4 --micro-batch 1
                --nodes 2 --recompute full)
+# ep inside a pipeline's stages (Megatron-Core's EP x PP): each stage's 2 dp ranks split its
+# blocks' experts, the exchanges inside the passes between the stages' sends.
+strata_e2e_moe(moe.1f1b.dp2.pp2.ep2 moe.reference 4 --plugin 1f1b --mesh dp=2,pp=2,ep=2 --nodes 2
+               --micro-batch 1)
 strata_e2e_moe(moe.capacity.reference moe.capacity.reference 1 --plugin dp --micro-batch 8
                --capacity-factor 1)
 strata_e2e_moe(moe.capacity.zero3.np4 moe.capacity.reference 4 --plugin zero3 --micro-batch 1

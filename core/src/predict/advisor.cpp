@@ -54,18 +54,22 @@ bool takes_axis(const Strategy& s, int tp, int pp) {
 }
 
 // Whether a strategy splits a mixture of experts over an ep axis: the one validation on a small
-// moe at dp = ep = 2.
+// moe at dp = ep = 2, without a pipeline or with one of 2 stages.
 bool takes_ep(const std::string& name, const Strategy& s) {
-  TrainSpec t;
-  t.micro_batch = 1, t.global_batch = 2;
-  MeshSpec mesh{2, 1, 1, 1, 2};
-  mesh.ep = 2;
-  try {
-    validate_strategy(name, s, mesh, t, model_preset("tiny-moe"));
-    return true;
-  } catch (const std::exception&) {
-    return false;
+  for (const int pp : {1, 2}) {
+    TrainSpec t;
+    t.micro_batch = 1, t.global_batch = 2 * pp;
+    MeshSpec mesh{2, 1, pp, 1, 2 * pp};
+    mesh.ep = 2;
+    try {
+      ModelSpec moe = model_preset("tiny-moe");
+      moe.layers = 8;  // interleaved's 2 x 2 chunks
+      validate_strategy(name, s, mesh, t, moe);
+      return true;
+    } catch (const std::exception&) {
+    }
   }
+  return false;
 }
 
 std::vector<int> divisors(int n) {
@@ -149,21 +153,21 @@ Advice advise(const MachineProfile& profile, const AdviseRequest& r,
                          : tp_axis          ? "dp x tp (tp >= 2)"
                          : pp_axis          ? "dp x pp (pp >= 2)"
                          : ep_axis          ? "dp with ep dividing it (ep >= 2; a moe only)"
-                                            : "dp only"));
+                                            : "dp only") +
+                        (ep_axis && (tp_axis || pp_axis) ? ", ep dividing dp (a moe only)" : ""));
     for (const int tp : tp_axis ? divisors(r.ranks_per_node) : std::vector<int>{1})
       for (const int pp : pp_axis ? divisors(world / tp) : std::vector<int>{1}) {
         // Without its own axis a model-parallel strategy is its dp mode, enumerated as such.
         if (world % (tp * pp) != 0 || (pp_axis && pp == 1) || (tp_axis && !pp_axis && tp == 1))
           continue;
         MeshSpec mesh{world / (tp * pp), tp, pp, r.nodes, r.ranks_per_node};
-        // An expert-parallel strategy at each ep of dp's (ep 1 is plain dp; a dense model has
-        // none).
-        std::vector<int> eps{1};
-        if (ep_axis) {
-          eps.clear();
+        // A strategy that splits experts at each ep >= 2 dividing dp, for a moe; ep 1 as well where
+        // it has another axis (a strategy with ep alone is its dp mode there).
+        std::vector<int> eps;
+        if (!ep_axis || tp_axis || pp_axis) eps.push_back(1);
+        if (ep_axis && r.model.arch == Arch::moe)
           for (const int ep : divisors(mesh.dp))
-            if (ep > 1 && r.model.arch == Arch::moe) eps.push_back(ep);
-        }
+            if (ep > 1) eps.push_back(ep);
         for (const int ep : eps)
           for (const Variant& v : variants) {
             if (!v.label.empty() && mesh.dp == 1) continue;  // dp's choices change nothing at dp 1

@@ -132,7 +132,7 @@ std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
 
 namespace {
 
-// Expert parallelism over dp: a moe whose experts dp divides, dp=allreduce.
+// Expert parallelism over the mesh's ep group: a moe whose experts ep divides, dp=allreduce.
 void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const MpConfig& cfg) {
   const std::string who = "--plugin " + cfg.strategy;
   if (model.arch != Arch::moe)
@@ -143,6 +143,7 @@ void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const Mp
                       "): each ep rank holds experts / ep of them");
   if (cfg.dp != DpMode::allreduce)
     throw ConfigError("--plugin-opt dp=" + std::string(dp_mode_name(cfg.dp)) + ": " + cfg.strategy +
+                      (cfg.pipeline ? " with --mesh ep=" + std::to_string(mesh.ep) : "") +
                       " takes dp=allreduce only so far (the experts' ranks differ)");
 }
 
@@ -152,7 +153,8 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
               const MpConfig& cfg) {
   const std::string who = cfg.strategy;
   validate_tensor_parallel(model, t.micro_batch, mesh.tp, cfg.sequence_parallel);
-  if (cfg.expert_parallel) validate_expert_axis(mesh, model, cfg);
+  // The ep plugin is expert parallelism whatever its ep; a pipeline is from ep 2.
+  if (cfg.expert_parallel && (!cfg.pipeline || mesh.ep > 1)) validate_expert_axis(mesh, model, cfg);
   // prefetch is the sharded engine's (dp=zero2|fsdp); offload needs an optimizer sharded over dp.
   if (cfg.prefetch < 0) throw ConfigError("--plugin-opt prefetch: must be >= 0");
   if (cfg.offload_optimizer && cfg.dp == DpMode::allreduce)

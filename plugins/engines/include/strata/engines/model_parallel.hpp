@@ -62,9 +62,10 @@ struct MpConfig {
   // run from the tp group; empty: SyncTensorParallelComm (one blocking collective per call). A tp
   // strategy that overlaps them supplies its own here.
   std::function<std::unique_ptr<TensorParallelComm>(Group& tp)> make_tp_comm;
-  // Expert parallelism (the ep plugin): a moe's routed experts split over the mesh's ep group, E /
-  // ep on each rank (Partition::ep_size = ep), each block's rows exchanged with all_to_allv on it
-  // (SyncExpertParallelComm); the experts' gradients all-reduced over ep_dp, the rest over dp.
+  // Expert parallelism (the ep plugin; the pipelines at --mesh ep > 1): a moe's routed experts
+  // split over the mesh's ep group, E / ep on each rank (Partition::ep_size = ep), each block's
+  // rows exchanged with all_to_allv on it (SyncExpertParallelComm); the experts' gradients
+  // all-reduced over ep_dp, the rest over dp (dp=allreduce only).
   bool expert_parallel = false;
 };
 
