@@ -162,14 +162,25 @@ static void layout(const RunRecord& r, int ranks, int steps) {
 static void trajectory(const RunRecord& ref, const RunRecord& r, double tol) {
   EXPECT(ref.steps == r.steps, "steps %d vs %d\n", ref.steps, r.steps);
   EXPECT(config(ref, "global_batch") == config(r, "global_batch"), "global batch differs\n");
-  double worst = 0;
+  // A mixture of experts' load-balancing term too (rank 0's row holds the step's global value):
+  // the same routing on every layout gives the same term.
+  const bool moe = config(ref, "arch") == "moe";
+  EXPECT(moe == (r.step_values.count("moe_aux_loss") == 1) &&
+             moe == (ref.step_values.count("moe_aux_loss") == 1),
+         "/steps/moe_aux_loss in a moe run's file only\n");
+  double worst = 0, worst_aux = 0;
   for (int s = 0; s < std::min(ref.steps, r.steps); ++s) {
     double a = ref.step_values.at("loss")[s], b = r.step_values.at("loss")[s];
     worst = std::max(worst, std::fabs(a - b));
     EXPECT(std::fabs(a - b) <= tol, "step %d loss %.7f vs reference %.7f\n", s, b, a);
+    if (!moe || !r.step_values.count("moe_aux_loss")) continue;
+    a = ref.step_values.at("moe_aux_loss")[s], b = r.step_values.at("moe_aux_loss")[s];
+    worst_aux = std::max(worst_aux, std::fabs(a - b));
+    EXPECT(a > 0 && std::fabs(a - b) <= tol, "step %d moe_aux_loss %.7f vs reference %.7f\n", s, b,
+           a);
   }
-  std::printf("trajectory: max |loss - reference| = %.3g over %d steps (tolerance %.3g)\n", worst,
-              r.steps, tol);
+  std::printf("trajectory: max |loss - reference| = %.3g over %d steps (tolerance %.3g)%s\n", worst,
+              r.steps, tol, moe ? (", moe_aux_loss " + std::to_string(worst_aux)).c_str() : "");
 }
 
 static void device(const RunRecord& r, const std::string& want, const std::string& attention) {

@@ -106,7 +106,26 @@ TEST(RankReport, AFailureFileHoldsRankZerosStepsAndNaNForTheOthers) {
   ASSERT_EQ(step_s.size(), 6u);
   EXPECT_EQ(step_s[1], root.steps[1].metric[strata::kStepS]);
   for (std::size_t i = 2; i < 6; ++i) EXPECT_TRUE(std::isnan(step_s[i]));
-  EXPECT_EQ(rec.step_metrics.size(), std::size_t(strata::kNumStepMetrics));
+  // Every metric but a mixture of experts' load-balancing term.
+  EXPECT_EQ(rec.step_metrics.size(), std::size_t(strata::kNumStepMetrics) - 1);
+  EXPECT_EQ(rec.step_values.count("moe_aux_loss"), 0u);
+}
+
+// /steps/moe_aux_loss is a moe run's only, with the step's value as rank 0 reported it.
+TEST(RankReport, OnlyAMixtureOfExpertsHasItsLoadBalancingTerm) {
+  std::vector<RankReport> reports = {numbered_report(0, 2)};
+  for (const char* arch : {"llama", "moe"}) {
+    strata::RunRecord rec;
+    rec.ranks = 1;
+    rec.config = {{"arch", arch}};
+    strata::fill_record(reports, rec);
+    const bool moe = std::string(arch) == "moe";
+    EXPECT_EQ(rec.step_values.count("moe_aux_loss"), moe ? 1u : 0u) << arch;
+    EXPECT_EQ(rec.step_metrics.size(), std::size_t(strata::kNumStepMetrics) - (moe ? 0 : 1));
+    if (moe)
+      EXPECT_EQ(rec.step_values.at("moe_aux_loss")[1],
+                reports[0].steps[1].metric[strata::kMoeAuxLoss]);
+  }
 }
 
 }  // namespace

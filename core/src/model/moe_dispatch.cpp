@@ -11,9 +11,14 @@
 namespace strata {
 namespace {
 std::atomic<std::int64_t> g_choices{0}, g_dropped{0};
+std::atomic<double> g_aux_loss{0};
 }  // namespace
 
-MoeRoutingCounts moe_routing_counts() { return {g_choices.load(), g_dropped.load()}; }
+MoeRoutingCounts moe_routing_counts() {
+  return {g_choices.load(), g_dropped.load(), g_aux_loss.load()};
+}
+
+void add_moe_aux_loss(double sum) { g_aux_loss += sum; }
 
 void add_moe_routing(std::int64_t choices, std::int64_t dropped) {
   g_choices += choices;

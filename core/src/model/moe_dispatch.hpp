@@ -51,14 +51,17 @@ STRATA_EXPORT_BEGIN  // for the tests
   };
   MoeExchange moe_exchange(const std::vector<std::int32_t>& counts, int rank, int ep, int E);
 
-  // This process's routing choices so far and those dropped over capacity (every moe block's
-  // forward adds its micro-batch's; recomputes do not): what a run reports as
-  // moe_dropped_fraction, from the difference over its steps summed over the ranks.
+  // This process's routing choices so far, those dropped over capacity, and the load-balancing
+  // loss its blocks added (coefficient included, summed over their sequences): every moe block's
+  // forward adds its micro-batch's, recomputes do not. What a run reports as moe_dropped_fraction
+  // and each step's moe_aux_loss, from the differences summed over the ranks.
   struct MoeRoutingCounts {
     std::int64_t choices = 0, dropped = 0;
+    double aux_loss = 0;
   };
   MoeRoutingCounts moe_routing_counts();
   void add_moe_routing(std::int64_t choices, std::int64_t dropped);
+  void add_moe_aux_loss(double sum);
 
 }  // namespace strata
 STRATA_EXPORT_END

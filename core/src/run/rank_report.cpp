@@ -53,13 +53,21 @@ CommSeries comm_series(const std::vector<RankReport>& reports, int op) {
 
 void set_step_metric_names(RunRecord& record) {
   record.step_metrics.clear();
-  for (const auto& [name, unit] : kStepMetrics) {
-    record.step_metrics.push_back(name);
-    record.step_units[name] = unit;
-  }
+  for (int m = 0; m < kNumStepMetrics; ++m)
+    if (step_metric_recorded(record, m)) {
+      record.step_metrics.push_back(kStepMetrics[m].first);
+      record.step_units[kStepMetrics[m].first] = kStepMetrics[m].second;
+    }
 }
 
 }  // namespace
+
+bool step_metric_recorded(const RunRecord& record, int m) {
+  if (m != kMoeAuxLoss) return true;
+  for (const auto& [key, value] : record.config)
+    if (key == "arch") return value == "moe";
+  return false;
+}
 
 std::vector<double> RankReport::pack() const {
   std::vector<double> out;
@@ -87,6 +95,7 @@ void fill_record(const std::vector<RankReport>& reports, RunRecord& record) {
   record.steps = steps;
   set_step_metric_names(record);
   for (int m = 0; m < kNumStepMetrics; ++m) {
+    if (!step_metric_recorded(record, m)) continue;
     std::vector<double>& values = record.step_values[kStepMetrics[m].first];
     values.clear();
     for (const RankReport& r : reports)
@@ -123,6 +132,7 @@ void fill_partial_steps(const std::vector<StepRow>& root_steps, RunRecord& recor
   record.steps = int(steps);
   set_step_metric_names(record);
   for (int m = 0; m < kNumStepMetrics; ++m) {
+    if (!step_metric_recorded(record, m)) continue;
     std::vector<double> values(ranks * steps, std::numeric_limits<double>::quiet_NaN());
     for (std::size_t s = 0; s < steps; ++s) values[s] = root_steps[s].metric[m];
     record.step_values[kStepMetrics[m].first] = std::move(values);

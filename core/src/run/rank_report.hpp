@@ -25,6 +25,7 @@ enum StepMetric {
   kBubbleS,
   kLoss,
   kTokens,
+  kMoeAuxLoss,  // --arch moe only (step_metric_recorded)
   kNumStepMetrics
 };
 // {name, unit} of each StepMetric.
@@ -37,7 +38,11 @@ inline constexpr std::array<std::pair<const char*, const char*>, kNumStepMetrics
      {"exposed_comm_s", "s"},
      {"bubble_s", "s"},
      {"loss", "nats"},
-     {"tokens", "tokens"}}};
+     {"tokens", "tokens"},
+     {"moe_aux_loss", "1"}}};
+// Whether `record` has metric m: moe_aux_loss (the load-balancing term the objective adds to the
+// loss, coefficient included, averaged over the step's sequences) only for --arch moe.
+bool step_metric_recorded(const RunRecord& record, int m);
 
 // One rank, one step.
 struct StepRow {

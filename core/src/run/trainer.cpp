@@ -230,9 +230,12 @@ void run_steps(Run& run, RunState& state, RankReport& report, std::vector<double
   const bool root = mpi::world_rank() == 0;
   const double t_start = now();
   for (int step = 0; step < c.train.steps; ++step) {
+    const double aux_before = moe_routing_counts().aux_loss;
     StepRow row = run_step(run, step);
-    double sums[2] = {run.ctx.loss_sum(), run.ctx.loss_tokens()};
-    mpi::control_allreduce_sum(sums, 2);
+    double sums[3] = {run.ctx.loss_sum(), run.ctx.loss_tokens(),
+                      moe_routing_counts().aux_loss - aux_before};
+    mpi::control_allreduce_sum(sums, 3);
+    row.metric[kMoeAuxLoss] = sums[2] / c.train.global_batch;  // as the objective averages it
     double smax = row.metric[kStepS];
     mpi::control_allreduce_max(&smax, 1);
     const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();
