@@ -179,8 +179,10 @@ static void trajectory(const RunRecord& ref, const RunRecord& r, double tol) {
     EXPECT(a > 0 && std::fabs(a - b) <= tol, "step %d moe_aux_loss %.7f vs reference %.7f\n", s, b,
            a);
   }
-  std::printf("trajectory: max |loss - reference| = %.3g over %d steps (tolerance %.3g)%s\n", worst,
-              r.steps, tol, moe ? (", moe_aux_loss " + std::to_string(worst_aux)).c_str() : "");
+  std::printf("trajectory: max |loss - reference| = %.3g over %d steps (tolerance %.3g)", worst,
+              r.steps, tol);
+  if (moe) std::printf(", max |moe_aux_loss - reference| = %.3g", worst_aux);
+  std::printf("\n");
 }
 
 static void device(const RunRecord& r, const std::string& want, const std::string& attention) {
