@@ -555,10 +555,10 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   if (d.moe) {
     moe_forward(a, p, mlp, recomputing);
     if (!recomputing) {  // the scratch's moe_router is free in a forward
-      float* aux = s.aux + std::size_t(l) * d.B;
-      k_.moe_aux_loss_forward(aux, g_.moe_router, a.probs, a.experts, d.B, d.T, d.E, d.topk,
-                              float(spec_.aux_loss_coef));
-      add_moe_aux_loss(k_.sum(aux, d.B));  // B floats read back: the routing was already
+      k_.moe_aux_loss_forward(s.aux + std::size_t(l) * d.B, g_.moe_router, a.probs, a.experts, d.B,
+                              d.T, d.E, d.topk, float(spec_.aux_loss_coef));
+      // The run's per-step term: every block's at once, after the partition's last one.
+      if (l == d.blocks - 1) add_moe_aux_loss(aux_loss_sum(s));
     }
   } else {
     mlp_up_forward(a, at(p, o[kFcW]), bias(kFcB, d.FCl));

@@ -38,36 +38,36 @@ std::vector<Variant> variants_of(const AdviseStrategy& s) {
   return out;
 }
 
-// Whether a strategy takes a tp (pp) axis at all: its validate() on a small model that every
-// axis divides. A strategy that refuses both is data-parallel only.
-bool takes_axis(const Strategy& s, int tp, int pp) {
-  ModelSpec probe;
-  probe.layers = 8, probe.hidden = 64, probe.heads = 8, probe.seq = 64, probe.vocab = 256;
+// Whether the one validation (validate_strategy) accepts `s` on a probe mesh and model.
+bool accepts(const std::string& name, const Strategy& s, const MeshSpec& mesh,
+             const ModelSpec& model, int global_batch) {
   TrainSpec t;
-  t.micro_batch = 1, t.global_batch = 8 * pp;
+  t.micro_batch = 1, t.global_batch = global_batch;
   try {
-    s.validate(MeshSpec{1, tp, pp, 1, tp * pp}, t, probe);
+    validate_strategy(name, s, mesh, t, model);
     return true;
   } catch (const std::exception&) {
     return false;
   }
 }
 
-// Whether a strategy splits a mixture of experts over an ep axis: the one validation on a small
-// moe at dp = ep = 2, without a pipeline or with one of 2 stages.
+// Whether a strategy takes a tp (pp) axis at all: on a small model that every axis divides. A
+// strategy that refuses both is data-parallel only.
+bool takes_axis(const std::string& name, const Strategy& s, int tp, int pp) {
+  ModelSpec probe;
+  probe.layers = 8, probe.hidden = 64, probe.heads = 8, probe.seq = 64, probe.vocab = 256;
+  return accepts(name, s, MeshSpec{1, tp, pp, 1, tp * pp}, probe, 8 * pp);
+}
+
+// Whether a strategy splits a mixture of experts over an ep axis: on a small moe at dp = ep = 2,
+// without a pipeline or with one of 2 stages.
 bool takes_ep(const std::string& name, const Strategy& s) {
+  ModelSpec moe = model_preset("tiny-moe");
+  moe.layers = 8;  // interleaved's 2 x 2 chunks
   for (const int pp : {1, 2}) {
-    TrainSpec t;
-    t.micro_batch = 1, t.global_batch = 2 * pp;
     MeshSpec mesh{2, 1, pp, 1, 2 * pp};
     mesh.ep = 2;
-    try {
-      ModelSpec moe = model_preset("tiny-moe");
-      moe.layers = 8;  // interleaved's 2 x 2 chunks
-      validate_strategy(name, s, mesh, t, moe);
-      return true;
-    } catch (const std::exception&) {
-    }
+    if (accepts(name, s, mesh, moe, 2 * pp)) return true;
   }
   return false;
 }
@@ -145,8 +145,8 @@ Advice advise(const MachineProfile& profile, const AdviseRequest& r,
   for (const AdviseStrategy& s : strategies) {
     const std::vector<Variant> variants = variants_of(s);
     const Strategy& probe = *variants.front().strategy;  // interleaved needs pp >= 2 for tp
-    const bool tp_axis = takes_axis(probe, 2, 1) || takes_axis(probe, 2, 2);
-    const bool pp_axis = takes_axis(probe, 1, 2) || takes_axis(probe, 2, 2);
+    const bool tp_axis = takes_axis(s.name, probe, 2, 1) || takes_axis(s.name, probe, 2, 2);
+    const bool pp_axis = takes_axis(s.name, probe, 1, 2) || takes_axis(s.name, probe, 2, 2);
     const bool ep_axis = takes_ep(s.name, probe);
     out.notes.push_back(s.name + ": " +
                         (tp_axis && pp_axis ? "dp x tp x pp (pp >= 2)"

@@ -238,8 +238,8 @@ void validate_strategy(const std::string& name, const Strategy& strategy, const 
   if (mesh.ep > 1 &&
       strategy.plan_step(PredictInput{mesh, model, train, 0}).expert_parallel != mesh.ep)
     throw ConfigError("--mesh ep=" + std::to_string(mesh.ep) + ": --plugin " + name +
-                      " does not split the experts over an expert-parallel group; use --plugin "
-                      "ep, or leave ep out");
+                      " does not split the experts over an expert-parallel group (its step plan "
+                      "has none); leave ep out, or choose a strategy that does");
 }
 
 }  // namespace strata
