@@ -1,7 +1,8 @@
-// Megatron-LM's pipeline schedules, checked without running: every rank runs each forward and
-// backward once, activations in flight follow the schedule's warm-up, and the simulated step
-// (non-blocking sends, zero transfer time) never deadlocks and has exactly the bubble the
-// Megatron-LM paper predicts: (p - 1) / (m + p - 1), or (p - 1) / (v * m + p - 1) interleaved.
+// Megatron-LM's pipeline schedules and ZB-H1, checked without running: every rank runs each
+// forward and backward (and weight pass) once, activations in flight follow the schedule's
+// warm-up, and the simulated step (non-blocking sends, zero transfer time) never deadlocks and has
+// exactly the bubble the papers predict: (p - 1) / (m + p - 1), (p - 1) / (v * m + p - 1)
+// interleaved, and with F, B and W of equal cost (p - 1) / (3 m + p - 1) for zb-h1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@ std::vector<Shape> all_shapes() {
     for (int m : {1, 2, 4, 8}) {
       shapes.push_back({PipeSchedule::gpipe, p, m, 1});
       shapes.push_back({PipeSchedule::one_f_one_b, p, m, 1});
+      shapes.push_back({PipeSchedule::zb_h1, p, m, 1});
       if (m % p == 0)
         for (int v : {2, 3}) shapes.push_back({PipeSchedule::interleaved, p, m, v});
     }
@@ -45,9 +47,10 @@ std::vector<PipeAction> schedule_of(const Shape& s, int stage) {
   return pipeline_schedule(s.schedule, s.stages, stage, s.micro_batches, s.virtual_stages);
 }
 
-// Compact spelling for expected lists: F(micro) / B(micro) on chunk 0, or with a chunk.
-PipeAction F(int micro, int chunk = 0) { return {true, micro, chunk}; }
-PipeAction B(int micro, int chunk = 0) { return {false, micro, chunk}; }
+// Compact spelling for expected lists: F(micro) / B(micro) / W(micro) on chunk 0, or with a chunk.
+PipeAction F(int micro, int chunk = 0) { return {PipePass::forward, micro, chunk}; }
+PipeAction B(int micro, int chunk = 0) { return {PipePass::backward, micro, chunk}; }
+PipeAction W(int micro) { return {PipePass::weight, micro, 0}; }
 
 // Megatron's interleaved warm-up, restated for the in-flight check.
 int interleaved_warmup(int p, int stage, int m, int v) {
@@ -61,6 +64,9 @@ TEST(PipeSchedule, Names) {
   EXPECT_STREQ(schedule_name(PipeSchedule::gpipe), "gpipe");
   EXPECT_STREQ(schedule_name(PipeSchedule::one_f_one_b), "1f1b");
   EXPECT_STREQ(schedule_name(PipeSchedule::interleaved), "interleaved");
+  EXPECT_STREQ(schedule_name(PipeSchedule::zb_h1), "zb-h1");
+  EXPECT_TRUE(splits_backward(PipeSchedule::zb_h1));
+  EXPECT_FALSE(splits_backward(PipeSchedule::one_f_one_b));
 }
 
 TEST(PipeSchedule, GlobalChunkIsChunkTimesStagesPlusStage) {
@@ -78,20 +84,26 @@ TEST(PipeSchedule, EveryPairOnceForwardBeforeBackward) {
     for (int stage = 0; stage < s.stages; ++stage) {
       SCOPED_TRACE(describe(s) + " stage " + std::to_string(stage));
       const std::vector<PipeAction> actions = schedule_of(s, stage);
-      ASSERT_EQ(actions.size(), std::size_t(2 * s.micro_batches * s.virtual_stages));
-      std::map<std::pair<int, int>, int> forward_at, backward_at;
+      const int passes = splits_backward(s.schedule) ? 3 : 2;
+      ASSERT_EQ(actions.size(), std::size_t(passes * s.micro_batches * s.virtual_stages));
+      std::map<std::pair<int, int>, int> at[3];  // by pass
       for (int i = 0; i < int(actions.size()); ++i) {
         const PipeAction& a = actions[i];
         ASSERT_GE(a.micro, 0);
         ASSERT_LT(a.micro, s.micro_batches);
         ASSERT_GE(a.chunk, 0);
         ASSERT_LT(a.chunk, s.virtual_stages);
-        auto& seen = a.forward ? forward_at : backward_at;
-        ASSERT_TRUE(seen.emplace(std::pair(a.micro, a.chunk), i).second) << "repeated action";
+        ASSERT_TRUE(at[int(a.pass)].emplace(std::pair(a.micro, a.chunk), i).second)
+            << "repeated action";
       }
+      const auto& forward_at = at[int(PipePass::forward)];
+      const auto& backward_at = at[int(PipePass::backward)];
+      const auto& weight_at = at[int(PipePass::weight)];
       ASSERT_EQ(forward_at.size(), std::size_t(s.micro_batches * s.virtual_stages));
       ASSERT_EQ(backward_at.size(), forward_at.size());
-      for (const auto& [pair, at] : forward_at) EXPECT_LT(at, backward_at.at(pair));
+      ASSERT_EQ(weight_at.size(), passes == 3 ? forward_at.size() : 0);
+      for (const auto& [pair, i] : forward_at) EXPECT_LT(i, backward_at.at(pair));
+      for (const auto& [pair, i] : weight_at) EXPECT_LT(backward_at.at(pair), i);
     }
 }
 
@@ -172,9 +184,10 @@ TEST(PipeSchedule, SimulationNeverDeadlocks) {
 TEST(PipeSchedule, SimulatedBubbleMatchesPaper) {
   const double f = 1.0, b = 2.0;
   for (const Shape& s : all_shapes()) {
+    if (s.schedule == PipeSchedule::zb_h1) continue;  // below
     SCOPED_TRACE(describe(s));
     const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
-    const PipeSimulation sim = simulate_pipeline(s.schedule, p, m, v, f, b);
+    const PipeSimulation sim = simulate_pipeline(s.schedule, p, m, v, {f, b, b / 2});
     // Useful work m * (f + b) per rank, plus the ramp of (p - 1) chunk slots of (f + b) / v.
     EXPECT_NEAR(sim.makespan, m * (f + b) + (p - 1) * (f + b) / v, 1e-12);
     const double expected = double(p - 1) / (v * m + p - 1);
@@ -195,6 +208,48 @@ TEST(PipeSchedule, SimulatedBubbleStages4Micro8) {
   EXPECT_NEAR(fraction(PipeSchedule::one_f_one_b, 1), 3.0 / 11, 1e-12);
   EXPECT_NEAR(fraction(PipeSchedule::interleaved, 2), 3.0 / 19, 1e-12);
   EXPECT_NEAR(simulate_pipeline(PipeSchedule::interleaved, 4, 8, 2).makespan, 28.5, 1e-12);
+}
+
+// ZB-H1 with F, B and W of equal cost: every rank busy 3m, the step 3m + (p - 1) where m >= p
+// (the paper's bubble of (p - 1)(f + b - w)), a third of 1f1b's (p - 1)(f + b + w) on the same
+// work. With fewer micro-batches than stages the ramp is longer, still below 1f1b's.
+TEST(PipeSchedule, ZeroBubbleH1HasAThirdOfOneFOneBsBubble) {
+  const PassCosts equal{1.0, 2.0, 1.0};
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 4, 8}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const PipeSimulation zb = simulate_pipeline(PipeSchedule::zb_h1, p, m, 1, equal);
+      const PipeSimulation fb = simulate_pipeline(PipeSchedule::one_f_one_b, p, m, 1, equal);
+      ASSERT_FALSE(zb.deadlock);
+      for (int r = 0; r < p; ++r) EXPECT_NEAR(zb.busy[r], 3.0 * m, 1e-12);
+      EXPECT_NEAR(fb.makespan, 3.0 * (m + p - 1), 1e-12);
+      if (m >= p) {
+        EXPECT_NEAR(zb.makespan, 3.0 * m + (p - 1), 1e-12);
+        for (int r = 0; r < p; ++r)
+          EXPECT_NEAR(zb.idle[r] / zb.makespan,
+                      predicted_bubble_fraction(PipeSchedule::zb_h1, p, m), 1e-12);
+      }
+      if (p > 1) EXPECT_LT(zb.makespan, fb.makespan);
+    }
+  EXPECT_NEAR(predicted_bubble_fraction(PipeSchedule::zb_h1, 4, 8), 3.0 / 27, 1e-15);
+}
+
+// Activations are held from a forward to its weight pass: zb-h1's stage s defers s weight passes
+// after 1f1b's warm-up of p - s - 1 forwards, so every stage holds min(p, m) micro-batches at most,
+// 1f1b's first stage's peak.
+TEST(PipeSchedule, ZeroBubbleH1HoldsOneFOneBsPeak) {
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 4, 8})
+      for (int stage = 0; stage < p; ++stage) {
+        const auto zb = pipeline_schedule(PipeSchedule::zb_h1, p, stage, m);
+        const auto fb = pipeline_schedule(PipeSchedule::one_f_one_b, p, 0, m);
+        EXPECT_EQ(max_in_flight(zb), max_in_flight(fb)) << p << " " << m << " " << stage;
+      }
+  using List = std::vector<PipeAction>;
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::zb_h1, 2, 0, 4),
+            (List{F(0), F(1), B(0), W(0), F(2), B(1), W(1), F(3), B(2), W(2), B(3), W(3)}));
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::zb_h1, 2, 1, 4),
+            (List{F(0), B(0), F(1), B(1), W(0), F(2), B(2), W(1), F(3), B(3), W(2), W(3)}));
 }
 
 TEST(PipeSchedule, SimulationDetectsDeadlock) {
@@ -234,7 +289,10 @@ TEST(PipeSchedule, InvalidArgumentsThrow) {
   EXPECT_THROW(pipeline_schedule(PipeSchedule::one_f_one_b, 4, -1, 8), std::invalid_argument);
   EXPECT_THROW(pipeline_schedule(PipeSchedule::one_f_one_b, 0, 0, 8), std::invalid_argument);
   EXPECT_THROW(simulate_pipeline(PipeSchedule::interleaved, 4, 6, 2), std::invalid_argument);
-  EXPECT_THROW(simulate_pipeline(PipeSchedule::gpipe, 4, 8, 1, -1.0), std::invalid_argument);
+  EXPECT_THROW(simulate_pipeline(PipeSchedule::gpipe, 4, 8, 1, {-1.0, 2.0, 1.0}),
+               std::invalid_argument);
+  EXPECT_THROW(simulate_pipeline(PipeSchedule::zb_h1, 4, 8, 1, {1.0, 1.0, 2.0}),
+               std::invalid_argument);  // the weight part larger than the backward
   EXPECT_THROW(predicted_bubble_fraction(PipeSchedule::interleaved, 4, 6, 2),
                std::invalid_argument);
 }
@@ -308,23 +366,23 @@ TEST(PipeDpSchedule, GathersAndReducesOncePerStepAtTheChunksFirstAndLastPass) {
       DpCounts n(int(groups.size()));
       std::vector<int> last_backward(v, -1);
       for (int i = 0; i < int(actions.size()); ++i)
-        if (!actions[std::size_t(i)].forward) last_backward[actions[std::size_t(i)].chunk] = i;
+        if (!actions[std::size_t(i)].forward()) last_backward[actions[std::size_t(i)].chunk] = i;
       for (int i = 0; i < int(actions.size()); ++i) {
         const PipeAction& a = actions[std::size_t(i)];
         const Partition& part = parts[std::size_t(a.chunk)];
         const auto& passes = s.passes[std::size_t(i)];
         ASSERT_EQ(int(passes.size()), part.last_unit - part.first_unit + 1);
         for (int k = 0; k < int(passes.size()); ++k) {
-          const int u = a.forward ? part.first_unit + k : part.last_unit - k;
+          const int u = a.forward() ? part.first_unit + k : part.last_unit - k;
           int g = 0;
           while (groups[std::size_t(g)].last_unit < u) ++g;
           for (const auto& x : passes[std::size_t(k)].before) n.apply(x);
           if (cfg.dp == mp::DpMode::fsdp) EXPECT_EQ(n.waited[g], 1) << "unit " << u;
-          if (!a.forward) EXPECT_EQ(n.allocated[g], 1) << "unit " << u;
+          if (!a.forward()) EXPECT_EQ(n.allocated[g], 1) << "unit " << u;
           EXPECT_EQ(n.reduced[g], 0) << "unit " << u << " reduced before a pass";
           for (const auto& x : passes[std::size_t(k)].after) n.apply(x);
           const bool tied = u == 0 || u == model.layers + 1;
-          EXPECT_EQ(n.reduced[g], i == last_backward[a.chunk] && !a.forward && !tied ? 1 : 0);
+          EXPECT_EQ(n.reduced[g], i == last_backward[a.chunk] && !a.forward() && !tied ? 1 : 0);
         }
       }
       for (const auto& x : s.end) n.apply(x);

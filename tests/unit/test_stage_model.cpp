@@ -414,6 +414,7 @@ ModelSpec att_heavy() { return {"att-heavy", 2, 32, 4, 16, 64}; }
 struct RankResult {
   std::vector<double> losses;
   std::vector<float> grads;
+  std::vector<float> input_grads;  // a partition without the embedding: d(input) of each slot
   std::uint64_t activation_peak = 0;
   std::map<CommOp, std::uint64_t> comm_bytes;  // as the ledger saw them
   std::map<CommOp, std::uint64_t> tp_bytes;    // as they went through the TensorParallelComm
@@ -451,10 +452,11 @@ class CountingTensorParallelComm final : public TensorParallelComm {
 
 // One tp rank: two micro-batches in flight (two slots, as in a pipeline), forward both, then
 // backward both, gradients accumulating.
+// split: backwards that defer their weight gradients, both weight passes after both backwards.
 RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompute r, Group& tp,
-                    CommLedger& ledger) {
+                    CommLedger& ledger, bool split = false) {
   MemoryLedger mem;
-  StageModel m(spec, B, part, mem, r);
+  StageModel m(spec, B, part, mem, r, DType::f32, DType::f32, split);
   EXPECT_EQ(m.recompute(), r);
   std::vector<float> params(m.param_count());
   RankResult out;
@@ -483,8 +485,17 @@ RankResult run_rank(const ModelSpec& spec, int B, const Partition& part, Recompu
   for (int k = 0; k < 2; ++k) {
     m.backward(slot[k], view(params.data(), params.size()),
                view(out.grads.data(), out.grads.size()), &tp_comm, 1.0f / float(2 * N));
+    if (!m.has_embedding())
+      out.input_grads.insert(out.input_grads.end(), m.input_grad(slot[k]),
+                             m.input_grad(slot[k]) + m.boundary_count());
+    if (split) {
+      EXPECT_THROW(m.release_slot(slot[k]), Error);  // its weight gradients are still deferred
+      continue;
+    }
     m.release_slot(slot[k]);
   }
+  if (split)
+    for (int k = 0; k < 2; ++k) m.backward_weights(slot[k]), m.release_slot(slot[k]);
   out.activation_peak = mem.peak(MemTag::activations);
   for (const CommRecord& c : ledger.records()) out.comm_bytes[c.op] += c.bytes;
   return out;
@@ -506,11 +517,12 @@ auto on_thread_ranks(int n, F&& f) {
   return results;
 }
 
-std::vector<RankResult> run_tp(const ModelSpec& spec, int B, Partition part, Recompute r) {
+std::vector<RankResult> run_tp(const ModelSpec& spec, int B, Partition part, Recompute r,
+                               bool split = false) {
   return on_thread_ranks(part.tp_size, [&](int rank, ThreadGroup& group, CommLedger& ledger) {
     Partition p = part;
     p.tp_rank = rank;
-    return run_rank(spec, B, p, r, group, ledger);
+    return run_rank(spec, B, p, r, group, ledger, split);
   });
 }
 
@@ -649,6 +661,58 @@ std::vector<EpResult> run_ep(const ModelSpec& spec, int B, int ep, Recompute r) 
     part.ep_size = ep, part.ep_rank = rank;
     return run_ep_rank(spec, B, part, r, rank, ep, &group, &ledger);
   });
+}
+
+// A split backward (zero-bubble pipelines) and its weight pass, after both micro-batches'
+// backwards: bit for bit the losses, input gradients and parameter gradients of the unsplit
+// backward (the same GEMMs, each weight gradient summed in the same micro-batch order), for GPT-2,
+// a llama with grouped-query attention and a mixture of experts with a capacity and a shared
+// expert, at tp 1 and 2 with and without sequence parallelism, the whole model and a chunk without
+// the embedding; the activation peak is predict_activations' with the deferred d(output)s, more
+// than the unsplit one's. Full recompute keeps no activations for a weight pass: refused.
+TEST(StageModelSplitBackward, WeightPassGivesTheUnsplitGradientsAndPredictedMemory) {
+  ModelSpec moe = model_preset("tiny-moe");
+  moe.capacity_factor = 1.0, moe.shared_experts = 1;
+  const ModelSpec llama{"att-heavy-llama", 2, 32, 4, 16, 64, Arch::llama, 2, 96, 10000};
+  const int B = 2;
+  for (const ModelSpec& spec : {att_heavy(), llama, moe}) {
+    const int L = spec.layers, tps = spec.arch == Arch::moe ? 1 : 2;
+    for (int tp = 1; tp <= tps; ++tp)
+      for (bool sp : {false, true}) {
+        if (sp && tp == 1) continue;
+        for (Partition part : {Partition{0, L + 1, tp, 0, sp}, Partition{2, L + 1, tp, 0, sp}})
+          for (Recompute r : {Recompute::none, Recompute::selective}) {
+            SCOPED_TRACE(spec.preset + " tp " + std::to_string(tp) + (sp ? " sp" : "") + " units " +
+                         std::to_string(part.first_unit) + "- " + recompute_name(r));
+            const std::vector<RankResult> ref = run_tp(spec, B, part, r);
+            const std::vector<RankResult> got = run_tp(spec, B, part, r, true);
+            const ActivationBytes plain = predict_activations(spec, B, part, r),
+                                  split = predict_activations(spec, B, part, r, DType::f32,
+                                                              Device::cpu, true);
+            EXPECT_GT(split.slot, plain.slot);
+            EXPECT_EQ(split.scratch, plain.scratch);
+            for (int rank = 0; rank < tp; ++rank) {
+              EXPECT_EQ(ref[rank].activation_peak, plain.total(2));
+              EXPECT_EQ(got[rank].activation_peak, split.total(2));
+              EXPECT_EQ(got[rank].losses, ref[rank].losses);
+              EXPECT_EQ(got[rank].input_grads, ref[rank].input_grads);
+              ASSERT_EQ(got[rank].grads.size(), ref[rank].grads.size());
+              std::size_t differ = 0;
+              for (std::size_t i = 0; i < ref[rank].grads.size(); ++i)
+                differ += got[rank].grads[i] != ref[rank].grads[i];
+              EXPECT_EQ(differ, 0u) << "rank " << rank;
+              EXPECT_GT(*std::max_element(ref[rank].grads.begin(), ref[rank].grads.end()), 1e-4);
+            }
+          }
+      }
+  }
+  MemoryLedger mem;
+  EXPECT_THROW(StageModel(att_heavy(), 1, whole_model(att_heavy()), mem, Recompute::full,
+                          DType::f32, DType::f32, true),
+               ConfigError);
+  EXPECT_THROW(predict_activations(att_heavy(), 1, whole_model(att_heavy()), Recompute::full,
+                                   DType::f32, Device::cpu, true),
+               ConfigError);
 }
 
 // tiny-moe's experts over ep = 2 and 4 ranks (dropless; with a capacity and a shared expert; with

@@ -289,10 +289,15 @@ struct ActivationBytes {
 // are one chunk of token rows in the scratch, and a slot keeps the head's d(logits) in bf16
 // instead of fp32 probabilities. On a device whose
 // attention is fused (CUDA) the attention keeps a log-sum-exp per row, not the T x T
-// probabilities.
+// probabilities. split_backward (StageModel's, for zero-bubble pipelines): a slot also keeps its
+// blocks' GEMMs' d(output)s from the backward to the weight pass.
 ActivationBytes predict_activations(const ModelSpec& spec, int micro_batch, const Partition& part,
                                     Recompute recompute, DType param_dtype = DType::f32,
-                                    Device device = Device::cpu);
+                                    Device device = Device::cpu, bool split_backward = false);
+
+// Throws ConfigError (one line, naming the option) if a backward cannot be split into the input's
+// and the weights' passes under this recompute mode (full: the blocks' activations are not kept).
+void validate_split_backward(Recompute recompute);
 
 }  // namespace strata
 STRATA_EXPORT_END

@@ -80,9 +80,13 @@ class StageModel {
   // tp_comm_dtype: fp32, or bf16 (MixedPrecision::tp_comm): the dtype the tensor-parallel
   // collectives move activations and their gradients in (bf16: through a comm buffer of
   // tp_comm_buffer_bytes(), MemTag::comm_buffers); the cross-entropy's statistics stay fp32.
+  // split_backward (zero-bubble pipelines; validate_split_backward): backward() computes the
+  // input's gradients (and the norms' and biases') only and defers the blocks' GEMMs' weight
+  // gradients to backward_weights(), each slot keeping their d(output)s until then
+  // (predict_activations' split_backward).
   StageModel(const ModelSpec& spec, int micro_batch, const Partition& part, MemoryLedger& memory,
              Recompute recompute = Recompute::none, DType param_dtype = DType::f32,
-             DType tp_comm_dtype = DType::f32);
+             DType tp_comm_dtype = DType::f32, bool split_backward = false);
   ~StageModel();
   StageModel(const StageModel&) = delete;
   StageModel& operator=(const StageModel&) = delete;
@@ -188,6 +192,11 @@ class StageModel {
   void forward(int slot, const UnitAccess& params, const MicroBatch& mb, TensorParallelComm* tp);
   void backward(int slot, const UnitAccess& params, const UnitAccess& grads, TensorParallelComm* tp,
                 float grad_scale);
+  // The weight pass of a split backward: the weight gradients every backward of the slot since the
+  // last weight pass deferred, accumulated into the gradient views those backwards were given (in
+  // the order they deferred them: the same sums as an unsplit backward). A slot is released only
+  // after it.
+  void backward_weights(int slot);
   // Sum of per-token losses of the slot's micro-batch (partitions with the head).
   double loss_sum(int slot) const;
   // --arch moe: the sum over this partition's blocks and the slot's sequences of the

@@ -36,12 +36,15 @@ void check_tokens(Device device, const std::int32_t* tok, std::size_t n, int V, 
 // ModelPasses (the plan they run on, Dims and the carves: model_plan.cpp)
 
 ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Recompute r,
-                         DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory)
+                         DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory,
+                         bool split_backward)
     : spec_(spec),
       part_(part),
       recompute_(r),
       param_dtype_(param_dtype),
+      split_backward_(split_backward),
       alloc_((validate_partition(spec, B, part, r, param_dtype, memory.device()),
+              split_backward ? validate_split_backward(r) : void(),
               Dims(spec, B, part, memory.device()))),
       run_(alloc_),
       memory_(memory),
@@ -77,10 +80,10 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
 std::unique_ptr<ModelPasses::Slot> ModelPasses::make_slot() {
   auto s = std::make_unique<Slot>();
   Carver count;
-  s->acts.carve(alloc_, recompute_, param_dtype_, g_, count);
+  s->acts.carve(alloc_, recompute_, param_dtype_, g_, count, split_backward_);
   s->memory = Buffer<float>(memory_, MemTag::activations, count.used);
   Carver c{s->memory.data(), 0};
-  s->acts.carve(alloc_, recompute_, param_dtype_, g_, c);
+  s->acts.carve(alloc_, recompute_, param_dtype_, g_, c, split_backward_);
   return s;
 }
 
@@ -166,8 +169,10 @@ void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, cons
                                   ActView inp, BufferView w, int N, int C, int OC) {
   if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
     k_.zero(dinp, std::size_t(N) * C);  // the fp32 kernel accumulates
-    k_.matmul_backward(dinp, static_cast<float*>(dw.data), dbias, dout, inp.f32(),
-                       static_cast<const float*>(w.data), N, C, OC);
+    float* dweight = static_cast<float*>(dw.data);
+    if (deferring_) defer_weight_grad(dw, dout, inp, N, C, OC), dweight = nullptr;
+    k_.matmul_backward(dinp, dweight, dbias, dout, inp.f32(), static_cast<const float*>(w.data), N,
+                       C, OC);
     return;
   }
   if (dbias)  // one pass over dout for the operand and the bias gradient
@@ -181,8 +186,39 @@ void ModelPasses::matmul_backward_bf16(float* dinp, BufferView dw, const bf16* d
                                        BufferView w, int N, int C, int OC) {
   k_.gemm_bf16(false, false, N, C, OC, dout, static_cast<const bf16*>(w.data), dinp, DType::f32,
                false, g_.gemm_pad, g_.gemm_pad_bytes);  // dout@W
+  if (deferring_) return defer_weight_grad(dw, dout, inp, N, C, OC);
   k_.gemm_bf16(true, false, OC, C, N, dout, gemm_input(inp, std::size_t(N) * C), dw.data, dw.dtype,
                true, g_.gemm_pad, g_.gemm_pad_bytes);  // dout^T @ inp
+}
+
+void ModelPasses::defer_weight_grad(BufferView dw, const void* dout, ActView inp, int N, int C,
+                                    int OC) {
+  SlotActs& s = *deferring_;
+  const std::size_t n = std::size_t(N) * OC, at = s.douts_used;
+  if (at + n > deferred_dout_count(alloc_))
+    throw Error("model: the split backward's store holds " +
+                std::to_string(deferred_dout_count(alloc_)) + " elements, " +
+                std::to_string(at + n) + " needed");
+  const std::size_t size = dtype_size(param_dtype_);
+  copy_bytes(memory_.device(), static_cast<char*>(s.douts.data) + at * size, dout, n * size);
+  s.deferred.push_back({dw, at, inp, N, C, OC});
+  s.douts_used = (at + n + 15) / 16 * 16;
+}
+
+void ModelPasses::backward_weights(SlotActs& s) {
+  const std::size_t size = dtype_size(param_dtype_);
+  for (const DeferredGemm& g : s.deferred) {
+    const void* dout = static_cast<const char*>(s.douts.data) + g.dout * size;
+    if (param_dtype_ == DType::f32)
+      k_.matmul_backward(nullptr, static_cast<float*>(g.dw.data), nullptr,
+                         static_cast<const float*>(dout), g.inp.f32(), nullptr, g.N, g.C, g.OC);
+    else
+      k_.gemm_bf16(true, false, g.OC, g.C, g.N, static_cast<const bf16*>(dout),
+                   gemm_input(g.inp, std::size_t(g.N) * g.C), g.dw.data, g.dw.dtype, true,
+                   g_.gemm_pad, g_.gemm_pad_bytes);  // dout^T @ inp
+  }
+  s.deferred.clear();
+  s.douts_used = 0;
 }
 
 void ModelPasses::gelu_matmul_backward(float* dinp, BufferView dw, float* dbias, const float* dgelu,
@@ -576,6 +612,11 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   // Full recompute: rebuild this block's activations from its kept input x[l] into the shared
   // buffers (disjoint from a, b and partial, which are free until the backward below starts).
   if (recompute_ == Recompute::full) forward_block(l, s, p, tp, true);
+  // A split backward defers this block's GEMMs' weight gradients (backward_weights).
+  struct Deferring {
+    SlotActs*& at;
+    ~Deferring() { at = nullptr; }
+  } deferring{deferring_ = split_backward_ ? &s : nullptr};
   const BlockActs& a = s.block[l];
   const int N = int(d.N), Nl = int(d.Nl), C = d.C, Cl = int(d.Cl);
   const bool tp1 = d.tp == 1;

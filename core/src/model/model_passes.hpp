@@ -173,6 +173,20 @@ class SmallTensors {
   std::vector<std::pair<std::size_t, std::size_t>> grads_;  // (offset in unit, count)
 };
 
+// One GEMM's weight gradient a split backward defers to the weight pass (zero-bubble pipelines):
+// dw += dout^T @ inp, dout [N,OC] copied at `dout` into the slot's store (SlotActs::douts), inp
+// [N,C] the slot's activation the GEMM read.
+struct DeferredGemm {
+  BufferView dw;
+  std::size_t dout;
+  ActView inp;
+  int N, C, OC;
+};
+
+// Elements of the d(output)s a split backward defers per micro-batch: every block GEMM's (the
+// head's weight gradient stays in the backward: it would keep a [N,Vl] d(logits) per micro-batch).
+std::size_t deferred_dout_count(const Dims& d);
+
 // What one micro-batch in flight keeps from its forward to its backward.
 struct SlotActs {
   // residual stream [Nl,C], in the GEMMs' dtype: x[0] input (or embedding output) .. x[blocks]
@@ -191,7 +205,13 @@ struct SlotActs {
   float* losses;   // [N]
   float* aux;      // moe: [blocks,B] each block's load-balancing loss per sequence; else null
   float* grad_in;  // [Nl,C] d(input), partitions without embedding
-  void carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch, Carver& c);
+  // split backward: the deferred GEMMs' d(output)s [deferred_dout_count] in the GEMMs' dtype,
+  // and the GEMMs in the order the backward deferred them (until the weight pass); else empty
+  ActView douts;
+  std::vector<DeferredGemm> deferred;
+  std::size_t douts_used = 0;
+  void carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch, Carver& c,
+             bool split_backward = false);
 };
 
 // The passes of one partition. Parameters and gradients are passed per unit (a block's tensors at
@@ -210,8 +230,11 @@ class ModelPasses {
   // tp_comm_dtype f32 or bf16 (MixedPrecision::tp_comm): what the activation collectives move;
   // bf16 at tp > 1 allocates the bf16 comm buffer (MemTag::comm_buffers, tp_comm_buffer_count).
   // The compute runs on the kernels of the memory's device (device_kernels(memory.device())).
+  // split_backward: backward_block computes the input's gradients (and the norms' and biases')
+  // and defers its GEMMs' weight gradients to backward_weights (validate_split_backward).
   ModelPasses(const ModelSpec& spec, int micro_batch, const Partition& part, Recompute recompute,
-              DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory);
+              DType param_dtype, DType tp_comm_dtype, MemoryLedger& memory,
+              bool split_backward = false);
   std::unique_ptr<Slot> make_slot();
 
   const Dims& dims() const { return alloc_; }
@@ -246,6 +269,8 @@ class ModelPasses {
                       float grad_scale);
   void backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* inputs,
                           TensorParallelComm* tp);
+  // The weight pass of a split backward: the slot's deferred GEMMs, in order; then none is left.
+  void backward_weights(SlotActs& s);
   // Sum of the per-token losses of the first `rows` token rows (after forward_head).
   double loss_sum(const SlotActs& s, std::size_t rows) const;
   // moe: the sum of SlotActs::aux (after the blocks' forwards); 0 otherwise.
@@ -275,6 +300,9 @@ class ModelPasses {
   // unless it is bf16.
   void matmul_backward_bf16(float* dinp, BufferView dw, const bf16* dout, ActView inp, BufferView w,
                             int N, int C, int OC);
+  // Inside a split backward's block: dout [N,OC] (fp32 or bf16) copied into the slot's store and
+  // dw's GEMM recorded for the weight pass.
+  void defer_weight_grad(BufferView dw, const void* dout, ActView inp, int N, int C, int OC);
   // inp in bf16 for a bf16 GEMM: itself, or rounded into op_in.
   const bf16* gemm_input(ActView inp, std::size_t n);
   // matmul_backward of d(output) = GELU'(pre_gelu) * dgelu [N,OC], formed in scratch b; with bf16
@@ -315,6 +343,8 @@ class ModelPasses {
   Partition part_;
   Recompute recompute_;
   DType param_dtype_;
+  bool split_backward_ = false;
+  SlotActs* deferring_ = nullptr;  // the slot whose block backward defers its weight gradients
   Dims alloc_, run_;
   MemoryLedger& memory_;
   std::size_t block_off_[kBlockTensors] = {};

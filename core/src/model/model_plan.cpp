@@ -287,8 +287,24 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   c.used = std::max(head.used, block.used);
 }
 
+// Per block: q | k | v [N,QKVl], the attention's projection [N,C], the MLP's up [N,FCl] and down
+// [N,C] (moe: the router [N,E], its experts' rows [Rx, FCl + C] and the shared experts'
+// [N, 2SF + C]); each GEMM's copy starts on a 16-element boundary (the GEMMs' alignment).
+std::size_t deferred_dout_count(const Dims& d) {
+  const std::size_t N = d.N, C = d.C, align = 16;
+  std::size_t block = N * (d.QKVl + C), gemms = 2;
+  if (d.moe) {
+    block += N * std::size_t(d.E) + d.Rx * (d.FCl + C);
+    gemms += 1 + 2 * std::size_t(d.El);
+    if (d.SF > 0) block += N * (2 * d.SF + C), gemms += 2;
+  } else {
+    block += N * (d.FCl + C), gemms += 2;
+  }
+  return std::size_t(d.blocks) * (block + gemms * (align - 1));
+}
+
 void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratch& scratch,
-                     Carver& c) {
+                     Carver& c, bool split_backward) {
   const std::size_t N = d.N, Nl = d.Nl, C = d.C;
   x.resize(d.blocks + 1);
   for (ActView& p : x) p = c.take(Nl * C, param_dtype);
@@ -317,16 +333,26 @@ void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratc
   }
   grad_in = d.embedding ? nullptr : c.take(Nl * C);
   aux = d.moe && d.blocks > 0 ? c.take(std::size_t(d.blocks) * d.B) : nullptr;
+  douts = split_backward ? c.take(deferred_dout_count(d), param_dtype) : ActView{};
+}
+
+void validate_split_backward(Recompute r) {
+  if (r == Recompute::full)
+    throw ConfigError(
+        "--recompute full: a split backward (zb-h1) needs each block's activations kept until its "
+        "weight pass; none and selective are allowed");
 }
 
 ActivationBytes predict_activations(const ModelSpec& spec, int B, const Partition& part,
-                                    Recompute r, DType param_dtype, Device device) {
+                                    Recompute r, DType param_dtype, Device device,
+                                    bool split_backward) {
   validate_partition(spec, B, part, r, param_dtype, device);
+  if (split_backward) validate_split_backward(r);
   const Dims d(spec, B, part, device);
   Carver scratch, slot;
   Scratch g;
   g.carve(d, r, param_dtype, scratch);
-  SlotActs().carve(d, r, param_dtype, g, slot);
+  SlotActs().carve(d, r, param_dtype, g, slot, split_backward);
   return {slot.used * sizeof(float), scratch.used * sizeof(float)};
 }
 

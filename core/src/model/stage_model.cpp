@@ -36,7 +36,7 @@ struct StageModel::Impl {
 
   // memory = null builds only the tensor table (for predictions).
   Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r, DType dt,
-       DType tp_comm = DType::f32)
+       DType tp_comm = DType::f32, bool split_backward = false)
       : spec(s),
         layout_of_spec(ParamLayout::of(s)),
         layout(*layout_of_spec),
@@ -45,7 +45,7 @@ struct StageModel::Impl {
            Dims(s, B, p, m ? m->device() : Device::cpu))),
         memory(m) {
     build_tensors();
-    if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, tp_comm, *m);
+    if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, tp_comm, *m, split_backward);
   }
 
   std::size_t local_count(const TensorInfo& t, ShardKind k) const {
@@ -204,9 +204,9 @@ struct StageModel::Impl {
 
 StageModel::StageModel(const ModelSpec& spec, int micro_batch, const Partition& part,
                        MemoryLedger& memory, Recompute recompute, DType param_dtype,
-                       DType tp_comm_dtype)
+                       DType tp_comm_dtype, bool split_backward)
     : impl_(std::make_unique<Impl>(spec, micro_batch, part, &memory, recompute, param_dtype,
-                                   tp_comm_dtype)) {}
+                                   tp_comm_dtype, split_backward)) {}
 StageModel::~StageModel() = default;
 
 const Partition& StageModel::partition() const { return impl_->part; }
@@ -281,7 +281,16 @@ int StageModel::acquire_slot() {
   return int(m.slots.size()) - 1;
 }
 
-void StageModel::release_slot(int slot) { impl_->slot(slot).busy = false; }
+void StageModel::release_slot(int slot) {
+  Impl::Slot& s = impl_->slot(slot);
+  if (!s.acts->acts.deferred.empty())
+    throw Error("StageModel: slot " + std::to_string(slot) + " released before its weight pass");
+  s.busy = false;
+}
+
+void StageModel::backward_weights(int slot) {
+  impl_->passes->backward_weights(impl_->slot(slot).acts->acts);
+}
 int StageModel::slots_allocated() const { return int(impl_->slots.size()); }
 namespace {
 BufferView boundary_view(ActView x, std::size_t count, Device device) {

@@ -293,7 +293,7 @@ class Engine {
     std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
     for (std::size_t i = 0; i < plan_.actions.size(); ++i) {
       const pp::PipeAction& a = plan_.actions[i];
-      if (a.forward)
+      if (a.forward())
         slot_of[a.chunk][a.micro] = forward_action(ctx, step, a, dp_.passes[i], pp);
       else
         backward_action(ctx, a, slot_of[a.chunk][a.micro], dp_.passes[i], pp);

@@ -46,7 +46,7 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
     const pp::PipeAction& a = actions[i];
     const int k = rank.global[std::size_t(a.chunk)];
     const auto [first, last] = units[std::size_t(k)];
-    if (a.forward) {
+    if (a.forward()) {
       if (k > 0) out.push_back(plan_recv(stage_of(k - 1), activation_tag(a.micro, k, K), bytes));
       for (int u = first; u <= last; ++u)
         pass(dp.passes[i][std::size_t(u - first)], plan_forward(u));

@@ -18,7 +18,7 @@ std::vector<ChunkBounds> chunk_bounds(const std::vector<pp::PipeAction>& actions
   std::vector<ChunkBounds> b(static_cast<std::size_t>(chunks));
   for (int i = 0; i < int(actions.size()); ++i) {
     ChunkBounds& c = b[std::size_t(actions[std::size_t(i)].chunk)];
-    if (actions[std::size_t(i)].forward) {
+    if (actions[std::size_t(i)].forward()) {
       if (c.first_forward < 0) c.first_forward = i;
     } else {
       if (c.first_backward < 0) c.first_backward = i;
@@ -64,15 +64,15 @@ DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
     const int last_group = group_of[std::size_t(part.last_unit)];
     std::vector<UnitPassActions>& passes = s.passes[std::size_t(i)];
     for (int n = 0; n <= part.last_unit - part.first_unit; ++n) {
-      const int u = a.forward ? part.first_unit + n : part.last_unit - n;
+      const int u = a.forward() ? part.first_unit + n : part.last_unit - n;
       const int g = group_of[std::size_t(u)];
       UnitPassActions p;
-      if (a.forward && c.shard_params && i == at.first_forward) {
+      if (a.forward() && c.shard_params && i == at.first_forward) {
         b.want(g, false);
         for (int k = 1; k <= c.forward_prefetch && g + k <= last_group; ++k) b.want(g + k, true);
         b.ready(g);
       }
-      if (!a.forward && c.shard_grads && i == at.first_backward) {
+      if (!a.forward() && c.shard_grads && i == at.first_backward) {
         b.grads(g);
         // A chunk holding the whole model (tp alone): the head's backward also writes the tied
         // embedding's gradient, into unit 0's group.
@@ -80,7 +80,7 @@ DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
       }
       p.before = b.take();
       // After the group's last unit of the step's last backward through the chunk.
-      if (!a.forward && i == at.last_backward && u == groups[std::size_t(g)].first_unit) {
+      if (!a.forward() && i == at.last_backward && u == groups[std::size_t(g)].first_unit) {
         if (c.shard_params) b.release(g);
         if (c.shard_grads && !holds_tied(g)) b.reduce(g);
       }

@@ -57,9 +57,9 @@ std::vector<PipeAction> flush_schedule(int total, int warmup, ActionOf action) {
 
 std::vector<PipeAction> gpipe(int micro_batches) {
   std::vector<PipeAction> actions;
-  for (int m = 0; m < micro_batches; ++m) actions.push_back({true, m, 0});
+  for (int m = 0; m < micro_batches; ++m) actions.push_back({PipePass::forward, m, 0});
   // Backwards in micro-batch order, as Megatron's "all forward, all backward" mode runs them.
-  for (int m = 0; m < micro_batches; ++m) actions.push_back({false, m, 0});
+  for (int m = 0; m < micro_batches; ++m) actions.push_back({PipePass::backward, m, 0});
   return actions;
 }
 
@@ -67,8 +67,24 @@ std::vector<PipeAction> one_f_one_b(int stages, int stage, int micro_batches) {
   // Later stages need fewer forwards in flight before their first backward can arrive.
   const int warmup = std::min(stages - stage - 1, micro_batches);
   return flush_schedule(micro_batches, warmup, [](int k, bool forward) {
-    return PipeAction{forward, k, 0};
+    return PipeAction{forward ? PipePass::forward : PipePass::backward, k, 0};
   });
+}
+
+// 1f1b's forwards and backwards (input gradients only), each weight pass right after its backward
+// once the stage has deferred `stage` of them: stage s holds (p - s - 1) + s + 1 = p micro-batches
+// at most, 1f1b's first stage's peak, and its deferred weight passes run after its last backward,
+// while the earlier stages' backwards travel up the pipeline.
+std::vector<PipeAction> zb_h1(int stages, int stage, int micro_batches) {
+  std::vector<PipeAction> actions;
+  int weights = 0;
+  for (const PipeAction& a : one_f_one_b(stages, stage, micro_batches)) {
+    actions.push_back(a);
+    if (a.pass == PipePass::backward && a.micro >= stage)
+      actions.push_back({PipePass::weight, weights++, 0});
+  }
+  while (weights < micro_batches) actions.push_back({PipePass::weight, weights++, 0});
+  return actions;
 }
 
 // Megatron's warm-up length: (v - 1) * p forwards fill every chunk but the last, and
@@ -88,21 +104,28 @@ std::vector<PipeAction> interleaved(int stages, int stage, int micro_batches, in
     const int in_group = k % group;
     const int chunk = in_group / stages;
     const int micro = (k / group) * stages + in_group % stages;
-    return PipeAction{forward, micro, forward ? chunk : virtual_stages - 1 - chunk};
+    return PipeAction{forward ? PipePass::forward : PipePass::backward, micro,
+                      forward ? chunk : virtual_stages - 1 - chunk};
   };
   return flush_schedule(micro_batches * virtual_stages,
                         interleaved_warmup(stages, stage, micro_batches, virtual_stages), action);
 }
 
+bool has_weight_passes(const std::vector<PipeAction>& actions) {
+  return std::any_of(actions.begin(), actions.end(),
+                     [](const PipeAction& a) { return a.pass == PipePass::weight; });
+}
+
 int max_in_flight_where(const std::vector<PipeAction>& actions, int chunk, bool all_chunks) {
+  const PipePass last = has_weight_passes(actions) ? PipePass::weight : PipePass::backward;
   std::set<std::pair<int, int>> open;
   std::size_t peak = 0;
   for (const PipeAction& a : actions) {
     if (!all_chunks && a.chunk != chunk) continue;
-    if (a.forward) {
+    if (a.forward()) {
       open.insert({a.micro, a.chunk});
       peak = std::max(peak, open.size());
-    } else {
+    } else if (a.pass == last) {
       open.erase({a.micro, a.chunk});
     }
   }
@@ -121,7 +144,8 @@ class Timeline {
   // The time when all dependencies of the action on global chunk k are done; negative if one is
   // not done yet.
   double ready_time(const PipeAction& a, int k) const {
-    if (a.forward) return k == 0 ? 0.0 : forward_[slot(k - 1, a.micro)];
+    if (a.forward()) return k == 0 ? 0.0 : forward_[slot(k - 1, a.micro)];
+    if (a.pass == PipePass::weight) return backward_[slot(k, a.micro)];
     const double own_forward = forward_[slot(k, a.micro)];
     if (k == chunks_ - 1 || own_forward < 0) return own_forward;
     const double next_backward = backward_[slot(k + 1, a.micro)];
@@ -129,7 +153,7 @@ class Timeline {
   }
 
   void finish(const PipeAction& a, int k, double time) {
-    (a.forward ? forward_ : backward_)[slot(k, a.micro)] = time;
+    if (a.pass != PipePass::weight) (a.forward() ? forward_ : backward_)[slot(k, a.micro)] = time;
   }
 
  private:
@@ -142,8 +166,10 @@ class Timeline {
 };
 
 void check_actions(const std::vector<std::vector<PipeAction>>& rank_actions, int micro_batches,
-                   int virtual_stages) {
+                   int virtual_stages, const PassCosts& costs) {
   const std::string at = "pipeline simulation: ";
+  if (costs.forward < 0 || costs.backward < 0 || costs.weight < 0 || costs.weight > costs.backward)
+    fail(at + "costs must be >= 0, the weight part at most the backward");
   if (rank_actions.empty()) fail(at + "needs at least one rank");
   if (micro_batches < 1)
     fail(at + "micro_batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
@@ -166,9 +192,13 @@ const char* schedule_name(PipeSchedule schedule) {
       return "1f1b";
     case PipeSchedule::interleaved:
       return "interleaved";
+    case PipeSchedule::zb_h1:
+      return "zb-h1";
   }
   return "unknown";
 }
+
+bool splits_backward(PipeSchedule schedule) { return schedule == PipeSchedule::zb_h1; }
 
 std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int stage,
                                           int micro_batches, int virtual_stages) {
@@ -181,6 +211,8 @@ std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int
       return one_f_one_b(stages, stage, micro_batches);
     case PipeSchedule::interleaved:
       return interleaved(stages, stage, micro_batches, virtual_stages);
+    case PipeSchedule::zb_h1:
+      return zb_h1(stages, stage, micro_batches);
   }
   fail("pipeline schedule: unknown schedule");
 }
@@ -201,10 +233,11 @@ int max_in_flight(const std::vector<PipeAction>& actions, int chunk) {
 }
 
 PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank_actions,
-                                int micro_batches, int virtual_stages, double forward_cost,
-                                double backward_cost) {
-  check_actions(rank_actions, micro_batches, virtual_stages);
-  if (forward_cost < 0 || backward_cost < 0) fail("pipeline simulation: costs must be >= 0");
+                                int micro_batches, int virtual_stages, PassCosts costs) {
+  check_actions(rank_actions, micro_batches, virtual_stages, costs);
+  const bool split = std::any_of(rank_actions.begin(), rank_actions.end(), has_weight_passes);
+  const double pass_cost[] = {costs.forward, split ? costs.backward - costs.weight : costs.backward,
+                              costs.weight};
   const int stages = static_cast<int>(rank_actions.size());
   Timeline timeline(stages * virtual_stages, micro_batches);
   std::vector<std::size_t> next(stages, 0);
@@ -222,7 +255,7 @@ PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank
         const int k = global_chunk(stages, s, a.chunk);
         const double ready = timeline.ready_time(a, k);
         if (ready < 0) break;
-        const double cost = (a.forward ? forward_cost : backward_cost) / virtual_stages;
+        const double cost = pass_cost[int(a.pass)] / virtual_stages;
         clock[s] = std::max(clock[s], ready) + cost;
         sim.busy[s] += cost;
         timeline.finish(a, k, clock[s]);
@@ -238,20 +271,22 @@ PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank
 }
 
 PipeSimulation simulate_pipeline(PipeSchedule schedule, int stages, int micro_batches,
-                                 int virtual_stages, double forward_cost, double backward_cost) {
+                                 int virtual_stages, PassCosts costs) {
   check_shape(schedule, stages, micro_batches, virtual_stages);
   std::vector<std::vector<PipeAction>> rank_actions;
   for (int s = 0; s < stages; ++s)
     rank_actions.push_back(pipeline_schedule(schedule, stages, s, micro_batches, virtual_stages));
-  return simulate_actions(rank_actions, micro_batches, virtual_stages, forward_cost, backward_cost);
+  return simulate_actions(rank_actions, micro_batches, virtual_stages, costs);
 }
 
 double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_batches,
                                  int virtual_stages) {
   check_shape(schedule, stages, micro_batches, virtual_stages);
   // Ramp-up plus ramp-down of the ideal pipeline lasts (p - 1) chunk slots of f + b; a chunk slot
-  // is 1 / v of a full stage, and the step's useful work is v * m chunk slots.
+  // is 1 / v of a full stage, and the step's useful work is v * m chunk slots. zb-h1's bubble is
+  // (p - 1) (f + b - w) = (p - 1) passes of one third of a slot.
   const double p = stages, work = double(virtual_stages) * micro_batches;
+  if (schedule == PipeSchedule::zb_h1) return (p - 1) / (3 * work + p - 1);
   return (p - 1) / (work + p - 1);
 }
 
