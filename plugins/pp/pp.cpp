@@ -6,6 +6,9 @@
 //                at most pp - s micro-batches
 //   interleaved  1f1b over virtual_stages chunks per rank (chunk k on rank k mod pp): the bubble
 //                shrinks by the number of virtual stages, at the price of more sends
+//   zb-h1        ZB-H1 (Qi et al., 2024): each backward split into the input-gradient pass, which
+//                the previous stage waits for, and a deferred weight-gradient pass filling 1f1b's
+//                bubble; every stage holds at most pp micro-batches (dp=allreduce|zero1)
 // Activations and their gradients go point to point; the tied embedding / LM-head gradient is
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
 // dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
@@ -70,7 +73,11 @@ const PluginDescriptor& descriptor() {
        {"1f1b", "one forward, one backward (PipeDream-Flush); holds at most pp micro-batches",
         options(false)},
        {"interleaved", "1F1B over virtual stages (Megatron-LM interleaved schedule)",
-        options(true)}}};
+        options(true)},
+       {"zb-h1",
+        "zero bubble ZB-H1: backwards split into input and weight passes, the weight passes "
+        "filling 1f1b's bubble at its memory peak",
+        options(false)}}};
   return d;
 }
 
@@ -99,9 +106,10 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   mp::MpConfig c;
   c.strategy = name;
   c.pipeline = true;
-  c.schedule = name == "gpipe"  ? pp::PipeSchedule::gpipe
-               : name == "1f1b" ? pp::PipeSchedule::one_f_one_b
-                                : pp::PipeSchedule::interleaved;
+  c.schedule = name == "gpipe"   ? pp::PipeSchedule::gpipe
+               : name == "1f1b"  ? pp::PipeSchedule::one_f_one_b
+               : name == "zb-h1" ? pp::PipeSchedule::zb_h1
+                                 : pp::PipeSchedule::interleaved;
   c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages")) : 1;
   c.sequence_parallel = o.get("sp") == "on";
   c.dp = mp::dp_mode(o.get("dp"));

@@ -118,6 +118,8 @@ check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch 
 check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3
 # The sharded engine's options under tp and the pipelines.
 check "--plugin-opt offload=optimizer: needs dp=zero1, zero2 or fsdp (got dp=allreduce)" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt offload=optimizer
+check "--plugin-opt dp=fsdp: zb-h1 takes dp=allreduce or zero1" --plugin zb-h1 --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=fsdp
+check "--recompute full: a split backward (zb-h1) needs each block's activations kept" --plugin zb-h1 --mesh pp=2 --nodes 1 --ranks-per-node 2 --recompute full
 check "--plugin-opt prefetch: must be >= 0" --plugin tp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt prefetch: must be >= 0" --plugin 1f1b --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt microbatches=4: the batch gives 1" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt microbatches=4

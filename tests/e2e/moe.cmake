@@ -29,6 +29,7 @@ strata_e2e_moe(moe.fsdp.np2.full moe.reference 2 --plugin fsdp --micro-batch 2 -
 strata_e2e_moe(moe.zero2.np2.selective moe.reference 2 --plugin zero2 --micro-batch 2
                --recompute selective)
 strata_e2e_moe(moe.1f1b.pp2 moe.reference 2 --plugin 1f1b --mesh pp=2 --micro-batch 2)
+strata_e2e_moe(moe.zb-h1.pp2 moe.reference 2 --plugin zb-h1 --mesh pp=2 --micro-batch 2)
 strata_e2e_moe(moe.gpipe.pp4 moe.reference 4 --plugin gpipe --mesh pp=4 --micro-batch 1)
 strata_e2e_moe(moe.1f1b.dp2.pp2.fsdp moe.reference 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
                --micro-batch 1 --plugin-opt dp=fsdp)

@@ -11,6 +11,7 @@
 #include "predict/profile.hpp"
 #include "predict/published_profile.hpp"
 #include "strata/data_parallel.hpp"
+#include "strata/engines/pipe_schedule.hpp"
 #include "strata/stage_model.hpp"
 
 namespace strata {
@@ -547,24 +548,59 @@ TEST(Predictor, OffloadCopiesAndTheHostsAdamWPipeline) {
   EXPECT_NE(none.why.find("copy rate"), std::string::npos) << none.why;
 }
 
-TEST(Predictor, OneFOneBBubbleIsTheFormula) {
+// The ideal pipeline of tiny with 4 blocks: free transfers, no embedding, head or optimizer time,
+// each block's forward 1 ms and backward 2 ms.
+ModelSpec four_blocks() {
   ModelSpec m = tiny();
   m.preset = "custom";
   m.layers = 4;
+  return m;
+}
+MachineProfile equal_blocks_profile(const ModelSpec& m) {
   MachineProfile p = synthetic_profile(m, 2, 0, 1e30);  // transfers free
   ComputeEntry& e = p.compute[0];
   e.embedding_forward_s = e.embedding_backward_s = e.head_forward_s = e.head_backward_s = 0;
   e.block_forward_s = 1e-3, e.block_backward_s = 2e-3, e.optimizer_s_per_param = 0;
+  return p;
+}
+// `schedule` on it at pp 2 with 4 micro-batches (2 blocks per stage).
+StepTime pipeline_step(const MachineProfile& p, const ModelSpec& m, const char* schedule) {
+  return predict_step_time(
+      p, query(schedule,
+               {{"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}}, m,
+               1, 2, 2, 8));
+}
+
+TEST(Predictor, OneFOneBBubbleIsTheFormula) {
+  const ModelSpec m = four_blocks();
+  const MachineProfile p = equal_blocks_profile(m);
   for (const char* s : {"1f1b", "gpipe"}) {
-    const StepTime t = predict_step_time(
-        p,
-        query(s, {{"microbatches", "0"}, {"stage_layers", ""}, {"sp", "off"}, {"dp", "allreduce"}},
-              m, 1, 2, 2, 8));  // pp 2, m = 4 micro-batches
+    const StepTime t = pipeline_step(p, m, s);
     ASSERT_TRUE(t.modelled) << t.why;
     // 2 blocks per stage: f = 2 ms, b = 4 ms; step (m + p - 1)(f + b) = 5 x 6 ms.
     EXPECT_NEAR(t.step_s, 30e-3, 1e-12) << s;
     EXPECT_NEAR(t.bubble_s / t.step_s, (2.0 - 1) / (4 + 2 - 1), 1e-12) << s;
   }
+}
+
+// zb-h1's plan replayed: each block's backward split into B and the weight pass W, W the weight
+// GEMMs' FLOP share of it (UnitFlops); with free transfers the step and the stages' mean idle
+// time are the schedule simulator's with those costs, and both below 1f1b's on the same mesh.
+TEST(Predictor, ZeroBubbleH1IsItsSimulationAndBelowOneFOneB) {
+  const ModelSpec m = four_blocks();
+  const MachineProfile p = equal_blocks_profile(m);
+  const UnitFlops flops(m);  // the share from the flops the profile splits passes by
+  const double f = 2e-3, b = 4e-3, w = b * (flops.block - flops.attention) / (2 * flops.block);
+  EXPECT_NEAR(w, b * m.block_weight_grad_share(), 1e-15);
+  ASSERT_GT(w, 0.25 * b);
+  const pp::PipeSimulation sim = pp::simulate_pipeline(pp::PipeSchedule::zb_h1, 2, 4, 1, {f, b, w});
+  const StepTime zb = pipeline_step(p, m, "zb-h1"), fb = pipeline_step(p, m, "1f1b");
+  ASSERT_TRUE(zb.modelled && fb.modelled) << zb.why << fb.why;
+  EXPECT_NEAR(zb.step_s, sim.makespan, 1e-12);
+  EXPECT_NEAR(zb.bubble_s, (sim.idle[0] + sim.idle[1]) / 2, 1e-12);
+  EXPECT_NEAR(fb.step_s, 30e-3, 1e-12);
+  EXPECT_LT(zb.step_s, fb.step_s);
+  EXPECT_LT(zb.bubble_s / zb.step_s, fb.bubble_s / fb.step_s);
 }
 
 TEST(Predictor, PipelineTransfersDelayEachHop) {

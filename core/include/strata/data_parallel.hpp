@@ -85,9 +85,10 @@ void plan_replica(const PredictInput& in, std::vector<PlanAction>& setup);
 // A StageModel of `part` keeping `slots` activation slots, as setup actions: its activations
 // (predict_activations: `slots` slots and the shared scratch) and each slot's copy of the
 // micro-batch's tokens (MemTag::workspace). Without the core's micro-batch
-// (batch_workspace_bytes), which a rank holds once whatever its models.
+// (batch_workspace_bytes), which a rank holds once whatever its models. split_backward: the
+// StageModel's (its slots keep the deferred d(output)s).
 void plan_model_slots(const PredictInput& in, const Partition& part, int slots,
-                      std::vector<PlanAction>& setup);
+                      std::vector<PlanAction>& setup, bool split_backward = false);
 
 // Their memory (plan_memory of plan_replica): predict()'s answer for a plan that states no
 // allocations.

@@ -108,6 +108,13 @@ struct ModelSpec {
   double flops_per_token() const {
     return 6.0 * double(flop_params()) + 12.0 * layers * double(hidden) * seq;
   }
+  // Of a block's backward FLOPs, its weight gradients' share: dW = dout^T inp of each linear does
+  // as many as the forward's GEMMs, 2 x the active linear parameters per token, of a backward's
+  // 2 x (those + the attention's 4 h s). What a split backward defers (zero-bubble pipelines).
+  double block_weight_grad_share() const {
+    const double linear = 2.0 * double(block_active_linear_params());
+    return linear / (2.0 * (linear + 4.0 * double(hidden) * seq));
+  }
 
  private:
   std::int64_t params_with(std::int64_t per_block) const {

@@ -6,6 +6,9 @@
 //
 // The replay's rules, one compute clock per rank:
 //   forward, backward, update, fresh   advance the compute clock by their calibrated time
+//   weight                             the weight pass of a split backward (split_backward): the
+//                                      weight GEMMs' share of the unit's backward, which the
+//                                      plan's backwards then leave out
 //   comm on a stream (stream >= 0)     starts when both the clock has issued it and the stream is
 //                                      free; the stream's time advances, the clock does not
 //   comm with stream < 0               blocks the compute clock for its time (an all-reduce on the
@@ -34,12 +37,25 @@
 STRATA_EXPORT_BEGIN
 namespace strata {
 
-enum class PlanOp { forward, backward, update, fresh, comm, copy, wait, send, recv, alloc, free };
+enum class PlanOp {
+  forward,
+  backward,
+  weight,
+  update,
+  fresh,
+  comm,
+  copy,
+  wait,
+  send,
+  recv,
+  alloc,
+  free
+};
 
 struct PlanAction {
   PlanOp op = PlanOp::forward;
-  int unit = -1;     // forward, backward: a unit of the model (ParamLayout's numbering), one
-                     // micro-batch, as this mesh's StageModel runs it (tp split included)
+  int unit = -1;  // forward, backward, weight: a unit of the model (ParamLayout's numbering), one
+                  // micro-batch, as this mesh's StageModel runs it (tp split included)
   double count = 0;  // update: parameters the optimizer steps
   double bytes = 0;  // fresh, copy, send, recv; comm: nccl-tests bytes of `collective`
   // comm: all_reduce, reduce_scatter, all_gather, reduce or broadcast; copy: d2h or h2d.
@@ -65,11 +81,15 @@ struct StepPlan {
   // The moe blocks' routed experts split over an ep group of this many ranks (Partition::ep_size):
   // the core charges their exchanges inside the unit passes (expert_parallel_collectives).
   int expert_parallel = 1;
+  // The backwards compute the units' input gradients only and each unit's weight gradients are a
+  // weight action of their own (StageModel's split_backward; zero-bubble pipelines).
+  bool split_backward = false;
   // Empty plan: why this configuration has no time model (e.g. "no plan for offload yet").
   std::string unmodelled;
   // What predict() reports beside the memory: assumptions, padding, the rank's stage (--dry-run
-  // prints them), and a pipeline's ideal bubble ((p-1)/(m+p-1) for GPipe and 1F1B; negative: not
-  // a pipeline), recorded beside the measured one.
+  // prints them), and a pipeline's ideal bubble ((p-1)/(m+p-1) for GPipe and 1F1B; zb-h1's by
+  // its schedule's simulation with the weight passes' FLOP share; negative: not a pipeline),
+  // recorded beside the measured one.
   std::string notes;
   double bubble_fraction = -1;
   bool empty() const { return micro_batch.empty() && step.empty(); }
@@ -78,6 +98,7 @@ struct StepPlan {
 // Builders, so that a plan reads like the train_step it describes.
 inline PlanAction plan_forward(int unit) { return {.op = PlanOp::forward, .unit = unit}; }
 inline PlanAction plan_backward(int unit) { return {.op = PlanOp::backward, .unit = unit}; }
+inline PlanAction plan_weight(int unit) { return {.op = PlanOp::weight, .unit = unit}; }
 inline PlanAction plan_update(double params) { return {.op = PlanOp::update, .count = params}; }
 inline PlanAction plan_fresh(double bytes) { return {.op = PlanOp::fresh, .bytes = bytes}; }
 // A collective: blocking with stream < 0, else on that comm stream, setting `event` at its end.

@@ -22,6 +22,9 @@ struct Costs {
   const MachineProfile& profile;
   const StepQuery& q;
   std::vector<double> fwd, bwd;  // per unit of the whole model, one micro-batch
+  // Of bwd, the weight pass a split backward defers (StepPlan::split_backward): a block's weight
+  // GEMMs, their FLOPs' share of its backward's; 0 for the embedding and the head.
+  std::vector<double> wgt;
   // tp > 1: the tp all-reduces inside each unit's passes (included in fwd, bwd), and with expert
   // parallelism the moe blocks' exchanges; empty at tp 1 and ep 1.
   std::vector<double> tp_fwd, tp_bwd;

@@ -42,15 +42,19 @@ struct RankReplay {
 
 using SendKey = std::tuple<int, int, int>;  // from, to, tag
 
+// A unit pass: its forward, its backward (less the weight pass a split plan runs apart) or that
+// weight pass (no collective inside).
 double pass_time(const Costs& c, const PlanAction& a, RankReplay& r) {
   const bool fwd = a.op == PlanOp::forward;
   const std::vector<double>& pass = fwd ? c.fwd : c.bwd;
   if (a.unit < 0 || std::size_t(a.unit) >= pass.size())
     throw NoTimeModel{"the step plan names unit " + std::to_string(a.unit) + " of a model with " +
                       std::to_string(pass.size()) + " units"};
+  const std::size_t u = std::size_t(a.unit);
+  if (a.op == PlanOp::weight) return c.wgt[u];
   const std::vector<double>& tp = fwd ? c.tp_fwd : c.tp_bwd;
-  if (!tp.empty()) r.tp_inside += tp[std::size_t(a.unit)];
-  return pass[std::size_t(a.unit)];
+  if (!tp.empty()) r.tp_inside += tp[u];
+  return pass[u] - (!fwd && r.plan->split_backward ? c.wgt[u] : 0.0);
 }
 
 // Rank r's next action; false when it must wait for a send not replayed yet.
@@ -59,6 +63,7 @@ bool advance(Costs& c, RankReplay& r, std::map<SendKey, double>& sent) {
   switch (a.op) {
     case PlanOp::forward:
     case PlanOp::backward:
+    case PlanOp::weight:
       r.compute(pass_time(c, a, r));
       break;
     case PlanOp::update:

@@ -15,9 +15,10 @@ namespace time_model {
 
 void add_tensor_parallel(Costs& c, bool measured);
 void add_expert_parallel(Costs& c, int ep);
+void add_weight_passes(Costs& c, double block_backward_s);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
-  Costs c{profile, q, {}, {}, {}, {}, 0, 0, 0, 1, 0, {}, {}};
+  Costs c{profile, q, {}, {}, {}, {}, {}, 0, 0, 0, 1, 0, {}, {}};
   std::string how;
   const int on_host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
@@ -42,7 +43,16 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.contention = q.train.device == Device::cpu ? 1.0 : 0.0;
   if (q.mesh.tp > 1) add_tensor_parallel(c, e->tp == q.mesh.tp);
   if (q.plans.front().expert_parallel > 1) add_expert_parallel(c, q.plans.front().expert_parallel);
+  add_weight_passes(c, e->block_backward_s);
   return c;
+}
+
+// A block's weight pass: its weight gradients' FLOP share (ModelSpec::block_weight_grad_share) of
+// the profile's block backward, over tp (whose ranks split the GEMMs).
+void add_weight_passes(Costs& c, double block_backward_s) {
+  c.wgt.assign(c.bwd.size(), 0.0);
+  for (int l = 1; l <= c.q.model.layers; ++l)
+    c.wgt[std::size_t(l)] = block_backward_s * c.q.model.block_weight_grad_share() / c.q.mesh.tp;
 }
 
 // Expert parallelism: each moe block's exchanges (expert_parallel_collectives, at a uniform

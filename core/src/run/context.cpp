@@ -138,10 +138,11 @@ std::uint64_t batch_workspace_bytes(const TrainSpec& train, const ModelSpec& mod
 }
 
 void plan_model_slots(const PredictInput& in, const Partition& part, int slots,
-                      std::vector<PlanAction>& setup) {
+                      std::vector<PlanAction>& setup, bool split_backward) {
   const int B = in.train.micro_batch;
-  const ActivationBytes acts = predict_activations(in.model, B, part, in.train.recompute,
-                                                   in.train.precision.param, in.train.device);
+  const ActivationBytes acts =
+      predict_activations(in.model, B, part, in.train.recompute, in.train.precision.param,
+                          in.train.device, split_backward);
   setup.push_back(plan_alloc(MemTag::activations, double(acts.total(slots))));
   setup.push_back(plan_alloc(MemTag::workspace,
                              double(slots) * double(StageModel::slot_token_bytes(in.model, B))));

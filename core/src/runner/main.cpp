@@ -224,7 +224,7 @@ void check_cuda_graphs(const RunConfig& c, const Strategy& strategy) {
             (plan.unmodelled.empty() ? std::string() : " (" + plan.unmodelled + ")");
     const PlanAction* first = nullptr;  // its first comm, else its first wait
     for (const PlanAction& a : plan.micro_batch)
-      if (a.op != PlanOp::forward && a.op != PlanOp::backward &&
+      if (a.op != PlanOp::forward && a.op != PlanOp::backward && a.op != PlanOp::weight &&
           (!first || (first->op == PlanOp::wait && a.op != PlanOp::wait)))
         first = &a;
     if (first) why = "every micro-batch has " + action_text(*first) + " between its unit passes";

@@ -174,6 +174,13 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
   if (cfg.schedule != pp::PipeSchedule::interleaved && v != 1)
     throw ConfigError("--plugin-opt virtual_stages=" + std::to_string(v) + ": only interleaved " +
                       "has virtual stages (" + who + " needs 1)");
+  if (pp::splits_backward(cfg.schedule)) {
+    validate_split_backward(t.recompute);
+    if (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp)
+      throw ConfigError("--plugin-opt dp=" + std::string(dp_mode_name(cfg.dp)) + ": " + who +
+                        " takes dp=allreduce or zero1 (its weight passes write the gradients "
+                        "after the last backward, where zero2 and fsdp reduce them)");
+  }
   if (cfg.schedule == pp::PipeSchedule::interleaved) {
     if (P < 2) throw ConfigError("--mesh pp=1: interleaved needs pp >= 2");
     if (m % P != 0)
@@ -266,7 +273,8 @@ class Engine {
     for (const Partition& part : plan_.parts) {
       chunks_.push_back(std::make_unique<StageModel>(
           ctx.model_spec(), ctx.train().micro_batch, part, mem, ctx.train().recompute,
-          ctx.train().precision.param, ctx.train().precision.tp_comm));
+          ctx.train().precision.param, ctx.train().precision.tp_comm,
+          pp::splits_backward(cfg.schedule)));
       models.push_back(chunks_.back().get());
     }
     if (plan_.parts.front().ep_size > 1) {  // the moe blocks' exchanges, on the ep group
@@ -295,8 +303,10 @@ class Engine {
       const pp::PipeAction& a = plan_.actions[i];
       if (a.forward())
         slot_of[a.chunk][a.micro] = forward_action(ctx, step, a, dp_.passes[i], pp);
-      else
+      else if (a.pass == pp::PipePass::backward)
         backward_action(ctx, a, slot_of[a.chunk][a.micro], dp_.passes[i], pp);
+      else
+        weight_action(ctx, a, slot_of[a.chunk][a.micro]);
     }
     {
       // The stage's own sends, then the end-of-step meeting with the other stages: both are the
@@ -367,8 +377,10 @@ class Engine {
         unit_pass(ctx, dp[std::size_t(i)],
                   [&] { pass(backward ? part.last_unit - i : part.first_unit + i); });
     };
+    // A split backward records its deferred GEMMs on the host, which a graph's replay would skip.
+    const bool split = backward && pp::splits_backward(cfg_.schedule);
     const bool compute_only =
-        !tp_comm_ && !ep_comm_ && std::all_of(dp.begin(), dp.end(), [](const auto& d) {
+        !tp_comm_ && !ep_comm_ && !split && std::all_of(dp.begin(), dp.end(), [](const auto& d) {
           return d.before.empty() && d.after.empty();
         });
     if (!compute_only) return run();
@@ -441,6 +453,17 @@ class Engine {
           .push_back(ctx.comm_stream(kStreamPrev)
                          .enqueue([&pp, din, prev] { pp.send(din, prev, kTagGradient); },
                                   ctx.compute_event()));
+    }
+    if (!pp::splits_backward(cfg_.schedule)) sm.release_slot(slot);
+  }
+
+  // A split backward's weight pass (zb-h1): the chunk's deferred weight gradients; nothing is sent.
+  // Then the slot is free.
+  void weight_action(Context& ctx, const pp::PipeAction& a, int slot) {
+    StageModel& sm = *chunks_[a.chunk];
+    {
+      PhaseTimer t(ctx, Phase::backward);
+      sm.backward_weights(slot);
     }
     sm.release_slot(slot);
   }

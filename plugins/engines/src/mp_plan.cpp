@@ -52,6 +52,8 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
         pass(dp.passes[i][std::size_t(u - first)], plan_forward(u));
       if (k < K - 1)
         out.push_back(plan_send(stage_of(k + 1), activation_tag(a.micro, k + 1, K), bytes));
+    } else if (a.pass == pp::PipePass::weight) {  // no transfer: nobody waits for it
+      for (int u = last; u >= first; --u) pass(dp.passes[i][std::size_t(last - u)], plan_weight(u));
     } else {
       if (k < K - 1) out.push_back(plan_recv(stage_of(k + 1), gradient_tag(a.micro, k, K), bytes));
       for (int u = last; u >= first; --u)
@@ -78,7 +80,7 @@ void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
   for (int c = 0; c < plan.v; ++c) {
     const Partition& part = plan.parts[std::size_t(c)];
     const int in_flight = pp::max_in_flight(plan.actions, c);
-    plan_model_slots(in, part, in_flight, setup);
+    plan_model_slots(in, part, in_flight, setup, pp::splits_backward(cfg.schedule));
     setup.push_back(plan_alloc(MemTag::comm_buffers, double(StageModel::tp_comm_buffer_bytes(
                                                          in.model, B, part, tp_comm))));
     if (plan.K > 1 && boundary_casts(plan, c, in.train.precision).send)
@@ -119,6 +121,19 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
   return notes.str();
 }
 
+// The schedule's bubble with equal stages and free transfers: (p - 1) / (m + p - 1) (/ v
+// interleaved) whatever the pass costs; a split backward's depends on the weight passes' share,
+// the model's (f : b = 1 : 2, w that share of b), the simulation's mean idle time.
+double ideal_bubble_fraction(const MpConfig& cfg, const ModelSpec& model, const Plan& rank) {
+  if (!pp::splits_backward(cfg.schedule))
+    return pp::predicted_bubble_fraction(cfg.schedule, rank.P, rank.m, rank.v);
+  const pp::PipeSimulation sim = pp::simulate_pipeline(
+      cfg.schedule, rank.P, rank.m, rank.v, {1.0, 2.0, 2.0 * model.block_weight_grad_share()});
+  double idle = 0;
+  for (double i : sim.idle) idle += i;
+  return idle / double(rank.P) / sim.makespan;
+}
+
 }  // namespace
 
 StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
@@ -126,6 +141,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   plan.expert_parallel = cfg.expert_parallel ? in.mesh.ep : 1;
+  plan.split_backward = cfg.pipeline && pp::splits_backward(cfg.schedule);
   if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp partition
     plan = sharded::plan_step(
         in, dp_axis_config(cfg),
@@ -137,8 +153,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   const Plan rank = make_plan(in.mesh, me, in.model, in.train, cfg);
   plan_setup(in, cfg, rank, plan.setup);
   plan.notes = plan_notes(rank, in, cfg);
-  if (cfg.pipeline)
-    plan.bubble_fraction = pp::predicted_bubble_fraction(cfg.schedule, rank.P, rank.m, rank.v);
+  if (cfg.pipeline) plan.bubble_fraction = ideal_bubble_fraction(cfg, in.model, rank);
   const auto units = chunk_units(in.model, rank.K, cfg.stage_layers);
   std::vector<PlanAction>& step = plan.step;
   std::vector<PlanAction> end;  // the data-parallel axis's after the tied exchange

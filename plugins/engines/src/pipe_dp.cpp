@@ -20,7 +20,7 @@ std::vector<ChunkBounds> chunk_bounds(const std::vector<pp::PipeAction>& actions
     ChunkBounds& c = b[std::size_t(actions[std::size_t(i)].chunk)];
     if (actions[std::size_t(i)].forward()) {
       if (c.first_forward < 0) c.first_forward = i;
-    } else {
+    } else if (actions[std::size_t(i)].pass == pp::PipePass::backward) {
       if (c.first_backward < 0) c.first_backward = i;
       c.last_backward = i;
     }
