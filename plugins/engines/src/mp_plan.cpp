@@ -141,7 +141,6 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   plan.expert_parallel = cfg.expert_parallel ? in.mesh.ep : 1;
-  plan.split_backward = cfg.pipeline && pp::splits_backward(cfg.schedule);
   if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp partition
     plan = sharded::plan_step(
         in, dp_axis_config(cfg),
@@ -160,7 +159,8 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   const bool reduces_in_schedule = cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp;
   if (rank.P > 1 || reduces_in_schedule) {
     schedule_plan(in, cfg, me, rank, units, plan.sequence_parallel, step, end);
-  } else {  // tp alone: every micro-batch through the whole model
+    plan.split_backward = pp::splits_backward(cfg.schedule);  // its weight actions are there
+  } else {  // tp alone (or one stage): every micro-batch through the whole model
     plan_forward_backward(ParamLayout::of(in.model)->num_units(), plan.micro_batch);
     plan.micro_batches = in.train.micro_steps(in.mesh);
   }
