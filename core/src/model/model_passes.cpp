@@ -61,6 +61,7 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
           : shard == ShardKind::experts  ? n / part.ep_size
                                          : n / part.tp_size;
   }
+  if (split_backward) dout_capacity_ = deferred_dout_count(alloc_);  // each slot's store
   Carver count;
   g_.carve(alloc_, r, param_dtype, count);
   scratch_memory_ = Buffer<float>(memory, MemTag::activations, count.used);
@@ -170,7 +171,10 @@ void ModelPasses::matmul_backward(float* dinp, BufferView dw, float* dbias, cons
   if (w.dtype == DType::f32 && dw.dtype == DType::f32) {
     k_.zero(dinp, std::size_t(N) * C);  // the fp32 kernel accumulates
     float* dweight = static_cast<float*>(dw.data);
-    if (deferring_) defer_weight_grad(dw, dout, inp, N, C, OC), dweight = nullptr;
+    if (deferring_) {  // d(input) and the bias now, the weight gradient in the weight pass
+      defer_weight_grad(dw, dout, inp, N, C, OC);
+      dweight = nullptr;
+    }
     k_.matmul_backward(dinp, dweight, dbias, dout, inp.f32(), static_cast<const float*>(w.data), N,
                        C, OC);
     return;
@@ -195,10 +199,9 @@ void ModelPasses::defer_weight_grad(BufferView dw, const void* dout, ActView inp
                                     int OC) {
   SlotActs& s = *deferring_;
   const std::size_t n = std::size_t(N) * OC, at = s.douts_used;
-  if (at + n > deferred_dout_count(alloc_))
-    throw Error("model: the split backward's store holds " +
-                std::to_string(deferred_dout_count(alloc_)) + " elements, " +
-                std::to_string(at + n) + " needed");
+  if (at + n > dout_capacity_)
+    throw Error("model: the split backward's store holds " + std::to_string(dout_capacity_) +
+                " elements, " + std::to_string(at + n) + " needed");
   const std::size_t size = dtype_size(param_dtype_);
   copy_bytes(memory_.device(), static_cast<char*>(s.douts.data) + at * size, dout, n * size);
   s.deferred.push_back({dw, at, inp, N, C, OC});

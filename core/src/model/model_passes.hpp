@@ -345,6 +345,7 @@ class ModelPasses {
   DType param_dtype_;
   bool split_backward_ = false;
   SlotActs* deferring_ = nullptr;  // the slot whose block backward defers its weight gradients
+  std::size_t dout_capacity_ = 0;  // split backward: elements of a slot's store (SlotActs::douts)
   Dims alloc_, run_;
   MemoryLedger& memory_;
   std::size_t block_off_[kBlockTensors] = {};
