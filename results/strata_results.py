@@ -482,9 +482,10 @@ class Run:
 
     @property
     def mesh(self):
-        ep = self.config.get("ep", "1")
-        return "dp%s.tp%s.pp%s%s" % (self.config.get("dp", "?"), self.config.get("tp", "?"),
-                                     self.config.get("pp", "?"), "" if ep == "1" else ".ep" + ep)
+        ep, cp = self.config.get("ep", "1"), self.config.get("cp", "1")
+        return "dp%s.tp%s.pp%s%s%s" % (self.config.get("dp", "?"), self.config.get("tp", "?"),
+                                       self.config.get("pp", "?"), "" if ep == "1" else ".ep" + ep,
+                                       "" if cp == "1" else ".cp" + cp)
 
 
 def _required_attr(obj, name, where):
@@ -500,14 +501,15 @@ def _required_attr(obj, name, where):
 # What makes two runs the same configuration (results/compare, the summary's repeats, catalog
 # columns): the strategy, mesh, model (its family and shape included), batch, precision, recompute,
 # transport and device.
-KEY_FIELDS = ["plugin", "plugin_opts", "dp", "tp", "pp", "ep", "nodes", "ranks_per_node", "model",
+KEY_FIELDS = ["plugin", "plugin_opts", "dp", "tp", "pp", "ep", "cp", "nodes", "ranks_per_node", "model",
               "arch", "layers", "hidden", "heads", "kv_heads", "ffn", "experts", "top_k",
               "shared_experts", "capacity_factor", "aux_loss_coef", "seq", "vocab", "micro_batch",
               "global_batch", "precision", "recompute", "transport", "device"]
 # /config attributes of those that older files lack, as such a run was (ffn and kv_heads follow
 # hidden and heads).
 OLD_FILE_CONFIG = {"arch": "gpt2", "experts": "0", "top_k": "0", "shared_experts": "0",
-                   "capacity_factor": "0", "aux_loss_coef": "0", "precision": "fp32", "ep": "1"}
+                   "capacity_factor": "0", "aux_loss_coef": "0", "precision": "fp32", "ep": "1",
+                   "cp": "1"}
 
 
 def config_key(run, ignore=()):
@@ -522,6 +524,7 @@ def describe(key):
     if c["arch"] not in ("gpt2", "*", "") and c["arch"] not in model:
         model += " " + c["arch"]
     ep = ".ep" + c["ep"] if c["ep"] not in ("1", "*", "") else ""
+    ep += ".cp" + c["cp"] if c["cp"] not in ("1", "*", "") else ""
     return one_line("%s%s dp%s.tp%s.pp%s%s %sx%s %s mb%s/gb%s%s %s %s" % (
         c["plugin"], opts, c["dp"], c["tp"], c["pp"], ep, c["nodes"], c["ranks_per_node"], model,
         c["micro_batch"], c["global_batch"], precision, c["transport"], c["device"]), 400)

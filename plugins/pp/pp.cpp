@@ -117,7 +117,8 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.microbatches = int(o.get_int("microbatches"));
   c.prefetch = int(o.get_int("prefetch"));
   c.offload_optimizer = o.get("offload") == "optimizer";
-  c.expert_parallel = true;  // at --mesh ep > 1
+  c.expert_parallel = true;   // at --mesh ep > 1
+  c.context_parallel = true;  // at --mesh cp > 1
   return std::make_unique<mp::MpStrategy>(c);
 }
 

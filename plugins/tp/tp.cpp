@@ -17,38 +17,13 @@ const PluginDescriptor& descriptor() {
       kPluginAbiVersion,
       "tp",
       "Megatron-LM tensor parallelism (optionally sequence parallel), data parallel outside",
-      {{"tp",
-        "column/row-parallel blocks, vocab-parallel embedding and loss; --mesh dp=D,tp=T",
-        {{"sp",
-          OptionType::choice,
-          "off",
-          "sequence parallelism: all-gather / reduce-scatter instead of all-reduce, LayerNorm on "
-          "token-row shards",
-          {"on", "off"}},
-         mp::dp_option(),
-         {"prefetch",
-          OptionType::integer,
-          "1",
-          "dp=fsdp: units all-gathered ahead of the one computing, overlapped with compute",
-          {}},
-         {"offload",
-          OptionType::choice,
-          "none",
-          "dp=zero1|zero2|fsdp: optimizer: AdamW state (m, v, bf16's fp32 master) in host "
-          "memory, the update on the CPU",
-          {"none", "optimizer"}}}}}};
+      {{"tp", "column/row-parallel blocks, vocab-parallel embedding and loss; --mesh dp=D,tp=T",
+        mp::tensor_parallel_options()}}};
   return d;
 }
 
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
-  mp::MpConfig c;
-  c.strategy = name;
-  c.pipeline = false;
-  c.sequence_parallel = o.get("sp") == "on";
-  c.dp = mp::dp_mode(o.get("dp"));
-  c.prefetch = int(o.get_int("prefetch"));
-  c.offload_optimizer = o.get("offload") == "optimizer";
-  return std::make_unique<mp::MpStrategy>(c);
+  return std::make_unique<mp::MpStrategy>(mp::tensor_parallel_config(name, o));
 }
 
 }  // namespace

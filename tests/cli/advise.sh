@@ -93,6 +93,15 @@ PY
   >"$dir/mixtral.txt" || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b on 256"; }
 grep -qE "^ +[0-9]+  (1f1b|gpipe|interleaved) dp[0-9]+ tp1 pp[0-9]+ ep8 mb1 " "$dir/mixtral.txt" \
   || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b: no pipeline with ep 8 ranked"; }
+# Llama 3 70B on 1,024 GPUs (issue 30's acceptance): context parallelism in the enumeration, a
+# configuration with cp ranked where its cp = 1 twin does not fit.
+"$runner" --advise --profile "$profile" --model llama3-70b --nodes 128 --ranks-per-node 8 \
+  --memory-limit 80GiB --global-batch 512 --advise-micro-batches 1 --advise-top 1000 \
+  >"$dir/llama70b.txt" || { cat "$dir/llama70b.txt"; fail "llama3-70b on 1024"; }
+grep -qE "^ +[0-9]+  [a-z0-9-]+( dp=[a-z0-9]+)? dp[0-9]+ tp[0-9]+ pp[0-9]+ cp[248] mb1 " \
+  "$dir/llama70b.txt" || { cat "$dir/llama70b.txt"; fail "llama3-70b: no configuration with cp"; }
+grep -q "^strategies: cp: dp x tp (tp >= 2), x cp;" "$dir/llama70b.txt" \
+  || { cat "$dir/llama70b.txt"; fail "llama3-70b: the cp plugin's axes"; }
 # Nothing fits: said, exit 4.
 rc=0
 "$runner" --advise --profile "$profile" --model gpt3-175b --nodes 1 --ranks-per-node 8 \

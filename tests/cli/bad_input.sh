@@ -41,7 +41,7 @@ check "--peak-tflops 1e-300: must be 0 (the node's measured peak) or at least 1e
 check "--plugin-opt bucket_mb=2: bucket_mb is given twice (first bucket_mb=1)" --plugin ddp \
   --plugin-opt bucket_mb=1 --plugin-opt bucket_mb=2
 check "--plugin-opt bucket_mb=" --plugin ddp --plugin-opt bucket_mb=-1
-check "dp x tp x pp must equal the world size" --plugin ddp --nodes 3 --mesh dp=2
+check "dp x cp x tp x pp must equal the world size" --plugin ddp --nodes 3 --mesh dp=2
 # As if mpirun had started 4 ranks (checked before MPI starts, so no MPI is needed here).
 check "--nodes 3: must divide the world size 4" OMPI_COMM_WORLD_SIZE=4 --plugin ddp --nodes 3
 check "--heads 5: must divide --hidden 64" --plugin ddp --hidden 64 --heads 5
@@ -120,6 +120,12 @@ check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --
 check "--plugin-opt offload=optimizer: needs dp=zero1, zero2 or fsdp (got dp=allreduce)" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt offload=optimizer
 check "--plugin-opt dp=fsdp: zb-h1 takes dp=allreduce or zero1" --plugin zb-h1 --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=fsdp
 check "--recompute full: a split backward (zb-h1) needs each block's activations kept" --plugin zb-h1 --mesh pp=2 --nodes 1 --ranks-per-node 2 --recompute full
+# Context parallelism: the mesh's axis, the model's split, and the strategies that take it.
+check "--mesh cp=2: --plugin zero3 does not split the sequences over a context-parallel group" --plugin zero3 --mesh cp=2 --nodes 1 --ranks-per-node 2
+check "--mesh cp=4: tp x cp must divide the attention heads (4" --plugin cp --mesh tp=2,cp=4 --nodes 1 --ranks-per-node 8
+check "--mesh cp=2: must divide the sequence length (--seq 63)" --plugin cp --mesh cp=2 --nodes 1 --ranks-per-node 2 --seq 63
+check "--calibrate: measures whole sequences; leave cp out of --mesh" --calibrate --profile p.h5 --mesh cp=2 --nodes 1 --ranks-per-node 2
+check "--mesh cp=2: --arch moe's routing and load-balancing loss are per whole sequence" --plugin cp --model tiny-moe --mesh cp=2 --nodes 1 --ranks-per-node 2
 check "--plugin-opt prefetch: must be >= 0" --plugin tp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt prefetch: must be >= 0" --plugin 1f1b --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt microbatches=4: the batch gives 1" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt microbatches=4

@@ -28,6 +28,13 @@ strata_e2e_llama(llama.gpipe.pp4 4 --plugin gpipe --mesh pp=4 --micro-batch 1)
 strata_e2e_llama(llama.1f1b.tp2.pp2 4 --plugin 1f1b --mesh tp=2,pp=2 --micro-batch 2)
 strata_e2e_llama(llama.1f1b.dp2.pp2.fsdp 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
                  --micro-batch 1 --plugin-opt dp=fsdp)
+# Context parallelism: the rotary positions of each rank's slice, grouped-query attention's K/V
+# repeated before the all-to-all; cp 4 with selective recompute (the attention rerun on the kept,
+# exchanged q | k | v) and zb-h1 over cp 2 x pp 2 (the split backward's weight passes).
+strata_e2e_llama(llama.cp.np2 2 --plugin cp --mesh cp=2 --micro-batch 2)
+strata_e2e_llama(llama.cp.np4.selective 4 --plugin cp --mesh cp=4 --micro-batch 2
+                 --recompute selective)
+strata_e2e_llama(llama.zb-h1.cp2.pp2 4 --plugin zb-h1 --mesh cp=2,pp=2 --micro-batch 1)
 # Not the GPT-2 model: the same sizes as gpt2 train to another trajectory (a llama run that fell
 # back to the GPT-2 block would pass every check above).
 add_test(NAME e2e.llama-is-not-gpt2

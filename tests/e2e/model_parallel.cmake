@@ -200,3 +200,23 @@ strata_e2e_recompute(tp.sp.np2 2 strata_e2e_checks --plugin tp --mesh tp=2 --mic
 foreach(s gpipe 1f1b interleaved)
   strata_e2e_recompute(${s}.pp2 2 strata_e2e_checks_l8 --plugin ${s} --mesh pp=2 --micro-batch 2 ${L8})
 endforeach()
+
+# Context parallelism (the cp plugin, Ulysses): tiny's sequences split over cp 2 and 4 (4 heads,
+# so one or two heads per rank in the attention), with dp (the gradients reduced over dp x cp,
+# zero1's state sharded over it, fsdp's parameters too), with tp and sequence parallelism (tp x cp
+# = 4 divides the heads), and under a pipeline (1f1b's boundaries carry the rank's slice of each
+# sequence); each on the 1-rank trajectory with memory and bytes (the all-to-alls) = predict().
+foreach(n 2 4)
+  strata_e2e_run(cp.np${n} ${n} --plugin cp --mesh cp=${n} --micro-batch 2)
+  strata_e2e_checks(cp.np${n} ${n})
+endforeach()
+strata_e2e_run(cp.dp2.zero1.np4 4 --plugin cp --mesh dp=2,cp=2 --nodes 2 --micro-batch 2
+               --plugin-opt dp=zero1)
+strata_e2e_run(cp.dp2.fsdp.np4 4 --plugin cp --mesh dp=2,cp=2 --micro-batch 2 --plugin-opt dp=fsdp)
+strata_e2e_run(cp.tp2.sp.np4 4 --plugin cp --mesh tp=2,cp=2 --micro-batch 2 --plugin-opt sp=on)
+foreach(id cp.dp2.zero1.np4 cp.dp2.fsdp.np4 cp.tp2.sp.np4)
+  strata_e2e_checks(${id} 4)
+endforeach()
+strata_e2e_run(1f1b.cp2.pp2 4 --plugin 1f1b --mesh cp=2,pp=2 --micro-batch 2 ${L8})
+strata_e2e_checks_l8(1f1b.cp2.pp2 4)
+

@@ -847,7 +847,7 @@ TEST(StepPlan, PipelineStagesCarryTheirPartitionsTpBytes) {
   train.micro_batch = 2, train.global_batch = 8;  // 4 micro-batches
   const Mesh mesh(tp2_pp2);
   for (int stage : {0, 1}) {
-    const auto got = planned_bytes(*strategy, {tp2_pp2, m, train, mesh.rank_of(0, 1, stage)});
+    const auto got = planned_bytes(*strategy, {tp2_pp2, m, train, mesh.rank_of(0, 1, stage, 0)});
     const auto want = megatron_tp_bytes(m, 2, 2, stage == 0, stage == 1, false, false, DType::f32);
     // The tp volume four times, the norm's doubles over tp and pp.
     EXPECT_NEAR(got.at("all_reduce"), 4 * want.at("all_reduce") + 8 + 8, 1e-6) << stage;
@@ -867,7 +867,7 @@ TEST(StepPlan, Bf16TpCommHalvesTheActivationBytes) {
       for (bool backward : {false, true})
         for (DType dtype : {DType::f32, DType::bf16})
           for (const PassCollective& c :
-               tensor_parallel_collectives(m, B, u, backward, 2, sp, Recompute::none, dtype))
+               tensor_parallel_collectives(m, B, u, backward, 2, sp, 1, Recompute::none, dtype))
             (dtype == DType::f32 ? fp32 : bf16)[op_name(c.op)] += c.bytes;
     // Per block 4 activations (sp: 4 all-gathers and 4 reduce-scatters), the embedding's and
     // the head's one each.

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/model_passes.hpp"
 #include "strata/stage_model.hpp"
 
 namespace strata {
@@ -557,7 +558,7 @@ TEST(StageModelRecompute, TensorParallelModesGiveTheSameGradientsAndPredictedMem
           for (int u = part.first_unit; u <= part.last_unit; ++u)
             for (bool backward : {false, true})
               for (const PassCollective& c :
-                   tensor_parallel_collectives(spec, B, u, backward, 2, sp, r, DType::f32))
+                   tensor_parallel_collectives(spec, B, u, backward, 2, sp, 1, r, DType::f32))
                 tp_bytes[op_name(c.op)] += c.bytes;
           for (int rank = 0; rank < 2; ++rank) {
             const RankResult& a = ref[rank];
@@ -773,6 +774,126 @@ TEST(StageModelExpertParallel, RanksEqualOneRankOnEachMicroBatch) {
       EXPECT_EQ(expert_elements,
                 std::size_t(spec.layers) * 3 * spec.experts * spec.ffn * spec.hidden / ep);
     }
+  }
+}
+
+// Context parallelism (Ulysses): rank k of cp runs slice k of the same micro-batch's sequences.
+struct CpResult {
+  double loss = 0;
+  std::vector<float> grads;
+  std::uint64_t activation_peak = 0, all_to_all = 0;
+};
+
+CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recompute r,
+                     ContextParallelComm* comm, CommLedger* ledger) {
+  MemoryLedger mem;
+  StageModel m(spec, B, part, mem, r);
+  m.set_context_comm(comm);
+  CpResult out;
+  std::vector<float> params(m.param_count());
+  out.grads.assign(m.param_count(), 0.0f);
+  m.init_params(5, view(params.data(), params.size()));
+  const RankTokens whole(spec, B, 0);
+  const int T = spec.seq / part.cp_size;
+  RankTokens mine(spec, B, 0);
+  mine.in.clear(), mine.tg.clear();
+  for (int b = 0; b < B; ++b)
+    for (int t = part.cp_rank * T; t < (part.cp_rank + 1) * T; ++t) {
+      mine.in.push_back(whole.in[std::size_t(b) * spec.seq + t]);
+      mine.tg.push_back(whole.tg[std::size_t(b) * spec.seq + t]);
+    }
+  const int slot = m.acquire_slot();
+  m.forward(slot, view(params.data(), params.size()), mine.mb(B, T), nullptr);
+  out.loss = m.loss_sum(slot);
+  m.backward(slot, view(params.data(), params.size()), view(out.grads.data(), out.grads.size()),
+             nullptr, 1.0f / float(B * spec.seq));
+  out.activation_peak = mem.peak(MemTag::activations);
+  if (ledger)
+    for (const CommRecord& c : ledger->records())
+      if (c.op == CommOp::all_to_all) out.all_to_all += c.bytes;
+  return out;
+}
+
+// GPT-2 (learned positions) and a llama (rotary positions, grouped-query attention) over cp = 2
+// and 4 thread ranks, in every recompute mode: the ranks' losses sum to the one-rank loss of the
+// whole sequences and their gradients to its gradients (the dp group's sum); each rank's
+// activations are predict_activations' and its all-to-all bytes context_parallel_collectives'.
+TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
+  const ModelSpec llama{"att-heavy-llama", 2, 32, 4, 16, 64, Arch::llama, 2, 96, 10000};
+  const int B = 2;
+  for (const ModelSpec& spec : {att_heavy(), llama})
+    for (int cp : {2, 4})
+      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+        SCOPED_TRACE(spec.preset + " cp " + std::to_string(cp) + " " + recompute_name(r));
+        const CpResult ref = run_cp_rank(spec, B, whole_model(spec), r, nullptr, nullptr);
+        const std::vector<CpResult> got =
+            on_thread_ranks(cp, [&](int rank, ThreadGroup& group, CommLedger& ledger) {
+              Partition part = whole_model(spec);
+              part.cp_size = cp, part.cp_rank = rank;
+              SyncContextParallelComm comm(group);
+              return run_cp_rank(spec, B, part, r, &comm, &ledger);
+            });
+        double loss = 0, most = 0;
+        std::vector<double> sum(ref.grads.size(), 0.0);
+        for (int rank = 0; rank < cp; ++rank) {
+          loss += got[rank].loss;
+          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += got[rank].grads[i];
+          Partition part = whole_model(spec);
+          part.cp_size = cp, part.cp_rank = rank;
+          EXPECT_EQ(got[rank].activation_peak, predict_activations(spec, B, part, r).total(1));
+          double bytes = 0;
+          for (int u = 1; u <= spec.layers; ++u)
+            for (bool backward : {false, true})
+              for (const PassCollective& c : context_parallel_collectives(
+                       spec, B, u, backward, 1, cp, r, DType::f32, Device::cpu))
+                bytes += c.bytes;
+          EXPECT_GT(bytes, 0.0);
+          EXPECT_EQ(double(got[rank].all_to_all), bytes) << rank;
+        }
+        EXPECT_NEAR(loss, ref.loss, 1e-6 * std::fabs(ref.loss));
+        for (float g : ref.grads) most = std::max(most, double(std::fabs(g)));
+        ASSERT_GT(most, 1e-4);
+        for (std::size_t i = 0; i < sum.size(); ++i)
+          ASSERT_NEAR(sum[i], ref.grads[i], 1e-5 * std::fabs(ref.grads[i]) + 1e-6 * most)
+              << "element " << i;
+      }
+}
+
+TEST(StageModelContextParallel, ImpossibleSplitsAreRefused) {
+  const ModelSpec tiny = model_preset("tiny");  // 4 heads, seq 64
+  EXPECT_NO_THROW(validate_context_parallel(tiny, 1, 4));
+  EXPECT_NO_THROW(validate_context_parallel(tiny, 2, 2));
+  EXPECT_THROW(validate_context_parallel(tiny, 2, 4), ConfigError);  // 8 head groups of 4 heads
+  EXPECT_THROW(validate_context_parallel(tiny, 1, 3), ConfigError);  // seq 64
+  EXPECT_THROW(validate_context_parallel(tiny, 1, 0), ConfigError);
+  EXPECT_THROW(validate_context_parallel(model_preset("tiny-moe"), 1, 2), ConfigError);
+  MemoryLedger mem;
+  Partition part = whole_model(tiny);
+  part.cp_size = 2, part.cp_rank = 2;
+  EXPECT_THROW(StageModel(tiny, 1, part, mem), Error);
+}
+
+// Ulysses' row permutations: each a permutation, each backward one the inverse of its forward.
+TEST(StageModelContextParallel, ExchangePermutationsAreInversePairs) {
+  const ModelSpec tiny = model_preset("tiny");
+  Partition part = whole_model(tiny);
+  part.cp_size = 4, part.cp_rank = 1;
+  const Dims d(tiny, 3, part, Device::cpu);
+  const std::vector<std::int32_t> perm = cp_permutations(d);
+  auto at = [&](int which, std::size_t row) { return perm[cp_perm_offset(d, which) + row]; };
+  for (auto [forward, inverse] :
+       {std::pair{qkv_send, dqkv_local}, std::pair{qkv_full, dqkv_send},
+        std::pair{out_send, dout_full}, std::pair{out_local, dout_send}}) {
+    const std::size_t n = cp_perm_rows(d, forward);
+    ASSERT_EQ(n, cp_perm_rows(d, inverse));
+    std::vector<int> seen(n, 0);
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::size_t from = std::size_t(at(forward, r));
+      ASSERT_LT(from, n);
+      ++seen[from];
+      EXPECT_EQ(std::size_t(at(inverse, from)), r);
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), std::ptrdiff_t(n));
   }
 }
 

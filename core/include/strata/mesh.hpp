@@ -9,15 +9,21 @@
 STRATA_EXPORT_BEGIN
 namespace strata {
 
-// dp x tp x pp = world. Rank order: tp fastest, then dp, then pp (Megatron's order), so that tensor
-// parallel peers are neighbours on a node. `nodes` may be virtual: node = rank / ranks_per_node.
-// ep (expert parallelism) is carved out of dp, as torchtitan and Megatron-Core carve it: it divides
-// dp, and each run of ep consecutive dp ranks is one expert-parallel group.
+// dp x cp x tp x pp = world. Rank order: tp fastest, then cp, then dp, then pp (Megatron's order),
+// so that tensor parallel peers are neighbours on a node. `nodes` may be virtual: node = rank /
+// ranks_per_node. ep (expert parallelism) is carved out of dp, as torchtitan and Megatron-Core
+// carve it: it divides dp, and each run of ep consecutive dp ranks is one expert-parallel group.
+// cp (context parallelism) splits each sequence: the cp ranks of one dp index read the same
+// sequences, each its own slice of their tokens.
 struct MeshSpec {
   int dp = 1, tp = 1, pp = 1;
   int nodes = 1, ranks_per_node = 1;
   int ep = 1;
-  int world() const { return dp * tp * pp; }
+  int cp = 1;
+  int world() const { return dp * cp * tp * pp; }
+  // The ranks that hold the same parameters and reduce their gradients together: the dp group's
+  // size (Megatron's data-parallel-with-context-parallel group).
+  int replicas() const { return dp * cp; }
 };
 
 // Where one rank sits: its index on each axis and its node (ep: its index in its ep group).
@@ -25,15 +31,18 @@ struct MeshCoord {
   int rank = 0, dp = 0, tp = 0, pp = 0;
   int node = 0, local_rank = 0;
   int ep = 0;
+  int cp = 0;
 };
 
-// Communicators a strategy can ask for. dp_intra_node: the dp peers on this (virtual) node;
-// dp_inter_node: the dp peers with the same position among their node's peers on every other
-// node. ep: the dp peers of this rank's expert-parallel group (dp indices [e*ep, e*ep + ep));
-// ep_dp: the dp peers at the same place in every other ep group (Megatron's expert-data-parallel
-// group: the replicas of this rank's experts). There is deliberately no world communicator: a
-// strategy talks on its own axes.
-enum class Axis { dp, tp, pp, dp_intra_node, dp_inter_node, ep, ep_dp };
+// Communicators a strategy can ask for. dp: the ranks holding the same parameters (every dp
+// index, and with cp > 1 every cp index of each: gradients are reduced over both, as Megatron's
+// dp-cp group); cp: the ranks splitting this rank's sequences, in cp order. dp_intra_node: the dp
+// peers on this (virtual) node; dp_inter_node: the dp peers with the same position among their
+// node's peers on every other node. ep: the dp peers of this rank's expert-parallel group (dp
+// indices [e*ep, e*ep + ep)); ep_dp: the dp peers at the same place in every other ep group
+// (Megatron's expert-data-parallel group: the replicas of this rank's experts). There is
+// deliberately no world communicator: a strategy talks on its own axes.
+enum class Axis { dp, tp, pp, dp_intra_node, dp_inter_node, ep, ep_dp, cp };
 
 // Every axis and its name (the run file's and the trace's group names), in creation order.
 struct AxisName {
@@ -46,7 +55,8 @@ inline constexpr AxisName kAxes[] = {{Axis::dp, "dp"},
                                      {Axis::dp_intra_node, "dp_intra_node"},
                                      {Axis::dp_inter_node, "dp_inter_node"},
                                      {Axis::ep, "ep"},
-                                     {Axis::ep_dp, "ep_dp"}};
+                                     {Axis::ep_dp, "ep_dp"},
+                                     {Axis::cp, "cp"}};
 
 class Mesh {
  public:
@@ -55,7 +65,11 @@ class Mesh {
   int world() const { return spec_.world(); }
 
   MeshCoord coord(int rank) const;
-  int rank_of(int dp, int tp, int pp) const { return tp + spec_.tp * (dp + spec_.dp * pp); }
+  int rank_of(int dp, int tp, int pp, int cp) const {
+    return tp + spec_.tp * (cp + spec_.cp * (dp + spec_.dp * pp));
+  }
+  // The rank at the same dp, tp and cp place as `me` on pipeline stage `pp`.
+  int rank_of(const MeshCoord& me, int pp) const { return rank_of(me.dp, me.tp, pp, me.cp); }
   int node_of(int rank) const { return rank / spec_.ranks_per_node; }
 
   // The ranks of the `axis` group that holds `rank`, in the order of their rank in that group.

@@ -278,6 +278,10 @@ struct Partition {
   bool sequence_parallel = false;
   int ep_size = 1;
   int ep_rank = 0;
+  // Context parallelism (Ulysses): each sequence split into cp_size slices of seq / cp_size
+  // tokens, this rank holding slice cp_rank (context_parallel.hpp).
+  int cp_size = 1;
+  int cp_rank = 0;
 };
 // All units at tp 1: the whole model (Context::model()).
 Partition whole_model(const ModelSpec& spec);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "strata/comm.hpp"
+#include "strata/context_parallel.hpp"
 #include "strata/expert_parallel.hpp"
 #include "strata/export.hpp"
 #include "strata/memory.hpp"
@@ -47,6 +48,11 @@ void validate_tensor_parallel(const ModelSpec& spec, int micro_batch, int tp,
 // Throws ConfigError (one line, naming the option) if the model's experts cannot be split ep ways:
 // ep > 1 needs --arch moe and must divide the routed experts.
 void validate_expert_parallel(const ModelSpec& spec, int ep);
+
+// Throws ConfigError (one line, naming the option) if the model's sequences cannot be split cp
+// ways: seq and the heads of a tp rank must divide (Ulysses gives each cp rank whole heads), and
+// moe's routing is per whole sequence (refused at cp > 1).
+void validate_context_parallel(const ModelSpec& spec, int tp, int cp);
 
 // How a local tensor is cut from the global one.
 enum class ShardKind {
@@ -148,6 +154,9 @@ class StageModel {
   // The expert-parallel exchanges (expert_parallel.hpp) the passes of an ep_size > 1 partition
   // issue, from now on (a strategy's, e.g. SyncExpertParallelComm over its ep group; not owned).
   void set_expert_comm(ExpertParallelComm* ep);
+  // The context-parallel exchanges (context_parallel.hpp) of a cp_size > 1 partition, from now on
+  // (e.g. SyncContextParallelComm over its cp group; not owned).
+  void set_context_comm(ContextParallelComm* cp);
 
   // Forward of the partition for micro-batch mb (its tokens, if needed, are copied into the slot).
   // `tp`: the tensor-parallel collectives (tensor_parallel.hpp; SyncTensorParallelComm over the tp
@@ -205,9 +214,10 @@ class StageModel {
   // sequences; the loss a run reports is the first alone (Megatron-LM's "lm loss").
   double aux_loss_sum(int slot) const;
 
-  // Exact bytes of one slot's token copies (MemTag::workspace; its activations:
-  // predict_activations()).
-  static std::uint64_t slot_token_bytes(const ModelSpec& spec, int micro_batch);
+  // Exact bytes of one slot's token copies, inputs and targets of the partition's seq / cp_size
+  // tokens per sequence (MemTag::workspace; its activations: predict_activations()).
+  static std::uint64_t slot_token_bytes(const ModelSpec& spec, int micro_batch,
+                                        const Partition& part);
   // Exact bytes of the tp comm buffer a partition built with this tp comm dtype holds
   // (MemTag::comm_buffers): 0 at tp 1 or in fp32; in bf16 an [N,C] activation, and with sequence
   // parallelism a reduce-scatter's [N/tp,C] output beside it.
@@ -231,14 +241,15 @@ struct PassCollective {
 };
 
 // The tensor-parallel collectives of one micro-batch's forward (backward: false) or backward of
-// unit `unit` (ParamLayout's numbering) on a tp group of `tp` ranks, as StageModel issues them,
+// unit `unit` (ParamLayout's numbering) on a tp group of `tp` ranks (of a cp-way context-parallel
+// mesh: seq / cp tokens of each sequence), as StageModel issues them,
 // those a full recompute repeats in backward included: activations in tp_comm_dtype (2 bytes an
 // element in bf16), the cross-entropy's statistics in fp32. Empty at tp 1. The step-plan bytes
 // (plan_comm_bytes) and the step-time predictor both read them from here.
 std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, int micro_batch,
                                                         int unit, bool backward, int tp,
-                                                        bool sequence_parallel, Recompute recompute,
-                                                        DType tp_comm_dtype);
+                                                        bool sequence_parallel, int cp,
+                                                        Recompute recompute, DType tp_comm_dtype);
 
 // The expert-parallel exchanges of one micro-batch's forward (backward: false) or backward of unit
 // `unit` on an ep group of `ep` ranks, as a moe block issues them (expert_parallel.hpp), those a
@@ -251,6 +262,17 @@ std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, i
 std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, int micro_batch,
                                                         int unit, bool backward, int ep,
                                                         Recompute recompute, DType param_dtype);
+
+// The context-parallel exchanges (context_parallel.hpp, Ulysses) of one micro-batch's forward or
+// backward of unit `unit` on a cp group of `cp` ranks and a tp group of `tp`: per block q | k | v
+// and the attention's output forward (in the attention's dtype on `device`: the parameters' where
+// it reads and writes bf16, attention_writes_bf16), their gradients backward (fp32), a full
+// recompute's forward ones again. all_to_all's bytes: the rank's send buffer. Empty at cp 1 and
+// for the embedding and the head.
+std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, int micro_batch,
+                                                         int unit, bool backward, int tp, int cp,
+                                                         Recompute recompute, DType param_dtype,
+                                                         Device device);
 
 }  // namespace strata
 STRATA_EXPORT_END

@@ -68,9 +68,13 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
   Carver c{scratch_memory_.data(), 0};
   g_.carve(alloc_, r, param_dtype, c);
   if (g_.rope) {  // the same table on every backend: made on the host in double, then copied
-    std::vector<float> table(std::size_t(alloc_.T) * alloc_.hs);
-    cpu::rope_table(table.data(), alloc_.T, int(alloc_.hs), spec.rope_theta);
+    std::vector<float> table(std::size_t(alloc_.Ta) * alloc_.hs);  // every position (cp > 1)
+    cpu::rope_table(table.data(), alloc_.Ta, int(alloc_.hs), spec.rope_theta);
     copy_bytes(memory.device(), g_.rope, table.data(), table.size() * sizeof(float));
+  }
+  if (g_.cp_perm) {  // context parallelism: Ulysses' row permutations, made on the host
+    const std::vector<std::int32_t> perm = cp_permutations(alloc_);
+    copy_bytes(memory.device(), g_.cp_perm, perm.data(), perm.size() * sizeof(std::int32_t));
   }
   if (tp_comm_dtype != DType::f32 && tp_comm_dtype != DType::bf16)
     throw ConfigError(std::string("model: tensor-parallel comm in ") + dtype_name(tp_comm_dtype) +
@@ -89,9 +93,10 @@ std::unique_ptr<ModelPasses::Slot> ModelPasses::make_slot() {
 }
 
 void ModelPasses::set_batch(int batch) {
-  if (batch <= 0 || batch > alloc_.B || (alloc_.tp > 1 && batch != alloc_.B))
+  const bool exact = alloc_.tp > 1 || alloc_.cp > 1;  // their exchanges are planned for B
+  if (batch <= 0 || batch > alloc_.B || (exact && batch != alloc_.B))
     throw Error("model: micro-batch of " + std::to_string(batch) + " sequences, built for " +
-                std::to_string(alloc_.B) + (alloc_.tp > 1 ? " (exactly, with tp)" : " at most"));
+                std::to_string(alloc_.B) + (exact ? " (exactly, with tp or cp)" : " at most"));
   if (batch != run_.B) run_ = Dims(spec_, batch, part_, memory_.device());
 }
 
@@ -341,14 +346,39 @@ void ModelPasses::norm_backward(float* dinp, float* dw, float* db, const float* 
 // q | k | v as the attention reads them (BlockActs::qkv): the projection; a llama's then turns q
 // and k by the rotary embedding (their NHl + KVl heads are adjacent from column 0) and, with
 // grouped-query attention, repeats K/V to every query head from the projection's output in b.
+// With context parallelism they are formed for the rank's tokens in cp_b (at their positions:
+// the rotary table from pos0) and exchanged into a.qkv's whole sequences.
 void ModelPasses::qkv_forward(BlockActs& a, BufferView w, const float* bias) {
   const Dims& d = run_;
   const bool gqa = d.KVl != d.NHl;
-  const ActView out = gqa ? as_act(g_.b, a.qkv.dtype) : a.qkv;
+  const ActView qkv = d.cp > 1 ? as_act(g_.cp_b, a.qkv.dtype) : a.qkv;
+  const ActView out = gqa ? as_act(g_.b, a.qkv.dtype) : qkv;
   matmul_forward(out, a.ln1_full, w, bias, int(d.N), d.C, int(d.QKVl));
-  if (!d.llama) return;
-  k_.rope_forward(out, g_.rope, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs), int(d.QKVl));
-  if (gqa) k_.repeat_kv_forward(a.qkv, out, int(d.N), int(d.NHl), int(d.KVl), int(d.hs));
+  if (d.llama) {
+    k_.rope_forward(out, g_.rope + d.pos0 * d.hs, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs),
+                    int(d.QKVl));
+    if (gqa) k_.repeat_kv_forward(qkv, out, int(d.N), int(d.NHl), int(d.KVl), int(d.hs));
+  }
+  if (d.cp > 1) cp_exchange(qkv, a.qkv, qkv_send, qkv_full);
+}
+
+void ModelPasses::cp_exchange(ActView from, ActView to, CpPerm send, CpPerm recv) {
+  const Dims& d = run_;
+  if (!cp_)
+    throw Error("model: a context-parallel partition (cp " + std::to_string(d.cp) +
+                ") was run without StageModel::set_context_comm");
+  const std::size_t rows = cp_perm_rows(d, send), n = rows * d.Ca;
+  const ActView out = as_act(g_.cp_a, from.dtype), in = as_act(g_.cp_b, from.dtype);
+  k_.moe_gather(out, from, g_.cp_perm + cp_perm_offset(d, send), int(rows), int(d.Ca));
+  const Device device = memory_.device();
+  cp_->all_to_all({out.data, n, from.dtype, device}, {in.data, n, from.dtype, device});
+  k_.moe_gather(to, in, g_.cp_perm + cp_perm_offset(d, recv), int(rows), int(d.Ca));
+}
+
+void ModelPasses::attention_forward(BlockActs& a) {
+  const Dims& d = run_;
+  k_.attention_forward(a.atty_full, a.att, a.qkv, d.B, d.Ta, int(d.Ca), int(d.NHa));
+  if (d.cp > 1) cp_exchange(a.atty_full, a.atty, out_send, out_local);
 }
 
 // Its backward from d(q | k | v) [N,3Cl] in a: the repeat's sums (into b), the rotation back,
@@ -361,7 +391,8 @@ void ModelPasses::qkv_backward(const BlockActs& a, BufferView w, BufferView gw, 
     dqkv = g_.b;
   }
   if (d.llama)
-    k_.rope_backward(dqkv, g_.rope, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs), int(d.QKVl));
+    k_.rope_backward(dqkv, g_.rope + d.pos0 * d.hs, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs),
+                     int(d.QKVl));
   matmul_backward(g_.partial, gw, gbias, dqkv, a.ln1_full, w, int(d.N), d.C, int(d.QKVl));
 }
 
@@ -583,7 +614,7 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, small.param(o[kLn1W], C), bias(kLn1B, C), Nl);
   if (d.sp) gather(tp, a.ln1, a.ln1_full);
   qkv_forward(a, at(p, o[kQkvW]), bias(kQkvB, d.QKVl));
-  k_.attention_forward(a.atty, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
+  attention_forward(a);
   float* proj = sublayer_output(a.xmid);
   row_parallel(tp, proj, a.atty, at(p, o[kProjW]), bias(kProjB, C), Cl);
   residual_norm_forward(a.xmid, a.ln2, a.ln2_mean, a.ln2_rstd, proj, x_in, small.param(o[kLn2W], C),
@@ -649,12 +680,17 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   float* g_proj_b = row_parallel_bias(gbias(kProjB, C));
   float* datty = g_.partial;
   matmul_backward(datty, at(gr, o[kProjW]), g_proj_b, g_.full, a.atty, at(p, o[kProjW]), N, Cl, C);
+  // Context parallelism: d(atty) to whole sequences on this rank's heads, in place.
+  if (d.cp > 1) cp_exchange(datty, datty, dout_send, dout_full);
   // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
   // shared att. The attention output it also produces (atty is kept) goes to a, free until d(qkv).
+  const int Ca = int(d.Ca), NHa = int(d.NHa);
   if (recompute_ == Recompute::selective)
-    k_.attention_forward(g_.a, a.att, a.qkv, d.B, d.T, Cl, int(d.NHl));
+    k_.attention_forward(g_.a, a.att, a.qkv, d.B, d.Ta, Ca, NHa);
   k_.zero(g_.a, 3 * d.N * d.Cl);
-  k_.attention_backward(g_.a, g_.b, datty, a.qkv, a.att, a.atty, d.B, d.T, Cl, int(d.NHl));
+  k_.attention_backward(g_.a, g_.b, datty, a.qkv, a.att, a.atty_full, d.B, d.Ta, Ca, NHa);
+  // ... and d(q | k | v) back to this rank's tokens, in place.
+  if (d.cp > 1) cp_exchange(g_.a, g_.a, dqkv_send, dqkv_local);
   qkv_backward(a, at(p, o[kQkvW]), at(gr, o[kQkvW]), gbias(kQkvB, d.QKVl));
   const float* dln1 = reduce_input_grad(tp);
   norm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gbias(kLn1B, C), dln1, s.x[l],
@@ -672,7 +708,7 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   const ActView x0 = s.x[0];
   if (d.tp == 1 && wte.dtype == DType::f32 && !d.llama) {  // fp32 parameters, GPT-2's positions
     k_.encoder_forward(x0.f32(), tok, static_cast<const float*>(wte.data),
-                       static_cast<const float*>(wpe.data), d.B, d.T, C);
+                       static_cast<const float*>(wpe.data) + d.pos0 * C, d.B, d.T, C);
     return;
   }
   float* sum = sublayer_output(x0);  // the token rows, summed over tp
@@ -683,7 +719,7 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   else if (d.tp > 1)
     all_reduce_activation(tp, sum, d.N * C);
   if (!d.llama)
-    k_.add_positions(x0, sum, wpe, d.Nl, d.row0, d.T, C);
+    k_.add_positions(x0, sum, at(wpe, d.pos0 * C), d.Nl, d.row0, d.T, C);
   else if (x0.is_bf16())  // rotary positions are the attention's: the rows are the stream
     k_.round_to_bf16(x0.half(), sum, d.Nl * C);
 }
@@ -693,11 +729,11 @@ void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std
   const Dims& d = run_;
   const int C = d.C;
   if (d.tp == 1 && gwte.dtype == DType::f32 && !d.llama) {
-    k_.encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data), g_.dres,
-                        tok, d.B, d.T, C);
+    k_.encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data) + d.pos0 * C,
+                        g_.dres, tok, d.B, d.T, C);
     return;
   }
-  if (!d.llama) k_.positions_backward(gwpe, g_.dres, d.Nl, d.row0, d.T, C);
+  if (!d.llama) k_.positions_backward(at(gwpe, d.pos0 * C), g_.dres, d.Nl, d.row0, d.T, C);
   if (d.sp) gather(tp, g_.dres, g_.full);
   const float* full = d.sp ? g_.full : g_.dres;
   k_.embedding_rows_backward(gwte, full, tok, d.N, d.Vl * part_.tp_rank, d.Vl, C);

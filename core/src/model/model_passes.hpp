@@ -13,6 +13,7 @@
 #include "model/model_parts.hpp"
 #include "model/moe_dispatch.hpp"
 #include "strata/comm.hpp"
+#include "strata/context_parallel.hpp"
 #include "strata/export.hpp"
 #include "strata/memory.hpp"
 #include "strata/model.hpp"
@@ -32,18 +33,23 @@ void validate_partition(const ModelSpec& spec, int micro_batch, const Partition&
                         Recompute recompute, DType param_dtype = DType::f32,
                         Device device = Device::cpu);
 
-// Exported for the tests (test_mixed_precision): the sizes and the head's chunking.
+// Exported for the tests (test_mixed_precision, test_stage_model): the sizes, the head's chunking
+// and context parallelism's exchanges.
 STRATA_EXPORT_BEGIN
 // Sizes of one partition for a micro-batch of B sequences. N = B*T token rows; Nl the rows of the
-// residual stream on this rank (N/tp with sequence parallelism).
+// residual stream on this rank (N/tp with sequence parallelism). Context parallelism (cp > 1):
+// T is the rank's slice of each sequence (seq / cp tokens, from position pos0), while the
+// attention runs over whole sequences of Ta tokens on NHa = NHl / cp heads (Ca = NHa hs columns).
 // KVl: K/V heads on this rank, hs the head size, QKVl = (NHl + 2 KVl) hs the q | k | v
 // projection's outputs on this rank, Fl the MLP's hidden size on this rank, FCl the FC layer's
 // outputs (Fl, or a llama's gate | up 2 Fl; moe: one expert's).
 struct Dims {
   int B, T, C, NH, V, tp, blocks;
+  int cp, Ta;
   bool sp, embedding, head, llama, moe;  // llama: the llama block (moe's too)
   // row0: first token row; att: floats of the attention's state (attention_state_floats)
   std::size_t N, Nl, Cl, NHl, KVl, hs, QKVl, Fl, FCl, Vl, row0, att;
+  std::size_t pos0, NHa, Ca;
   // moe: E experts, topk per token, capacity per expert and sequence (0: dropless), R the most
   // rows this rank's tokens send to the experts (moe_max_rows), SF the shared experts' hidden
   // size; 0 otherwise. Expert parallelism: ep ranks, El = E / ep experts here, Rx the most rows
@@ -63,6 +69,28 @@ std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype);
 // shared scratch: as many rows as fit kHeadLogitsBudget bytes (at least 1, at most N).
 constexpr std::size_t kHeadLogitsBudget = std::size_t(256) << 20;
 std::size_t head_chunk_rows(const Dims& d);
+
+// Ulysses' exchanges as row permutations of a head group's Ca columns (context parallelism):
+// CpPerm's entries, each an array of cp_perm_rows(d, which) row indices for Kernels::moe_gather
+// (out row r = in row perm[r]). qkv_send packs the rank's [N, 3, cp, Ca] q | k | v rows by
+// destination cp rank, qkv_full unpacks what arrives into whole sequences [B, Ta, 3, Ca];
+// dqkv_send and dqkv_local are their inverses for the backward. out_send, out_local and their
+// inverses dout_full, dout_send do the same for the attention's output [B, Ta, Ca] -> [N, cp, Ca].
+enum CpPerm {
+  qkv_send,
+  qkv_full,
+  dqkv_send,
+  dqkv_local,
+  out_send,
+  out_local,
+  dout_send,
+  dout_full
+};
+constexpr int kCpPerms = 8;
+std::size_t cp_perm_rows(const Dims& d, int which);
+std::size_t cp_perm_offset(const Dims& d, int which);
+// Every permutation, concatenated in CpPerm order (cp_perm_offset's).
+std::vector<std::int32_t> cp_permutations(const Dims& d);
 STRATA_EXPORT_END
 
 // One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
@@ -79,6 +107,10 @@ struct BlockActs {
   // query head (as torchtitan's repeat_kv before its attention call)
   ActView qkv;
   ActView atty;  // [N,Cl], a GEMM input (bf16 where Dims::attention_bf16)
+  // Context parallelism: qkv holds every token of the rank's sequences on its cp rank's heads
+  // [B*Ta, 3Ca] (Ulysses' exchange of the projection's [N, 3Cl]), and atty_full the attention's
+  // output in that layout [B*Ta, Ca], exchanged back into atty; else atty_full is atty.
+  ActView atty_full;
   float* att;    // the attention's state: [B,NHl,T,T] probabilities or [B,NHl,T] log-sum-exps
   ActView xmid;  // [Nl,C]  x_in + attention projection, the residual stream
   ActView ln2, ln2_full;       // as ln1
@@ -149,7 +181,12 @@ struct Scratch {
   // every rank's [ep,E], in the device's memory (what a GPU transport moves)
   float *ep_a, *ep_b;
   std::int32_t* ep_counts;
-  float* rope;  // llama blocks: the rotary table [T, hs/2, 2] (rope_table), written once
+  float* rope;  // llama blocks: the rotary table [Ta, hs/2, 2] (rope_table), written once
+  // Context parallelism (cp > 1; else null): two staging buffers of Ulysses' all-to-alls
+  // [3 N Cl] (what leaves, what arrives; fp32 or in the attention's dtype) and the exchanges'
+  // row permutations (cp_permutations), written once.
+  float *cp_a, *cp_b;
+  std::int32_t* cp_perm;
   BlockActs shared;
   void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);
 };
@@ -249,6 +286,8 @@ class ModelPasses {
   float* dres() { return g_.dres; }
   // The expert-parallel exchanges of an ep_size > 1 partition (not owned).
   void set_expert_comm(ExpertParallelComm* ep) { ep_ = ep; }
+  // The context-parallel group of a cp_size > 1 partition (not owned).
+  void set_context_comm(ContextParallelComm* cp) { cp_ = cp; }
 
   // Parameters and gradients are views of a unit's elements (the embedding: wte and GPT-2's wpe,
   // none for a llama; the head: the final norm's weight (| bias), and the LM head's weight: wte
@@ -335,6 +374,13 @@ class ModelPasses {
   void dispatch_rows(const BlockActs& a, ActView from, ActView staging, ActView to);
   void combine_rows(const BlockActs& a, float* from, float* staging, float* to);
   float* sublayer_output(ActView x);
+  // Context parallelism: `rows` rows of Ca columns of `from` permuted into cp_a by permutation
+  // `send`, all-to-all over the cp group into cp_b, permuted into `to` by `recv` (from and to of
+  // one dtype; either may be cp_b, or the other).
+  void cp_exchange(ActView from, ActView to, CpPerm send, CpPerm recv);
+  // The attention on a block's q | k | v (BlockActs::qkv), its output in atty (with cp > 1: over
+  // whole sequences into atty_full, exchanged back into atty).
+  void attention_forward(BlockActs& a);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
   void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView lm_head,
                       TensorParallelComm* tp);
@@ -350,6 +396,7 @@ class ModelPasses {
   MemoryLedger& memory_;
   std::size_t block_off_[kBlockTensors] = {};
   ExpertParallelComm* ep_ = nullptr;
+  ContextParallelComm* cp_ = nullptr;
   Buffer<float> scratch_memory_;
   Scratch g_;
   // bf16 tp comm only (else empty): [N,C] for an all-reduce or a gather's full rows, then with

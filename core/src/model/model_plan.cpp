@@ -76,6 +76,22 @@ void validate_expert_parallel(const ModelSpec& s, int ep) {
                       ")");
 }
 
+void validate_context_parallel(const ModelSpec& s, int tp, int cp) {
+  const std::string what = "--mesh cp=" + std::to_string(cp);
+  if (cp < 1) throw ConfigError(what + ": must be >= 1");
+  if (cp == 1) return;
+  if (s.seq % cp != 0)
+    throw ConfigError(what + ": must divide the sequence length (--seq " + std::to_string(s.seq) +
+                      ")");
+  if (s.heads % (std::int64_t(tp) * cp) != 0)
+    throw ConfigError(what + ": tp x cp must divide the attention heads (" +
+                      std::to_string(s.heads) + "; Ulysses gives each cp rank whole heads)");
+  if (s.arch == Arch::moe)
+    throw ConfigError(what +
+                      ": --arch moe's routing and load-balancing loss are per whole "
+                      "sequence; use cp=1 with moe (dp, ep, pp)");
+}
+
 void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute r,
                         DType param_dtype, Device device) {
   validate_model_spec(s);
@@ -88,6 +104,9 @@ void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute
     throw Error("model: tp rank " + std::to_string(p.tp_rank) + " of " + std::to_string(p.tp_size));
   validate_tensor_parallel(s, B, p.tp_size, p.sequence_parallel);
   validate_expert_parallel(s, p.ep_size);
+  validate_context_parallel(s, p.tp_size, p.cp_size);
+  if (p.cp_rank < 0 || p.cp_rank >= p.cp_size)
+    throw Error("model: cp rank " + std::to_string(p.cp_rank) + " of " + std::to_string(p.cp_size));
   if (p.ep_rank < 0 || p.ep_rank >= p.ep_size)
     throw Error("model: ep rank " + std::to_string(p.ep_rank) + " of " + std::to_string(p.ep_size));
   if (r != Recompute::none && r != Recompute::full && r != Recompute::selective)
@@ -104,7 +123,14 @@ void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute
 Partition whole_model(const ModelSpec& spec) { return {0, spec.layers + 1, 1, 0, false}; }
 
 Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device)
-    : B(micro_batch), T(s.seq), C(s.hidden), NH(s.heads), V(s.vocab), tp(p.tp_size) {
+    : B(micro_batch),
+      T(s.seq / p.cp_size),
+      C(s.hidden),
+      NH(s.heads),
+      V(s.vocab),
+      tp(p.tp_size),
+      cp(p.cp_size),
+      Ta(s.seq) {
   const int L = s.layers;
   blocks = std::max(0, std::min(p.last_unit, L) - std::max(p.first_unit, 1) + 1);
   embedding = p.first_unit == 0;
@@ -123,8 +149,11 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   FCl = (llama ? 2 : 1) * Fl;
   Vl = std::size_t(V) / tp;
   row0 = sp ? Nl * p.tp_rank : 0;
-  att = attention_state_floats(device, B, T, int(Cl), int(NHl));
-  attention_bf16 = attention_writes_bf16(device, B, int(Cl), int(NHl));
+  pos0 = std::size_t(T) * p.cp_rank;
+  NHa = NHl / cp;
+  Ca = NHa * hs;
+  att = attention_state_floats(device, B, Ta, int(Ca), int(NHa));
+  attention_bf16 = attention_writes_bf16(device, B, int(Ca), int(NHa));
   E = s.expert_count();
   topk = moe ? s.top_k : 0;
   capacity = moe ? moe_capacity(s.capacity_factor, T, E, topk) : 0;
@@ -133,6 +162,41 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   El = moe ? E / ep : 0;
   Rx = moe ? std::size_t(moe_max_rows_received(B, T, E, topk, capacity, ep)) : 0;
   SF = moe ? std::size_t(s.shared_experts) * Fl : 0;
+}
+
+std::size_t cp_perm_rows(const Dims& d, int which) {
+  return (which < out_send ? 3 : 1) * d.N * std::size_t(d.cp);
+}
+std::size_t cp_perm_offset(const Dims& d, int which) {
+  std::size_t at = 0;
+  for (int k = 0; k < which; ++k) at += cp_perm_rows(d, k);
+  return at;
+}
+
+// Rows of Ca columns: the rank's q | k | v [N, 3, cp, Ca] (token n = b T + t, s in q, k, v, head
+// group j), what it sends [cp, N, 3, Ca] (block j to rank j), what arrives [cp, N, 3, Ca] (block
+// i: rank i's tokens), whole sequences [B, Ta, 3, Ca] (rank i's token t at position i T + t).
+std::vector<std::int32_t> cp_permutations(const Dims& d) {
+  const std::size_t N = d.N, T = std::size_t(d.T), Ta = std::size_t(d.Ta), P = std::size_t(d.cp);
+  std::vector<std::int32_t> perm(cp_perm_offset(d, kCpPerms));
+  auto entry = [&](CpPerm which, std::size_t row) -> std::int32_t& {
+    return perm[cp_perm_offset(d, which) + row];
+  };
+  auto link = [&](CpPerm forward, CpPerm inverse, std::size_t out, std::size_t in) {
+    entry(forward, out) = std::int32_t(in);
+    entry(inverse, in) = std::int32_t(out);
+  };
+  for (std::size_t j = 0; j < P; ++j)
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::size_t whole = (n / T) * Ta + j * T + n % T;  // token n of rank j, in its sequence
+      for (std::size_t s = 0; s < 3; ++s) {
+        link(qkv_send, dqkv_local, (j * N + n) * 3 + s, (n * 3 + s) * P + j);
+        link(qkv_full, dqkv_send, whole * 3 + s, (j * N + n) * 3 + s);
+      }
+      link(out_send, dout_full, j * N + n, whole);
+      link(out_local, dout_send, n * P + j, j * N + n);
+    }
+  return perm;
 }
 
 std::size_t head_chunk_rows(const Dims& d) {
@@ -150,8 +214,9 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   ln1_mean = d.llama ? nullptr : c.take(Nl);  // RMSNorm keeps no mean
   ln1_rstd = c.take(Nl);
   ln1_full = d.sp ? c.take(N * C, gemm_in) : ln1;
-  qkv = c.take(3 * N * d.Cl, att_dtype);
+  qkv = c.take(3 * N * d.Cl, att_dtype);  // with cp > 1: [B*Ta, 3Ca], as many elements
   atty = c.take(N * d.Cl, att_dtype);
+  atty_full = d.cp > 1 ? c.take(N * d.Cl, att_dtype) : atty;
   att = with_att ? c.take(d.att) : nullptr;
   xmid = c.take(Nl * C, gemm_in);
   ln2 = c.take(Nl * C, gemm_in);
@@ -254,9 +319,11 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   partial = c.take(N * C);
   full = d.sp ? c.take(N * C) : dres;
   shard = d.sp ? c.take(d.Nl * C) : partial;
-  rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.T) * d.hs) : nullptr;
+  rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.Ta) * d.hs) : nullptr;
+  const bool cp = d.cp > 1 && d.blocks > 0;
+  cp_perm = cp ? c.take_i32(cp_perm_offset(d, kCpPerms)) : nullptr;
   Carver head{c.base, c.used}, block{c.base, c.used};
-  logits = ce = a = b = moe_rows = moe_router = ep_a = ep_b = nullptr;
+  logits = ce = a = b = moe_rows = moe_router = ep_a = ep_b = cp_a = cp_b = nullptr;
   ep_counts = nullptr;
   shared = BlockActs{};
   if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
@@ -280,6 +347,10 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
         ep_b = block.take(d.Rx * C);
         ep_counts = block.take_i32(std::size_t(d.ep + 1) * d.E);
       }
+    }
+    if (cp) {
+      cp_a = block.take(3 * N * d.Cl);
+      cp_b = block.take(3 * N * d.Cl);
     }
     if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
     if (r == Recompute::selective) shared.att = block.take(d.att);
@@ -370,12 +441,13 @@ std::uint64_t StageModel::tp_comm_buffer_bytes(const ModelSpec& spec, int B, con
 }
 
 std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, int B, int unit,
-                                                        bool backward, int tp, bool sp, Recompute r,
-                                                        DType tp_comm_dtype) {
+                                                        bool backward, int tp, bool sp, int cp,
+                                                        Recompute r, DType tp_comm_dtype) {
   if (tp == 1) return {};
-  // One [N,C] activation in the tp comm dtype; the cross-entropy's statistics are always fp32:
-  // the row max, then the (sum of exp, target) pairs.
-  const double N = double(B) * spec.seq;
+  // One [N,C] activation in the tp comm dtype (N: the rank's tokens, seq / cp of each sequence);
+  // the cross-entropy's statistics are always fp32: the row max, then the (sum of exp, target)
+  // pairs.
+  const double N = double(B) * (spec.seq / cp);
   const double E = N * spec.hidden * double(dtype_size(tp_comm_dtype));
   const PassCollective ar{CommOp::all_reduce, E}, ag{CommOp::all_gather, E},
       rs{CommOp::reduce_scatter, E}, max{CommOp::all_reduce, N * sizeof(float)},
@@ -414,6 +486,26 @@ std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, i
   if (!backward) return {counts, out, fp32};
   if (r == Recompute::full) return {counts, out, fp32, fp32, fp32};  // the forward's again
   return {fp32, fp32};
+}
+
+std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, int B, int unit,
+                                                         bool backward, int tp, int cp, Recompute r,
+                                                         DType param_dtype, Device device) {
+  if (cp == 1 || unit < 1 || unit > spec.layers) return {};
+  // The rank's N = B seq / cp tokens on its tp rank's Cl = hidden / tp columns: q | k | v [N, 3Cl]
+  // out and the attention's output [N, Cl] back, in the attention's dtype; backward d(output) and
+  // d(q | k | v) in fp32. A full recompute repeats the forward's two; a selective one reruns the
+  // attention on the kept, exchanged q | k | v.
+  const double N = double(B) * (spec.seq / cp), Cl = double(spec.hidden / tp);
+  const int NHa = spec.heads / tp / cp, Ca = NHa * spec.head_dim();
+  const DType att = attention_writes_bf16(device, B, Ca, NHa) ? param_dtype : DType::f32;
+  const double act = double(dtype_size(att));
+  const PassCollective qkv{CommOp::all_to_all, 3 * N * Cl * act},
+      out{CommOp::all_to_all, N * Cl * act}, dout{CommOp::all_to_all, N * Cl * sizeof(float)},
+      dqkv{CommOp::all_to_all, 3 * N * Cl * sizeof(float)};
+  if (!backward) return {qkv, out};
+  if (r == Recompute::full) return {qkv, out, dout, dqkv};
+  return {dout, dqkv};
 }
 
 }  // namespace strata

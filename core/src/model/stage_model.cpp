@@ -162,7 +162,7 @@ struct StageModel::Impl {
     return slice(unit, offset - base, n);
   }
   std::size_t lnf_count() const { return std::size_t(spec.final_norm_params()); }
-  std::size_t wpe_count() const { return spec.tied() ? std::size_t(d.T) * d.C : 0; }
+  std::size_t wpe_count() const { return spec.tied() ? std::size_t(d.Ta) * d.C : 0; }
   // The embedding unit's views (its view e starts at local 0): wte, and GPT-2's wpe (else empty).
   BufferView wte(BufferView e) const { return at(e, 0, wte_off, d.Vl * d.C); }
   BufferView wpe(BufferView e) const {
@@ -211,6 +211,7 @@ StageModel::~StageModel() = default;
 
 const Partition& StageModel::partition() const { return impl_->part; }
 void StageModel::set_expert_comm(ExpertParallelComm* ep) { impl_->passes->set_expert_comm(ep); }
+void StageModel::set_context_comm(ContextParallelComm* cp) { impl_->passes->set_context_comm(cp); }
 Recompute StageModel::recompute() const { return impl_->passes->recompute(); }
 DType StageModel::param_dtype() const { return impl_->passes->param_dtype(); }
 bool StageModel::has_embedding() const { return impl_->d.embedding; }
@@ -480,8 +481,8 @@ double StageModel::aux_loss_sum(int slot) const {
   return impl_->passes->aux_loss_sum(impl_->slot(slot).acts->acts);
 }
 
-std::uint64_t StageModel::slot_token_bytes(const ModelSpec& spec, int B) {
-  return 2ull * B * spec.seq * sizeof(std::int32_t);
+std::uint64_t StageModel::slot_token_bytes(const ModelSpec& spec, int B, const Partition& part) {
+  return 2ull * B * (spec.seq / part.cp_size) * sizeof(std::int32_t);
 }
 
 std::vector<LocalTensor> StageModel::local_tensors(const ModelSpec& spec, const Partition& part) {

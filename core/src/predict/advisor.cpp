@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "runner/plugin_loader.hpp"
@@ -72,6 +73,19 @@ bool takes_ep(const std::string& name, const Strategy& s) {
   return false;
 }
 
+// Whether a strategy splits sequences over a cp axis: on a small dense model at cp = 2, without a
+// pipeline or with one of 2 stages.
+bool takes_cp(const std::string& name, const Strategy& s) {
+  ModelSpec probe;
+  probe.layers = 8, probe.hidden = 64, probe.heads = 8, probe.seq = 64, probe.vocab = 256;
+  for (const int pp : {1, 2}) {
+    MeshSpec mesh{1, 1, pp, 1, 2 * pp};
+    mesh.cp = 2;
+    if (accepts(name, s, mesh, probe, 2 * pp)) return true;
+  }
+  return false;
+}
+
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
@@ -88,7 +102,7 @@ double device_memory(const Strategy& s, const MeshSpec& mesh, const AdviseReques
   double worst = 0;
   for (int pp : {0, mesh.pp - 1})
     for (const auto& [dp, tp] : {std::pair{0, 0}, std::pair{mesh.dp - 1, mesh.tp - 1}}) {
-      const Prediction p = predict(s, PredictInput{mesh, r.model, train, m.rank_of(dp, tp, pp)});
+      const Prediction p = predict(s, PredictInput{mesh, r.model, train, m.rank_of(dp, tp, pp, 0)});
       double total = 0;
       for (int t = 0; t < kNumMemTags; ++t)
         if (!is_host_tag(MemTag(t))) total += p.memory_bytes[t];
@@ -127,6 +141,39 @@ bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant&
   return true;
 }
 
+// The shortest slice of a sequence the advisor gives a cp rank: the predictor scales the profile's
+// passes by 1 / cp, a per-token rate measured on whole sequences, which thinner GEMMs do not keep.
+constexpr int kMinCpSlice = 1024;
+
+// The twins of a configuration across cp: (variant, ep, micro-batch, recompute).
+using Twin = std::tuple<std::string, int, int, int>;
+
+// Every configuration of one strategy on `mesh` (its tp, pp and cp): each ep (a strategy that
+// splits experts at each ep >= 2 dividing dp, for a moe; ep 1 as well unless ep is its only axis,
+// where ep 1 is its dp mode), variant, micro-batch and recompute mode. At cp 1 the twins that fit
+// are put in `fit`; at cp > 1 those are skipped.
+void try_mesh(const MachineProfile& profile, const AdviseRequest& r, const std::string& name,
+              const std::vector<Variant>& variants, bool ep_only, bool ep_axis, MeshSpec mesh,
+              std::set<Twin>& fit, Advice& out) {
+  std::vector<int> eps;
+  if (!ep_only) eps.push_back(1);
+  if (ep_axis && r.model.arch == Arch::moe)
+    for (const int ep : divisors(mesh.dp))
+      if (ep > 1) eps.push_back(ep);
+  for (const int ep : eps)
+    for (const Variant& v : variants) {
+      if (!v.label.empty() && mesh.replicas() == 1) continue;  // dp's choices change nothing
+      mesh.ep = ep;
+      for (const int mb : r.micro_batches)
+        for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+          const Twin twin{v.label, ep, mb, int(rc)};
+          if (mesh.cp > 1 && fit.count(twin)) continue;
+          Candidate c{name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
+          if (check(profile, r, v, c, out) && mesh.cp == 1) fit.insert(twin);
+        }
+    }
+}
+
 }  // namespace
 
 std::string Candidate::label() const {
@@ -134,6 +181,7 @@ std::string Candidate::label() const {
   s << strategy << (variant.empty() ? "" : " " + variant) << " dp" << mesh.dp << " tp" << mesh.tp
     << " pp" << mesh.pp;
   if (mesh.ep > 1) s << " ep" << mesh.ep;
+  if (mesh.cp > 1) s << " cp" << mesh.cp;
   s << " mb" << micro_batch << " " << recompute_name(recompute);
   return s.str();
 }
@@ -148,36 +196,33 @@ Advice advise(const MachineProfile& profile, const AdviseRequest& r,
     const bool tp_axis = takes_axis(s.name, probe, 2, 1) || takes_axis(s.name, probe, 2, 2);
     const bool pp_axis = takes_axis(s.name, probe, 1, 2) || takes_axis(s.name, probe, 2, 2);
     const bool ep_axis = takes_ep(s.name, probe);
+    const bool cp_axis = takes_cp(s.name, probe) && r.model.arch != Arch::moe;
     out.notes.push_back(s.name + ": " +
                         (tp_axis && pp_axis ? "dp x tp x pp (pp >= 2)"
                          : tp_axis          ? "dp x tp (tp >= 2)"
                          : pp_axis          ? "dp x pp (pp >= 2)"
                          : ep_axis          ? "dp with ep dividing it (ep >= 2; a moe only)"
                                             : "dp only") +
+                        (cp_axis ? ", x cp" : "") +
                         (ep_axis && (tp_axis || pp_axis) ? ", ep dividing dp (a moe only)" : ""));
     for (const int tp : tp_axis ? divisors(r.ranks_per_node) : std::vector<int>{1})
       for (const int pp : pp_axis ? divisors(world / tp) : std::vector<int>{1}) {
-        // Without its own axis a model-parallel strategy is its dp mode, enumerated as such.
-        if (world % (tp * pp) != 0 || (pp_axis && pp == 1) || (tp_axis && !pp_axis && tp == 1))
-          continue;
-        MeshSpec mesh{world / (tp * pp), tp, pp, r.nodes, r.ranks_per_node};
-        // A strategy that splits experts at each ep >= 2 dividing dp, for a moe; ep 1 as well where
-        // it has another axis (a strategy with ep alone is its dp mode there).
-        std::vector<int> eps;
-        if (!ep_axis || tp_axis || pp_axis) eps.push_back(1);
-        if (ep_axis && r.model.arch == Arch::moe)
-          for (const int ep : divisors(mesh.dp))
-            if (ep > 1) eps.push_back(ep);
-        for (const int ep : eps)
-          for (const Variant& v : variants) {
-            if (!v.label.empty() && mesh.dp == 1) continue;  // dp's choices change nothing at dp 1
-            mesh.ep = ep;
-            for (const int mb : r.micro_batches)
-              for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-                Candidate c{s.name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
-                check(profile, r, v, c, out);
-              }
-          }
+        // cp inside a node beside tp (Ulysses' all-to-alls each block, as DeepSpeed runs them on
+        // the node's links), on whole heads, each rank's slice at least kMinCpSlice tokens; a
+        // cp > 1 only where its cp = 1 twin does not fit: cp splits activations, and where they
+        // fit dp splits the same compute for less traffic.
+        std::set<Twin> fit;
+        for (const int cp : cp_axis ? divisors(r.ranks_per_node / tp) : std::vector<int>{1}) {
+          // Without its own axis a model-parallel strategy is its dp mode, enumerated as such.
+          if (world % (tp * pp * cp) != 0 || (pp_axis && pp == 1) ||
+              (tp_axis && !pp_axis && tp == 1 && cp == 1) ||
+              (cp > 1 && (r.model.heads % (tp * cp) != 0 || r.model.seq / cp < kMinCpSlice)))
+            continue;
+          MeshSpec mesh{world / (tp * pp * cp), tp, pp, r.nodes, r.ranks_per_node};
+          mesh.cp = cp;
+          try_mesh(profile, r, s.name, variants, ep_axis && !tp_axis && !pp_axis, ep_axis, mesh,
+                   fit, out);
+        }
       }
   }
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const auto& a, const auto& b) {

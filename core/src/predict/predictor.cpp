@@ -15,6 +15,7 @@ namespace time_model {
 
 void add_tensor_parallel(Costs& c, bool measured);
 void add_expert_parallel(Costs& c, int ep);
+void add_context_parallel(Costs& c, int cp);
 void add_weight_passes(Costs& c, double block_backward_s);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
@@ -41,7 +42,13 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   c.copy_per_byte = e->copy_s_per_byte;
   c.peak_shares = q.train.device == Device::cpu ? on_host : e->ranks_per_node;
   c.contention = q.train.device == Device::cpu ? 1.0 : 0.0;
+  // Context parallelism (Ulysses): every pass on seq / cp of each sequence's tokens, the
+  // attention over whole sequences on 1 / cp of the heads, so 1 / cp of the profile's time (the
+  // same achieved rate on fewer rows), before tp splits them; its exchanges after.
+  for (double& t : c.fwd) t /= q.mesh.cp;
+  for (double& t : c.bwd) t /= q.mesh.cp;
   if (q.mesh.tp > 1) add_tensor_parallel(c, e->tp == q.mesh.tp);
+  if (q.mesh.cp > 1) add_context_parallel(c, q.mesh.cp);
   if (q.plans.front().expert_parallel > 1) add_expert_parallel(c, q.plans.front().expert_parallel);
   add_weight_passes(c, e->block_backward_s);
   return c;
@@ -52,7 +59,25 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
 void add_weight_passes(Costs& c, double block_backward_s) {
   c.wgt.assign(c.bwd.size(), 0.0);
   for (int l = 1; l <= c.q.model.layers; ++l)
-    c.wgt[std::size_t(l)] = block_backward_s * c.q.model.block_weight_grad_share() / c.q.mesh.tp;
+    c.wgt[std::size_t(l)] =
+        block_backward_s * c.q.model.block_weight_grad_share() / (c.q.mesh.tp * c.q.mesh.cp);
+}
+
+// Context parallelism's exchanges: each block's all-to-alls (context_parallel_collectives) on the
+// cp group, on the compute thread inside its passes (its compute share: make_costs).
+void add_context_parallel(Costs& c, int cp) {
+  const StepQuery& q = c.q;
+  c.tp_fwd.resize(c.fwd.size(), 0.0), c.tp_bwd.resize(c.bwd.size(), 0.0);
+  for (std::size_t u = 0; u < c.fwd.size(); ++u)
+    for (const bool backward : {false, true})
+      for (const PassCollective& p : context_parallel_collectives(
+               q.model, q.train.micro_batch, int(u), backward, q.mesh.tp, cp, q.train.recompute,
+               q.train.precision.param, q.train.device)) {
+        const double t = c.comm(op_name(p.op), p.bytes, Axis::cp);
+        (backward ? c.bwd : c.fwd)[u] += t;
+        (backward ? c.tp_bwd : c.tp_fwd)[u] += t;
+      }
+  c.note("cp: 1 / cp of each pass, then each block's Ulysses all-to-alls inside its passes");
 }
 
 // Expert parallelism: each moe block's exchanges (expert_parallel_collectives, at a uniform
@@ -87,7 +112,7 @@ void tp_collectives(Costs& c, bool sp, std::vector<double>& fwd, std::vector<dou
     for (const bool backward : {false, true})
       for (const PassCollective& p :
            tensor_parallel_collectives(q.model, q.train.micro_batch, int(u), backward, q.mesh.tp,
-                                       sp, q.train.recompute, q.train.precision.tp_comm))
+                                       sp, q.mesh.cp, q.train.recompute, q.train.precision.tp_comm))
         (backward ? bwd : fwd)[u] += c.comm(op_name(p.op), p.bytes, Axis::tp);
 }
 

@@ -169,7 +169,8 @@ RunQuestion question_of_run(const RunRecord& run) {
                     integer(config, "pp", 1),
                     integer(config, "nodes", 1),
                     integer(config, "ranks_per_node", run.ranks),
-                    integer(config, "ep", 1)};  // files from before ep have none: 1
+                    integer(config, "ep", 1),   // files from before ep have none: 1
+                    integer(config, "cp", 1)};  // nor from before cp
   q.threads = integer(provenance, "blas_threads", 1);
   r.plugin_opts = split_options(text("plugin_opts"));
   r.step_p50_s = summary_value(run, "step_s_p50");

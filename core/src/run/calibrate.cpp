@@ -68,9 +68,11 @@ std::vector<CalibrationPoint> calibrate_comm(Context& ctx, CommLedger& ledger,
     double size = g.size();
     mpi::control_allreduce_max(&size, 1);  // every rank skips the same axes
     if (size < 2) continue;
-    // ep's groups where they are groups of their own: at ep = 1 ep_dp is dp, at ep = dp ep is.
+    // ep's and cp's groups where they are groups of their own: at ep = 1 ep_dp is dp, at ep = dp
+    // ep is, and at dp = 1 cp is dp.
     const MeshSpec& m = ctx.mesh();
     if ((axis == Axis::ep && m.ep == m.dp) || (axis == Axis::ep_dp && m.ep == 1)) continue;
+    if (axis == Axis::cp && m.dp == 1) continue;  // then the dp group is the cp group
     for (CommOp op : kCalibratedCommOps)
       for (std::size_t bytes : sizes) {
         // Whole elements, divisible by the group so the shards are equal.

@@ -144,8 +144,8 @@ void plan_model_slots(const PredictInput& in, const Partition& part, int slots,
       predict_activations(in.model, B, part, in.train.recompute, in.train.precision.param,
                           in.train.device, split_backward);
   setup.push_back(plan_alloc(MemTag::activations, double(acts.total(slots))));
-  setup.push_back(plan_alloc(MemTag::workspace,
-                             double(slots) * double(StageModel::slot_token_bytes(in.model, B))));
+  setup.push_back(plan_alloc(
+      MemTag::workspace, double(slots) * double(StageModel::slot_token_bytes(in.model, B, part))));
 }
 
 void plan_replica(const PredictInput& in, std::vector<PlanAction>& setup) {

@@ -1,6 +1,7 @@
 // The core's side of the plugin Context: mesh groups, data, the model, the memory ledger, phase
 // times and the loss of the current step.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -79,18 +80,25 @@ class CoreContext final : public Context {
       streams_.push_back(std::make_unique<CommStream>(ledger_, "comm" + std::to_string(index)));
     return *streams_[index];
   }
+  // With cp > 1 the rank's slice of each sequence: seq / cp tokens from cp x seq / cp.
   MicroBatch micro_batch(int step, int micro) override {
     const TrainSpec& t = config_.train;
-    const int B = t.micro_batch, T = config_.model.seq;
+    const int B = t.micro_batch, T = config_.model.seq, Tc = T / config_.mesh.cp;
     // Global sample index: micro-batches first, then dp ranks, so any split sees the same batch.
     std::int64_t first = std::int64_t(micro) * B * config_.mesh.dp + std::int64_t(coord_.dp) * B;
-    const std::size_t n = std::size_t(B) * T;
+    const std::size_t n = std::size_t(B) * T, nc = std::size_t(B) * Tc;
     // The tokens on the run's device: generated on the host, copied over (once) on a GPU.
     std::int32_t* host = backend_ ? host_tokens_.data() : tokens_.data();
     for (int b = 0; b < B; ++b) data_->fill(step, first + b, host + b * T, host + n + b * T);
-    if (backend_) backend_->copy(tokens_.data(), host, 2 * n * sizeof(std::int32_t));
+    if (Tc != T) {  // keep the slice: inputs then targets, [B, Tc] each, in place
+      const std::size_t from = std::size_t(coord_.cp) * Tc;
+      for (std::size_t half = 0; half < 2; ++half)
+        for (std::size_t b = 0; b < std::size_t(B); ++b)
+          std::copy_n(host + half * n + b * T + from, Tc, host + half * nc + b * Tc);
+    }
+    if (backend_) backend_->copy(tokens_.data(), host, 2 * nc * sizeof(std::int32_t));
     open_micro_batch_range(micro);
-    return MicroBatch{tokens_.data(), tokens_.data() + n, B, T};
+    return MicroBatch{tokens_.data(), tokens_.data() + nc, B, Tc};
   }
   void add_phase_time(Phase phase, double seconds) override {
     phase_s_[static_cast<int>(phase)] += seconds;

@@ -8,8 +8,9 @@ MeshCoord Mesh::coord(int rank) const {
   MeshCoord c;
   c.rank = rank;
   c.tp = rank % spec_.tp;
-  c.dp = (rank / spec_.tp) % spec_.dp;
-  c.pp = rank / (spec_.tp * spec_.dp);
+  c.cp = (rank / spec_.tp) % spec_.cp;
+  c.dp = (rank / (spec_.tp * spec_.cp)) % spec_.dp;
+  c.pp = rank / (spec_.tp * spec_.cp * spec_.dp);
   c.node = node_of(rank);
   c.local_rank = rank % spec_.ranks_per_node;
   c.ep = c.dp % spec_.ep;
@@ -21,24 +22,29 @@ std::vector<int> Mesh::group(Axis axis, int rank) const {
   std::vector<int> ranks;
   switch (axis) {
     case Axis::tp:
-      for (int t = 0; t < spec_.tp; ++t) ranks.push_back(rank_of(c.dp, t, c.pp));
+      for (int t = 0; t < spec_.tp; ++t) ranks.push_back(rank_of(c.dp, t, c.pp, c.cp));
       break;
     case Axis::pp:
-      for (int p = 0; p < spec_.pp; ++p) ranks.push_back(rank_of(c.dp, c.tp, p));
+      for (int p = 0; p < spec_.pp; ++p) ranks.push_back(rank_of(c.dp, c.tp, p, c.cp));
       break;
-    case Axis::dp:
-      for (int d = 0; d < spec_.dp; ++d) ranks.push_back(rank_of(d, c.tp, c.pp));
+    case Axis::dp:  // every dp index and, with cp > 1, every cp index of each
+      for (int d = 0; d < spec_.dp; ++d)
+        for (int k = 0; k < spec_.cp; ++k) ranks.push_back(rank_of(d, c.tp, c.pp, k));
+      break;
+    case Axis::cp:
+      for (int k = 0; k < spec_.cp; ++k) ranks.push_back(rank_of(c.dp, c.tp, c.pp, k));
       break;
     case Axis::dp_intra_node:  // dp peers on this node, by dp index
       for (int d = 0; d < spec_.dp; ++d)
-        if (node_of(rank_of(d, c.tp, c.pp)) == c.node) ranks.push_back(rank_of(d, c.tp, c.pp));
+        if (node_of(rank_of(d, c.tp, c.pp, c.cp)) == c.node)
+          ranks.push_back(rank_of(d, c.tp, c.pp, c.cp));
       break;
     case Axis::dp_inter_node: {  // dp peers at the same position among their node's peers
       const int position = index_in_group(Axis::dp_intra_node, rank);
       for (int n = 0; n < spec_.nodes; ++n) {
         int seen = 0;
         for (int d = 0; d < spec_.dp; ++d) {
-          const int r = rank_of(d, c.tp, c.pp);
+          const int r = rank_of(d, c.tp, c.pp, c.cp);
           if (node_of(r) == n && seen++ == position) ranks.push_back(r);
         }
       }
@@ -46,10 +52,10 @@ std::vector<int> Mesh::group(Axis axis, int rank) const {
     }
     case Axis::ep:  // the run of ep dp indices holding this one
       for (int d = c.dp - c.ep; d < c.dp - c.ep + spec_.ep; ++d)
-        ranks.push_back(rank_of(d, c.tp, c.pp));
+        ranks.push_back(rank_of(d, c.tp, c.pp, c.cp));
       break;
     case Axis::ep_dp:  // the same place in every ep group
-      for (int d = c.ep; d < spec_.dp; d += spec_.ep) ranks.push_back(rank_of(d, c.tp, c.pp));
+      for (int d = c.ep; d < spec_.dp; d += spec_.ep) ranks.push_back(rank_of(d, c.tp, c.pp, c.cp));
       break;
   }
   return ranks;

@@ -14,10 +14,11 @@ void plan_forward_backward(int num_units, std::vector<PlanAction>& out) {
 
 namespace {
 
-// One action's bytes, `times` over: its own, or the tp and ep collectives inside a unit pass.
+// One action's bytes, `times` over: its own, or the tp, ep and cp collectives inside a unit pass.
 void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
-                      const TrainSpec& train, int tp, bool sp, int ep,
+                      const TrainSpec& train, int tp, bool sp, const StepPlan& plan,
                       std::array<double, kNumCommOps>& bytes) {
+  const int ep = plan.expert_parallel, cp = plan.context_parallel;
   auto add = [&](CommOp op, double b) { bytes[static_cast<int>(op)] += times * b; };
   switch (a.op) {
     case PlanOp::comm:
@@ -34,7 +35,11 @@ void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
     case PlanOp::backward:
       for (const PassCollective& c :
            tensor_parallel_collectives(model, train.micro_batch, a.unit, a.op == PlanOp::backward,
-                                       tp, sp, train.recompute, train.precision.tp_comm))
+                                       tp, sp, cp, train.recompute, train.precision.tp_comm))
+        add(c.op, c.bytes);
+      for (const PassCollective& c : context_parallel_collectives(
+               model, train.micro_batch, a.unit, a.op == PlanOp::backward, tp, cp, train.recompute,
+               train.precision.param, train.device))
         add(c.op, c.bytes);
       for (const PassCollective& c :
            expert_parallel_collectives(model, train.micro_batch, a.unit, a.op == PlanOp::backward,
@@ -76,9 +81,8 @@ std::array<double, kNumCommOps> plan_comm_bytes(const StepPlan& plan, const Mode
   std::array<double, kNumCommOps> bytes{};
   const bool sp = plan.sequence_parallel && tp > 1;
   for (const PlanAction& a : plan.micro_batch)
-    add_action_bytes(a, plan.micro_batches, model, train, tp, sp, plan.expert_parallel, bytes);
-  for (const PlanAction& a : plan.step)
-    add_action_bytes(a, 1, model, train, tp, sp, plan.expert_parallel, bytes);
+    add_action_bytes(a, plan.micro_batches, model, train, tp, sp, plan, bytes);
+  for (const PlanAction& a : plan.step) add_action_bytes(a, 1, model, train, tp, sp, plan, bytes);
   return bytes;
 }
 

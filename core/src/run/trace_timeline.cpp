@@ -25,7 +25,7 @@ std::vector<std::string> trace_kinds() {
 }
 const std::vector<std::string> kTraceKinds = trace_kinds();
 const std::vector<std::string> kTraceNames = {
-    "", "dp", "tp", "pp", "dp_intra_node", "dp_inter_node", "host", "ep", "ep_dp"};
+    "", "dp", "tp", "pp", "dp_intra_node", "dp_inter_node", "host", "ep", "ep_dp", "cp"};
 
 // Streams and kinds are closed sets: one missing from its table would put the interval under
 // another's name. Group names are the mesh's axes; another group is traced unnamed.

@@ -315,8 +315,12 @@ void check_combination(RunConfig& c, const std::vector<Given>& given) {
     throw ConfigError("--calibrate-from: only with --calibrate --profile FILE");
   if (c.calibrate && c.dry_run)
     throw ConfigError("--calibrate: measures, --dry-run predicts; give one of them");
-  if (c.mesh_given && double(c.mesh.dp) * c.mesh.tp * c.mesh.pp > 16777216.0)
-    throw ConfigError("--mesh: dp x tp x pp is more than 16777216 ranks");
+  if (c.calibrate && c.mesh.cp > 1)  // its passes are whole sequences'; the predictor splits them
+    throw ConfigError(
+        "--calibrate: measures whole sequences; leave cp out of --mesh (the "
+        "predictor takes a cp rank's passes from them)");
+  if (c.mesh_given && double(c.mesh.dp) * c.mesh.cp * c.mesh.tp * c.mesh.pp > 16777216.0)
+    throw ConfigError("--mesh: dp x cp x tp x pp is more than 16777216 ranks");
   // NCCL moves device buffers only: on the CPU backend it would be handed host memory.
   if (c.transport == "nccl" && c.device != "cuda")
     throw ConfigError("--transport nccl: moves device memory; needs --device cuda");
@@ -409,13 +413,13 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
     m.ranks_per_node = (ranks_per_host > 0 && world % ranks_per_host == 0) ? ranks_per_host : world;
     m.nodes = world / m.ranks_per_node;
   }
-  if (!c.mesh_given) m.dp = world / (m.tp * m.pp);
-  if (std::int64_t(m.dp) * m.tp * m.pp != world)
-    throw ConfigError("--mesh dp=" + std::to_string(m.dp) + ",tp=" + std::to_string(m.tp) +
-                      ",pp=" + std::to_string(m.pp) + " covers " +
-                      std::to_string(std::int64_t(m.dp) * m.tp * m.pp) +
-                      " ranks, but the world has " + std::to_string(world) +
-                      ": dp x tp x pp must equal the world size");
+  if (!c.mesh_given) m.dp = world / (m.tp * m.pp * m.cp);
+  const std::int64_t covered = std::int64_t(m.dp) * m.cp * m.tp * m.pp;
+  if (covered != world)
+    throw ConfigError("--mesh dp=" + std::to_string(m.dp) + ",tp=" + std::to_string(m.tp) + ",pp=" +
+                      std::to_string(m.pp) + (m.cp > 1 ? ",cp=" + std::to_string(m.cp) : "") +
+                      " covers " + std::to_string(covered) + " ranks, but the world has " +
+                      std::to_string(world) + ": dp x cp x tp x pp must equal the world size");
   if (m.dp % m.ep != 0)
     throw ConfigError("--mesh ep=" + std::to_string(m.ep) +
                       ": must divide dp=" + std::to_string(m.dp) +
@@ -510,6 +514,7 @@ std::vector<std::pair<std::string, std::string>> RunConfig::resolved(
   add("tp", mesh.tp);
   add("pp", mesh.pp);
   add("ep", mesh.ep);
+  add("cp", mesh.cp);
   add("blas_threads", blas_threads);
   add("watchdog_s", watchdog_s);
   add("peak_tflops", peak_tflops);

@@ -90,7 +90,7 @@ bool parse_size(const std::string& text, double* bytes) {
   return false;
 }
 
-// --mesh dp=D,tp=T,pp=P,ep=E: each axis at most once, each size a decimal in 1..65536.
+// --mesh dp=D,tp=T,pp=P,ep=E,cp=C: each axis at most once, each size a decimal in 1..65536.
 std::string mesh_rule(const std::string& text) {
   std::stringstream ss(text);
   std::string item, seen;
@@ -99,7 +99,7 @@ std::string mesh_rule(const std::string& text) {
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
     const std::string num = eq == std::string::npos ? "" : item.substr(eq + 1);
-    if (key != "dp" && key != "tp" && key != "pp" && key != "ep")
+    if (key != "dp" && key != "tp" && key != "pp" && key != "ep" && key != "cp")
       return "unknown axis '" + key + "'";
     if (seen.find(key) != std::string::npos) return key + " given twice";
     seen += key;
@@ -118,6 +118,7 @@ void apply_mesh(RunConfig& c, const std::string& text) {
     (key == "dp"   ? c.mesh.dp
      : key == "tp" ? c.mesh.tp
      : key == "ep" ? c.mesh.ep
+     : key == "cp" ? c.mesh.cp
                    : c.mesh.pp) = std::stoi(item.substr(eq + 1));
   }
   c.mesh_given = true;
@@ -511,10 +512,12 @@ std::vector<Row> launch_rows() {
                 c.mesh.ranks_per_node = int(v), c.ranks_per_node_given = true;
               }),
       with_rule(text("mesh", L, K::text, "",
-                     "dp=D,tp=T,pp=P,ep=E (default dp = world; ep, the expert-parallel ranks, "
-                     "divides dp)",
+                     "dp=D,tp=T,pp=P,ep=E,cp=C (default dp = world / (cp tp pp); ep, the "
+                     "expert-parallel ranks, divides dp; cp, the context-parallel ranks, splits "
+                     "each sequence)",
                      [](RunConfig& c, const std::string& s) { apply_mesh(c, s); }),
-                mesh_rule, "a comma list of dp=N, tp=N, pp=N, ep=N, each axis once, N in 1..65536",
+                mesh_rule,
+                "a comma list of dp=N, tp=N, pp=N, ep=N, cp=N, each axis once, N in 1..65536",
                 "dp=1", {"", "dp=2abc", "dp=2,dp=2", "dp=0", "xx=2", "dp", "dp=2,", "dp=99999999"}),
       integer("blas-threads", L, "0", 0, 1024,
               "BLAS threads per rank (0 = auto: CPUs of the rank's affinity mask / ranks sharing "

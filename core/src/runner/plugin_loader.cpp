@@ -235,11 +235,16 @@ std::string describe(const LoadedPlugin& plugin, const StrategySpec& spec) {
 void validate_strategy(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
                        const TrainSpec& train, const ModelSpec& model) {
   strategy.validate(mesh, train, model);
-  if (mesh.ep > 1 &&
-      strategy.plan_step(PredictInput{mesh, model, train, 0}).expert_parallel != mesh.ep)
+  if (mesh.ep == 1 && mesh.cp == 1) return;
+  const StepPlan plan = strategy.plan_step(PredictInput{mesh, model, train, 0});
+  if (mesh.ep > 1 && plan.expert_parallel != mesh.ep)
     throw ConfigError("--mesh ep=" + std::to_string(mesh.ep) + ": --plugin " + name +
                       " does not split the experts over an expert-parallel group (its step plan "
                       "has none); leave ep out, or choose a strategy that does");
+  if (mesh.cp > 1 && plan.context_parallel != mesh.cp)
+    throw ConfigError("--mesh cp=" + std::to_string(mesh.cp) + ": --plugin " + name +
+                      " does not split the sequences over a context-parallel group (its step "
+                      "plan has none); leave cp out, or choose cp, tp or a pipeline");
 }
 
 }  // namespace strata

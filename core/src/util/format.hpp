@@ -7,11 +7,12 @@
 
 namespace strata {
 
-// "dp=4 tp=1 pp=1", with " ep=2" where experts are split.
+// "dp=4 tp=1 pp=1", with " ep=2" where experts are split and " cp=2" where sequences are.
 inline std::string mesh_text(const MeshSpec& m) {
   std::string s =
       "dp=" + std::to_string(m.dp) + " tp=" + std::to_string(m.tp) + " pp=" + std::to_string(m.pp);
-  return m.ep > 1 ? s + " ep=" + std::to_string(m.ep) : s;
+  if (m.ep > 1) s += " ep=" + std::to_string(m.ep);
+  return m.cp > 1 ? s + " cp=" + std::to_string(m.cp) : s;
 }
 
 // 1536 -> "1.50 KiB"

@@ -27,6 +27,12 @@ std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& c
                           : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
 }
 
+// Ulysses' exchanges of a run's StageModels (cp > 1), one blocking all-to-all each.
+std::unique_ptr<ContextParallelComm> make_cp_comm(const MpConfig& cfg, Context& ctx) {
+  if (ctx.mesh().cp == 1 || !cfg.context_parallel) return nullptr;
+  return std::make_unique<SyncContextParallelComm>(ctx.group(Axis::cp));
+}
+
 }  // namespace
 
 Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
@@ -49,6 +55,8 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
     part.sequence_parallel = cfg.sequence_parallel;
     part.ep_size = cfg.expert_parallel ? mesh.ep : 1;
     part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
+    part.cp_size = cfg.context_parallel ? mesh.cp : 1;
+    part.cp_rank = cfg.context_parallel ? coord.cp : 0;
     p.parts.push_back(part);
     p.global.push_back(k);
   }
@@ -63,7 +71,15 @@ DpSchedule dp_schedule_of(const Plan& plan, const std::vector<sharded::ShardGrou
 }
 
 bool on_sharded_engine(const MpConfig& cfg, const MeshSpec& mesh) {
-  return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.dp > 1 && mesh.pp == 1;
+  return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.replicas() > 1 && mesh.pp == 1;
+}
+
+Partition sharded_partition(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
+                            const MpConfig& cfg) {
+  Partition part = sharded::tp_partition(model, mesh.tp, coord.tp, cfg.sequence_parallel);
+  part.cp_size = cfg.context_parallel ? mesh.cp : 1;
+  part.cp_rank = cfg.context_parallel ? coord.cp : 0;
+  return part;
 }
 
 sharded::EngineConfig dp_axis_config(const MpConfig& cfg) {
@@ -91,6 +107,38 @@ OptionSpec dp_option() {
           "a pipeline, as torchtitan runs FSDP with PP: parameters gathered once per step, "
           "gradients reduce-scattered once per step, at each chunk's last micro-batch",
           {"allreduce", "zero1", "zero2", "fsdp"}};
+}
+
+std::vector<OptionSpec> tensor_parallel_options() {
+  return {{"sp",
+           OptionType::choice,
+           "off",
+           "sequence parallelism: all-gather / reduce-scatter instead of all-reduce, LayerNorm on "
+           "token-row shards",
+           {"on", "off"}},
+          dp_option(),
+          {"prefetch",
+           OptionType::integer,
+           "1",
+           "dp=fsdp: units all-gathered ahead of the one computing, overlapped with compute",
+           {}},
+          {"offload",
+           OptionType::choice,
+           "none",
+           "dp=zero1|zero2|fsdp: optimizer: AdamW state (m, v, bf16's fp32 master) in host "
+           "memory, the update on the CPU",
+           {"none", "optimizer"}}};
+}
+
+MpConfig tensor_parallel_config(const std::string& name, const Options& o) {
+  MpConfig c;
+  c.strategy = name;
+  c.pipeline = false;
+  c.sequence_parallel = o.get("sp") == "on";
+  c.dp = dp_mode(o.get("dp"));
+  c.prefetch = int(o.get_int("prefetch"));
+  c.offload_optimizer = o.get("offload") == "optimizer";
+  return c;
 }
 
 DpMode dp_mode(const std::string& option) {
@@ -153,6 +201,11 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
               const MpConfig& cfg) {
   const std::string who = cfg.strategy;
   validate_tensor_parallel(model, t.micro_batch, mesh.tp, cfg.sequence_parallel);
+  if (mesh.cp > 1 && !cfg.context_parallel)
+    throw ConfigError("--mesh cp=" + std::to_string(mesh.cp) + ": " + who +
+                      " does not split sequences; use --plugin cp (which takes tp too) or a "
+                      "pipeline");
+  validate_context_parallel(model, mesh.tp, mesh.cp);
   // The ep plugin is expert parallelism whatever its ep; a pipeline is from ep 2.
   if (cfg.expert_parallel && (!cfg.pipeline || mesh.ep > 1)) validate_expert_axis(mesh, model, cfg);
   // prefetch is the sharded engine's (dp=zero2|fsdp); offload needs an optimizer sharded over dp.
@@ -281,6 +334,8 @@ class Engine {
       ep_comm_ = std::make_unique<SyncExpertParallelComm>(ctx.group(Axis::ep));
       for (auto& chunk : chunks_) chunk->set_expert_comm(ep_comm_.get());
     }
+    cp_comm_ = make_cp_comm(cfg, ctx);
+    for (auto& chunk : chunks_) chunk->set_context_comm(cp_comm_.get());
     shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);
     dp_ = dp_schedule_of(plan_, shards_->groups(), cfg, ctx.model_spec());
     pending_.resize(chunks_.size());
@@ -411,7 +466,9 @@ class Engine {
                    [&](int u) { sm.forward(slot, u, shards_->params(), mb, tp_comm_.get()); });
     }
     if (sm.has_head())
-      ctx.report_loss(sm.loss_sum(slot), double(ctx.train().micro_batch) * ctx.model_spec().seq);
+      // The slot's tokens: seq / cp of each sequence (Context::micro_batch).
+      ctx.report_loss(sm.loss_sum(slot),
+                      double(ctx.train().micro_batch) * (ctx.model_spec().seq / ctx.mesh().cp));
     if (k < plan_.K - 1) {
       const BufferView out = boundary_->outgoing(ctx.ops(), a.chunk, slot, sm.output(slot));
       pending(a.chunk, slot)
@@ -477,6 +534,7 @@ class Engine {
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
   std::unique_ptr<ExpertParallelComm> ep_comm_;           // null without expert parallelism
+  std::unique_ptr<ContextParallelComm> cp_comm_;          // null at cp 1
   std::optional<BoundaryBuffers> boundary_;               // pipelines (more than one chunk)
 };
 
@@ -489,11 +547,11 @@ void MpStrategy::setup(Context& ctx) {
     return;
   }
   tp_comm_ = make_tp_comm(config_, ctx);
+  cp_comm_ = make_cp_comm(config_, ctx);
   sharded_ = std::make_unique<sharded::Engine>(
       ctx, dp_axis_config(config_),
-      sharded::tp_partition(ctx.model_spec(), ctx.mesh().tp, ctx.coord().tp,
-                            config_.sequence_parallel),
-      tp_comm_.get());
+      sharded_partition(ctx.mesh(), ctx.coord(), ctx.model_spec(), config_), tp_comm_.get(),
+      cp_comm_.get());
 }
 
 void MpStrategy::train_step(Context& ctx, int step) {

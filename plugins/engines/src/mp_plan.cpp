@@ -25,12 +25,13 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
                    std::vector<PlanAction>& out, std::vector<PlanAction>& end) {
   const int P = rank.P, K = rank.K;
   // Every boundary carries one micro-batch's [B, T, C] residual stream or its gradient (sp: this
-  // rank's token rows of it) in the tp comm dtype.
-  const Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
+  // rank's token rows of it; cp: its slice of each sequence) in the tp comm dtype.
+  Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
+  second.cp_size = cfg.context_parallel ? in.mesh.cp : 1;  // seq / cp tokens of each sequence
   const double bytes = double(StageModel::boundary_count(in.model, in.train.micro_batch, second)) *
                        double(dtype_size(in.train.precision.tp_comm));
   const Mesh mesh(in.mesh);
-  auto stage_of = [&](int k) { return mesh.rank_of(me.dp, me.tp, k % P); };
+  auto stage_of = [&](int k) { return mesh.rank_of(me, k % P); };
   const sharded::EngineConfig dpc = dp_axis_config(cfg);
   const sharded::Placement at = sharded::placement(in.mesh, in.rank, dpc);
   const auto groups = sharded::make_groups(in.model, rank.parts, at.shards, dpc);
@@ -104,8 +105,12 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
           << plan.parts[c].last_unit;
   notes << "; " << plan.m << " micro-batches; tp=" << in.mesh.tp
         << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
-        << (cfg.dp != DpMode::allreduce && in.mesh.dp > 1
+        << (in.mesh.cp > 1 ? "; each sequence over cp=" + std::to_string(in.mesh.cp) +
+                                 " (Ulysses all-to-alls around the attention)"
+                           : std::string())
+        << (cfg.dp != DpMode::allreduce && in.mesh.replicas() > 1
                 ? std::string("; ") + dp_mode_name(cfg.dp) + " over dp" +
+                      (in.mesh.cp > 1 ? " x cp" : "") +
                       (cfg.dp == DpMode::zero1 ? "" : ", reduced once per step")
                 : std::string())
         << (cfg.expert_parallel && in.mesh.ep > 1
@@ -141,10 +146,11 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   plan.expert_parallel = cfg.expert_parallel ? in.mesh.ep : 1;
-  if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp partition
-    plan = sharded::plan_step(
-        in, dp_axis_config(cfg),
-        sharded::tp_partition(in.model, in.mesh.tp, me.tp, cfg.sequence_parallel));
+  plan.context_parallel = cfg.context_parallel ? in.mesh.cp : 1;
+  if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp (and cp) partition
+    plan =
+        sharded::plan_step(in, dp_axis_config(cfg), sharded_partition(in.mesh, me, in.model, cfg));
+    plan.context_parallel = cfg.context_parallel ? in.mesh.cp : 1;
     plan.notes =
         cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + plan.notes;
     return plan;
@@ -167,7 +173,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   // After the schedule (Engine::train_step): the tied embedding's gradient between the first and
   // the last stage, then the data-parallel axis's update over the rank's chunks.
   if (rank.tied_exchange()) {
-    const int peer = Mesh(in.mesh).rank_of(me.dp, me.tp, rank.first_stage() ? rank.P - 1 : 0);
+    const int peer = Mesh(in.mesh).rank_of(me, rank.first_stage() ? rank.P - 1 : 0);
     const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden *
                        state_bytes_per_param(in.train.precision).grads;
     step.push_back(plan_send(peer, kTiedTag, wte));

@@ -59,13 +59,13 @@ Placement placement(const MeshSpec& m, int rank, const EngineConfig& c) {
   Placement at;
   if (c.replicate) {  // one shard; the replicas are the dp group
     at.replica_axis = Axis::dp;
-    at.replicas = m.dp;
+    at.replicas = m.replicas();
     return at;
   }
   at.shard_axis = c.hybrid ? Axis::dp_intra_node : Axis::dp;
   at.shards = int(mesh.group(at.shard_axis, rank).size());
   at.index = mesh.index_in_group(at.shard_axis, rank);
-  at.replicas = m.dp / at.shards;  // hybrid: the nodes
+  at.replicas = m.replicas() / at.shards;  // hybrid: the nodes
   return at;
 }
 

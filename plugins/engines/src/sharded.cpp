@@ -12,7 +12,7 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
       grad_dtype_(ctx.train().precision.reduce),
       memory_(&ctx.memory()) {
   const MeshCoord& me = ctx.coord();
-  const Placement at = placement(ctx.mesh(), Mesh(ctx.mesh()).rank_of(me.dp, me.tp, me.pp), c);
+  const Placement at = placement(ctx.mesh(), me.rank, c);
   if (at.shards > 1) shard_group_ = &ctx.group(at.shard_axis);
   if (at.replicas > 1) replica_group_ = &ctx.group(at.replica_axis);
   if (ctx.mesh().tp > 1) tp_group_ = &ctx.group(Axis::tp);
@@ -324,12 +324,13 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
     : Engine(ctx, c, whole_model(ctx.model_spec()), nullptr) {}
 
 Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
-               TensorParallelComm* tp)
+               TensorParallelComm* tp, ContextParallelComm* cp)
     : model_(std::make_unique<StageModel>(
           ctx.model_spec(), ctx.train().micro_batch, partition, ctx.memory(), ctx.train().recompute,
           ctx.train().precision.param, ctx.train().precision.tp_comm)),
       tp_(partition.tp_size > 1 ? tp : nullptr),
       shards_(std::make_unique<Shards>(ctx, c, std::vector<const StageModel*>{model_.get()})) {
+  model_->set_context_comm(cp);
   const Partition& part = model_->partition();
   schedule_ = micro_batch_schedule(shards_->groups(), part.last_unit - part.first_unit + 1, c,
                                    ctx.model_spec().tied());

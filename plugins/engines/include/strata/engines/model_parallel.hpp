@@ -67,11 +67,18 @@ struct MpConfig {
   // rows exchanged with all_to_allv on it (SyncExpertParallelComm); the experts' gradients
   // all-reduced over ep_dp, the rest over dp (dp=allreduce only).
   bool expert_parallel = false;
+  // Context parallelism (the cp plugin; the pipelines at --mesh cp > 1): each sequence split over
+  // the mesh's cp group (Partition::cp_size = cp), Ulysses' all-to-alls around each attention
+  // (SyncContextParallelComm); the gradients reduced over dp x cp. tp alone leaves it to cp.
+  bool context_parallel = false;
 };
 
 // Whether the sharded engine runs this configuration with its own micro-batch schedule
 // (dp=zero2|fsdp at dp > 1, pp = 1); otherwise the pipeline schedule runs over Shards.
 bool on_sharded_engine(const MpConfig& config, const MeshSpec& mesh);
+// The whole model at this rank's tp (and cp) place: the sharded engine's partition then.
+Partition sharded_partition(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
+                            const MpConfig& config);
 // The data-parallel axis's configuration: allreduce replicates and zero1 shards the optimizer
 // state, each chunk one group; zero2 and fsdp every unit its own group with the config's
 // prefetch; offload as configured.
@@ -103,6 +110,10 @@ DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
 
 // The `dp` plugin option the tp and pp plugins share (allreduce, zero1, zero2, fsdp; MpConfig::dp).
 OptionSpec dp_option();
+// The options of a strategy without a pipeline over tp (the tp and cp plugins): sp, dp, prefetch
+// and offload; and the MpConfig they give (no pipeline) for strategy `name`.
+std::vector<OptionSpec> tensor_parallel_options();
+MpConfig tensor_parallel_config(const std::string& name, const Options& options);
 
 // Unit ranges [first, last] of the pp x virtual_stages global chunks, in pipeline order: blocks
 // split as stage_layers says or evenly (earlier chunks take the remainder), the embedding joins
@@ -135,6 +146,7 @@ class MpStrategy final : public Strategy {
   std::unique_ptr<Engine> engine_;
   // dp=zero2|fsdp at pp = 1: the sharded engine on the tp partition, and its tp collectives.
   std::unique_ptr<TensorParallelComm> tp_comm_;
+  std::unique_ptr<ContextParallelComm> cp_comm_;  // the sharded engine's (cp > 1)
   std::unique_ptr<sharded::Engine> sharded_;
 };
 

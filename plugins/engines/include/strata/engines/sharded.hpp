@@ -301,7 +301,9 @@ class Shards {
 class Engine {
  public:
   Engine(Context& ctx, const EngineConfig& c);
-  Engine(Context& ctx, const EngineConfig& c, const Partition& part, TensorParallelComm* tp);
+  // cp: the context-parallel exchanges of a part with cp_size > 1 (not owned).
+  Engine(Context& ctx, const EngineConfig& c, const Partition& part, TensorParallelComm* tp,
+         ContextParallelComm* cp = nullptr);
   ~Engine();
   void train_step(Context& ctx, int step);
 

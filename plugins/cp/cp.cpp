@@ -1,0 +1,49 @@
+// cp: context parallelism, DeepSpeed-Ulysses' form (Megatron-Core's cp_comm_type a2a), over a
+// context-parallel group (--mesh dp=D,cp=C,tp=T): each rank holds seq / C tokens of every
+// sequence of its micro-batch and runs every per-token layer on them alone; around each block's
+// attention an all-to-all turns q | k | v from [its tokens, all its heads] into [every token, 1 / C
+// of its heads], the causal attention runs over whole sequences, and a second all-to-all sends
+// the output back (backward: the same two for the gradients). The parameters are replicated over
+// cp and their gradients reduced over dp x cp (the dp group), so every dp mode applies. Built on
+// the model-parallel engine (strata/engines/model_parallel.hpp); tp and the pipelines take
+// --mesh cp too. Ring attention (K/V blocks passed around the group, zig-zag chunks) is not here
+// yet.
+#include "strata/engines/model_parallel.hpp"
+
+namespace {
+
+using namespace strata;
+
+std::vector<OptionSpec> options() {
+  std::vector<OptionSpec> o = {{"attention",
+                                OptionType::choice,
+                                "ulysses",
+                                "how the attention sees whole sequences: ulysses (all-to-all "
+                                "between sequence and head sharding)",
+                                {"ulysses"}}};
+  for (OptionSpec& t : mp::tensor_parallel_options()) o.push_back(std::move(t));
+  return o;
+}
+
+const PluginDescriptor& descriptor() {
+  static const PluginDescriptor d{
+      kPluginAbiVersion,
+      "cp",
+      "context parallelism (Ulysses): each sequence split over --mesh cp, all-to-alls around the "
+      "attention",
+      {{"cp",
+        "seq / cp tokens per rank, q | k | v and the attention's output exchanged with "
+        "all_to_all; --mesh dp=D,cp=C,tp=T (tp x cp divides the heads)",
+        options()}}};
+  return d;
+}
+
+std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
+  mp::MpConfig c = mp::tensor_parallel_config(name, o);
+  c.context_parallel = true;
+  return std::make_unique<mp::MpStrategy>(c);
+}
+
+}  // namespace
+
+STRATA_PLUGIN(descriptor, create)
