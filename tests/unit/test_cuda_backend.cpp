@@ -198,7 +198,10 @@ TEST(CudaBackend, IdleTimeOfAWaitIsTheComputeStreamsNotTheHosts) {
     EXPECT_EQ(waits.size(), 1u);
     return waits.empty() ? -1.0 : waits[0].second - waits[0].first;
   };
-  EXPECT_GE(idle_of_a_wait(0), 0.035);
+  // Idle stream: most of the host's 40 ms (the stream's mark at the wait's start can land a few
+  // ms after it on a loaded machine: 34.9 ms measured under ASan on 2 cores, 2026-12-01), far
+  // from the busy stream's none.
+  EXPECT_GE(idle_of_a_wait(0), 0.025);
   EXPECT_LT(idle_of_a_wait(0.4), 0.005);  // busy 0.4 s, the host waited 0.04 s of it
 }
 
