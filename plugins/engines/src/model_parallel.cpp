@@ -29,7 +29,7 @@ std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& c
 
 // Ulysses' exchanges of a run's StageModels (cp > 1), one blocking all-to-all each.
 std::unique_ptr<ContextParallelComm> make_cp_comm(const MpConfig& cfg, Context& ctx) {
-  if (ctx.mesh().cp == 1 || !cfg.context_parallel) return nullptr;
+  if (context_parallel_size(cfg, ctx.mesh()) == 1) return nullptr;
   return std::make_unique<SyncContextParallelComm>(ctx.group(Axis::cp));
 }
 
@@ -55,8 +55,8 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
     part.sequence_parallel = cfg.sequence_parallel;
     part.ep_size = cfg.expert_parallel ? mesh.ep : 1;
     part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
-    part.cp_size = cfg.context_parallel ? mesh.cp : 1;
-    part.cp_rank = cfg.context_parallel ? coord.cp : 0;
+    part.cp_size = context_parallel_size(cfg, mesh);
+    part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
     p.parts.push_back(part);
     p.global.push_back(k);
   }
@@ -74,11 +74,15 @@ bool on_sharded_engine(const MpConfig& cfg, const MeshSpec& mesh) {
   return (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp) && mesh.replicas() > 1 && mesh.pp == 1;
 }
 
+int context_parallel_size(const MpConfig& cfg, const MeshSpec& mesh) {
+  return cfg.context_parallel ? mesh.cp : 1;
+}
+
 Partition sharded_partition(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
                             const MpConfig& cfg) {
   Partition part = sharded::tp_partition(model, mesh.tp, coord.tp, cfg.sequence_parallel);
-  part.cp_size = cfg.context_parallel ? mesh.cp : 1;
-  part.cp_rank = cfg.context_parallel ? coord.cp : 0;
+  part.cp_size = context_parallel_size(cfg, mesh);
+  part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
   return part;
 }
 

@@ -27,7 +27,7 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   // Every boundary carries one micro-batch's [B, T, C] residual stream or its gradient (sp: this
   // rank's token rows of it; cp: its slice of each sequence) in the tp comm dtype.
   Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
-  second.cp_size = cfg.context_parallel ? in.mesh.cp : 1;  // seq / cp tokens of each sequence
+  second.cp_size = context_parallel_size(cfg, in.mesh);  // seq / cp tokens of each sequence
   const double bytes = double(StageModel::boundary_count(in.model, in.train.micro_batch, second)) *
                        double(dtype_size(in.train.precision.tp_comm));
   const Mesh mesh(in.mesh);
@@ -146,11 +146,11 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   const MeshCoord me = mesh_coord(in.mesh, in.rank);
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   plan.expert_parallel = cfg.expert_parallel ? in.mesh.ep : 1;
-  plan.context_parallel = cfg.context_parallel ? in.mesh.cp : 1;
+  plan.context_parallel = context_parallel_size(cfg, in.mesh);
   if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp (and cp) partition
     plan =
         sharded::plan_step(in, dp_axis_config(cfg), sharded_partition(in.mesh, me, in.model, cfg));
-    plan.context_parallel = cfg.context_parallel ? in.mesh.cp : 1;
+    plan.context_parallel = context_parallel_size(cfg, in.mesh);
     plan.notes =
         cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + plan.notes;
     return plan;

@@ -76,6 +76,8 @@ struct MpConfig {
 // Whether the sharded engine runs this configuration with its own micro-batch schedule
 // (dp=zero2|fsdp at dp > 1, pp = 1); otherwise the pipeline schedule runs over Shards.
 bool on_sharded_engine(const MpConfig& config, const MeshSpec& mesh);
+// The cp size a configuration splits sequences over: the mesh's with context_parallel, else 1.
+int context_parallel_size(const MpConfig& config, const MeshSpec& mesh);
 // The whole model at this rank's tp (and cp) place: the sharded engine's partition then.
 Partition sharded_partition(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
                             const MpConfig& config);
