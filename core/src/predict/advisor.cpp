@@ -52,12 +52,17 @@ bool accepts(const std::string& name, const Strategy& s, const MeshSpec& mesh,
   }
 }
 
+// A small dense model every axis splits: 8 layers, 8 heads, hidden 64, seq 64, vocabulary 256.
+ModelSpec dense_probe() {
+  ModelSpec probe;
+  probe.layers = 8, probe.hidden = 64, probe.heads = 8, probe.seq = 64, probe.vocab = 256;
+  return probe;
+}
+
 // Whether a strategy takes a tp (pp) axis at all: on a small model that every axis divides. A
 // strategy that refuses both is data-parallel only.
 bool takes_axis(const std::string& name, const Strategy& s, int tp, int pp) {
-  ModelSpec probe;
-  probe.layers = 8, probe.hidden = 64, probe.heads = 8, probe.seq = 64, probe.vocab = 256;
-  return accepts(name, s, MeshSpec{1, tp, pp, 1, tp * pp}, probe, 8 * pp);
+  return accepts(name, s, MeshSpec{1, tp, pp, 1, tp * pp}, dense_probe(), 8 * pp);
 }
 
 // Whether a strategy splits a mixture of experts over an ep axis: on a small moe at dp = ep = 2,
@@ -76,12 +81,10 @@ bool takes_ep(const std::string& name, const Strategy& s) {
 // Whether a strategy splits sequences over a cp axis: on a small dense model at cp = 2, without a
 // pipeline or with one of 2 stages.
 bool takes_cp(const std::string& name, const Strategy& s) {
-  ModelSpec probe;
-  probe.layers = 8, probe.hidden = 64, probe.heads = 8, probe.seq = 64, probe.vocab = 256;
   for (const int pp : {1, 2}) {
     MeshSpec mesh{1, 1, pp, 1, 2 * pp};
     mesh.cp = 2;
-    if (accepts(name, s, mesh, probe, 2 * pp)) return true;
+    if (accepts(name, s, mesh, dense_probe(), 2 * pp)) return true;
   }
   return false;
 }
