@@ -19,8 +19,9 @@ std::vector<OptionSpec> options() {
                                 OptionType::choice,
                                 "ulysses",
                                 "how the attention sees whole sequences: ulysses (all-to-all "
-                                "between sequence and head sharding)",
-                                {"ulysses"}}};
+                                "between sequence and head sharding; tp x cp divides the heads) "
+                                "or ring (key-value blocks passed around the cp group)",
+                                {"ulysses", "ring"}}};
   for (OptionSpec& t : mp::tensor_parallel_options()) o.push_back(std::move(t));
   return o;
 }
@@ -29,11 +30,12 @@ const PluginDescriptor& descriptor() {
   static const PluginDescriptor d{
       kPluginAbiVersion,
       "cp",
-      "context parallelism (Ulysses): each sequence split over --mesh cp, all-to-alls around the "
-      "attention",
+      "context parallelism: each sequence split over --mesh cp, its attention by Ulysses' "
+      "all-to-alls or ring attention",
       {{"cp",
-        "seq / cp tokens per rank, q | k | v and the attention's output exchanged with "
-        "all_to_all; --mesh dp=D,cp=C,tp=T (tp x cp divides the heads)",
+        "seq / cp tokens per rank (2 zig-zag chunks); attention=ulysses: q | k | v and the "
+        "output exchanged with all_to_all (tp x cp divides the heads), attention=ring: key-value "
+        "blocks passed around cp with send/recv; --mesh dp=D,cp=C,tp=T",
         options()}}};
   return d;
 }
@@ -41,6 +43,8 @@ const PluginDescriptor& descriptor() {
 std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   mp::MpConfig c = mp::tensor_parallel_config(name, o);
   c.context_parallel = true;
+  c.context_attention =
+      o.get("attention") == "ring" ? ContextAttention::ring : ContextAttention::ulysses;
   return std::make_unique<mp::MpStrategy>(c);
 }
 

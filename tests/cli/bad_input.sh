@@ -123,7 +123,8 @@ check "--recompute full: a split backward (zb-h1) needs each block's activations
 # Context parallelism: the mesh's axis, the model's split, and the strategies that take it.
 check "--mesh cp=2: --plugin zero3 does not split the sequences over a context-parallel group" --plugin zero3 --mesh cp=2 --nodes 1 --ranks-per-node 2
 check "--mesh cp=4: tp x cp must divide the attention heads (4" --plugin cp --mesh tp=2,cp=4 --nodes 1 --ranks-per-node 8
-check "--mesh cp=2: must divide the sequence length (--seq 63)" --plugin cp --mesh cp=2 --nodes 1 --ranks-per-node 2 --seq 63
+check "--mesh cp=2: 2 x cp must divide the sequence length (--seq 63" --plugin cp --mesh cp=2 --nodes 1 --ranks-per-node 2 --seq 63
+check "--plugin-opt attention=spiral: must be one of" --plugin cp --mesh cp=2 --nodes 1 --ranks-per-node 2 --plugin-opt attention=spiral
 check "--calibrate: measures whole sequences; leave cp out of --mesh" --calibrate --profile p.h5 --mesh cp=2 --nodes 1 --ranks-per-node 2
 check "--mesh cp=2: --arch moe's routing and load-balancing loss are per whole sequence" --plugin cp --model tiny-moe --mesh cp=2 --nodes 1 --ranks-per-node 2
 check "--plugin-opt prefetch: must be >= 0" --plugin tp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp --plugin-opt prefetch=-1

@@ -98,6 +98,10 @@ strata_e2e_cuda(zb-h1.pp2 2 ${E2E_LOSS_TOL} --plugin zb-h1 --mesh pp=2 --micro-b
 # cp: Ulysses' row permutations as the device's gather kernel, its all-to-alls on device memory
 # through the NCCL stand-in, the attention over whole sequences on 2 of tiny's 4 heads.
 strata_e2e_cuda(cp.np2 2 ${E2E_LOSS_TOL} --plugin cp --mesh cp=2 --micro-batch 2)
+# Ring attention: the blocks' kernels, the key-value passes on a comm stream through the NCCL
+# stand-in's send and recv.
+strata_e2e_cuda(cp.ring.np2 2 ${E2E_LOSS_TOL} --plugin cp --mesh cp=2 --micro-batch 2
+                --plugin-opt attention=ring)
 # FSDP under a pipeline (dp 2 x pp 2, 4 ranks on this one machine, so 4 emulated GPUs): the
 # units gathered on the comm stream behind the compute event, two ahead, and reduce-scattered in
 # the last micro-batch's backward, in device memory with the NCCL stand-in.

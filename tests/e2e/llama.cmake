@@ -35,6 +35,10 @@ strata_e2e_llama(llama.cp.np2 2 --plugin cp --mesh cp=2 --micro-batch 2)
 strata_e2e_llama(llama.cp.np4.selective 4 --plugin cp --mesh cp=4 --micro-batch 2
                  --recompute selective)
 strata_e2e_llama(llama.zb-h1.cp2.pp2 4 --plugin zb-h1 --mesh cp=2,pp=2 --micro-batch 1)
+# Ring attention on the llama: the K/V heads passed once (not repeated), selective recompute's
+# ring forward again in the backward.
+strata_e2e_llama(llama.cp.ring.np4.selective 4 --plugin cp --mesh cp=4 --micro-batch 2
+                 --recompute selective --plugin-opt attention=ring)
 # Not the GPT-2 model: the same sizes as gpt2 train to another trajectory (a llama run that fell
 # back to the GPT-2 block would pass every check above).
 add_test(NAME e2e.llama-is-not-gpt2

@@ -280,6 +280,46 @@ TEST_F(CudaLayers, AttentionForwardAndBackward) {
   expect_close("dqkv", d_dqkv.host(), dqkv, kGemmRtol, kGemmAtol);
 }
 
+// Ring attention's blocks against the CPU's (test_layers.cpp checks those against the whole
+// sequence's attention): zig-zag positions of cp 2, rank 0's queries on its own block first (o and
+// lse overwritten: they start as garbage), then on rank 1's (which its first 4 queries cannot
+// see), grouped-query heads.
+TEST_F(CudaLayers, RingAttentionBlocks) {
+  const int Bq = 2, Tq = 8, NHq = 4, KV = 2, hs = 8, Cq = NHq * hs, q_stride = 3 * Cq;
+  const int own[8] = {0, 1, 2, 3, 12, 13, 14, 15}, other[8] = {4, 5, 6, 7, 8, 9, 10, 11};
+  const strata::TokenPositions own_at{0, 12, 4}, other_at{4, 8, 4};
+  const std::size_t nkv = std::size_t(Bq) * Tq * 2 * KV * hs, no = std::size_t(Bq) * Tq * Cq;
+  const auto q = random_floats(std::size_t(Bq) * Tq * q_stride, 70, -1.5f, 1.5f);
+  const auto kv_own = random_floats(nkv, 71, -1.5f, 1.5f), kv_other = random_floats(nkv, 72);
+  std::vector<float> o(no, 3.0f), lse(std::size_t(Bq) * NHq * Tq, 3.0f);
+  DeviceBuffer<float> d_q(q), d_own(kv_own), d_other(kv_other), d_o(o), d_lse(lse);
+  cpu::attention_block_forward(o.data(), lse.data(), q.data(), q_stride, kv_own.data(), Bq, Tq, Tq,
+                               NHq, KV, hs, own, own, true);
+  cpu::attention_block_forward(o.data(), lse.data(), q.data(), q_stride, kv_other.data(), Bq, Tq,
+                               Tq, NHq, KV, hs, own, other, false);
+  gpu::attention_block_forward(ctx(), d_o.get(), d_lse.get(), d_q.get(), q_stride, d_own.get(), Bq,
+                               Tq, Tq, NHq, KV, hs, own_at, own_at, true);
+  gpu::attention_block_forward(ctx(), d_o.get(), d_lse.get(), d_q.get(), q_stride, d_other.get(),
+                               Bq, Tq, Tq, NHq, KV, hs, own_at, other_at, false);
+  expect_close("o", d_o.host(), o, kGemmRtol, kGemmAtol);
+  expect_close("lse", d_lse.host(), lse, kReduceRtol, kReduceAtol);
+
+  const auto dout = random_floats(no, 73);
+  auto dq = random_floats(std::size_t(Bq) * Tq * q_stride, 74), dkv = random_floats(nkv, 75);
+  DeviceBuffer<float> d_dout(dout), d_dq(dq), d_dkv(dkv);
+  for (const auto& [kv, at, d_kv] :
+       {std::tuple{&kv_own, own, &d_own}, std::tuple{&kv_other, other, &d_other}}) {
+    cpu::attention_block_backward(dq.data(), q_stride, dkv.data(), dout.data(), o.data(),
+                                  lse.data(), q.data(), q_stride, kv->data(), Bq, Tq, Tq, NHq, KV,
+                                  hs, own, at);
+    gpu::attention_block_backward(ctx(), d_dq.get(), q_stride, d_dkv.get(), d_dout.get(), d_o.get(),
+                                  d_lse.get(), d_q.get(), q_stride, d_kv->get(), Bq, Tq, Tq, NHq,
+                                  KV, hs, own_at, at == own ? own_at : other_at);
+  }
+  expect_close("dq", d_dq.host(), dq, kGemmRtol, kGemmAtol);
+  expect_close("dkv", d_dkv.host(), dkv, kGemmRtol, kGemmAtol);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 // The fused (flash) attention against the CPU reference. Its tiles are 32 queries x 32 keys and

@@ -390,6 +390,74 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
   check_gradient("dqkv", qkv, minus_prefill(dqkv), J);
 }
 
+// Ring attention's blocks: cp = 2 ranks with zig-zag chunks (rank 0 positions 0-3 and 12-15,
+// rank 1 4-11) and grouped-query heads (4 query heads on 2 K/V heads). Each rank's queries merged
+// over both ranks' key-value blocks, in ring order, give the whole-sequence attention's rows, and
+// the blocks' backwards its gradients (a K/V head's: the sum over the query heads reading it).
+TEST(Attention, RingBlocksMergeIntoTheWholeSequenceAttention) {
+  const int B = 2, T = 16, NH = 4, KV = 2, hs = 4, C = NH * hs, cp = 2, Tr = T / cp, chunk = 4;
+  const int KVC = 2 * KV * hs;
+  auto kv_heads = random_floats(B * T * KVC, 60, -1.5f, 1.5f), q = random_floats(B * T * C, 61);
+  std::vector<float> qkv(B * T * 3 * C);  // the whole sequences, K/V repeated per query head
+  for (int n = 0; n < B * T; ++n)
+    for (int h = 0; h < NH; ++h)
+      for (int c = 0; c < hs; ++c) {
+        qkv[n * 3 * C + h * hs + c] = q[n * C + h * hs + c];
+        for (int s = 0; s < 2; ++s)
+          qkv[n * 3 * C + (1 + s) * C + h * hs + c] = kv_heads[n * KVC + (s * KV + h / 2) * hs + c];
+      }
+  std::vector<float> out(B * T * C), att(B * NH * T * T), datt(att.size());
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  const auto dout = random_floats(B * T * C, 62);
+  std::vector<float> dqkv(qkv.size(), 0.0f);
+  cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                          NH);
+  // Rank r's rows of a [B, T, width] tensor, at its positions.
+  std::vector<std::vector<int>> pos(cp);
+  for (int r = 0; r < cp; ++r)
+    for (int t = 0; t < Tr; ++t)
+      pos[r].push_back(t < chunk ? r * chunk + t : (2 * cp - 1 - r) * chunk + t - chunk);
+  auto rows = [&](const std::vector<float>& x, int width, int r) {
+    std::vector<float> y;
+    for (int b = 0; b < B; ++b)
+      for (int t : pos[r]) y.insert(y.end(), &x[(b * T + t) * width], &x[(b * T + t + 1) * width]);
+    return y;
+  };
+  std::vector<std::vector<float>> dkv(cp, std::vector<float>(B * Tr * KVC, 0.0f));
+  for (int r = 0; r < cp; ++r) {
+    const auto qr = rows(q, C, r), doutr = rows(dout, C, r);
+    std::vector<float> o(B * Tr * C, 7.0f), lse(B * NH * Tr, 7.0f), dq(B * Tr * C, 0.0f);
+    for (int s = 0; s < cp; ++s) {
+      const int owner = (r - s + cp) % cp;
+      cpu::attention_block_forward(o.data(), lse.data(), qr.data(), C,
+                                   rows(kv_heads, KVC, owner).data(), B, Tr, Tr, NH, KV, hs,
+                                   pos[r].data(), pos[owner].data(), s == 0);
+    }
+    const auto want = rows(out, C, r);
+    for (std::size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], want[i], 1e-5) << r << " " << i;
+    for (int s = 0; s < cp; ++s) {
+      const int owner = (r - s + cp) % cp;
+      cpu::attention_block_backward(dq.data(), C, dkv[owner].data(), doutr.data(), o.data(),
+                                    lse.data(), qr.data(), C, rows(kv_heads, KVC, owner).data(), B,
+                                    Tr, Tr, NH, KV, hs, pos[r].data(), pos[owner].data());
+    }
+    const auto dqkv_r = rows(dqkv, 3 * C, r);
+    for (int n = 0; n < B * Tr; ++n)
+      for (int i = 0; i < C; ++i) ASSERT_NEAR(dq[n * C + i], dqkv_r[n * 3 * C + i], 1e-5) << n;
+  }
+  for (int r = 0; r < cp; ++r) {
+    const auto dqkv_r = rows(dqkv, 3 * C, r);
+    for (int n = 0; n < B * Tr; ++n)
+      for (int s = 0; s < 2; ++s)
+        for (int g = 0; g < KV; ++g)
+          for (int c = 0; c < hs; ++c) {
+            const float* d = &dqkv_r[n * 3 * C + (1 + s) * C];
+            const double want = d[(2 * g) * hs + c] + d[(2 * g + 1) * hs + c];
+            ASSERT_NEAR(dkv[r][n * KVC + (s * KV + g) * hs + c], want, 1e-5) << r << " " << n;
+          }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 TEST(Gelu, ForwardMatchesTanhFormula) {

@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <barrier>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -339,6 +342,10 @@ class ThreadGroup final : public Group {
     std::barrier<> sync;
     std::vector<const float*> posted;
     std::vector<const std::vector<std::size_t>*> counts;  // all_to_allv: each rank's send counts
+    // Point to point (ring attention): each (from, to, tag)'s messages in order, copied.
+    std::mutex mu;
+    std::condition_variable arrived;
+    std::map<std::tuple<int, int, int>, std::deque<std::vector<char>>> mail;
   };
   ThreadGroup(Shared& shared, int rank, int size, CommLedger* ledger)
       : Group("tp", rank, size, ledger), shared_(shared) {}
@@ -375,8 +382,20 @@ class ThreadGroup final : public Group {
   }
   void do_broadcast(BufferView, int) override { FAIL() << "not used by the model"; }
   void do_reduce(BufferView, int) override { FAIL() << "not used by the model"; }
-  void do_send(BufferView, int, int) override { FAIL() << "not used by the model"; }
-  void do_recv(BufferView, int, int) override { FAIL() << "not used by the model"; }
+  void do_send(BufferView buf, int peer, int tag) override {
+    const char* p = static_cast<const char*>(buf.data);
+    std::lock_guard lock(shared_.mu);
+    shared_.mail[{rank(), peer, tag}].emplace_back(p, p + buf.bytes());
+    shared_.arrived.notify_all();
+  }
+  void do_recv(BufferView buf, int peer, int tag) override {
+    std::unique_lock lock(shared_.mu);
+    auto& box = shared_.mail[{peer, rank(), tag}];
+    shared_.arrived.wait(lock, [&] { return !box.empty(); });
+    ASSERT_EQ(box.front().size(), buf.bytes());
+    std::memcpy(buf.data, box.front().data(), buf.bytes());
+    box.pop_front();
+  }
   void do_barrier() override { shared_.sync.arrive_and_wait(); }
   // all_to_allv (expert parallelism): from each rank k the block its send counts put here.
   void do_all_to_all(BufferView in, const std::vector<std::size_t>& send_counts, BufferView out,
@@ -777,11 +796,12 @@ TEST(StageModelExpertParallel, RanksEqualOneRankOnEachMicroBatch) {
   }
 }
 
-// Context parallelism (Ulysses): rank k of cp runs slice k of the same micro-batch's sequences.
+// Context parallelism: rank k of cp runs its share (cp_position) of the same micro-batch's
+// sequences.
 struct CpResult {
   double loss = 0;
   std::vector<float> grads;
-  std::uint64_t activation_peak = 0, all_to_all = 0;
+  std::uint64_t activation_peak = 0, exchanged = 0;  // all_to_all, send and recv bytes
 };
 
 CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recompute r,
@@ -798,7 +818,8 @@ CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recomp
   RankTokens mine(spec, B, 0);
   mine.in.clear(), mine.tg.clear();
   for (int b = 0; b < B; ++b)
-    for (int t = part.cp_rank * T; t < (part.cp_rank + 1) * T; ++t) {
+    for (int i = 0; i < T; ++i) {
+      const int t = cp_position(spec.seq, part.cp_size, part.cp_rank, i);
       mine.in.push_back(whole.in[std::size_t(b) * spec.seq + t]);
       mine.tg.push_back(whole.tg[std::size_t(b) * spec.seq + t]);
     }
@@ -810,61 +831,68 @@ CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recomp
   out.activation_peak = mem.peak(MemTag::activations);
   if (ledger)
     for (const CommRecord& c : ledger->records())
-      if (c.op == CommOp::all_to_all) out.all_to_all += c.bytes;
+      if (c.op == CommOp::all_to_all || c.op == CommOp::send || c.op == CommOp::recv)
+        out.exchanged += c.bytes;
   return out;
 }
 
 // GPT-2 (learned positions) and a llama (rotary positions, grouped-query attention) over cp = 2
-// and 4 thread ranks, in every recompute mode: the ranks' losses sum to the one-rank loss of the
-// whole sequences and their gradients to its gradients (the dp group's sum); each rank's
-// activations are predict_activations' and its all-to-all bytes context_parallel_collectives'.
+// and 4 thread ranks, Ulysses and ring attention (its passes on a comm stream), in every recompute
+// mode: the ranks' losses sum to the one-rank loss of the whole sequences and their gradients to
+// its gradients (the dp group's sum); each rank's activations are predict_activations' and the
+// bytes it exchanged context_parallel_collectives'.
 TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
   const ModelSpec llama{"att-heavy-llama", 2, 32, 4, 16, 64, Arch::llama, 2, 96, 10000};
   const int B = 2;
   for (const ModelSpec& spec : {att_heavy(), llama})
     for (int cp : {2, 4})
-      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-        SCOPED_TRACE(spec.preset + " cp " + std::to_string(cp) + " " + recompute_name(r));
-        const CpResult ref = run_cp_rank(spec, B, whole_model(spec), r, nullptr, nullptr);
-        const std::vector<CpResult> got =
-            on_thread_ranks(cp, [&](int rank, ThreadGroup& group, CommLedger& ledger) {
-              Partition part = whole_model(spec);
-              part.cp_size = cp, part.cp_rank = rank;
-              SyncContextParallelComm comm(group);
-              return run_cp_rank(spec, B, part, r, &comm, &ledger);
-            });
-        double loss = 0, most = 0;
-        std::vector<double> sum(ref.grads.size(), 0.0);
-        for (int rank = 0; rank < cp; ++rank) {
-          loss += got[rank].loss;
-          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += got[rank].grads[i];
-          Partition part = whole_model(spec);
-          part.cp_size = cp, part.cp_rank = rank;
-          EXPECT_EQ(got[rank].activation_peak, predict_activations(spec, B, part, r).total(1));
-          double bytes = 0;
-          for (int u = 1; u <= spec.layers; ++u)
-            for (bool backward : {false, true})
-              for (const PassCollective& c : context_parallel_collectives(
-                       spec, B, u, backward, 1, cp, r, DType::f32, Device::cpu))
-                bytes += c.bytes;
-          EXPECT_GT(bytes, 0.0);
-          EXPECT_EQ(double(got[rank].all_to_all), bytes) << rank;
+      for (ContextAttention how : {ContextAttention::ulysses, ContextAttention::ring})
+        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+          SCOPED_TRACE(spec.preset + " cp " + std::to_string(cp) + " " +
+                       context_attention_name(how) + " " + recompute_name(r));
+          const CpResult ref = run_cp_rank(spec, B, whole_model(spec), r, nullptr, nullptr);
+          const std::vector<CpResult> got = on_thread_ranks(cp, [&](int rank, ThreadGroup& group,
+                                                                    CommLedger& ledger) {
+            Partition part = whole_model(spec);
+            part.cp_size = cp, part.cp_rank = rank, part.cp_attention = how;
+            CommStream stream(ledger, "ring");
+            SyncContextParallelComm comm(group, how == ContextAttention::ring ? &stream : nullptr);
+            return run_cp_rank(spec, B, part, r, &comm, &ledger);
+          });
+          double loss = 0, most = 0;
+          std::vector<double> sum(ref.grads.size(), 0.0);
+          for (int rank = 0; rank < cp; ++rank) {
+            loss += got[rank].loss;
+            for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += got[rank].grads[i];
+            Partition part = whole_model(spec);
+            part.cp_size = cp, part.cp_rank = rank, part.cp_attention = how;
+            EXPECT_EQ(got[rank].activation_peak, predict_activations(spec, B, part, r).total(1));
+            double bytes = 0;
+            for (int u = 1; u <= spec.layers; ++u)
+              for (bool backward : {false, true})
+                for (const PassCollective& c : context_parallel_collectives(
+                         spec, B, u, backward, 1, cp, how, r, DType::f32, Device::cpu))
+                  bytes += c.bytes;
+            EXPECT_GT(bytes, 0.0);
+            EXPECT_EQ(double(got[rank].exchanged), bytes) << rank;
+          }
+          EXPECT_NEAR(loss, ref.loss, 1e-6 * std::fabs(ref.loss));
+          for (float g : ref.grads) most = std::max(most, double(std::fabs(g)));
+          ASSERT_GT(most, 1e-4);
+          for (std::size_t i = 0; i < sum.size(); ++i)
+            ASSERT_NEAR(sum[i], ref.grads[i], 1e-5 * std::fabs(ref.grads[i]) + 1e-6 * most)
+                << "element " << i;
         }
-        EXPECT_NEAR(loss, ref.loss, 1e-6 * std::fabs(ref.loss));
-        for (float g : ref.grads) most = std::max(most, double(std::fabs(g)));
-        ASSERT_GT(most, 1e-4);
-        for (std::size_t i = 0; i < sum.size(); ++i)
-          ASSERT_NEAR(sum[i], ref.grads[i], 1e-5 * std::fabs(ref.grads[i]) + 1e-6 * most)
-              << "element " << i;
-      }
 }
 
 TEST(StageModelContextParallel, ImpossibleSplitsAreRefused) {
   const ModelSpec tiny = model_preset("tiny");  // 4 heads, seq 64
   EXPECT_NO_THROW(validate_context_parallel(tiny, 1, 4));
   EXPECT_NO_THROW(validate_context_parallel(tiny, 2, 2));
-  EXPECT_THROW(validate_context_parallel(tiny, 2, 4), ConfigError);  // 8 head groups of 4 heads
-  EXPECT_THROW(validate_context_parallel(tiny, 1, 3), ConfigError);  // seq 64
+  EXPECT_THROW(validate_context_parallel(tiny, 2, 4), ConfigError);   // 8 head groups of 4 heads
+  EXPECT_THROW(validate_context_parallel(tiny, 1, 3), ConfigError);   // seq 64
+  EXPECT_THROW(validate_context_parallel(tiny, 1, 64), ConfigError);  // 2 cp chunks of seq
+  EXPECT_NO_THROW(validate_context_parallel(tiny, 2, 4, ContextAttention::ring));  // any heads
   EXPECT_THROW(validate_context_parallel(tiny, 1, 0), ConfigError);
   EXPECT_THROW(validate_context_parallel(model_preset("tiny-moe"), 1, 2), ConfigError);
   MemoryLedger mem;

@@ -265,6 +265,24 @@ const char* recompute_name(Recompute r);
 // name is not one of them.
 bool parse_recompute(const std::string& name, Recompute* out);
 
+// How a context-parallel attention sees the whole sequence (context_parallel.hpp): ulysses, an
+// all-to-all from sequence to head sharding and back (DeepSpeed-Ulysses); ring, each rank's keys
+// and values passed around the cp group while every rank attends its own queries to each block
+// (ring attention, Megatron-Core's cp_comm_type p2p).
+enum class ContextAttention { ulysses, ring };
+// "ulysses", "ring".
+const char* context_attention_name(ContextAttention a);
+
+// The sequence position of token t of a context-parallel rank's slice. Each sequence is cut into
+// 2 cp chunks of seq / (2 cp) tokens and rank r holds chunks r and 2 cp - 1 - r, in that order
+// (Megatron-Core's load-balanced layout: under the causal mask every rank attends as many
+// query-key pairs). cp = 1: the position is t.
+inline int cp_position(int seq, int cp, int cp_rank, int t) {
+  if (cp == 1) return t;
+  const int chunk = seq / (2 * cp);
+  return t < chunk ? cp_rank * chunk + t : (2 * cp - 1 - cp_rank) * chunk + t - chunk;
+}
+
 // Which part of the model one rank computes: a contiguous unit range (a pipeline stage or chunk,
 // or the whole model) with every tensor split across a tensor-parallel group of tp_size ranks
 // (strata/stage_model.hpp says how), optionally with sequence parallelism; for --arch moe, its
@@ -278,10 +296,12 @@ struct Partition {
   bool sequence_parallel = false;
   int ep_size = 1;
   int ep_rank = 0;
-  // Context parallelism (Ulysses): each sequence split into cp_size slices of seq / cp_size
-  // tokens, this rank holding slice cp_rank (context_parallel.hpp).
+  // Context parallelism: each sequence split over cp_size ranks, this rank (cp_rank) holding
+  // seq / cp_size of its tokens (cp_position says which), its attention by cp_attention
+  // (context_parallel.hpp).
   int cp_size = 1;
   int cp_rank = 0;
+  ContextAttention cp_attention = ContextAttention::ulysses;
 };
 // All units at tp 1: the whole model (Context::model()).
 Partition whole_model(const ModelSpec& spec);

@@ -50,9 +50,10 @@ void validate_tensor_parallel(const ModelSpec& spec, int micro_batch, int tp,
 void validate_expert_parallel(const ModelSpec& spec, int ep);
 
 // Throws ConfigError (one line, naming the option) if the model's sequences cannot be split cp
-// ways: seq and the heads of a tp rank must divide (Ulysses gives each cp rank whole heads), and
-// moe's routing is per whole sequence (refused at cp > 1).
-void validate_context_parallel(const ModelSpec& spec, int tp, int cp);
+// ways: 2 cp must divide seq (cp_position's chunks), Ulysses' cp the heads of a tp rank (it gives
+// each cp rank whole heads), and moe's routing is per whole sequence (refused at cp > 1).
+void validate_context_parallel(const ModelSpec& spec, int tp, int cp,
+                               ContextAttention attention = ContextAttention::ulysses);
 
 // How a local tensor is cut from the global one.
 enum class ShardKind {
@@ -263,14 +264,17 @@ std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, i
                                                         int unit, bool backward, int ep,
                                                         Recompute recompute, DType param_dtype);
 
-// The context-parallel exchanges (context_parallel.hpp, Ulysses) of one micro-batch's forward or
-// backward of unit `unit` on a cp group of `cp` ranks and a tp group of `tp`: per block q | k | v
-// and the attention's output forward (in the attention's dtype on `device`: the parameters' where
-// it reads and writes bf16, attention_writes_bf16), their gradients backward (fp32), a full
-// recompute's forward ones again. all_to_all's bytes: the rank's send buffer. Empty at cp 1 and
-// for the embedding and the head.
+// The context-parallel exchanges (context_parallel.hpp) of one micro-batch's forward or backward
+// of unit `unit` on a cp group of `cp` ranks and a tp group of `tp`, in the attention's dtype on
+// `device` (the parameters' where it reads and writes bf16, attention_writes_bf16) forward and
+// fp32 backward. Ulysses, per block: q | k | v and the attention's output forward, their
+// gradients backward, a full recompute's forward ones again (all_to_all's bytes: the rank's send
+// buffer). Ring: the key-value block's cp - 1 passes forward (a send and a receive each); backward
+// those again and its gradient's cp passes, after a recompute's (full or selective) forward ones.
+// Empty at cp 1 and for the embedding and the head.
 std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, int micro_batch,
                                                          int unit, bool backward, int tp, int cp,
+                                                         ContextAttention attention,
                                                          Recompute recompute, DType param_dtype,
                                                          Device device);
 

@@ -81,9 +81,11 @@ struct StepPlan {
   // The moe blocks' routed experts split over an ep group of this many ranks (Partition::ep_size):
   // the core charges their exchanges inside the unit passes (expert_parallel_collectives).
   int expert_parallel = 1;
-  // Each sequence split over a cp group of this many ranks (Partition::cp_size, Ulysses): the
-  // core charges its exchanges inside the blocks' passes (context_parallel_collectives).
+  // Each sequence split over a cp group of this many ranks (Partition::cp_size), its attention by
+  // context_attention (Partition::cp_attention): the core charges its exchanges inside the
+  // blocks' passes (context_parallel_collectives).
   int context_parallel = 1;
+  ContextAttention context_attention = ContextAttention::ulysses;
   // The backwards compute the units' input gradients only and each unit's weight gradients are a
   // weight action of their own (StageModel's split_backward; zero-bubble pipelines).
   bool split_backward = false;

@@ -31,6 +31,13 @@ struct ActView {
   bool is_bf16() const { return dtype == DType::bf16; }
 };
 
+// The sequence positions of a context-parallel rank's T tokens (strata::cp_position): token t at
+// first + t for t < chunk, else at second + t - chunk (contiguous tokens from p: {p, p + T, T}).
+struct TokenPositions {
+  int first, second, chunk;
+  int operator()(int t) const { return t < chunk ? first + t : second + t - chunk; }
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -59,6 +66,22 @@ class Kernels {
                                  int NH) = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
                                   const float* att, ActView out, int B, int T, int C, int NH) = 0;
+  // Ring attention's blocks (context parallelism; the merge is flash attention's online softmax).
+  // The causal attention of queries q [B, Tq] (rows of q_stride elements, NH heads of hs from
+  // column 0) on one block of keys and values kv [B, Tk, 2, KV, hs] (k | v) at their sequence
+  // positions: a key is seen where its position <= the query's, query head h reads K/V head
+  // h / (NH / KV), scores scaled by 1 / sqrt(hs). Merged into the running output o [B, Tq, NH hs]
+  // (fp32, normalised) and log-sum-exp lse [B, NH, Tq]; `first` overwrites them instead (its block
+  // must give every query a key). q and kv of one dtype, fp32 or bf16 (widened as read).
+  virtual void attention_block_forward(float* o, float* lse, ActView q, int q_stride, ActView kv,
+                                       int B, int Tq, int Tk, int NH, int KV, int hs,
+                                       TokenPositions qpos, TokenPositions kpos, bool first) = 0;
+  // Its backward for one block, given the merged output `out` [B, Tq, NH hs] (fp32 or bf16) and
+  // lse: dq (rows of dq_stride, +=) and dkv [B, Tk, 2, KV, hs] (+=) from dout [B, Tq, NH hs].
+  virtual void attention_block_backward(float* dq, int dq_stride, float* dkv, const float* dout,
+                                        ActView out, const float* lse, ActView q, int q_stride,
+                                        ActView kv, int B, int Tq, int Tk, int NH, int KV, int hs,
+                                        TokenPositions qpos, TokenPositions kpos) = 0;
   virtual void gelu_forward(float* out, const float* inp, std::int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
   // The residual add: out = a + b, a a sub-block's fp32 output, b and out the residual stream in

@@ -375,6 +375,10 @@ const char* recompute_name(Recompute r) {
   return "unknown";
 }
 
+const char* context_attention_name(ContextAttention a) {
+  return a == ContextAttention::ring ? "ring" : "ulysses";
+}
+
 bool parse_recompute(const std::string& name, Recompute* out) {
   for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective}) {
     if (name == recompute_name(r)) {

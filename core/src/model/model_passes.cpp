@@ -68,12 +68,17 @@ ModelPasses::ModelPasses(const ModelSpec& spec, int B, const Partition& part, Re
   Carver c{scratch_memory_.data(), 0};
   g_.carve(alloc_, r, param_dtype, c);
   if (g_.rope) {  // the same table on every backend: made on the host in double, then copied
-    std::vector<float> table(std::size_t(alloc_.Ta) * alloc_.hs);  // every position (cp > 1)
-    cpu::rope_table(table.data(), alloc_.Ta, int(alloc_.hs), spec.rope_theta);
-    copy_bytes(memory.device(), g_.rope, table.data(), table.size() * sizeof(float));
+    const std::size_t hs = alloc_.hs;
+    std::vector<float> table(std::size_t(alloc_.Ta) * hs), local(std::size_t(alloc_.T) * hs);
+    cpu::rope_table(table.data(), alloc_.Ta, int(hs), spec.rope_theta);
+    const TokenPositions at = cp_tokens(alloc_, alloc_.cp_rank);  // the rank's positions' rows
+    for (int t = 0; t < alloc_.T; ++t)
+      std::copy_n(table.data() + std::size_t(at(t)) * hs, hs, local.data() + std::size_t(t) * hs);
+    copy_bytes(memory.device(), g_.rope, local.data(), local.size() * sizeof(float));
   }
-  if (g_.cp_perm) {  // context parallelism: Ulysses' row permutations, made on the host
-    const std::vector<std::int32_t> perm = cp_permutations(alloc_);
+  if (g_.cp_perm) {  // context parallelism: Ulysses' row permutations or the ring's row maps
+    const std::vector<std::int32_t> perm =
+        alloc_.ring ? ring_indices(alloc_) : cp_permutations(alloc_);
     copy_bytes(memory.device(), g_.cp_perm, perm.data(), perm.size() * sizeof(std::int32_t));
   }
   if (tp_comm_dtype != DType::f32 && tp_comm_dtype != DType::bf16)
@@ -346,39 +351,107 @@ void ModelPasses::norm_backward(float* dinp, float* dw, float* db, const float* 
 // q | k | v as the attention reads them (BlockActs::qkv): the projection; a llama's then turns q
 // and k by the rotary embedding (their NHl + KVl heads are adjacent from column 0) and, with
 // grouped-query attention, repeats K/V to every query head from the projection's output in b.
-// With context parallelism they are formed for the rank's tokens in cp_b (at their positions:
-// the rotary table from pos0) and exchanged into a.qkv's whole sequences.
+// With context parallelism they are formed for the rank's tokens (at their positions: the rotary
+// table's rows are the rank's); Ulysses' in cp_b, exchanged into a.qkv's whole sequences.
 void ModelPasses::qkv_forward(BlockActs& a, BufferView w, const float* bias) {
   const Dims& d = run_;
   const bool gqa = d.KVl != d.NHl;
-  const ActView qkv = d.cp > 1 ? as_act(g_.cp_b, a.qkv.dtype) : a.qkv;
+  const bool ulysses = d.cp > 1 && !d.ring;
+  const ActView qkv = ulysses ? as_act(g_.cp_b, a.qkv.dtype) : a.qkv;
   const ActView out = gqa ? as_act(g_.b, a.qkv.dtype) : qkv;
   matmul_forward(out, a.ln1_full, w, bias, int(d.N), d.C, int(d.QKVl));
   if (d.llama) {
-    k_.rope_forward(out, g_.rope + d.pos0 * d.hs, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs),
-                    int(d.QKVl));
+    k_.rope_forward(out, g_.rope, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs), int(d.QKVl));
     if (gqa) k_.repeat_kv_forward(qkv, out, int(d.N), int(d.NHl), int(d.KVl), int(d.hs));
   }
-  if (d.cp > 1) cp_exchange(qkv, a.qkv, qkv_send, qkv_full);
+  if (ulysses) cp_exchange(qkv, a.qkv, qkv_send, qkv_full);
+}
+
+ContextParallelComm& ModelPasses::context_comm() const {
+  if (!cp_)
+    throw Error("model: a context-parallel partition (cp " + std::to_string(run_.cp) +
+                ") was run without StageModel::set_context_comm");
+  return *cp_;
 }
 
 void ModelPasses::cp_exchange(ActView from, ActView to, CpPerm send, CpPerm recv) {
   const Dims& d = run_;
-  if (!cp_)
-    throw Error("model: a context-parallel partition (cp " + std::to_string(d.cp) +
-                ") was run without StageModel::set_context_comm");
+  ContextParallelComm& comm = context_comm();
   const std::size_t rows = cp_perm_rows(d, send), n = rows * d.Ca;
   const ActView out = as_act(g_.cp_a, from.dtype), in = as_act(g_.cp_b, from.dtype);
   k_.moe_gather(out, from, g_.cp_perm + cp_perm_offset(d, send), int(rows), int(d.Ca));
   const Device device = memory_.device();
-  cp_->all_to_all({out.data, n, from.dtype, device}, {in.data, n, from.dtype, device});
+  comm.all_to_all({out.data, n, from.dtype, device}, {in.data, n, from.dtype, device});
   k_.moe_gather(to, in, g_.cp_perm + cp_perm_offset(d, recv), int(rows), int(d.Ca));
 }
 
 void ModelPasses::attention_forward(BlockActs& a) {
   const Dims& d = run_;
+  if (d.ring) return ring_attention_forward(a, a.atty);
   k_.attention_forward(a.atty_full, a.att, a.qkv, d.B, d.Ta, int(d.Ca), int(d.NHa));
   if (d.cp > 1) cp_exchange(a.atty_full, a.atty, out_send, out_local);
+}
+
+// Ring attention. Step s attends the rank's queries to the key-value block of cp rank
+// (rank - s) mod cp, which arrived in the previous step, while the comm passes it on to the next
+// rank. The kv blocks are the rank's K/V heads of q | k | v gathered once (ring_indices). `then`
+// (if given) runs at the end of each step, once the block has passed.
+void ModelPasses::ring_steps(const BlockActs& a,
+                             const std::function<void(int step, ActView block)>& attend,
+                             const std::function<void(int step)>& then) {
+  const Dims& d = run_;
+  ContextParallelComm& comm = context_comm();
+  const Device device = memory_.device();
+  const ActView kv[2] = {as_act(g_.cp_a, a.qkv.dtype), as_act(g_.cp_b, a.qkv.dtype)};
+  const std::size_t n = ring_block_count(d);
+  k_.moe_gather(kv[0], a.qkv, g_.cp_perm, int(2 * d.N * d.KVl), int(d.hs));
+  for (int s = 0; s < d.cp; ++s) {
+    const ActView in_hand = kv[s % 2], arriving = kv[(s + 1) % 2];
+    if (s + 1 < d.cp)
+      comm.ring_start({in_hand.data, n, in_hand.dtype, device},
+                      {arriving.data, n, arriving.dtype, device});
+    attend(s, in_hand);
+    if (s + 1 < d.cp) comm.ring_wait();
+    if (then) then(s);
+  }
+}
+
+void ModelPasses::ring_attention_forward(const BlockActs& a, ActView out) {
+  const Dims& d = run_;
+  const int cp = d.cp, r = d.cp_rank;
+  float* o = out.is_bf16() ? g_.ring_out : out.f32();
+  ring_steps(a, [&](int s, ActView block) {
+    k_.attention_block_forward(o, a.att, a.qkv, int(3 * d.Cl), block, d.B, d.T, d.T, int(d.NHl),
+                               int(d.KVl), int(d.hs), cp_tokens(d, r),
+                               cp_tokens(d, (r - s + cp) % cp), s == 0);
+  });
+  if (out.is_bf16()) k_.round_to_bf16(out.half(), o, d.N * d.Cl);
+}
+
+// Its backward: the blocks pass again; each block's gradient travels with it, gathering every
+// rank's share, and one more pass brings it home, where it joins d(q) in dqkv's K/V heads.
+void ModelPasses::ring_attention_backward(const BlockActs& a, const float* dout, float* dqkv) {
+  const Dims& d = run_;
+  const int cp = d.cp, r = d.cp_rank;
+  const std::size_t n = ring_block_count(d);
+  const Device device = memory_.device();
+  k_.zero(g_.ring_dkv[0], n);
+  ring_steps(
+      a,
+      [&](int s, ActView block) {
+        k_.attention_block_backward(dqkv, int(3 * d.Cl), g_.ring_dkv[s % 2], dout, a.atty_full,
+                                    a.att, a.qkv, int(3 * d.Cl), block, d.B, d.T, d.T, int(d.NHl),
+                                    int(d.KVl), int(d.hs), cp_tokens(d, r),
+                                    cp_tokens(d, (r - s + cp) % cp));
+      },
+      [&](int s) {  // the block's d(k | v) on with it
+        ContextParallelComm& comm = context_comm();
+        comm.ring_start({g_.ring_dkv[s % 2], n, DType::f32, device},
+                        {g_.ring_dkv[(s + 1) % 2], n, DType::f32, device});
+        comm.ring_wait();
+      });
+  k_.moe_gather_backward(dqkv, g_.ring_dkv[cp % 2], g_.cp_perm + 2 * d.N * d.KVl,
+                         int(3 * d.N * d.NHl), 1, int(d.hs));
 }
 
 // Its backward from d(q | k | v) [N,3Cl] in a: the repeat's sums (into b), the rotation back,
@@ -391,8 +464,7 @@ void ModelPasses::qkv_backward(const BlockActs& a, BufferView w, BufferView gw, 
     dqkv = g_.b;
   }
   if (d.llama)
-    k_.rope_backward(dqkv, g_.rope + d.pos0 * d.hs, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs),
-                     int(d.QKVl));
+    k_.rope_backward(dqkv, g_.rope, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs), int(d.QKVl));
   matmul_backward(g_.partial, gw, gbias, dqkv, a.ln1_full, w, int(d.N), d.C, int(d.QKVl));
 }
 
@@ -680,17 +752,22 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   float* g_proj_b = row_parallel_bias(gbias(kProjB, C));
   float* datty = g_.partial;
   matmul_backward(datty, at(gr, o[kProjW]), g_proj_b, g_.full, a.atty, at(p, o[kProjW]), N, Cl, C);
-  // Context parallelism: d(atty) to whole sequences on this rank's heads, in place.
-  if (d.cp > 1) cp_exchange(datty, datty, dout_send, dout_full);
+  // Ulysses: d(atty) to whole sequences on this rank's heads, in place.
+  const bool ulysses = d.cp > 1 && !d.ring;
+  if (ulysses) cp_exchange(datty, datty, dout_send, dout_full);
   // Selective recompute: att was not kept; rebuild it from this block's saved qkv into the
   // shared att. The attention output it also produces (atty is kept) goes to a, free until d(qkv).
   const int Ca = int(d.Ca), NHa = int(d.NHa);
-  if (recompute_ == Recompute::selective)
+  if (recompute_ == Recompute::selective && d.ring) ring_attention_forward(a, g_.a);
+  if (recompute_ == Recompute::selective && !d.ring)
     k_.attention_forward(g_.a, a.att, a.qkv, d.B, d.Ta, Ca, NHa);
   k_.zero(g_.a, 3 * d.N * d.Cl);
-  k_.attention_backward(g_.a, g_.b, datty, a.qkv, a.att, a.atty_full, d.B, d.Ta, Ca, NHa);
+  if (d.ring)
+    ring_attention_backward(a, datty, g_.a);
+  else
+    k_.attention_backward(g_.a, g_.b, datty, a.qkv, a.att, a.atty_full, d.B, d.Ta, Ca, NHa);
   // ... and d(q | k | v) back to this rank's tokens, in place.
-  if (d.cp > 1) cp_exchange(g_.a, g_.a, dqkv_send, dqkv_local);
+  if (ulysses) cp_exchange(g_.a, g_.a, dqkv_send, dqkv_local);
   qkv_backward(a, at(p, o[kQkvW]), at(gr, o[kQkvW]), gbias(kQkvB, d.QKVl));
   const float* dln1 = reduce_input_grad(tp);
   norm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gbias(kLn1B, C), dln1, s.x[l],
@@ -706,9 +783,9 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   const int C = d.C;
   check_tokens(memory_.device(), tok, d.N, d.V, "input");
   const ActView x0 = s.x[0];
-  if (d.tp == 1 && wte.dtype == DType::f32 && !d.llama) {  // fp32 parameters, GPT-2's positions
+  if (d.tp == 1 && d.cp == 1 && wte.dtype == DType::f32 && !d.llama) {  // GPT-2's, fp32
     k_.encoder_forward(x0.f32(), tok, static_cast<const float*>(wte.data),
-                       static_cast<const float*>(wpe.data) + d.pos0 * C, d.B, d.T, C);
+                       static_cast<const float*>(wpe.data), d.B, d.T, C);
     return;
   }
   float* sum = sublayer_output(x0);  // the token rows, summed over tp
@@ -719,21 +796,51 @@ void ModelPasses::forward_embedding(SlotActs& s, BufferView wte, BufferView wpe,
   else if (d.tp > 1)
     all_reduce_activation(tp, sum, d.N * C);
   if (!d.llama)
-    k_.add_positions(x0, sum, at(wpe, d.pos0 * C), d.Nl, d.row0, d.T, C);
+    k_.add_positions(x0, sum, token_positions(wpe), d.Nl, d.row0, d.T, C);
   else if (x0.is_bf16())  // rotary positions are the attention's: the rows are the stream
     k_.round_to_bf16(x0.half(), sum, d.Nl * C);
+}
+
+// With cp > 1 the rank's tokens sit at two chunks of positions (cp_tokens): their wpe rows are
+// gathered into one [T, C] fp32 table (widened where bf16) that the position kernels read as a
+// sequence's; their gradients are summed there and added to gwpe's rows chunk by chunk.
+BufferView ModelPasses::token_positions(BufferView wpe) {
+  const Dims& d = run_;
+  if (d.cp == 1) return wpe;
+  const TokenPositions at_ = cp_tokens(d, d.cp_rank);
+  const std::size_t chunk = std::size_t(at_.chunk), C = std::size_t(d.C);
+  for (int c = 0; c < 2; ++c) {
+    float* rows = g_.positions + c * chunk * C;
+    k_.zero(rows, chunk * C);  // rows = 0 + wpe's chunk: add_positions as a widening copy
+    k_.add_positions(rows, rows, at(wpe, std::size_t(at_(int(c * chunk))) * C), chunk, 0,
+                     int(chunk), int(C));
+  }
+  return {g_.positions, std::size_t(d.T) * C, DType::f32, memory_.device()};
+}
+
+void ModelPasses::token_positions_backward(BufferView gwpe) {
+  const Dims& d = run_;
+  if (d.cp == 1) return k_.positions_backward(gwpe, g_.dres, d.Nl, d.row0, d.T, d.C);
+  const TokenPositions at_ = cp_tokens(d, d.cp_rank);
+  const std::size_t chunk = std::size_t(at_.chunk), C = std::size_t(d.C), n = std::size_t(d.T) * C;
+  k_.zero(g_.positions, n);
+  k_.positions_backward({g_.positions, n, DType::f32, memory_.device()}, g_.dres, d.Nl, d.row0, d.T,
+                        d.C);
+  for (int c = 0; c < 2; ++c)
+    k_.positions_backward(at(gwpe, std::size_t(at_(int(c * chunk))) * C),
+                          g_.positions + c * chunk * C, chunk, 0, int(chunk), d.C);
 }
 
 void ModelPasses::backward_embedding(BufferView gwte, BufferView gwpe, const std::int32_t* tok,
                                      TensorParallelComm* tp) {
   const Dims& d = run_;
   const int C = d.C;
-  if (d.tp == 1 && gwte.dtype == DType::f32 && !d.llama) {
-    k_.encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data) + d.pos0 * C,
-                        g_.dres, tok, d.B, d.T, C);
+  if (d.tp == 1 && d.cp == 1 && gwte.dtype == DType::f32 && !d.llama) {
+    k_.encoder_backward(static_cast<float*>(gwte.data), static_cast<float*>(gwpe.data), g_.dres,
+                        tok, d.B, d.T, C);
     return;
   }
-  if (!d.llama) k_.positions_backward(at(gwpe, d.pos0 * C), g_.dres, d.Nl, d.row0, d.T, C);
+  if (!d.llama) token_positions_backward(gwpe);
   if (d.sp) gather(tp, g_.dres, g_.full);
   const float* full = d.sp ? g_.full : g_.dres;
   k_.embedding_rows_backward(gwte, full, tok, d.N, d.Vl * part_.tp_rank, d.Vl, C);

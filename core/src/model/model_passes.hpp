@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,8 +39,9 @@ void validate_partition(const ModelSpec& spec, int micro_batch, const Partition&
 STRATA_EXPORT_BEGIN
 // Sizes of one partition for a micro-batch of B sequences. N = B*T token rows; Nl the rows of the
 // residual stream on this rank (N/tp with sequence parallelism). Context parallelism (cp > 1):
-// T is the rank's slice of each sequence (seq / cp tokens, from position pos0), while the
-// attention runs over whole sequences of Ta tokens on NHa = NHl / cp heads (Ca = NHa hs columns).
+// T is the rank's share of each sequence (seq / cp tokens at the positions cp_tokens gives), Ta
+// the whole sequence. Ulysses' attention runs over whole sequences on NHa = NHl / cp heads (Ca =
+// NHa hs columns); ring attention (ring) on the rank's queries and every head (NHa = NHl).
 // KVl: K/V heads on this rank, hs the head size, QKVl = (NHl + 2 KVl) hs the q | k | v
 // projection's outputs on this rank, Fl the MLP's hidden size on this rank, FCl the FC layer's
 // outputs (Fl, or a llama's gate | up 2 Fl; moe: one expert's).
@@ -49,7 +51,9 @@ struct Dims {
   bool sp, embedding, head, llama, moe;  // llama: the llama block (moe's too)
   // row0: first token row; att: floats of the attention's state (attention_state_floats)
   std::size_t N, Nl, Cl, NHl, KVl, hs, QKVl, Fl, FCl, Vl, row0, att;
-  std::size_t pos0, NHa, Ca;
+  std::size_t NHa, Ca;
+  int cp_rank;
+  bool ring;
   // moe: E experts, topk per token, capacity per expert and sequence (0: dropless), R the most
   // rows this rank's tokens send to the experts (moe_max_rows), SF the shared experts' hidden
   // size; 0 otherwise. Expert parallelism: ep ranks, El = E / ep experts here, Rx the most rows
@@ -61,6 +65,9 @@ struct Dims {
   bool attention_bf16;
   Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device device);
 };
+
+// The sequence positions of the T tokens of cp rank `rank` (cp_position's zig-zag chunks).
+TokenPositions cp_tokens(const Dims& d, int rank);
 
 // bf16 elements of ModelPasses' tp comm buffer: 0 at tp 1 or with fp32 tp comm.
 std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype);
@@ -91,6 +98,13 @@ std::size_t cp_perm_rows(const Dims& d, int which);
 std::size_t cp_perm_offset(const Dims& d, int which);
 // Every permutation, concatenated in CpPerm order (cp_perm_offset's).
 std::vector<std::int32_t> cp_permutations(const Dims& d);
+// Ring attention's row maps over rows of hs columns: kv_gather [2 N KVl] takes the rank's keys
+// and values [N, 2, KVl, hs] out of q | k | v [N, 3, NHl, hs] (its K/V heads once, the repeat's
+// first copy), dkv_scatter [3 N NHl] puts their gradients back into that first copy (-1
+// elsewhere: Kernels::moe_gather_backward with k = 1). Concatenated in that order.
+std::vector<std::int32_t> ring_indices(const Dims& d);
+// Elements of the ring's key-value block [N, 2, KVl, hs].
+std::size_t ring_block_count(const Dims& d);
 STRATA_EXPORT_END
 
 // One block's activations; [Nl,C] pieces are the rank's token rows, [N,...] pieces all rows.
@@ -181,12 +195,20 @@ struct Scratch {
   // every rank's [ep,E], in the device's memory (what a GPU transport moves)
   float *ep_a, *ep_b;
   std::int32_t* ep_counts;
-  float* rope;  // llama blocks: the rotary table [Ta, hs/2, 2] (rope_table), written once
+  // llama blocks: the rotary table of the rank's token positions [T, hs/2, 2] (rope_table's rows
+  // at cp_tokens), written once
+  float* rope;
   // Context parallelism (cp > 1; else null): two staging buffers of Ulysses' all-to-alls
   // [3 N Cl] (what leaves, what arrives; fp32 or in the attention's dtype) and the exchanges'
   // row permutations (cp_permutations), written once.
   float *cp_a, *cp_b;
   std::int32_t* cp_perm;
+  // Ring attention: cp_a, cp_b hold the key-value block in hand and the one arriving [N, 2, KVl,
+  // hs] (in the attention's dtype), ring_dkv their gradients (fp32), ring_out the fp32 output
+  // before its rounding (bf16 attention); cp_perm its ring_indices.
+  float *ring_dkv[2], *ring_out;
+  // cp > 1, GPT-2's embedding: the rank's rows of wpe [T, C] (fp32), then their gradients.
+  float* positions;
   BlockActs shared;
   void carve(const Dims& d, Recompute r, DType param_dtype, Carver& c);
 };
@@ -378,9 +400,21 @@ class ModelPasses {
   // `send`, all-to-all over the cp group into cp_b, permuted into `to` by `recv` (from and to of
   // one dtype; either may be cp_b, or the other).
   void cp_exchange(ActView from, ActView to, CpPerm send, CpPerm recv);
+  ContextParallelComm& context_comm() const;  // the cp group's (throws if none was set)
   // The attention on a block's q | k | v (BlockActs::qkv), its output in atty (with cp > 1: over
   // whole sequences into atty_full, exchanged back into atty).
   void attention_forward(BlockActs& a);
+  // Ring attention (Dims::ring): the attention of a's queries over every rank's key-value block,
+  // passed around the cp group, into `out` [N, Cl] (a's atty, or scratch when recomputing) and
+  // a.att's log-sum-exps; its backward from d(out) into dqkv [N, 3Cl] (zeroed).
+  void ring_attention_forward(const BlockActs& a, ActView out);
+  void ring_steps(const BlockActs& a, const std::function<void(int step, ActView block)>& attend,
+                  const std::function<void(int step)>& then = {});
+  void ring_attention_backward(const BlockActs& a, const float* dout, float* dqkv);
+  // GPT-2's position rows of the rank's tokens (cp > 1: gathered into Scratch::positions) and
+  // their gradients' return into gwpe's rows.
+  BufferView token_positions(BufferView wpe);
+  void token_positions_backward(BufferView gwpe);
   void vocab_parallel_xent(SlotActs& s, const std::int32_t* targets, TensorParallelComm* tp);
   void head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView lm_head,
                       TensorParallelComm* tp);

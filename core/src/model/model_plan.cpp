@@ -76,14 +76,14 @@ void validate_expert_parallel(const ModelSpec& s, int ep) {
                       ")");
 }
 
-void validate_context_parallel(const ModelSpec& s, int tp, int cp) {
+void validate_context_parallel(const ModelSpec& s, int tp, int cp, ContextAttention attention) {
   const std::string what = "--mesh cp=" + std::to_string(cp);
   if (cp < 1) throw ConfigError(what + ": must be >= 1");
   if (cp == 1) return;
-  if (s.seq % cp != 0)
-    throw ConfigError(what + ": must divide the sequence length (--seq " + std::to_string(s.seq) +
-                      ")");
-  if (s.heads % (std::int64_t(tp) * cp) != 0)
+  if (s.seq % (2 * cp) != 0)
+    throw ConfigError(what + ": 2 x cp must divide the sequence length (--seq " +
+                      std::to_string(s.seq) + "; each rank holds 2 of its 2 cp chunks)");
+  if (attention == ContextAttention::ulysses && s.heads % (std::int64_t(tp) * cp) != 0)
     throw ConfigError(what + ": tp x cp must divide the attention heads (" +
                       std::to_string(s.heads) + "; Ulysses gives each cp rank whole heads)");
   if (s.arch == Arch::moe)
@@ -104,7 +104,7 @@ void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute
     throw Error("model: tp rank " + std::to_string(p.tp_rank) + " of " + std::to_string(p.tp_size));
   validate_tensor_parallel(s, B, p.tp_size, p.sequence_parallel);
   validate_expert_parallel(s, p.ep_size);
-  validate_context_parallel(s, p.tp_size, p.cp_size);
+  validate_context_parallel(s, p.tp_size, p.cp_size, p.cp_attention);
   if (p.cp_rank < 0 || p.cp_rank >= p.cp_size)
     throw Error("model: cp rank " + std::to_string(p.cp_rank) + " of " + std::to_string(p.cp_size));
   if (p.ep_rank < 0 || p.ep_rank >= p.ep_size)
@@ -149,10 +149,12 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   FCl = (llama ? 2 : 1) * Fl;
   Vl = std::size_t(V) / tp;
   row0 = sp ? Nl * p.tp_rank : 0;
-  pos0 = std::size_t(T) * p.cp_rank;
-  NHa = NHl / cp;
+  cp_rank = p.cp_rank;
+  ring = cp > 1 && p.cp_attention == ContextAttention::ring;
+  NHa = ring ? NHl : NHl / cp;
   Ca = NHa * hs;
-  att = attention_state_floats(device, B, Ta, int(Ca), int(NHa));
+  // Ring attention keeps a log-sum-exp per query row and head.
+  att = ring ? std::size_t(B) * NHl * T : attention_state_floats(device, B, Ta, int(Ca), int(NHa));
   attention_bf16 = attention_writes_bf16(device, B, int(Ca), int(NHa));
   E = s.expert_count();
   topk = moe ? s.top_k : 0;
@@ -162,6 +164,28 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   El = moe ? E / ep : 0;
   Rx = moe ? std::size_t(moe_max_rows_received(B, T, E, topk, capacity, ep)) : 0;
   SF = moe ? std::size_t(s.shared_experts) * Fl : 0;
+}
+
+TokenPositions cp_tokens(const Dims& d, int rank) {
+  if (d.cp == 1) return {0, d.T, d.T};
+  const int chunk = d.T / 2;
+  return {cp_position(d.Ta, d.cp, rank, 0), cp_position(d.Ta, d.cp, rank, chunk), chunk};
+}
+
+std::size_t ring_block_count(const Dims& d) { return 2 * d.N * d.KVl * d.hs; }
+
+std::vector<std::int32_t> ring_indices(const Dims& d) {
+  const std::size_t N = d.N, KV = d.KVl, NH = d.NHl, group = NH / KV;
+  std::vector<std::int32_t> gather(2 * N * KV), scatter(3 * N * NH, -1);
+  for (std::size_t n = 0; n < N; ++n)
+    for (std::size_t s = 0; s < 2; ++s)
+      for (std::size_t g = 0; g < KV; ++g) {
+        const std::size_t kv_row = (n * 2 + s) * KV + g, qkv_row = (n * 3 + 1 + s) * NH + g * group;
+        gather[kv_row] = std::int32_t(qkv_row);
+        scatter[qkv_row] = std::int32_t(kv_row);
+      }
+  gather.insert(gather.end(), scatter.begin(), scatter.end());
+  return gather;
 }
 
 std::size_t cp_perm_rows(const Dims& d, int which) {
@@ -175,7 +199,7 @@ std::size_t cp_perm_offset(const Dims& d, int which) {
 
 // Rows of Ca columns: the rank's q | k | v [N, 3, cp, Ca] (token n = b T + t, s in q, k, v, head
 // group j), what it sends [cp, N, 3, Ca] (block j to rank j), what arrives [cp, N, 3, Ca] (block
-// i: rank i's tokens), whole sequences [B, Ta, 3, Ca] (rank i's token t at position i T + t).
+// i: rank i's tokens), whole sequences [B, Ta, 3, Ca] (rank i's token t at its cp_position).
 std::vector<std::int32_t> cp_permutations(const Dims& d) {
   const std::size_t N = d.N, T = std::size_t(d.T), Ta = std::size_t(d.Ta), P = std::size_t(d.cp);
   std::vector<std::int32_t> perm(cp_perm_offset(d, kCpPerms));
@@ -188,7 +212,8 @@ std::vector<std::int32_t> cp_permutations(const Dims& d) {
   };
   for (std::size_t j = 0; j < P; ++j)
     for (std::size_t n = 0; n < N; ++n) {
-      const std::size_t whole = (n / T) * Ta + j * T + n % T;  // token n of rank j, in its sequence
+      // token n of rank j, in its sequence
+      const std::size_t whole = (n / T) * Ta + std::size_t(cp_tokens(d, int(j))(int(n % T)));
       for (std::size_t s = 0; s < 3; ++s) {
         link(qkv_send, dqkv_local, (j * N + n) * 3 + s, (n * 3 + s) * P + j);
         link(qkv_full, dqkv_send, whole * 3 + s, (j * N + n) * 3 + s);
@@ -216,7 +241,7 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   ln1_full = d.sp ? c.take(N * C, gemm_in) : ln1;
   qkv = c.take(3 * N * d.Cl, att_dtype);  // with cp > 1: [B*Ta, 3Ca], as many elements
   atty = c.take(N * d.Cl, att_dtype);
-  atty_full = d.cp > 1 ? c.take(N * d.Cl, att_dtype) : atty;
+  atty_full = d.cp > 1 && !d.ring ? c.take(N * d.Cl, att_dtype) : atty;
   att = with_att ? c.take(d.att) : nullptr;
   xmid = c.take(Nl * C, gemm_in);
   ln2 = c.take(Nl * C, gemm_in);
@@ -319,11 +344,15 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   partial = c.take(N * C);
   full = d.sp ? c.take(N * C) : dres;
   shard = d.sp ? c.take(d.Nl * C) : partial;
-  rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.Ta) * d.hs) : nullptr;
+  rope = d.llama && d.blocks > 0 ? c.take(std::size_t(d.T) * d.hs) : nullptr;
   const bool cp = d.cp > 1 && d.blocks > 0;
-  cp_perm = cp ? c.take_i32(cp_perm_offset(d, kCpPerms)) : nullptr;
+  const std::size_t indices = d.ring ? 2 * N * d.KVl + 3 * N * d.NHl : cp_perm_offset(d, kCpPerms);
+  cp_perm = cp ? c.take_i32(indices) : nullptr;
+  // GPT-2's learned positions of the rank's tokens (two chunks of wpe) and their gradients.
+  positions = d.cp > 1 && d.embedding && !d.llama ? c.take(std::size_t(d.T) * C) : nullptr;
   Carver head{c.base, c.used}, block{c.base, c.used};
   logits = ce = a = b = moe_rows = moe_router = ep_a = ep_b = cp_a = cp_b = nullptr;
+  ring_dkv[0] = ring_dkv[1] = ring_out = nullptr;
   ep_counts = nullptr;
   shared = BlockActs{};
   if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
@@ -348,9 +377,15 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
         ep_counts = block.take_i32(std::size_t(d.ep + 1) * d.E);
       }
     }
-    if (cp) {
+    if (cp && !d.ring) {
       cp_a = block.take(3 * N * d.Cl);
       cp_b = block.take(3 * N * d.Cl);
+    }
+    if (cp && d.ring) {  // the key-value blocks in hand and arriving, their gradients, the output
+      const std::size_t kv = ring_block_count(d);
+      cp_a = block.take(kv), cp_b = block.take(kv);
+      ring_dkv[0] = block.take(kv), ring_dkv[1] = block.take(kv);
+      ring_out = d.attention_bf16 ? block.take(N * d.Cl) : nullptr;
     }
     if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
     if (r == Recompute::selective) shared.att = block.take(d.att);
@@ -488,10 +523,36 @@ std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, i
   return {fp32, fp32};
 }
 
+namespace {
+// Ring attention's passes of one block (context_parallel_collectives): the rank's N = B seq / cp
+// tokens' keys and values [N, 2, KV / tp, hs] in the attention's dtype, their gradients in fp32.
+std::vector<PassCollective> ring_attention_passes(const ModelSpec& spec, int B, bool backward,
+                                                  int tp, int cp, Recompute r, DType param_dtype,
+                                                  Device device) {
+  const double N = double(B) * (spec.seq / cp), kv = 2.0 * N * (spec.kv_head_count() / tp);
+  const int NHl = spec.heads / tp;
+  const DType att =
+      attention_writes_bf16(device, B, NHl * spec.head_dim(), NHl) ? param_dtype : DType::f32;
+  const double block = kv * spec.head_dim() * double(dtype_size(att));
+  const double grad = kv * spec.head_dim() * sizeof(float);
+  std::vector<PassCollective> out;
+  auto passes = [&](int times, double bytes) {
+    for (int i = 0; i < times; ++i)
+      out.insert(out.end(), {{CommOp::send, bytes}, {CommOp::recv, bytes}});
+  };
+  if (!backward || r != Recompute::none) passes(cp - 1, block);  // the forward (or its recompute)
+  if (backward) passes(cp - 1, block), passes(cp, grad);
+  return out;
+}
+}  // namespace
+
 std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, int B, int unit,
-                                                         bool backward, int tp, int cp, Recompute r,
+                                                         bool backward, int tp, int cp,
+                                                         ContextAttention attention, Recompute r,
                                                          DType param_dtype, Device device) {
   if (cp == 1 || unit < 1 || unit > spec.layers) return {};
+  if (attention == ContextAttention::ring)
+    return ring_attention_passes(spec, B, backward, tp, cp, r, param_dtype, device);
   // The rank's N = B seq / cp tokens on its tp rank's Cl = hidden / tp columns: q | k | v [N, 3Cl]
   // out and the attention's output [N, Cl] back, in the attention's dtype; backward d(output) and
   // d(q | k | v) in fp32. A full recompute repeats the forward's two; a selective one reruns the

@@ -67,17 +67,22 @@ void add_weight_passes(Costs& c, double block_backward_s) {
 // cp group, on the compute thread inside its passes (its compute share: make_costs).
 void add_context_parallel(Costs& c, int cp) {
   const StepQuery& q = c.q;
+  const ContextAttention attention = q.plans.front().context_attention;
   c.tp_fwd.resize(c.fwd.size(), 0.0), c.tp_bwd.resize(c.bwd.size(), 0.0);
   for (std::size_t u = 0; u < c.fwd.size(); ++u)
     for (const bool backward : {false, true})
       for (const PassCollective& p : context_parallel_collectives(
-               q.model, q.train.micro_batch, int(u), backward, q.mesh.tp, cp, q.train.recompute,
-               q.train.precision.param, q.train.device)) {
+               q.model, q.train.micro_batch, int(u), backward, q.mesh.tp, cp, attention,
+               q.train.recompute, q.train.precision.param, q.train.device)) {
+        if (p.op == CommOp::recv) continue;  // a ring pass's transfer: charged once, as its send
         const double t = c.comm(op_name(p.op), p.bytes, Axis::cp);
         (backward ? c.bwd : c.fwd)[u] += t;
         (backward ? c.tp_bwd : c.tp_fwd)[u] += t;
       }
-  c.note("cp: 1 / cp of each pass, then each block's Ulysses all-to-alls inside its passes");
+  c.note(attention == ContextAttention::ring
+             ? "cp: 1 / cp of each pass, then each block's ring passes inside its passes, not "
+               "overlapped with its attention (an upper bound)"
+             : "cp: 1 / cp of each pass, then each block's Ulysses all-to-alls inside its passes");
 }
 
 // Expert parallelism: each moe block's exchanges (expert_parallel_collectives, at a uniform

@@ -80,7 +80,8 @@ class CoreContext final : public Context {
       streams_.push_back(std::make_unique<CommStream>(ledger_, "comm" + std::to_string(index)));
     return *streams_[index];
   }
-  // With cp > 1 the rank's slice of each sequence: seq / cp tokens from cp x seq / cp.
+  // With cp > 1 the rank's share of each sequence: its two chunks of seq / (2 cp) tokens
+  // (cp_position).
   MicroBatch micro_batch(int step, int micro) override {
     const TrainSpec& t = config_.train;
     const int B = t.micro_batch, T = config_.model.seq, Tc = T / config_.mesh.cp;
@@ -90,11 +91,13 @@ class CoreContext final : public Context {
     // The tokens on the run's device: generated on the host, copied over (once) on a GPU.
     std::int32_t* host = backend_ ? host_tokens_.data() : tokens_.data();
     for (int b = 0; b < B; ++b) data_->fill(step, first + b, host + b * T, host + n + b * T);
-    if (Tc != T) {  // keep the slice: inputs then targets, [B, Tc] each, in place
-      const std::size_t from = std::size_t(coord_.cp) * Tc;
+    if (Tc != T) {  // keep the share: inputs then targets, [B, Tc] each, in place
+      const int cp = config_.mesh.cp, chunk = Tc / 2;
       for (std::size_t half = 0; half < 2; ++half)
         for (std::size_t b = 0; b < std::size_t(B); ++b)
-          std::copy_n(host + half * n + b * T + from, Tc, host + half * nc + b * Tc);
+          for (int c = 0; c < 2; ++c)  // chunks move only towards the front: no overlap
+            std::copy_n(host + half * n + b * T + cp_position(T, cp, coord_.cp, c * chunk), chunk,
+                        host + half * nc + b * Tc + c * chunk);
     }
     if (backend_) backend_->copy(tokens_.data(), host, 2 * nc * sizeof(std::int32_t));
     open_micro_batch_range(micro);

@@ -38,8 +38,8 @@ void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
                                        tp, sp, cp, train.recompute, train.precision.tp_comm))
         add(c.op, c.bytes);
       for (const PassCollective& c : context_parallel_collectives(
-               model, train.micro_batch, a.unit, a.op == PlanOp::backward, tp, cp, train.recompute,
-               train.precision.param, train.device))
+               model, train.micro_batch, a.unit, a.op == PlanOp::backward, tp, cp,
+               plan.context_attention, train.recompute, train.precision.param, train.device))
         add(c.op, c.bytes);
       for (const PassCollective& c :
            expert_parallel_collectives(model, train.micro_batch, a.unit, a.op == PlanOp::backward,

@@ -19,6 +19,7 @@ namespace {
 constexpr int kTagActivation = 1, kTagGradient = 2, kTagTied = 3;
 // Comm streams: sends to the next stage, sends to the previous stage, the rest.
 constexpr int kStreamNext = 1, kStreamPrev = 2;
+constexpr int kStreamContext = 5;  // ring attention's passes
 
 // The tp collectives of a run's StageModels: the config's own, or one blocking call each.
 std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& ctx) {
@@ -27,10 +28,14 @@ std::unique_ptr<TensorParallelComm> make_tp_comm(const MpConfig& cfg, Context& c
                           : std::make_unique<SyncTensorParallelComm>(ctx.group(Axis::tp));
 }
 
-// Ulysses' exchanges of a run's StageModels (cp > 1), one blocking all-to-all each.
+// The context-parallel exchanges of a run's StageModels (cp > 1): Ulysses' all-to-alls blocking,
+// ring attention's passes on a comm stream of their own (overlapped with each block's attention).
 std::unique_ptr<ContextParallelComm> make_cp_comm(const MpConfig& cfg, Context& ctx) {
   if (context_parallel_size(cfg, ctx.mesh()) == 1) return nullptr;
-  return std::make_unique<SyncContextParallelComm>(ctx.group(Axis::cp));
+  CommStream* ring =
+      cfg.context_attention == ContextAttention::ring ? &ctx.comm_stream(kStreamContext) : nullptr;
+  return std::make_unique<SyncContextParallelComm>(ctx.group(Axis::cp), ring,
+                                                   [&ctx] { return ctx.compute_event(); });
 }
 
 }  // namespace
@@ -57,6 +62,7 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
     part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
     part.cp_size = context_parallel_size(cfg, mesh);
     part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
+    part.cp_attention = cfg.context_attention;
     p.parts.push_back(part);
     p.global.push_back(k);
   }
@@ -83,6 +89,7 @@ Partition sharded_partition(const MeshSpec& mesh, const MeshCoord& coord, const 
   Partition part = sharded::tp_partition(model, mesh.tp, coord.tp, cfg.sequence_parallel);
   part.cp_size = context_parallel_size(cfg, mesh);
   part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
+  part.cp_attention = cfg.context_attention;
   return part;
 }
 
@@ -209,7 +216,7 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
     throw ConfigError("--mesh cp=" + std::to_string(mesh.cp) + ": " + who +
                       " does not split sequences; use --plugin cp (which takes tp too) or a "
                       "pipeline");
-  validate_context_parallel(model, mesh.tp, mesh.cp);
+  validate_context_parallel(model, mesh.tp, mesh.cp, cfg.context_attention);
   // The ep plugin is expert parallelism whatever its ep; a pipeline is from ep 2.
   if (cfg.expert_parallel && (!cfg.pipeline || mesh.ep > 1)) validate_expert_axis(mesh, model, cfg);
   // prefetch is the sharded engine's (dp=zero2|fsdp); offload needs an optimizer sharded over dp.

@@ -106,7 +106,9 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
   notes << "; " << plan.m << " micro-batches; tp=" << in.mesh.tp
         << (cfg.sequence_parallel && in.mesh.tp > 1 ? " with sequence parallelism" : "")
         << (in.mesh.cp > 1 ? "; each sequence over cp=" + std::to_string(in.mesh.cp) +
-                                 " (Ulysses all-to-alls around the attention)"
+                                 (cfg.context_attention == ContextAttention::ring
+                                      ? " (ring attention: key-value blocks passed around cp)"
+                                      : " (Ulysses all-to-alls around the attention)")
                            : std::string())
         << (cfg.dp != DpMode::allreduce && in.mesh.replicas() > 1
                 ? std::string("; ") + dp_mode_name(cfg.dp) + " over dp" +
@@ -147,10 +149,12 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   plan.sequence_parallel = cfg.sequence_parallel && in.mesh.tp > 1;
   plan.expert_parallel = cfg.expert_parallel ? in.mesh.ep : 1;
   plan.context_parallel = context_parallel_size(cfg, in.mesh);
+  plan.context_attention = cfg.context_attention;
   if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp (and cp) partition
     plan =
         sharded::plan_step(in, dp_axis_config(cfg), sharded_partition(in.mesh, me, in.model, cfg));
     plan.context_parallel = context_parallel_size(cfg, in.mesh);
+    plan.context_attention = cfg.context_attention;
     plan.notes =
         cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + plan.notes;
     return plan;

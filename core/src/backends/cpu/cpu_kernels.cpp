@@ -38,6 +38,13 @@ const float* span_f32(ActView x, std::size_t at, std::size_t n, std::vector<floa
   return wide.data();
 }
 
+// Each of n tokens' sequence position.
+std::vector<int> positions(TokenPositions at, int n) {
+  std::vector<int> p(static_cast<std::size_t>(n));
+  for (int t = 0; t < n; ++t) p[std::size_t(t)] = at(t);
+  return p;
+}
+
 // Rows per block of the row-wise kernels on bf16 tensors: a block is widened, computed in fp32
 // and rounded, so the values are the fp32 kernel's on the widened input, rounded once.
 constexpr int kBlockRows = 64;
@@ -140,6 +147,30 @@ class CpuKernels final : public Kernels {
     for (int b = 0; b < B; ++b)
       cpu::attention_backward(dqkv + 3 * b * TC, datt + b * TT, dout + b * TC,
                               span_f32(qkv, b * 3 * TC, 3 * TC, wide), att + b * TT, 1, T, C, NH);
+  }
+  // bf16 q, kv or output widened whole (ring attention's blocks are the CPU's test path).
+  void attention_block_forward(float* o, float* lse, ActView q, int q_stride, ActView kv, int B,
+                               int Tq, int Tk, int NH, int KV, int hs, TokenPositions qpos,
+                               TokenPositions kpos, bool first) override {
+    std::vector<float> wq(q.is_bf16() ? std::size_t(B) * Tq * q_stride : 0),
+        wkv(kv.is_bf16() ? std::size_t(B) * Tk * 2 * KV * hs : 0);
+    const std::vector<int> qp = positions(qpos, Tq), kp = positions(kpos, Tk);
+    cpu::attention_block_forward(o, lse, span_f32(q, 0, wq.size(), wq), q_stride,
+                                 span_f32(kv, 0, wkv.size(), wkv), B, Tq, Tk, NH, KV, hs, qp.data(),
+                                 kp.data(), first);
+  }
+  void attention_block_backward(float* dq, int dq_stride, float* dkv, const float* dout,
+                                ActView out, const float* lse, ActView q, int q_stride, ActView kv,
+                                int B, int Tq, int Tk, int NH, int KV, int hs, TokenPositions qpos,
+                                TokenPositions kpos) override {
+    std::vector<float> wq(q.is_bf16() ? std::size_t(B) * Tq * q_stride : 0),
+        wkv(kv.is_bf16() ? std::size_t(B) * Tk * 2 * KV * hs : 0),
+        wout(out.is_bf16() ? std::size_t(B) * Tq * NH * hs : 0);
+    const std::vector<int> qp = positions(qpos, Tq), kp = positions(kpos, Tk);
+    cpu::attention_block_backward(dq, dq_stride, dkv, dout, span_f32(out, 0, wout.size(), wout),
+                                  lse, span_f32(q, 0, wq.size(), wq), q_stride,
+                                  span_f32(kv, 0, wkv.size(), wkv), B, Tq, Tk, NH, KV, hs,
+                                  qp.data(), kp.data());
   }
   void gelu_forward(float* out, const float* inp, std::int64_t n) override {
     cpu::gelu_forward(out, inp, n);

@@ -389,6 +389,99 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 }
 
 // ---------------------------------------------------------------------------------------------
+// Ring attention's blocks. Per (sequence, query head, query): the block's scores s_j = q k_j /
+// sqrt(hs) over the keys it may see, their log-sum-exp, and the output merged with the running
+// one by their log-sum-exps: o = o e^(lse - lse') + sum_j e^(s_j - lse') v_j, lse' = log(e^lse +
+// sum_j e^s_j). The backward is flash attention's: p_j = e^(s_j - lse) with the merged lse, D =
+// dout . out, ds_j = p_j (dout . v_j - D); dq += ds_j k_j / sqrt(hs), dk_j += ds_j q / sqrt(hs),
+// dv_j += p_j dout. Heads of one K/V head run on one thread (their dk, dv are shared).
+
+namespace {
+float dot(const float* a, const float* b, int n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+}  // namespace
+
+void attention_block_forward(float* o, float* lse, const float* q, int q_stride, const float* kv,
+                             int B, int Tq, int Tk, int NH, int KV, int hs, const int* qpos,
+                             const int* kpos, bool first) {
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const int group = NH / KV, kv_stride = 2 * KV * hs;
+#pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    std::vector<float> s(std::size_t(Tk), 0.0f);
+    for (int i = 0; i < Tq; ++i) {
+      const float* qi = q + (std::int64_t(b) * Tq + i) * q_stride + h * hs;
+      const float* k0 = kv + std::int64_t(b) * Tk * kv_stride + (h / group) * hs;
+      float mx = -INFINITY;
+      for (int j = 0; j < Tk; ++j) {
+        s[j] =
+            kpos[j] <= qpos[i] ? scale * dot(qi, k0 + std::int64_t(j) * kv_stride, hs) : -INFINITY;
+        mx = std::max(mx, s[j]);
+      }
+      float* l = lse + (std::int64_t(b) * NH + h) * Tq + i;
+      float* oi = o + (std::int64_t(b) * Tq + i) * NH * hs + h * hs;
+      if (mx == -INFINITY) {  // no key of this block is visible: nothing to merge
+        if (first) std::fill(oi, oi + hs, 0.0f), *l = -INFINITY;
+        continue;
+      }
+      float sum = 0.0f;
+      for (int j = 0; j < Tk; ++j) sum += s[j] == -INFINITY ? 0.0f : std::exp(s[j] - mx);
+      const float block = mx + std::log(sum);
+      const float merged =
+          first ? block : std::max(*l, block) + std::log1p(std::exp(-std::fabs(*l - block)));
+      const float keep = first ? 0.0f : std::exp(*l - merged);
+      for (int c = 0; c < hs; ++c) oi[c] = first ? 0.0f : oi[c] * keep;
+      for (int j = 0; j < Tk; ++j) {
+        if (s[j] == -INFINITY) continue;
+        const float p = std::exp(s[j] - merged);
+        const float* vj = k0 + std::int64_t(j) * kv_stride + KV * hs;
+        for (int c = 0; c < hs; ++c) oi[c] += p * vj[c];
+      }
+      *l = merged;
+    }
+  }
+}
+
+void attention_block_backward(float* dq, int dq_stride, float* dkv, const float* dout,
+                              const float* out, const float* lse, const float* q, int q_stride,
+                              const float* kv, int B, int Tq, int Tk, int NH, int KV, int hs,
+                              const int* qpos, const int* kpos) {
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const int group = NH / KV, kv_stride = 2 * KV * hs, C = NH * hs;
+#pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
+  for (int bg = 0; bg < B * KV; ++bg) {
+    const int b = bg / KV, g = bg % KV;
+    const float* k0 = kv + std::int64_t(b) * Tk * kv_stride + g * hs;
+    float* dk0 = dkv + std::int64_t(b) * Tk * kv_stride + g * hs;
+    for (int h = g * group; h < (g + 1) * group; ++h)
+      for (int i = 0; i < Tq; ++i) {
+        const std::int64_t row = std::int64_t(b) * Tq + i;
+        const float *qi = q + row * q_stride + h * hs, *doi = dout + row * C + h * hs;
+        float* dqi = dq + row * dq_stride + h * hs;
+        const float D = dot(doi, out + row * C + h * hs, hs);
+        const float l = lse[(std::int64_t(b) * NH + h) * Tq + i];
+        for (int j = 0; j < Tk; ++j) {
+          if (kpos[j] > qpos[i]) continue;
+          const float *kj = k0 + std::int64_t(j) * kv_stride, *vj = kj + KV * hs;
+          float *dkj = dk0 + std::int64_t(j) * kv_stride, *dvj = dkj + KV * hs;
+          const float p = std::exp(scale * dot(qi, kj, hs) - l);
+          const float ds = p * (dot(doi, vj, hs) - D) * scale;
+          for (int c = 0; c < hs; ++c) {
+            dqi[c] += ds * kj[c];
+            dkj[c] += ds * qi[c];
+            dvj[c] += p * doi[c];
+          }
+        }
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // GELU (tanh approximation), residual
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) {

@@ -39,6 +39,19 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
 
+// Ring attention's blocks (Kernels::attention_block_forward / _backward): queries q [B, Tq] (rows
+// of q_stride floats, NH heads of hs from column 0) on keys and values kv [B, Tk, 2, KV, hs] at
+// positions qpos[Tq] and kpos[Tk] (a key seen where kpos <= qpos), merged into o [B, Tq, NH hs]
+// and lse [B, NH, Tq] (overwritten when first); the backward adds to dq (rows of dq_stride) and
+// dkv [B, Tk, 2, KV, hs] from dout and out [B, Tq, NH hs] and lse.
+void attention_block_forward(float* o, float* lse, const float* q, int q_stride, const float* kv,
+                             int B, int Tq, int Tk, int NH, int KV, int hs, const int* qpos,
+                             const int* kpos, bool first);
+void attention_block_backward(float* dq, int dq_stride, float* dkv, const float* dout,
+                              const float* out, const float* lse, const float* q, int q_stride,
+                              const float* kv, int B, int Tq, int Tk, int NH, int KV, int hs,
+                              const int* qpos, const int* kpos);
+
 // Row-major C[M,N] = op(A)[M,K] @ op(B)[K,N] (+= C when accumulate), leading dimensions lda, ldb,
 // ldc, BLAS sgemm in blocks of rows as the layers' GEMMs; trans_a: A is stored [K,M], trans_b: B
 // is stored [N,K]. The fp32 GEMM under a bf16 GEMM that oneDNN cannot run on this CPU.

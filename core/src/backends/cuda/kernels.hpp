@@ -44,6 +44,13 @@ class CudaKernels final : public Kernels {
                          int NH) override;
   void attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
                           const float* att, ActView out, int B, int T, int C, int NH) override;
+  void attention_block_forward(float* o, float* lse, ActView q, int q_stride, ActView kv, int B,
+                               int Tq, int Tk, int NH, int KV, int hs, TokenPositions qpos,
+                               TokenPositions kpos, bool first) override;
+  void attention_block_backward(float* dq, int dq_stride, float* dkv, const float* dout,
+                                ActView out, const float* lse, ActView q, int q_stride, ActView kv,
+                                int B, int Tq, int Tk, int NH, int KV, int hs, TokenPositions qpos,
+                                TokenPositions kpos) override;
   void gelu_forward(float* out, const float* inp, std::int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
   void residual_forward(ActView out, const float* a, ActView b, std::int64_t n) override;

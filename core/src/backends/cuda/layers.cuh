@@ -104,6 +104,16 @@ void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
                               ActView qkv, ActView out, const float* lse, int B, int T, int C,
                               int NH);
 
+// Ring attention's blocks (cuda/attention_ring.cu), as Kernels::attention_block_forward /
+// _backward define them: a thread per query row (forward, d(q)) or per key (d(k), d(v)).
+void attention_block_forward(const CudaContext& ctx, float* o, float* lse, ActView q, int q_stride,
+                             ActView kv, int B, int Tq, int Tk, int NH, int KV, int hs,
+                             TokenPositions qpos, TokenPositions kpos, bool first);
+void attention_block_backward(const CudaContext& ctx, float* dq, int dq_stride, float* dkv,
+                              const float* dout, ActView out, const float* lse, ActView q,
+                              int q_stride, ActView kv, int B, int Tq, int Tk, int NH, int KV,
+                              int hs, TokenPositions qpos, TokenPositions kpos);
+
 // delta[B,NH,T] = rowsum(dout * out) per head: the first step of both flash backwards (their
 // dS = P (dP - delta)), one warp per row (attention.cu).
 void attention_delta(const CudaContext& ctx, float* delta, const float* dout, ActView out, int B,

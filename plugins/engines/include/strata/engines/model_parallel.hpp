@@ -68,9 +68,11 @@ struct MpConfig {
   // all-reduced over ep_dp, the rest over dp (dp=allreduce only).
   bool expert_parallel = false;
   // Context parallelism (the cp plugin; the pipelines at --mesh cp > 1): each sequence split over
-  // the mesh's cp group (Partition::cp_size = cp), Ulysses' all-to-alls around each attention
-  // (SyncContextParallelComm); the gradients reduced over dp x cp. tp alone leaves it to cp.
+  // the mesh's cp group (Partition::cp_size = cp), each attention by context_attention: Ulysses'
+  // all-to-alls around it, or ring attention's passes on a comm stream (SyncContextParallelComm);
+  // the gradients reduced over dp x cp. tp alone leaves it to cp.
   bool context_parallel = false;
+  ContextAttention context_attention = ContextAttention::ulysses;
 };
 
 // Whether the sharded engine runs this configuration with its own micro-batch schedule
