@@ -78,7 +78,8 @@ class Context {
   // axpy, sum of squares. Plugins use it instead of touching buffer memory themselves.
   virtual DeviceOps& ops() = 0;
   // This rank's micro-batch `micro` of step `step` (data parallel rank coord().dp); with
-  // --mesh cp > 1 its slice coord().cp of each sequence (seq / cp tokens: MicroBatch::seq).
+  // --mesh cp > 1 its share of each sequence: the two chunks cp_position gives cp rank coord().cp
+  // (seq / cp tokens: MicroBatch::seq).
   virtual MicroBatch micro_batch(int step, int micro) = 0;
   virtual void add_phase_time(Phase phase, double seconds) = 0;
   // The same for a known interval [t0, t1) on strata::now()'s clock: it also appears on the

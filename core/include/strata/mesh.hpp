@@ -14,7 +14,7 @@ namespace strata {
 // ranks_per_node. ep (expert parallelism) is carved out of dp, as torchtitan and Megatron-Core
 // carve it: it divides dp, and each run of ep consecutive dp ranks is one expert-parallel group.
 // cp (context parallelism) splits each sequence: the cp ranks of one dp index read the same
-// sequences, each its own slice of their tokens.
+// sequences, each its own share of their tokens (cp_position).
 struct MeshSpec {
   int dp = 1, tp = 1, pp = 1;
   int nodes = 1, ranks_per_node = 1;

@@ -389,12 +389,13 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// Ring attention's blocks. Per (sequence, query head, query): the block's scores s_j = q k_j /
-// sqrt(hs) over the keys it may see, their log-sum-exp, and the output merged with the running
-// one by their log-sum-exps: o = o e^(lse - lse') + sum_j e^(s_j - lse') v_j, lse' = log(e^lse +
-// sum_j e^s_j). The backward is flash attention's: p_j = e^(s_j - lse) with the merged lse, D =
-// dout . out, ds_j = p_j (dout . v_j - D); dq += ds_j k_j / sqrt(hs), dk_j += ds_j q / sqrt(hs),
-// dv_j += p_j dout. Heads of one K/V head run on one thread (their dk, dv are shared).
+// Ring attention's blocks, per (sequence, query head) on BLAS as the attention above: the block's
+// scores S = q k^T / sqrt(hs) (Tq x Tk), masked where a key's position is past the query's; each
+// query row's log-sum-exp merged with the running one, lse' = log(e^lse + sum_j e^(s_j)), the
+// running output scaled by e^(lse - lse') and P = e^(S - lse') v added. The backward is flash
+// attention's with the merged lse: P = e^(S - lse), D = dout . out per row, dS = P (dout v^T - D)
+// / sqrt(hs); dq += dS k, dk += dS^T q, dv += P^T dout. Heads of one K/V head run on one thread
+// (their dk, dv are shared).
 
 namespace {
 float dot(const float* a, const float* b, int n) {
@@ -403,47 +404,52 @@ float dot(const float* a, const float* b, int n) {
   for (int i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
+
+// s [Tq, Tk] = scale q k^T with the keys a query may not see at -inf.
+void block_scores(float* s, const float* q, int q_stride, const float* k, int kv_stride, int Tq,
+                  int Tk, int hs, const int* qpos, const int* kpos) {
+  gemm(CblasNoTrans, CblasTrans, Tq, Tk, hs, 1.0f / std::sqrt(float(hs)), q, q_stride, k, kv_stride,
+       0.0f, s, Tk);
+  for (int i = 0; i < Tq; ++i)
+    for (int j = 0; j < Tk; ++j)
+      if (kpos[j] > qpos[i]) s[std::int64_t(i) * Tk + j] = -INFINITY;
+}
 }  // namespace
 
 void attention_block_forward(float* o, float* lse, const float* q, int q_stride, const float* kv,
                              int B, int Tq, int Tk, int NH, int KV, int hs, const int* qpos,
                              const int* kpos, bool first) {
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const int group = NH / KV, kv_stride = 2 * KV * hs;
+  const int group = NH / KV, kv_stride = 2 * KV * hs, C = NH * hs;
 #pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
-    std::vector<float> s(std::size_t(Tk), 0.0f);
+    const float* qb = q + std::int64_t(b) * Tq * q_stride + h * hs;
+    const float* kb = kv + std::int64_t(b) * Tk * kv_stride + (h / group) * hs;
+    float* ob = o + std::int64_t(b) * Tq * C + h * hs;
+    std::vector<float> p(std::size_t(Tq) * Tk);
+    block_scores(p.data(), qb, q_stride, kb, kv_stride, Tq, Tk, hs, qpos, kpos);
     for (int i = 0; i < Tq; ++i) {
-      const float* qi = q + (std::int64_t(b) * Tq + i) * q_stride + h * hs;
-      const float* k0 = kv + std::int64_t(b) * Tk * kv_stride + (h / group) * hs;
-      float mx = -INFINITY;
-      for (int j = 0; j < Tk; ++j) {
-        s[j] =
-            kpos[j] <= qpos[i] ? scale * dot(qi, k0 + std::int64_t(j) * kv_stride, hs) : -INFINITY;
-        mx = std::max(mx, s[j]);
-      }
+      float* row = p.data() + std::int64_t(i) * Tk;
       float* l = lse + (std::int64_t(b) * NH + h) * Tq + i;
-      float* oi = o + (std::int64_t(b) * Tq + i) * NH * hs + h * hs;
+      float* oi = ob + std::int64_t(i) * C;
+      const float mx = row_max(row, Tk);
       if (mx == -INFINITY) {  // no key of this block is visible: nothing to merge
+        std::fill(row, row + Tk, 0.0f);
         if (first) std::fill(oi, oi + hs, 0.0f), *l = -INFINITY;
         continue;
       }
       float sum = 0.0f;
-      for (int j = 0; j < Tk; ++j) sum += s[j] == -INFINITY ? 0.0f : std::exp(s[j] - mx);
+      for (int j = 0; j < Tk; ++j) sum += std::exp(row[j] - mx);  // exp(-inf) = 0
       const float block = mx + std::log(sum);
       const float merged =
           first ? block : std::max(*l, block) + std::log1p(std::exp(-std::fabs(*l - block)));
       const float keep = first ? 0.0f : std::exp(*l - merged);
       for (int c = 0; c < hs; ++c) oi[c] = first ? 0.0f : oi[c] * keep;
-      for (int j = 0; j < Tk; ++j) {
-        if (s[j] == -INFINITY) continue;
-        const float p = std::exp(s[j] - merged);
-        const float* vj = k0 + std::int64_t(j) * kv_stride + KV * hs;
-        for (int c = 0; c < hs; ++c) oi[c] += p * vj[c];
-      }
+      for (int j = 0; j < Tk; ++j) row[j] = std::exp(row[j] - merged);
       *l = merged;
     }
+    gemm(CblasNoTrans, CblasNoTrans, Tq, hs, Tk, 1.0f, p.data(), Tk, kb + KV * hs, kv_stride, 1.0f,
+         ob, C);
   }
 }
 
@@ -456,28 +462,38 @@ void attention_block_backward(float* dq, int dq_stride, float* dkv, const float*
 #pragma omp parallel for num_threads(blas_threads()) if (one_thread_pool()) schedule(static)
   for (int bg = 0; bg < B * KV; ++bg) {
     const int b = bg / KV, g = bg % KV;
-    const float* k0 = kv + std::int64_t(b) * Tk * kv_stride + g * hs;
-    float* dk0 = dkv + std::int64_t(b) * Tk * kv_stride + g * hs;
-    for (int h = g * group; h < (g + 1) * group; ++h)
+    const float* kb = kv + std::int64_t(b) * Tk * kv_stride + g * hs;
+    float* dkb = dkv + std::int64_t(b) * Tk * kv_stride + g * hs;
+    std::vector<float> p(std::size_t(Tq) * Tk), ds(p.size());
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      const std::int64_t at = std::int64_t(b) * Tq * C + h * hs;
+      const float* qb = q + std::int64_t(b) * Tq * q_stride + h * hs;
+      block_scores(p.data(), qb, q_stride, kb, kv_stride, Tq, Tk, hs, qpos, kpos);
       for (int i = 0; i < Tq; ++i) {
-        const std::int64_t row = std::int64_t(b) * Tq + i;
-        const float *qi = q + row * q_stride + h * hs, *doi = dout + row * C + h * hs;
-        float* dqi = dq + row * dq_stride + h * hs;
-        const float D = dot(doi, out + row * C + h * hs, hs);
         const float l = lse[(std::int64_t(b) * NH + h) * Tq + i];
         for (int j = 0; j < Tk; ++j) {
-          if (kpos[j] > qpos[i]) continue;
-          const float *kj = k0 + std::int64_t(j) * kv_stride, *vj = kj + KV * hs;
-          float *dkj = dk0 + std::int64_t(j) * kv_stride, *dvj = dkj + KV * hs;
-          const float p = std::exp(scale * dot(qi, kj, hs) - l);
-          const float ds = p * (dot(doi, vj, hs) - D) * scale;
-          for (int c = 0; c < hs; ++c) {
-            dqi[c] += ds * kj[c];
-            dkj[c] += ds * qi[c];
-            dvj[c] += p * doi[c];
-          }
+          float& x = p[std::size_t(i) * Tk + j];
+          x = x == -INFINITY ? 0.0f : std::exp(x - l);
         }
       }
+      // dv += P^T dout; dP = dout v^T
+      gemm(CblasTrans, CblasNoTrans, Tk, hs, Tq, 1.0f, p.data(), Tk, dout + at, C, 1.0f,
+           dkb + KV * hs, kv_stride);
+      gemm(CblasNoTrans, CblasTrans, Tq, Tk, hs, 1.0f, dout + at, C, kb + KV * hs, kv_stride, 0.0f,
+           ds.data(), Tk);
+      for (int i = 0; i < Tq; ++i) {
+        const float D = dot(dout + at + std::int64_t(i) * C, out + at + std::int64_t(i) * C, hs);
+        for (int j = 0; j < Tk; ++j) {
+          const std::size_t e = std::size_t(i) * Tk + j;
+          ds[e] = p[e] * (ds[e] - D) * scale;
+        }
+      }
+      // dq += dS k; dk += dS^T q
+      gemm(CblasNoTrans, CblasNoTrans, Tq, hs, Tk, 1.0f, ds.data(), Tk, kb, kv_stride, 1.0f,
+           dq + std::int64_t(b) * Tq * dq_stride + h * hs, dq_stride);
+      gemm(CblasTrans, CblasNoTrans, Tk, hs, Tq, 1.0f, ds.data(), Tk, qb, q_stride, 1.0f, dkb,
+           kv_stride);
+    }
   }
 }
 
