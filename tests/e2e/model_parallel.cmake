@@ -220,13 +220,16 @@ endforeach()
 strata_e2e_run(1f1b.cp2.pp2 4 --plugin 1f1b --mesh cp=2,pp=2 --micro-batch 2 ${L8})
 strata_e2e_checks_l8(1f1b.cp2.pp2 4)
 # Ring attention: each rank's key-value blocks around cp 2 and 4 on a comm stream (their bytes
-# the plan's sends and receives), with tp 2 beside it (ring needs no head split over cp).
+# the plan's sends and receives), with tp 2 beside it (ring needs no head split over cp), and
+# under fsdp over dp 2 x cp 2 (its prefetches on comm streams of their own at the same time).
 strata_e2e_run(cp.ring.np2 2 --plugin cp --mesh cp=2 --micro-batch 2 --plugin-opt attention=ring)
 strata_e2e_run(cp.ring.np4 4 --plugin cp --mesh cp=4 --micro-batch 2 --plugin-opt attention=ring)
 strata_e2e_run(cp.ring.tp2.np4 4 --plugin cp --mesh tp=2,cp=2 --micro-batch 2
                --plugin-opt attention=ring)
+strata_e2e_run(cp.ring.dp2.fsdp.np4 4 --plugin cp --mesh dp=2,cp=2 --micro-batch 2
+               --plugin-opt dp=fsdp --plugin-opt attention=ring)
 strata_e2e_checks(cp.ring.np2 2)
-foreach(id cp.ring.np4 cp.ring.tp2.np4)
+foreach(id cp.ring.np4 cp.ring.tp2.np4 cp.ring.dp2.fsdp.np4)
   strata_e2e_checks(${id} 4)
 endforeach()
 

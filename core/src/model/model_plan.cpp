@@ -385,7 +385,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
       const std::size_t kv = ring_block_count(d);
       cp_a = block.take(kv), cp_b = block.take(kv);
       ring_dkv[0] = block.take(kv), ring_dkv[1] = block.take(kv);
-      ring_out = d.attention_bf16 ? block.take(N * d.Cl) : nullptr;
+      ring_out = d.attention_bf16 && bf16_params ? block.take(N * d.Cl) : nullptr;
     }
     if (r == Recompute::full) shared.carve(d, true, param_dtype, block);
     if (r == Recompute::selective) shared.att = block.take(d.att);
