@@ -420,7 +420,10 @@ TEST(Attention, RingBlocksMergeIntoTheWholeSequenceAttention) {
   auto rows = [&](const std::vector<float>& x, int width, int r) {
     std::vector<float> y;
     for (int b = 0; b < B; ++b)
-      for (int t : pos[r]) y.insert(y.end(), &x[(b * T + t) * width], &x[(b * T + t + 1) * width]);
+      for (int t : pos[r]) {
+        const float* row = x.data() + std::size_t(b * T + t) * width;
+        y.insert(y.end(), row, row + width);
+      }
     return y;
   };
   std::vector<std::vector<float>> dkv(cp, std::vector<float>(B * Tr * KVC, 0.0f));
