@@ -97,6 +97,12 @@ endforeach()
 # buffer: [N, C] bf16 and an [N/2, C] reduce-scatter output, N = 128 rows, C = 64 (every run's
 # comm_buffers equal predict(): e2e.predicted).
 strata_e2e_bf16(bf16.tp.nosp.np2 2 bf16.reference --plugin tp --mesh tp=2 --micro-batch 2)
+# Context parallelism in bf16: Ulysses' all-to-alls and ring attention's key-value passes in
+# bf16, the ring's blocks merged in fp32 and its output rounded once (1.2e-4 and 3.6e-4 off the
+# reference on 2026-12-01).
+strata_e2e_bf16(bf16.cp.np2 2 bf16.reference --plugin cp --mesh cp=2 --micro-batch 2)
+strata_e2e_bf16(bf16.cp.ring.np2 2 bf16.reference --plugin cp --mesh cp=2 --micro-batch 2
+                --plugin-opt attention=ring)
 strata_e2e_bf16(bf16.tp.np2.fp32comm 2 bf16.reference --plugin tp --mesh tp=2 --micro-batch 2
                 --plugin-opt sp=on --tp-comm-dtype fp32)
 strata_e2e_bf16(bf16.tp.nosp.np2.fp32comm 2 bf16.reference --plugin tp --mesh tp=2
