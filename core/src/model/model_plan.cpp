@@ -524,25 +524,13 @@ std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, i
 }
 
 namespace {
-// Ring attention's passes of one block (context_parallel_collectives): the rank's N = B seq / cp
-// tokens' keys and values [N, 2, KV / tp, hs] in the attention's dtype, their gradients in fp32.
-std::vector<PassCollective> ring_attention_passes(const ModelSpec& spec, int B, bool backward,
-                                                  int tp, int cp, Recompute r, DType param_dtype,
-                                                  Device device) {
-  const double N = double(B) * (spec.seq / cp), kv = 2.0 * N * (spec.kv_head_count() / tp);
-  const int NHl = spec.heads / tp;
-  const DType att =
-      attention_writes_bf16(device, B, NHl * spec.head_dim(), NHl) ? param_dtype : DType::f32;
-  const double block = kv * spec.head_dim() * double(dtype_size(att));
-  const double grad = kv * spec.head_dim() * sizeof(float);
-  std::vector<PassCollective> out;
-  auto passes = [&](int times, double bytes) {
-    for (int i = 0; i < times; ++i)
-      out.insert(out.end(), {{CommOp::send, bytes}, {CommOp::recv, bytes}});
-  };
-  if (!backward || r != Recompute::none) passes(cp - 1, block);  // the forward (or its recompute)
-  if (backward) passes(cp - 1, block), passes(cp, grad);
-  return out;
+// The sizes of one block of a cp rank's model (the Dims the model runs on): its tokens, columns,
+// K/V heads and the attention's dtype.
+Dims context_parallel_dims(const ModelSpec& spec, int B, int tp, int cp, ContextAttention attention,
+                           Device device) {
+  Partition part = whole_model(spec);
+  part.tp_size = tp, part.cp_size = cp, part.cp_attention = attention;
+  return Dims(spec, B, part, device);
 }
 }  // namespace
 
@@ -551,16 +539,27 @@ std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, 
                                                          ContextAttention attention, Recompute r,
                                                          DType param_dtype, Device device) {
   if (cp == 1 || unit < 1 || unit > spec.layers) return {};
-  if (attention == ContextAttention::ring)
-    return ring_attention_passes(spec, B, backward, tp, cp, r, param_dtype, device);
-  // The rank's N = B seq / cp tokens on its tp rank's Cl = hidden / tp columns: q | k | v [N, 3Cl]
-  // out and the attention's output [N, Cl] back, in the attention's dtype; backward d(output) and
+  const Dims d = context_parallel_dims(spec, B, tp, cp, attention, device);
+  const double act = double(dtype_size(d.attention_bf16 ? param_dtype : DType::f32));
+  if (d.ring) {
+    // The rank's key-value block [N, 2, KVl, hs] passed cp - 1 times forward (and again in a
+    // recompute), as many backward, and its fp32 gradient cp times (a send and a receive each).
+    const double block = double(ring_block_count(d)) * act;
+    const double grad = double(ring_block_count(d)) * sizeof(float);
+    std::vector<PassCollective> out;
+    auto passes = [&](int times, double bytes) {
+      for (int i = 0; i < times; ++i)
+        out.insert(out.end(), {{CommOp::send, bytes}, {CommOp::recv, bytes}});
+    };
+    if (!backward || r != Recompute::none) passes(cp - 1, block);
+    if (backward) passes(cp - 1, block), passes(cp, grad);
+    return out;
+  }
+  // Ulysses: the rank's N tokens on its tp rank's Cl columns, q | k | v [N, 3Cl] out and the
+  // attention's output [N, Cl] back, in the attention's dtype; backward d(output) and
   // d(q | k | v) in fp32. A full recompute repeats the forward's two; a selective one reruns the
   // attention on the kept, exchanged q | k | v.
-  const double N = double(B) * (spec.seq / cp), Cl = double(spec.hidden / tp);
-  const int NHa = spec.heads / tp / cp, Ca = NHa * spec.head_dim();
-  const DType att = attention_writes_bf16(device, B, Ca, NHa) ? param_dtype : DType::f32;
-  const double act = double(dtype_size(att));
+  const double N = double(d.N), Cl = double(d.Cl);
   const PassCollective qkv{CommOp::all_to_all, 3 * N * Cl * act},
       out{CommOp::all_to_all, N * Cl * act}, dout{CommOp::all_to_all, N * Cl * sizeof(float)},
       dqkv{CommOp::all_to_all, 3 * N * Cl * sizeof(float)};

@@ -153,8 +153,6 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   if (on_sharded_engine(cfg, in.mesh)) {  // the sharded engine on the tp (and cp) partition
     plan =
         sharded::plan_step(in, dp_axis_config(cfg), sharded_partition(in.mesh, me, in.model, cfg));
-    plan.context_parallel = context_parallel_size(cfg, in.mesh);
-    plan.context_attention = cfg.context_attention;
     plan.notes =
         cfg.strategy + ": dp=" + dp_mode_name(cfg.dp) + " on the sharded engine; " + plan.notes;
     return plan;

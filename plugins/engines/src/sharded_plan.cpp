@@ -224,6 +224,8 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partitio
   StepPlan plan;
   plan_setup(in, c, part, plan.setup);
   plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
+  plan.context_parallel = part.cp_size;
+  plan.context_attention = part.cp_attention;
   plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, in.model.tied(), per, at);
   plan.micro_batches = in.train.micro_steps(in.mesh);
   plan_shards_update(in, c, {part}, plan.step);
