@@ -1,13 +1,15 @@
-// cp: context parallelism, DeepSpeed-Ulysses' form (Megatron-Core's cp_comm_type a2a), over a
-// context-parallel group (--mesh dp=D,cp=C,tp=T): each rank holds seq / C tokens of every
-// sequence of its micro-batch and runs every per-token layer on them alone; around each block's
-// attention an all-to-all turns q | k | v from [its tokens, all its heads] into [every token, 1 / C
-// of its heads], the causal attention runs over whole sequences, and a second all-to-all sends
-// the output back (backward: the same two for the gradients). The parameters are replicated over
-// cp and their gradients reduced over dp x cp (the dp group), so every dp mode applies. Built on
-// the model-parallel engine (strata/engines/model_parallel.hpp); tp and the pipelines take
-// --mesh cp too. Ring attention (K/V blocks passed around the group, zig-zag chunks) is not here
-// yet.
+// cp: context parallelism over a context-parallel group (--mesh dp=D,cp=C,tp=T): each rank holds
+// seq / C tokens of every sequence of its micro-batch, in two zig-zag chunks (rank r: chunks r and
+// 2C - 1 - r, Megatron-Core's load balance), and runs every per-token layer on them alone. Each
+// block's attention is either DeepSpeed-Ulysses' (attention=ulysses, Megatron-Core's cp_comm_type
+// a2a): an all-to-all turns q | k | v from [its tokens, all its heads] into [every token, 1 / C of
+// its heads], the causal attention runs over whole sequences and a second all-to-all sends the
+// output back; or ring attention (attention=ring, Megatron-Core's p2p): the rank keeps its queries
+// and the key-value blocks pass around the group on a comm stream while it attends to the block
+// in hand, merged by log-sum-exp (backward: the same exchanges for the gradients). The parameters
+// are replicated over cp and their gradients reduced over dp x cp (the dp group), so every dp
+// mode applies. Built on the model-parallel engine (strata/engines/model_parallel.hpp); tp and the
+// pipelines take --mesh cp too (the pipelines with Ulysses).
 #include "strata/engines/model_parallel.hpp"
 
 namespace {

@@ -3,11 +3,14 @@
 // --experts). Each rank holds E / N of every moe block's routed experts and the whole rest of the
 // model; it routes its own micro-batch, sends each token's rows to the ranks of its ep group
 // holding its experts and gets their outputs back (all_to_allv, forward and backward; the rows
-// per expert all-gathered first), so a step moves activations, not expert weights. The dense
-// parameters (attention, router, shared experts, embedding, head) are replicated and their
-// gradients all-reduced over dp; the experts' gradients are all-reduced over ep_dp, the D / N
-// ranks holding the same experts (Megatron's expert data parallelism; nothing at N = D). Built on
-// the model-parallel engine (strata/engines/model_parallel.hpp) at tp = pp = 1.
+// per expert all-gathered first), so a step moves activations, not expert weights. dp=allreduce:
+// the dense parameters (attention, router, shared experts, embedding, head) are replicated and
+// their gradients all-reduced over dp; the experts' gradients are all-reduced over ep_dp, the
+// D / N ranks holding the same experts (Megatron's expert data parallelism; nothing at N = D).
+// dp=zero1 (Megatron-Core's distributed optimizer with EP): the dense gradients reduce-scattered
+// over dp and the experts' over ep_dp, AdamW state for this rank's shard of each, the updated
+// shards all-gathered over the same groups. Built on the model-parallel engine
+// (strata/engines/model_parallel.hpp) at tp = pp = 1.
 #include "strata/engines/model_parallel.hpp"
 
 namespace {
@@ -26,8 +29,10 @@ const PluginDescriptor& descriptor() {
         {{"dp",
           OptionType::choice,
           "allreduce",
-          "the dense parameters: allreduce (replicated, gradients all-reduced over dp)",
-          {"allreduce"}}}}}};
+          "allreduce (the dense parameters' gradients all-reduced over dp, the experts' over "
+          "ep_dp) or zero1 (reduce-scattered over them, optimizer state for this rank's shard "
+          "of each, the updated shards all-gathered: Megatron-Core's distributed optimizer)",
+          {"allreduce", "zero1"}}}}}};
   return d;
 }
 

@@ -93,6 +93,13 @@ PY
   >"$dir/mixtral.txt" || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b on 256"; }
 grep -qE "^ +[0-9]+  (1f1b|gpipe|interleaved) dp[0-9]+ tp1 pp[0-9]+ ep8 mb1 " "$dir/mixtral.txt" \
   || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b: no pipeline with ep 8 ranked"; }
+# The ep plugin alone fits only with its optimizer state sharded (dp=zero1: the experts' over
+# ep_dp, the rest over dp); with it replicated (dp=allreduce) it holds 81 GiB of AdamW state.
+grep -qE "^ +[0-9]+  ep dp=zero1 dp256 tp1 pp1 ep8 mb1 " "$dir/mixtral.txt" \
+  || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b: ep dp=zero1 not ranked"; }
+if grep -qE "^ +[0-9]+  ep dp256 tp1 pp1 ep8 " "$dir/mixtral.txt"; then
+  cat "$dir/mixtral.txt"; fail "mixtral-8x7b: ep with dp=allreduce ranked as fitting 80 GiB"
+fi
 # Llama 3 70B on 1,024 GPUs (issue 30's acceptance): context parallelism in the enumeration, a
 # configuration with cp ranked where its cp = 1 twin does not fit.
 "$runner" --advise --profile "$profile" --model llama3-70b --nodes 128 --ranks-per-node 8 \

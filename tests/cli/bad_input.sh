@@ -105,12 +105,13 @@ check "--mesh ep=3: must divide dp=4" --plugin ep --model tiny-moe --mesh dp=4,e
   --ranks-per-node 4
 check "--mesh ep=2: --plugin zero1 does not split the experts" --plugin zero1 --model tiny-moe \
   --mesh dp=2,ep=2 --nodes 1 --ranks-per-node 2
-check "--plugin-opt dp=zero1: 1f1b with --mesh ep=2 takes dp=allreduce only" --plugin 1f1b \
-  --model tiny-moe --mesh dp=2,pp=2,ep=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=zero1
+check "--plugin-opt dp=fsdp: 1f1b with --mesh ep=2 takes dp=allreduce or zero1 so far" \
+  --plugin 1f1b --model tiny-moe --mesh dp=2,pp=2,ep=2 --nodes 1 --ranks-per-node 4 \
+  --plugin-opt dp=fsdp
 check "--plugin 1f1b: expert parallelism needs a mixture of experts (--arch moe)" --plugin 1f1b \
   --mesh dp=2,pp=2,ep=2 --nodes 1 --ranks-per-node 4
-check "--plugin-opt dp=zero1: must be one of allreduce" --plugin ep --model tiny-moe \
-  --plugin-opt dp=zero1
+check "--plugin-opt dp=fsdp: must be one of allreduce zero1" --plugin ep --model tiny-moe \
+  --plugin-opt dp=fsdp
 check "--mesh pp=2: ep has no pipeline" --plugin ep --model tiny-moe --mesh pp=2 --nodes 1 \
   --ranks-per-node 2
 check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4
@@ -118,7 +119,6 @@ check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch 
 check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3
 # The sharded engine's options under tp and the pipelines.
 check "--plugin-opt offload=optimizer: needs dp=zero1, zero2 or fsdp (got dp=allreduce)" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt offload=optimizer
-check "--plugin-opt dp=fsdp: zb-h1 takes dp=allreduce or zero1" --plugin zb-h1 --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=fsdp
 check "--recompute full: a split backward (zb-h1) needs each block's activations kept" --plugin zb-h1 --mesh pp=2 --nodes 1 --ranks-per-node 2 --recompute full
 # Context parallelism: the mesh's axis, the model's split, and the strategies that take it.
 check "--mesh cp=2: --plugin zero3 does not split the sequences over a context-parallel group" --plugin zero3 --mesh cp=2 --nodes 1 --ranks-per-node 2

@@ -86,6 +86,14 @@ foreach(mode zero2 fsdp)
                  --plugin-opt dp=${mode} ${L8})
   strata_e2e_checks_l8(1f1b.dp2.pp2.${mode} 4)
 endforeach()
+# zb-h1 under zero2 and fsdp: the same, each unit's gradients reduce-scattered after its chunk's
+# last weight pass (where its GEMMs' weight gradients are complete), fsdp's parameters freed after
+# the last backward (a weight pass reads none); selective recompute, 4 micro-batches of 1.
+foreach(mode zero2 fsdp)
+  strata_e2e_run(zb-h1.dp2.pp2.${mode} 4 --plugin zb-h1 --mesh dp=2,pp=2 --nodes 2
+                 --micro-batch 1 --plugin-opt dp=${mode} --recompute selective ${L8})
+  strata_e2e_checks_l8(zb-h1.dp2.pp2.${mode} 4)
+endforeach()
 strata_e2e_run(interleaved.3d.fsdp.np8 8 --plugin interleaved --mesh dp=2,tp=2,pp=2 --nodes 2
                --micro-batch 2 --plugin-opt sp=on --plugin-opt dp=fsdp ${L8})
 strata_e2e_checks_l8(interleaved.3d.fsdp.np8 8)

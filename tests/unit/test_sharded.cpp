@@ -3,6 +3,7 @@
 // per-rank formulas (fp32: 4 bytes params, 4 grads, 8 AdamW) up to the stated padding.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 
 #include "strata/engines/sharded.hpp"
@@ -228,4 +229,59 @@ TEST(Predict, OffloadMovesTheOptimizerStateToTheHost) {
       EXPECT_EQ(wire, base_wire) << "zero" << s;
       EXPECT_FALSE(base_wire.count("d2h") || base_wire.count("h2d"));
     }
+}
+
+// Expert parallelism under zero1 (Megatron-Core's distributed optimizer with EP): a moe block's
+// groups are runs of its dense tensors (over the 4 dp ranks), its routed experts' (over the 2
+// ranks of ep_dp holding the same experts) and its shared experts' after them; they tile the
+// partition in its own order (a unit's view spans them) with less than a shard of room after it,
+// and the 4 ranks' AdamW state together is the whole model's once (ZeRO-1: 8 bytes a parameter
+// over dp, nothing replicated), the experts' of both ep groups included.
+TEST(Groups, ExpertParallelZero1ShardsTheExpertsOverTheirReplicas) {
+  ModelSpec moe = model_preset("tiny-moe");
+  moe.shared_experts = 1;
+  EngineConfig zero1;
+  zero1.bucket_mb = std::numeric_limits<double>::infinity();
+  PredictInput in;
+  in.model = moe;
+  in.mesh.dp = 4, in.mesh.ep = 2, in.mesh.ranks_per_node = 4;
+  in.train.micro_batch = 1, in.train.global_batch = 4;
+  double state = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    Partition part = whole_model(moe);
+    part.ep_size = 2, part.ep_rank = rank % 2;
+    const Placement at = placement(in.mesh, rank, zero1);
+    EXPECT_EQ(at.index, rank);
+    EXPECT_EQ(at.expert_shards, 2);
+    EXPECT_EQ(at.expert_index, rank / 2);
+    const auto groups = make_groups(moe, {part}, at.shards, zero1);
+    const auto tensors = StageModel::local_tensors(moe, part);
+    std::size_t next = 0, total = 0;
+    for (const LocalTensor& t : tensors) total += t.count;
+    int expert_groups = 0;
+    for (const ShardGroup& g : groups) {
+      EXPECT_EQ(g.offset, next);
+      EXPECT_EQ(g.shards, g.experts ? 2 : 4);
+      for (const LocalTensor& t : tensors)
+        if (t.offset >= g.offset && t.offset < g.offset + g.count)
+          EXPECT_EQ(t.shard == ShardKind::experts, g.experts) << "tensor " << t.global;
+      expert_groups += g.experts;
+      next += g.count;
+    }
+    EXPECT_EQ(next, total);
+    EXPECT_EQ(expert_groups, moe.layers);
+    EXPECT_EQ(groups.size(), std::size_t(2 * moe.layers + 1));  // the shared experts join the
+                                                                // next block's dense run
+    const ReplicaLayout layout = replica_layout(groups);
+    EXPECT_TRUE(layout.contiguous);
+    for (std::size_t g = 0; g < groups.size(); ++g) EXPECT_EQ(layout.base[g], groups[g].offset);
+    EXPECT_GE(layout.size, total);
+    EXPECT_LT(layout.size - total, 4u);
+    in.rank = rank;
+    std::vector<PlanAction> setup;
+    plan_state(in, zero1, {part}, setup);
+    for (const PlanAction& a : setup)
+      if (a.op == PlanOp::alloc && a.memory == MemTag::optimizer) state += a.bytes;
+  }
+  EXPECT_DOUBLE_EQ(state, 8.0 * double(moe.total_params()));
 }

@@ -191,7 +191,9 @@ std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
 
 namespace {
 
-// Expert parallelism over the mesh's ep group: a moe whose experts ep divides, dp=allreduce.
+// Expert parallelism over the mesh's ep group: a moe whose experts ep divides; dp=allreduce or
+// zero1 (the experts' groups sharded over ep_dp: make_groups). zero2 and fsdp would shard groups
+// of whole units, which mix the experts (different on every ep rank) with the rest.
 void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const MpConfig& cfg) {
   const std::string who = "--plugin " + cfg.strategy;
   if (model.arch != Arch::moe)
@@ -200,10 +202,11 @@ void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const Mp
     throw ConfigError(who + ": --mesh ep=" + std::to_string(mesh.ep) +
                       " must divide the experts (" + std::to_string(model.experts) +
                       "): each ep rank holds experts / ep of them");
-  if (cfg.dp != DpMode::allreduce)
+  if (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp)
     throw ConfigError("--plugin-opt dp=" + std::string(dp_mode_name(cfg.dp)) + ": " + cfg.strategy +
                       (cfg.pipeline ? " with --mesh ep=" + std::to_string(mesh.ep) : "") +
-                      " takes dp=allreduce only so far (the experts' ranks differ)");
+                      " takes dp=allreduce or zero1 so far (zero2 and fsdp shard whole units, "
+                      "whose experts differ across the ep group)");
 }
 
 }  // namespace
@@ -238,13 +241,7 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
   if (cfg.schedule != pp::PipeSchedule::interleaved && v != 1)
     throw ConfigError("--plugin-opt virtual_stages=" + std::to_string(v) + ": only interleaved " +
                       "has virtual stages (" + who + " needs 1)");
-  if (pp::splits_backward(cfg.schedule)) {
-    validate_split_backward(t.recompute);
-    if (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp)
-      throw ConfigError("--plugin-opt dp=" + std::string(dp_mode_name(cfg.dp)) + ": " + who +
-                        " takes dp=allreduce or zero1 (its weight passes write the gradients "
-                        "after the last backward, where zero2 and fsdp reduce them)");
-  }
+  if (pp::splits_backward(cfg.schedule)) validate_split_backward(t.recompute);
   if (cfg.schedule == pp::PipeSchedule::interleaved) {
     if (P < 2) throw ConfigError("--mesh pp=1: interleaved needs pp >= 2");
     if (m % P != 0)
@@ -372,7 +369,7 @@ class Engine {
       else if (a.pass == pp::PipePass::backward)
         backward_action(ctx, a, slot_of[a.chunk][a.micro], dp_.passes[i], pp);
       else
-        weight_action(ctx, a, slot_of[a.chunk][a.micro]);
+        weight_action(ctx, a, slot_of[a.chunk][a.micro], dp_.passes[i]);
     }
     {
       // The stage's own sends, then the end-of-step meeting with the other stages: both are the
@@ -525,14 +522,17 @@ class Engine {
     if (!pp::splits_backward(cfg_.schedule)) sm.release_slot(slot);
   }
 
-  // A split backward's weight pass (zb-h1): the chunk's deferred weight gradients; nothing is sent.
-  // Then the slot is free.
-  void weight_action(Context& ctx, const pp::PipeAction& a, int slot) {
+  // A split backward's weight pass (zb-h1): the chunk's deferred weight gradients, then the
+  // data-parallel axis's actions of its units in pass order (zero2, fsdp: in the chunk's last
+  // weight pass, its units' reductions); nothing is sent. Then the slot is free.
+  void weight_action(Context& ctx, const pp::PipeAction& a, int slot,
+                     const std::vector<UnitPassActions>& dp) {
     StageModel& sm = *chunks_[a.chunk];
     {
       PhaseTimer t(ctx, Phase::backward);
       sm.backward_weights(slot);
     }
+    for (const UnitPassActions& unit : dp) unit_pass(ctx, unit, [] {});
     sm.release_slot(slot);
   }
 

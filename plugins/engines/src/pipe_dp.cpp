@@ -8,10 +8,12 @@ namespace {
 using sharded::Act;
 using sharded::Action;
 
-// Per local chunk: the indices of its first forward, first backward and last backward in the
-// step's pipeline actions.
+// Per local chunk: the indices of its first forward, first backward, last backward and (a split
+// backward's) last weight pass in the step's pipeline actions.
 struct ChunkBounds {
-  int first_forward = -1, first_backward = -1, last_backward = -1;
+  int first_forward = -1, first_backward = -1, last_backward = -1, last_weight = -1;
+  // Where the chunk's gradients are complete: after its last weight pass if it has them.
+  int last_gradient() const { return last_weight >= 0 ? last_weight : last_backward; }
 };
 
 std::vector<ChunkBounds> chunk_bounds(const std::vector<pp::PipeAction>& actions, int chunks) {
@@ -23,6 +25,8 @@ std::vector<ChunkBounds> chunk_bounds(const std::vector<pp::PipeAction>& actions
     } else if (actions[std::size_t(i)].pass == pp::PipePass::backward) {
       if (c.first_backward < 0) c.first_backward = i;
       c.last_backward = i;
+    } else {
+      c.last_weight = i;
     }
   }
   return b;
@@ -79,10 +83,12 @@ DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
         if (u == head_unit && part.first_unit == 0) b.grads(group_of[0]);
       }
       p.before = b.take();
-      // After the group's last unit of the step's last backward through the chunk.
-      if (!a.forward() && i == at.last_backward && u == groups[std::size_t(g)].first_unit) {
-        if (c.shard_params) b.release(g);
-        if (c.shard_grads && !holds_tied(g)) b.reduce(g);
+      // After the group's last unit of the step's last backward through the chunk: its
+      // parameters are free (a weight pass reads none); its gradients are reduced there, or after
+      // the last weight pass (zb-h1), which writes the GEMMs' weight gradients.
+      if (!a.forward() && u == groups[std::size_t(g)].first_unit) {
+        if (c.shard_params && i == at.last_backward) b.release(g);
+        if (c.shard_grads && !holds_tied(g) && i == at.last_gradient()) b.reduce(g);
       }
       p.after = b.take();
       passes.push_back(std::move(p));

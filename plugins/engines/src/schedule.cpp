@@ -1,5 +1,6 @@
 // Groups and the per-micro-batch schedule: everything about the sharded engine that is decided
 // before running (its plan, with its memory, is sharded_plan.cpp's).
+#include <algorithm>
 #include <sstream>
 
 #include "strata/engines/sharded.hpp"
@@ -42,16 +43,81 @@ std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std
   return groups;
 }
 
+namespace {
+
+// Group g cut where its tensors change between the routed experts' and the others'; the units a
+// run touches are its first and last unit.
+void split_experts(const ShardGroup& g, const std::vector<LocalTensor>& tensors,
+                   const std::vector<std::pair<std::size_t, std::size_t>>& units, int first_unit,
+                   int expert_shards, std::vector<ShardGroup>& out) {
+  auto unit_at = [&](std::size_t offset) {
+    int u = 0;
+    while (u + 1 < int(units.size()) && units[std::size_t(u) + 1].first <= offset) ++u;
+    return first_unit + u;
+  };
+  const std::size_t first_run = out.size();
+  std::size_t covered = 0;
+  for (const LocalTensor& t : tensors) {
+    if (t.offset < g.offset || t.offset >= g.offset + g.count) continue;
+    covered += t.count;
+    const bool experts = t.shard == ShardKind::experts;
+    if (out.size() == first_run || out.back().experts != experts) {
+      ShardGroup run = g;
+      run.offset = t.offset;
+      run.count = 0;
+      run.experts = experts;
+      run.shards = experts ? expert_shards : g.shards;
+      run.first_unit = unit_at(t.offset);
+      out.push_back(run);
+    }
+    ShardGroup& run = out.back();
+    run.count += t.count;
+    run.last_unit = unit_at(t.offset + t.count - 1);
+    run.chunk = (run.count + std::size_t(run.shards) - 1) / std::size_t(run.shards);
+  }
+  if (covered != g.count)
+    throw Error("make_groups: the local tensors do not tile group of units " +
+                std::to_string(g.first_unit) + ".." + std::to_string(g.last_unit));
+}
+
+}  // namespace
+
 std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Partition>& parts,
                                     int shards, const EngineConfig& c) {
   std::vector<ShardGroup> groups;
-  for (int p = 0; p < int(parts.size()); ++p)
-    for (ShardGroup g : make_groups(StageModel::unit_ranges(model, parts[std::size_t(p)]),
-                                    parts[std::size_t(p)].first_unit, shards, c)) {
+  for (int p = 0; p < int(parts.size()); ++p) {
+    const Partition& part = parts[std::size_t(p)];
+    const auto units = StageModel::unit_ranges(model, part);
+    const bool split = part.ep_size > 1 && !c.replicate;
+    const auto tensors =
+        split ? StageModel::local_tensors(model, part) : std::vector<LocalTensor>{};
+    for (ShardGroup g : make_groups(units, part.first_unit, shards, c)) {
       g.part = p;
-      groups.push_back(g);
+      if (split)
+        split_experts(g, tensors, units, part.first_unit, shards / part.ep_size, groups);
+      else
+        groups.push_back(g);
     }
+  }
   return groups;
+}
+
+ReplicaLayout replica_layout(const std::vector<ShardGroup>& groups) {
+  ReplicaLayout r;
+  r.contiguous = std::any_of(groups.begin(), groups.end(), [](const auto& g) { return g.experts; });
+  std::size_t parts_end = 0, part_base = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (!r.contiguous) {
+      r.base.push_back(r.size);
+      r.size += groups[g].padded();
+      continue;
+    }
+    if (g > 0 && groups[g].part != groups[g - 1].part) part_base = parts_end;
+    r.base.push_back(part_base + groups[g].offset);
+    parts_end = std::max(parts_end, r.base.back() + groups[g].count);
+    r.size = std::max({r.size, parts_end, r.base.back() + groups[g].padded()});
+  }
+  return r;
 }
 
 Placement placement(const MeshSpec& m, int rank, const EngineConfig& c) {
@@ -66,15 +132,23 @@ Placement placement(const MeshSpec& m, int rank, const EngineConfig& c) {
   at.shards = int(mesh.group(at.shard_axis, rank).size());
   at.index = mesh.index_in_group(at.shard_axis, rank);
   at.replicas = m.replicas() / at.shards;  // hybrid: the nodes
+  if (m.ep > 1) {
+    at.expert_shards = int(mesh.group(Axis::ep_dp, rank).size());
+    at.expert_index = mesh.index_in_group(Axis::ep_dp, rank);
+  }
   return at;
 }
 
+int Placement::index_of(const ShardGroup& g) const { return g.experts ? expert_index : index; }
+Axis Placement::axis_of(const ShardGroup& g) const { return g.experts ? Axis::ep_dp : shard_axis; }
+
 std::vector<ShardSlice> owned_slices(const std::vector<std::vector<LocalTensor>>& tensors,
-                                     const std::vector<ShardGroup>& groups, int index,
+                                     const std::vector<ShardGroup>& groups, const Placement& at,
                                      const std::function<bool(const LocalTensor&)>& keep) {
   std::vector<ShardSlice> r;
   for (int g = 0; g < int(groups.size()); ++g) {
     const ShardGroup& grp = groups[std::size_t(g)];
+    const int index = at.index_of(grp);
     const std::size_t begin = grp.offset + std::size_t(index) * grp.chunk;
     const std::size_t end = begin + grp.valid(index);
     for (const LocalTensor& t : tensors[std::size_t(grp.part)]) {
@@ -90,12 +164,12 @@ std::vector<ShardSlice> owned_slices(const std::vector<std::vector<LocalTensor>>
 }
 
 double partial_count(const ModelSpec& model, const std::vector<Partition>& parts,
-                     const std::vector<ShardGroup>& groups, int index) {
+                     const std::vector<ShardGroup>& groups, const Placement& at) {
   if (!parts[0].sequence_parallel || parts[0].tp_size == 1) return 0;
   std::vector<std::vector<LocalTensor>> tensors;
   for (const Partition& part : parts) tensors.push_back(StageModel::local_tensors(model, part));
   double n = 0;
-  for (const ShardSlice& s : owned_slices(tensors, groups, index, [](const LocalTensor& t) {
+  for (const ShardSlice& s : owned_slices(tensors, groups, at, [](const LocalTensor& t) {
          return t.shard == ShardKind::replicated;
        }))
     n += double(s.count);

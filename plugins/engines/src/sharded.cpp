@@ -12,12 +12,12 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
       grad_dtype_(ctx.train().precision.reduce),
       memory_(&ctx.memory()) {
   const MeshCoord& me = ctx.coord();
-  const Placement at = placement(ctx.mesh(), me.rank, c);
+  at_ = placement(ctx.mesh(), me.rank, c);
+  const Placement& at = at_;
   if (at.shards > 1) shard_group_ = &ctx.group(at.shard_axis);
   if (at.replicas > 1) replica_group_ = &ctx.group(at.replica_axis);
   if (ctx.mesh().tp > 1) tp_group_ = &ctx.group(Axis::tp);
   if (ctx.mesh().pp > 1) pp_group_ = &ctx.group(Axis::pp);
-  shard_index_ = at.index;
   std::vector<Partition> parts;
   std::vector<std::vector<LocalTensor>> tensors;
   for (const StageModel* m : models_)
@@ -40,22 +40,27 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
   // groups), the rest is replicated over dp.
   const bool ep = parts[0].ep_size > 1;
   auto expert = [](const LocalTensor& t) { return t.shard == ShardKind::experts; };
-  norm_slices_ = owned_slices(tensors, groups_, shard_index_, [&](const LocalTensor& t) {
+  norm_slices_ = owned_slices(tensors, groups_, at, [&](const LocalTensor& t) {
     return models_[0]->in_grad_norm(t) && !(ep && expert(t));
   });
   if (ep) {
-    if (!c.replicate) throw Error("Shards: expert parallelism runs with dp=allreduce only");
-    ep_group_ = &ctx.group(Axis::ep);
-    if (ctx.mesh().dp > ctx.mesh().ep) expert_replica_group_ = &ctx.group(Axis::ep_dp);
-    dense_slices_ = owned_slices(tensors, groups_, shard_index_,
-                                 [&](const LocalTensor& t) { return !expert(t); });
-    expert_slices_ = owned_slices(tensors, groups_, shard_index_, expert);
-    expert_norm_slices_ = owned_slices(tensors, groups_, shard_index_, [&](const LocalTensor& t) {
+    if (c.shard_grads || c.shard_params)
+      throw Error("Shards: expert parallelism runs with dp=allreduce or zero1 only");
+    if (c.replicate) {
+      ep_group_ = &ctx.group(Axis::ep);
+      if (ctx.mesh().dp > ctx.mesh().ep) expert_replica_group_ = &ctx.group(Axis::ep_dp);
+      dense_slices_ =
+          owned_slices(tensors, groups_, at, [&](const LocalTensor& t) { return !expert(t); });
+      expert_slices_ = owned_slices(tensors, groups_, at, expert);
+    } else if (at.expert_shards > 1) {
+      expert_shard_group_ = &ctx.group(Axis::ep_dp);
+    }
+    expert_norm_slices_ = owned_slices(tensors, groups_, at, [&](const LocalTensor& t) {
       return expert(t) && models_[0]->in_grad_norm(t);
     });
   }
   if (tp_group_ && parts[0].sequence_parallel) {
-    partial_slices_ = owned_slices(tensors, groups_, shard_index_, [](const LocalTensor& t) {
+    partial_slices_ = owned_slices(tensors, groups_, at, [](const LocalTensor& t) {
       return t.shard == ShardKind::replicated;
     });
     std::size_t partial = 0;
@@ -69,51 +74,55 @@ Shards::~Shards() = default;
 void Shards::allocate_state(Context& ctx) {
   const EngineConfig& c = config_;
   const int G = int(groups_.size());
-  std::size_t total_padded = 0;
-  for (const ShardGroup& g : groups_) base_.push_back(total_padded), total_padded += g.padded();
+  replica_ = replica_layout(groups_);
+  const std::vector<std::size_t>& base = replica_.base;
   MemoryLedger& mem = ctx.memory();
   const std::uint64_t seed = ctx.train().seed;
+  auto first = [&](int g) { return std::size_t(at_.index_of(groups_[g])) * groups_[g].chunk; };
+  auto valid = [&](int g) { return groups_[g].valid(at_.index_of(groups_[g])); };
   if (!c.shard_params) {
-    // A full replica in a padded layout: group g starts at base_[g], so every group's shards can
-    // be all-gathered in place.
-    replica_params_ = DeviceBuffer(mem, MemTag::params, param_dtype_, total_padded);
+    // A full replica (replica_layout): each group's shards all-gathered in it.
+    replica_params_ = DeviceBuffer(mem, MemTag::params, param_dtype_, replica_.size);
     for (int g = 0; g < G; ++g) {
       model_of(g).init_params(seed, groups_[g].offset,
-                              replica_params_.view(base_[g], groups_[g].count));
-      point_units(g, replica_params_.view(base_[g], groups_[g].padded()), param_ptrs_);
+                              replica_params_.view(base[g], groups_[g].count));
+      point_units(g, replica_params_.view(base[g], groups_[g].padded()), param_ptrs_);
     }
   } else {
     for (int g = 0; g < G; ++g) {
       shard_params_.emplace_back(mem, MemTag::params, param_dtype_, groups_[g].chunk);
-      model_of(g).init_params(seed,
-                              groups_[g].offset + std::size_t(shard_index_) * groups_[g].chunk,
-                              shard_params_.back().view(0, groups_[g].valid(shard_index_)));
+      model_of(g).init_params(seed, groups_[g].offset + first(g),
+                              shard_params_.back().view(0, valid(g)));
     }
   }
   if (!c.shard_grads) {
-    replica_grads_ = DeviceBuffer(mem, MemTag::grads, grad_dtype_, total_padded);
+    replica_grads_ = DeviceBuffer(mem, MemTag::grads, grad_dtype_, replica_.size);
     for (int g = 0; g < G; ++g)
-      point_units(g, replica_grads_.view(base_[g], groups_[g].padded()), grad_ptrs_);
+      point_units(g, replica_grads_.view(base[g], groups_[g].padded()), grad_ptrs_);
   }
-  if (c.shard_grads || shard_group_)  // one shard of replicated gradients is the replica
-    for (const ShardGroup& g : groups_)
-      shard_grads_.emplace_back(mem, MemTag::grads, grad_dtype_, g.chunk);
+  // A group's reduced shard; one shard of replicated gradients is the replica itself.
+  for (const ShardGroup& g : groups_)
+    shard_grads_.push_back(c.shard_grads || g.shards > 1
+                               ? DeviceBuffer(mem, MemTag::grads, grad_dtype_, g.chunk)
+                               : DeviceBuffer());
   const MemTag state_tag = c.offload_optimizer ? MemTag::offload : MemTag::optimizer;
   for (int g = 0; g < G; ++g)
     optimizers_.push_back(
-        make_optimizer(ctx, g, groups_[g].offset + std::size_t(shard_index_) * groups_[g].chunk,
-                       groups_[g].valid(shard_index_), state_tag));
+        make_optimizer(ctx, g, groups_[g].offset + first(g), valid(g), state_tag));
   if (c.offload_optimizer) {  // the host side of the copies, kept for the run like DeepSpeed's
     std::vector<std::size_t> counts;
-    for (const ShardGroup& g : groups_) counts.push_back(g.valid(shard_index_));
+    for (int g = 0; g < G; ++g) counts.push_back(valid(g));
     host_.emplace(mem, grad_dtype_, param_dtype_, counts);
   }
 }
 
+// Units that begin in group g (in the contiguous layout a unit split over groups starts in its
+// first one and its view runs on through the next).
 void Shards::point_units(int g, BufferView group, UnitPtrs& ptrs) const {
   for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) {
     const auto [offset, count] = model_of(g).unit_range(u);
-    ptrs[std::size_t(u)] = slice(group, offset - groups_[g].offset, count);
+    if (offset >= groups_[g].offset)
+      ptrs[std::size_t(u)] = slice(group, offset - groups_[g].offset, count);
   }
 }
 
@@ -132,7 +141,8 @@ BufferView Shards::local_grads(int part, std::size_t offset, std::size_t count) 
     if (grp.part != part || offset < grp.offset || offset + count > grp.offset + grp.count)
       continue;
     if (group_grads_[g].size()) return group_grads_[g].view(offset - grp.offset, count);
-    if (replica_grads_.size()) return replica_grads_.view(base_[g] + offset - grp.offset, count);
+    if (replica_grads_.size())
+      return replica_grads_.view(replica_.base[g] + offset - grp.offset, count);
   }
   throw Error("Shards::local_grads: the range is not inside one group's unsharded gradients");
 }
@@ -179,7 +189,8 @@ void Shards::finish_grads(Context& ctx, int g) {
 }
 
 void Shards::zero_grads(Context& ctx) {
-  for (auto& b : shard_grads_) ctx.ops().fill(b.view(), 0);
+  for (auto& b : shard_grads_)
+    if (b.size()) ctx.ops().fill(b.view(), 0);
   if (replica_grads_.size()) ctx.ops().fill(replica_grads_.view(), 0);
 }
 
@@ -229,10 +240,10 @@ void Shards::reduce_replicated_grads(Context& ctx) {
     return;
   }
   for (int g = 0; g < int(groups_.size()); ++g) {
-    const BufferView full = replica_grads_.view(base_[g], groups_[g].padded());
-    if (shard_group_)
-      done.push_back(ctx.comm_stream().reduce_scatter(*shard_group_, full, shard_grads_[g].view(),
-                                                      ctx.compute_event()));
+    const BufferView full = replica_grads_.view(replica_.base[g], groups_[g].padded());
+    if (Group* sg = shard_group_of(g))
+      done.push_back(
+          ctx.comm_stream().reduce_scatter(*sg, full, shard_grads_[g].view(), ctx.compute_event()));
     if (replica_group_)  // behind the shard's reduce-scatter, if any (one stream, in order)
       done.push_back(
           ctx.comm_stream().all_reduce(*replica_group_, grads_of(g), ctx.compute_event()));
@@ -261,17 +272,51 @@ void Shards::update(Context& ctx, int step) {
     host_->step(ctx, step, clip, shards);
   } else
     for (int g = 0; g < G; ++g) optimizers_[g].step(params_of(g), grads_of(g), step + 1, clip);
-  if (!config_.shard_params && shard_group_) {  // zero1/2: everyone gets the updated shards
+  if (!config_.shard_params && shard_group_) gather_updated_shards(ctx);
+}
+
+// zero1/2: everyone gets the updated shards. In a contiguous replica a group's padded range runs
+// into the next group's, so its all-gather goes into a comm buffer (two, alternating: one
+// gathering while the other is copied in) and only its own elements are copied into the replica.
+void Shards::gather_updated_shards(Context& ctx) {
+  const int G = int(groups_.size());
+  auto mine = [&](int g) {
+    return replica_params_.view(
+        replica_.base[g] + std::size_t(at_.index_of(groups_[g])) * groups_[g].chunk,
+        groups_[g].chunk);
+  };
+  if (!replica_.contiguous) {
     std::vector<Event> done;
-    for (int g = 0; g < G; ++g) {
-      const BufferView full = replica_params_.view(base_[g], groups_[g].padded());
+    for (int g = 0; g < G; ++g)
       done.push_back(ctx.comm_stream().all_gather(
-          *shard_group_,
-          slice(full, std::size_t(shard_index_) * groups_[g].chunk, groups_[g].chunk), full,
+          *shard_group_, mine(g), replica_params_.view(replica_.base[g], groups_[g].padded()),
           ctx.compute_event()));
-    }
     for (Event& e : done) e.wait();
+    return;
   }
+  std::vector<int> gathered;
+  std::size_t most = 0;
+  for (int g = 0; g < G; ++g)
+    if (shard_group_of(g)) gathered.push_back(g), most = std::max(most, groups_[g].padded());
+  DeviceBuffer buffers[2];
+  for (std::size_t k = 0; k < std::min<std::size_t>(2, gathered.size()); ++k)
+    buffers[k] = DeviceBuffer(*memory_, MemTag::comm_buffers, param_dtype_, most);
+  std::optional<Event> previous;
+  auto copy_in = [&](std::size_t k) {  // gathered[k] arrived in buffers[k % 2]
+    previous->wait();
+    const int g = gathered[k];
+    ctx.ops().copy(replica_params_.view(replica_.base[g], groups_[g].count),
+                   buffers[k % 2].view(0, groups_[g].count));
+  };
+  for (std::size_t k = 0; k < gathered.size(); ++k) {
+    const int g = gathered[k];
+    Event e = ctx.comm_stream().all_gather(*shard_group_of(g), mine(g),
+                                           buffers[k % 2].view(0, groups_[g].padded()),
+                                           ctx.compute_event());
+    if (k > 0) copy_in(k - 1);
+    previous = std::move(e);
+  }
+  if (!gathered.empty()) copy_in(gathered.size() - 1);
 }
 
 void Shards::reduce_partial_grads(Context& ctx) {
@@ -291,7 +336,8 @@ void Shards::reduce_partial_grads(Context& ctx) {
 
 // Only with clipping on does the norm cross ranks: its shards' squares over the shard group (the
 // replicas hold equal shards), then over tp (and over pp in update()).
-// Expert parallelism: the experts' squares added over the ep group (each rank holds its own).
+// Expert parallelism under allreduce: the experts' squares added over the ep group (each rank
+// holds its own); under zero1 the experts' shards, one per rank of dp, with the others'.
 double Shards::shard_sum_of_squares(Context& ctx) {
   auto squares = [&](const std::vector<ShardSlice>& slices) {
     double sum = 0;
@@ -301,6 +347,8 @@ double Shards::shard_sum_of_squares(Context& ctx) {
   };
   double sumsq = squares(norm_slices_), experts = squares(expert_norm_slices_);
   if (ctx.train().grad_clip <= 0) return sumsq + experts;
+  // Sharded, each expert shard is on one rank of dp, as every other shard.
+  if (!ep_group_) sumsq += experts, experts = 0;
   if (shard_group_) shard_group_->all_reduce({&sumsq, 1, DType::f64});
   if (tp_group_) tp_group_->all_reduce({&sumsq, 1, DType::f64});
   if (ep_group_) ep_group_->all_reduce({&experts, 1, DType::f64});
@@ -308,16 +356,18 @@ double Shards::shard_sum_of_squares(Context& ctx) {
 }
 
 BufferView Shards::params_of(int g) {
-  const std::size_t valid = groups_[g].valid(shard_index_);  // the real elements only
+  const int index = at_.index_of(groups_[g]);
+  const std::size_t valid = groups_[g].valid(index);  // the real elements only
   return config_.shard_params
              ? shard_params_[g].view(0, valid)
-             : replica_params_.view(base_[g] + std::size_t(shard_index_) * groups_[g].chunk, valid);
+             : replica_params_.view(replica_.base[g] + std::size_t(index) * groups_[g].chunk,
+                                    valid);
 }
 
 BufferView Shards::grads_of(int g) {
-  const std::size_t valid = groups_[g].valid(shard_index_);
-  return shard_grads_.empty() ? replica_grads_.view(base_[g], valid)
-                              : shard_grads_[g].view(0, valid);
+  const std::size_t valid = groups_[g].valid(at_.index_of(groups_[g]));
+  return shard_grads_[g].size() ? shard_grads_[g].view(0, valid)
+                                : replica_grads_.view(replica_.base[g], valid);
 }
 
 Engine::Engine(Context& ctx, const EngineConfig& c)

@@ -1,6 +1,7 @@
 // The sharded engine's step as a plan (strata/step_plan.hpp): what Shards and the StageModel hold
 // for the run, its micro-batch action list (micro_batch_schedule) with the buffers it takes and
 // gives back and the collectives it issues on comm stream 0, then Engine::update().
+#include <algorithm>
 #include <sstream>
 
 #include "strata/data_parallel.hpp"
@@ -67,23 +68,22 @@ void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const S
 void plan_state(const PredictInput& in, const EngineConfig& c, const std::vector<Partition>& parts,
                 std::vector<PlanAction>& setup) {
   const Placement at = placement(in.mesh, in.rank, c);
-  const int i = at.index;
   const auto groups = make_groups(in.model, parts, at.shards, c);
-  double padded = 0, chunks = 0, valid = 0;
+  const double replica = double(replica_layout(groups).size);
+  double chunks = 0, reduced = 0, valid = 0;
   for (const ShardGroup& g : groups) {
-    padded += double(g.padded());
     chunks += double(g.chunk);
-    valid += double(g.valid(i));
+    if (c.shard_grads || g.shards > 1) reduced += double(g.chunk);
+    valid += double(g.valid(at.index_of(g)));
   }
   // Bytes per element by precision (state_bytes_per_param): parameters, gradients, AdamW m and v
   // (and the fp32 master with bf16 parameters).
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  setup.push_back(plan_alloc(MemTag::params, per.params * (c.shard_params ? chunks : padded)));
+  setup.push_back(plan_alloc(MemTag::params, per.params * (c.shard_params ? chunks : replica)));
   // This rank's reduced gradients, and zero1's and allreduce's full ones; one shard of those is
   // the full buffer itself.
-  if (c.shard_grads || at.shards > 1)
-    setup.push_back(plan_alloc(MemTag::grads, per.grads * chunks));
-  if (!c.shard_grads) setup.push_back(plan_alloc(MemTag::grads, per.grads * padded));
+  if (reduced > 0) setup.push_back(plan_alloc(MemTag::grads, per.grads * reduced));
+  if (!c.shard_grads) setup.push_back(plan_alloc(MemTag::grads, per.grads * replica));
   // AdamW state: on the device, or in host memory with offload=optimizer, beside host copies of
   // this rank's gradient and parameter shards (every group's, so that the copies overlap the
   // steps).
@@ -91,11 +91,12 @@ void plan_state(const PredictInput& in, const EngineConfig& c, const std::vector
   setup.push_back(plan_alloc(state, per.optimizer * valid));
   if (c.offload_optimizer)
     for (const ShardGroup& g : groups)
-      setup.push_back(plan_alloc(MemTag::offload, (per.grads + per.params) * double(g.valid(i))));
+      setup.push_back(
+          plan_alloc(MemTag::offload, (per.grads + per.params) * double(g.valid(at.index_of(g)))));
   // With sequence parallelism, the pack of the partial gradients' owned parts
   // (Shards::reduce_partial_grads).
   setup.push_back(
-      plan_alloc(MemTag::comm_buffers, per.grads * partial_count(in.model, parts, groups, i)));
+      plan_alloc(MemTag::comm_buffers, per.grads * partial_count(in.model, parts, groups, at)));
 }
 
 namespace {
@@ -133,23 +134,50 @@ StepPlan plan_step(const PredictInput& in, const EngineConfig& c) {
   return plan_step(in, c, whole_model(in.model));
 }
 
+namespace {
+
+// Shards::gather_updated_shards: every group's all-gather over its shard group; in a contiguous
+// replica through two comm buffers of the largest padded group, alternating.
+void plan_gather_updated_shards(const std::vector<ShardGroup>& groups, const Placement& at,
+                                const StateBytes& per, std::vector<PlanAction>& step) {
+  const bool through_buffers = replica_layout(groups).contiguous;
+  double most = 0;
+  int gathered = 0;
+  for (const ShardGroup& g : groups)
+    if (g.shards > 1) most = std::max(most, double(g.padded())), ++gathered;
+  const int buffers = through_buffers ? std::min(2, gathered) : 0;
+  for (int k = 0; k < buffers; ++k) {
+    step.push_back(plan_alloc(MemTag::comm_buffers, per.params * most));
+    step.push_back(plan_fresh(per.params * most));
+  }
+  for (const ShardGroup& g : groups)
+    if (g.shards > 1)
+      step.push_back(plan_comm(CommOp::all_gather, per.params * double(g.padded()), at.axis_of(g)));
+  for (int k = 0; k < buffers; ++k)
+    step.push_back(plan_free(MemTag::comm_buffers, per.params * most));
+}
+
+}  // namespace
+
 // Shards::update(): zero1's reduce-scatters (allreduce's all-reduces), the sequence-parallel
 // partial gradients over tp, the norm (over the shards, tp and pp), AdamW of this rank's shards
 // (on the host with offload), zero1/2's all-gathers of the updated shards; each waited for at once.
 void plan_shards_update(const PredictInput& in, const EngineConfig& c,
                         const std::vector<Partition>& parts, std::vector<PlanAction>& step) {
   const Placement at = placement(in.mesh, in.rank, c);
-  const int n = at.shards, index = at.index;
+  const int n = at.shards;
   const auto groups = make_groups(in.model, parts, n, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
-  // Expert parallelism: dp=allreduce of all but the routed experts, theirs over their replicas.
+  auto valid = [&](const ShardGroup& g) { return double(g.valid(at.index_of(g))); };
+  // Expert parallelism: dp=allreduce of all but the routed experts, theirs over their replicas;
+  // zero1's groups (the experts' over ep_dp) below.
   const bool ep = parts[0].ep_size > 1;
-  if (ep) {
+  if (ep && c.replicate) {
     std::vector<std::vector<LocalTensor>> tensors;
     for (const Partition& part : parts)
       tensors.push_back(StageModel::local_tensors(in.model, part));
     auto all_reduce = [&](bool experts, Axis over) {
-      for (const ShardSlice& s : owned_slices(tensors, groups, index, [&](const LocalTensor& t) {
+      for (const ShardSlice& s : owned_slices(tensors, groups, at, [&](const LocalTensor& t) {
              return (t.shard == ShardKind::experts) == experts;
            }))
         step.push_back(plan_comm(CommOp::all_reduce, per.grads * double(s.count), over));
@@ -158,30 +186,28 @@ void plan_shards_update(const PredictInput& in, const EngineConfig& c,
     if (in.mesh.dp > in.mesh.ep) all_reduce(true, Axis::ep_dp);
   } else if (!c.shard_grads)
     for (const ShardGroup& g : groups) {
-      if (n > 1)
+      if (g.shards > 1)
         step.push_back(
-            plan_comm(CommOp::reduce_scatter, per.grads * double(g.padded()), at.shard_axis));
+            plan_comm(CommOp::reduce_scatter, per.grads * double(g.padded()), at.axis_of(g)));
       if (at.replicas > 1)
-        step.push_back(
-            plan_comm(CommOp::all_reduce, per.grads * double(g.valid(index)), at.replica_axis));
+        step.push_back(plan_comm(CommOp::all_reduce, per.grads * valid(g), at.replica_axis));
     }
-  if (const double partial = partial_count(in.model, parts, groups, index); partial > 0)
+  if (const double partial = partial_count(in.model, parts, groups, at); partial > 0)
     step.push_back(plan_comm(CommOp::all_reduce, per.grads * partial, Axis::tp));
   if (in.train.grad_clip > 0) {
     if (n > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, at.shard_axis));
     if (in.mesh.tp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::tp));
     if (in.mesh.pp > 1) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::pp));
-    if (ep) step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::ep));  // the experts' squares
+    if (ep && c.replicate)  // the experts' squares
+      step.push_back(plan_comm(CommOp::all_reduce, 8, Axis::ep));
   }
   if (c.offload_optimizer) {
     std::vector<std::size_t> counts;
-    for (const ShardGroup& g : groups) counts.push_back(g.valid(index));
+    for (const ShardGroup& g : groups) counts.push_back(std::size_t(valid(g)));
     plan_host_update(counts, in.train, step);
   } else
-    for (const ShardGroup& g : groups) step.push_back(plan_update(double(g.valid(index))));
-  for (const ShardGroup& g : groups)
-    if (n > 1 && !c.shard_params)
-      step.push_back(plan_comm(CommOp::all_gather, per.params * double(g.padded()), at.shard_axis));
+    for (const ShardGroup& g : groups) step.push_back(plan_update(valid(g)));
+  if (n > 1 && !c.shard_params) plan_gather_updated_shards(groups, at, per, step);
 }
 
 namespace {

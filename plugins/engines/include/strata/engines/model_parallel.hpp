@@ -65,7 +65,7 @@ struct MpConfig {
   // Expert parallelism (the ep plugin; the pipelines at --mesh ep > 1): a moe's routed experts
   // split over the mesh's ep group, E / ep on each rank (Partition::ep_size = ep), each block's
   // rows exchanged with all_to_allv on it (SyncExpertParallelComm); the experts' gradients
-  // all-reduced over ep_dp, the rest over dp (dp=allreduce only).
+  // all-reduced (dp=allreduce) or reduce-scattered (dp=zero1) over ep_dp, the rest over dp.
   bool expert_parallel = false;
   // Context parallelism (the cp plugin; the pipelines at --mesh cp > 1): each sequence split over
   // the mesh's cp group (Partition::cp_size = cp), each attention by context_attention: Ulysses'
@@ -95,10 +95,12 @@ sharded::EngineConfig dp_axis_config(const MpConfig& config);
 // torchtitan sets under PP: no gather per micro-batch). zero2 and fsdp: gradients accumulated
 // unsharded over the micro-batches from the chunk's first backward, each unit's reduce-scattered
 // after its backward in the chunk's last micro-batch, one in flight behind the next unit's
-// (gradient sync on the last micro-batch only). With `tied_exchange` (the first and the last
-// stage each hold the tied embedding) the units holding it are reduced at the end, after the
-// stages have exchanged its gradient. allreduce and zero1: no actions (Shards::update reduces).
-// One description for Engine::train_step, predict() (replayed for memory) and plan_step().
+// (gradient sync on the last micro-batch only); under a split backward (zb-h1) after its pass in
+// the chunk's last weight pass instead, where its GEMMs' weight gradients are complete. With
+// `tied_exchange` (the first and the last stage each hold the tied embedding) the units holding it
+// are reduced at the end, after the stages have exchanged its gradient. allreduce and zero1: no
+// actions (Shards::update reduces). One description for Engine::train_step, predict() (replayed for
+// memory) and plan_step().
 struct UnitPassActions {
   std::vector<sharded::Action> before, after;
 };

@@ -47,14 +47,22 @@ struct EngineConfig {
   bool replicate = false;
 };
 
+struct ShardGroup;
+
 // Where a rank sits on the data-parallel axis: its shard group (dp; dp_intra_node with hybrid;
 // none with replicate) and its index there, and the replicas its reduced gradients are
-// all-reduced with (dp_inter_node with hybrid; dp with replicate).
+// all-reduced with (dp_inter_node with hybrid; dp with replicate). With expert parallelism
+// (--mesh ep > 1) and a sharded optimizer, the routed experts' groups are sharded over ep_dp
+// instead (the ranks holding the same experts): its size and this rank's index there.
 struct Placement {
   Axis shard_axis = Axis::dp;
   int shards = 1, index = 0;
   Axis replica_axis = Axis::dp_inter_node;
   int replicas = 1;
+  int expert_shards = 1, expert_index = 0;
+  // This rank's shard of group g, and the axis g is sharded over.
+  int index_of(const ShardGroup& g) const;
+  Axis axis_of(const ShardGroup& g) const;
 };
 Placement placement(const MeshSpec& mesh, int rank, const EngineConfig& c);
 
@@ -65,6 +73,10 @@ struct ShardGroup {
   std::size_t padded() const { return chunk * shards; }
   int shards = 1;
   int part = 0;  // the partition (a pipeline stage's chunk) whose units it holds
+  // Expert parallelism with a sharded optimizer (Megatron-Core's distributed optimizer with EP):
+  // the groups are runs of a partition's tensors of one kind, the routed experts' (sharded over
+  // ep_dp, `shards` = dp / ep) or the rest (over dp), so a unit may span groups.
+  bool experts = false;
   // Elements of chunk `i` that are real parameters (the rest is padding).
   std::size_t valid(int i) const {
     std::size_t begin = std::size_t(i) * chunk;
@@ -77,18 +89,18 @@ struct ShardSlice {
   int group;
   std::size_t at, count;
 };
-// The elements of rank `index`'s shards that lie in the local tensors `keep` selects (tensors[p]:
-// partition p's), in group order, adjacent ones merged: the norm's elements
+// The elements of the shards of the rank at `at` that lie in the local tensors `keep` selects
+// (tensors[p]: partition p's), in group order, adjacent ones merged: the norm's elements
 // (StageModel::in_grad_norm), or under sequence parallelism the replicated tensors' (partial per
 // tp rank).
 std::vector<ShardSlice> owned_slices(const std::vector<std::vector<LocalTensor>>& tensors,
-                                     const std::vector<ShardGroup>& groups, int index,
+                                     const std::vector<ShardGroup>& groups, const Placement& at,
                                      const std::function<bool(const LocalTensor&)>& keep);
 
-// Under sequence parallelism, the elements of rank `index`'s shards in replicated tensors (their
+// Under sequence parallelism, the elements of the rank's shards in replicated tensors (their
 // gradients are partial per tp rank, all-reduced over tp before the update); 0 otherwise.
 double partial_count(const ModelSpec& model, const std::vector<Partition>& parts,
-                     const std::vector<ShardGroup>& groups, int index);
+                     const std::vector<ShardGroup>& groups, const Placement& at);
 
 // The groups of the local units [first_unit, first_unit + units.size()), each (offset, count) in
 // the rank's local flat order (StageModel::unit_ranges; at tp 1 the model's ParamLayout).
@@ -97,9 +109,25 @@ std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std
 // The whole model's groups at tp 1.
 std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const EngineConfig& c);
 // The groups of a rank's partitions (a pipeline stage's chunks), each partition's own, in order;
-// a group's offset is in its partition's local flat order.
+// a group's offset is in its partition's local flat order. Partitions with experts split over ep
+// (Partition::ep_size > 1) under a sharded optimizer: each group cut into runs of the routed
+// experts' tensors (ShardGroup::experts, over ep_dp: shards / ep_size) and the others'.
 std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Partition>& parts,
                                     int shards, const EngineConfig& c);
+
+// Where each group starts in a rank's replica of its partitions' parameters (or gradients) and
+// the replica's size. Groups of whole units: padded one after another, so that each group's shards
+// are all-gathered in place. Groups that split units (ShardGroup::experts): the partitions'
+// contiguous local order, so that a unit's view is one range, with room after it for the last
+// group's padding; a group's padded range then runs into the next group's, which its
+// reduce-scatter only reads and its all-gather does not write (it gathers into a comm buffer and
+// copies the group's elements in).
+struct ReplicaLayout {
+  std::vector<std::size_t> base;
+  std::size_t size = 0;
+  bool contiguous = false;
+};
+ReplicaLayout replica_layout(const std::vector<ShardGroup>& groups);
 
 // One step of the schedule.
 enum class Act {
@@ -212,9 +240,11 @@ void plan_host_update(const std::vector<std::size_t>& counts, const TrainSpec& t
 // step). Under tp the gradient norm adds the tp ranks' shares and, with sequence parallelism, the
 // owned parts of the replicated tensors' partial gradients are all-reduced over tp before the
 // update (Megatron's sequence-parallel reduction); under a pipeline the norm adds the stages'.
-// With expert parallelism (Partition::ep_size > 1, allreduce only) the routed experts' gradients
+// With expert parallelism (Partition::ep_size > 1): under allreduce the routed experts' gradients
 // are all-reduced over ep_dp (the ranks holding the same experts in the other ep groups; none when
-// ep = dp) and their squares added over the ep group.
+// ep = dp) and their squares added over the ep group; under zero1 the experts' groups are
+// reduce-scattered over ep_dp and their updated shards all-gathered there, the others' over dp
+// (make_groups, replica_layout), and every shard's squares added over dp.
 class Shards {
  public:
   Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel*> models);
@@ -260,6 +290,13 @@ class Shards {
   void reduce_partial_grads(Context& ctx);
   // This rank's share of the squared gradient norm: its shards' elements StageModel counts.
   double shard_sum_of_squares(Context& ctx);
+  // The all-gathers of the updated shards (zero1, zero2): in place, or into comm buffers and
+  // copied in (replica_.contiguous).
+  void gather_updated_shards(Context& ctx);
+  // Group g's shard group: the experts' or the others'; null with one shard.
+  Group* shard_group_of(int g) const {
+    return groups_[std::size_t(g)].experts ? expert_shard_group_ : shard_group_;
+  }
 
   EngineConfig config_;
   std::vector<const StageModel*> models_;
@@ -267,14 +304,15 @@ class Shards {
   Group* replica_group_ = nullptr;  // hybrid's dp_inter_node, replicate's dp (more than one)
   Group* tp_group_ = nullptr;       // tp > 1: the norm's and the partial gradients' sums
   Group* pp_group_ = nullptr;       // pp > 1: the norm's sum
-  // Expert parallelism (Partition::ep_size > 1, dp=allreduce): the ep group the experts' squares
+  // Expert parallelism (Partition::ep_size > 1). dp=allreduce: the ep group the experts' squares
   // are added over, the experts' replicas (ep_dp, when dp > ep), the slices all-reduced over dp
-  // (all but the routed experts'), those all-reduced over ep_dp (the experts') and the experts'
-  // slices of the norm.
+  // (all but the routed experts'), those all-reduced over ep_dp (the experts'). zero1: the
+  // experts' groups' shard group (ep_dp, when dp > ep). Both: the experts' slices of the norm.
   Group* ep_group_ = nullptr;
   Group* expert_replica_group_ = nullptr;
+  Group* expert_shard_group_ = nullptr;
   std::vector<ShardSlice> dense_slices_, expert_slices_, expert_norm_slices_;
-  int shard_index_ = 0;
+  Placement at_;
   std::vector<ShardGroup> groups_;
   std::vector<int> group_of_unit_;
   std::vector<ShardSlice> norm_slices_, partial_slices_;
@@ -285,7 +323,7 @@ class Shards {
   // and replicated gradients, a group's shard of the gradients is its replica.
   DType param_dtype_, grad_dtype_;
   DeviceBuffer replica_params_, replica_grads_;
-  std::vector<std::size_t> base_;  // group g's start in the padded replica layout
+  ReplicaLayout replica_;  // where each group starts in the replicas
   std::vector<DeviceBuffer> shard_params_, shard_grads_;
   std::vector<DeviceBuffer> gathered_, group_grads_, reduced_;
   std::vector<std::optional<Event>> gather_done_, reduce_done_;
