@@ -9,13 +9,24 @@
 // D / N ranks holding the same experts (Megatron's expert data parallelism; nothing at N = D).
 // dp=zero1 (Megatron-Core's distributed optimizer with EP): the dense gradients reduce-scattered
 // over dp and the experts' over ep_dp, AdamW state for this rank's shard of each, the updated
-// shards all-gathered over the same groups. Built on the model-parallel engine
-// (strata/engines/model_parallel.hpp) at tp = pp = 1.
+// shards all-gathered over the same groups. dp=zero2 and fsdp (torchtitan's FSDP2 with EP: the
+// experts sharded over dp / ep, the rest over dp): each unit's runs of dense and expert tensors
+// reduce-scattered (and fsdp's gathered) over their own groups into one buffer per unit, on the
+// sharded engine. Built on the model-parallel engine (strata/engines/model_parallel.hpp) at
+// tp = pp = 1.
 #include "strata/engines/model_parallel.hpp"
 
 namespace {
 
 using namespace strata;
+
+// tp's data-parallel options (dp, prefetch, offload) without sp: ep runs at tp = 1.
+std::vector<OptionSpec> options() {
+  std::vector<OptionSpec> o;
+  for (OptionSpec& t : mp::tensor_parallel_options())
+    if (t.name != "sp") o.push_back(std::move(t));
+  return o;
+}
 
 const PluginDescriptor& descriptor() {
   static const PluginDescriptor d{
@@ -25,14 +36,8 @@ const PluginDescriptor& descriptor() {
       "all-to-all",
       {{"ep",
         "E / ep routed experts per rank, rows dispatched and combined with all_to_allv; "
-        "--mesh dp=D,ep=N (N divides D)",
-        {{"dp",
-          OptionType::choice,
-          "allreduce",
-          "allreduce (the dense parameters' gradients all-reduced over dp, the experts' over "
-          "ep_dp) or zero1 (reduce-scattered over them, optimizer state for this rank's shard "
-          "of each, the updated shards all-gathered: Megatron-Core's distributed optimizer)",
-          {"allreduce", "zero1"}}}}}};
+        "--mesh dp=D,ep=N (N divides D); every dp mode, the experts' state over ep_dp",
+        options()}}};
   return d;
 }
 
@@ -42,6 +47,8 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.pipeline = false;
   c.expert_parallel = true;
   c.dp = mp::dp_mode(o.get("dp"));
+  c.prefetch = int(o.get_int("prefetch"));
+  c.offload_optimizer = o.get("offload") == "optimizer";
   return std::make_unique<mp::MpStrategy>(c);
 }
 

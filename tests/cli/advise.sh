@@ -93,8 +93,8 @@ PY
   >"$dir/mixtral.txt" || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b on 256"; }
 grep -qE "^ +[0-9]+  (1f1b|gpipe|interleaved) dp[0-9]+ tp1 pp[0-9]+ ep8 mb1 " "$dir/mixtral.txt" \
   || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b: no pipeline with ep 8 ranked"; }
-# The ep plugin alone fits only with its optimizer state sharded (dp=zero1: the experts' over
-# ep_dp, the rest over dp); with it replicated (dp=allreduce) it holds 81 GiB of AdamW state.
+# The ep plugin alone fits only with its optimizer state sharded (dp=zero1, zero2, fsdp: the
+# experts' over ep_dp, the rest over dp); replicated (dp=allreduce) it holds 81 GiB of AdamW state.
 grep -qE "^ +[0-9]+  ep dp=zero1 dp256 tp1 pp1 ep8 mb1 " "$dir/mixtral.txt" \
   || { cat "$dir/mixtral.txt"; fail "mixtral-8x7b: ep dp=zero1 not ranked"; }
 if grep -qE "^ +[0-9]+  ep dp256 tp1 pp1 ep8 " "$dir/mixtral.txt"; then

@@ -105,13 +105,11 @@ check "--mesh ep=3: must divide dp=4" --plugin ep --model tiny-moe --mesh dp=4,e
   --ranks-per-node 4
 check "--mesh ep=2: --plugin zero1 does not split the experts" --plugin zero1 --model tiny-moe \
   --mesh dp=2,ep=2 --nodes 1 --ranks-per-node 2
-check "--plugin-opt dp=fsdp: 1f1b with --mesh ep=2 takes dp=allreduce or zero1 so far" \
-  --plugin 1f1b --model tiny-moe --mesh dp=2,pp=2,ep=2 --nodes 1 --ranks-per-node 4 \
-  --plugin-opt dp=fsdp
 check "--plugin 1f1b: expert parallelism needs a mixture of experts (--arch moe)" --plugin 1f1b \
   --mesh dp=2,pp=2,ep=2 --nodes 1 --ranks-per-node 4
-check "--plugin-opt dp=fsdp: must be one of allreduce zero1" --plugin ep --model tiny-moe \
-  --plugin-opt dp=fsdp
+check "--plugin-opt dp=zero3: must be one of allreduce zero1 zero2 fsdp" --plugin ep \
+  --model tiny-moe --plugin-opt dp=zero3
+check "--plugin-opt sp: strategy ep has no such option" --plugin ep --model tiny-moe --plugin-opt sp=on
 check "--mesh pp=2: ep has no pipeline" --plugin ep --model tiny-moe --mesh pp=2 --nodes 1 \
   --ranks-per-node 2
 check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4

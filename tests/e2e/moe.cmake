@@ -4,8 +4,8 @@
 # parallel, ZeRO-3 and FSDP (with full and selective recompute), the pipelines and dp=fsdp x pp;
 # 1F1B with its stages' experts split over ep;
 # expert parallelism (ep: the experts over an ep group carved out of dp) at 1, 2 and 4 ranks, the
-# finer experts also replicated over two ep groups (dp=4, ep=2), with dp=allreduce and zero1
-# (alone and under 1F1B); each on the reference's
+# finer experts also replicated over two ep groups (dp=4, ep=2), under every dp mode (alone and
+# under 1F1B and ZB-H1); each on the reference's
 # trajectory within 1e-5 with memory and bytes = predict(). A capacity
 # of 1 (choices over it dropped, per sequence) has its own reference, which ZeRO-3 over 4 ranks of
 # one sequence each follows: a sequence's drops do not depend on the sequences beside it; finer
@@ -54,6 +54,15 @@ strata_e2e_moe(moe.ep.zero1.dp4.ep2 moe.reference 4 --plugin ep --mesh dp=4,ep=2
                --nodes 2 --plugin-opt dp=zero1 --recompute full)
 strata_e2e_moe(moe.1f1b.dp2.pp2.ep2.zero1 moe.reference 4 --plugin 1f1b --mesh dp=2,pp=2,ep=2
                --nodes 2 --micro-batch 1 --plugin-opt dp=zero1 --plugin-opt offload=optimizer)
+# zero2 and fsdp with ep (torchtitan's FSDP2 with EP): each unit's runs of dense and expert tensors
+# reduce-scattered (fsdp: gathered) over dp and over ep_dp into one buffer per unit, on the
+# sharded engine; under zb-h1 after the chunk's last weight pass.
+strata_e2e_moe(moe.ep.zero2.np2 moe.reference 2 --plugin ep --mesh dp=2,ep=2 --micro-batch 1
+               --plugin-opt dp=zero2)
+strata_e2e_moe(moe.ep.fsdp.dp4.ep2 moe.reference 4 --plugin ep --mesh dp=4,ep=2 --micro-batch 1
+               --nodes 2 --plugin-opt dp=fsdp --plugin-opt prefetch=2)
+strata_e2e_moe(moe.zb-h1.dp2.pp2.ep2.fsdp moe.reference 4 --plugin zb-h1 --mesh dp=2,pp=2,ep=2
+               --nodes 2 --micro-batch 1 --plugin-opt dp=fsdp)
 strata_e2e_moe(moe.capacity.reference moe.capacity.reference 1 --plugin dp --micro-batch 8
                --capacity-factor 1)
 strata_e2e_moe(moe.capacity.zero3.np4 moe.capacity.reference 4 --plugin zero3 --micro-batch 1
@@ -73,6 +82,8 @@ strata_e2e_moe(moe.fine.ep2.dp4 moe.fine.reference 4 --plugin ep --mesh dp=4,ep=
 # over ep_dp) and its shared experts' after them (over dp).
 strata_e2e_moe(moe.fine.ep2.dp4.zero1 moe.fine.reference 4 --plugin ep --mesh dp=4,ep=2
                --micro-batch 2 --nodes 2 --recompute selective --plugin-opt dp=zero1)
+strata_e2e_moe(moe.fine.ep2.dp4.fsdp moe.fine.reference 4 --plugin ep --mesh dp=4,ep=2
+               --micro-batch 1 --nodes 2 --recompute full --plugin-opt dp=fsdp)
 set(MOE_MODEL ${MOE})
 
 # Dropless drops nothing: the run file's moe_dropped_fraction is 0.
@@ -105,6 +116,8 @@ if(STRATA_WITH_ONEDNN)
                   --micro-batch 2)
   strata_e2e_bf16(moe.bf16.ep.zero1.np2 2 moe.bf16.reference ${MOE} --plugin ep --mesh dp=2,ep=2
                   --micro-batch 2 --plugin-opt dp=zero1)
+  strata_e2e_bf16(moe.bf16.ep.fsdp.np2 2 moe.bf16.reference ${MOE} --plugin ep --mesh dp=2,ep=2
+                  --micro-batch 1 --plugin-opt dp=fsdp)
 endif()
 
 set(MOE_CUDA --arch moe --heads 4 --kv-heads 2 --ffn 64 --experts 4 --top-k 2)
@@ -113,5 +126,7 @@ strata_e2e_cuda(moe.ep.np2 2 ${E2E_LOSS_TOL} --plugin ep --mesh dp=2,ep=2 --micr
                 ${MOE_CUDA})
 strata_e2e_cuda(moe.ep.zero1.np2 2 ${E2E_LOSS_TOL} --plugin ep --mesh dp=2,ep=2 --micro-batch 2
                 --plugin-opt dp=zero1 ${MOE_CUDA})
+strata_e2e_cuda(moe.ep.fsdp.np2 2 ${E2E_LOSS_TOL} --plugin ep --mesh dp=2,ep=2 --micro-batch 1
+                --plugin-opt dp=fsdp ${MOE_CUDA})
 strata_e2e_cuda(moe.zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16
                 --capacity-factor 1 --shared-experts 1 ${MOE_CUDA})

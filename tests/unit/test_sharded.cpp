@@ -231,6 +231,38 @@ TEST(Predict, OffloadMovesTheOptimizerStateToTheHost) {
     }
 }
 
+namespace {
+
+// dp 4 carved into 2 ep groups of 2 (each run of experts over the 2 ranks of ep_dp), a micro-batch
+// of 1 a rank.
+PredictInput ep_input(const ModelSpec& moe) {
+  PredictInput in;
+  in.model = moe;
+  in.mesh.dp = 4, in.mesh.ep = 2, in.mesh.ranks_per_node = 4;
+  in.train.micro_batch = 1, in.train.global_batch = 4;
+  return in;
+}
+
+// Rank `rank`'s whole model with its ep group's half of the experts.
+Partition ep_part(const ModelSpec& moe, int rank) {
+  Partition part = whole_model(moe);
+  part.ep_size = 2, part.ep_rank = rank % 2;
+  return part;
+}
+
+// The AdamW state (plan_state's MemTag::optimizer) of `rank` on `part`.
+double optimizer_state(PredictInput in, int rank, const EngineConfig& c, const Partition& part) {
+  in.rank = rank;
+  std::vector<PlanAction> setup;
+  plan_state(in, c, {part}, setup);
+  double bytes = 0;
+  for (const PlanAction& a : setup)
+    if (a.op == PlanOp::alloc && a.memory == MemTag::optimizer) bytes += a.bytes;
+  return bytes;
+}
+
+}  // namespace
+
 // Expert parallelism under zero1 (Megatron-Core's distributed optimizer with EP): a moe block's
 // groups are runs of its dense tensors (over the 4 dp ranks), its routed experts' (over the 2
 // ranks of ep_dp holding the same experts) and its shared experts' after them; they tile the
@@ -242,14 +274,10 @@ TEST(Groups, ExpertParallelZero1ShardsTheExpertsOverTheirReplicas) {
   moe.shared_experts = 1;
   EngineConfig zero1;
   zero1.bucket_mb = std::numeric_limits<double>::infinity();
-  PredictInput in;
-  in.model = moe;
-  in.mesh.dp = 4, in.mesh.ep = 2, in.mesh.ranks_per_node = 4;
-  in.train.micro_batch = 1, in.train.global_batch = 4;
+  const PredictInput in = ep_input(moe);
   double state = 0;
   for (int rank = 0; rank < 4; ++rank) {
-    Partition part = whole_model(moe);
-    part.ep_size = 2, part.ep_rank = rank % 2;
+    const Partition part = ep_part(moe, rank);
     const Placement at = placement(in.mesh, rank, zero1);
     EXPECT_EQ(at.index, rank);
     EXPECT_EQ(at.expert_shards, 2);
@@ -270,6 +298,9 @@ TEST(Groups, ExpertParallelZero1ShardsTheExpertsOverTheirReplicas) {
     }
     EXPECT_EQ(next, total);
     EXPECT_EQ(expert_groups, moe.layers);
+    const auto buckets = bucket_groups(groups);  // zero1: the chunk is one bucket of every run
+    ASSERT_EQ(buckets.size(), 1u);
+    EXPECT_EQ(buckets[0].count, total);
     EXPECT_EQ(groups.size(), std::size_t(2 * moe.layers + 1));  // the shared experts join the
                                                                 // next block's dense run
     const ReplicaLayout layout = replica_layout(groups);
@@ -277,11 +308,42 @@ TEST(Groups, ExpertParallelZero1ShardsTheExpertsOverTheirReplicas) {
     for (std::size_t g = 0; g < groups.size(); ++g) EXPECT_EQ(layout.base[g], groups[g].offset);
     EXPECT_GE(layout.size, total);
     EXPECT_LT(layout.size - total, 4u);
-    in.rank = rank;
-    std::vector<PlanAction> setup;
-    plan_state(in, zero1, {part}, setup);
-    for (const PlanAction& a : setup)
-      if (a.op == PlanOp::alloc && a.memory == MemTag::optimizer) state += a.bytes;
+    state += optimizer_state(in, rank, zero1, part);
+  }
+  EXPECT_DOUBLE_EQ(state, 8.0 * double(moe.total_params()));
+}
+
+// FSDP with expert parallelism (torchtitan's FSDP2 with EP): every unit a bucket, a moe block's
+// cut into its dense run (over dp) and its experts' (over ep_dp); the schedule sees the units
+// (bucket_groups), whose one buffer holds its runs back to back with less than a shard of each
+// run's padding after it; the ranks' AdamW state together is the model's once.
+TEST(Groups, ExpertParallelFsdpBucketsAreUnitsOfRuns) {
+  const ModelSpec moe = model_preset("tiny-moe");
+  EngineConfig fsdp = stage(3);
+  fsdp.units_per_group = 1;
+  const PredictInput in = ep_input(moe);
+  double state = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    const Partition part = ep_part(moe, rank);
+    const Placement at = placement(in.mesh, rank, fsdp);
+    const auto groups = make_groups(moe, {part}, at.shards, fsdp);
+    const auto buckets = bucket_groups(groups);
+    const auto units = StageModel::unit_ranges(moe, part);
+    ASSERT_EQ(buckets.size(), units.size());
+    EXPECT_EQ(groups.size(), units.size() + std::size_t(moe.layers));  // + each block's experts
+    for (int b = 0; b < int(buckets.size()); ++b) {
+      EXPECT_EQ(buckets[b].first_unit, b);
+      EXPECT_EQ(buckets[b].last_unit, b);
+      EXPECT_EQ(buckets[b].offset, units[std::size_t(b)].first);
+      EXPECT_EQ(buckets[b].count, units[std::size_t(b)].second);
+      std::size_t runs = 0, padding = 0;
+      for (const ShardGroup& g : groups)
+        if (g.bucket == b) ++runs, padding += g.padded() - g.count;
+      EXPECT_EQ(runs, b == 0 || b == moe.layers + 1 ? 1u : 2u);
+      EXPECT_GE(bucket_span(groups, b), buckets[b].count);
+      EXPECT_LE(bucket_span(groups, b), buckets[b].count + padding);
+    }
+    state += optimizer_state(in, rank, fsdp, part);
   }
   EXPECT_DOUBLE_EQ(state, 8.0 * double(moe.total_params()));
 }

@@ -87,6 +87,8 @@ int context_parallel_size(const MpConfig& cfg, const MeshSpec& mesh) {
 Partition sharded_partition(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
                             const MpConfig& cfg) {
   Partition part = sharded::tp_partition(model, mesh.tp, coord.tp, cfg.sequence_parallel);
+  part.ep_size = cfg.expert_parallel ? mesh.ep : 1;
+  part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
   part.cp_size = context_parallel_size(cfg, mesh);
   part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
   part.cp_attention = cfg.context_attention;
@@ -191,9 +193,8 @@ std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
 
 namespace {
 
-// Expert parallelism over the mesh's ep group: a moe whose experts ep divides; dp=allreduce or
-// zero1 (the experts' groups sharded over ep_dp: make_groups). zero2 and fsdp would shard groups
-// of whole units, which mix the experts (different on every ep rank) with the rest.
+// Expert parallelism over the mesh's ep group: a moe whose experts ep divides (every dp mode: the
+// sharded ones shard the experts' runs over ep_dp, sharded::make_groups).
 void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const MpConfig& cfg) {
   const std::string who = "--plugin " + cfg.strategy;
   if (model.arch != Arch::moe)
@@ -202,11 +203,6 @@ void validate_expert_axis(const MeshSpec& mesh, const ModelSpec& model, const Mp
     throw ConfigError(who + ": --mesh ep=" + std::to_string(mesh.ep) +
                       " must divide the experts (" + std::to_string(model.experts) +
                       "): each ep rank holds experts / ep of them");
-  if (cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp)
-    throw ConfigError("--plugin-opt dp=" + std::string(dp_mode_name(cfg.dp)) + ": " + cfg.strategy +
-                      (cfg.pipeline ? " with --mesh ep=" + std::to_string(mesh.ep) : "") +
-                      " takes dp=allreduce or zero1 so far (zero2 and fsdp shard whole units, "
-                      "whose experts differ across the ep group)");
 }
 
 }  // namespace
@@ -345,7 +341,7 @@ class Engine {
     cp_comm_ = make_cp_comm(cfg, ctx);
     for (auto& chunk : chunks_) chunk->set_context_comm(cp_comm_.get());
     shards_ = std::make_unique<sharded::Shards>(ctx, dp_axis_config(cfg), models);
-    dp_ = dp_schedule_of(plan_, shards_->groups(), cfg, ctx.model_spec());
+    dp_ = dp_schedule_of(plan_, shards_->buckets(), cfg, ctx.model_spec());
     pending_.resize(chunks_.size());
     if (plan_.K > 1)
       boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
@@ -559,10 +555,10 @@ void MpStrategy::setup(Context& ctx) {
   }
   tp_comm_ = make_tp_comm(config_, ctx);
   cp_comm_ = make_cp_comm(config_, ctx);
-  sharded_ = std::make_unique<sharded::Engine>(
-      ctx, dp_axis_config(config_),
-      sharded_partition(ctx.mesh(), ctx.coord(), ctx.model_spec(), config_), tp_comm_.get(),
-      cp_comm_.get());
+  const Partition part = sharded_partition(ctx.mesh(), ctx.coord(), ctx.model_spec(), config_);
+  if (part.ep_size > 1) ep_comm_ = std::make_unique<SyncExpertParallelComm>(ctx.group(Axis::ep));
+  sharded_ = std::make_unique<sharded::Engine>(ctx, dp_axis_config(config_), part, tp_comm_.get(),
+                                               cp_comm_.get(), ep_comm_.get());
 }
 
 void MpStrategy::train_step(Context& ctx, int step) {

@@ -37,7 +37,7 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   const auto groups = sharded::make_groups(in.model, rank.parts, at.shards, dpc);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   const std::vector<pp::PipeAction>& actions = rank.actions;
-  const DpSchedule dp = dp_schedule_of(rank, groups, cfg, in.model);
+  const DpSchedule dp = dp_schedule_of(rank, sharded::bucket_groups(groups), cfg, in.model);
   auto pass = [&](const UnitPassActions& around, const PlanAction& compute) {
     for (const sharded::Action& x : around.before) sharded::plan_action(x, groups, per, at, out);
     out.push_back(compute);

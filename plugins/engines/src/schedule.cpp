@@ -38,6 +38,7 @@ std::vector<ShardGroup> make_groups(const std::vector<std::pair<std::size_t, std
     g.count = units[last].first + units[last].second - g.offset;
     g.shards = shards;
     g.chunk = (g.count + shards - 1) / shards;
+    g.bucket = int(groups.size());
     groups.push_back(g);
   }
   return groups;
@@ -85,6 +86,7 @@ void split_experts(const ShardGroup& g, const std::vector<LocalTensor>& tensors,
 std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Partition>& parts,
                                     int shards, const EngineConfig& c) {
   std::vector<ShardGroup> groups;
+  int buckets = 0;
   for (int p = 0; p < int(parts.size()); ++p) {
     const Partition& part = parts[std::size_t(p)];
     const auto units = StageModel::unit_ranges(model, part);
@@ -93,6 +95,7 @@ std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Pa
         split ? StageModel::local_tensors(model, part) : std::vector<LocalTensor>{};
     for (ShardGroup g : make_groups(units, part.first_unit, shards, c)) {
       g.part = p;
+      g.bucket = buckets++;
       if (split)
         split_experts(g, tensors, units, part.first_unit, shards / part.ep_size, groups);
       else
@@ -100,6 +103,34 @@ std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Pa
     }
   }
   return groups;
+}
+
+std::vector<ShardGroup> bucket_groups(const std::vector<ShardGroup>& groups) {
+  std::vector<ShardGroup> buckets;
+  for (const ShardGroup& g : groups) {
+    if (!buckets.empty() && int(buckets.size()) - 1 == g.bucket) {
+      ShardGroup& b = buckets.back();
+      b.last_unit = g.last_unit;
+      b.count = g.offset + g.count - b.offset;
+      continue;
+    }
+    ShardGroup b = g;
+    b.experts = false;
+    b.bucket = int(buckets.size());
+    buckets.push_back(b);
+  }
+  return buckets;
+}
+
+std::size_t bucket_span(const std::vector<ShardGroup>& groups, int b) {
+  std::size_t first = 0, end = 0;
+  bool seen = false;
+  for (const ShardGroup& g : groups) {
+    if (g.bucket != b) continue;
+    if (!seen) first = g.offset, seen = true;
+    end = std::max(end, g.offset + g.padded());
+  }
+  return end - first;
 }
 
 ReplicaLayout replica_layout(const std::vector<ShardGroup>& groups) {

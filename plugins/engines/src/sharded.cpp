@@ -23,17 +23,17 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
   for (const StageModel* m : models_)
     parts.push_back(m->partition()), tensors.push_back(m->tensors());
   groups_ = make_groups(ctx.model_spec(), parts, at.shards, c);
-  const int G = int(groups_.size());
-  group_of_unit_.assign(std::size_t(ctx.model_spec().layers) + 2, -1);
-  for (int g = 0; g < G; ++g)
-    for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u) group_of_unit_[u] = g;
-  param_ptrs_.assign(group_of_unit_.size(), BufferView{});
+  buckets_ = bucket_groups(groups_);
+  const int G = int(groups_.size()), B = int(buckets_.size());
+  runs_.resize(std::size_t(B));
+  for (int g = 0; g < G; ++g) runs_[std::size_t(groups_[g].bucket)].push_back(g);
+  param_ptrs_.assign(std::size_t(ctx.model_spec().layers) + 2, BufferView{});
   grad_ptrs_.assign(param_ptrs_.size(), BufferView{});
-  gathered_.resize(G);
-  group_grads_.resize(G);
+  gathered_.resize(B);
+  group_grads_.resize(B);
   reduced_.resize(G);
-  gather_done_.resize(G);
-  reduce_done_.resize(G);
+  gather_done_.resize(B);
+  reduce_done_.resize(B);
   allocate_state(ctx);
   // in_grad_norm depends on the tp rank only, which every partition shares. Expert parallelism:
   // the routed experts differ across the ep group and are replicated over ep_dp (the other ep
@@ -44,8 +44,6 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
     return models_[0]->in_grad_norm(t) && !(ep && expert(t));
   });
   if (ep) {
-    if (c.shard_grads || c.shard_params)
-      throw Error("Shards: expert parallelism runs with dp=allreduce or zero1 only");
     if (c.replicate) {
       ep_group_ = &ctx.group(Axis::ep);
       if (ctx.mesh().dp > ctx.mesh().ep) expert_replica_group_ = &ctx.group(Axis::ep_dp);
@@ -140,52 +138,97 @@ BufferView Shards::local_grads(int part, std::size_t offset, std::size_t count) 
     const ShardGroup& grp = groups_[g];
     if (grp.part != part || offset < grp.offset || offset + count > grp.offset + grp.count)
       continue;
-    if (group_grads_[g].size()) return group_grads_[g].view(offset - grp.offset, count);
+    const int b = grp.bucket;
+    if (group_grads_[b].size()) return group_grads_[b].view(offset - buckets_[b].offset, count);
     if (replica_grads_.size())
       return replica_grads_.view(replica_.base[g] + offset - grp.offset, count);
   }
   throw Error("Shards::local_grads: the range is not inside one group's unsharded gradients");
 }
 
-void Shards::issue_gather(Context& ctx, int g) {
-  const ShardGroup& grp = groups_[g];
-  gathered_[g] = DeviceBuffer(*memory_, MemTag::comm_buffers, param_dtype_, grp.padded());
-  const BufferView full = gathered_[g].view(), shard = shard_params_[g].view();
-  if (shard_group_)
-    gather_done_[g] = ctx.comm_stream().all_gather(*shard_group_, shard, full, ctx.compute_event());
-  else
-    ctx.ops().copy(slice(full, 0, grp.chunk), shard);
-  point_units(g, full, param_ptrs_);
+void Shards::point_bucket(int b, BufferView buffer, UnitPtrs& ptrs) const {
+  for (int g : runs_[b]) {
+    const ShardGroup& grp = groups_[g];
+    point_units(g, slice(buffer, grp.offset - buckets_[b].offset, grp.padded()), ptrs);
+  }
 }
 
-void Shards::reduce_grads(Context& ctx, int g) {
-  const ShardGroup& grp = groups_[g];
-  reduced_[g] = DeviceBuffer(*memory_, MemTag::comm_buffers, grad_dtype_, grp.chunk);
-  const BufferView in = group_grads_[g].view(), out = reduced_[g].view();
-  Group* sg = shard_group_;
+namespace {
+
+// One run's collective of a bucket action: over `group` from `in` to `out`; without a group (one
+// shard) a copy.
+struct RunCollective {
+  Group* group;
+  BufferView in, out;
+};
+
+// `work` on the comm stream behind the compute when any run communicates (its event), else at once.
+std::optional<Event> issue(Context& ctx, const std::vector<RunCollective>& runs, bool replicas,
+                           std::function<void()> work) {
+  const bool comm = replicas || std::any_of(runs.begin(), runs.end(),
+                                            [](const RunCollective& r) { return r.group; });
+  if (comm) return ctx.comm_stream().enqueue(std::move(work), ctx.compute_event());
+  work();
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Each run's shards all-gathered into its place in the bucket's buffer, one after another on the
+// comm stream (a run's padding lands where the next run is gathered after it).
+void Shards::issue_gather(Context& ctx, int b) {
+  gathered_[b] =
+      DeviceBuffer(*memory_, MemTag::comm_buffers, param_dtype_, bucket_span(groups_, b));
+  const BufferView full = gathered_[b].view();
+  std::vector<RunCollective> runs;
+  for (int g : runs_[b]) {
+    const ShardGroup& grp = groups_[g];
+    runs.push_back({shard_group_of(g), shard_params_[g].view(),
+                    slice(full, grp.offset - buckets_[b].offset, grp.padded())});
+  }
+  DeviceOps* ops = &ctx.ops();
+  gather_done_[b] = issue(ctx, runs, false, [runs, ops] {
+    for (const RunCollective& r : runs)
+      if (r.group)
+        r.group->all_gather(r.in, r.out);
+      else
+        ops->copy(slice(r.out, 0, r.in.count), r.in);
+  });
+  point_bucket(b, full, param_ptrs_);
+}
+
+// Each run's gradients reduce-scattered over its own shard group into a buffer of its chunk
+// (then all-reduced over the replicas with hybrid), one after another on the comm stream.
+void Shards::reduce_grads(Context& ctx, int b) {
+  std::vector<RunCollective> runs;
+  for (int g : runs_[b]) {
+    const ShardGroup& grp = groups_[g];
+    reduced_[g] = DeviceBuffer(*memory_, MemTag::comm_buffers, grad_dtype_, grp.chunk);
+    runs.push_back({shard_group_of(g),
+                    slice(group_grads_[b].view(), grp.offset - buckets_[b].offset, grp.padded()),
+                    reduced_[g].view()});
+  }
   Group* rg = replica_group_;
   DeviceOps* ops = &ctx.ops();
-  if (!sg && !rg) {
-    ops->copy(out, slice(in, 0, grp.chunk));
-    return;
-  }
-  reduce_done_[g] = ctx.comm_stream().enqueue(
-      [sg, rg, in, out, grp, ops] {
-        if (sg)
-          sg->reduce_scatter(in, out);
-        else
-          ops->copy(out, slice(in, 0, grp.chunk));
-        if (rg) rg->all_reduce(out);  // hybrid: replicas across nodes
-      },
-      ctx.compute_event());
+  reduce_done_[b] = issue(ctx, runs, rg, [runs, rg, ops] {
+    for (const RunCollective& r : runs) {
+      if (r.group)
+        r.group->reduce_scatter(r.in, r.out);
+      else
+        ops->copy(r.out, slice(r.in, 0, r.out.count));
+      if (rg) rg->all_reduce(r.out);  // hybrid: replicas across nodes
+    }
+  });
 }
 
-void Shards::finish_grads(Context& ctx, int g) {
-  if (reduce_done_[g]) reduce_done_[g]->wait();
-  reduce_done_[g].reset();
-  ctx.ops().axpy(shard_grads_[g].view(), 1.0, reduced_[g].view());
-  reduced_[g] = DeviceBuffer();
-  group_grads_[g] = DeviceBuffer();
+void Shards::finish_grads(Context& ctx, int b) {
+  if (reduce_done_[b]) reduce_done_[b]->wait();
+  reduce_done_[b].reset();
+  for (int g : runs_[b]) {
+    ctx.ops().axpy(shard_grads_[g].view(), 1.0, reduced_[g].view());
+    reduced_[g] = DeviceBuffer();
+  }
+  group_grads_[b] = DeviceBuffer();
 }
 
 void Shards::zero_grads(Context& ctx) {
@@ -195,27 +238,27 @@ void Shards::zero_grads(Context& ctx) {
 }
 
 void Shards::run(Context& ctx, const Action& a) {
-  const int g = a.index;
+  const int b = a.index;
   switch (a.act) {
     case Act::gather:
-      return issue_gather(ctx, g);
+      return issue_gather(ctx, b);
     case Act::wait_gather:
-      if (gather_done_[g]) gather_done_[g]->wait();
-      gather_done_[g].reset();
+      if (gather_done_[b]) gather_done_[b]->wait();
+      gather_done_[b].reset();
       return;
     case Act::free_params:
-      gathered_[g] = DeviceBuffer();
-      for (int u = groups_[g].first_unit; u <= groups_[g].last_unit; ++u)
+      gathered_[b] = DeviceBuffer();
+      for (int u = buckets_[b].first_unit; u <= buckets_[b].last_unit; ++u)
         param_ptrs_[u] = BufferView{};
       return;
     case Act::alloc_grads:
-      group_grads_[g] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, groups_[g].padded());
-      point_units(g, group_grads_[g].view(), grad_ptrs_);
+      group_grads_[b] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, bucket_span(groups_, b));
+      point_bucket(b, group_grads_[b].view(), grad_ptrs_);
       return;
     case Act::reduce_grads:
-      return reduce_grads(ctx, g);
+      return reduce_grads(ctx, b);
     case Act::finish_grads:
-      return finish_grads(ctx, g);
+      return finish_grads(ctx, b);
     case Act::forward:
     case Act::backward:
       throw Error("Shards::run: the passes are the caller's");
@@ -374,15 +417,16 @@ Engine::Engine(Context& ctx, const EngineConfig& c)
     : Engine(ctx, c, whole_model(ctx.model_spec()), nullptr) {}
 
 Engine::Engine(Context& ctx, const EngineConfig& c, const Partition& partition,
-               TensorParallelComm* tp, ContextParallelComm* cp)
+               TensorParallelComm* tp, ContextParallelComm* cp, ExpertParallelComm* ep)
     : model_(std::make_unique<StageModel>(
           ctx.model_spec(), ctx.train().micro_batch, partition, ctx.memory(), ctx.train().recompute,
           ctx.train().precision.param, ctx.train().precision.tp_comm)),
       tp_(partition.tp_size > 1 ? tp : nullptr),
       shards_(std::make_unique<Shards>(ctx, c, std::vector<const StageModel*>{model_.get()})) {
   model_->set_context_comm(cp);
+  if (partition.ep_size > 1) model_->set_expert_comm(ep);
   const Partition& part = model_->partition();
-  schedule_ = micro_batch_schedule(shards_->groups(), part.last_unit - part.first_unit + 1, c,
+  schedule_ = micro_batch_schedule(shards_->buckets(), part.last_unit - part.first_unit + 1, c,
                                    ctx.model_spec().tied());
   passes_only_ = std::all_of(schedule_.begin(), schedule_.end(), [](const Action& a) {
     return a.act == Act::forward || a.act == Act::backward;

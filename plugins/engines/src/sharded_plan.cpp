@@ -17,50 +17,64 @@ int offload_event(int g) { return 3 * g + 2; }
 
 }  // namespace
 
+// Action a of bucket a.index (Shards::run): its runs' collectives one after another on stream 0,
+// setting the bucket's event; its buffers of bucket_span elements, a reduction's per run.
 void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const StateBytes& per,
                  const Placement& at, std::vector<PlanAction>& out) {
-  const Axis shard_axis = at.shard_axis;
-  const int n = at.shards, replicas = at.replicas, g = a.index;
-  auto padded = [&] { return double(groups[std::size_t(g)].padded()); };
-  auto chunk = [&] { return double(groups[std::size_t(g)].chunk); };
+  const int replicas = at.replicas, b = a.index;
+  const double span = double(bucket_span(groups, b));
+  bool comm = false;  // any run with more than one shard
+  for (const ShardGroup& g : groups) comm = comm || (g.bucket == b && g.shards > 1);
+  auto each_run = [&](auto&& f) {
+    for (const ShardGroup& g : groups)
+      if (g.bucket == b) f(g);
+  };
   switch (a.act) {
-    case Act::gather:  // a new buffer for the group (comm_buffers), then its all-gather
-      out.push_back(plan_alloc(MemTag::comm_buffers, per.params * padded()));
-      out.push_back(plan_fresh(per.params * padded()));
-      if (n > 1)
-        out.push_back(
-            plan_comm(CommOp::all_gather, per.params * padded(), shard_axis, 0, gather_event(g)));
+    case Act::gather:  // a new buffer for the bucket (comm_buffers), then its runs' all-gathers
+      out.push_back(plan_alloc(MemTag::comm_buffers, per.params * span));
+      out.push_back(plan_fresh(per.params * span));
+      each_run([&](const ShardGroup& g) {
+        if (g.shards > 1)
+          out.push_back(plan_comm(CommOp::all_gather, per.params * double(g.padded()),
+                                  at.axis_of(g), 0, gather_event(b)));
+      });
       break;
     case Act::wait_gather:
-      if (n > 1) out.push_back(plan_wait(gather_event(g)));
+      if (comm) out.push_back(plan_wait(gather_event(b)));
       break;
-    case Act::forward:
-      out.push_back(plan_forward(g));
+    case Act::forward:  // of unit a.index
+      out.push_back(plan_forward(a.index));
       break;
     case Act::backward:
-      out.push_back(plan_backward(g));
+      out.push_back(plan_backward(a.index));
       break;
-    case Act::alloc_grads:  // the group's unsharded gradients
-      out.push_back(plan_alloc(MemTag::grads, per.grads * padded()));
-      out.push_back(plan_fresh(per.grads * padded()));
+    case Act::alloc_grads:  // the bucket's unsharded gradients
+      out.push_back(plan_alloc(MemTag::grads, per.grads * span));
+      out.push_back(plan_fresh(per.grads * span));
       break;
-    case Act::reduce_grads:  // into a new buffer of the rank's chunk (comm_buffers)
-      out.push_back(plan_alloc(MemTag::comm_buffers, per.grads * chunk()));
-      out.push_back(plan_fresh(per.grads * chunk()));
-      if (n > 1)
-        out.push_back(plan_comm(CommOp::reduce_scatter, per.grads * padded(), shard_axis, 0,
-                                reduce_event(g)));
-      if (replicas > 1)
-        out.push_back(plan_comm(CommOp::all_reduce, per.grads * chunk(), at.replica_axis, 0,
-                                reduce_event(g)));
+    case Act::reduce_grads:  // each run into a new buffer of the rank's chunk (comm_buffers)
+      each_run([&](const ShardGroup& g) {
+        out.push_back(plan_alloc(MemTag::comm_buffers, per.grads * double(g.chunk)));
+        out.push_back(plan_fresh(per.grads * double(g.chunk)));
+      });
+      each_run([&](const ShardGroup& g) {
+        if (g.shards > 1)
+          out.push_back(plan_comm(CommOp::reduce_scatter, per.grads * double(g.padded()),
+                                  at.axis_of(g), 0, reduce_event(b)));
+        if (replicas > 1)
+          out.push_back(plan_comm(CommOp::all_reduce, per.grads * double(g.chunk), at.replica_axis,
+                                  0, reduce_event(b)));
+      });
       break;
-    case Act::finish_grads:  // added into the shard: both buffers go
-      if (n > 1 || replicas > 1) out.push_back(plan_wait(reduce_event(g)));
-      out.push_back(plan_free(MemTag::grads, per.grads * padded()));
-      out.push_back(plan_free(MemTag::comm_buffers, per.grads * chunk()));
+    case Act::finish_grads:  // added into the shards: the buffers go
+      if (comm || replicas > 1) out.push_back(plan_wait(reduce_event(b)));
+      out.push_back(plan_free(MemTag::grads, per.grads * span));
+      each_run([&](const ShardGroup& g) {
+        out.push_back(plan_free(MemTag::comm_buffers, per.grads * double(g.chunk)));
+      });
       break;
     case Act::free_params:
-      out.push_back(plan_free(MemTag::comm_buffers, per.params * padded()));
+      out.push_back(plan_free(MemTag::comm_buffers, per.params * span));
       break;
   }
 }
@@ -106,7 +120,7 @@ std::vector<PlanAction> micro_batch_plan(const std::vector<ShardGroup>& groups, 
                                          const EngineConfig& c, bool tied_head,
                                          const StateBytes& per, const Placement& at) {
   std::vector<PlanAction> out;
-  for (const Action& a : micro_batch_schedule(groups, units, c, tied_head))
+  for (const Action& a : micro_batch_schedule(bucket_groups(groups), units, c, tied_head))
     plan_action(a, groups, per, at, out);
   return out;
 }
@@ -233,6 +247,9 @@ std::string plan_notes(const std::vector<ShardGroup>& groups, const Placement& a
   std::ostringstream notes;
   notes << groups.size() << " group(s) over " << at.shards << " shard(s); padding "
         << (padded - local) << " elements";
+  if (part.ep_size > 1)
+    notes << "; experts over ep=" << part.ep_size << ", their runs over " << at.expert_shards
+          << " shard(s) of ep_dp";
   if (part.tp_size > 1)
     notes << "; tp rank " << part.tp_rank << " of " << part.tp_size
           << (part.sequence_parallel ? " with sequence parallelism" : "");
@@ -245,11 +262,12 @@ std::string plan_notes(const std::vector<ShardGroup>& groups, const Placement& a
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part) {
   const Placement at = placement(in.mesh, in.rank, c);
   const auto units = StageModel::unit_ranges(in.model, part);
-  const auto groups = make_groups(units, part.first_unit, at.shards, c);
+  const auto groups = make_groups(in.model, {part}, at.shards, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   StepPlan plan;
   plan_setup(in, c, part, plan.setup);
   plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
+  plan.expert_parallel = part.ep_size;
   plan.context_parallel = part.cp_size;
   plan.context_attention = part.cp_attention;
   plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, in.model.tied(), per, at);

@@ -65,7 +65,8 @@ struct MpConfig {
   // Expert parallelism (the ep plugin; the pipelines at --mesh ep > 1): a moe's routed experts
   // split over the mesh's ep group, E / ep on each rank (Partition::ep_size = ep), each block's
   // rows exchanged with all_to_allv on it (SyncExpertParallelComm); the experts' gradients
-  // all-reduced (dp=allreduce) or reduce-scattered (dp=zero1) over ep_dp, the rest over dp.
+  // all-reduced (dp=allreduce) or reduce-scattered (the sharded modes) over ep_dp, the rest over
+  // dp.
   bool expert_parallel = false;
   // Context parallelism (the cp plugin; the pipelines at --mesh cp > 1): each sequence split over
   // the mesh's cp group (Partition::cp_size = cp), each attention by context_attention: Ulysses'
@@ -153,6 +154,7 @@ class MpStrategy final : public Strategy {
   // dp=zero2|fsdp at pp = 1: the sharded engine on the tp partition, and its tp collectives.
   std::unique_ptr<TensorParallelComm> tp_comm_;
   std::unique_ptr<ContextParallelComm> cp_comm_;  // the sharded engine's (cp > 1)
+  std::unique_ptr<ExpertParallelComm> ep_comm_;   // the sharded engine's (ep > 1)
   std::unique_ptr<sharded::Engine> sharded_;
 };
 

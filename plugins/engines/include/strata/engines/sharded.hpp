@@ -73,10 +73,14 @@ struct ShardGroup {
   std::size_t padded() const { return chunk * shards; }
   int shards = 1;
   int part = 0;  // the partition (a pipeline stage's chunk) whose units it holds
-  // Expert parallelism with a sharded optimizer (Megatron-Core's distributed optimizer with EP):
-  // the groups are runs of a partition's tensors of one kind, the routed experts' (sharded over
-  // ep_dp, `shards` = dp / ep) or the rest (over dp), so a unit may span groups.
+  // Expert parallelism with a sharded optimizer or gradients (Megatron-Core's distributed
+  // optimizer with EP, torchtitan's FSDP2 with EP): the groups are runs of a partition's tensors
+  // of one kind, the routed experts' (sharded over ep_dp, `shards` = dp / ep) or the rest (over
+  // dp), so a unit may span groups.
   bool experts = false;
+  // The bucket (a ZeRO bucket or an FSDP unit: what the schedule gathers, reduces and frees at
+  // once) this group is a run of; its runs are adjacent and share its buffers (bucket_span).
+  int bucket = 0;
   // Elements of chunk `i` that are real parameters (the rest is padding).
   std::size_t valid(int i) const {
     std::size_t begin = std::size_t(i) * chunk;
@@ -115,6 +119,14 @@ std::vector<ShardGroup> make_groups(const ParamLayout& layout, int shards, const
 std::vector<ShardGroup> make_groups(const ModelSpec& model, const std::vector<Partition>& parts,
                                     int shards, const EngineConfig& c);
 
+// The schedule's groups (micro_batch_schedule, mp::dp_schedule): one per bucket, over its runs'
+// units and elements (the groups themselves where no bucket is cut into runs).
+std::vector<ShardGroup> bucket_groups(const std::vector<ShardGroup>& groups);
+// The elements bucket b's gathered parameters and unsharded gradients take: from its first run's
+// offset to the end of its last run's padded range; each run's padding runs into the next run,
+// which is gathered after it and overwrites it (its reduce-scatter only reads there).
+std::size_t bucket_span(const std::vector<ShardGroup>& groups, int b);
+
 // Where each group starts in a rank's replica of its partitions' parameters (or gradients) and
 // the replica's size. Groups of whole units: padded one after another, so that each group's shards
 // are all-gathered in place. Groups that split units (ShardGroup::experts): the partitions'
@@ -129,7 +141,7 @@ struct ReplicaLayout {
 };
 ReplicaLayout replica_layout(const std::vector<ShardGroup>& groups);
 
-// One step of the schedule.
+// One step of the schedule; `index` of a group's action is its bucket's (bucket_groups).
 enum class Act {
   gather,        // issue the all-gather of a group's parameters (allocates the gathered buffer)
   wait_gather,   // block until that all-gather is done
@@ -252,8 +264,8 @@ class Shards {
   Shards(const Shards&) = delete;
   Shards& operator=(const Shards&) = delete;
 
-  const std::vector<ShardGroup>& groups() const { return groups_; }
-  int group_of_unit(int unit) const { return group_of_unit_[std::size_t(unit)]; }
+  // The schedule's groups (bucket_groups): what its actions' indices name.
+  const std::vector<ShardGroup>& buckets() const { return buckets_; }
   // Unit u's parameters and gradients (ModelSpec's unit numbering), where they are held now:
   // params()[u] is empty while an FSDP unit is not gathered.
   const UnitPtrs& params() const { return param_ptrs_; }
@@ -273,9 +285,12 @@ class Shards {
  private:
   // Parameters (initialised from the run's seed), gradients, AdamW state, offload's host copies.
   void allocate_state(Context& ctx);
-  void issue_gather(Context& ctx, int g);
-  void reduce_grads(Context& ctx, int g);
-  void finish_grads(Context& ctx, int g);
+  // Bucket b's actions, each over its runs in order.
+  void issue_gather(Context& ctx, int b);
+  void reduce_grads(Context& ctx, int b);
+  void finish_grads(Context& ctx, int b);
+  // ptrs[u] for the units of bucket b in `buffer` (its elements from its first run's offset).
+  void point_bucket(int b, BufferView buffer, UnitPtrs& ptrs) const;
   void reduce_replicated_grads(Context& ctx);
   BufferView params_of(int g);
   BufferView grads_of(int g);
@@ -313,8 +328,8 @@ class Shards {
   Group* expert_shard_group_ = nullptr;
   std::vector<ShardSlice> dense_slices_, expert_slices_, expert_norm_slices_;
   Placement at_;
-  std::vector<ShardGroup> groups_;
-  std::vector<int> group_of_unit_;
+  std::vector<ShardGroup> groups_, buckets_;
+  std::vector<std::vector<int>> runs_;  // [bucket]: its groups
   std::vector<ShardSlice> norm_slices_, partial_slices_;
   DeviceBuffer partial_pack_;  // MemTag::comm_buffers: partial_slices_ packed for the all-reduce
   // Parameters: a full padded replica (zero1/2) or this rank's shards plus gathered buffers.
@@ -325,8 +340,9 @@ class Shards {
   DeviceBuffer replica_params_, replica_grads_;
   ReplicaLayout replica_;  // where each group starts in the replicas
   std::vector<DeviceBuffer> shard_params_, shard_grads_;
-  std::vector<DeviceBuffer> gathered_, group_grads_, reduced_;
-  std::vector<std::optional<Event>> gather_done_, reduce_done_;
+  std::vector<DeviceBuffer> gathered_, group_grads_;             // [bucket]
+  std::vector<DeviceBuffer> reduced_;                            // [group]
+  std::vector<std::optional<Event>> gather_done_, reduce_done_;  // [bucket]
   UnitPtrs param_ptrs_, grad_ptrs_;
   std::vector<AdamW> optimizers_;
   std::optional<HostUpdate> host_;  // offload=optimizer
@@ -339,9 +355,10 @@ class Shards {
 class Engine {
  public:
   Engine(Context& ctx, const EngineConfig& c);
-  // cp: the context-parallel exchanges of a part with cp_size > 1 (not owned).
+  // cp, ep: the context- and expert-parallel exchanges of a part with cp_size (ep_size) > 1 (not
+  // owned).
   Engine(Context& ctx, const EngineConfig& c, const Partition& part, TensorParallelComm* tp,
-         ContextParallelComm* cp = nullptr);
+         ContextParallelComm* cp = nullptr, ExpertParallelComm* ep = nullptr);
   ~Engine();
   void train_step(Context& ctx, int step);
 
