@@ -109,6 +109,12 @@ grep -qE "^ +[0-9]+  [a-z0-9-]+( dp=[a-z0-9]+)? dp[0-9]+ tp[0-9]+ pp[0-9]+ cp[24
   "$dir/llama70b.txt" || { cat "$dir/llama70b.txt"; fail "llama3-70b: no configuration with cp"; }
 grep -q "^strategies: cp: dp x tp (tp >= 2), x cp;" "$dir/llama70b.txt" \
   || { cat "$dir/llama70b.txt"; fail "llama3-70b: the cp plugin's axes"; }
+# Ring attention is enumerated beside Ulysses, at cp > 1 only (at cp 1 it is its twin).
+grep -qE "^ +[0-9]+  cp( dp=[a-z0-9]+)? attention=ring dp[0-9]+ tp[0-9]+ pp1 cp[248] mb1 " \
+  "$dir/llama70b.txt" || { cat "$dir/llama70b.txt"; fail "llama3-70b: no ring attention ranked"; }
+if grep -qE "attention=ring dp[0-9]+ tp[0-9]+ pp[0-9]+ mb" "$dir/llama70b.txt"; then
+  cat "$dir/llama70b.txt"; fail "llama3-70b: ring attention enumerated at cp 1"
+fi
 # Nothing fits: said, exit 4.
 rc=0
 "$runner" --advise --profile "$profile" --model gpt3-175b --nodes 1 --ranks-per-node 8 \

@@ -17,25 +17,46 @@ namespace strata {
 namespace {
 
 struct Variant {
-  std::string label;  // "dp=zero1", "" for the defaults
+  std::string label;  // "dp=zero1", "dp=zero1 attention=ring", "" for the defaults
   Options options;
   std::shared_ptr<Strategy> strategy;
+  // Its twin at cp 1 (the label without the attention choice), and whether it differs from that
+  // twin only with cp > 1 (a context-parallel attention).
+  std::string twin;
+  bool cp_only = false;
 };
 
 // The strategy with its defaults, and once per other choice of its `dp` option (what the dp
-// axis of a model-parallel mesh does). Other options keep their defaults.
+// axis of a model-parallel mesh does); each of those also with every other choice of its
+// `attention` option (the context-parallel attention: cp's ring beside Ulysses). Other options
+// keep their defaults.
 std::vector<Variant> variants_of(const AdviseStrategy& s) {
-  std::vector<Variant> out;
-  auto add = [&](const std::string& kv) {
-    const Options o = validate_options(
-        *s.spec, kv.empty() ? std::vector<std::string>{} : std::vector<std::string>{kv});
-    out.push_back({kv, o, s.create(o)});
+  auto choices = [&](const std::string& name) {
+    std::vector<std::string> kvs;
+    for (const OptionSpec& o : s.spec->options)
+      if (o.name == name && o.type == OptionType::choice)
+        for (const std::string& c : o.choices)
+          if (c != o.default_value) kvs.push_back(name + "=" + c);
+    return kvs;
   };
-  add("");
-  for (const OptionSpec& o : s.spec->options)
-    if (o.name == "dp" && o.type == OptionType::choice)
-      for (const std::string& c : o.choices)
-        if (c != o.default_value) add("dp=" + c);
+  std::vector<Variant> out;
+  auto add = [&](const std::vector<std::string>& kvs, const std::string& twin) {
+    std::string label;
+    for (const std::string& kv : kvs) label += (label.empty() ? "" : " ") + kv;
+    const Options o = validate_options(*s.spec, kvs);
+    out.push_back({label, o, s.create(o), twin, label != twin});
+  };
+  std::vector<std::vector<std::string>> dps = {{}};
+  for (const std::string& kv : choices("dp")) dps.push_back({kv});
+  for (const auto& dp : dps) {
+    const std::string twin = dp.empty() ? "" : dp.front();
+    add(dp, twin);
+    for (const std::string& attention : choices("attention")) {
+      std::vector<std::string> kvs = dp;
+      kvs.push_back(attention);
+      add(kvs, twin);
+    }
+  }
   return out;
 }
 
@@ -153,8 +174,8 @@ using Twin = std::tuple<std::string, int, int, int>;
 
 // Every configuration of one strategy on `mesh` (its tp, pp and cp): each ep (a strategy that
 // splits experts at each ep >= 2 dividing dp, for a moe; ep 1 as well unless ep is its only axis,
-// where ep 1 is its dp mode), variant, micro-batch and recompute mode. At cp 1 the twins that fit
-// are put in `fit`; at cp > 1 those are skipped.
+// where ep 1 is its dp mode), variant (an attention choice at cp > 1 only), micro-batch and
+// recompute mode. At cp 1 the twins that fit are put in `fit`; at cp > 1 those are skipped.
 void try_mesh(const MachineProfile& profile, const AdviseRequest& r, const std::string& name,
               const std::vector<Variant>& variants, bool ep_only, bool ep_axis, MeshSpec mesh,
               std::set<Twin>& fit, Advice& out) {
@@ -165,11 +186,12 @@ void try_mesh(const MachineProfile& profile, const AdviseRequest& r, const std::
       if (ep > 1) eps.push_back(ep);
   for (const int ep : eps)
     for (const Variant& v : variants) {
-      if (!v.label.empty() && mesh.replicas() == 1) continue;  // dp's choices change nothing
+      if (!v.twin.empty() && mesh.replicas() == 1) continue;  // dp's choices change nothing
+      if (v.cp_only && mesh.cp == 1) continue;  // the attention choice: its twin there
       mesh.ep = ep;
       for (const int mb : r.micro_batches)
         for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-          const Twin twin{v.label, ep, mb, int(rc)};
+          const Twin twin{v.twin, ep, mb, int(rc)};
           if (mesh.cp > 1 && fit.count(twin)) continue;
           Candidate c{name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
           if (check(profile, r, v, c, out) && mesh.cp == 1) fit.insert(twin);
