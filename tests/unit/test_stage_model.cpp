@@ -836,8 +836,9 @@ CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recomp
   return out;
 }
 
-// GPT-2 (learned positions) and a llama (rotary positions, grouped-query attention) over cp = 2
-// and 4 thread ranks, Ulysses and ring attention (its passes on a comm stream), in every recompute
+// GPT-2 (learned positions) and a llama (rotary positions, grouped-query attention: 4 heads on 2
+// K/V heads, which Ulysses exchanges unrepeated at cp 2 and repeated at cp 4) over cp = 2 and 4
+// thread ranks, Ulysses and ring attention (its passes on a comm stream), in every recompute
 // mode: the ranks' losses sum to the one-rank loss of the whole sequences and their gradients to
 // its gradients (the dp group's sum); each rank's activations are predict_activations' and the
 // bytes it exchanged context_parallel_collectives'.
@@ -866,6 +867,8 @@ TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
             for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += got[rank].grads[i];
             Partition part = whole_model(spec);
             part.cp_size = cp, part.cp_rank = rank, part.cp_attention = how;
+            EXPECT_EQ(Dims(spec, B, part, Device::cpu).ulysses_kv,
+                      spec.arch == Arch::llama && how == ContextAttention::ulysses && cp == 2);
             EXPECT_EQ(got[rank].activation_peak, predict_activations(spec, B, part, r).total(1));
             double bytes = 0;
             for (int u = 1; u <= spec.layers; ++u)
@@ -901,12 +904,14 @@ TEST(StageModelContextParallel, ImpossibleSplitsAreRefused) {
   EXPECT_THROW(StageModel(tiny, 1, part, mem), Error);
 }
 
-// Ulysses' row permutations: each a permutation, each backward one the inverse of its forward.
-TEST(StageModelContextParallel, ExchangePermutationsAreInversePairs) {
-  const ModelSpec tiny = model_preset("tiny");
-  Partition part = whole_model(tiny);
-  part.cp_size = 4, part.cp_rank = 1;
-  const Dims d(tiny, 3, part, Device::cpu);
+void exchange_permutations_are_inverse_pairs(const ModelSpec& spec, int cp) {
+  SCOPED_TRACE(spec.preset + " cp " + std::to_string(cp));
+  Partition part = whole_model(spec);
+  part.cp_size = cp, part.cp_rank = 1;
+  const Dims d(spec, 3, part, Device::cpu);
+  EXPECT_EQ(d.ulysses_kv, spec.kv_heads > 0 && spec.kv_heads != spec.heads);
+  EXPECT_EQ(cp_perm_rows(d, qkv_send) * cp_perm_cols(d, qkv_send),
+            d.ulysses_kv ? d.N * d.QKVl : 3 * d.N * d.Cl);
   const std::vector<std::int32_t> perm = cp_permutations(d);
   auto at = [&](int which, std::size_t row) { return perm[cp_perm_offset(d, which) + row]; };
   for (auto [forward, inverse] :
@@ -923,6 +928,16 @@ TEST(StageModelContextParallel, ExchangePermutationsAreInversePairs) {
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), std::ptrdiff_t(n));
   }
+}
+
+// Ulysses' row permutations: each a permutation, each backward one the inverse of its forward; a
+// GQA llama whose K/V heads cp divides exchanges its projection's heads once (N x QKVl elements,
+// not 3 N Cl).
+TEST(StageModelContextParallel, ExchangePermutationsAreInversePairs) {
+  ModelSpec gqa = model_preset("tiny-llama");
+  gqa.heads = 8, gqa.kv_heads = 4;
+  for (const auto& [spec, cp] : {std::pair{model_preset("tiny"), 4}, std::pair{gqa, 2}})
+    exchange_permutations_are_inverse_pairs(spec, cp);
 }
 
 TEST(StageModelExpertParallel, ImpossibleSplitsAreRefused) {

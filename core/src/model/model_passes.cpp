@@ -352,11 +352,20 @@ void ModelPasses::norm_backward(float* dinp, float* dw, float* db, const float* 
 // and k by the rotary embedding (their NHl + KVl heads are adjacent from column 0) and, with
 // grouped-query attention, repeats K/V to every query head from the projection's output in b.
 // With context parallelism they are formed for the rank's tokens (at their positions: the rotary
-// table's rows are the rank's); Ulysses' in cp_b, exchanged into a.qkv's whole sequences.
+// table's rows are the rank's); Ulysses' in cp_b, exchanged into a.qkv's whole sequences, or
+// with ulysses_kv exchanged in b before the repeat (K/V heads sent once).
 void ModelPasses::qkv_forward(BlockActs& a, BufferView w, const float* bias) {
   const Dims& d = run_;
   const bool gqa = d.KVl != d.NHl;
   const bool ulysses = d.cp > 1 && !d.ring;
+  if (d.ulysses_kv) {
+    const ActView out = as_act(g_.b, a.qkv.dtype);
+    matmul_forward(out, a.ln1_full, w, bias, int(d.N), d.C, int(d.QKVl));
+    k_.rope_forward(out, g_.rope, int(d.N), d.T, 0, int(d.NHl + d.KVl), int(d.hs), int(d.QKVl));
+    cp_exchange(out, out, qkv_send, qkv_full);  // [B, Ta, NHa + 2 KVa] heads
+    k_.repeat_kv_forward(a.qkv, out, d.B * d.Ta, int(d.NHa), int(d.KVa), int(d.hs));
+    return;
+  }
   const ActView qkv = ulysses ? as_act(g_.cp_b, a.qkv.dtype) : a.qkv;
   const ActView out = gqa ? as_act(g_.b, a.qkv.dtype) : qkv;
   matmul_forward(out, a.ln1_full, w, bias, int(d.N), d.C, int(d.QKVl));
@@ -377,12 +386,12 @@ ContextParallelComm& ModelPasses::context_comm() const {
 void ModelPasses::cp_exchange(ActView from, ActView to, CpPerm send, CpPerm recv) {
   const Dims& d = run_;
   ContextParallelComm& comm = context_comm();
-  const std::size_t rows = cp_perm_rows(d, send), n = rows * d.Ca;
+  const std::size_t rows = cp_perm_rows(d, send), cols = cp_perm_cols(d, send), n = rows * cols;
   const ActView out = as_act(g_.cp_a, from.dtype), in = as_act(g_.cp_b, from.dtype);
-  k_.moe_gather(out, from, g_.cp_perm + cp_perm_offset(d, send), int(rows), int(d.Ca));
+  k_.moe_gather(out, from, g_.cp_perm + cp_perm_offset(d, send), int(rows), int(cols));
   const Device device = memory_.device();
   comm.all_to_all({out.data, n, from.dtype, device}, {in.data, n, from.dtype, device});
-  k_.moe_gather(to, in, g_.cp_perm + cp_perm_offset(d, recv), int(rows), int(d.Ca));
+  k_.moe_gather(to, in, g_.cp_perm + cp_perm_offset(d, recv), int(rows), int(cols));
 }
 
 void ModelPasses::attention_forward(BlockActs& a) {
@@ -458,8 +467,8 @@ void ModelPasses::ring_attention_backward(const BlockActs& a, const float* dout,
 // then the projection's backward into partial.
 void ModelPasses::qkv_backward(const BlockActs& a, BufferView w, BufferView gw, float* gbias) {
   const Dims& d = run_;
-  float* dqkv = g_.a;
-  if (d.KVl != d.NHl) {
+  float* dqkv = d.ulysses_kv ? g_.b : g_.a;  // ulysses_kv: K/V's already summed, exchanged
+  if (d.KVl != d.NHl && !d.ulysses_kv) {
     k_.repeat_kv_backward(g_.b, g_.a, int(d.N), int(d.NHl), int(d.KVl), int(d.hs));
     dqkv = g_.b;
   }
@@ -766,8 +775,14 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
     ring_attention_backward(a, datty, g_.a);
   else
     k_.attention_backward(g_.a, g_.b, datty, a.qkv, a.att, a.atty_full, d.B, d.Ta, Ca, NHa);
-  // ... and d(q | k | v) back to this rank's tokens, in place.
-  if (ulysses) cp_exchange(g_.a, g_.a, dqkv_send, dqkv_local);
+  // ... and d(q | k | v) back to this rank's tokens: in place, or with ulysses_kv each K/V head's
+  // gradient summed over its query heads first (into b; qkv_backward takes it from there).
+  if (d.ulysses_kv) {
+    k_.repeat_kv_backward(g_.b, g_.a, d.B * d.Ta, NHa, int(d.KVa), int(d.hs));
+    cp_exchange(g_.b, g_.b, dqkv_send, dqkv_local);
+  } else if (ulysses) {
+    cp_exchange(g_.a, g_.a, dqkv_send, dqkv_local);
+  }
   qkv_backward(a, at(p, o[kQkvW]), at(gr, o[kQkvW]), gbias(kQkvB, d.QKVl));
   const float* dln1 = reduce_input_grad(tp);
   norm_backward(g_.dres, gsmall.grad(o[kLn1W], C), gbias(kLn1B, C), dln1, s.x[l],

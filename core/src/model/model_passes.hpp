@@ -41,7 +41,10 @@ STRATA_EXPORT_BEGIN
 // residual stream on this rank (N/tp with sequence parallelism). Context parallelism (cp > 1):
 // T is the rank's share of each sequence (seq / cp tokens at the positions cp_tokens gives), Ta
 // the whole sequence. Ulysses' attention runs over whole sequences on NHa = NHl / cp heads (Ca =
-// NHa hs columns); ring attention (ring) on the rank's queries and every head (NHa = NHl).
+// NHa hs columns); ring attention (ring) on the rank's queries and every head (NHa = NHl). With
+// grouped-query attention whose K/V heads cp divides (ulysses_kv), Ulysses exchanges q | k | v
+// before K/V are repeated: KVa = KVl / cp K/V heads a rank, repeated to its NHa query heads after
+// the exchange (DeepSpeed repeats before it only when cp does not divide them).
 // KVl: K/V heads on this rank, hs the head size, QKVl = (NHl + 2 KVl) hs the q | k | v
 // projection's outputs on this rank, Fl the MLP's hidden size on this rank, FCl the FC layer's
 // outputs (Fl, or a llama's gate | up 2 Fl; moe: one expert's).
@@ -54,6 +57,8 @@ struct Dims {
   std::size_t NHa, Ca;
   int cp_rank;
   bool ring;
+  bool ulysses_kv;
+  std::size_t KVa;
   // moe: E experts, topk per token, capacity per expert and sequence (0: dropless), R the most
   // rows this rank's tokens send to the experts (moe_max_rows), SF the shared experts' hidden
   // size; 0 otherwise. Expert parallelism: ep ranks, El = E / ep experts here, Rx the most rows
@@ -77,11 +82,13 @@ std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype);
 constexpr std::size_t kHeadLogitsBudget = std::size_t(256) << 20;
 std::size_t head_chunk_rows(const Dims& d);
 
-// Ulysses' exchanges as row permutations of a head group's Ca columns (context parallelism):
-// CpPerm's entries, each an array of cp_perm_rows(d, which) row indices for Kernels::moe_gather
-// (out row r = in row perm[r]). qkv_send packs the rank's [N, 3, cp, Ca] q | k | v rows by
-// destination cp rank, qkv_full unpacks what arrives into whole sequences [B, Ta, 3, Ca];
-// dqkv_send and dqkv_local are their inverses for the backward. out_send, out_local and their
+// Ulysses' exchanges as row permutations of cp_perm_cols(d, which) columns (context
+// parallelism): CpPerm's entries, each an array of cp_perm_rows(d, which) row indices for
+// Kernels::moe_gather (out row r = in row perm[r]). qkv_send packs the rank's q | k | v rows by
+// destination cp rank, qkv_full unpacks what arrives into whole sequences; dqkv_send and
+// dqkv_local are their inverses for the backward. Their rows are a head group's Ca columns
+// ([N, 3, cp, Ca] -> [B, Ta, 3, Ca]), or with ulysses_kv one head's hs ([N, NHl + 2 KVl] ->
+// [B, Ta, NHa + 2 KVa]: the projection's heads, K/V not repeated). out_send, out_local and their
 // inverses dout_full, dout_send do the same for the attention's output [B, Ta, Ca] -> [N, cp, Ca].
 enum CpPerm {
   qkv_send,
@@ -95,6 +102,7 @@ enum CpPerm {
 };
 constexpr int kCpPerms = 8;
 std::size_t cp_perm_rows(const Dims& d, int which);
+std::size_t cp_perm_cols(const Dims& d, int which);
 std::size_t cp_perm_offset(const Dims& d, int which);
 // Every permutation, concatenated in CpPerm order (cp_perm_offset's).
 std::vector<std::int32_t> cp_permutations(const Dims& d);

@@ -153,6 +153,8 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   ring = cp > 1 && p.cp_attention == ContextAttention::ring;
   NHa = ring ? NHl : NHl / cp;
   Ca = NHa * hs;
+  ulysses_kv = cp > 1 && !ring && KVl != NHl && KVl % std::size_t(cp) == 0;
+  KVa = ulysses_kv ? KVl / std::size_t(cp) : 0;
   // Ring attention keeps a log-sum-exp per query row and head.
   att = ring ? std::size_t(B) * NHl * T : attention_state_floats(device, B, Ta, int(Ca), int(NHa));
   attention_bf16 = attention_writes_bf16(device, B, int(Ca), int(NHa));
@@ -189,7 +191,11 @@ std::vector<std::int32_t> ring_indices(const Dims& d) {
 }
 
 std::size_t cp_perm_rows(const Dims& d, int which) {
+  if (which < out_send && d.ulysses_kv) return d.N * (d.NHl + 2 * d.KVl);
   return (which < out_send ? 3 : 1) * d.N * std::size_t(d.cp);
+}
+std::size_t cp_perm_cols(const Dims& d, int which) {
+  return which < out_send && d.ulysses_kv ? d.hs : d.Ca;
 }
 std::size_t cp_perm_offset(const Dims& d, int which) {
   std::size_t at = 0;
@@ -197,11 +203,33 @@ std::size_t cp_perm_offset(const Dims& d, int which) {
   return at;
 }
 
-// Rows of Ca columns: the rank's q | k | v [N, 3, cp, Ca] (token n = b T + t, s in q, k, v, head
-// group j), what it sends [cp, N, 3, Ca] (block j to rank j), what arrives [cp, N, 3, Ca] (block
-// i: rank i's tokens), whole sequences [B, Ta, 3, Ca] (rank i's token t at its cp_position).
+namespace {
+
+// q | k | v's sub-rows per token and destination rank (W) and the rank's row of sub-row `w` of
+// token n for rank j: head groups of Ca columns, the rank's [N, 3, cp] (w: q, k, v); with
+// ulysses_kv heads of hs columns, the rank's [N, NHl + 2 KVl] (w: rank j's q heads, then its k
+// and its v heads).
+struct QkvRows {
+  std::size_t W;
+  const Dims& d;
+  std::size_t local(std::size_t j, std::size_t n, std::size_t w) const {
+    if (!d.ulysses_kv) return (n * 3 + w) * std::size_t(d.cp) + j;
+    const std::size_t NHa = d.NHa, KVa = d.KVa;
+    const std::size_t head = w < NHa         ? j * NHa + w
+                             : w < NHa + KVa ? d.NHl + j * KVa + (w - NHa)
+                                             : d.NHl + d.KVl + j * KVa + (w - NHa - KVa);
+    return n * (d.NHl + 2 * d.KVl) + head;
+  }
+};
+
+}  // namespace
+
+// The rank's q | k | v (QkvRows), what it sends [cp, N, W] (block j to rank j), what arrives
+// [cp, N, W] (block i: rank i's tokens), whole sequences [B, Ta, W] (rank i's token t at its
+// cp_position); the attention's output in rows of Ca columns likewise.
 std::vector<std::int32_t> cp_permutations(const Dims& d) {
   const std::size_t N = d.N, T = std::size_t(d.T), Ta = std::size_t(d.Ta), P = std::size_t(d.cp);
+  const QkvRows qkv{d.ulysses_kv ? d.NHa + 2 * d.KVa : 3, d};
   std::vector<std::int32_t> perm(cp_perm_offset(d, kCpPerms));
   auto entry = [&](CpPerm which, std::size_t row) -> std::int32_t& {
     return perm[cp_perm_offset(d, which) + row];
@@ -214,9 +242,9 @@ std::vector<std::int32_t> cp_permutations(const Dims& d) {
     for (std::size_t n = 0; n < N; ++n) {
       // token n of rank j, in its sequence
       const std::size_t whole = (n / T) * Ta + std::size_t(cp_tokens(d, int(j))(int(n % T)));
-      for (std::size_t s = 0; s < 3; ++s) {
-        link(qkv_send, dqkv_local, (j * N + n) * 3 + s, (n * 3 + s) * P + j);
-        link(qkv_full, dqkv_send, whole * 3 + s, (j * N + n) * 3 + s);
+      for (std::size_t w = 0; w < qkv.W; ++w) {
+        link(qkv_send, dqkv_local, (j * N + n) * qkv.W + w, qkv.local(j, n, w));
+        link(qkv_full, dqkv_send, whole * qkv.W + w, (j * N + n) * qkv.W + w);
       }
       link(out_send, dout_full, j * N + n, whole);
       link(out_local, dout_send, n * P + j, j * N + n);
@@ -555,14 +583,16 @@ std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, 
     if (backward) passes(cp - 1, block), passes(cp, grad);
     return out;
   }
-  // Ulysses: the rank's N tokens on its tp rank's Cl columns, q | k | v [N, 3Cl] out and the
-  // attention's output [N, Cl] back, in the attention's dtype; backward d(output) and
-  // d(q | k | v) in fp32. A full recompute repeats the forward's two; a selective one reruns the
-  // attention on the kept, exchanged q | k | v.
+  // Ulysses: the rank's N tokens on its tp rank's Cl columns, q | k | v [N, 3Cl] out (with
+  // ulysses_kv the projection's [N, QKVl], K/V not repeated) and the attention's output [N, Cl]
+  // back, in the attention's dtype; backward d(output) and d(q | k | v) in fp32. A full
+  // recompute repeats the forward's two; a selective one reruns the attention on the kept,
+  // exchanged q | k | v.
   const double N = double(d.N), Cl = double(d.Cl);
-  const PassCollective qkv{CommOp::all_to_all, 3 * N * Cl * act},
+  const double qkv_cols = d.ulysses_kv ? double(d.QKVl) : 3 * Cl;
+  const PassCollective qkv{CommOp::all_to_all, N * qkv_cols * act},
       out{CommOp::all_to_all, N * Cl * act}, dout{CommOp::all_to_all, N * Cl * sizeof(float)},
-      dqkv{CommOp::all_to_all, 3 * N * Cl * sizeof(float)};
+      dqkv{CommOp::all_to_all, N * qkv_cols * sizeof(float)};
   if (!backward) return {qkv, out};
   if (r == Recompute::full) return {qkv, out, dout, dqkv};
   return {dout, dqkv};
