@@ -38,6 +38,17 @@ std::unique_ptr<ContextParallelComm> make_cp_comm(const MpConfig& cfg, Context& 
                                                    [&ctx] { return ctx.compute_event(); });
 }
 
+// A partition's expert- and context-parallel place: the experts split over the mesh's ep with
+// expert parallelism, the sequences over its cp with context parallelism.
+void place_on_ep_and_cp(Partition& part, const MeshSpec& mesh, const MeshCoord& coord,
+                        const MpConfig& cfg) {
+  part.ep_size = cfg.expert_parallel ? mesh.ep : 1;
+  part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
+  part.cp_size = context_parallel_size(cfg, mesh);
+  part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
+  part.cp_attention = cfg.context_attention;
+}
+
 }  // namespace
 
 Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
@@ -58,11 +69,7 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
     part.tp_size = mesh.tp;
     part.tp_rank = coord.tp;
     part.sequence_parallel = cfg.sequence_parallel;
-    part.ep_size = cfg.expert_parallel ? mesh.ep : 1;
-    part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
-    part.cp_size = context_parallel_size(cfg, mesh);
-    part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
-    part.cp_attention = cfg.context_attention;
+    place_on_ep_and_cp(part, mesh, coord, cfg);
     p.parts.push_back(part);
     p.global.push_back(k);
   }
@@ -87,11 +94,7 @@ int context_parallel_size(const MpConfig& cfg, const MeshSpec& mesh) {
 Partition sharded_partition(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& model,
                             const MpConfig& cfg) {
   Partition part = sharded::tp_partition(model, mesh.tp, coord.tp, cfg.sequence_parallel);
-  part.ep_size = cfg.expert_parallel ? mesh.ep : 1;
-  part.ep_rank = cfg.expert_parallel ? coord.ep : 0;
-  part.cp_size = context_parallel_size(cfg, mesh);
-  part.cp_rank = part.cp_size > 1 ? coord.cp : 0;
-  part.cp_attention = cfg.context_attention;
+  place_on_ep_and_cp(part, mesh, coord, cfg);
   return part;
 }
 

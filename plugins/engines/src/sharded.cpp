@@ -27,6 +27,7 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
   const int G = int(groups_.size()), B = int(buckets_.size());
   runs_.resize(std::size_t(B));
   for (int g = 0; g < G; ++g) runs_[std::size_t(groups_[g].bucket)].push_back(g);
+  for (int b = 0; b < B; ++b) spans_.push_back(bucket_span(groups_, b));
   param_ptrs_.assign(std::size_t(ctx.model_spec().layers) + 2, BufferView{});
   grad_ptrs_.assign(param_ptrs_.size(), BufferView{});
   gathered_.resize(B);
@@ -177,8 +178,7 @@ std::optional<Event> issue(Context& ctx, const std::vector<RunCollective>& runs,
 // Each run's shards all-gathered into its place in the bucket's buffer, one after another on the
 // comm stream (a run's padding lands where the next run is gathered after it).
 void Shards::issue_gather(Context& ctx, int b) {
-  gathered_[b] =
-      DeviceBuffer(*memory_, MemTag::comm_buffers, param_dtype_, bucket_span(groups_, b));
+  gathered_[b] = DeviceBuffer(*memory_, MemTag::comm_buffers, param_dtype_, spans_[b]);
   const BufferView full = gathered_[b].view();
   std::vector<RunCollective> runs;
   for (int g : runs_[b]) {
@@ -252,7 +252,7 @@ void Shards::run(Context& ctx, const Action& a) {
         param_ptrs_[u] = BufferView{};
       return;
     case Act::alloc_grads:
-      group_grads_[b] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, bucket_span(groups_, b));
+      group_grads_[b] = DeviceBuffer(*memory_, MemTag::grads, grad_dtype_, spans_[b]);
       point_bucket(b, group_grads_[b].view(), grad_ptrs_);
       return;
     case Act::reduce_grads:

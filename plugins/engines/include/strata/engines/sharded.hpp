@@ -330,6 +330,7 @@ class Shards {
   Placement at_;
   std::vector<ShardGroup> groups_, buckets_;
   std::vector<std::vector<int>> runs_;  // [bucket]: its groups
+  std::vector<std::size_t> spans_;      // [bucket]: bucket_span, its buffers' elements
   std::vector<ShardSlice> norm_slices_, partial_slices_;
   DeviceBuffer partial_pack_;  // MemTag::comm_buffers: partial_slices_ packed for the all-reduce
   // Parameters: a full padded replica (zero1/2) or this rank's shards plus gathered buffers.
