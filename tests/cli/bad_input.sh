@@ -124,7 +124,6 @@ check "--mesh cp=4: tp x cp must divide the attention heads (4" --plugin cp --me
 check "--mesh cp=2: 2 x cp must divide the sequence length (--seq 63" --plugin cp --mesh cp=2 --nodes 1 --ranks-per-node 2 --seq 63
 check "--plugin-opt attention=spiral: must be one of" --plugin cp --mesh cp=2 --nodes 1 --ranks-per-node 2 --plugin-opt attention=spiral
 check "--calibrate: measures whole sequences; leave cp out of --mesh" --calibrate --profile p.h5 --mesh cp=2 --nodes 1 --ranks-per-node 2
-check "--mesh cp=2: --arch moe's routing and load-balancing loss are per whole sequence" --plugin cp --model tiny-moe --mesh cp=2 --nodes 1 --ranks-per-node 2
 check "--plugin-opt prefetch: must be >= 0" --plugin tp --mesh dp=1,tp=2 --nodes 1 --ranks-per-node 2 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt prefetch: must be >= 0" --plugin 1f1b --mesh dp=2,pp=2 --nodes 1 --ranks-per-node 4 --plugin-opt dp=fsdp --plugin-opt prefetch=-1
 check "--plugin-opt microbatches=4: the batch gives 1" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt microbatches=4

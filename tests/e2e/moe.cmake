@@ -11,8 +11,8 @@
 # one sequence each follows: a sequence's drops do not depend on the sequences beside it; finer
 # experts with shared ones (DeepSeekMoE's) have their own. Then bf16 runs on their bf16 reference
 # (bf16.cmake's tolerances) and the CUDA backend on the emulator against the CPU (cuda.cmake's;
-# bf16 with a capacity and a shared expert; ep's exchanges through the NCCL stand-in). tp is refused for moe (its experts are not
-# tensor-parallel; cli.bad_input checks the line).
+# bf16 with a capacity and a shared expert; ep's exchanges and cp's through the NCCL stand-in).
+# tp is refused for moe (its experts are not tensor-parallel; cli.bad_input checks the line).
 set(MOE --arch moe --layers 4 --heads 8 --kv-heads 4 --ffn 64 --experts 4 --top-k 2)
 
 # strata_e2e_moe(<id> <reference> <ranks> <runner args...>): the run of the model in MOE_MODEL
@@ -67,6 +67,19 @@ strata_e2e_moe(moe.capacity.reference moe.capacity.reference 1 --plugin dp --mic
                --capacity-factor 1)
 strata_e2e_moe(moe.capacity.zero3.np4 moe.capacity.reference 4 --plugin zero3 --micro-batch 1
                --nodes 2 --capacity-factor 1)
+# Context parallelism: each rank routes its two zig-zag chunks of every sequence; the chunks'
+# routing counts, gathered over cp, give each chunk the choices ahead of it (the capacity's drops)
+# and each rank the whole sequences' counts (the load-balancing loss, its share of which is its
+# tokens'). Ulysses dropless and with a capacity (over dp x cp under zero1), ring with a capacity
+# and full recompute (the counts gathered again), and a pipeline's stages with ep x cp.
+strata_e2e_moe(moe.cp.np2 moe.reference 2 --plugin cp --mesh cp=2 --micro-batch 2)
+strata_e2e_moe(moe.capacity.cp.dp2.cp2.zero1 moe.capacity.reference 4 --plugin cp
+               --mesh dp=2,cp=2 --nodes 2 --micro-batch 2 --capacity-factor 1 --plugin-opt dp=zero1)
+strata_e2e_moe(moe.capacity.cp.ring.np4.full moe.capacity.reference 4 --plugin cp --mesh cp=4
+               --nodes 2 --micro-batch 2 --capacity-factor 1 --plugin-opt attention=ring
+               --recompute full)
+strata_e2e_moe(moe.1f1b.dp2.cp2.ep2 moe.reference 4 --plugin 1f1b --mesh dp=2,cp=2,ep=2 --nodes 2
+               --micro-batch 1)
 # DeepSeekMoE's shape: 8 finer experts of 32, top 3, and 2 shared experts beside them.
 set(MOE_MODEL --arch moe --layers 4 --heads 8 --kv-heads 4 --ffn 32 --experts 8 --top-k 3
               --shared-experts 2)
@@ -128,5 +141,7 @@ strata_e2e_cuda(moe.ep.zero1.np2 2 ${E2E_LOSS_TOL} --plugin ep --mesh dp=2,ep=2 
                 --plugin-opt dp=zero1 ${MOE_CUDA})
 strata_e2e_cuda(moe.ep.fsdp.np2 2 ${E2E_LOSS_TOL} --plugin ep --mesh dp=2,ep=2 --micro-batch 1
                 --plugin-opt dp=fsdp ${MOE_CUDA})
+strata_e2e_cuda(moe.cp.np2 2 ${E2E_LOSS_TOL} --plugin cp --mesh cp=2 --micro-batch 2
+                --capacity-factor 1 ${MOE_CUDA})
 strata_e2e_cuda(moe.zero3.np2.bf16 2 2e-3 --plugin zero3 --micro-batch 2 --precision bf16
                 --capacity-factor 1 --shared-experts 1 ${MOE_CUDA})

@@ -829,13 +829,17 @@ TEST_F(CudaLayers, MoeRoutingDispatchAndCombine) {
   expect_close("router dlogits", d_dlogits.host(), dlogits, kReduceRtol, kReduceAtol);
 
   std::vector<float> aux(Bq), daux(probs.size());
-  cpu::moe_aux_loss_forward(aux.data(), probs.data(), experts.data(), Bq, Tq, E, k, 0.01f);
-  cpu::moe_aux_loss_backward(daux.data(), experts.data(), Bq, Tq, E, k, 0.5f);
+  // The sequences' counts, and a sequence of 2 Tq tokens (half of it on another cp rank).
+  const std::vector<std::int32_t> choices =
+      strata::moe_chunk_choices(experts.data(), Bq, Tq, E, k, 1);
+  cpu::moe_aux_loss_forward(aux.data(), probs.data(), choices.data(), Bq, Tq, 2 * Tq, E, k, 0.01f);
+  cpu::moe_aux_loss_backward(daux.data(), choices.data(), Bq, Tq, 2 * Tq, E, k, 0.5f);
   DeviceBuffer<float> d_aux(Bq), d_daux(daux.size()), d_scratch(std::size_t(Bq) * E);
-  gpu::moe_aux_loss_forward(ctx(), d_aux.get(), d_scratch.get(), d_probs.get(), d_experts.get(), Bq,
-                            Tq, E, k, 0.01f);
-  gpu::moe_aux_loss_backward(ctx(), d_daux.get(), d_scratch.get(), d_experts.get(), Bq, Tq, E, k,
-                             0.5f);
+  DeviceBuffer<std::int32_t> d_choices(choices);
+  gpu::moe_aux_loss_forward(ctx(), d_aux.get(), d_scratch.get(), d_probs.get(), d_choices.get(), Bq,
+                            Tq, 2 * Tq, E, k, 0.01f);
+  gpu::moe_aux_loss_backward(ctx(), d_daux.get(), d_scratch.get(), d_choices.get(), Bq, Tq, 2 * Tq,
+                             E, k, 0.5f);
   expect_close("aux loss", d_aux.host(), aux, kReduceRtol, kReduceAtol);
   expect_close("aux dprobs", d_daux.host(), daux, kElemRtol, kElemAtol);
 

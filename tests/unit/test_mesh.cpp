@@ -53,8 +53,8 @@ bool same_group(const Mesh& m, Axis axis, int a, int b) {
              m.index_in_group(Axis::dp_intra_node, a) == m.index_in_group(Axis::dp_intra_node, b);
     case Axis::ep:  // the same run of ep dp indices
       return x.tp == y.tp && x.pp == y.pp && cp && x.dp / m.spec().ep == y.dp / m.spec().ep;
-    case Axis::ep_dp:  // the same place in their runs
-      return x.tp == y.tp && x.pp == y.pp && cp && x.dp % m.spec().ep == y.dp % m.spec().ep;
+    case Axis::ep_dp:  // the same place in their runs, every cp index
+      return x.tp == y.tp && x.pp == y.pp && x.dp % m.spec().ep == y.dp % m.spec().ep;
   }
   return false;
 }
@@ -134,6 +134,12 @@ TEST(Mesh, ContextParallelGroupsSplitSequences) {
   EXPECT_EQ(m.group(Axis::tp, r), (std::vector<int>{6, 7}));
   EXPECT_EQ(m.group(Axis::dp, r), (std::vector<int>{1, 3, 5, 7}));
   EXPECT_EQ(m.index_in_group(Axis::cp, r), 1);
+  // ep 2 inside dp (one ep group): the token exchange stays on the rank's cp index, the experts'
+  // replicas are its cp peers, which routed other tokens of the same sequences.
+  s.ep = 2;
+  const Mesh e(s);
+  EXPECT_EQ(e.group(Axis::ep, r), (std::vector<int>{3, 7}));
+  EXPECT_EQ(e.group(Axis::ep_dp, r), (std::vector<int>{5, 7}));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "backends/cpu/layers.hpp"
 #include "model/moe_dispatch.hpp"
 #include "random_inputs.hpp"
+#include "strata/model.hpp"
 #include "strata/types.hpp"
 
 namespace cpu = strata::cpu;
@@ -115,8 +116,10 @@ TEST(MoeAuxLoss, IsTheSequenceWiseFormulaAndItsGradient) {
     for (int e = 0; e < E; ++e) probs[std::size_t(n) * E + e] = r[e] / s;
   }
   std::vector<float> loss(B), dprobs(std::size_t(N) * E);
-  cpu::moe_aux_loss_forward(loss.data(), probs.data(), experts.data(), B, T, E, k, coef);
-  cpu::moe_aux_loss_backward(dprobs.data(), experts.data(), B, T, E, k, coef * scale);
+  const std::vector<std::int32_t> choices =
+      strata::moe_chunk_choices(experts.data(), B, T, E, k, 1);  // [B, E]
+  cpu::moe_aux_loss_forward(loss.data(), probs.data(), choices.data(), B, T, T, E, k, coef);
+  cpu::moe_aux_loss_backward(dprobs.data(), choices.data(), B, T, T, E, k, coef * scale);
   EXPECT_NEAR(loss[0], coef, 1e-8);
   for (int b = 0; b < B; ++b) {
     double want = 0;
@@ -132,6 +135,73 @@ TEST(MoeAuxLoss, IsTheSequenceWiseFormulaAndItsGradient) {
         EXPECT_NEAR(dprobs[std::size_t(b * T + t) * E + e], scale * coef * f / T, 1e-9);
     }
     EXPECT_NEAR(loss[b], coef * want, 1e-8) << "sequence " << b;
+  }
+  // Two ranks holding half of each sequence (context parallelism; any split of the tokens): with
+  // the whole sequences' counts, their losses add up to the sequences' and their d(probs) are the
+  // sequences' rows.
+  const int H = T / 2;
+  std::vector<float> halves[2], half_loss[2] = {std::vector<float>(B), std::vector<float>(B)};
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h)
+      halves[h].insert(halves[h].end(), probs.begin() + std::ptrdiff_t(b * T + h * H) * E,
+                       probs.begin() + std::ptrdiff_t(b * T + h * H + H) * E);
+  for (int h = 0; h < 2; ++h) {
+    std::vector<float> dhalf(halves[h].size());
+    cpu::moe_aux_loss_forward(half_loss[h].data(), halves[h].data(), choices.data(), B, H, T, E, k,
+                              coef);
+    cpu::moe_aux_loss_backward(dhalf.data(), choices.data(), B, H, T, E, k, coef * scale);
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < H * E; ++i)
+        EXPECT_EQ(dhalf[std::size_t(b * H * E + i)], dprobs[std::size_t((b * T + h * H) * E + i)]);
+  }
+  for (int b = 0; b < B; ++b) EXPECT_NEAR(half_loss[0][b] + half_loss[1][b], loss[b], 1e-8);
+}
+
+// Context parallelism: cp ranks each hold two zig-zag chunks of every sequence (cp_position). From
+// their chunks' counts, all-gathered, each rank's plan keeps and drops exactly the choices the
+// whole sequences' plan does, and every rank sees the sequences' counts.
+TEST(MoeDispatchPlan, ContextParallelChunksDropAsTheWholeSequence) {
+  const int B = 2, T = 24, E = 4, k = 2;
+  std::mt19937 rng(17);
+  std::vector<std::int32_t> experts(std::size_t(B) * T * k);
+  for (std::size_t c = 0; c < experts.size(); c += k) {  // crowded: experts 0 and 1 take most
+    experts[c] = int(rng() % 2);
+    experts[c + 1] = 2 + int(rng() % 2);
+  }
+  const int cap = strata::moe_capacity(0.75, T, E, k);  // 9 of ~12 choices an expert
+  const MoeDispatch whole = strata::moe_dispatch(experts.data(), B, T, E, k, cap);
+  ASSERT_GT(whole.dropped, 0);
+  const std::vector<std::int32_t> counts = strata::moe_chunk_choices(experts.data(), B, T, E, k, 1);
+  for (const int cp : {2, 4}) {
+    const int Tl = T / cp;
+    std::vector<std::vector<std::int32_t>> local(cp);  // each rank's choices [B Tl, k]
+    std::vector<std::int32_t> all;
+    for (int r = 0; r < cp; ++r) {
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < Tl; ++t) {
+          const auto at =
+              experts.begin() + (std::ptrdiff_t(b) * T + strata::cp_position(T, cp, r, t)) * k;
+          local[r].insert(local[r].end(), at, at + k);
+        }
+      const auto mine = strata::moe_chunk_choices(local[r].data(), B, Tl, E, k, 2);
+      all.insert(all.end(), mine.begin(), mine.end());
+    }
+    std::int64_t dropped = 0;
+    for (int r = 0; r < cp; ++r) {
+      const strata::MoeSequenceChoices seq = strata::moe_sequence_choices(all, cp, r, B, E);
+      EXPECT_EQ(seq.sequence, counts) << "cp " << cp << " rank " << r;
+      const MoeDispatch plan = strata::moe_dispatch(local[r].data(), B, Tl, E, k, cap, seq.split);
+      dropped += plan.dropped;
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < Tl; ++t)
+          for (int j = 0; j < k; ++j) {
+            const std::size_t n = std::size_t(b) * T + strata::cp_position(T, cp, r, t);
+            EXPECT_EQ(plan.row_of[(std::size_t(b) * Tl + t) * k + j] >= 0,
+                      whole.row_of[n * k + j] >= 0)
+                << "cp " << cp << " rank " << r << " sequence " << b << " token " << t;
+          }
+    }
+    EXPECT_EQ(dropped, whole.dropped) << "cp " << cp;
   }
 }
 

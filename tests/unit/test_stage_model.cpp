@@ -799,9 +799,9 @@ TEST(StageModelExpertParallel, RanksEqualOneRankOnEachMicroBatch) {
 // Context parallelism: rank k of cp runs its share (cp_position) of the same micro-batch's
 // sequences.
 struct CpResult {
-  double loss = 0;
+  double loss = 0, aux_loss = 0;  // aux_loss: a moe's load-balancing loss (its share)
   std::vector<float> grads;
-  std::uint64_t activation_peak = 0, exchanged = 0;  // all_to_all, send and recv bytes
+  std::uint64_t activation_peak = 0, exchanged = 0;  // all_to_all, all_gather, send, recv bytes
 };
 
 CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recompute r,
@@ -826,32 +826,41 @@ CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recomp
   const int slot = m.acquire_slot();
   m.forward(slot, view(params.data(), params.size()), mine.mb(B, T), nullptr);
   out.loss = m.loss_sum(slot);
+  out.aux_loss = m.aux_loss_sum(slot);
   m.backward(slot, view(params.data(), params.size()), view(out.grads.data(), out.grads.size()),
              nullptr, 1.0f / float(B * spec.seq));
   out.activation_peak = mem.peak(MemTag::activations);
   if (ledger)
     for (const CommRecord& c : ledger->records())
-      if (c.op == CommOp::all_to_all || c.op == CommOp::send || c.op == CommOp::recv)
+      if (c.op == CommOp::all_to_all || c.op == CommOp::all_gather || c.op == CommOp::send ||
+          c.op == CommOp::recv)
         out.exchanged += c.bytes;
   return out;
 }
 
-// GPT-2 (learned positions) and a llama (rotary positions, grouped-query attention: 4 heads on 2
-// K/V heads, which Ulysses exchanges unrepeated at cp 2 and repeated at cp 4) over cp = 2 and 4
-// thread ranks, Ulysses and ring attention (its passes on a comm stream), in every recompute
-// mode: the ranks' losses sum to the one-rank loss of the whole sequences and their gradients to
-// its gradients (the dp group's sum); each rank's activations are predict_activations' and the
-// bytes it exchanged context_parallel_collectives'.
+// GPT-2 (learned positions), a llama (rotary positions, grouped-query attention: 4 heads on 2
+// K/V heads, which Ulysses exchanges unrepeated at cp 2 and repeated at cp 4) and a moe with a
+// capacity that drops choices (each rank's chunks keep what the whole sequence keeps) over cp = 2
+// and 4 thread ranks, Ulysses and ring attention (its passes on a comm stream), in every
+// recompute mode: the ranks' losses (and load-balancing losses, and drops) sum to the one-rank
+// ones of the whole sequences and their gradients to its gradients (the dp group's sum); each
+// rank's activations are predict_activations' and the bytes it exchanged
+// context_parallel_collectives'.
 TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
   const ModelSpec llama{"att-heavy-llama", 2, 32, 4, 16, 64, Arch::llama, 2, 96, 10000};
+  // 4 experts, top 2, 6 choices an expert and sequence (of 8 on average): drops in every one
+  const ModelSpec moe{"att-heavy-moe", 2, 32, 4, 16, 64, Arch::moe, 2, 96, 10000, 4, 2, 0.75};
   const int B = 2;
-  for (const ModelSpec& spec : {att_heavy(), llama})
+  for (const ModelSpec& spec : {att_heavy(), llama, moe})
     for (int cp : {2, 4})
       for (ContextAttention how : {ContextAttention::ulysses, ContextAttention::ring})
         for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
           SCOPED_TRACE(spec.preset + " cp " + std::to_string(cp) + " " +
                        context_attention_name(how) + " " + recompute_name(r));
+          const std::int64_t dropped_before = moe_routing_counts().dropped;
           const CpResult ref = run_cp_rank(spec, B, whole_model(spec), r, nullptr, nullptr);
+          const std::int64_t dropped = moe_routing_counts().dropped - dropped_before;
+          EXPECT_EQ(dropped > 0, spec.arch == Arch::moe);
           const std::vector<CpResult> got = on_thread_ranks(cp, [&](int rank, ThreadGroup& group,
                                                                     CommLedger& ledger) {
             Partition part = whole_model(spec);
@@ -860,15 +869,17 @@ TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
             SyncContextParallelComm comm(group, how == ContextAttention::ring ? &stream : nullptr);
             return run_cp_rank(spec, B, part, r, &comm, &ledger);
           });
-          double loss = 0, most = 0;
+          EXPECT_EQ(moe_routing_counts().dropped - dropped_before, 2 * dropped);
+          double loss = 0, aux_loss = 0, most = 0;
           std::vector<double> sum(ref.grads.size(), 0.0);
           for (int rank = 0; rank < cp; ++rank) {
             loss += got[rank].loss;
+            aux_loss += got[rank].aux_loss;
             for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += got[rank].grads[i];
             Partition part = whole_model(spec);
             part.cp_size = cp, part.cp_rank = rank, part.cp_attention = how;
             EXPECT_EQ(Dims(spec, B, part, Device::cpu).ulysses_kv,
-                      spec.arch == Arch::llama && how == ContextAttention::ulysses && cp == 2);
+                      spec.llama_block() && how == ContextAttention::ulysses && cp == 2);
             EXPECT_EQ(got[rank].activation_peak, predict_activations(spec, B, part, r).total(1));
             double bytes = 0;
             for (int u = 1; u <= spec.layers; ++u)
@@ -880,6 +891,8 @@ TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
             EXPECT_EQ(double(got[rank].exchanged), bytes) << rank;
           }
           EXPECT_NEAR(loss, ref.loss, 1e-6 * std::fabs(ref.loss));
+          EXPECT_NEAR(aux_loss, ref.aux_loss, 1e-6 * std::fabs(ref.aux_loss));
+          EXPECT_EQ(ref.aux_loss > 0, spec.arch == Arch::moe);
           for (float g : ref.grads) most = std::max(most, double(std::fabs(g)));
           ASSERT_GT(most, 1e-4);
           for (std::size_t i = 0; i < sum.size(); ++i)
@@ -897,7 +910,7 @@ TEST(StageModelContextParallel, ImpossibleSplitsAreRefused) {
   EXPECT_THROW(validate_context_parallel(tiny, 1, 64), ConfigError);  // 2 cp chunks of seq
   EXPECT_NO_THROW(validate_context_parallel(tiny, 2, 4, ContextAttention::ring));  // any heads
   EXPECT_THROW(validate_context_parallel(tiny, 1, 0), ConfigError);
-  EXPECT_THROW(validate_context_parallel(model_preset("tiny-moe"), 1, 2), ConfigError);
+  EXPECT_NO_THROW(validate_context_parallel(model_preset("tiny-moe"), 1, 2));  // per-sequence counts
   MemoryLedger mem;
   Partition part = whole_model(tiny);
   part.cp_size = 2, part.cp_rank = 2;

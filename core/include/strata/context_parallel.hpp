@@ -12,6 +12,8 @@
 //   ring passes), attending its queries to each block as it arrives and merging the blocks'
 //   outputs by their log-sum-exps (flash attention's online softmax); the backward passes the
 //   keys and values again, each block's gradient travelling with it back to its owner (cp passes).
+// A moe block also gathers every cp rank's routing counts per chunk of each sequence: its
+// capacity and load-balancing loss are per whole sequence (all_gather).
 // StageModel calls these on the compute thread. The ring pass is split in two so a comm stream
 // can carry it while the compute thread attends the block in hand.
 #pragma once
@@ -32,6 +34,8 @@ class ContextParallelComm {
   // Group::all_to_all: block j of `in` (in.count / size() elements) to rank j, block i of `out`
   // from rank i.
   virtual void all_to_all(BufferView in, BufferView out) = 0;
+  // Group::all_gather: every rank's `mine`, rank after rank (all.count == mine.count x size()).
+  virtual void all_gather(BufferView mine, BufferView all) = 0;
   // Ring attention's pass: `send` to rank (rank() + 1) % size(), `recv` (as many elements) from
   // rank (rank() - 1 + size()) % size(). ring_start may return before the pass is done and
   // ring_wait() waits for it; neither buffer is touched in between.
@@ -52,6 +56,7 @@ class SyncContextParallelComm final : public ContextParallelComm {
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
   void all_to_all(BufferView in, BufferView out) override { group_.all_to_all(in, out); }
+  void all_gather(BufferView mine, BufferView all) override { group_.all_gather(mine, all); }
   void ring_start(BufferView send, BufferView recv) override {
     if (!stream_) return pass(send, recv);
     pending_ = stream_->enqueue([this, send, recv] { pass(send, recv); },

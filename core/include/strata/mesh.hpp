@@ -39,8 +39,9 @@ struct MeshCoord {
 // dp-cp group); cp: the ranks splitting this rank's sequences, in cp order. dp_intra_node: the dp
 // peers on this (virtual) node; dp_inter_node: the dp peers with the same position among their
 // node's peers on every other node. ep: the dp peers of this rank's expert-parallel group (dp
-// indices [e*ep, e*ep + ep)); ep_dp: the dp peers at the same place in every other ep group
-// (Megatron's expert-data-parallel group: the replicas of this rank's experts). There is
+// indices [e*ep, e*ep + ep), at this rank's cp index); ep_dp: the dp peers at the same place in
+// every other ep group and, with cp > 1, every cp index of each (Megatron's expert-data-parallel
+// group: the replicas of this rank's experts, whose gradients are reduced over both). There is
 // deliberately no world communicator: a strategy talks on its own axes.
 enum class Axis { dp, tp, pp, dp_intra_node, dp_inter_node, ep, ep_dp, cp };
 

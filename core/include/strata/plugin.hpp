@@ -24,7 +24,7 @@ STRATA_EXPORT_BEGIN
 namespace strata {
 
 // Bump when any SDK type crossing the plugin boundary changes layout or meaning.
-inline constexpr std::uint32_t kPluginAbiVersion = 18;
+inline constexpr std::uint32_t kPluginAbiVersion = 19;
 
 enum class OptionType { integer, real, boolean, string, choice };
 const char* option_type_name(OptionType t);

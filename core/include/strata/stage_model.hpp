@@ -51,7 +51,7 @@ void validate_expert_parallel(const ModelSpec& spec, int ep);
 
 // Throws ConfigError (one line, naming the option) if the model's sequences cannot be split cp
 // ways: 2 cp must divide seq (cp_position's chunks), Ulysses' cp the heads of a tp rank (it gives
-// each cp rank whole heads), and moe's routing is per whole sequence (refused at cp > 1).
+// each cp rank whole heads).
 void validate_context_parallel(const ModelSpec& spec, int tp, int cp,
                                ContextAttention attention = ContextAttention::ulysses);
 
@@ -259,9 +259,10 @@ std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, i
 // d(output) rows out and d(input) rows back (fp32). all_to_all's bytes are the rank's send buffer:
 // its own rows out, what it received back, so they follow the routing; stated here dropless at a
 // uniform routing (each rank receives as many rows as it sends), where the sum over the ranks is
-// exact for any routing. Empty at ep 1 and for other units.
+// exact for any routing. A rank routes its seq / cp tokens of each sequence (context
+// parallelism). Empty at ep 1 and for other units.
 std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, int micro_batch,
-                                                        int unit, bool backward, int ep,
+                                                        int unit, bool backward, int ep, int cp,
                                                         Recompute recompute, DType param_dtype);
 
 // The context-parallel exchanges (context_parallel.hpp) of one micro-batch's forward or backward
@@ -271,7 +272,9 @@ std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, i
 // gradients backward, a full recompute's forward ones again (all_to_all's bytes: the rank's send
 // buffer). Ring: the key-value block's cp - 1 passes forward (a send and a receive each); backward
 // those again and its gradient's cp passes, after a recompute's (full or selective) forward ones.
-// Empty at cp 1 and for the embedding and the head.
+// A moe block then gathers every cp rank's routing choices per chunk of each sequence and expert
+// ([cp, B, 2, E] of int32, moe_sequence_choices) in each forward, a full recompute's too. Empty at
+// cp 1 and for the embedding and the head.
 std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, int micro_batch,
                                                          int unit, bool backward, int tp, int cp,
                                                          ContextAttention attention,

@@ -126,10 +126,10 @@ class Kernels {
                                     const float* gates, const float* dgates, const float* dprobs,
                                     int N, int E, int k) = 0;
   virtual void moe_aux_loss_forward(float* loss, float* scratch, const float* probs,
-                                    const std::int32_t* experts, int B, int T, int E, int k,
-                                    float coef) = 0;
-  virtual void moe_aux_loss_backward(float* dprobs, float* scratch, const std::int32_t* experts,
-                                     int B, int T, int E, int k, float coef_scale) = 0;
+                                    const std::int32_t* choices, int B, int T, int seq, int E,
+                                    int k, float coef) = 0;
+  virtual void moe_aux_loss_backward(float* dprobs, float* scratch, const std::int32_t* choices,
+                                     int B, int T, int seq, int E, int k, float coef_scale) = 0;
   virtual void moe_gather(ActView out, ActView x, const std::int32_t* token_of, int rows,
                           int C) = 0;
   virtual void moe_gather_backward(float* dx, const float* din, const std::int32_t* row_of, int N,

@@ -506,13 +506,36 @@ std::int64_t ModelPasses::plan_dispatch(BlockActs& a) {
   const std::size_t choices = d.N * std::size_t(d.topk);
   std::vector<std::int32_t> experts(choices);
   copy_bytes(device, experts.data(), a.experts, choices * sizeof(std::int32_t));
-  MoeDispatch plan = moe_dispatch(experts.data(), d.B, d.T, d.E, d.topk, d.capacity);
+  const MoeSequenceChoices sequences = sequence_choices(experts);
+  copy_bytes(device, a.sequence_choices, sequences.sequence.data(),
+             sequences.sequence.size() * sizeof(std::int32_t));
+  MoeDispatch plan =
+      moe_dispatch(experts.data(), d.B, d.T, d.E, d.topk, d.capacity, sequences.split);
   copy_bytes(device, a.row_of, plan.row_of.data(), choices * sizeof(std::int32_t));
   copy_bytes(device, a.token_of, plan.token_of.data(), plan.token_of.size() * sizeof(std::int32_t));
   a.expert_offset = std::move(plan.offset);
   a.expert_rows = std::move(plan.count);
   a.rows = plan.rows();
   return plan.dropped;
+}
+
+MoeSequenceChoices ModelPasses::sequence_choices(const std::vector<std::int32_t>& experts) {
+  const Dims& d = run_;
+  std::vector<std::int32_t> all =
+      moe_chunk_choices(experts.data(), d.B, d.T, d.E, d.topk, d.cp > 1 ? 2 : 1);
+  if (d.cp > 1) {
+    if (!cp_)
+      throw Error("model: a context-parallel moe partition (cp " + std::to_string(d.cp) +
+                  ") was run without StageModel::set_context_comm");
+    const Device device = memory_.device();
+    const std::size_t n = all.size(), every = n * std::size_t(d.cp);
+    std::int32_t *mine = g_.cp_counts, *gathered = g_.cp_counts + n;
+    copy_bytes(device, mine, all.data(), n * sizeof(std::int32_t));
+    cp_->all_gather({mine, n, DType::i32, device}, {gathered, every, DType::i32, device});
+    all.resize(every);
+    copy_bytes(device, all.data(), gathered, every * sizeof(std::int32_t));
+  }
+  return moe_sequence_choices(all, d.cp, d.cp_rank, d.B, d.E);
 }
 
 namespace {
@@ -626,8 +649,8 @@ void ModelPasses::moe_forward(BlockActs& a, BufferView p, float* y, bool recompu
 
 // Backward from dy [N,C]: the combine's (d(eout) in moe_rows, d(gates)), each expert's down,
 // SwiGLU and gate | up (d(xe) over d(eout) in moe_rows), the router's with the load-balancing
-// loss's d(probs) (its loss averaged over the global batch's sequences: grad_scale x T) into
-// partial, then the dispatch's sums and the shared experts' d(ln2) into partial.
+// loss's d(probs) (its loss averaged over the global batch's sequences: grad_scale x the sequence
+// length) into partial, then the dispatch's sums and the shared experts' d(ln2) into partial.
 void ModelPasses::moe_backward(const BlockActs& a, BufferView p, BufferView g, const float* dy,
                                float grad_scale) {
   const Dims& d = run_;
@@ -661,8 +684,8 @@ void ModelPasses::moe_backward(const BlockActs& a, BufferView p, BufferView g, c
   if (d.ep > 1) combine_rows(a, g_.ep_b, g_.ep_a, drows);  // d(xe) of this rank's rows
   const float coef = float(spec_.aux_loss_coef);
   if (coef > 0)
-    k_.moe_aux_loss_backward(dprobs, aux_scratch, a.experts, d.B, d.T, E, k,
-                             coef * grad_scale * float(d.T));
+    k_.moe_aux_loss_backward(dprobs, aux_scratch, a.sequence_choices, d.B, d.T, d.Ta, E, k,
+                             coef * grad_scale * float(d.Ta));
   k_.router_topk_backward(dlogits, a.probs, a.experts, a.gates, dgates, coef > 0 ? dprobs : nullptr,
                           N, E, k);
   matmul_backward(g_.partial, at(g, o[kRouterW]), nullptr, dlogits, a.ln2_full, at(p, o[kRouterW]),
@@ -706,8 +729,9 @@ void ModelPasses::forward_block(int l, SlotActs& s, BufferView p, TensorParallel
   if (d.moe) {
     moe_forward(a, p, mlp, recomputing);
     if (!recomputing) {  // the scratch's moe_router is free in a forward
-      k_.moe_aux_loss_forward(s.aux + std::size_t(l) * d.B, g_.moe_router, a.probs, a.experts, d.B,
-                              d.T, d.E, d.topk, float(spec_.aux_loss_coef));
+      k_.moe_aux_loss_forward(s.aux + std::size_t(l) * d.B, g_.moe_router, a.probs,
+                              a.sequence_choices, d.B, d.T, d.Ta, d.E, d.topk,
+                              float(spec_.aux_loss_coef));
       // The run's per-step term: every block's at once, after the partition's last one.
       if (l == d.blocks - 1) add_moe_aux_loss(aux_loss_sum(s));
     }

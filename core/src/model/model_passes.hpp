@@ -146,6 +146,9 @@ struct BlockActs {
   // segments (the GEMMs' row ranges) and its rows.
   float *probs = nullptr, *gates = nullptr, *eout = nullptr;
   std::int32_t *experts = nullptr, *row_of = nullptr, *token_of = nullptr;
+  // moe: each whole sequence's routing choices of each expert [B,E] (the load-balancing loss's
+  // counts; under context parallelism over every cp rank's tokens of it)
+  std::int32_t* sequence_choices = nullptr;
   ActView xe;
   ActView sfch, sfch_act;  // moe with shared experts: their [N,2SF] gate | up, [N,SF] SwiGLU
   std::vector<std::int32_t> expert_offset, expert_rows;
@@ -203,6 +206,9 @@ struct Scratch {
   // every rank's [ep,E], in the device's memory (what a GPU transport moves)
   float *ep_a, *ep_b;
   std::int32_t* ep_counts;
+  // moe at cp > 1: the routing choices per expert of each chunk of each sequence, this rank's [B,
+  // 2, E] then every cp rank's [cp, B, 2, E] (moe_sequence_choices), in the device's memory
+  std::int32_t* cp_counts;
   // llama blocks: the rotary table of the rank's token positions [T, hs/2, 2] (rope_table's rows
   // at cp_tokens), written once
   float* rope;
@@ -399,6 +405,9 @@ class ModelPasses {
   // The dispatch plan of a's routing choices, made on the host (MoeDispatch): its device arrays and
   // its expert segments in a; returns the choices dropped.
   std::int64_t plan_dispatch(BlockActs& a);
+  // Each whole sequence's routing choices per expert from this rank's choices experts[N,k] (host)
+  // and, at cp > 1, those ahead of each of its chunks: every cp rank's counts all-gathered.
+  MoeSequenceChoices sequence_choices(const std::vector<std::int32_t>& experts);
   // Expert parallelism (model_passes.cpp): the block's exchange, and its two all_to_allv trips.
   void plan_exchange(BlockActs& a);
   void dispatch_rows(const BlockActs& a, ActView from, ActView staging, ActView to);

@@ -86,10 +86,6 @@ void validate_context_parallel(const ModelSpec& s, int tp, int cp, ContextAttent
   if (attention == ContextAttention::ulysses && s.heads % (std::int64_t(tp) * cp) != 0)
     throw ConfigError(what + ": tp x cp must divide the attention heads (" +
                       std::to_string(s.heads) + "; Ulysses gives each cp rank whole heads)");
-  if (s.arch == Arch::moe)
-    throw ConfigError(what +
-                      ": --arch moe's routing and load-balancing loss are per whole "
-                      "sequence; use cp=1 with moe (dp, ep, pp)");
 }
 
 void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute r,
@@ -160,7 +156,7 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   attention_bf16 = attention_writes_bf16(device, B, int(Ca), int(NHa));
   E = s.expert_count();
   topk = moe ? s.top_k : 0;
-  capacity = moe ? moe_capacity(s.capacity_factor, T, E, topk) : 0;
+  capacity = moe ? moe_capacity(s.capacity_factor, Ta, E, topk) : 0;  // per whole sequence
   R = moe ? std::size_t(moe_max_rows(B, T, E, topk, capacity)) : 0;
   ep = p.ep_size;
   El = moe ? E / ep : 0;
@@ -280,6 +276,7 @@ void BlockActs::carve(const Dims& d, bool with_att, DType gemm_in, Carver& c) {
   if (d.moe) {
     probs = c.take(N * d.E);
     experts = c.take_i32(N * d.topk);
+    sequence_choices = c.take_i32(std::size_t(d.B) * d.E);
     gates = c.take(N * d.topk);
     row_of = c.take_i32(N * d.topk);
     token_of = c.take_i32(d.R);
@@ -381,7 +378,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   Carver head{c.base, c.used}, block{c.base, c.used};
   logits = ce = a = b = moe_rows = moe_router = ep_a = ep_b = cp_a = cp_b = nullptr;
   ring_dkv[0] = ring_dkv[1] = ring_out = nullptr;
-  ep_counts = nullptr;
+  ep_counts = cp_counts = nullptr;
   shared = BlockActs{};
   if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
     const std::size_t rows = bf16_params ? head_chunk_rows(d) : N;
@@ -404,6 +401,7 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
         ep_b = block.take(d.Rx * C);
         ep_counts = block.take_i32(std::size_t(d.ep + 1) * d.E);
       }
+      if (cp) cp_counts = block.take_i32(std::size_t(d.cp + 1) * d.B * 2 * d.E);
     }
     if (cp && !d.ring) {
       cp_a = block.take(3 * N * d.Cl);
@@ -536,13 +534,13 @@ std::vector<PassCollective> tensor_parallel_collectives(const ModelSpec& spec, i
 }
 
 std::vector<PassCollective> expert_parallel_collectives(const ModelSpec& spec, int B, int unit,
-                                                        bool backward, int ep, Recompute r,
+                                                        bool backward, int ep, int cp, Recompute r,
                                                         DType param_dtype) {
   if (ep == 1 || spec.arch != Arch::moe || unit < 1 || unit > spec.layers) return {};
   // The rows a rank routes: every choice of its N tokens (dropless), C wide; they go out in the
   // GEMMs' dtype and come back, and every gradient goes, in fp32. At a uniform routing a rank
   // receives as many rows as it sends.
-  const double rows = double(B) * spec.seq * spec.top_k, C = spec.hidden;
+  const double rows = double(B) * (spec.seq / cp) * spec.top_k, C = spec.hidden;
   const PassCollective counts{CommOp::all_gather, double(ep) * spec.experts * sizeof(std::int32_t)},
       out{CommOp::all_to_all, rows * C * double(dtype_size(param_dtype))},
       fp32{CommOp::all_to_all, rows * C * sizeof(float)};
@@ -560,13 +558,20 @@ Dims context_parallel_dims(const ModelSpec& spec, int B, int tp, int cp, Context
   part.tp_size = tp, part.cp_size = cp, part.cp_attention = attention;
   return Dims(spec, B, part, device);
 }
-}  // namespace
 
-std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, int B, int unit,
-                                                         bool backward, int tp, int cp,
-                                                         ContextAttention attention, Recompute r,
-                                                         DType param_dtype, Device device) {
-  if (cp == 1 || unit < 1 || unit > spec.layers) return {};
+// A moe block's routing choices per chunk of each sequence and expert, [B, 2, E] of int32 from
+// every cp rank (moe_sequence_choices), gathered in each forward (a full recompute's too).
+void add_moe_sequence_counts(const ModelSpec& spec, int B, bool backward, int cp, Recompute r,
+                             std::vector<PassCollective>& out) {
+  if (spec.arch != Arch::moe || (backward && r != Recompute::full)) return;
+  out.push_back({CommOp::all_gather, double(cp) * B * 2 * spec.experts * sizeof(std::int32_t)});
+}
+
+// The attention's exchanges of one block (context_parallel_collectives without moe's counts).
+std::vector<PassCollective> context_parallel_attention(const ModelSpec& spec, int B, bool backward,
+                                                       int tp, int cp, ContextAttention attention,
+                                                       Recompute r, DType param_dtype,
+                                                       Device device) {
   const Dims d = context_parallel_dims(spec, B, tp, cp, attention, device);
   const double act = double(dtype_size(d.attention_bf16 ? param_dtype : DType::f32));
   if (d.ring) {
@@ -596,6 +601,18 @@ std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, 
   if (!backward) return {qkv, out};
   if (r == Recompute::full) return {qkv, out, dout, dqkv};
   return {dout, dqkv};
+}
+}  // namespace
+
+std::vector<PassCollective> context_parallel_collectives(const ModelSpec& spec, int B, int unit,
+                                                         bool backward, int tp, int cp,
+                                                         ContextAttention attention, Recompute r,
+                                                         DType param_dtype, Device device) {
+  if (cp == 1 || unit < 1 || unit > spec.layers) return {};
+  std::vector<PassCollective> out =
+      context_parallel_attention(spec, B, backward, tp, cp, attention, r, param_dtype, device);
+  add_moe_sequence_counts(spec, B, backward, cp, r, out);
+  return out;
 }
 
 }  // namespace strata

@@ -42,16 +42,30 @@ std::int64_t moe_max_rows_received(int B, int T, int E, int k, int capacity, int
          (capacity > 0 ? std::min(from_one, std::int64_t(B) * local * capacity) : from_one);
 }
 
-MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity) {
+MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity,
+                         const MoeSequenceSplit& split) {
   const std::int64_t N = std::int64_t(B) * T, choices = N * k;
+  const int chunks = split.chunks, chunk = T / std::max(chunks, 1);
+  if (chunks < 1 || T % chunks != 0 ||
+      !(split.before.empty() || split.before.size() == std::size_t(B) * chunks * E))
+    throw Error("moe_dispatch: a split of " + std::to_string(T) + " tokens into " +
+                std::to_string(chunks) + " chunks with " + std::to_string(split.before.size()) +
+                " counts ahead of them (B chunks E = " +
+                std::to_string(std::int64_t(B) * chunks * E) + ")");
   MoeDispatch d;
   d.offset.assign(std::size_t(E), 0);
   d.count.assign(std::size_t(E), 0);
   d.row_of.assign(std::size_t(choices), -1);
-  // Keep or drop each choice: a sequence's first `capacity` choices of each expert.
+  // Keep or drop each choice: a sequence's first `capacity` choices of each expert. Up to the
+  // capacity every choice is kept, so a chunk starts from the choices ahead of it.
   std::vector<std::int32_t> kept_in_sequence(static_cast<std::size_t>(E));
   for (std::int64_t n = 0; n < N; ++n) {
-    if (n % T == 0) std::fill(kept_in_sequence.begin(), kept_in_sequence.end(), 0);
+    if (n % chunk == 0) {
+      if (split.before.empty())
+        std::fill(kept_in_sequence.begin(), kept_in_sequence.end(), 0);
+      else
+        std::copy_n(split.before.begin() + (n / chunk) * E, E, kept_in_sequence.begin());
+    }
     for (int j = 0; j < k; ++j) {
       const std::int32_t e = experts[n * k + j];
       if (e < 0 || e >= E)
@@ -75,6 +89,47 @@ MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k
       d.token_of[std::size_t(r)] = std::int32_t(n);
     }
   return d;
+}
+
+std::vector<std::int32_t> moe_chunk_choices(const std::int32_t* experts, int B, int T, int E, int k,
+                                            int chunks) {
+  std::vector<std::int32_t> counts(std::size_t(B) * chunks * E, 0);
+  const std::int64_t chunk = T / chunks;
+  for (std::int64_t n = 0; n < std::int64_t(B) * T; ++n)
+    for (int j = 0; j < k; ++j) ++counts[std::size_t(n / chunk * E + experts[n * k + j])];
+  return counts;
+}
+
+MoeSequenceChoices moe_sequence_choices(const std::vector<std::int32_t>& all, int cp, int rank,
+                                        int B, int E) {
+  const int chunks = cp > 1 ? 2 : 1;
+  if (cp < 1 || rank < 0 || rank >= cp || all.size() != std::size_t(cp) * B * chunks * E)
+    throw Error("moe_sequence_choices: " + std::to_string(all.size()) + " counts from " +
+                std::to_string(cp) + " cp ranks of " + std::to_string(B) + " sequences and " +
+                std::to_string(E) + " experts");
+  MoeSequenceChoices out;
+  out.sequence.assign(std::size_t(B) * E, 0);
+  if (cp == 1) {
+    out.sequence = all;
+    return out;
+  }
+  // The sequence's chunk c: rank c's first, or rank 2 cp - 1 - c's second.
+  auto chunk = [&](int c, int b) {
+    const int r = c < cp ? c : 2 * cp - 1 - c, h = c < cp ? 0 : 1;
+    return all.begin() + ((std::size_t(r) * B + b) * 2 + h) * E;
+  };
+  out.split.chunks = 2;
+  out.split.before.assign(std::size_t(B) * 2 * E, 0);
+  const int mine[2] = {rank, 2 * cp - 1 - rank};
+  for (int b = 0; b < B; ++b)
+    for (int c = 0; c < 2 * cp; ++c) {
+      for (int h = 0; h < 2; ++h)
+        if (mine[h] == c)  // the choices so far are this chunk's before
+          std::copy_n(out.sequence.begin() + std::size_t(b) * E, E,
+                      out.split.before.begin() + (std::size_t(b) * 2 + h) * E);
+      for (int e = 0; e < E; ++e) out.sequence[std::size_t(b) * E + e] += chunk(c, b)[e];
+    }
+  return out;
 }
 
 MoeExchange moe_exchange(const std::vector<std::int32_t>& counts, int rank, int ep, int E) {

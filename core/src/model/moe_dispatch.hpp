@@ -29,12 +29,39 @@ STRATA_EXPORT_BEGIN  // for the tests
   // capacity E / ep x capacity per sequence. moe_max_rows at ep 1.
   std::int64_t moe_max_rows_received(int B, int T, int E, int k, int capacity, int ep);
 
+  // Where a rank's T tokens of each sequence sit in it. Whole sequences (cp 1): one chunk, nothing
+  // before it. Context parallelism: `chunks` chunks of T / chunks tokens (cp_tokens' two zig-zag
+  // chunks), and before[(b chunks + h) E + e] the choices of expert e that sequence b's tokens
+  // ahead of chunk h made (on every cp rank).
+  struct MoeSequenceSplit {
+    int chunks = 1;
+    std::vector<std::int32_t> before;  // empty: none
+  };
+
   // The plan of B sequences of T tokens from their choices experts[B T, k] (host memory). With a
   // capacity, each sequence keeps its first `capacity` choices of each expert (in token order, then
   // choice order) and drops the rest, as GShard's groups of one sequence each: a sequence's plan
   // does not depend on the sequences beside it, so splitting a batch over micro-batches or ranks
-  // keeps every token's experts. capacity 0: dropless.
-  MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity);
+  // keeps every token's experts; split over cp ranks, `split.before` counts the choices ahead of
+  // each chunk, so each token's drops are the whole sequence's. capacity 0: dropless.
+  MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k, int capacity,
+                           const MoeSequenceSplit& split = {});
+
+  // Each chunk's choices of each expert, [B chunks, E], from experts[B T, k] (chunks of T / chunks
+  // tokens of each sequence).
+  std::vector<std::int32_t> moe_chunk_choices(const std::int32_t* experts, int B, int T, int E,
+                                              int k, int chunks);
+  // Context parallelism's sequence-wise counts (every moe block: cp rank `rank` of cp, each holding
+  // two zig-zag chunks of B sequences): from every rank's moe_chunk_choices, all-gathered rank
+  // after rank ([cp, B, 2, E]), this rank's split (the choices ahead of its chunks: chunk h of rank
+  // r is the sequence's chunk r, or 2 cp - 1 - r) and each whole sequence's choices [B, E]. At cp 1
+  // `all` is the rank's own [B, 1, E]: no split, the sequences' choices themselves.
+  struct MoeSequenceChoices {
+    MoeSequenceSplit split;
+    std::vector<std::int32_t> sequence;
+  };
+  MoeSequenceChoices moe_sequence_choices(const std::vector<std::int32_t>& all, int cp, int rank,
+                                          int B, int E);
 
   // Expert parallelism's exchange of one moe block's rows (ep ranks, E experts, E / ep on each:
   // expert e on rank e / (E / ep)), from counts[s E + e], the rows rank s's plan gives expert e

@@ -221,7 +221,7 @@ Advice advise(const MachineProfile& profile, const AdviseRequest& r,
     const bool tp_axis = takes_axis(s.name, probe, 2, 1) || takes_axis(s.name, probe, 2, 2);
     const bool pp_axis = takes_axis(s.name, probe, 1, 2) || takes_axis(s.name, probe, 2, 2);
     const bool ep_axis = takes_ep(s.name, probe);
-    const bool cp_axis = takes_cp(s.name, probe) && r.model.arch != Arch::moe;
+    const bool cp_axis = takes_cp(s.name, probe);
     out.notes.push_back(s.name + ": " +
                         (tp_axis && pp_axis ? "dp x tp x pp (pp >= 2)"
                          : tp_axis          ? "dp x tp (tp >= 2)"

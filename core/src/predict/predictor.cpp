@@ -96,7 +96,7 @@ void add_expert_parallel(Costs& c, int ep) {
     for (const bool backward : {false, true})
       for (const PassCollective& p :
            expert_parallel_collectives(q.model, q.train.micro_batch, int(u), backward, ep,
-                                       q.train.recompute, q.train.precision.param)) {
+                                       q.mesh.cp, q.train.recompute, q.train.precision.param)) {
         const double t = c.comm(op_name(p.op), p.bytes, Axis::ep);
         (backward ? c.bwd : c.fwd)[u] += t;
         (backward ? c.tp_bwd : c.tp_fwd)[u] += t;

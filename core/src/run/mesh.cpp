@@ -54,8 +54,9 @@ std::vector<int> Mesh::group(Axis axis, int rank) const {
       for (int d = c.dp - c.ep; d < c.dp - c.ep + spec_.ep; ++d)
         ranks.push_back(rank_of(d, c.tp, c.pp, c.cp));
       break;
-    case Axis::ep_dp:  // the same place in every ep group
-      for (int d = c.ep; d < spec_.dp; d += spec_.ep) ranks.push_back(rank_of(d, c.tp, c.pp, c.cp));
+    case Axis::ep_dp:  // the same place in every ep group and, with cp > 1, every cp index of each
+      for (int d = c.ep; d < spec_.dp; d += spec_.ep)
+        for (int k = 0; k < spec_.cp; ++k) ranks.push_back(rank_of(d, c.tp, c.pp, k));
       break;
   }
   return ranks;

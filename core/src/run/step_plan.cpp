@@ -43,7 +43,7 @@ void add_action_bytes(const PlanAction& a, double times, const ModelSpec& model,
         add(c.op, c.bytes);
       for (const PassCollective& c :
            expert_parallel_collectives(model, train.micro_batch, a.unit, a.op == PlanOp::backward,
-                                       ep, train.recompute, train.precision.param))
+                                       ep, cp, train.recompute, train.precision.param))
         add(c.op, c.bytes);
       break;
     default:

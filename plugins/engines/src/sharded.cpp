@@ -47,7 +47,7 @@ Shards::Shards(Context& ctx, const EngineConfig& c, std::vector<const StageModel
   if (ep) {
     if (c.replicate) {
       ep_group_ = &ctx.group(Axis::ep);
-      if (ctx.mesh().dp > ctx.mesh().ep) expert_replica_group_ = &ctx.group(Axis::ep_dp);
+      if (ctx.group(Axis::ep_dp).size() > 1) expert_replica_group_ = &ctx.group(Axis::ep_dp);
       dense_slices_ =
           owned_slices(tensors, groups_, at, [&](const LocalTensor& t) { return !expert(t); });
       expert_slices_ = owned_slices(tensors, groups_, at, expert);

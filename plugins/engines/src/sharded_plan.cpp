@@ -197,7 +197,7 @@ void plan_shards_update(const PredictInput& in, const EngineConfig& c,
         step.push_back(plan_comm(CommOp::all_reduce, per.grads * double(s.count), over));
     };
     if (at.replicas > 1) all_reduce(false, at.replica_axis);
-    if (in.mesh.dp > in.mesh.ep) all_reduce(true, Axis::ep_dp);
+    if (in.mesh.dp * in.mesh.cp > in.mesh.ep) all_reduce(true, Axis::ep_dp);  // ep_dp > 1
   } else if (!c.shard_grads)
     for (const ShardGroup& g : groups) {
       if (g.shards > 1)

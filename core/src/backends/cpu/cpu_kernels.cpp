@@ -241,13 +241,13 @@ class CpuKernels final : public Kernels {
                             int E, int k) override {
     cpu::router_topk_backward(dlogits, probs, experts, gates, dgates, dprobs, N, E, k);
   }
-  void moe_aux_loss_forward(float* loss, float*, const float* probs, const std::int32_t* experts,
-                            int B, int T, int E, int k, float coef) override {
-    cpu::moe_aux_loss_forward(loss, probs, experts, B, T, E, k, coef);
+  void moe_aux_loss_forward(float* loss, float*, const float* probs, const std::int32_t* choices,
+                            int B, int T, int seq, int E, int k, float coef) override {
+    cpu::moe_aux_loss_forward(loss, probs, choices, B, T, seq, E, k, coef);
   }
-  void moe_aux_loss_backward(float* dprobs, float*, const std::int32_t* experts, int B, int T,
-                             int E, int k, float coef_scale) override {
-    cpu::moe_aux_loss_backward(dprobs, experts, B, T, E, k, coef_scale);
+  void moe_aux_loss_backward(float* dprobs, float*, const std::int32_t* choices, int B, int T,
+                             int seq, int E, int k, float coef_scale) override {
+    cpu::moe_aux_loss_backward(dprobs, choices, B, T, seq, E, k, coef_scale);
   }
   void moe_gather(ActView out, ActView x, const std::int32_t* token_of, int rows, int C) override {
     if (out.dtype != x.dtype) throw Error("moe_gather: x and out in different dtypes");

@@ -625,39 +625,32 @@ void router_topk_backward(float* dlogits, const float* probs, const std::int32_t
 }
 
 namespace {
-// E / (k T) x the routing choices of each expert in sequence b: frac[E].
-void expert_fractions(float* frac, const std::int32_t* experts, int b, int T, int E, int k) {
-  std::fill(frac, frac + E, 0.0f);
-  const std::int32_t* ex = experts + std::int64_t(b) * T * k;
-  for (std::int64_t i = 0; i < std::int64_t(T) * k; ++i) frac[ex[i]] += 1.0f;
-  for (int e = 0; e < E; ++e) frac[e] *= float(E) / float(std::int64_t(k) * T);
+// E / (k seq) x the routing choices of expert e in sequence b.
+float expert_fraction(const std::int32_t* choices, int b, int e, int seq, int E, int k) {
+  return float(choices[std::int64_t(b) * E + e]) * (float(E) / float(std::int64_t(k) * seq));
 }
 }  // namespace
 
-void moe_aux_loss_forward(float* loss, const float* probs, const std::int32_t* experts, int B,
-                          int T, int E, int k, float coef) {
-  std::vector<float> frac(E);
+void moe_aux_loss_forward(float* loss, const float* probs, const std::int32_t* choices, int B,
+                          int T, int seq, int E, int k, float coef) {
   for (int b = 0; b < B; ++b) {
-    expert_fractions(frac.data(), experts, b, T, E, k);
     float l = 0.0f;
     for (int e = 0; e < E; ++e) {
       float P = 0.0f;
       for (std::int64_t t = 0; t < T; ++t) P += probs[(std::int64_t(b) * T + t) * E + e];
-      l += frac[e] * (P / float(T));
+      l += expert_fraction(choices, b, e, seq, E, k) * (P / float(seq));
     }
     loss[b] = coef * l;
   }
 }
 
-void moe_aux_loss_backward(float* dprobs, const std::int32_t* experts, int B, int T, int E, int k,
-                           float coef_scale) {
-  std::vector<float> frac(E);
-  for (int b = 0; b < B; ++b) {
-    expert_fractions(frac.data(), experts, b, T, E, k);
+void moe_aux_loss_backward(float* dprobs, const std::int32_t* choices, int B, int T, int seq, int E,
+                           int k, float coef_scale) {
+  for (int b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < T; ++t)
       for (int e = 0; e < E; ++e)
-        dprobs[(std::int64_t(b) * T + t) * E + e] = coef_scale * frac[e] / float(T);
-  }
+        dprobs[(std::int64_t(b) * T + t) * E + e] =
+            coef_scale * expert_fraction(choices, b, e, seq, E, k) / float(seq);
 }
 
 void moe_gather(float* out, const float* x, const std::int32_t* token_of, int rows, int C) {

@@ -107,13 +107,16 @@ void router_topk_backward(float* dlogits, const float* probs, const std::int32_t
                           int E, int k);
 // The sequence-wise load-balancing loss (DeepSeek-V3's; Switch Transformer's form, per sequence so
 // that it does not depend on how sequences are split over micro-batches and ranks): for each of B
-// sequences of T tokens, loss[b] = coef * sum_e f[b,e] P[b,e] with f[b,e] = E / (k T) x the
-// sequence's routing choices of expert e, P[b,e] the mean of probs[:, e] over it. The backward
-// writes dprobs[N,E] (=) = scale * coef * f[b,e] / T (f does not depend on the probabilities).
-void moe_aux_loss_forward(float* loss, const float* probs, const std::int32_t* experts, int B,
-                          int T, int E, int k, float coef);
-void moe_aux_loss_backward(float* dprobs, const std::int32_t* experts, int B, int T, int E, int k,
-                           float coef_scale);
+// sequences of `seq` tokens, loss[b] = coef * sum_e f[b,e] P[b,e] with f[b,e] = E / (k seq) x the
+// sequence's routing choices of expert e (choices[B,E], counted over the whole sequence), P[b,e]
+// the mean of probs[:, e] over it. This rank holds T of each sequence's tokens (seq / cp under
+// context parallelism) and adds P over those: its loss[b] is its share, the cp ranks' sum the
+// sequence's. The backward writes dprobs[B T,E] (=) = scale * coef * f[b,e] / seq (f does not
+// depend on the probabilities).
+void moe_aux_loss_forward(float* loss, const float* probs, const std::int32_t* choices, int B,
+                          int T, int seq, int E, int k, float coef);
+void moe_aux_loss_backward(float* dprobs, const std::int32_t* choices, int B, int T, int seq, int E,
+                           int k, float coef_scale);
 // Dispatch and combine over a plan (model/moe_dispatch.hpp): row_of[N,k] the row of token n's
 // j-th choice in the experts' input (-1: dropped), token_of[rows] the token of each row.
 //   gather            out[r, :] = x[token_of[r], :]

@@ -131,13 +131,13 @@ void CudaKernels::router_topk_backward(float* dlogits, const float* probs,
   cuda::router_topk_backward(ctx_, dlogits, probs, experts, gates, dgates, dprobs, N, E, k);
 }
 void CudaKernels::moe_aux_loss_forward(float* loss, float* scratch, const float* probs,
-                                       const std::int32_t* experts, int B, int T, int E, int k,
-                                       float coef) {
-  cuda::moe_aux_loss_forward(ctx_, loss, scratch, probs, experts, B, T, E, k, coef);
+                                       const std::int32_t* choices, int B, int T, int seq, int E,
+                                       int k, float coef) {
+  cuda::moe_aux_loss_forward(ctx_, loss, scratch, probs, choices, B, T, seq, E, k, coef);
 }
-void CudaKernels::moe_aux_loss_backward(float* dprobs, float* scratch, const std::int32_t* experts,
-                                        int B, int T, int E, int k, float coef_scale) {
-  cuda::moe_aux_loss_backward(ctx_, dprobs, scratch, experts, B, T, E, k, coef_scale);
+void CudaKernels::moe_aux_loss_backward(float* dprobs, float* scratch, const std::int32_t* choices,
+                                        int B, int T, int seq, int E, int k, float coef_scale) {
+  cuda::moe_aux_loss_backward(ctx_, dprobs, scratch, choices, B, T, seq, E, k, coef_scale);
 }
 void CudaKernels::attention_block_forward(float* o, float* lse, ActView q, int q_stride, ActView kv,
                                           int B, int Tq, int Tk, int NH, int KV, int hs,

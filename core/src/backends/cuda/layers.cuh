@@ -173,9 +173,10 @@ void router_topk_backward(const CudaContext& ctx, float* dlogits, const float* p
                           const std::int32_t* experts, const float* gates, const float* dgates,
                           const float* dprobs, int N, int E, int k);
 void moe_aux_loss_forward(const CudaContext& ctx, float* loss, float* scratch, const float* probs,
-                          const std::int32_t* experts, int B, int T, int E, int k, float coef);
+                          const std::int32_t* choices, int B, int T, int seq, int E, int k,
+                          float coef);
 void moe_aux_loss_backward(const CudaContext& ctx, float* dprobs, float* scratch,
-                           const std::int32_t* experts, int B, int T, int E, int k,
+                           const std::int32_t* choices, int B, int T, int seq, int E, int k,
                            float coef_scale);
 // out and x of one dtype (fp32 or bf16), rows copied as they are.
 void moe_gather(const CudaContext& ctx, ActView out, ActView x, const std::int32_t* token_of,

@@ -60,22 +60,20 @@ __global__ void router_topk_backward_kernel(float* dlogits, const float* probs,
   }
 }
 
-// frac[b, e] = E / (k T) x sequence b's choices of expert e; with probs, term[b, e] = frac x the
-// mean of probs[:, e] over the sequence.
+// frac[b, e] = E / (k seq) x sequence b's choices of expert e (choices[b, e]); with probs,
+// term[b, e] = frac x the sum of probs[:, e] over the rank's T tokens of it / seq.
 __global__ void expert_fraction_kernel(float* frac, float* term, const float* probs,
-                                       const std::int32_t* experts, int B, int T, int E, int k) {
+                                       const std::int32_t* choices, int B, int T, int seq, int E,
+                                       int k) {
   STRATA_GRID_STRIDE(i, std::size_t(std::int64_t(B) * E)) {
     const std::int64_t b = i / E;
     const int e = int(i % E);
-    const std::int32_t* ex = experts + b * T * k;
-    float count = 0.0f;
-    for (std::int64_t c = 0; c < std::int64_t(T) * k; ++c) count += ex[c] == e ? 1.0f : 0.0f;
-    const float f = count * (float(E) / float(std::int64_t(k) * T));
+    const float f = float(choices[i]) * (float(E) / float(std::int64_t(k) * seq));
     if (frac) frac[i] = f;
     if (term) {
       float P = 0.0f;
       for (std::int64_t t = 0; t < T; ++t) P += probs[(b * T + t) * E + e];
-      term[i] = f * (P / float(T));
+      term[i] = f * (P / float(seq));
     }
   }
 }
@@ -88,11 +86,11 @@ __global__ void aux_loss_sum_kernel(float* loss, const float* term, int B, int E
   }
 }
 
-__global__ void aux_loss_backward_kernel(float* dprobs, const float* frac, int B, int T, int E,
-                                         float coef_scale) {
+__global__ void aux_loss_backward_kernel(float* dprobs, const float* frac, int B, int T, int seq,
+                                         int E, float coef_scale) {
   STRATA_GRID_STRIDE(i, std::size_t(std::int64_t(B) * T * E)) {
     const std::int64_t b = i / (std::int64_t(T) * E);
-    dprobs[i] = coef_scale * frac[b * E + i % E] / float(T);
+    dprobs[i] = coef_scale * frac[b * E + i % E] / float(seq);
   }
 }
 
@@ -176,10 +174,11 @@ void router_topk_backward(const CudaContext& ctx, float* dlogits, const float* p
 }
 
 void moe_aux_loss_forward(const CudaContext& ctx, float* loss, float* scratch, const float* probs,
-                          const std::int32_t* experts, int B, int T, int E, int k, float coef) {
+                          const std::int32_t* choices, int B, int T, int seq, int E, int k,
+                          float coef) {
   if (B == 0) return;
   STRATA_LAUNCH(expert_fraction_kernel, blocks_for(std::int64_t(B) * E), kThreads, 0, ctx.stream)
-  (nullptr, scratch, probs, experts, B, T, E, k);
+  (nullptr, scratch, probs, choices, B, T, seq, E, k);
   STRATA_CUDA_CHECK_LAUNCH();
   STRATA_LAUNCH(aux_loss_sum_kernel, blocks_for(B), kThreads, 0, ctx.stream)
   (loss, scratch, B, E, coef);
@@ -187,15 +186,15 @@ void moe_aux_loss_forward(const CudaContext& ctx, float* loss, float* scratch, c
 }
 
 void moe_aux_loss_backward(const CudaContext& ctx, float* dprobs, float* scratch,
-                           const std::int32_t* experts, int B, int T, int E, int k,
+                           const std::int32_t* choices, int B, int T, int seq, int E, int k,
                            float coef_scale) {
   if (B == 0) return;
   STRATA_LAUNCH(expert_fraction_kernel, blocks_for(std::int64_t(B) * E), kThreads, 0, ctx.stream)
-  (scratch, nullptr, nullptr, experts, B, T, E, k);
+  (scratch, nullptr, nullptr, choices, B, T, seq, E, k);
   STRATA_CUDA_CHECK_LAUNCH();
   const std::int64_t n = std::int64_t(B) * T * E;
   STRATA_LAUNCH(aux_loss_backward_kernel, blocks_for(n), kThreads, 0, ctx.stream)
-  (dprobs, scratch, B, T, E, coef_scale);
+  (dprobs, scratch, B, T, seq, E, coef_scale);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
