@@ -105,6 +105,20 @@ s = h5py.File(sys.argv[1])["summary"].attrs
 p, m, e = s["step_s_predicted"], s["step_s_p50"], s["step_s_predicted_error"]
 assert 0 < p < 10 and abs(e - (p / m - 1)) < 1e-12, (p, m, e)
 assert s["step_s_predicted.unit"] == "s", s["step_s_predicted.unit"]
+assert "bubble_fraction_replayed" not in s  # no pipeline
+PY
+# A pipeline's also stores the replay's bubble: the dry run's bubble / step, from the same profile.
+args=(--plugin 1f1b --model tiny --micro-batch 4 --global-batch 16 --mesh pp=2 --ranks-per-node 2 --profile "$profile")
+out=$("$runner" --dry-run "${args[@]}")
+replayed=$(awk '/^  bubble /{b = $2} /^  step /{s = $2} END {print b / s}' <<<"$out")
+"$runner" "${args[@]}" --steps 3 --warmup 1 --quiet --out "$dir" --run-id pipelined >/dev/null 2>&1 \
+  || fail "1f1b with --profile"
+/usr/bin/python3 - "$dir/pipelined.h5" "$replayed" <<'PY'
+import sys, h5py
+s = h5py.File(sys.argv[1])["summary"].attrs
+r, want = s["bubble_fraction_replayed"], float(sys.argv[2])
+assert 0 < r < 1 and abs(r - want) <= 1e-3 * want + 1e-4, (r, want)  # the dry run prints 3 digits
+assert s["bubble_fraction_replayed.unit"] == "1" and 0 <= s["bubble_fraction"] < 1
 PY
 # Bad input: one line naming the option.
 set +e

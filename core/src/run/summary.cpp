@@ -146,10 +146,15 @@ void summarize(const RunConfig& config, RunRecord& rec, const std::vector<double
   if (predicted_bubble >= 0)
     rec.summary.push_back({"bubble_fraction_predicted", predicted_bubble, "1"});
   // --profile: the step time predicted before the run (predict/predictor.hpp) beside p50, and
-  // the relative error (predicted - measured) / measured.
+  // the relative error (predicted - measured) / measured; a pipeline's bubble as the profile's
+  // replay of its step plan has it (measured pass costs and transfers, where the schedule's
+  // bubble_fraction_predicted has equal passes and free transfers).
   if (config.predicted_step_s > 0) {
     rec.summary.push_back({"step_s_predicted", config.predicted_step_s, "s"});
     rec.summary.push_back({"step_s_predicted_error", config.predicted_step_s / p50 - 1, "1"});
+    if (predicted_bubble >= 0)
+      rec.summary.push_back(
+          {"bubble_fraction_replayed", config.predicted_bubble_s / config.predicted_step_s, "1"});
   }
   rec.status = "ok";
 }
@@ -301,7 +306,13 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));
   print_transfers(rec);
-  if (!std::isnan(get("bubble_fraction_predicted")))
+  if (!std::isnan(get("bubble_fraction_replayed")))
+    std::printf(
+        "  bubble       %.1f%% of stage time idle (predicted %.1f%%; %.1f%% replayed from "
+        "--profile)\n",
+        100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"),
+        100 * get("bubble_fraction_replayed"));
+  else if (!std::isnan(get("bubble_fraction_predicted")))
     std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%)\n",
                 100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));
   if (!std::isnan(get("moe_dropped_fraction")))

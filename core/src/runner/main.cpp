@@ -367,6 +367,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     const StepTime t = predict_step_time(read_profile(config.profile),
                                          run_query(config, *strategy, env.local_size));
     config.predicted_step_s = t.modelled ? t.step_s : 0;
+    config.predicted_bubble_s = t.modelled ? t.bubble_s : 0;
     if (!t.modelled && env.rank == 0)
       std::fprintf(stderr, "runner: note: --profile: %s\n", t.why.c_str());
   }

@@ -48,9 +48,10 @@ struct RunConfig {
   // --profile FILE: a machine profile (predict/profile.hpp) that --dry-run predicts step time
   // from; with --calibrate, the profile to create or merge into.
   std::string profile;
-  // Set by the runner (not an option) when a run is given --profile: its predicted step time,
-  // stored in /summary beside the measured one (0: none, e.g. "no time model").
-  double predicted_step_s = 0;
+  // Set by the runner (not an option) when a run is given --profile: its predicted step time and
+  // the replay's bubble in it (the mean stage's idle time, transfers included), stored in /summary
+  // beside the measured ones (0: none, e.g. "no time model").
+  double predicted_step_s = 0, predicted_bubble_s = 0;
   // Actions instead of a run
   bool list_plugins = false;
   bool list_transports = false;
