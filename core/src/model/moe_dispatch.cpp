@@ -93,6 +93,9 @@ MoeDispatch moe_dispatch(const std::int32_t* experts, int B, int T, int E, int k
 
 std::vector<std::int32_t> moe_chunk_choices(const std::int32_t* experts, int B, int T, int E, int k,
                                             int chunks) {
+  if (chunks < 1 || T % chunks != 0)
+    throw Error("moe_chunk_choices: " + std::to_string(T) + " tokens in " + std::to_string(chunks) +
+                " chunks");
   std::vector<std::int32_t> counts(std::size_t(B) * chunks * E, 0);
   const std::int64_t chunk = T / chunks;
   for (std::int64_t n = 0; n < std::int64_t(B) * T; ++n)
