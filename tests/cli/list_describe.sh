@@ -8,7 +8,7 @@ for s in dp ddp allreduce zero1 zero2 zero3 fsdp fsdp-grad-op fsdp-hybrid tp gpi
 for s in tp gpipe 1f1b interleaved; do grep -qE "^$s +pp|^$s +tp" <<<"$list" && grep -qE "^$s +[a-z]+ +dp=allreduce\|zero1\|zero2\|fsdp " <<<"$list" || { echo "FAIL: $s composition"; echo "$list"; exit 1; }; done
 desc=$("$runner" --describe ddp)
 grep -q "bucket_mb <real>  default 25" <<<"$desc" || { echo "FAIL: describe ddp"; echo "$desc"; exit 1; }
-grep -q "plugin  .*/libstrata_ddp.so (ABI 18)" <<<"$desc" || { echo "FAIL: describe path"; exit 1; }
+grep -q "plugin  .*/libstrata_ddp.so (ABI 19)" <<<"$desc" || { echo "FAIL: describe path"; exit 1; }
 echo "$list"; echo "$desc"
 # A plugin directory's files the loader does not open: one note each for what looks like a library
 # not named lib*.so (a copy of the ddp plugin as strata_ddp.so and as libstrata_ddp.so.1), none for

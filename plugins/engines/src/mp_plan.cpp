@@ -122,7 +122,8 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
                       (in.mesh.dp > in.mesh.ep
                            ? ", replicated over " + std::to_string(in.mesh.dp / in.mesh.ep) +
                                  " ep groups"
-                           : std::string())
+                           : std::string()) +
+                      (in.mesh.cp > 1 ? ", their gradients reduced over cp too" : "")
                 : std::string())
         << "; recompute " << recompute_name(in.train.recompute);
   return notes.str();
