@@ -519,23 +519,32 @@ std::int64_t ModelPasses::plan_dispatch(BlockActs& a) {
   return plan.dropped;
 }
 
+namespace {
+// Host counts `mine` all-gathered over a group (ep's or cp's comm): staged through `staging` in
+// the device's memory ([size + 1] x mine: this rank's, then every rank's, which a GPU transport
+// moves), every rank's returned rank after rank.
+template <class Comm>
+std::vector<std::int32_t> all_gather_counts(Comm& comm, const std::vector<std::int32_t>& mine,
+                                            std::int32_t* staging, Device device) {
+  const std::size_t n = mine.size(), every = n * std::size_t(comm.size());
+  std::vector<std::int32_t> all(every);
+  copy_bytes(device, staging, mine.data(), n * sizeof(std::int32_t));
+  comm.all_gather({staging, n, DType::i32, device}, {staging + n, every, DType::i32, device});
+  copy_bytes(device, all.data(), staging + n, every * sizeof(std::int32_t));
+  return all;
+}
+}  // namespace
+
 MoeSequenceChoices ModelPasses::sequence_choices(const std::vector<std::int32_t>& experts) {
   const Dims& d = run_;
-  std::vector<std::int32_t> all =
+  std::vector<std::int32_t> mine =
       moe_chunk_choices(experts.data(), d.B, d.T, d.E, d.topk, d.cp > 1 ? 2 : 1);
-  if (d.cp > 1) {
-    if (!cp_)
-      throw Error("model: a context-parallel moe partition (cp " + std::to_string(d.cp) +
-                  ") was run without StageModel::set_context_comm");
-    const Device device = memory_.device();
-    const std::size_t n = all.size(), every = n * std::size_t(d.cp);
-    std::int32_t *mine = g_.cp_counts, *gathered = g_.cp_counts + n;
-    copy_bytes(device, mine, all.data(), n * sizeof(std::int32_t));
-    cp_->all_gather({mine, n, DType::i32, device}, {gathered, every, DType::i32, device});
-    all.resize(every);
-    copy_bytes(device, all.data(), gathered, every * sizeof(std::int32_t));
-  }
-  return moe_sequence_choices(all, d.cp, d.cp_rank, d.B, d.E);
+  if (d.cp == 1) return moe_sequence_choices(mine, 1, 0, d.B, d.E);
+  if (!cp_)
+    throw Error("model: a context-parallel moe partition (cp " + std::to_string(d.cp) +
+                ") was run without StageModel::set_context_comm");
+  return moe_sequence_choices(all_gather_counts(*cp_, mine, g_.cp_counts, memory_.device()), d.cp,
+                              d.cp_rank, d.B, d.E);
 }
 
 namespace {
@@ -572,13 +581,8 @@ void ModelPasses::plan_exchange(BlockActs& a) {
     throw Error("model: an expert-parallel partition (ep " + std::to_string(d.ep) +
                 ") was run without StageModel::set_expert_comm");
   const Device device = memory_.device();
-  const std::size_t E = std::size_t(d.E);
-  std::vector<std::int32_t> counts(std::size_t(d.ep) * E);
-  std::int32_t *mine = g_.ep_counts, *all = g_.ep_counts + E;
-  copy_bytes(device, mine, a.expert_rows.data(), E * sizeof(std::int32_t));
-  ep_->all_gather({mine, E, DType::i32, device}, {all, counts.size(), DType::i32, device});
-  copy_bytes(device, counts.data(), all, counts.size() * sizeof(std::int32_t));
-  a.ex = moe_exchange(counts, part_.ep_rank, d.ep, d.E);
+  a.ex = moe_exchange(all_gather_counts(*ep_, a.expert_rows, g_.ep_counts, device), part_.ep_rank,
+                      d.ep, d.E);
   const std::size_t n = a.ex.order.size();
   std::vector<std::int32_t> inverse(n);
   for (std::size_t i = 0; i < n; ++i) inverse[std::size_t(a.ex.order[i])] = std::int32_t(i);

@@ -306,15 +306,13 @@ void print_summary(const RunConfig& config, const RunRecord& rec, const std::str
   std::printf("  comm         %.1f%% of step time, exposed %.1f%%\n", 100 * get("comm_fraction"),
               100 * get("exposed_comm_fraction"));
   print_transfers(rec);
-  if (!std::isnan(get("bubble_fraction_replayed")))
-    std::printf(
-        "  bubble       %.1f%% of stage time idle (predicted %.1f%%; %.1f%% replayed from "
-        "--profile)\n",
-        100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"),
-        100 * get("bubble_fraction_replayed"));
-  else if (!std::isnan(get("bubble_fraction_predicted")))
-    std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%)\n",
+  if (!std::isnan(get("bubble_fraction_predicted"))) {
+    std::printf("  bubble       %.1f%% of stage time idle (predicted %.1f%%",
                 100 * get("bubble_fraction"), 100 * get("bubble_fraction_predicted"));
+    if (!std::isnan(get("bubble_fraction_replayed")))
+      std::printf("; %.1f%% replayed from --profile", 100 * get("bubble_fraction_replayed"));
+    std::printf(")\n");
+  }
   if (!std::isnan(get("moe_dropped_fraction")))
     std::printf("  routing      %.2f%% of the experts' routing choices dropped over capacity\n",
                 100 * get("moe_dropped_fraction"));
