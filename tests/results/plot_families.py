@@ -8,10 +8,12 @@ them at one point):
   reference once per panel and no other line; the repeats are an interval at their median;
 - memory, comm and bubble (one bar slot per run): every panel holds runs of one family, the one
   of its title, at most 12 runs; every run (for bubble, every pipelined run) in exactly one panel;
-  a memory tag, a comm op, measured / predicted bubble in one colour in every panel (and no two of
-  them in one colour); one legend a figure, naming every part drawn; the bars' heights (and the
-  predicted device total's marker) equal to what h5py reads from the files of runs of two
-  families;
+  a memory tag, a comm op, measured / schedule / replayed bubble in one colour in every panel (and
+  no two of them in one colour); one legend a figure, naming every part drawn; the bars' heights
+  (and the predicted device total's marker) equal to what h5py reads from the files of runs of
+  three families (a pipeline with a replayed bubble among them);
+- bubble: a replayed bar for exactly the runs whose file has bubble_fraction_replayed; a slot's
+  bars side by side, three a slot in a panel with a replay, two wider ones in a panel without;
 - prediction: only the 5 furthest outliers are labelled (a number at the point, the run in the
   key), no run inside the +-10% band; no number overlaps another, the legend or the key;
 - the command draws the study and its report.
@@ -41,7 +43,7 @@ MAX_RUNS = 12  # runs (slots of two bars) a panel of the bar figures
 MIB = 2.0 ** 20
 # Runs whose bars are checked against the file: sharded (its tags and collectives) and a
 # composition (send / recv beside them, and a pipeline bubble).
-READ_BACK = ("zero3.np4", "1f1b.dp2.pp2.zero1")
+READ_BACK = ("zero3.np4", "1f1b.dp2.pp2.zero1", "1f1b.pp2")
 # Run files of the e2e fixtures (tests/e2e/*.cmake) and the family each one's strategy belongs in.
 RUNS = {
     "data parallel": "dp.np1 dp.np2 dp.np4 ddp.np1 ddp.np2 ddp.np4 allreduce.np2",
@@ -61,6 +63,10 @@ ERRORS = {"dp.np2": 0.02, "ddp.np1": -0.05, "zero1.np2": 0.3, "zero3.np4": -0.4,
           "gpipe.pp2": 0.5, "fsdp.np2": 0.25, "1f1b.pp2": 0.12, "tp.sp.np4": -0.6,
           # two repeats, one point: their numbers must still be apart
           "ddp.np2": 0.45, "ddp.np2.r2": 0.45}
+# The replayed bubble (bubble_fraction_replayed) written into two pipelines given a prediction
+# above: the pipeline panel has a replay, the compositions' panel none.
+REPLAYED = {"gpipe.pp2": 0.17, "1f1b.pp2": 0.23}
+REPLAYED_BAR = "replayed (calibrated profile)"
 
 
 def fail(msg):
@@ -98,6 +104,9 @@ def make_study():
             s = f["summary"].attrs
             s["step_s_predicted"] = s["step_s_p50"] * (1 + error)
             s["step_s_predicted_error"] = error
+    for run_id, fraction in REPLAYED.items():
+        with h5py.File(os.path.join(study, run_id + ".h5"), "r+") as f:
+            f["summary"].attrs["bubble_fraction_replayed"] = fraction
     run_family = dict.fromkeys(REPEATS, "data parallel")
     for family, ids in list(RUNS.items()) + [("other", "mine.np2")]:
         for run_id in ids.split():
@@ -277,8 +286,10 @@ def read_back(run_id):
         comm["exposed comm"] = 1e3 * f["steps/exposed_comm_s"][:, warmup:].mean()
         s = f["summary"].attrs
         bubble = ({"measured": 100 * s["bubble_fraction"],
-                   "predicted (p-1)/(m+p-1)": 100 * s["bubble_fraction_predicted"]}
+                   "schedule (equal passes, free transfers)": 100 * s["bubble_fraction_predicted"]}
                   if "bubble_fraction_predicted" in s else None)
+        if "bubble_fraction_replayed" in s:
+            bubble[REPLAYED_BAR] = 100 * s["bubble_fraction_replayed"]
     return {"memory": memory, "comm": comm, "bubble": bubble}
 
 
@@ -297,6 +308,27 @@ def drawn_values(fig, run_id):
                 out[line.get_label()] = y[list(x).index(bar.get_x() + bar.get_width() / 2)]
         return out
     fail("%s: no bar in the figure" % run_id)
+
+
+def check_bubble_slots(fig, runs):
+    """A replayed bar for exactly the runs that have one; in each panel a slot's bars side by side
+    (none overlapping), 0.8 / parts wide: three parts where a run of the panel has a replay, two
+    where none has. {panel title: parts}."""
+    replayed = {r.run_id for r in runs if "bubble_fraction_replayed" in r.summary}
+    parts_of = {}
+    for ax in fig.axes:
+        by_run = bars_by_run(ax)
+        parts = 3 if any(REPLAYED_BAR in bars for bars in by_run.values()) else 2
+        parts_of[ax.get_title()] = parts
+        for run_id, bars in by_run.items():
+            if (REPLAYED_BAR in bars) != (run_id in replayed):
+                fail("bubble %s: replayed bar %s, replay in the file %s"
+                     % (run_id, REPLAYED_BAR in bars, run_id in replayed))
+            spans = sorted((b.get_x(), b.get_x() + b.get_width()) for b in bars.values())
+            if (not np.allclose([b - a for a, b in spans], 0.8 / parts)
+                    or any(end > start + 1e-9 for (_, end), (start, _) in zip(spans, spans[1:]))):
+                fail("bubble %s: bars %s, want %d parts side by side" % (run_id, spans, parts))
+    return parts_of
 
 
 def check_heights(figs, run_id):
@@ -331,6 +363,10 @@ check_prediction(figs["prediction"], runs)
 bar_panels = {name: check_bar_panels(name, figs[name], run_family, want) for name, want in (
     ("memory", set(run_family)), ("comm", set(run_family)),
     ("bubble", {r.run_id for r in runs if "bubble_fraction_predicted" in r.summary}))}
+bubble_parts = check_bubble_slots(figs["bubble"], runs)
+if sorted(bubble_parts.values()) != [2, 3]:
+    fail("bubble: parts a slot per panel %s, want one panel with a replay, one without"
+         % bubble_parts)
 for run_id in READ_BACK:
     check_heights(figs, run_id)
 p = subprocess.run([os.path.join(tools, "plot"), study], capture_output=True, text=True,
@@ -340,6 +376,8 @@ if p.returncode != 0 or not os.path.getsize(os.path.join(study, "figures", "repo
 print("plot families: %d strategies, panels %s (at most %d series each, one colour per strategy "
       "in all three, one ideal reference a panel: %s); bar figures' panels %s (at most %d runs "
       "of one family each, one colour per part, one legend, heights of %s as in the files); "
-      "prediction numbers the 5 furthest of %d outliers, apart"
+      "bubble bars a slot %s, replayed for %s only; prediction numbers the 5 furthest of %d "
+      "outliers, apart"
       % (len(expected), panels, MAX_SERIES, ", ".join(titles), bar_panels, MAX_RUNS,
-         " and ".join(READ_BACK), sum(abs(e) > 0.10 for e in ERRORS.values())))
+         ", ".join(READ_BACK), bubble_parts, " and ".join(REPLAYED),
+         sum(abs(e) > 0.10 for e in ERRORS.values())))

@@ -7,7 +7,9 @@ runs (a repeated configuration, pipelines with a bubble, runs with a predicted s
 - the charts render as SVG: one point per run, whose run ids are those of the HDF5 files (read
   here with h5py); hovering a point shows its run id and values; a click on a legend entry hides
   that strategy's points and a second shows them again; the metric control redraws the chart for
-  each metric (the bubble for the pipeline runs, predicted vs measured for the runs with one);
+  each metric (the bubble for the pipeline runs, the replayed bubble for the pipeline given
+  --profile, predicted vs measured for the runs with one); the chart data's replayed bubble is
+  the file's bubble_fraction_replayed in percent, and none for the runs without one;
 - the runs table sorts by a clicked column, ascending then descending;
 - a screenshot of the charts is written (WORK_DIR/report.png);
 - without the charting libraries (STRATA_WEB_MODULES pointing nowhere) plot says so in one line
@@ -16,6 +18,7 @@ usage: report_html.py RESULTS_DIR E2E_DIR WORK_DIR
 """
 import base64
 import json
+import math
 import os
 import re
 import shutil
@@ -30,7 +33,10 @@ tools, e2e, work = sys.argv[1:4]
 RUNS = ("ddp.np1 ddp.np2 ddp.np4 zero1.np2 zero3.np4 gpipe.pp2 1f1b.pp4 tp.np2 tp.dp2.zero1.np4"
         .split())
 REPEAT = "ddp.np2.r2"  # a copy of ddp.np2: two points at one x, one median line
-ERRORS = {"ddp.np2": 0.03, "zero1.np2": -0.2, "tp.np2": 0.12}  # predicted step time errors
+# Predicted step time errors and, for a pipeline among them, the replayed bubble: what a run given
+# --profile stores (the e2e runs have none).
+ERRORS = {"ddp.np2": 0.03, "zero1.np2": -0.2, "tp.np2": 0.12, "1f1b.pp4": -0.08}
+REPLAYED = {"1f1b.pp4": 0.3}
 HIDE = "zero1.np2"  # the run whose strategy is hidden by a click on its legend entry
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TIMEOUT = 30  # seconds for the page to draw a chart
@@ -57,6 +63,9 @@ def make_study():
             s = f["summary"].attrs
             s["step_s_predicted"] = s["step_s_p50"] * (1 + error)
             s["step_s_predicted_error"] = error
+    for name, fraction in REPLAYED.items():
+        with h5py.File(os.path.join(study, name + ".h5"), "r+") as f:
+            f["summary"].attrs["bubble_fraction_replayed"] = fraction
     summaries = {}
     for name in sorted(os.listdir(study)):
         with h5py.File(os.path.join(study, name), "r") as f:
@@ -251,6 +260,8 @@ def check_metrics(browser, summaries):
     """Each metric of the control redraws the chart with its points; the bubble has the
     pipeline runs, predicted vs measured the runs with a prediction. {metric: points}."""
     want = {"bubble_pct": {r for r, s in summaries.items() if "bubble_fraction_predicted" in s},
+            "bubble_replayed_pct": {r for r, s in summaries.items()
+                                    if "bubble_fraction_replayed" in s},
             "prediction": {r for r, s in summaries.items() if "step_s_predicted_error" in s},
             "mfu_pct": set(summaries)}
     metrics = browser.js("Array.from(document.getElementById('metric').options, o => o.value)")
@@ -268,6 +279,27 @@ def check_metrics(browser, summaries):
             fail("%s: points of %r, want %r" % (metric, sorted(ids),
                                                 sorted(want.get(metric, summaries))))
     return counts
+
+
+def check_replayed_values(page, summaries):
+    """Each run's record in the chart data: bubble_replayed_pct is 100 x its file's
+    bubble_fraction_replayed, None where the file has none. The runs that have one."""
+    data = json.loads(re.search(r'<script type="application/json" id="chart-data">(.*?)</script>',
+                                page, re.S).group(1))
+    records = {r["run_id"]: r for r in data["runs"] if r["kind"] == "run"}
+    if sorted(records) != sorted(summaries):
+        fail("chart records of %r, want the runs %r" % (sorted(records), sorted(summaries)))
+    for run_id, s in summaries.items():
+        got = records[run_id].get("bubble_replayed_pct", "absent")
+        if "bubble_fraction_replayed" in s:
+            want = 100 * s["bubble_fraction_replayed"]
+            right = isinstance(got, float) and math.isclose(got, want, rel_tol=1e-12)
+        else:
+            want = None
+            right = got is None
+        if not right:
+            fail("%s: bubble_replayed_pct %r, want %r" % (run_id, got, want))
+    return sorted(r for r, s in summaries.items() if "bubble_fraction_replayed" in s)
 
 
 def check_sort(browser):
@@ -341,9 +373,11 @@ page, err = plot(study, os.path.join(work, "figures"))
 if "without interactive charts" in err:
     fail("the charting libraries were not found: " + err.strip())
 check_self_contained(page)
+replayed = check_replayed_values(page, summaries)
 n, counts = open_report(os.path.join(work, "figures", "report.html"), summaries)
 check_without_libraries(study)
 print("report.html: %d runs drawn as points with their run ids, hover, legend hide/show, %d "
-      "metrics (%s), table sort, no network, screenshot %s; %.1f s"
-      % (n, len(counts), ", ".join("%s %d" % kv for kv in counts.items()),
+      "metrics (%s), replayed bubble of %s as in the files, table sort, no network, screenshot "
+      "%s; %.1f s"
+      % (n, len(counts), ", ".join("%s %d" % kv for kv in counts.items()), " ".join(replayed),
          os.path.join(work, "report.png"), time.time() - start))
