@@ -8,7 +8,10 @@
 //                shrinks by the number of virtual stages, at the price of more sends
 //   zb-h1        ZB-H1 (Qi et al., 2024): each backward split into the input-gradient pass, which
 //                the previous stage waits for, and a deferred weight-gradient pass filling 1f1b's
-//                bubble; every stage holds at most pp micro-batches (dp=allreduce|zero1)
+//                bubble; every stage holds at most pp micro-batches
+//   zb-v         ZB-V (the same paper, section 6): two chunks per rank in a V (rank s holds chunks
+//                s and 2 pp - 1 - s), the backward split as zb-h1's; 1f1b's first stage's memory
+//                on every rank and, with equal F, B and W, almost no bubble
 // Activations and their gradients go point to point; the tied embedding / LM-head gradient is
 // exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
 // dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
@@ -68,7 +71,8 @@ const PluginDescriptor& descriptor() {
   static const PluginDescriptor d{
       kPluginAbiVersion,
       "pp",
-      "pipeline parallelism: GPipe, 1F1B and interleaved 1F1B schedules",
+      "pipeline parallelism: GPipe, 1F1B, interleaved 1F1B and zero-bubble (ZB-H1, ZB-V) "
+      "schedules",
       {{"gpipe", "all forwards then all backwards (GPipe); holds m micro-batches", options(false)},
        {"1f1b", "one forward, one backward (PipeDream-Flush); holds at most pp micro-batches",
         options(false)},
@@ -77,6 +81,10 @@ const PluginDescriptor& descriptor() {
        {"zb-h1",
         "zero bubble ZB-H1: backwards split into input and weight passes, the weight passes "
         "filling 1f1b's bubble at its memory peak",
+        options(false)},
+       {"zb-v",
+        "zero bubble ZB-V: two chunks per rank in a V, backwards split as zb-h1's; 1f1b's memory "
+        "peak, almost no bubble",
         options(false)}}};
   return d;
 }
@@ -109,8 +117,11 @@ std::unique_ptr<Strategy> create(const std::string& name, const Options& o) {
   c.schedule = name == "gpipe"   ? pp::PipeSchedule::gpipe
                : name == "1f1b"  ? pp::PipeSchedule::one_f_one_b
                : name == "zb-h1" ? pp::PipeSchedule::zb_h1
+               : name == "zb-v"  ? pp::PipeSchedule::zb_v
                                  : pp::PipeSchedule::interleaved;
-  c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages")) : 1;
+  c.virtual_stages = name == "interleaved" ? int(o.get_int("virtual_stages"))
+                     : name == "zb-v"      ? 2
+                                           : 1;
   c.sequence_parallel = o.get("sp") == "on";
   c.dp = mp::dp_mode(o.get("dp"));
   c.stage_layers = parse_stage_layers(o.get("stage_layers"));

@@ -70,7 +70,7 @@ assert "excluded, memory:" in text and "excluded, divisibility:" in text, text
 PY
 "$runner" --advise --profile "$profile" --model gpt3-175b --nodes 512 --ranks-per-node 8 \
   --memory-limit 80GiB --global-batch 1536 --advise-top 3 >"$dir/4096.txt" || { cat "$dir/4096.txt"; fail "175b on 4096"; }
-grep -qE "^ +1  1f1b|^ +1  gpipe|^ +1  interleaved|^ +1  zb-h1" "$dir/4096.txt" || { cat "$dir/4096.txt"; fail "4096: no pipeline first"; }
+grep -qE "^ +1  1f1b|^ +1  gpipe|^ +1  interleaved|^ +1  zb-h1|^ +1  zb-v" "$dir/4096.txt" || { cat "$dir/4096.txt"; fail "4096: no pipeline first"; }
 # Expert parallelism is enumerated for a moe only, at each ep >= 2 that divides dp: fine-moe-16b
 # (64 experts) on 2 nodes ranks ep 8 inside a node (the experts replicated over the nodes) and ep 16
 # across them, whose all-to-alls cross the network and are the slower.

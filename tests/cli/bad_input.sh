@@ -114,10 +114,12 @@ check "--mesh pp=2: ep has no pipeline" --plugin ep --model tiny-moe --mesh pp=2
   --ranks-per-node 2
 check "--mesh pp=4: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin 1f1b --mesh pp=4 --nodes 1 --ranks-per-node 4
 check "interleaved: micro-batches per step (1 = --global-batch / (--micro-batch x dp)) must be a multiple of pp (2)" --plugin interleaved --mesh pp=2 --nodes 1 --ranks-per-node 2 --layers 4
+check "--mesh pp=1: zb-v needs pp >= 2" --plugin zb-v --mesh pp=1 --nodes 1 --ranks-per-node 1
+check "--mesh pp=2 x zb-v's 2 chunks: the model has 2 layers, fewer than the 4 pipeline chunks" --plugin zb-v --mesh pp=2 --nodes 1 --ranks-per-node 2
 check "--plugin-opt stage_layers: needs 2 entries" --plugin gpipe --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt stage_layers=1,2,3
 # The sharded engine's options under tp and the pipelines.
 check "--plugin-opt offload=optimizer: needs dp=zero1, zero2 or fsdp (got dp=allreduce)" --plugin 1f1b --mesh pp=2 --nodes 1 --ranks-per-node 2 --plugin-opt offload=optimizer
-check "--recompute full: a split backward (zb-h1) needs each block's activations kept" --plugin zb-h1 --mesh pp=2 --nodes 1 --ranks-per-node 2 --recompute full
+check "--recompute full: a split backward (zb-h1, zb-v) needs each block's activations kept" --plugin zb-h1 --mesh pp=2 --nodes 1 --ranks-per-node 2 --recompute full
 # Context parallelism: the mesh's axis, the model's split, and the strategies that take it.
 check "--mesh cp=2: --plugin zero3 does not split the sequences over a context-parallel group" --plugin zero3 --mesh cp=2 --nodes 1 --ranks-per-node 2
 check "--mesh cp=4: tp x cp must divide the attention heads (4" --plugin cp --mesh tp=2,cp=4 --nodes 1 --ranks-per-node 8

@@ -52,7 +52,7 @@ foreach(n 2 4)
   endforeach()
   strata_e2e_bf16(bf16.tp.np${n} ${n} bf16.reference --plugin tp --mesh tp=${n} --micro-batch 2
                   --plugin-opt sp=on)
-  foreach(s gpipe 1f1b interleaved zb-h1)
+  foreach(s gpipe 1f1b interleaved zb-h1 zb-v)
     strata_e2e_bf16(bf16.${s}.pp${n} ${n} bf16.reference.l8 --plugin ${s} --mesh pp=${n}
                     --micro-batch 2 ${L8})
   endforeach()

@@ -95,6 +95,8 @@ strata_e2e_cuda(interleaved.pp2 2 ${E2E_LOSS_TOL} --plugin interleaved --mesh pp
                 --layers 4)
 # zb-h1: the blocks' deferred d(output)s copied in device memory, their weight GEMMs later.
 strata_e2e_cuda(zb-h1.pp2 2 ${E2E_LOSS_TOL} --plugin zb-h1 --mesh pp=2 --micro-batch 2 --layers 4)
+# zb-v: the V's sends in both directions through the NCCL stand-in, its turn a device copy.
+strata_e2e_cuda(zb-v.pp2 2 ${E2E_LOSS_TOL} --plugin zb-v --mesh pp=2 --micro-batch 2 --layers 4)
 # cp: Ulysses' row permutations as the device's gather kernel, its all-to-alls on device memory
 # through the NCCL stand-in, the attention over whole sequences on 2 of tiny's 4 heads.
 strata_e2e_cuda(cp.np2 2 ${E2E_LOSS_TOL} --plugin cp --mesh cp=2 --micro-batch 2)

@@ -24,6 +24,7 @@ strata_e2e_llama(llama.tp.np2 2 --plugin tp --mesh tp=2 --micro-batch 2)
 strata_e2e_llama(llama.tp.sp.np4 4 --plugin tp --mesh tp=4 --micro-batch 2 --plugin-opt sp=on)
 strata_e2e_llama(llama.1f1b.pp2 2 --plugin 1f1b --mesh pp=2 --micro-batch 2)
 strata_e2e_llama(llama.zb-h1.pp2 2 --plugin zb-h1 --mesh pp=2 --micro-batch 2)
+strata_e2e_llama(llama.zb-v.pp2 2 --plugin zb-v --mesh pp=2 --micro-batch 2)  # untied: no sum
 strata_e2e_llama(llama.gpipe.pp4 4 --plugin gpipe --mesh pp=4 --micro-batch 1)
 strata_e2e_llama(llama.1f1b.tp2.pp2 4 --plugin 1f1b --mesh tp=2,pp=2 --micro-batch 2)
 strata_e2e_llama(llama.1f1b.dp2.pp2.fsdp 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2

@@ -16,21 +16,26 @@ strata_e2e_checks(tp.dp2.np4 4)
 strata_e2e_run(reference.l8 1 --plugin dp --micro-batch 8 ${L8})
 # micro-batch 2: 4 micro-batches per step; micro-batch 1 at pp=4: 8, so that 1f1b's bound (pp)
 # is below gpipe's (m). zb-h1 (its weight passes deferred) on the same trajectory, its slots'
-# deferred d(output)s in its predicted activations.
-foreach(s gpipe 1f1b interleaved zb-h1)
+# deferred d(output)s in its predicted activations; zb-v too, its two chunks in a V (the first and
+# the last on rank 0, whose tied wte gradients add up locally; the turn at the last rank a copy).
+foreach(s gpipe 1f1b interleaved zb-h1 zb-v)
   strata_e2e_run(${s}.pp2 2 --plugin ${s} --mesh pp=2 --micro-batch 2 ${L8})
   strata_e2e_checks_l8(${s}.pp2 2)
 endforeach()
 strata_e2e_run(gpipe.pp4 4 --plugin gpipe --mesh pp=4 --micro-batch 1 ${L8} --trace)
 strata_e2e_run(1f1b.pp4 4 --plugin 1f1b --mesh pp=4 --micro-batch 1 ${L8})
 strata_e2e_run(zb-h1.pp4 4 --plugin zb-h1 --mesh pp=4 --micro-batch 1 ${L8})
+strata_e2e_run(zb-v.pp4 4 --plugin zb-v --mesh pp=4 --micro-batch 1 ${L8})
+strata_e2e_run(zb-v.tp2.pp2 4 --plugin zb-v --mesh tp=2,pp=2 --micro-batch 2 --plugin-opt sp=on
+               ${L8})
 strata_e2e_run(interleaved.pp4 4 --plugin interleaved --mesh pp=4 --micro-batch 2 ${L8})
 strata_e2e_run(1f1b.dp2.pp2 4 --plugin 1f1b --mesh dp=2,pp=2 --nodes 2 --micro-batch 1 ${L8})
 strata_e2e_run(1f1b.3d.np8 8 --plugin 1f1b --mesh dp=2,tp=2,pp=2 --nodes 2 --micro-batch 2
                --plugin-opt sp=on ${L8})
 strata_e2e_run(interleaved.tp2.pp2 4 --plugin interleaved --mesh tp=2,pp=2 --micro-batch 2
                --plugin-opt stage_layers=3,1,2,2 ${L8})
-foreach(id gpipe.pp4 1f1b.pp4 zb-h1.pp4 interleaved.pp4 1f1b.dp2.pp2 interleaved.tp2.pp2)
+foreach(id gpipe.pp4 1f1b.pp4 zb-h1.pp4 zb-v.pp4 interleaved.pp4 1f1b.dp2.pp2 interleaved.tp2.pp2
+        zb-v.tp2.pp2)
   strata_e2e_checks_l8(${id} 4)
 endforeach()
 strata_e2e_checks_l8(1f1b.3d.np8 8)
@@ -88,12 +93,16 @@ foreach(mode zero2 fsdp)
 endforeach()
 # zb-h1 under zero2 and fsdp: the same, each unit's gradients reduce-scattered after its chunk's
 # last weight pass (where its GEMMs' weight gradients are complete), fsdp's parameters freed after
-# the last backward (a weight pass reads none); selective recompute, 4 micro-batches of 1.
+# the last backward (a weight pass reads none); selective recompute, 4 micro-batches of 1. zb-v
+# under fsdp: each chunk of the V gathered and reduced once per step as well.
 foreach(mode zero2 fsdp)
   strata_e2e_run(zb-h1.dp2.pp2.${mode} 4 --plugin zb-h1 --mesh dp=2,pp=2 --nodes 2
                  --micro-batch 1 --plugin-opt dp=${mode} --recompute selective ${L8})
   strata_e2e_checks_l8(zb-h1.dp2.pp2.${mode} 4)
 endforeach()
+strata_e2e_run(zb-v.dp2.pp2.fsdp 4 --plugin zb-v --mesh dp=2,pp=2 --nodes 2 --micro-batch 1
+               --plugin-opt dp=fsdp --recompute selective ${L8})
+strata_e2e_checks_l8(zb-v.dp2.pp2.fsdp 4)
 strata_e2e_run(interleaved.3d.fsdp.np8 8 --plugin interleaved --mesh dp=2,tp=2,pp=2 --nodes 2
                --micro-batch 2 --plugin-opt sp=on --plugin-opt dp=fsdp ${L8})
 strata_e2e_checks_l8(interleaved.3d.fsdp.np8 8)

@@ -63,6 +63,8 @@ strata_e2e_moe(moe.ep.fsdp.dp4.ep2 moe.reference 4 --plugin ep --mesh dp=4,ep=2 
                --nodes 2 --plugin-opt dp=fsdp --plugin-opt prefetch=2)
 strata_e2e_moe(moe.zb-h1.dp2.pp2.ep2.fsdp moe.reference 4 --plugin zb-h1 --mesh dp=2,pp=2,ep=2
                --nodes 2 --micro-batch 1 --plugin-opt dp=fsdp)
+strata_e2e_moe(moe.zb-v.dp2.pp2.ep2 moe.reference 4 --plugin zb-v --mesh dp=2,pp=2,ep=2
+               --micro-batch 1)
 strata_e2e_moe(moe.capacity.reference moe.capacity.reference 1 --plugin dp --micro-batch 8
                --capacity-factor 1)
 strata_e2e_moe(moe.capacity.zero3.np4 moe.capacity.reference 4 --plugin zero3 --micro-batch 1

@@ -1,8 +1,9 @@
-// Megatron-LM's pipeline schedules and ZB-H1, checked without running: every rank runs each
+// Megatron-LM's pipeline schedules, ZB-H1 and ZB-V, checked without running: every rank runs each
 // forward and backward (and weight pass) once, activations in flight follow the schedule's
 // warm-up, and the simulated step (non-blocking sends, zero transfer time) never deadlocks and has
 // exactly the bubble the papers predict: (p - 1) / (m + p - 1), (p - 1) / (v * m + p - 1)
-// interleaved, and with F, B and W of equal cost (p - 1) / (3 m + p - 1) for zb-h1.
+// interleaved, and with F, B and W of equal cost (p - 1) / (3 m + p - 1) for zb-h1; zb-v's below
+// zb-h1's at 1f1b's memory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,7 +30,8 @@ std::string describe(const Shape& s) {
          " m=" + std::to_string(s.micro_batches) + " v=" + std::to_string(s.virtual_stages);
 }
 
-// stages {1, 2, 4} x m {1, 2, 4, 8}; interleaved where m is a multiple of stages, v {2, 3}.
+// stages {1, 2, 4} x m {1, 2, 4, 8}; interleaved where m is a multiple of stages, v {2, 3}; zb-v
+// (two chunks in a V).
 std::vector<Shape> all_shapes() {
   std::vector<Shape> shapes;
   for (int p : {1, 2, 4})
@@ -37,6 +39,7 @@ std::vector<Shape> all_shapes() {
       shapes.push_back({PipeSchedule::gpipe, p, m, 1});
       shapes.push_back({PipeSchedule::one_f_one_b, p, m, 1});
       shapes.push_back({PipeSchedule::zb_h1, p, m, 1});
+      shapes.push_back({PipeSchedule::zb_v, p, m, 2});
       if (m % p == 0)
         for (int v : {2, 3}) shapes.push_back({PipeSchedule::interleaved, p, m, v});
     }
@@ -50,7 +53,7 @@ std::vector<PipeAction> schedule_of(const Shape& s, int stage) {
 // Compact spelling for expected lists: F(micro) / B(micro) / W(micro) on chunk 0, or with a chunk.
 PipeAction F(int micro, int chunk = 0) { return {PipePass::forward, micro, chunk}; }
 PipeAction B(int micro, int chunk = 0) { return {PipePass::backward, micro, chunk}; }
-PipeAction W(int micro) { return {PipePass::weight, micro, 0}; }
+PipeAction W(int micro, int chunk = 0) { return {PipePass::weight, micro, chunk}; }
 
 // Megatron's interleaved warm-up, restated for the in-flight check.
 int interleaved_warmup(int p, int stage, int m, int v) {
@@ -65,18 +68,42 @@ TEST(PipeSchedule, Names) {
   EXPECT_STREQ(schedule_name(PipeSchedule::one_f_one_b), "1f1b");
   EXPECT_STREQ(schedule_name(PipeSchedule::interleaved), "interleaved");
   EXPECT_STREQ(schedule_name(PipeSchedule::zb_h1), "zb-h1");
+  EXPECT_STREQ(schedule_name(PipeSchedule::zb_v), "zb-v");
   EXPECT_TRUE(splits_backward(PipeSchedule::zb_h1));
+  EXPECT_TRUE(splits_backward(PipeSchedule::zb_v));
   EXPECT_FALSE(splits_backward(PipeSchedule::one_f_one_b));
 }
 
 TEST(PipeSchedule, GlobalChunkIsChunkTimesStagesPlusStage) {
-  EXPECT_EQ(global_chunk(1, 0, 0), 0);
-  EXPECT_EQ(global_chunk(4, 0, 0), 0);
-  EXPECT_EQ(global_chunk(4, 3, 0), 3);
-  EXPECT_EQ(global_chunk(4, 0, 1), 4);
-  EXPECT_EQ(global_chunk(4, 2, 2), 10);
-  EXPECT_THROW(global_chunk(4, 4, 0), std::invalid_argument);
-  EXPECT_THROW(global_chunk(4, 0, -1), std::invalid_argument);
+  constexpr ChunkPlacement loop = ChunkPlacement::loop;
+  EXPECT_EQ(global_chunk(loop, 1, 0, 0), 0);
+  EXPECT_EQ(global_chunk(loop, 4, 0, 0), 0);
+  EXPECT_EQ(global_chunk(loop, 4, 3, 0), 3);
+  EXPECT_EQ(global_chunk(loop, 4, 0, 1), 4);
+  EXPECT_EQ(global_chunk(loop, 4, 2, 2), 10);
+  EXPECT_EQ(chunk_stage(loop, 4, 10), 2);
+  EXPECT_THROW(global_chunk(loop, 4, 4, 0), std::invalid_argument);
+  EXPECT_THROW(global_chunk(loop, 4, 0, -1), std::invalid_argument);
+  EXPECT_EQ(chunk_placement(PipeSchedule::interleaved), loop);
+}
+
+// zb-v's V: rank s holds chunks s and 2p - 1 - s, so rank 0 holds the first and the last, rank
+// p - 1 the two in the middle; chunk_stage inverts global_chunk.
+TEST(PipeSchedule, ZeroBubbleVPlacesChunksInAV) {
+  constexpr ChunkPlacement v = ChunkPlacement::v_shape;
+  EXPECT_EQ(chunk_placement(PipeSchedule::zb_v), v);
+  EXPECT_EQ(global_chunk(v, 4, 0, 0), 0);
+  EXPECT_EQ(global_chunk(v, 4, 0, 1), 7);
+  EXPECT_EQ(global_chunk(v, 4, 3, 0), 3);
+  EXPECT_EQ(global_chunk(v, 4, 3, 1), 4);
+  EXPECT_EQ(global_chunk(v, 4, 1, 1), 6);
+  for (int p : {1, 2, 4})
+    for (int k = 0; k < 2 * p; ++k) {
+      const int s = chunk_stage(v, p, k);
+      EXPECT_EQ(global_chunk(v, p, s, k < p ? 0 : 1), k) << p << " " << k;
+    }
+  EXPECT_THROW(global_chunk(v, 4, 0, 2), std::invalid_argument);
+  EXPECT_THROW(chunk_stage(v, 4, 8), std::invalid_argument);
 }
 
 TEST(PipeSchedule, EveryPairOnceForwardBeforeBackward) {
@@ -184,7 +211,7 @@ TEST(PipeSchedule, SimulationNeverDeadlocks) {
 TEST(PipeSchedule, SimulatedBubbleMatchesPaper) {
   const double f = 1.0, b = 2.0;
   for (const Shape& s : all_shapes()) {
-    if (s.schedule == PipeSchedule::zb_h1) continue;  // below
+    if (splits_backward(s.schedule)) continue;  // below
     SCOPED_TRACE(describe(s));
     const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
     const PipeSimulation sim = simulate_pipeline(s.schedule, p, m, v, {f, b, b / 2});
@@ -250,6 +277,59 @@ TEST(PipeSchedule, ZeroBubbleH1HoldsOneFOneBsPeak) {
             (List{F(0), F(1), B(0), W(0), F(2), B(1), W(1), F(3), B(2), W(2), B(3), W(3)}));
   EXPECT_EQ(pipeline_schedule(PipeSchedule::zb_h1, 2, 1, 4),
             (List{F(0), B(0), F(1), B(1), W(0), F(2), B(2), W(1), F(3), B(3), W(2), W(3)}));
+}
+
+// ZB-V with F, B and W of equal cost (a chunk's each half a stage's): every rank busy 3m. Its ramp
+// is zb-h1's (p - 1) up to m = p and shorter beyond; from m = 2p on it is (p - 1) / 2, a chunk's
+// forward per stage: half zb-h1's bubble.
+TEST(PipeSchedule, ZeroBubbleVHasLessBubbleThanZeroBubbleH1) {
+  const PassCosts equal{1.0, 2.0, 1.0};
+  for (int p : {1, 2, 4, 8})
+    for (int m : {1, 2, 4, 8, 16, 32}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const PipeSimulation zv = simulate_pipeline(PipeSchedule::zb_v, p, m, 2, equal);
+      const PipeSimulation zh = simulate_pipeline(PipeSchedule::zb_h1, p, m, 1, equal);
+      ASSERT_FALSE(zv.deadlock);
+      for (int r = 0; r < p; ++r) EXPECT_NEAR(zv.busy[r], 3.0 * m, 1e-12);
+      if (m <= p) EXPECT_NEAR(zv.makespan, zh.makespan, 1e-12);
+      if (m > p && p > 1) EXPECT_LT(zv.makespan, zh.makespan);
+      if (m >= 2 * p) EXPECT_NEAR(zv.makespan, 3.0 * m + (p - 1) / 2.0, 1e-12);
+      double idle = 0;
+      for (double i : zv.idle) idle += i;
+      EXPECT_NEAR(predicted_bubble_fraction(PipeSchedule::zb_v, p, m, 2), idle / p / zv.makespan,
+                  1e-12);
+    }
+}
+
+// Every rank holds at most 2p chunk micro-batches, each half a stage: 1f1b's first stage's p.
+// The turn at rank p - 1 is local: chunk 1's B of a micro-batch leaves its d(input) in chunk 0's
+// d(output) scratch, which chunk 0's B of that micro-batch reads, so no backward or weight pass
+// of chunk 0 (which would use that scratch) comes between.
+TEST(PipeSchedule, ZeroBubbleVHoldsOneFOneBsPeakAndKeepsTheTurnsSlot) {
+  for (int p : {1, 2, 4, 8})
+    for (int m : {1, 2, 4, 8, 16}) {
+      int peak = 0;
+      for (int stage = 0; stage < p; ++stage) {
+        SCOPED_TRACE(std::to_string(p) + " " + std::to_string(m) + " " + std::to_string(stage));
+        const auto zv = pipeline_schedule(PipeSchedule::zb_v, p, stage, m, 2);
+        peak = std::max(peak, max_in_flight(zv));
+        if (stage != p - 1) continue;
+        for (int micro = 0; micro < m; ++micro) {
+          const auto at = [&](PipeAction a) { return std::find(zv.begin(), zv.end(), a); };
+          const auto passes = std::count_if(at(B(micro, 1)), at(B(micro, 0)),
+                                            [](auto& a) { return !a.forward() && a.chunk == 0; });
+          EXPECT_LT(at(B(micro, 1)), at(B(micro, 0)));
+          EXPECT_EQ(passes, 0) << "micro " << micro;
+        }
+      }
+      EXPECT_EQ(peak, 2 * std::min(p, m)) << p << " " << m;
+    }
+  using List = std::vector<PipeAction>;
+  // p = 2, m = 4: stage 0 runs 3 forwards down the V, stage 1 one; then each its chunk 1's passes.
+  EXPECT_EQ(pipeline_schedule(PipeSchedule::zb_v, 2, 0, 4, 2),
+            (List{F(0),    F(1),    F(2),    F(0, 1), B(0, 1), W(0, 1), F(1, 1), B(1, 1),
+                  W(1, 1), F(3),    B(0),    W(0),    F(2, 1), B(2, 1), W(2, 1), B(1),
+                  W(1),    F(3, 1), B(3, 1), W(3, 1), B(2),    W(2),    B(3),    W(3)}));
 }
 
 TEST(PipeSchedule, SimulationDetectsDeadlock) {
@@ -355,7 +435,8 @@ TEST(PipeDpSchedule, GathersAndReducesOncePerStepAtTheChunksFirstAndLastPass) {
       const auto units = mp::chunk_units(model, P * v, {});
       std::vector<Partition> parts;
       for (int c = 0; c < v; ++c) {
-        const auto [first, last] = units[std::size_t(global_chunk(P, stage, c))];
+        const auto [first, last] =
+            units[std::size_t(global_chunk(ChunkPlacement::loop, P, stage, c))];
         parts.push_back(Partition{first, last, 1, 0, false});
       }
       const sharded::EngineConfig c = mp::dp_axis_config(cfg);

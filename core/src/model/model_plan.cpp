@@ -471,7 +471,8 @@ void SlotActs::carve(const Dims& d, Recompute r, DType param_dtype, const Scratc
 void validate_split_backward(Recompute r) {
   if (r == Recompute::full)
     throw ConfigError(
-        "--recompute full: a split backward (zb-h1) needs each block's activations kept until its "
+        "--recompute full: a split backward (zb-h1, zb-v) needs each block's activations kept "
+        "until its "
         "weight pass; none and selective are allowed");
 }
 

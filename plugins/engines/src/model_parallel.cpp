@@ -17,7 +17,7 @@ namespace {
 
 // Message tags on the pp group: activations forward, gradients backward, the tied-wte exchange.
 constexpr int kTagActivation = 1, kTagGradient = 2, kTagTied = 3;
-// Comm streams: sends to the next stage, sends to the previous stage, the rest.
+// Comm streams: activations sent on, gradients sent back (in a V, chunk 1's on 3 and 4), the rest.
 constexpr int kStreamNext = 1, kStreamPrev = 2;
 constexpr int kStreamContext = 5;  // ring attention's passes
 
@@ -58,11 +58,12 @@ Plan make_plan(const MeshSpec& mesh, const MeshCoord& coord, const ModelSpec& mo
   p.stage = coord.pp;
   p.tied = model.tied();
   p.v = cfg.virtual_stages;
+  p.placement = pp::chunk_placement(cfg.schedule);
   p.K = p.P * p.v;
   p.m = t.micro_steps(mesh);
   const auto units = chunk_units(model, p.K, cfg.stage_layers);
   for (int c = 0; c < p.v; ++c) {
-    const int k = pp::global_chunk(p.P, p.stage, c);
+    const int k = pp::global_chunk(p.placement, p.P, p.stage, c);
     Partition part;
     part.first_unit = units[k].first;
     part.last_unit = units[k].second;
@@ -237,9 +238,12 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
   const int P = mesh.pp, v = cfg.virtual_stages, K = P * v, m = t.micro_steps(mesh);
   if (v < 1)
     throw ConfigError("--plugin-opt virtual_stages=" + std::to_string(v) + ": must be >= 1");
-  if (cfg.schedule != pp::PipeSchedule::interleaved && v != 1)
+  const int chunks = cfg.schedule == pp::PipeSchedule::zb_v ? 2 : 1;  // zb-v: its V's two
+  if (cfg.schedule != pp::PipeSchedule::interleaved && v != chunks)
     throw ConfigError("--plugin-opt virtual_stages=" + std::to_string(v) + ": only interleaved " +
-                      "has virtual stages (" + who + " needs 1)");
+                      "has virtual stages (" + who + " needs " + std::to_string(chunks) + ")");
+  if (cfg.schedule == pp::PipeSchedule::zb_v && P < 2)
+    throw ConfigError("--mesh pp=1: zb-v needs pp >= 2");
   if (pp::splits_backward(cfg.schedule)) validate_split_backward(t.recompute);
   if (cfg.schedule == pp::PipeSchedule::interleaved) {
     if (P < 2) throw ConfigError("--mesh pp=1: interleaved needs pp >= 2");
@@ -250,9 +254,11 @@ void validate(const MeshSpec& mesh, const TrainSpec& t, const ModelSpec& model,
   }
   if (model.layers < K)
     throw ConfigError("--mesh pp=" + std::to_string(P) +
-                      (v > 1 ? " x virtual_stages=" + std::to_string(v) : "") + ": the model has " +
-                      std::to_string(model.layers) + " layers, fewer than the " +
-                      std::to_string(K) + " pipeline chunks");
+                      (chunks == 2 ? " x zb-v's 2 chunks"
+                       : v > 1     ? " x virtual_stages=" + std::to_string(v)
+                                   : "") +
+                      ": the model has " + std::to_string(model.layers) +
+                      " layers, fewer than the " + std::to_string(K) + " pipeline chunks");
   if (!cfg.stage_layers.empty()) {
     int sum = 0;
     for (int n : cfg.stage_layers) sum += n;
@@ -350,7 +356,7 @@ class Engine {
       boundary_.emplace(mem, ctx.train().precision.tp_comm, chunks_.front()->boundary_count(),
                         chunks_.size(), receives_cast(plan_, ctx.train().precision));
     tp_comm_ = make_tp_comm(cfg, ctx);
-    if (plan_.tied_exchange())
+    if (plan_.tied_exchange() && !plan_.tied_local())
       tied_recv_ = DeviceBuffer(mem, MemTag::comm_buffers, ctx.train().precision.reduce,
                                 tied_chunk().wte_count());
   }
@@ -360,15 +366,15 @@ class Engine {
   void train_step(Context& ctx, int step) {
     shards_->zero_grads(ctx);
     Group& pp = ctx.group(Axis::pp);
-    std::vector<std::vector<int>> slot_of(chunks_.size(), std::vector<int>(plan_.m, -1));
+    slot_of_.assign(chunks_.size(), std::vector<int>(plan_.m, -1));
     for (std::size_t i = 0; i < plan_.actions.size(); ++i) {
       const pp::PipeAction& a = plan_.actions[i];
       if (a.forward())
-        slot_of[a.chunk][a.micro] = forward_action(ctx, step, a, dp_.passes[i], pp);
+        slot_of_[a.chunk][a.micro] = forward_action(ctx, step, a, dp_.passes[i], pp);
       else if (a.pass == pp::PipePass::backward)
-        backward_action(ctx, a, slot_of[a.chunk][a.micro], dp_.passes[i], pp);
+        backward_action(ctx, a, slot_of_[a.chunk][a.micro], dp_.passes[i], pp);
       else
-        weight_action(ctx, a, slot_of[a.chunk][a.micro], dp_.passes[i]);
+        weight_action(ctx, a, slot_of_[a.chunk][a.micro], dp_.passes[i]);
     }
     {
       // The stage's own sends, then the end-of-step meeting with the other stages: both are the
@@ -391,6 +397,13 @@ class Engine {
     return p[slot];
   }
 
+  // In a V, chunk 1's activations go to the previous stage and its gradients to the next, each on
+  // a stream of its own: every stream carries one kind of message to one peer, in the order that
+  // peer receives them (its own order of micro-batches through the chunk).
+  int send_stream(int stream, int chunk) const {
+    return plan_.placement == pp::ChunkPlacement::v_shape ? stream + 2 * chunk : stream;
+  }
+
   // Before a slot's buffers are reused, the sends reading them must have completed.
   void wait_sends(Context& ctx, int chunk, int slot) {
     std::vector<Event>& events = pending(chunk, slot);
@@ -400,16 +413,26 @@ class Engine {
     events.clear();
   }
 
-  StageModel& tied_chunk() { return plan_.first_stage() ? *chunks_.front() : *chunks_.back(); }
+  StageModel& tied_chunk() { return *chunks_[std::size_t(plan_.tied_chunk())]; }
+  BufferView tied_grads(int chunk) {
+    const StageModel& sm = *chunks_[std::size_t(chunk)];
+    return shards_->local_grads(chunk, sm.wte_offset(), sm.wte_count());
+  }
 
-  // First and last stage hold the tied wte (embedding / LM head): each sends its gradient to the
-  // other and adds what it receives, so both copies see the same sum (a + b == b + a exactly).
+  // The first and the last chunk hold the tied wte (embedding / LM head): each holder sends its
+  // gradient to the other and adds what it receives, so both copies see the same sum (a + b ==
+  // b + a exactly). In a V both are stage 0's: the embedding's copy adds the head's, which takes
+  // the sum.
   void exchange_tied_grads(Context& ctx, Group& pp) {
     if (!plan_.tied_exchange()) return;
-    StageModel& sm = tied_chunk();
-    const BufferView g = shards_->local_grads(plan_.first_stage() ? 0 : int(chunks_.size()) - 1,
-                                              sm.wte_offset(), sm.wte_count());
-    const int peer = plan_.first_stage() ? plan_.P - 1 : 0;
+    const BufferView g = tied_grads(plan_.tied_chunk());
+    if (plan_.tied_local()) {
+      const BufferView head = tied_grads(plan_.local_chunk(plan_.K - 1));
+      ctx.ops().axpy(g, 1.0, head);
+      ctx.ops().copy(head, g);
+      return;
+    }
+    const int peer = plan_.tied_peer();
     Event sent = ctx.comm_stream(kStreamNext)
                      .enqueue([&pp, g, peer] { pp.send(g, peer, kTagTied); }, ctx.compute_event());
     pp.recv(tied_recv_.view(), peer, kTagTied);
@@ -454,18 +477,20 @@ class Engine {
                      const std::vector<UnitPassActions>& dp, Group& pp) {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk], slot = sm.acquire_slot();
-    const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
     wait_sends(ctx, a.chunk, slot);
     // Middle stages do not read tokens: no data is generated for them.
     const MicroBatch mb = sm.needs_tokens() ? ctx.micro_batch(step, a.micro)
                                             : MicroBatch{nullptr, nullptr, ctx.train().micro_batch,
                                                          ctx.model_spec().seq};
-    if (k > 0) {
+    if (plan_.remote(k, -1)) {
       {
         PhaseTimer idle(ctx, Phase::bubble);
-        pp.recv(boundary_->incoming(sm.input(slot)), prev, kTagActivation);
+        pp.recv(boundary_->incoming(sm.input(slot)), plan_.holder(k - 1), kTagActivation);
       }
       boundary_->arrived(ctx.ops(), sm.input(slot));
+    } else if (k > 0) {  // zb-v's turn: the chunk before is this rank's, its slot still held
+      const int before = plan_.local_chunk(k - 1);
+      ctx.ops().copy(sm.input(slot), chunks_[before]->output(slot_of_[before][a.micro]));
     }
     {
       PhaseTimer t(ctx, Phase::forward);
@@ -476,10 +501,11 @@ class Engine {
       // The slot's tokens: seq / cp of each sequence (Context::micro_batch).
       ctx.report_loss(sm.loss_sum(slot),
                       double(ctx.train().micro_batch) * (ctx.model_spec().seq / ctx.mesh().cp));
-    if (k < plan_.K - 1) {
+    if (plan_.remote(k, +1)) {
       const BufferView out = boundary_->outgoing(ctx.ops(), a.chunk, slot, sm.output(slot));
+      const int next = plan_.holder(k + 1);
       pending(a.chunk, slot)
-          .push_back(ctx.comm_stream(kStreamNext)
+          .push_back(ctx.comm_stream(send_stream(kStreamNext, a.chunk))
                          .enqueue([&pp, out, next] { pp.send(out, next, kTagActivation); },
                                   ctx.compute_event()));
     }
@@ -491,14 +517,14 @@ class Engine {
                        const std::vector<UnitPassActions>& dp, Group& pp) {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk];
-    const int next = (plan_.stage + 1) % plan_.P, prev = (plan_.stage + plan_.P - 1) % plan_.P;
-    if (k < plan_.K - 1) {
+    const BufferView output_grad = boundary_ ? boundary_->fp32(sm.output_grad()) : BufferView{};
+    if (plan_.remote(k, +1)) {
       {
         PhaseTimer idle(ctx, Phase::bubble);
-        pp.recv(boundary_->incoming(boundary_->fp32(sm.output_grad())), next, kTagGradient);
+        pp.recv(boundary_->incoming(output_grad), plan_.holder(k + 1), kTagGradient);
       }
-      boundary_->arrived(ctx.ops(), boundary_->fp32(sm.output_grad()));
-    }
+      boundary_->arrived(ctx.ops(), output_grad);
+    }  // else at zb-v's turn the chunk after has left d(output) there (below)
     {
       PhaseTimer t(ctx, Phase::backward);
       const float scale = float(grad_scale(ctx));
@@ -506,17 +532,23 @@ class Engine {
         sm.backward(slot, u, shards_->params(), shards_->grads(), tp_comm_.get(), scale);
       });
     }
-    if (k > 0) {
+    if (plan_.remote(k, -1)) {
       // The slot's send buffer may have carried its activation (cast): that send is done (the
       // next stage received it before sending this gradient), and waiting makes it so on every
       // transport.
       const BufferView grad = boundary_->fp32(sm.input_grad(slot));
       if (boundary_->casts(grad)) wait_sends(ctx, a.chunk, slot);
       const BufferView din = boundary_->outgoing(ctx.ops(), a.chunk, slot, grad);
+      const int prev = plan_.holder(k - 1);
       pending(a.chunk, slot)
-          .push_back(ctx.comm_stream(kStreamPrev)
+          .push_back(ctx.comm_stream(send_stream(kStreamPrev, a.chunk))
                          .enqueue([&pp, din, prev] { pp.send(din, prev, kTagGradient); },
                                   ctx.compute_event()));
+    } else if (k > 0) {
+      // zb-v's turn: d(input) into the chunk before's d(output), which its next pass through
+      // backward reads (the schedule runs no other backward or weight pass of it in between).
+      StageModel& before = *chunks_[std::size_t(plan_.local_chunk(k - 1))];
+      ctx.ops().copy(boundary_->fp32(before.output_grad()), boundary_->fp32(sm.input_grad(slot)));
     }
     if (!pp::splits_backward(cfg_.schedule)) sm.release_slot(slot);
   }
@@ -542,6 +574,7 @@ class Engine {
   DpSchedule dp_;                            // Shards' actions around the unit passes
   DeviceBuffer tied_recv_;                   // the other stage's tied wte gradient
   std::vector<std::vector<std::vector<Event>>> pending_;  // [chunk][slot]: sends in flight
+  std::vector<std::vector<int>> slot_of_;                 // [chunk][micro]: the step's slots
   std::unique_ptr<TensorParallelComm> tp_comm_;           // null when tp == 1
   std::unique_ptr<ExpertParallelComm> ep_comm_;           // null without expert parallelism
   std::unique_ptr<ContextParallelComm> cp_comm_;          // null at cp 1

@@ -18,12 +18,13 @@ constexpr int kTiedTag = -1;
 
 // The schedule of stage me.pp (the rank's plan): a forward receives its input from the previous
 // chunk's stage and sends its output on; a backward receives its output's gradient and sends its
-// input's back. Around each unit pass, the data-parallel axis's actions (dp_schedule_of); `end`
-// collects the ones after the schedule and the tied exchange.
+// input's back (none of it where the neighbour chunk is the rank's own: zb-v's turn). Around each
+// unit pass, the data-parallel axis's actions (dp_schedule_of); `end` collects the ones after the
+// schedule and the tied exchange.
 void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord& me,
                    const Plan& rank, const std::vector<std::pair<int, int>>& units, bool sp,
                    std::vector<PlanAction>& out, std::vector<PlanAction>& end) {
-  const int P = rank.P, K = rank.K;
+  const int K = rank.K;
   // Every boundary carries one micro-batch's [B, T, C] residual stream or its gradient (sp: this
   // rank's token rows of it; cp: its slice of each sequence) in the tp comm dtype.
   Partition second{units[1].first, units[1].second, in.mesh.tp, me.tp, sp};
@@ -31,7 +32,7 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   const double bytes = double(StageModel::boundary_count(in.model, in.train.micro_batch, second)) *
                        double(dtype_size(in.train.precision.tp_comm));
   const Mesh mesh(in.mesh);
-  auto stage_of = [&](int k) { return mesh.rank_of(me, k % P); };
+  auto stage_of = [&](int k) { return mesh.rank_of(me, rank.holder(k)); };
   const sharded::EngineConfig dpc = dp_axis_config(cfg);
   const sharded::Placement at = sharded::placement(in.mesh, in.rank, dpc);
   const auto groups = sharded::make_groups(in.model, rank.parts, at.shards, dpc);
@@ -48,18 +49,21 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
     const int k = rank.global[std::size_t(a.chunk)];
     const auto [first, last] = units[std::size_t(k)];
     if (a.forward()) {
-      if (k > 0) out.push_back(plan_recv(stage_of(k - 1), activation_tag(a.micro, k, K), bytes));
+      if (rank.remote(k, -1))
+        out.push_back(plan_recv(stage_of(k - 1), activation_tag(a.micro, k, K), bytes));
       for (int u = first; u <= last; ++u)
         pass(dp.passes[i][std::size_t(u - first)], plan_forward(u));
-      if (k < K - 1)
+      if (rank.remote(k, +1))
         out.push_back(plan_send(stage_of(k + 1), activation_tag(a.micro, k + 1, K), bytes));
     } else if (a.pass == pp::PipePass::weight) {  // no transfer: nobody waits for it
       for (int u = last; u >= first; --u) pass(dp.passes[i][std::size_t(last - u)], plan_weight(u));
     } else {
-      if (k < K - 1) out.push_back(plan_recv(stage_of(k + 1), gradient_tag(a.micro, k, K), bytes));
+      if (rank.remote(k, +1))
+        out.push_back(plan_recv(stage_of(k + 1), gradient_tag(a.micro, k, K), bytes));
       for (int u = last; u >= first; --u)
         pass(dp.passes[i][std::size_t(last - u)], plan_backward(u));
-      if (k > 0) out.push_back(plan_send(stage_of(k - 1), gradient_tag(a.micro, k - 1, K), bytes));
+      if (rank.remote(k, -1))
+        out.push_back(plan_send(stage_of(k - 1), gradient_tag(a.micro, k - 1, K), bytes));
     }
   }
   for (const sharded::Action& x : dp.end) sharded::plan_action(x, groups, per, at, end);
@@ -90,7 +94,7 @@ void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
   if (receives_cast(plan, in.train.precision))
     setup.push_back(plan_alloc(MemTag::comm_buffers, boundary(plan.parts[0])));
   sharded::plan_state(in, dp_axis_config(cfg), plan.parts, setup);
-  if (plan.tied_exchange())
+  if (plan.tied_exchange() && !plan.tied_local())
     setup.push_back(
         plan_alloc(MemTag::comm_buffers, double(in.model.vocab / in.mesh.tp) * in.model.hidden *
                                              state_bytes_per_param(in.train.precision).grads));
@@ -175,8 +179,8 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   }
   // After the schedule (Engine::train_step): the tied embedding's gradient between the first and
   // the last stage, then the data-parallel axis's update over the rank's chunks.
-  if (rank.tied_exchange()) {
-    const int peer = Mesh(in.mesh).rank_of(me, rank.first_stage() ? rank.P - 1 : 0);
+  if (rank.tied_exchange() && !rank.tied_local()) {  // in a V a local sum
+    const int peer = Mesh(in.mesh).rank_of(me, rank.tied_peer());
     const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden *
                        state_bytes_per_param(in.train.precision).grads;
     step.push_back(plan_send(peer, kTiedTag, wte));

@@ -24,8 +24,10 @@ void check_shape(PipeSchedule schedule, int stages, int micro_batches, int virtu
     fail(at + "micro_batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
   if (virtual_stages < 1)
     fail(at + "virtual_stages must be >= 1 (got " + std::to_string(virtual_stages) + ")");
-  if (schedule != PipeSchedule::interleaved && virtual_stages != 1)
-    fail(at + "virtual_stages must be 1 (got " + std::to_string(virtual_stages) + ")");
+  const int chunks = schedule == PipeSchedule::zb_v ? 2 : 1;
+  if (schedule != PipeSchedule::interleaved && virtual_stages != chunks)
+    fail(at + "virtual_stages must be " + std::to_string(chunks) + " (got " +
+         std::to_string(virtual_stages) + ")");
   // Megatron's interleaved order walks micro-batches in groups of `stages`.
   if (schedule == PipeSchedule::interleaved && micro_batches % stages != 0)
     fail(at + "micro-batches (" + std::to_string(micro_batches) +
@@ -84,6 +86,34 @@ std::vector<PipeAction> zb_h1(int stages, int stage, int micro_batches) {
       actions.push_back({PipePass::weight, weights++, 0});
   }
   while (weights < micro_batches) actions.push_back({PipePass::weight, weights++, 0});
+  return actions;
+}
+
+// ZB-V's order (the ZB paper's section 6, as torchtitan's ZBVZeroBubble writes it) for
+// max(m, 2p - 1) micro-batches, those past m dropped: the forwards through chunk 0 fill the way
+// down the V, the last p - s forwards through chunk 1 each followed by its B and W, then a steady
+// F0 B0 W0 F1 B1 W1, and the cool-down's B passes before the deferred W passes. Stage s holds at
+// most 2p chunks' micro-batches, each half a stage: 1f1b's first stage's peak.
+std::vector<PipeAction> zb_v(int stages, int stage, int micro_batches) {
+  const int p = stages, s = stage, n = std::max(micro_batches, 2 * p - 1);
+  constexpr PipePass F = PipePass::forward, B = PipePass::backward, W = PipePass::weight;
+  std::vector<PipeAction> actions;
+  int next[2][3] = {};  // [chunk][pass]: the next micro-batch of each
+  auto run = [&](int chunk, PipePass pass) {
+    const int micro = next[chunk][int(pass)]++;
+    if (micro < micro_batches) actions.push_back({pass, micro, chunk});
+  };
+  for (int i = 0; i < 2 * (p - s) - 1; ++i) run(0, F);
+  for (int i = 0; i < s; ++i) run(1, F), run(0, F);
+  for (int i = 0; i < p - s; ++i) run(1, F), run(1, B), run(1, W);
+  while (next[1][int(F)] < next[0][int(F)] || next[0][int(F)] < n) {
+    if (next[0][int(F)] < n) run(0, F);
+    run(0, B), run(0, W), run(1, F), run(1, B), run(1, W);
+  }
+  for (int i = 0; i < s; ++i) run(0, B), run(1, B);
+  for (int i = 0; i < p - s; ++i) run(0, B), run(0, W);
+  while (next[1][int(W)] < next[1][int(B)]) run(1, W);
+  while (next[0][int(W)] < next[0][int(B)]) run(0, W);
   return actions;
 }
 
@@ -194,11 +224,19 @@ const char* schedule_name(PipeSchedule schedule) {
       return "interleaved";
     case PipeSchedule::zb_h1:
       return "zb-h1";
+    case PipeSchedule::zb_v:
+      return "zb-v";
   }
   return "unknown";
 }
 
-bool splits_backward(PipeSchedule schedule) { return schedule == PipeSchedule::zb_h1; }
+bool splits_backward(PipeSchedule schedule) {
+  return schedule == PipeSchedule::zb_h1 || schedule == PipeSchedule::zb_v;
+}
+
+ChunkPlacement chunk_placement(PipeSchedule schedule) {
+  return schedule == PipeSchedule::zb_v ? ChunkPlacement::v_shape : ChunkPlacement::loop;
+}
 
 std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int stage,
                                           int micro_batches, int virtual_stages) {
@@ -213,15 +251,27 @@ std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int
       return interleaved(stages, stage, micro_batches, virtual_stages);
     case PipeSchedule::zb_h1:
       return zb_h1(stages, stage, micro_batches);
+    case PipeSchedule::zb_v:
+      return zb_v(stages, stage, micro_batches);
   }
   fail("pipeline schedule: unknown schedule");
 }
 
-int global_chunk(int stages, int stage, int chunk) {
+int global_chunk(ChunkPlacement placement, int stages, int stage, int chunk) {
   if (stages < 1) fail("global_chunk: stages must be >= 1 (got " + std::to_string(stages) + ")");
   check_stage("global_chunk: ", stages, stage);
-  if (chunk < 0) fail("global_chunk: chunk must be >= 0 (got " + std::to_string(chunk) + ")");
+  if (chunk < 0 || (placement == ChunkPlacement::v_shape && chunk > 1))
+    fail("global_chunk: chunk must be >= 0 (0 or 1 in a V; got " + std::to_string(chunk) + ")");
+  if (placement == ChunkPlacement::v_shape) return chunk == 0 ? stage : 2 * stages - 1 - stage;
   return chunk * stages + stage;
+}
+
+int chunk_stage(ChunkPlacement placement, int stages, int k) {
+  if (stages < 1) fail("chunk_stage: stages must be >= 1 (got " + std::to_string(stages) + ")");
+  if (k < 0 || (placement == ChunkPlacement::v_shape && k >= 2 * stages))
+    fail("chunk_stage: chunk must be >= 0 (below 2 stages in a V; got " + std::to_string(k) + ")");
+  if (placement == ChunkPlacement::v_shape) return k < stages ? k : 2 * stages - 1 - k;
+  return k % stages;
 }
 
 int max_in_flight(const std::vector<PipeAction>& actions) {
@@ -233,7 +283,8 @@ int max_in_flight(const std::vector<PipeAction>& actions, int chunk) {
 }
 
 PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank_actions,
-                                int micro_batches, int virtual_stages, PassCosts costs) {
+                                int micro_batches, int virtual_stages, PassCosts costs,
+                                ChunkPlacement placement) {
   check_actions(rank_actions, micro_batches, virtual_stages, costs);
   const bool split = std::any_of(rank_actions.begin(), rank_actions.end(), has_weight_passes);
   const double pass_cost[] = {costs.forward, split ? costs.backward - costs.weight : costs.backward,
@@ -252,7 +303,7 @@ PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank
     for (int s = 0; s < stages; ++s) {
       while (next[s] < rank_actions[s].size()) {
         const PipeAction& a = rank_actions[s][next[s]];
-        const int k = global_chunk(stages, s, a.chunk);
+        const int k = global_chunk(placement, stages, s, a.chunk);
         const double ready = timeline.ready_time(a, k);
         if (ready < 0) break;
         const double cost = pass_cost[int(a.pass)] / virtual_stages;
@@ -276,7 +327,8 @@ PipeSimulation simulate_pipeline(PipeSchedule schedule, int stages, int micro_ba
   std::vector<std::vector<PipeAction>> rank_actions;
   for (int s = 0; s < stages; ++s)
     rank_actions.push_back(pipeline_schedule(schedule, stages, s, micro_batches, virtual_stages));
-  return simulate_actions(rank_actions, micro_batches, virtual_stages, costs);
+  return simulate_actions(rank_actions, micro_batches, virtual_stages, costs,
+                          chunk_placement(schedule));
 }
 
 double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_batches,
@@ -287,6 +339,13 @@ double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_ba
   // (p - 1) (f + b - w) = (p - 1) passes of one third of a slot.
   const double p = stages, work = double(virtual_stages) * micro_batches;
   if (schedule == PipeSchedule::zb_h1) return (p - 1) / (3 * work + p - 1);
+  if (schedule == PipeSchedule::zb_v) {
+    const PipeSimulation sim =
+        simulate_pipeline(schedule, stages, micro_batches, virtual_stages, {1.0, 2.0, 1.0});
+    double idle = 0;
+    for (double i : sim.idle) idle += i;
+    return idle / p / sim.makespan;
+  }
   return (p - 1) / (work + p - 1);
 }
 

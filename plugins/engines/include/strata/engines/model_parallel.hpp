@@ -96,7 +96,7 @@ sharded::EngineConfig dp_axis_config(const MpConfig& config);
 // torchtitan sets under PP: no gather per micro-batch). zero2 and fsdp: gradients accumulated
 // unsharded over the micro-batches from the chunk's first backward, each unit's reduce-scattered
 // after its backward in the chunk's last micro-batch, one in flight behind the next unit's
-// (gradient sync on the last micro-batch only); under a split backward (zb-h1) after its pass in
+// (gradient sync on the last micro-batch only); under a split backward (zb-h1, zb-v) after its pass in
 // the chunk's last weight pass instead, where its GEMMs' weight gradients are complete. With
 // `tied_exchange` (the first and the last stage each hold the tied embedding) the units holding it
 // are reduced at the end, after the stages have exchanged its gradient. allreduce and zero1: no

@@ -14,6 +14,12 @@
 //                passes, stage s deferring its first s W passes so that every stage holds at most
 //                as many micro-batches as 1f1b's first stage, and the deferred W passes fill the
 //                cool-down. A third of 1f1b's bubble when F, B and W cost the same.
+//   zb-v         ZB-V (the same paper, section 6; torchtitan's ZBVZeroBubble): two chunks per
+//                rank placed in a V (rank s holds global chunks s and 2p - 1 - s, so the first
+//                and the last chunk share rank 0 and the turn at rank p - 1 is local), the
+//                backward split as zb-h1's; its order keeps every rank at 1f1b's first stage's
+//                activations (2p half-stage chunks) and, with F, B and W of equal cost, leaves
+//                almost no bubble.
 //
 // All functions throw std::invalid_argument with one line naming the bad argument.
 #pragma once
@@ -24,7 +30,13 @@
 STRATA_EXPORT_BEGIN
 namespace strata::pp {
 
-enum class PipeSchedule { gpipe, one_f_one_b, interleaved, zb_h1 };
+enum class PipeSchedule { gpipe, one_f_one_b, interleaved, zb_h1, zb_v };
+
+// How global chunks sit on the ranks: in a loop (chunk c of rank s is c * p + s; gpipe, 1f1b,
+// zb-h1 have one chunk, interleaved v) or in a V (zb-v: chunk 0 of rank s is s, chunk 1 is
+// 2p - 1 - s).
+enum class ChunkPlacement { loop, v_shape };
+ChunkPlacement chunk_placement(PipeSchedule schedule);
 
 // The passes of a micro-batch through a chunk. A schedule that splits the backward (zb-h1) runs a
 // backward (the gradients of the chunk's input only) and later a weight pass (its parameters'
@@ -41,21 +53,23 @@ struct PipeAction {
   bool operator==(const PipeAction&) const = default;
 };
 
-// Whether the schedule splits each backward into a backward and a weight pass (zb-h1).
+// Whether the schedule splits each backward into a backward and a weight pass (zb-h1, zb-v).
 bool splits_backward(PipeSchedule schedule);
 
 // Returns the ordered list of actions that pipeline rank `stage` (0..stages-1) executes in one
 // training step: every (micro, chunk) forward and backward (and, splitting, weight pass) exactly
 // once, each forward before its backward, each backward before its weight pass. virtual_stages
-// must be 1 for gpipe, 1f1b and zb-h1; interleaved needs micro_batches to be a multiple of stages
-// (as Megatron-LM requires).
+// must be 1 for gpipe, 1f1b and zb-h1, and 2 for zb-v; interleaved needs micro_batches to be a
+// multiple of stages (as Megatron-LM requires).
 std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int stage,
                                           int micro_batches, int virtual_stages = 1);
 
-// Returns the global model chunk index of local chunk `chunk` on rank `stage`:
-// chunk * stages + stage. Forward data flows from global chunk k to k + 1 (on rank
-// (k + 1) % stages); gradients flow the other way.
-int global_chunk(int stages, int stage, int chunk);
+// Returns the global model chunk index of local chunk `chunk` on rank `stage` (chunk_placement).
+// Forward data flows from global chunk k to k + 1 (on rank chunk_stage(k + 1)); gradients flow
+// the other way.
+int global_chunk(ChunkPlacement placement, int stages, int stage, int chunk);
+// Returns the rank holding global chunk k, of stages * chunks per rank.
+int chunk_stage(ChunkPlacement placement, int stages, int k);
 
 // Returns the maximum, over the step, of the number of (micro, chunk) pairs whose forward has run
 // and whose last pass (the weight pass where the list has them, else the backward) has not, on one
@@ -93,16 +107,19 @@ PipeSimulation simulate_pipeline(PipeSchedule schedule, int stages, int micro_ba
 // deadlock. Every action's micro must be in [0, micro_batches) and chunk in [0, virtual_stages).
 // A list with weight passes splits every backward (all of them must have one).
 PipeSimulation simulate_actions(const std::vector<std::vector<PipeAction>>& rank_actions,
-                                int micro_batches, int virtual_stages = 1, PassCosts costs = {});
+                                int micro_batches, int virtual_stages = 1, PassCosts costs = {},
+                                ChunkPlacement placement = ChunkPlacement::loop);
 
 // Returns the predicted bubble fraction (idle time / step time) of the ideal pipeline with uniform
 // chunk costs: (p - 1) / (m + p - 1) for gpipe and 1f1b, (p - 1) / (v * m + p - 1) for
 // interleaved (Megatron-LM paper: bubble time (p - 1) * (f + b) / v), and for zb-h1 with F, B and
-// W of equal cost (p - 1) / (3 m + p - 1) (the ZB paper: bubble time (p - 1) * (f + b - w)).
+// W of equal cost (p - 1) / (3 m + p - 1) (the ZB paper: bubble time (p - 1) * (f + b - w)); for
+// zb-v, whose bubble has no closed form, the simulation's mean idle time with F, B and W of equal
+// cost.
 double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_batches,
                                  int virtual_stages = 1);
 
-// Returns "gpipe", "1f1b", "interleaved" or "zb-h1".
+// Returns "gpipe", "1f1b", "interleaved", "zb-h1" or "zb-v".
 const char* schedule_name(PipeSchedule schedule);
 
 }  // namespace strata::pp
