@@ -839,7 +839,9 @@ CpResult run_cp_rank(const ModelSpec& spec, int B, const Partition& part, Recomp
 }
 
 // GPT-2 (learned positions), a llama (rotary positions, grouped-query attention: 4 heads on 2
-// K/V heads, which Ulysses exchanges unrepeated at cp 2 and repeated at cp 4) and a moe with a
+// K/V heads, which Ulysses exchanges unrepeated at cp 2 and at cp 4 each to the 2 ranks whose
+// query heads use it; 6 heads on 3, which cp 2 neither divides nor is divided by: repeated to
+// every query head) and a moe with a
 // capacity that drops choices (each rank's chunks keep what the whole sequence keeps) over cp = 2
 // and 4 thread ranks, Ulysses and ring attention (its passes on a comm stream), in every
 // recompute mode: the ranks' losses (and load-balancing losses, and drops) sum to the one-rank
@@ -850,11 +852,13 @@ TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
   const ModelSpec llama{"att-heavy-llama", 2, 32, 4, 16, 64, Arch::llama, 2, 96, 10000};
   // 4 experts, top 2, 6 choices an expert and sequence (of 8 on average): drops in every one
   const ModelSpec moe{"att-heavy-moe", 2, 32, 4, 16, 64, Arch::moe, 2, 96, 10000, 4, 2, 0.75};
+  const ModelSpec odd{"att-heavy-llama-3kv", 2, 48, 6, 16, 64, Arch::llama, 3, 96, 10000};
   const int B = 2;
-  for (const ModelSpec& spec : {att_heavy(), llama, moe})
+  for (const ModelSpec& spec : {att_heavy(), llama, moe, odd})
     for (int cp : {2, 4})
       for (ContextAttention how : {ContextAttention::ulysses, ContextAttention::ring})
         for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+          if (spec.heads % cp != 0) continue;  // odd's 6 heads: cp 2 only
           SCOPED_TRACE(spec.preset + " cp " + std::to_string(cp) + " " +
                        context_attention_name(how) + " " + recompute_name(r));
           const std::int64_t dropped_before = moe_routing_counts().dropped;
@@ -878,8 +882,9 @@ TEST(StageModelContextParallel, RanksTogetherEqualOneRankOnWholeSequences) {
             for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += got[rank].grads[i];
             Partition part = whole_model(spec);
             part.cp_size = cp, part.cp_rank = rank, part.cp_attention = how;
-            EXPECT_EQ(Dims(spec, B, part, Device::cpu).ulysses_kv,
-                      spec.llama_block() && how == ContextAttention::ulysses && cp == 2);
+            const Dims d(spec, B, part, Device::cpu);
+            EXPECT_EQ(d.ulysses_kv, spec.kv_heads == 2 && how == ContextAttention::ulysses);
+            EXPECT_EQ(d.kv_copies, d.ulysses_kv && cp == 4 ? 2u : 1u);
             EXPECT_EQ(got[rank].activation_peak, predict_activations(spec, B, part, r).total(1));
             double bytes = 0;
             for (int u = 1; u <= spec.layers; ++u)
@@ -910,7 +915,8 @@ TEST(StageModelContextParallel, ImpossibleSplitsAreRefused) {
   EXPECT_THROW(validate_context_parallel(tiny, 1, 64), ConfigError);  // 2 cp chunks of seq
   EXPECT_NO_THROW(validate_context_parallel(tiny, 2, 4, ContextAttention::ring));  // any heads
   EXPECT_THROW(validate_context_parallel(tiny, 1, 0), ConfigError);
-  EXPECT_NO_THROW(validate_context_parallel(model_preset("tiny-moe"), 1, 2));  // per-sequence counts
+  EXPECT_NO_THROW(
+      validate_context_parallel(model_preset("tiny-moe"), 1, 2));  // per-sequence counts
   MemoryLedger mem;
   Partition part = whole_model(tiny);
   part.cp_size = 2, part.cp_rank = 2;
@@ -923,13 +929,30 @@ void exchange_permutations_are_inverse_pairs(const ModelSpec& spec, int cp) {
   part.cp_size = cp, part.cp_rank = 1;
   const Dims d(spec, 3, part, Device::cpu);
   EXPECT_EQ(d.ulysses_kv, spec.kv_heads > 0 && spec.kv_heads != spec.heads);
+  const std::size_t r = d.kv_copies;  // each K/V head's copies sent
   EXPECT_EQ(cp_perm_rows(d, qkv_send) * cp_perm_cols(d, qkv_send),
-            d.ulysses_kv ? d.N * d.QKVl : 3 * d.N * d.Cl);
+            d.ulysses_kv ? d.N * (d.QKVl + 2 * d.KVl * (r - 1) * d.hs) : 3 * d.N * d.Cl);
   const std::vector<std::int32_t> perm = cp_permutations(d);
   auto at = [&](int which, std::size_t row) { return perm[cp_perm_offset(d, which) + row]; };
+  if (r > 1) {  // qkv_send repeats each K/V row r times; dqkv_local gathers the r copies back
+    const std::size_t local = d.N * (d.NHl + 2 * d.KVl);
+    ASSERT_EQ(cp_perm_rows(d, dqkv_local), local * r);
+    std::vector<std::size_t> sent(local, 0);
+    for (std::size_t s = 0; s < cp_perm_rows(d, qkv_send); ++s) {
+      const std::size_t from = std::size_t(at(qkv_send, s));
+      ASSERT_LT(from, local);
+      ++sent[from];
+      bool back = false;
+      for (std::size_t c = 0; c < r; ++c) back = back || at(dqkv_local, from * r + c) == int(s);
+      EXPECT_TRUE(back) << "sent row " << s;
+    }
+    for (std::size_t row = 0; row < local; ++row)
+      EXPECT_EQ(sent[row], row % (d.NHl + 2 * d.KVl) < d.NHl ? 1u : r) << "local row " << row;
+  }
   for (auto [forward, inverse] :
        {std::pair{qkv_send, dqkv_local}, std::pair{qkv_full, dqkv_send},
         std::pair{out_send, dout_full}, std::pair{out_local, dout_send}}) {
+    if (r > 1 && forward == qkv_send) continue;  // above
     const std::size_t n = cp_perm_rows(d, forward);
     ASSERT_EQ(n, cp_perm_rows(d, inverse));
     std::vector<int> seen(n, 0);
@@ -945,11 +968,15 @@ void exchange_permutations_are_inverse_pairs(const ModelSpec& spec, int cp) {
 
 // Ulysses' row permutations: each a permutation, each backward one the inverse of its forward; a
 // GQA llama whose K/V heads cp divides exchanges its projection's heads once (N x QKVl elements,
-// not 3 N Cl).
+// not 3 N Cl); one with fewer K/V heads than cp sends each to the cp / KV ranks using it and sums
+// its gradient's copies back.
 TEST(StageModelContextParallel, ExchangePermutationsAreInversePairs) {
   ModelSpec gqa = model_preset("tiny-llama");
   gqa.heads = 8, gqa.kv_heads = 4;
-  for (const auto& [spec, cp] : {std::pair{model_preset("tiny"), 4}, std::pair{gqa, 2}})
+  ModelSpec mqa = gqa;
+  mqa.kv_heads = 1;
+  for (const auto& [spec, cp] : {std::pair{model_preset("tiny"), 4}, std::pair{gqa, 2},
+                                 std::pair{gqa, 8}, std::pair{mqa, 4}})
     exchange_permutations_are_inverse_pairs(spec, cp);
 }
 

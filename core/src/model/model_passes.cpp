@@ -391,7 +391,14 @@ void ModelPasses::cp_exchange(ActView from, ActView to, CpPerm send, CpPerm recv
   k_.moe_gather(out, from, g_.cp_perm + cp_perm_offset(d, send), int(rows), int(cols));
   const Device device = memory_.device();
   comm.all_to_all({out.data, n, from.dtype, device}, {in.data, n, from.dtype, device});
-  k_.moe_gather(to, in, g_.cp_perm + cp_perm_offset(d, recv), int(rows), int(cols));
+  const std::int32_t* back = g_.cp_perm + cp_perm_offset(d, recv);
+  if (recv == dqkv_local && d.ulysses_kv && d.kv_copies > 1) {  // the K/V copies' gradients summed
+    const std::size_t local = cp_perm_rows(d, recv) / d.kv_copies;
+    k_.zero(to.f32(), local * cols);
+    return k_.moe_gather_backward(to.f32(), in.f32(), back, int(local), int(d.kv_copies),
+                                  int(cols));
+  }
+  k_.moe_gather(to, in, back, int(rows), int(cols));
 }
 
 void ModelPasses::attention_forward(BlockActs& a) {
@@ -804,7 +811,8 @@ void ModelPasses::backward_block(int l, SlotActs& s, BufferView p, BufferView gr
   else
     k_.attention_backward(g_.a, g_.b, datty, a.qkv, a.att, a.atty_full, d.B, d.Ta, Ca, NHa);
   // ... and d(q | k | v) back to this rank's tokens: in place, or with ulysses_kv each K/V head's
-  // gradient summed over its query heads first (into b; qkv_backward takes it from there).
+  // gradient summed over its query heads first (into b; qkv_backward takes it from there), and
+  // over the ranks it was sent to on the way back (cp_exchange).
   if (d.ulysses_kv) {
     k_.repeat_kv_backward(g_.b, g_.a, d.B * d.Ta, NHa, int(d.KVa), int(d.hs));
     cp_exchange(g_.b, g_.b, dqkv_send, dqkv_local);

@@ -42,9 +42,12 @@ STRATA_EXPORT_BEGIN
 // T is the rank's share of each sequence (seq / cp tokens at the positions cp_tokens gives), Ta
 // the whole sequence. Ulysses' attention runs over whole sequences on NHa = NHl / cp heads (Ca =
 // NHa hs columns); ring attention (ring) on the rank's queries and every head (NHa = NHl). With
-// grouped-query attention whose K/V heads cp divides (ulysses_kv), Ulysses exchanges q | k | v
-// before K/V are repeated: KVa = KVl / cp K/V heads a rank, repeated to its NHa query heads after
-// the exchange (DeepSpeed repeats before it only when cp does not divide them).
+// grouped-query attention whose K/V heads cp divides or divide cp (ulysses_kv), Ulysses exchanges
+// q | k | v before K/V are repeated: KVa K/V heads a rank (KVl / cp, or 1 where KVl < cp: each
+// K/V head sent to the kv_copies = cp / KVl ranks whose query heads use it, its gradient's copies
+// summed on the way back), repeated to its NHa query heads after the exchange. DeepSpeed repeats
+// them to every query head before it; strata does where neither divides the other. QKVx: the
+// columns a token's q | k | v takes in the exchange ((NHl + 2 KVl kv_copies) hs, or 3 Cl).
 // KVl: K/V heads on this rank, hs the head size, QKVl = (NHl + 2 KVl) hs the q | k | v
 // projection's outputs on this rank, Fl the MLP's hidden size on this rank, FCl the FC layer's
 // outputs (Fl, or a llama's gate | up 2 Fl; moe: one expert's).
@@ -58,7 +61,7 @@ struct Dims {
   int cp_rank;
   bool ring;
   bool ulysses_kv;
-  std::size_t KVa;
+  std::size_t KVa, kv_copies, QKVx;
   // moe: E experts, topk per token, capacity per expert and sequence (0: dropless), R the most
   // rows this rank's tokens send to the experts (moe_max_rows), SF the shared experts' hidden
   // size; 0 otherwise. Expert parallelism: ep ranks, El = E / ep experts here, Rx the most rows
@@ -88,8 +91,11 @@ std::size_t head_chunk_rows(const Dims& d);
 // destination cp rank, qkv_full unpacks what arrives into whole sequences; dqkv_send and
 // dqkv_local are their inverses for the backward. Their rows are a head group's Ca columns
 // ([N, 3, cp, Ca] -> [B, Ta, 3, Ca]), or with ulysses_kv one head's hs ([N, NHl + 2 KVl] ->
-// [B, Ta, NHa + 2 KVa]: the projection's heads, K/V not repeated). out_send, out_local and their
-// inverses dout_full, dout_send do the same for the attention's output [B, Ta, Ca] -> [N, cp, Ca].
+// [B, Ta, NHa + 2 KVa]: the projection's heads, K/V not repeated). With kv_copies > 1 qkv_send
+// sends each K/V row kv_copies times, and dqkv_local is the summing gather back
+// (Kernels::moe_gather_backward): kv_copies entries per local row, -1 where a q row has one.
+// out_send, out_local and their inverses dout_full, dout_send do the same for the attention's
+// output [B, Ta, Ca] -> [N, cp, Ca].
 enum CpPerm {
   qkv_send,
   qkv_full,

@@ -149,8 +149,11 @@ Dims::Dims(const ModelSpec& s, int micro_batch, const Partition& p, Device devic
   ring = cp > 1 && p.cp_attention == ContextAttention::ring;
   NHa = ring ? NHl : NHl / cp;
   Ca = NHa * hs;
-  ulysses_kv = cp > 1 && !ring && KVl != NHl && KVl % std::size_t(cp) == 0;
-  KVa = ulysses_kv ? KVl / std::size_t(cp) : 0;
+  const std::size_t P = std::size_t(cp);
+  ulysses_kv = cp > 1 && !ring && KVl != NHl && (KVl % P == 0 || P % KVl == 0);
+  kv_copies = ulysses_kv && KVl < P ? P / KVl : 1;
+  KVa = ulysses_kv ? KVl * kv_copies / P : 0;
+  QKVx = ulysses_kv ? (NHl + 2 * KVl * kv_copies) * hs : 3 * Cl;
   // Ring attention keeps a log-sum-exp per query row and head.
   att = ring ? std::size_t(B) * NHl * T : attention_state_floats(device, B, Ta, int(Ca), int(NHa));
   attention_bf16 = attention_writes_bf16(device, B, int(Ca), int(NHa));
@@ -187,7 +190,8 @@ std::vector<std::int32_t> ring_indices(const Dims& d) {
 }
 
 std::size_t cp_perm_rows(const Dims& d, int which) {
-  if (which < out_send && d.ulysses_kv) return d.N * (d.NHl + 2 * d.KVl);
+  if (which == dqkv_local && d.ulysses_kv) return d.N * (d.NHl + 2 * d.KVl) * d.kv_copies;
+  if (which < out_send && d.ulysses_kv) return d.N * d.QKVx / d.hs;
   return (which < out_send ? 3 : 1) * d.N * std::size_t(d.cp);
 }
 std::size_t cp_perm_cols(const Dims& d, int which) {
@@ -204,16 +208,16 @@ namespace {
 // q | k | v's sub-rows per token and destination rank (W) and the rank's row of sub-row `w` of
 // token n for rank j: head groups of Ca columns, the rank's [N, 3, cp] (w: q, k, v); with
 // ulysses_kv heads of hs columns, the rank's [N, NHl + 2 KVl] (w: rank j's q heads, then its k
-// and its v heads).
+// and its v heads; with kv_copies > 1 rank j's one K/V head is head j / kv_copies).
 struct QkvRows {
   std::size_t W;
   const Dims& d;
   std::size_t local(std::size_t j, std::size_t n, std::size_t w) const {
     if (!d.ulysses_kv) return (n * 3 + w) * std::size_t(d.cp) + j;
-    const std::size_t NHa = d.NHa, KVa = d.KVa;
+    const std::size_t NHa = d.NHa, KVa = d.KVa, r = d.kv_copies;
     const std::size_t head = w < NHa         ? j * NHa + w
-                             : w < NHa + KVa ? d.NHl + j * KVa + (w - NHa)
-                                             : d.NHl + d.KVl + j * KVa + (w - NHa - KVa);
+                             : w < NHa + KVa ? d.NHl + (j * KVa + w - NHa) / r
+                                             : d.NHl + d.KVl + (j * KVa + w - NHa - KVa) / r;
     return n * (d.NHl + 2 * d.KVl) + head;
   }
 };
@@ -234,13 +238,20 @@ std::vector<std::int32_t> cp_permutations(const Dims& d) {
     entry(forward, out) = std::int32_t(in);
     entry(inverse, in) = std::int32_t(out);
   };
+  // A local row sent kv_copies times gathers its gradient's copies back in its kv_copies slots.
+  const std::size_t copies = d.ulysses_kv ? d.kv_copies : 1;
+  std::vector<std::size_t> filled(cp_perm_rows(d, dqkv_local) / copies, 0);
+  std::fill_n(perm.begin() + std::ptrdiff_t(cp_perm_offset(d, dqkv_local)),
+              cp_perm_rows(d, dqkv_local), -1);
   for (std::size_t j = 0; j < P; ++j)
     for (std::size_t n = 0; n < N; ++n) {
       // token n of rank j, in its sequence
       const std::size_t whole = (n / T) * Ta + std::size_t(cp_tokens(d, int(j))(int(n % T)));
       for (std::size_t w = 0; w < qkv.W; ++w) {
-        link(qkv_send, dqkv_local, (j * N + n) * qkv.W + w, qkv.local(j, n, w));
-        link(qkv_full, dqkv_send, whole * qkv.W + w, (j * N + n) * qkv.W + w);
+        const std::size_t sent = (j * N + n) * qkv.W + w, local = qkv.local(j, n, w);
+        entry(qkv_send, sent) = std::int32_t(local);
+        entry(dqkv_local, local * copies + filled[local]++) = std::int32_t(sent);
+        link(qkv_full, dqkv_send, whole * qkv.W + w, sent);
       }
       link(out_send, dout_full, j * N + n, whole);
       link(out_local, dout_send, n * P + j, j * N + n);
@@ -392,7 +403,8 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
     // moe: R rows of an expert's gate | up, or N of the shared experts'
     const std::size_t mlp = std::max({N * d.FCl, d.Rx * d.FCl, N * 2 * d.SF});
     a = block.take(std::max(mlp, 3 * N * d.Cl));
-    b = block.take(std::max({mlp, d.att, N * d.QKVl, N * d.E}));  // moe: the router's logits
+    // moe: the router's logits; ulysses_kv: the exchanged q | k | v
+    b = block.take(std::max({mlp, d.att, N * d.QKVl, d.ulysses_kv ? N * d.QKVx : 0, N * d.E}));
     if (d.moe) {
       moe_rows = block.take(std::max(d.R, N) * C);
       moe_router = block.take(N * (2 * d.E + d.topk) + std::size_t(d.B) * d.E);
@@ -589,13 +601,13 @@ std::vector<PassCollective> context_parallel_attention(const ModelSpec& spec, in
     if (backward) passes(cp - 1, block), passes(cp, grad);
     return out;
   }
-  // Ulysses: the rank's N tokens on its tp rank's Cl columns, q | k | v [N, 3Cl] out (with
-  // ulysses_kv the projection's [N, QKVl], K/V not repeated) and the attention's output [N, Cl]
-  // back, in the attention's dtype; backward d(output) and d(q | k | v) in fp32. A full
+  // Ulysses: the rank's N tokens on its tp rank's Cl columns, q | k | v [N, QKVx] out (3 Cl; with
+  // ulysses_kv the projection's heads, each K/V head kv_copies times) and the attention's output
+  // [N, Cl] back, in the attention's dtype; backward d(output) and d(q | k | v) in fp32. A full
   // recompute repeats the forward's two; a selective one reruns the attention on the kept,
   // exchanged q | k | v.
   const double N = double(d.N), Cl = double(d.Cl);
-  const double qkv_cols = d.ulysses_kv ? double(d.QKVl) : 3 * Cl;
+  const double qkv_cols = double(d.QKVx);
   const PassCollective qkv{CommOp::all_to_all, N * qkv_cols * act},
       out{CommOp::all_to_all, N * Cl * act}, dout{CommOp::all_to_all, N * Cl * sizeof(float)},
       dqkv{CommOp::all_to_all, N * qkv_cols * sizeof(float)};
