@@ -11,9 +11,10 @@
 //                bubble; every stage holds at most pp micro-batches
 //   zb-v         ZB-V (the same paper, section 6): two chunks per rank in a V (rank s holds chunks
 //                s and 2 pp - 1 - s), the backward split as zb-h1's; 1f1b's first stage's memory
-//                on every rank and, with equal F, B and W, almost no bubble
+//                on every rank and, with equal F, B and W, half zb-h1's bubble from m = 2 pp
 // Activations and their gradients go point to point; the tied embedding / LM-head gradient is
-// exchanged between the first and last stage. Time a stage waits for its neighbours is the bubble.
+// exchanged between the first and last stage (zb-v: both are rank 0's, summed there). Time a
+// stage waits for its neighbours is the bubble.
 // dp=zero1: AdamW state sharded over dp (Megatron's distributed optimizer); dp=zero2, dp=fsdp:
 // gradients (and parameters) sharded too, per unit, reduced (and gathered) once per step as
 // torchtitan runs FSDP2 with PP. A mixture of experts' routed experts split over an expert-parallel

@@ -47,10 +47,10 @@ DpMode dp_mode(const std::string& option);  // the `dp` option's value
 const char* dp_mode_name(DpMode mode);
 
 struct MpConfig {
-  std::string strategy;   // "tp", "gpipe", "1f1b", "interleaved"
+  std::string strategy;   // "tp", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", ...
   bool pipeline = false;  // false: the tp plugin (pp must be 1)
   pp::PipeSchedule schedule = pp::PipeSchedule::one_f_one_b;
-  int virtual_stages = 1;
+  int virtual_stages = 1;  // chunks per rank: interleaved's option, zb-v's 2, else 1
   bool sequence_parallel = false;
   DpMode dp = DpMode::allreduce;  // the `dp` option
   std::vector<int> stage_layers;  // blocks per global chunk (pp x virtual_stages); empty: balanced
@@ -96,10 +96,10 @@ sharded::EngineConfig dp_axis_config(const MpConfig& config);
 // torchtitan sets under PP: no gather per micro-batch). zero2 and fsdp: gradients accumulated
 // unsharded over the micro-batches from the chunk's first backward, each unit's reduce-scattered
 // after its backward in the chunk's last micro-batch, one in flight behind the next unit's
-// (gradient sync on the last micro-batch only); under a split backward (zb-h1, zb-v) after its pass in
-// the chunk's last weight pass instead, where its GEMMs' weight gradients are complete. With
-// `tied_exchange` (the first and the last stage each hold the tied embedding) the units holding it
-// are reduced at the end, after the stages have exchanged its gradient. allreduce and zero1: no
+// (gradient sync on the last micro-batch only); under a split backward (zb-h1, zb-v) after its
+// pass in the chunk's last weight pass instead, where its GEMMs' weight gradients are complete.
+// With `tied_exchange` (the first and the last chunk each hold the tied embedding; in zb-v's V
+// both on stage 0) the units holding it are reduced at the end, after its gradient is summed. allreduce and zero1: no
 // actions (Shards::update reduces). One description for Engine::train_step, predict() (replayed for
 // memory) and plan_step().
 struct UnitPassActions {

@@ -19,7 +19,7 @@
 //                and the last chunk share rank 0 and the turn at rank p - 1 is local), the
 //                backward split as zb-h1's; its order keeps every rank at 1f1b's first stage's
 //                activations (2p half-stage chunks) and, with F, B and W of equal cost, leaves
-//                almost no bubble.
+//                zb-h1's bubble up to m = p and half of it, (p - 1) chunk forwards, from m = 2p.
 //
 // All functions throw std::invalid_argument with one line naming the bad argument.
 #pragma once
