@@ -392,7 +392,7 @@ void ModelPasses::cp_exchange(ActView from, ActView to, CpPerm send, CpPerm recv
   const Device device = memory_.device();
   comm.all_to_all({out.data, n, from.dtype, device}, {in.data, n, from.dtype, device});
   const std::int32_t* back = g_.cp_perm + cp_perm_offset(d, recv);
-  if (recv == dqkv_local && d.ulysses_kv && d.kv_copies > 1) {  // the K/V copies' gradients summed
+  if (recv == dqkv_local && d.kv_copies > 1) {  // the K/V copies' gradients summed
     const std::size_t local = cp_perm_rows(d, recv) / d.kv_copies;
     k_.zero(to.f32(), local * cols);
     return k_.moe_gather_backward(to.f32(), in.f32(), back, int(local), int(d.kv_copies),

@@ -239,7 +239,7 @@ std::vector<std::int32_t> cp_permutations(const Dims& d) {
     entry(inverse, in) = std::int32_t(out);
   };
   // A local row sent kv_copies times gathers its gradient's copies back in its kv_copies slots.
-  const std::size_t copies = d.ulysses_kv ? d.kv_copies : 1;
+  const std::size_t copies = d.kv_copies;  // 1 without ulysses_kv
   std::vector<std::size_t> filled(cp_perm_rows(d, dqkv_local) / copies, 0);
   std::fill_n(perm.begin() + std::ptrdiff_t(cp_perm_offset(d, dqkv_local)),
               cp_perm_rows(d, dqkv_local), -1);

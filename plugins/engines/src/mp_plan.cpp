@@ -139,11 +139,9 @@ std::string plan_notes(const Plan& plan, const PredictInput& in, const MpConfig&
 double ideal_bubble_fraction(const MpConfig& cfg, const ModelSpec& model, const Plan& rank) {
   if (!pp::splits_backward(cfg.schedule))
     return pp::predicted_bubble_fraction(cfg.schedule, rank.P, rank.m, rank.v);
-  const pp::PipeSimulation sim = pp::simulate_pipeline(
-      cfg.schedule, rank.P, rank.m, rank.v, {1.0, 2.0, 2.0 * model.block_weight_grad_share()});
-  double idle = 0;
-  for (double i : sim.idle) idle += i;
-  return idle / double(rank.P) / sim.makespan;
+  return pp::simulate_pipeline(cfg.schedule, rank.P, rank.m, rank.v,
+                               {1.0, 2.0, 2.0 * model.block_weight_grad_share()})
+      .bubble_fraction();
 }
 
 }  // namespace

@@ -339,13 +339,9 @@ double predicted_bubble_fraction(PipeSchedule schedule, int stages, int micro_ba
   // (p - 1) (f + b - w) = (p - 1) passes of one third of a slot.
   const double p = stages, work = double(virtual_stages) * micro_batches;
   if (schedule == PipeSchedule::zb_h1) return (p - 1) / (3 * work + p - 1);
-  if (schedule == PipeSchedule::zb_v) {
-    const PipeSimulation sim =
-        simulate_pipeline(schedule, stages, micro_batches, virtual_stages, {1.0, 2.0, 1.0});
-    double idle = 0;
-    for (double i : sim.idle) idle += i;
-    return idle / p / sim.makespan;
-  }
+  if (schedule == PipeSchedule::zb_v)
+    return simulate_pipeline(schedule, stages, micro_batches, virtual_stages, {1.0, 2.0, 1.0})
+        .bubble_fraction();
   return (p - 1) / (work + p - 1);
 }
 

@@ -84,6 +84,12 @@ struct PipeSimulation {
   std::vector<double> busy;  // per rank: total compute time
   std::vector<double> idle;  // per rank: makespan - busy (the bubble)
   bool deadlock = false;     // true if some rank can never run its next action
+  // The ranks' mean idle time over the makespan.
+  double bubble_fraction() const {
+    double sum = 0;
+    for (double i : idle) sum += i;
+    return sum / double(idle.size()) / makespan;
+  }
 };
 
 // The compute time of one micro-batch's passes through one whole stage: forward, backward (both
