@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cuda/launch.cuh"
+#include "backends/cuda/ptx.cuh"
 #include "random_inputs.hpp"
 
 namespace wmma = nvcuda::wmma;
@@ -205,6 +206,92 @@ TEST(CudaEmuWmmaDeathTest, MisalignedMemoryIsRefused) {
       },
       "not as WMMA requires");
   cudaFree(a);
+}
+
+// --- The PTX instructions (cuda_emu/ptx.hpp, through backends/cuda/ptx.cuh) ----------------------
+
+// A [16 x 16] (ld 24), K [8 x 16] (ld 24) and V [16 x 8] (ld 8), bf16 and row-major, staged in
+// shared memory by cp.async (a 16-byte chunk marked empty is zeroed), read back as fragments by
+// ldmatrix, then d_k = A K^T and d_v = A V by mma.sync, each lane storing its C registers where
+// the PTX ISA puts them: c0, c1 at (g, 2t), (g, 2t + 1), c2, c3 eight rows below.
+__global__ void ptx_mma_kernel(float* d_k, float* d_v, const __nv_bfloat16* a,
+                               const __nv_bfloat16* k, const __nv_bfloat16* v, int empty_chunk) {
+  STRATA_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  __nv_bfloat16 *sa = smem, *sk = sa + 16 * 24, *sv = sk + 8 * 24;
+  const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+  for (int c = lane; c < 2 * 16; c += 32)  // A: 16 rows of 2 chunks
+    strata::cuda::cp_async_16(sa + (c / 2) * 24 + 8 * (c % 2), a + (c / 2) * 24 + 8 * (c % 2),
+                              c != empty_chunk);
+  if (lane < 16)
+    strata::cuda::cp_async_16(sk + (lane / 2) * 24 + 8 * (lane % 2),
+                              k + (lane / 2) * 24 + 8 * (lane % 2), true);
+  if (lane < 16) strata::cuda::cp_async_16(sv + lane * 8, v + lane * 8, true);
+  strata::cuda::cp_async_commit();
+  strata::cuda::cp_async_wait_all();
+  __syncthreads();
+  std::uint32_t fa[4], fk[4], fv[4];
+  strata::cuda::ldmatrix_x4(fa, sa + (lane % 16) * 24 + 8 * (lane / 16));
+  strata::cuda::ldmatrix_x4(fk, sk + (lane % 8) * 24 + 8 * (lane / 8 % 2));  // matrices 2, 3 = 0, 1
+  strata::cuda::ldmatrix_x4_trans(fv, sv + (lane % 16) * 8);                 // the same
+  const std::uint32_t bk[2] = {fk[0], fk[1]}, bv[2] = {fv[0], fv[1]};
+  float ck[4] = {}, cv[4] = {};
+  strata::cuda::mma_bf16_16816(ck, fa, bk);
+  strata::cuda::mma_bf16_16816(cv, fa, bv);
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    d_k[row * 8 + col] = ck[i], d_v[row * 8 + col] = cv[i];
+  }
+}
+
+TEST(CudaEmuPtx, MmaOfLdmatrixFragmentsIsTheProduct) {
+  constexpr int kEmptyChunk = 5;  // A's row 2, columns 8..15: zero after cp.async
+  std::vector<__nv_bfloat16> a(16 * 24), k(8 * 24), v(16 * 8);
+  const auto av = random_floats(a.size(), 30), kv = random_floats(k.size(), 31),
+             vv = random_floats(v.size(), 32);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = __float2bfloat16_rn(av[i]);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = __float2bfloat16_rn(kv[i]);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = __float2bfloat16_rn(vv[i]);
+  __nv_bfloat16 *da = device_copy(a), *dk = device_copy(k), *dv = device_copy(v);
+  float *d_k = device_copy(std::vector<float>(16 * 8)),
+        *d_v = device_copy(std::vector<float>(16 * 8));
+  STRATA_LAUNCH(ptx_mma_kernel, 1, 32, (16 + 8) * 24 * 2 + 16 * 8 * 2, nullptr)
+  (d_k, d_v, da, dk, dv, kEmptyChunk);
+  const auto got_k = host_copy(d_k, 16 * 8), got_v = host_copy(d_v, 16 * 8);
+  const auto a_at = [&](int r, int c) {
+    return r * 2 + c / 8 == kEmptyChunk ? 0.0 : double(__bfloat162float(a[r * 24 + c]));
+  };
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 8; ++n) {
+      double want_k = 0.0, want_v = 0.0, terms = 0.0;
+      for (int c = 0; c < 16; ++c) {
+        want_k += a_at(r, c) * __bfloat162float(k[n * 24 + c]);
+        want_v += a_at(r, c) * __bfloat162float(v[c * 8 + n]);
+        terms += std::fabs(a_at(r, c)) * (std::fabs(__bfloat162float(k[n * 24 + c])) +
+                                          std::fabs(__bfloat162float(v[c * 8 + n])));
+      }
+      EXPECT_NEAR(got_k[r * 8 + n], want_k, 16.0 * std::ldexp(terms, -24)) << r << ", " << n;
+      EXPECT_NEAR(got_v[r * 8 + n], want_v, 16.0 * std::ldexp(terms, -24)) << r << ", " << n;
+    }
+  cudaFree(da), cudaFree(dk), cudaFree(dv), cudaFree(d_k), cudaFree(d_v);
+}
+
+// An ldmatrix row that is not 16-byte aligned shared memory: undefined on a GPU, stopped here.
+__global__ void misaligned_ldmatrix_kernel(int offset) {
+  STRATA_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  std::uint32_t r[4];
+  strata::cuda::ldmatrix_x4(r, smem + offset + (threadIdx.x % 8) * 8);
+}
+
+TEST(CudaEmuPtxDeathTest, LdmatrixOfAMisalignedRowIsRefused) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  STRATA_LAUNCH(misaligned_ldmatrix_kernel, 1, 32, 256, nullptr)(8);  // 16 bytes in: fine
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        STRATA_LAUNCH(misaligned_ldmatrix_kernel, 1, 32, 256, nullptr)(4);  // 8 bytes in
+        (void)cudaDeviceSynchronize();
+      },
+      "ldmatrix.x4: address .* is not 16-byte aligned");
 }
 
 }  // namespace

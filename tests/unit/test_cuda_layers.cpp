@@ -665,9 +665,12 @@ TEST_F(CudaLayers, TcAttentionRejectsUnsupportedHeads) {
 // q | k | v give what they give from the same values in fp32 (forward, lse and backward, bit for
 // bit), and write their fp32 output rounded once (strata::to_bf16's bits); their backward reading
 // the bf16 output gives the bits it gives from the same values widened (delta = rowsum(dout out)
-// is the only use). Two tiles with a partial one, hs 64.
-TEST_F(CudaLayers, FusedAttentionsReadAndWriteBf16Activations) {
-  constexpr int Bc = 2, Tc = 77, Cc = 128, NHc = 2;
+// is the only use). The same bits again from a bf16 view 8 bytes off 16-byte alignment (the tensor-
+// core forward's copies of 16 bytes then give way to element loads). Two tiles with a partial one
+// at hs 64, three (the forward's K/V double buffer used twice over) at hs 128.
+void fused_attentions_read_and_write_bf16(const gpu::CudaContext& context, int Bc, int Tc, int Cc,
+                                          int NHc) {
+  SCOPED_TRACE("T " + std::to_string(Tc) + ", hs " + std::to_string(Cc / NHc));
   const std::size_t n = std::size_t(Bc) * Tc * Cc, nlse = std::size_t(Bc) * NHc * Tc;
   const auto dout = random_floats(n, 81), dqkv_init = random_floats(3 * n, 82);
   std::vector<strata::bf16> qkv_h(3 * n);
@@ -686,11 +689,19 @@ TEST_F(CudaLayers, FusedAttentionsReadAndWriteBf16Activations) {
       {"tc", &gpu::tc_flash_attention_forward, &gpu::tc_flash_attention_backward}};
   for (const auto& [name, forward, backward] : kernels) {
     DeviceBuffer<float> d_qkv(qkv), d_out(n), d_lse(nlse), d_lse_h(nlse);
-    DeviceBuffer<strata::bf16> d_qkv_h(qkv_h), d_half(n);
-    forward(ctx(), d_out.get(), d_lse.get(), d_qkv.get(), Bc, Tc, Cc, NHc);
-    forward(ctx(), d_half.get(), d_lse_h.get(), d_qkv_h.get(), Bc, Tc, Cc, NHc);
+    DeviceBuffer<strata::bf16> d_qkv_h(qkv_h), d_half(n), d_half_off(n);
+    std::vector<strata::bf16> shifted(4);  // 4 elements ahead: the view is 8 bytes off alignment
+    shifted.insert(shifted.end(), qkv_h.begin(), qkv_h.end());
+    DeviceBuffer<strata::bf16> d_qkv_off(shifted);
+    forward(context, d_out.get(), d_lse.get(), d_qkv.get(), Bc, Tc, Cc, NHc);
+    forward(context, d_half.get(), d_lse_h.get(), d_qkv_h.get(), Bc, Tc, Cc, NHc);
     const auto out = d_out.host(), lse = d_lse.host();
     const auto half = d_half.host();
+    forward(context, d_half_off.get(), d_lse_h.get(), d_qkv_off.get() + 4, Bc, Tc, Cc, NHc);
+    const auto half_off = d_half_off.host();
+    EXPECT_TRUE(std::equal(half.begin(), half.end(), half_off.begin(),
+                           [](strata::bf16 x, strata::bf16 y) { return x.bits == y.bits; }))
+        << name << ": out from a view off 16-byte alignment";
     std::vector<float> widened(n);
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -701,14 +712,19 @@ TEST_F(CudaLayers, FusedAttentionsReadAndWriteBf16Activations) {
     EXPECT_TRUE(d_lse_h.host() == lse) << name << ": lse";
     DeviceBuffer<float> d_widened(widened), d_dout(dout), d_dqkv(dqkv_init), d_dqkv_h(dqkv_init),
         d_delta(nlse);
-    backward(ctx(), d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(), d_widened.get(),
+    backward(context, d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(), d_widened.get(),
              d_lse.get(), Bc, Tc, Cc, NHc);
-    backward(ctx(), d_dqkv_h.get(), d_delta.get(), d_dout.get(), d_qkv_h.get(), d_half.get(),
+    backward(context, d_dqkv_h.get(), d_delta.get(), d_dout.get(), d_qkv_h.get(), d_half.get(),
              d_lse.get(), Bc, Tc, Cc, NHc);
     const auto dqkv = d_dqkv.host();
     EXPECT_TRUE(d_dqkv_h.host() == dqkv) << name << ": dqkv from bf16 q | k | v and output";
     EXPECT_NE(dqkv, dqkv_init) << name;  // the backward did run
   }
+}
+
+TEST_F(CudaLayers, FusedAttentionsReadAndWriteBf16Activations) {
+  for (const TcShape s : {TcShape{2, 77, 128, 2}, TcShape{1, 130, 128, 1}})
+    fused_attentions_read_and_write_bf16(ctx(), s.B, s.T, s.C, s.NH);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,3 +20,4 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }

@@ -400,6 +400,13 @@ void* dynamic_shared_memory() {
   return tls_grid->smem.get();
 }
 
+bool in_dynamic_shared_memory(const void* p, std::size_t bytes) {
+  if (tls_grid == nullptr || !tls_grid->smem) return false;
+  const auto* begin = tls_grid->smem.get();
+  const auto* at = static_cast<const std::byte*>(p);
+  return at >= begin && at + bytes <= begin + tls_grid->config.smem;
+}
+
 void sync_threads() {
   if (tls_grid == nullptr) fatal("__syncthreads outside a kernel");
   wait_at_block_barrier();

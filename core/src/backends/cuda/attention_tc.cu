@@ -1,5 +1,5 @@
-// Fused causal self-attention on tensor cores: FlashAttention-2 (Dao 2023) with WMMA bf16
-// 16 x 16 x 16 tiles and fp32 accumulation. The same API, state and += convention as the fp32
+// Fused causal self-attention on tensor cores: FlashAttention-2 (Dao 2023), bf16 operands and fp32
+// accumulation; the forward on mma.sync m16n8k16 (ptx.cuh), the backward on WMMA 16 x 16 x 16. The same API, state and += convention as the fp32
 // kernel (attention.cu, layers.cuh): lse [B,NH,T] kept by the forward, delta [B,NH,T] scratch of
 // the backward, no T x T matrix in memory, deterministic (no atomics).
 //
@@ -8,17 +8,17 @@
 // dS k). Scores, softmax, lse, delta and every accumulator are fp32. The softmax runs in base 2
 // (exp2f of scores scaled by log2(e) / sqrt(hs)); lse is stored in natural log, as the fp32 kernel.
 //
-// Blocks of 4 warps (128 threads) own 64 rows, 16 per warp (one WMMA tile high), and stream tiles
+// Blocks of 4 warps (128 threads) own 64 rows, 16 per warp (one MMA tile high), and stream tiles
 // of 64 columns. Everything a warp computes lies in its own 16 rows, so apart from the block-wide
 // tile loads (__syncthreads) a warp only orders itself (__syncwarp).
 //
-// Forward, one block per (query tile of 64 rows, b, h), longest first. The warp keeps its Q rows
-// as WMMA fragments and its O rows as fp32 accumulator fragments (registers); per key tile:
-// S = Q K^T (4 x hs/16 MMAs) into shared fp32, the online softmax of its 16 rows (2 lanes per row)
-// writes P as bf16 and each row's factor exp(m_old - m_new), then O = O * factor + P V. The
-// factor is per row, and CUDA does not say which rows a lane's fragment elements are in: the warp
-// reads that back once from a tile of row indices (load_row_ids), so the rescale is element-wise.
-// O goes through shared memory once, at the end, to be divided by l and written out.
+// Forward, one block per (query tile of 64 rows, b, h), longest first. Q is staged once, K and V
+// tiles in two buffers by cp.async (the next tile's copies fly while this one's products run).
+// Everything else is registers in the PTX fragment layouts, which (unlike WMMA's) say which rows
+// a lane holds: Q as A fragments; per key tile S = Q K^T (8 blocks of 8 keys, fp32), the online
+// softmax of each row over the 4 lanes that hold it (two shuffles), P packed to bf16 straight
+// from S's accumulators as the A fragments of P V, and O = O * exp2(m_old - m_new) + P V. Each
+// lane writes its own elements of O / l and the rows' lse at the end.
 //
 // Backward, three launches: delta = rowsum(dout * out) (one warp per row), then
 //   dK, dV: one block per (key tile, b, h), its warps' K and V rows as fragments; per query tile
@@ -32,8 +32,8 @@
 //   P and dP are computed twice (dK/dV and dQ): the price of no atomics.
 //
 // Shared memory: bf16 tiles have rows of kD + 8 (16 bytes of padding: WMMA wants a leading
-// dimension that is a multiple of 16 bytes and every fragment 32-byte aligned; the padding also
-// moves consecutive rows to other banks), fp32 tiles rows of kD + 4 or 64 + 4. The head size hs
+// dimension that is a multiple of 16 bytes and every fragment 32-byte aligned, ldmatrix and
+// cp.async 16-byte rows; the padding also moves consecutive rows to other banks), fp32 tiles rows of kD + 4 or 64 + 4. The head size hs
 // (a multiple of 16, at most 128) is padded to kD = 64 or 128 with zero columns.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -51,6 +51,7 @@
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/layers.cuh"
+#include "backends/cuda/ptx.cuh"
 #include "strata/types.hpp"
 
 // Full unrolling of the loops over fragment arrays (their indices must be compile-time constants
@@ -77,7 +78,6 @@ constexpr int kFrag = 16;                 // a WMMA tile's side
 constexpr int kRows = kWarps * kFrag;     // rows of a block: queries, or keys (dK/dV)
 constexpr int kCols = 64;                 // columns of a streamed tile: keys, or queries (dK/dV)
 constexpr int kColFrags = kCols / kFrag;  // 4
-constexpr int kScoreStride = kCols + 4;   // fp32 [16 x 64] score rows
 constexpr int kProbStride = kCols + 8;    // bf16 [16 x 64] P / dS rows
 constexpr int kScratchFloats = kFrag * kFrag;  // a warp's 16 x 16 fp32 scratch, ldm 16
 constexpr int kMaxHead = 128;
@@ -95,7 +95,6 @@ constexpr int kAccStride = kD + 4;  // fp32 [64, kD] O / dQ / dK / dV accumulato
 template <int kD>
 constexpr std::size_t kTileBytes = sizeof(bfloat16) * kRows* kTileStride<kD>;
 constexpr std::size_t kProbBytes = sizeof(bfloat16) * kRows * kProbStride;
-constexpr std::size_t kScoreBytes = sizeof(float) * kRows * kScoreStride;
 constexpr std::size_t kScratchBytes = sizeof(float) * kWarps * 2 * kScratchFloats;
 constexpr std::size_t kRowValueBytes = sizeof(float) * kRows;
 template <int kD>
@@ -287,67 +286,171 @@ __device__ __forceinline__ void clear_warp_rows(float* acc_rows) {
     acc_rows[(e / kD) * kAccStride<kD> + e % kD] = 0.0f;
 }
 
-// --- Forward -------------------------------------------------------------------------------------
+// --- Forward: mma.sync fragments in registers (ptx.cuh) ------------------------------------------
 
-// One online-softmax step of the warp's 16 rows over the key tile at k0: lane pair (2 r, 2 r + 1)
-// owns row r, even / odd columns. Scores s (raw q.k) become P = exp2(s scale_log2 - m_new) in
-// bf16 (0 where masked); m and l (of the rounded P) move to the new max, and c_rows[r] is the
-// factor exp2(m_old - m_new) by which the row's O must be rescaled.
-__device__ __forceinline__ void online_softmax_step(float* s_rows, bfloat16* p_rows, float* m_rows,
-                                                    float* l_rows, float* c_rows, int q_row0,
-                                                    int k0, int T, float scale_log2) {
-  const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2, qi = q_row0 + r;
-  float* s = s_rows + r * kScoreStride;
-  float mx = -INFINITY;
-  for (int c = half; c < kCols; c += 2) {
-    const int kj = k0 + c;
-    s[c] = kj <= qi && kj < T ? s[c] * scale_log2 : -INFINITY;
-    mx = fmaxf(mx, s[c]);
-  }
-  // Finite: key 0 is in every row's first tile, so m is finite from then on.
-  const float m_old = m_rows[r], m_new = fmaxf(m_old, fmaxf(mx, __shfl_xor_sync(kFull, mx, 1)));
-  const float correction = exp2f(m_old - m_new);  // 0 on the first tile (m_old = -inf)
-  float sum = 0.0f;
-  for (int c = half; c < kCols; c += 2) {
-    const bfloat16 p = __float2bfloat16_rn(exp2f(s[c] - m_new));
-    p_rows[r * kProbStride + c] = p;
-    sum += __bfloat162float(p);  // l sums the weights P V uses
-  }
-  sum += __shfl_xor_sync(kFull, sum, 1);  // also orders both lanes' reads of m, l before the write
-  if (half == 0)
-    m_rows[r] = m_new, l_rows[r] = l_rows[r] * correction + sum, c_rows[r] = correction;
-}
-
-// ids.x[i] = the row (0..15) of element i of this lane's accumulator fragments. CUDA does not name
-// the mapping, so it is read back from a tile whose every element is its row index; with it a
-// per-row factor is an element-wise operation. `area`: 16 x 16 floats (ldm kScoreStride) of the
-// warp's own, overwritten afterwards.
-__device__ __forceinline__ void load_row_ids(FragAcc& ids, float* area) {
-  for (int e = threadIdx.x % 32; e < kScratchFloats; e += 32)
-    area[(e / kFrag) * kScoreStride + e % kFrag] = float(e / kFrag);
-  __syncwarp();  // the index tile written
-  wmma::load_matrix_sync(ids, area, kScoreStride, wmma::mem_row_major);
-  __syncwarp();  // read before the scores overwrite it
-}
-
-// o = o * c_rows[row] + P V: the rescale of the online softmax, then this key tile's product (P
-// the warp's 16 bf16 rows, V the key tile), all in the warp's O fragments (registers).
+// The forward keeps everything a warp computes in registers, in the PTX fragment layouts
+// (ptx.cuh): lane l holds, of its warp's 16 query rows, rows g = l / 4 and g + 8, at columns
+// 2t, 2t + 1 (t = l % 4) of every 8-column block. A row is spread over the 4 lanes of a quad, so
+// its max and sum take two shuffles; a score block's C fragment is, packed to bf16, the A fragment
+// of P V (FlashAttention-2's register reuse), so neither S nor P touches shared memory.
+constexpr int kKeyBlocks = kCols / 8;  // 8 key blocks of 8 in a 64-key tile
+// Blocks an SM should hold (__launch_bounds__): ptxas then keeps a thread within 65536 / (128 n)
+// registers. Without it, sm_90's ptxas capped kD 64 at 128 registers and spilled.
 template <int kD>
-__device__ __forceinline__ void rescale_and_accumulate(FragAcc (&o)[kD / kFrag],
-                                                       const FragAcc& row_ids, const float* c_rows,
-                                                       const bfloat16* p_rows,
-                                                       const bfloat16* v_tile) {
-  STRATA_UNROLL
-  for (int n = 0; n < kD / kFrag; ++n) {
-    STRATA_UNROLL
-    for (int i = 0; i < o[n].num_elements; ++i) o[n].x[i] *= c_rows[int(row_ids.x[i])];
+constexpr int kForwardBlocksPerSm = kD <= 64 ? 3 : 2;
+
+// A tile of 64 rows x kD columns into shared memory (row stride kTileStride): a bf16 source whose
+// rows are 16-byte aligned by cp.async, 16 bytes a copy, without registers (zeros past T and hs);
+// otherwise, or from fp32, by load_tile_bf16. Either way the caller's cp_async_wait_all and
+// __syncthreads make it visible.
+template <int kD>
+__device__ __forceinline__ void stage_tile(bfloat16* tile, const std::uint16_t* src, int ld,
+                                           int row0, int T, int hs) {
+  if (ld % 8 != 0 || reinterpret_cast<std::uintptr_t>(src) % 16 != 0)
+    return load_tile_bf16<kD>(tile, src, ld, row0, T, hs);
+  constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+  for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
+    const int r = e / kChunks, d = 8 * (e % kChunks), t = row0 + r;
+    const bool inside = t < T && d < hs;  // hs is a multiple of 16: a chunk is all in or all out
+    cp_async_16(tile + r * kTileStride<kD> + d, inside ? src + std::int64_t(t) * ld + d : src,
+                inside);
   }
-  accumulate_product<kD>(o, p_rows, v_tile);
+}
+template <int kD>
+__device__ __forceinline__ void stage_tile(bfloat16* tile, const float* src, int ld, int row0,
+                                           int T, int hs) {
+  load_tile_bf16<kD>(tile, src, ld, row0, T, hs);
 }
 
-// out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
+// qa[kk] = the A fragments of the warp's 16 rows of a head tile, columns 16 kk .. 16 kk + 15.
+template <int kD>
+__device__ __forceinline__ void load_a_frags(std::uint32_t (&qa)[kD / 16][4],
+                                             const bfloat16* rows) {
+  const int lane = threadIdx.x % 32;
+  STRATA_UNROLL
+  for (int kk = 0; kk < kD / 16; ++kk)
+    ldmatrix_x4(qa[kk], rows + (lane % 16) * kTileStride<kD> + 16 * kk + 8 * (lane / 16));
+}
+
+// s[nb] = Q K^T for keys 8 nb .. 8 nb + 7 of the tile: the warp's Q fragments against the K tile's
+// rows as B (column-major B = row-major K; one ldmatrix gives two key blocks' B at one k step).
+template <int kD>
+__device__ __forceinline__ void score_tile(float (&s)[kKeyBlocks][4],
+                                           const std::uint32_t (&qa)[kD / 16][4],
+                                           const bfloat16* k_tile) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  STRATA_UNROLL
+  for (int nb = 0; nb < kKeyBlocks; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+  STRATA_UNROLL
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    STRATA_UNROLL
+    for (int p = 0; p < kKeyBlocks / 2; ++p) {
+      std::uint32_t r[4];
+      ldmatrix_x4(
+          r, k_tile + ((2 * p + m / 2) * 8 + lane % 8) * kTileStride<kD> + 16 * kk + 8 * (m % 2));
+      const std::uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_bf16_16816(s[2 * p], qa[kk], b0);
+      mma_bf16_16816(s[2 * p + 1], qa[kk], b1);
+    }
+  }
+}
+
+// Two bf16 (low: a) in a register; `sum` gains their rounded values (l sums the weights P V uses).
+__device__ __forceinline__ std::uint32_t pack_bf16(float a, float b, float& sum) {
+  const bfloat16 ra = __float2bfloat16_rn(a), rb = __float2bfloat16_rn(b);
+  sum += __bfloat162float(ra) + __bfloat162float(rb);
+  return std::uint32_t(__bfloat16_as_ushort(ra)) | std::uint32_t(__bfloat16_as_ushort(rb)) << 16;
+}
+
+// One online-softmax step of the lane's two rows (h = 0: row g, 1: row g + 8) over a key tile:
+// raw scores s become P = exp2(s scale_log2 - m_new), packed as the A fragments pa of P V (16 keys
+// each); m moves to the new max, l (this lane's partial row sum) and o are rescaled by
+// exp2(m_old - m_new). On the diagonal tile keys after the row's query are masked (every key past
+// T is after every query inside T, and the rows past T are not written).
+template <int kD>
+__device__ __forceinline__ void online_softmax(float (&s)[kKeyBlocks][4],
+                                               std::uint32_t (&pa)[kColFrags][4], float (&m)[2],
+                                               float (&l)[2], float (&o)[kD / 8][4], bool diagonal,
+                                               int row_query, int k0, float scale_log2) {
+  const int t = threadIdx.x % 4;
+  float mx[2] = {-INFINITY, -INFINITY};
+  STRATA_UNROLL
+  for (int nb = 0; nb < kKeyBlocks; ++nb) STRATA_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const int key = k0 + 8 * nb + 2 * t + i % 2, query = row_query + 8 * (i / 2);
+    s[nb][i] = diagonal && key > query ? -INFINITY : s[nb][i] * scale_log2;
+    mx[i / 2] = fmaxf(mx[i / 2], s[nb][i]);
+  }
+  float correction[2];
+  STRATA_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 2));
+    // Finite: key 0 is in every row's first tile, so m is finite from then on.
+    const float m_new = fmaxf(m[h], mx[h]);
+    correction[h] = exp2f(m[h] - m_new);  // 0 on the first tile (m = -inf)
+    m[h] = m_new, l[h] *= correction[h];
+  }
+  STRATA_UNROLL
+  for (int j = 0; j < kColFrags; ++j)  // keys 16 j..: blocks 2 j (a0, a1) and 2 j + 1 (a2, a3)
+    STRATA_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    const float* block = s[2 * j + r / 2];
+    const int h = r % 2;  // a0, a2: row g; a1, a3: row g + 8
+    pa[j][r] = pack_bf16(exp2f(block[2 * h] - m[h]), exp2f(block[2 * h + 1] - m[h]), l[h]);
+  }
+  STRATA_UNROLL
+  for (int nd = 0; nd < kD / 8; ++nd) STRATA_UNROLL
+  for (int i = 0; i < 4; ++i) o[nd][i] *= correction[i / 2];
+}
+
+// o[nd] += P V for dims 8 nd .. 8 nd + 7: pa the warp's P fragments, V the tile's rows as B
+// (row-major B: ldmatrix's transpose gives two dim blocks' B at one 16-key step).
+template <int kD>
+__device__ __forceinline__ void accumulate_pv(float (&o)[kD / 8][4],
+                                              const std::uint32_t (&pa)[kColFrags][4],
+                                              const bfloat16* v_tile) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  STRATA_UNROLL
+  for (int j = 0; j < kColFrags; ++j) STRATA_UNROLL
+  for (int q = 0; q < kD / 16; ++q) {
+    std::uint32_t r[4];
+    ldmatrix_x4_trans(
+        r, v_tile + (16 * j + 8 * (m % 2) + lane % 8) * kTileStride<kD> + 8 * (2 * q + m / 2));
+    const std::uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    mma_bf16_16816(o[2 * q], pa[j], b0);
+    mma_bf16_16816(o[2 * q + 1], pa[j], b1);
+  }
+}
+
+// out = o / l and lse = (m + log2 l) ln 2 of the lane's two rows, inside T rows and hs columns.
+template <int kD>
+__device__ __forceinline__ void write_forward_rows(void* out, bool out_bf16, std::size_t base,
+                                                   int ld, float* lse, std::int64_t lse_base,
+                                                   const float (&o)[kD / 8][4], const float (&m)[2],
+                                                   float (&l)[2], int row_query, int T, int hs) {
+  const int t = threadIdx.x % 4;
+  STRATA_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(kFull, l[h], 1);
+    l[h] += __shfl_xor_sync(kFull, l[h], 2);
+    const int query = row_query + 8 * h;
+    if (t == 0 && query < T) lse[lse_base + query] = (m[h] + log2f(l[h])) * kLn2;
+  }
+  STRATA_UNROLL
+  for (int nd = 0; nd < kD / 8; ++nd) STRATA_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const int query = row_query + 8 * (i / 2), d = 8 * nd + 2 * t + i % 2;
+    if (query < T && d < hs)
+      store(out, out_bf16, base + std::size_t(std::int64_t(query) * ld + d), o[nd][i] / l[i / 2]);
+  }
+}
+
+// out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h). Q is
+// staged once, K and V in two buffers: the next tile's copies (cp.async) fly while this one's
+// products run; one __syncthreads a tile both publishes a tile and frees the other buffer.
 template <int kD, class Qkv>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kForwardBlocksPerSm<kD>)
     tc_forward_kernel(void* out,       // [B, T, C] fp32 or bf16
                       bool out_bf16,   //
                       float* lse,      // [B, NH, T]
@@ -355,56 +458,41 @@ __global__ void __launch_bounds__(kThreads)
                       int T, int C, int NH, float scale_log2) {
   STRATA_DYNAMIC_SHARED(SharedUnit, smem);
   SharedCarver carve{smem->bytes};
-  bfloat16* q_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
-  bfloat16* k_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
-  bfloat16* v_tile = carve.take<bfloat16>(kTileBytes<kD>);  // [64, kD + 8]
-  bfloat16* p_tile = carve.take<bfloat16>(kProbBytes);      // [64, 72]
-  float* s_tile = carve.take<float>(kScoreBytes);           // [64, 68]
-  float* o_tile = reinterpret_cast<float*>(k_tile);         // [64, kD + 4] O at the end, over K, V
-  float* m_rows = carve.take<float>(kRowValueBytes);        // [64] running max (base 2)
-  float* l_rows = carve.take<float>(kRowValueBytes);        // [64] running sum
-  float* c_rows = carve.take<float>(kRowValueBytes);        // [64] this tile's rescale factor
+  bfloat16* q_tile = carve.take<bfloat16>(kTileBytes<kD>);       // [64, kD + 8]
+  bfloat16* k_tiles = carve.take<bfloat16>(2 * kTileBytes<kD>);  // [2][64, kD + 8]
+  bfloat16* v_tiles = carve.take<bfloat16>(2 * kTileBytes<kD>);  // [2][64, kD + 8]
+  // Buffer i of k_tiles / v_tiles (a pointer array indexed at run time would live in local memory).
+  constexpr int kTileElements = kRows * kTileStride<kD>;
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kRows;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w0 = warp * kFrag;
+  const int warp = threadIdx.x / 32, w0 = warp * kFrag,
+            row_query = q0 + w0 + (threadIdx.x % 32) / 4;
   const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
 
-  load_tile_bf16<kD>(q_tile, q, C3, q0, T, hs);
-  if (lane < kFrag) m_rows[w0 + lane] = -INFINITY, l_rows[w0 + lane] = 0.0f;
-  __syncthreads();  // the Q tile loaded
-  FragA q_frags[kD / kFrag];
-  load_row_frags<kD>(q_frags, q_tile + w0 * kTileStride<kD>);
-  FragAcc o_frags[kD / kFrag], row_ids;
-  load_row_ids(row_ids, s_tile + w0 * kScoreStride);
+  stage_tile<kD>(q_tile, q, C3, q0, T, hs);
+  stage_tile<kD>(k_tiles, q + C, C3, 0, T, hs);
+  stage_tile<kD>(v_tiles, q + 2 * C, C3, 0, T, hs);
+  cp_async_commit();
+  std::uint32_t qa[kD / 16][4], pa[kColFrags][4];
+  float s[kKeyBlocks][4], o[kD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   STRATA_UNROLL
-  for (int n = 0; n < kD / kFrag; ++n) wmma::fill_fragment(o_frags[n], 0.0f);
+  for (int nd = 0; nd < kD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
   for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kCols;
-    load_tile_bf16<kD>(k_tile, q + C, C3, k0, T, hs);
-    load_tile_bf16<kD>(v_tile, q + 2 * C, C3, k0, T, hs);
-    __syncthreads();  // K, V tiles loaded
-    STRATA_UNROLL
-    for (int j = 0; j < kColFrags; ++j)
-      dot_rows<kD>(s_tile + w0 * kScoreStride + j * kFrag, kScoreStride, q_frags,
-                   k_tile + j * kFrag * kTileStride<kD>);
-    __syncwarp();  // the warp's score rows stored (fragment lanes != softmax lanes)
-    online_softmax_step(s_tile + w0 * kScoreStride, p_tile + w0 * kProbStride, m_rows + w0,
-                        l_rows + w0, c_rows + w0, q0 + w0, k0, T, scale_log2);
-    __syncwarp();  // P rows and the rescale factors written
-    rescale_and_accumulate<kD>(o_frags, row_ids, c_rows + w0, p_tile + w0 * kProbStride, v_tile);
-    __syncthreads();  // K, V read before the next tile overwrites them
+    cp_async_wait_all();
+    __syncthreads();  // tile kt staged; every warp done with tile kt - 1's buffers
+    if (kt == 0) load_a_frags<kD>(qa, q_tile + w0 * kTileStride<kD>);
+    if (kt < qt) {
+      stage_tile<kD>(k_tiles + (kt + 1) % 2 * kTileElements, q + C, C3, (kt + 1) * kCols, T, hs);
+      stage_tile<kD>(v_tiles + (kt + 1) % 2 * kTileElements, q + 2 * C, C3, (kt + 1) * kCols, T,
+                     hs);
+      cp_async_commit();
+    }
+    score_tile<kD>(s, qa, k_tiles + kt % 2 * kTileElements);
+    online_softmax<kD>(s, pa, m, l, o, kt == qt, row_query, kt * kCols, scale_log2);
+    accumulate_pv<kD>(o, pa, v_tiles + kt % 2 * kTileElements);
   }
-  // The loop's last __syncthreads: every warp is done with K and V, whose space O now takes.
-  STRATA_UNROLL
-  for (int n = 0; n < kD / kFrag; ++n)
-    wmma::store_matrix_sync(o_tile + w0 * kAccStride<kD> + n * kFrag, o_frags[n], kAccStride<kD>,
-                            wmma::mem_row_major);
-  __syncwarp();  // O rows stored (fragment lanes != writing lanes)
-  if (lane < kFrag && q0 + w0 + lane < T)
-    lse[std::int64_t(bh) * T + q0 + w0 + lane] =
-        (m_rows[w0 + lane] + log2f(l_rows[w0 + lane])) * kLn2;
-  write_warp_rows<kD, false>(out, out_bf16, std::size_t(std::int64_t(b) * T * C + h * hs), C,
-                             o_tile + w0 * kAccStride<kD>, l_rows + w0, 1.0f, q0 + w0, T, hs);
+  write_forward_rows<kD>(out, out_bf16, std::size_t(std::int64_t(b) * T * C + h * hs), C, lse,
+                         std::int64_t(bh) * T, o, m, l, row_query, T, hs);
 }
 
 // --- Backward ------------------------------------------------------------------------------------
@@ -598,8 +686,7 @@ __global__ void __launch_bounds__(kThreads)
 // kernel's end take the space of tiles the loop no longer needs.
 template <int kD>
 constexpr std::size_t forward_smem_bytes() {
-  static_assert(kAccBytes<kD> <= 2 * kTileBytes<kD>, "O fits over the K and V tiles");
-  return 3 * kTileBytes<kD> + kProbBytes + kScoreBytes + 3 * kRowValueBytes;
+  return 5 * kTileBytes<kD>;
 }
 template <int kD>
 constexpr std::size_t dkdv_smem_bytes() {
@@ -619,8 +706,7 @@ static_assert(forward_smem_bytes<kMaxHead>() <= kSharedLimitSm80 &&
                   dq_smem_bytes<kMaxHead>() <= kSharedLimitSm80,
               "shared memory above sm_80's");
 static_assert(kTileBytes<64> % 32 == 0 && kTileBytes<128> % 32 == 0 && kProbBytes % 32 == 0 &&
-                  kScoreBytes % 32 == 0 && kScratchBytes % 32 == 0 && kAccBytes<64> % 32 == 0 &&
-                  kAccBytes<128> % 32 == 0,
+                  kScratchBytes % 32 == 0 && kAccBytes<64> % 32 == 0 && kAccBytes<128> % 32 == 0,
               "every shared buffer starts 32-byte aligned (WMMA)");
 
 // Checks the shape and calls f(std::integral_constant<int, kD>) with the head size's padding.

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -37,6 +38,8 @@ namespace strata_emu {
 
 // The running launch's dynamic shared memory (its smem bytes, refilled with 0xFF per block).
 void* dynamic_shared_memory();
+// Whether [p, p + bytes) lies inside the running block's dynamic shared memory.
+bool in_dynamic_shared_memory(const void* p, std::size_t bytes);
 // __syncthreads: a barrier of the block's threads that have not exited.
 void sync_threads();
 // __syncwarp: a barrier of the warp's lanes.
