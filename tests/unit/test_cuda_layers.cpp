@@ -666,8 +666,8 @@ TEST_F(CudaLayers, TcAttentionRejectsUnsupportedHeads) {
 // bit), and write their fp32 output rounded once (strata::to_bf16's bits); their backward reading
 // the bf16 output gives the bits it gives from the same values widened (delta = rowsum(dout out)
 // is the only use). The same bits again from a bf16 view 8 bytes off 16-byte alignment (the tensor-
-// core forward's copies of 16 bytes then give way to element loads). Two tiles with a partial one
-// at hs 64, three (the forward's K/V double buffer used twice over) at hs 128.
+// core kernels' copies of 16 bytes then give way to element loads), forward and backward. Two tiles
+// with a partial one at hs 64, three (the forward's K/V double buffer used twice over) at hs 128.
 void fused_attentions_read_and_write_bf16(const gpu::CudaContext& context, int Bc, int Tc, int Cc,
                                           int NHc) {
   SCOPED_TRACE("T " + std::to_string(Tc) + ", hs " + std::to_string(Cc / NHc));
@@ -711,13 +711,16 @@ void fused_attentions_read_and_write_bf16(const gpu::CudaContext& context, int B
     EXPECT_EQ(wrong, 0u) << name << ": bf16 outputs that are not the fp32 ones rounded";
     EXPECT_TRUE(d_lse_h.host() == lse) << name << ": lse";
     DeviceBuffer<float> d_widened(widened), d_dout(dout), d_dqkv(dqkv_init), d_dqkv_h(dqkv_init),
-        d_delta(nlse);
+        d_dqkv_off(dqkv_init), d_delta(nlse);
     backward(context, d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(), d_widened.get(),
              d_lse.get(), Bc, Tc, Cc, NHc);
     backward(context, d_dqkv_h.get(), d_delta.get(), d_dout.get(), d_qkv_h.get(), d_half.get(),
              d_lse.get(), Bc, Tc, Cc, NHc);
+    backward(context, d_dqkv_off.get(), d_delta.get(), d_dout.get(), d_qkv_off.get() + 4,
+             d_half.get(), d_lse.get(), Bc, Tc, Cc, NHc);
     const auto dqkv = d_dqkv.host();
     EXPECT_TRUE(d_dqkv_h.host() == dqkv) << name << ": dqkv from bf16 q | k | v and output";
+    EXPECT_TRUE(d_dqkv_off.host() == dqkv) << name << ": dqkv from a view off 16-byte alignment";
     EXPECT_NE(dqkv, dqkv_init) << name;  // the backward did run
   }
 }

@@ -8,9 +8,8 @@
 //
 // Lane l is in group g = l / 4 with index t = l % 4 inside it. Registers hold two 16-bit
 // elements, the lower-numbered one (the smaller column, or row for .trans) in the low half.
-//   A (16 x 16, row-major), 4 registers: a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t
-//   + 8..),
-//     a3 = (g + 8, 2t + 8..).
+//   A (16 x 16, row-major), 4 registers: a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..),
+//     a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..).
 //   B (16 x 8, k x n), 2 registers: b0 = (k 2t..2t+1, n g), b1 = (k 2t + 8.., n g).
 //   C, D (16 x 8 fp32), 4 registers: c0, c1 = (g, 2t), (g, 2t + 1); c2, c3 = the same at row g + 8.
 //   ldmatrix x4: lanes 8 i .. 8 i + 7 give the addresses of rows 0..7 of matrix i (16 bytes each,
