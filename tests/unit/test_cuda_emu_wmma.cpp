@@ -1,6 +1,7 @@
 // The CUDA emulator's WMMA (tests/cuda_emu/include/mma.h): bf16 x bf16 -> fp32 16 x 16 x 16 tiles
 // in every layout against a double reference, fragment loads / stores / fills as round trips, and
-// the warp-collective check. One warp per launch, in device memory, as a kernel would use it.
+// the warp-collective check; and its PTX instructions (cuda_emu/ptx.hpp, through ptx.cuh). One
+// warp per launch, in device memory, as a kernel would use it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

@@ -225,14 +225,16 @@ __device__ __forceinline__ void accumulate_product(float (&acc)[kD / 8][4],
                                                    const bfloat16* m_rows) {
   const int lane = threadIdx.x % 32, m = lane / 8;
   STRATA_UNROLL
-  for (int j = 0; j < kSteps; ++j) STRATA_UNROLL
-  for (int q = 0; q < kD / 16; ++q) {
-    std::uint32_t r[4];
-    ldmatrix_x4_trans(
-        r, m_rows + (16 * j + 8 * (m % 2) + lane % 8) * kTileStride<kD> + 8 * (2 * q + m / 2));
-    const std::uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-    mma_bf16_16816(acc[2 * q], pa[j], b0);
-    mma_bf16_16816(acc[2 * q + 1], pa[j], b1);
+  for (int j = 0; j < kSteps; ++j) {
+    STRATA_UNROLL
+    for (int q = 0; q < kD / 16; ++q) {
+      std::uint32_t r[4];
+      ldmatrix_x4_trans(
+          r, m_rows + (16 * j + 8 * (m % 2) + lane % 8) * kTileStride<kD> + 8 * (2 * q + m / 2));
+      const std::uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_bf16_16816(acc[2 * q], pa[j], b0);
+      mma_bf16_16816(acc[2 * q + 1], pa[j], b1);
+    }
   }
 }
 
@@ -248,9 +250,11 @@ template <int kSteps>
 __device__ __forceinline__ void pack_a_frags(std::uint32_t (&pa)[kSteps][4],
                                              const float (&c)[2 * kSteps][4]) {
   STRATA_UNROLL
-  for (int j = 0; j < kSteps; ++j) STRATA_UNROLL
-  for (int r = 0; r < 4; ++r)
-    pa[j][r] = pack_bf16(c[2 * j + r / 2][2 * (r % 2)], c[2 * j + r / 2][2 * (r % 2) + 1]);
+  for (int j = 0; j < kSteps; ++j) {
+    STRATA_UNROLL
+    for (int r = 0; r < 4; ++r)
+      pa[j][r] = pack_bf16(c[2 * j + r / 2][2 * (r % 2)], c[2 * j + r / 2][2 * (r % 2) + 1]);
+  }
 }
 
 // dst[(row + 8 (i / 2)) ld + d] += scale acc for the lane's elements inside T rows and hs columns
@@ -260,32 +264,38 @@ __device__ __forceinline__ void add_lane_rows(float* dst, int ld, const float (&
                                               float scale, int row, int T, int hs) {
   const int t = threadIdx.x % 4;
   STRATA_UNROLL
-  for (int nd = 0; nd < kD / 8; ++nd) STRATA_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int r = row + 8 * (i / 2), d = 8 * nd + 2 * t + i % 2;
-    if (r < T && d < hs) dst[std::int64_t(r) * ld + d] += scale * acc[nd][i];
+  for (int nd = 0; nd < kD / 8; ++nd) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const int r = row + 8 * (i / 2), d = 8 * nd + 2 * t + i % 2;
+      if (r < T && d < hs) dst[std::int64_t(r) * ld + d] += scale * acc[nd][i];
+    }
   }
 }
 
 // --- Forward -------------------------------------------------------------------------------------
 
 // One online-softmax step of the lane's two rows (h = 0: row g, 1: row g + 8) over a key tile:
-// raw scores s become P = exp2(s scale_log2 - m_new), rounded to bf16 (the weights P V uses, and
-// what l sums: this lane's partial row sum); m moves to the new max, l and o are rescaled by
-// exp2(m_old - m_new). On the diagonal tile keys after the row's query are masked (every key past
-// T is after every query inside T, and the rows past T are not written).
+// raw scores s become P = exp2(s scale_log2 - m_new), packed to bf16 as the A fragments pa of P V;
+// l (this lane's partial row sum) adds those rounded weights, read back from pa's bits; m moves to
+// the new max, l and o are rescaled by exp2(m_old - m_new). On the diagonal tile keys after the
+// row's query are masked (every key past T is after every query inside T, and the rows past T are
+// not written).
 template <int kD>
-__device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (&m)[2],
+__device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4],
+                                               std::uint32_t (&pa)[kCols / 16][4], float (&m)[2],
                                                float (&l)[2], float (&o)[kD / 8][4], bool diagonal,
                                                int row_query, int k0, float scale_log2) {
   const int t = threadIdx.x % 4;
   float mx[2] = {-INFINITY, -INFINITY};
   STRATA_UNROLL
-  for (int nb = 0; nb < kCols / 8; ++nb) STRATA_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int key = k0 + 8 * nb + 2 * t + i % 2, query = row_query + 8 * (i / 2);
-    s[nb][i] = diagonal && key > query ? -INFINITY : s[nb][i] * scale_log2;
-    mx[i / 2] = fmaxf(mx[i / 2], s[nb][i]);
+  for (int nb = 0; nb < kCols / 8; ++nb) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const int key = k0 + 8 * nb + 2 * t + i % 2, query = row_query + 8 * (i / 2);
+      s[nb][i] = diagonal && key > query ? -INFINITY : s[nb][i] * scale_log2;
+      mx[i / 2] = fmaxf(mx[i / 2], s[nb][i]);
+    }
   }
   float correction[2];
   STRATA_UNROLL
@@ -298,14 +308,25 @@ __device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4], float (
     m[h] = m_new, l[h] *= correction[h];
   }
   STRATA_UNROLL
-  for (int nb = 0; nb < kCols / 8; ++nb) STRATA_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    s[nb][i] = __bfloat162float(__float2bfloat16_rn(exp2f(s[nb][i] - m[i / 2])));
-    l[i / 2] += s[nb][i];
+  for (int nb = 0; nb < kCols / 8; ++nb) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) s[nb][i] = exp2f(s[nb][i] - m[i / 2]);
+  }
+  pack_a_frags(pa, s);
+  // One weight at a time, in key order: a0 then a2 hold row g's, a1 then a3 row g + 8's.
+  STRATA_UNROLL
+  for (int j = 0; j < kCols / 16; ++j) {
+    STRATA_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      l[r % 2] += __uint_as_float(pa[j][r] << 16);          // the low bf16: the even key
+      l[r % 2] += __uint_as_float(pa[j][r] & 0xffff0000u);  // the high: the odd key
+    }
   }
   STRATA_UNROLL
-  for (int nd = 0; nd < kD / 8; ++nd) STRATA_UNROLL
-  for (int i = 0; i < 4; ++i) o[nd][i] *= correction[i / 2];
+  for (int nd = 0; nd < kD / 8; ++nd) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) o[nd][i] *= correction[i / 2];
+  }
 }
 
 // out = o / l and lse = (m + log2 l) ln 2 of the lane's two rows, inside T rows and hs columns.
@@ -323,11 +344,13 @@ __device__ __forceinline__ void write_forward_rows(void* out, bool out_bf16, std
     if (t == 0 && query < T) lse[lse_base + query] = (m[h] + log2f(l[h])) * kLn2;
   }
   STRATA_UNROLL
-  for (int nd = 0; nd < kD / 8; ++nd) STRATA_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int query = row_query + 8 * (i / 2), d = 8 * nd + 2 * t + i % 2;
-    if (query < T && d < hs)
-      store(out, out_bf16, base + std::size_t(std::int64_t(query) * ld + d), o[nd][i] / l[i / 2]);
+  for (int nd = 0; nd < kD / 8; ++nd) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const int query = row_query + 8 * (i / 2), d = 8 * nd + 2 * t + i % 2;
+      if (query < T && d < hs)
+        store(out, out_bf16, base + std::size_t(std::int64_t(query) * ld + d), o[nd][i] / l[i / 2]);
+    }
   }
 }
 
@@ -367,8 +390,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       cp_async_commit();
     }
     product_with_rows<kD, kCols / 8>(s, q_tile + w0 * kTileStride<kD>, k_tiles + buffer);
-    online_softmax<kD>(s, m, l, o, kt == qt, row_query, kt * kCols, scale_log2);
-    pack_a_frags(pa, s);
+    online_softmax<kD>(s, pa, m, l, o, kt == qt, row_query, kt * kCols, scale_log2);
     accumulate_product<kD, kCols / 16>(o, pa, v_tiles + buffer);
   }
   write_forward_rows<kD>(out, out_bf16, std::size_t(std::int64_t(b) * T * C + h * hs), C, lse,
@@ -389,14 +411,16 @@ __device__ __forceinline__ void probabilities_and_ds(float (&s)[kBlocks][4],
                                                      float scale_log2) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   STRATA_UNROLL
-  for (int nb = 0; nb < kBlocks; ++nb) STRATA_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int r = row + 8 * (i / 2), c = col0 + 8 * nb + 2 * t + i % 2;
-    const int key = kKeyRows ? r : c, query = kKeyRows ? c : r;
-    const int local = kKeyRows ? 8 * nb + 2 * t + i % 2 : g + 8 * (i / 2);
-    const float p = key <= query && query < T ? exp2f(s[nb][i] * scale_log2 - lse2[local]) : 0.0f;
-    s[nb][i] = p;
-    dp[nb][i] = p * (dp[nb][i] - delta[local]);
+  for (int nb = 0; nb < kBlocks; ++nb) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const int r = row + 8 * (i / 2), c = col0 + 8 * nb + 2 * t + i % 2;
+      const int key = kKeyRows ? r : c, query = kKeyRows ? c : r;
+      const int local = kKeyRows ? 8 * nb + 2 * t + i % 2 : g + 8 * (i / 2);
+      const float p = key <= query && query < T ? exp2f(s[nb][i] * scale_log2 - lse2[local]) : 0.0f;
+      s[nb][i] = p;
+      dp[nb][i] = p * (dp[nb][i] - delta[local]);
+    }
   }
 }
 
@@ -467,8 +491,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   cp_async_commit();
   float dk[kD / 8][4], dv[kD / 8][4];
   STRATA_UNROLL
-  for (int nd = 0; nd < kD / 8; ++nd) STRATA_UNROLL
-  for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.0f;
+  for (int nd = 0; nd < kD / 8; ++nd) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.0f;
+  }
   for (int qt = kt; qt < tiles; ++qt) {  // query tile qt * 64 == key tile kt * 64 on the diagonal
     const int buffer = (qt - kt) % 2, next = 1 - buffer;
     cp_async_wait_all();

@@ -2,8 +2,9 @@
 // under nvcc, the CUDA emulator's model of the same instruction otherwise (tests/cuda_emu/include/
 // cuda_emu/ptx.hpp, which also states the register layouts these functions exchange).
 //
-//   mma_bf16_16816(d, a, b)      d += a b: A 16 x 16 bf16 (4 registers), B 16 x 8 (2), D 16 x 8
-//   fp32 ldmatrix_x4(r, row)          four 8 x 8 bf16 matrices from shared memory (lane l: a row of
+//   mma_bf16_16816(d, a, b)      d += a b: A 16 x 16 bf16 (4 registers), B 16 x 8 (2),
+//                                D 16 x 8 fp32 (4)
+//   ldmatrix_x4(r, row)          four 8 x 8 bf16 matrices from shared memory (lane l: a row of
 //   ldmatrix_x4_trans(r, row)    matrix l / 8), as A / B fragments, or transposed
 //   cp_async_16(dst, src, full)  16 bytes global -> shared without registers; zeros if !full
 //   cp_async_commit() / cp_async_wait_all()
