@@ -66,6 +66,11 @@ if ! "$runner" --plugin ddp --device cuda --out "$out" 2>&1 | grep -q "must be o
   if ! nvidia-smi -L >/dev/null 2>&1 && "$runner" --list-transports | cut -f1 | grep -qx nccl; then
     check "--device cuda: no CUDA device on this machine" --plugin ddp --device cuda --transport nccl
   fi
+  if "$runner" --list-transports | cut -f1 | grep -qx nccl; then  # ring blocks on the flash tiles
+    check "--plugin-opt attention=ring on --device cuda: head size 256 (--hidden / --heads) must be at most 128" \
+      --plugin cp --mesh cp=2 --nodes 1 --ranks-per-node 2 --plugin-opt attention=ring --hidden 512 \
+      --heads 2 --device cuda --transport nccl
+  fi
 else
   check "--device cuda: must be one of cpu" --plugin ddp --device cuda
 fi

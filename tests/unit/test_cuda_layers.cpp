@@ -281,13 +281,16 @@ TEST_F(CudaLayers, AttentionForwardAndBackward) {
 }
 
 // Ring attention's blocks against the CPU's (test_layers.cpp checks those against the whole
-// sequence's attention): zig-zag positions of cp 2, rank 0's queries on its own block first (o and
-// lse overwritten: they start as garbage), then on rank 1's (which its first 4 queries cannot
-// see), grouped-query heads.
-TEST_F(CudaLayers, RingAttentionBlocks) {
-  const int Bq = 2, Tq = 8, NHq = 4, KV = 2, hs = 8, Cq = NHq * hs, q_stride = 3 * Cq;
-  const int own[8] = {0, 1, 2, 3, 12, 13, 14, 15}, other[8] = {4, 5, 6, 7, 8, 9, 10, 11};
-  const strata::TokenPositions own_at{0, 12, 4}, other_at{4, 8, 4};
+// sequence's attention): zig-zag positions of cp 2 (chunks of `chunk` tokens; rank 0 holds chunks
+// 0 and 3, rank 1 chunks 1 and 2), rank 0's queries on its own block first (o and lse overwritten:
+// they start as garbage), then on rank 1's (which its first chunk cannot see), grouped-query heads.
+void ring_blocks_match_cpu(const gpu::CudaContext& context, int Bq, int chunk, int NHq, int KV,
+                           int hs) {
+  const int Tq = 2 * chunk, Cq = NHq * hs, q_stride = 3 * Cq;
+  const strata::TokenPositions own_at{0, 3 * chunk, chunk}, other_at{chunk, 2 * chunk, chunk};
+  std::vector<int> own_v(Tq), other_v(Tq);
+  for (int t = 0; t < Tq; ++t) own_v[t] = own_at(t), other_v[t] = other_at(t);
+  const int *own = own_v.data(), *other = other_v.data();
   const std::size_t nkv = std::size_t(Bq) * Tq * 2 * KV * hs, no = std::size_t(Bq) * Tq * Cq;
   const auto q = random_floats(std::size_t(Bq) * Tq * q_stride, 70, -1.5f, 1.5f);
   const auto kv_own = random_floats(nkv, 71, -1.5f, 1.5f), kv_other = random_floats(nkv, 72);
@@ -297,9 +300,9 @@ TEST_F(CudaLayers, RingAttentionBlocks) {
                                NHq, KV, hs, own, own, true);
   cpu::attention_block_forward(o.data(), lse.data(), q.data(), q_stride, kv_other.data(), Bq, Tq,
                                Tq, NHq, KV, hs, own, other, false);
-  gpu::attention_block_forward(ctx(), d_o.get(), d_lse.get(), d_q.get(), q_stride, d_own.get(), Bq,
-                               Tq, Tq, NHq, KV, hs, own_at, own_at, true);
-  gpu::attention_block_forward(ctx(), d_o.get(), d_lse.get(), d_q.get(), q_stride, d_other.get(),
+  gpu::attention_block_forward(context, d_o.get(), d_lse.get(), d_q.get(), q_stride, d_own.get(),
+                               Bq, Tq, Tq, NHq, KV, hs, own_at, own_at, true);
+  gpu::attention_block_forward(context, d_o.get(), d_lse.get(), d_q.get(), q_stride, d_other.get(),
                                Bq, Tq, Tq, NHq, KV, hs, own_at, other_at, false);
   expect_close("o", d_o.host(), o, kGemmRtol, kGemmAtol);
   expect_close("lse", d_lse.host(), lse, kReduceRtol, kReduceAtol);
@@ -312,12 +315,22 @@ TEST_F(CudaLayers, RingAttentionBlocks) {
     cpu::attention_block_backward(dq.data(), q_stride, dkv.data(), dout.data(), o.data(),
                                   lse.data(), q.data(), q_stride, kv->data(), Bq, Tq, Tq, NHq, KV,
                                   hs, own, at);
-    gpu::attention_block_backward(ctx(), d_dq.get(), q_stride, d_dkv.get(), d_dout.get(), d_o.get(),
-                                  d_lse.get(), d_q.get(), q_stride, d_kv->get(), Bq, Tq, Tq, NHq,
-                                  KV, hs, own_at, at == own ? own_at : other_at);
+    gpu::attention_block_backward(context, d_dq.get(), q_stride, d_dkv.get(), d_dout.get(),
+                                  d_o.get(), d_lse.get(), d_q.get(), q_stride, d_kv->get(), Bq, Tq,
+                                  Tq, NHq, KV, hs, own_at, at == own ? own_at : other_at);
   }
   expect_close("dq", d_dq.host(), dq, kGemmRtol, kGemmAtol);
   expect_close("dkv", d_dkv.host(), dkv, kGemmRtol, kGemmAtol);
+}
+
+// One tile (chunks of 4, head size 8); then two query and key tiles of 32, the second partial, with
+// the chunks' seam inside the first (chunks of 20), at head size 64 and one K/V head for four: in
+// its own block, rank 0's first query tile sees none of the second key tile (the kernels skip it),
+// and in rank 1's block, the rows of rank 0's first chunk see nothing while the rest of their tile
+// does.
+TEST_F(CudaLayers, RingAttentionBlocks) {
+  ring_blocks_match_cpu(ctx(), 2, 4, 4, 2, 8);
+  ring_blocks_match_cpu(ctx(), 1, 20, 4, 1, 64);
 }
 
 // ---------------------------------------------------------------------------------------------

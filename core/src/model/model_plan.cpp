@@ -101,6 +101,13 @@ void validate_partition(const ModelSpec& s, int B, const Partition& p, Recompute
   validate_tensor_parallel(s, B, p.tp_size, p.sequence_parallel);
   validate_expert_parallel(s, p.ep_size);
   validate_context_parallel(s, p.tp_size, p.cp_size, p.cp_attention);
+  // A GPU's ring blocks run the fused attention's tiles (cuda/attention.cu): no other kernel.
+  if (device == Device::cuda && p.cp_size > 1 && p.cp_attention == ContextAttention::ring &&
+      !cuda_fused_attention(B, s.heads * s.head_dim(), s.heads))
+    throw ConfigError("--plugin-opt attention=ring on --device cuda: head size " +
+                          std::to_string(s.head_dim()) + " (--hidden / --heads) must be at most " +
+                          "128, and --micro-batch x --heads at most 65535",
+                      "take attention=ulysses, or more heads of at most 128");
   if (p.cp_rank < 0 || p.cp_rank >= p.cp_size)
     throw Error("model: cp rank " + std::to_string(p.cp_rank) + " of " + std::to_string(p.cp_size));
   if (p.ep_rank < 0 || p.ep_rank >= p.ep_size)

@@ -1,6 +1,8 @@
 // Fused causal self-attention, FlashAttention-2 style (Dao 2023), fp32 on CUDA cores: the T x T
 // scores and probabilities exist only one 32 x 32 tile at a time, in registers and shared memory.
-// Shapes and the += convention as in layers.cuh; hs = C / NH <= 128.
+// Shapes and the += convention as in layers.cuh; hs = C / NH <= 128. The same kernels run ring
+// attention's blocks (FlashOperands: separate q and k/v rows, grouped-query heads, a mask by the
+// tokens' positions, and a block's result merged into the out and lse of the blocks before it).
 //
 // Forward, one block per (query tile of 32 rows, b, h): Q stays in shared memory while the key
 // tiles 0..qt stream through (K, V in shared memory); each row keeps its running max m and sum l
@@ -48,9 +50,11 @@
 #if defined(__CUDACC__)
 #define STRATA_UNROLL _Pragma("unroll")
 #define STRATA_UNROLL_4 _Pragma("unroll 4")
+#define STRATA_NO_UNROLL _Pragma("unroll 1")
 #else
 #define STRATA_UNROLL
 #define STRATA_UNROLL_4
+#define STRATA_NO_UNROLL
 #endif
 
 namespace strata::cuda {
@@ -168,16 +172,77 @@ __device__ __forceinline__ void add_head_tile(float* dst, const float (&acc)[kRo
   }
 }
 
+// --- Where the operands are -------------------------------------------------------------------
+
+// One attention's operands, for the whole sequence (causal) and for ring attention's blocks
+// (Kernels::attention_block_*). Query row t of sequence b, head h at q + (b Tq + t) q_ld + h hs
+// (dq: dq_ld); key and value rows at k, v + (b Tk + t) kv_ld + g hs (dk, dv alike), g = h / (NH /
+// KV): the NH query heads share KV key-value heads (grouped-query attention); out and dout rows at
+// (b Tq + t) o_ld + h hs; lse and delta [B, NH, Tq]. Key j is visible to query i where kpos(j) <=
+// qpos(i). Positions increase with t (a rank's two zig-zag chunks in order), so the key tiles a
+// query tile sees are a prefix, and the query tiles a key tile is seen by a suffix.
+struct FlashOperands {
+  int Tq, Tk, NH, KV, hs;
+  int q_ld, kv_ld, o_ld, dq_ld;
+  TokenPositions qpos, kpos;
+};
+
+__device__ __forceinline__ int position_of(const TokenPositions& p, int t) {
+  return t < p.chunk ? p.first + t : p.second + t - p.chunk;
+}
+__device__ __forceinline__ bool visible(const FlashOperands& op, int qi, int kj) {
+  return qi < op.Tq && kj < op.Tk && position_of(op.kpos, kj) <= position_of(op.qpos, qi);
+}
+// Whether any key of the tile at k0 is visible to a query of the tile at q0.
+__device__ __forceinline__ bool tiles_meet(const FlashOperands& op, int q0, int k0) {
+  return q0 < op.Tq && k0 < op.Tk &&
+         position_of(op.kpos, k0) <=
+             position_of(op.qpos, (q0 + kTile < op.Tq ? q0 + kTile : op.Tq) - 1);
+}
+
+// The whole sequence's operands: qkv [B, T, 3C], out [B, T, C], every position its index.
+FlashOperands whole_sequence(int T, int C, int NH) {
+  const TokenPositions at{0, 0, T};
+  return {T, T, NH, NH, C / NH, 3 * C, 3 * C, C, 3 * C, at, at};
+}
+
+// delta[r] = dout row . out row of the query tile's 32 rows (0 past Tq), dout from its shared
+// tile: ring attention's blocks have no delta scratch, so each tile kernel makes its own.
+template <int kD>
+__device__ __forceinline__ void tile_row_deltas(float* delta_rows, const float* do_tile,
+                                                const void* out, bool out_bf16,
+                                                std::int64_t out_head,  // row 0 of (b, h)
+                                                const FlashOperands& op, int q0, int ty, int tx) {
+  STRATA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int row = ty * kRows + r, t = q0 + row;
+    float s = 0.0f;
+    if (t < op.Tq) {
+      STRATA_UNROLL
+      for (int i = 0; i < kD / kGroup; ++i) {
+        const int d = tx + kGroup * i;
+        if (d < op.hs)
+          s += do_tile[row * kHeadStride<kD> + d] *
+               load(out, out_bf16, std::size_t(out_head + std::int64_t(t) * op.o_ld + d));
+      }
+    }
+    s = row_sum(s);
+    if (tx == 0) delta_rows[row] = s;
+  }
+}
+
 // --- Forward ----------------------------------------------------------------------------------
 
 // One online-softmax step of the thread's rows over key tile k0: s (raw q.k) becomes the masked,
-// scaled scores' exponentials, written to p_tile; m, l and acc are rescaled to the new max.
+// scaled scores' exponentials, written to p_tile; m, l and acc are rescaled to the new max. A row
+// that has seen no visible key yet keeps m = -inf, l = 0 (the exponentials are taken from 0, not
+// from -inf, so nothing becomes NaN).
 template <int kD>
 __device__ __forceinline__ void online_softmax_step(float (&s)[kRows][kCols], float (&m)[kRows],
                                                     float (&l)[kRows],
                                                     float (&acc)[kRows][kD / kGroup], float* p_tile,
-                                                    float scale, int q0, int k0, int T, int ty,
-                                                    int tx) {
+                                                    float scale, const FlashOperands& op, int q0,
+                                                    int k0, int ty, int tx) {
   STRATA_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const int qi = q0 + ty * kRows + r;
@@ -185,16 +250,16 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kRows][kCols], fl
     STRATA_UNROLL
     for (int c = 0; c < kCols; ++c) {
       const int kj = k0 + tx + kGroup * c;
-      s[r][c] = kj <= qi && kj < T ? s[r][c] * scale : -INFINITY;
+      s[r][c] = visible(op, qi, kj) ? s[r][c] * scale : -INFINITY;
       mx = fmaxf(mx, s[r][c]);
     }
-    // Finite: key 0 is in every row's first tile, so m is finite from then on.
     const float m_new = fmaxf(m[r], row_max(mx));
-    const float correction = expf(m[r] - m_new);  // 0 on the first tile (m = -inf)
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    const float correction = expf(m[r] - base);  // 0 on the row's first visible tile (m = -inf)
     float sum = 0.0f;
     STRATA_UNROLL
     for (int c = 0; c < kCols; ++c) {
-      const float p = expf(s[r][c] - m_new);  // 0 where masked
+      const float p = expf(s[r][c] - base);  // 0 where masked
       p_tile[(ty * kRows + r) * kPStride + tx + kGroup * c] = p;
       sum += p;
     }
@@ -205,60 +270,78 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kRows][kCols], fl
   }
 }
 
+// The thread's rows of a query tile at its end: out = acc / l, lse = m + log l where `first` (a
+// row that saw no key: out 0, lse -inf); otherwise merged into the out and lse already there by
+// their log-sum-exps (ring attention's later blocks; a row that saw no key is left as it is).
+template <int kD>
+__device__ __forceinline__ void finish_rows(void* out, bool out_bf16, float* lse,
+                                            std::int64_t out_head, std::int64_t lse_head,
+                                            float (&acc)[kRows][kD / kGroup],
+                                            const float (&m)[kRows], const float (&l)[kRows],
+                                            const FlashOperands& op, bool first, int q0, int ty,
+                                            int tx) {
+  STRATA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int t = q0 + ty * kRows + r;
+    const bool row = t < op.Tq;
+    const float block = m[r] + logf(l[r]), old = row && !first ? lse[lse_head + t] : 0.0f;
+    __syncwarp();  // the row's 8 lanes read lse before its lane 0 replaces it
+    if (!row || (!first && l[r] == 0.0f)) continue;
+    float keep = 0.0f, weight = 1.0f / l[r], merged = block;
+    if (l[r] == 0.0f) {
+      weight = 0.0f, merged = -INFINITY;  // first, and nothing visible
+    } else if (!first) {
+      merged = fmaxf(old, block) + log1pf(expf(-fabsf(old - block)));
+      keep = expf(old - merged), weight = expf(block - merged) / l[r];
+    }
+    if (tx == 0) lse[lse_head + t] = merged;
+    STRATA_UNROLL
+    for (int i = 0; i < kD / kGroup; ++i) {
+      const int d = tx + kGroup * i;
+      if (d >= op.hs) continue;
+      const std::size_t at = std::size_t(out_head + std::int64_t(t) * op.o_ld + d);
+      const float before = first ? 0.0f : keep * load(out, out_bf16, at);
+      store(out, out_bf16, at, before + acc[r][i] * weight);
+    }
+  }
+}
+
 // out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
-template <int kD, class Qkv>
+template <int kD, class E>
 __global__ void __launch_bounds__(kTileThreads)
-    flash_forward_kernel(void* out,       // [B, T, C] fp32 or bf16
-                         bool out_bf16,   //
-                         float* lse,      // [B, NH, T]
-                         const Qkv* qkv,  // [B, T, 3C] fp32 or bf16's bits
-                         int T, int C, int NH, float scale) {
+    flash_forward_kernel(void* out,                           // rows of o_ld, fp32 or bf16
+                         bool out_bf16,                       //
+                         float* lse,                          // [B, NH, Tq]
+                         const E* q, const E* k, const E* v,  // fp32 or bf16's bits
+                         FlashOperands op, float scale, bool first) {
   STRATA_DYNAMIC_SHARED(float, smem);
   float* q_tile = smem;                          // [32, kD + 1]
   float* k_tile = q_tile + kHeadTileFloats<kD>;  // [32, kD + 1]
   float* v_tile = k_tile + kHeadTileFloats<kD>;  // [32, kD + 1]
   float* p_tile = v_tile + kHeadTileFloats<kD>;  // [32, 33]
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kTile;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
+  const int bh = blockIdx.y, b = bh / op.NH, h = bh % op.NH, g = h / (op.NH / op.KV);
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const std::int64_t kv_head = std::int64_t(b) * op.Tk * op.kv_ld + g * op.hs;
 
-  load_head_tile<kD>(q_tile, q, C3, q0, T, hs);
+  load_head_tile<kD>(q_tile, q + std::int64_t(b) * op.Tq * op.q_ld + h * op.hs, op.q_ld, q0, op.Tq,
+                     op.hs);
   float acc[kRows][kD / kGroup] = {}, m[kRows], l[kRows];
   STRATA_UNROLL
   for (int r = 0; r < kRows; ++r) m[r] = -INFINITY, l[r] = 0.0f;
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    load_head_tile<kD>(k_tile, q + C, C3, k0, T, hs);
-    load_head_tile<kD>(v_tile, q + 2 * C, C3, k0, T, hs);
+  for (int k0 = 0; tiles_meet(op, q0, k0); k0 += kTile) {
+    load_head_tile<kD>(k_tile, k + kv_head, op.kv_ld, k0, op.Tk, op.hs);
+    load_head_tile<kD>(v_tile, v + kv_head, op.kv_ld, k0, op.Tk, op.hs);
     __syncthreads();  // q, k, v tiles loaded
     float s[kRows][kCols];
     tile_dot<kD>(s, q_tile, k_tile, ty, tx);
-    online_softmax_step<kD>(s, m, l, acc, p_tile, scale, q0, k0, T, ty, tx);
+    online_softmax_step<kD>(s, m, l, acc, p_tile, scale, op, q0, k0, ty, tx);
     __syncwarp();  // p tile rows complete (a row's 8 writers and its readers are one warp)
     tile_accumulate<kD>(acc, p_tile, v_tile, ty, tx);
     __syncthreads();  // k, v and p tiles read before the next tile overwrites them
   }
-  float inv_l[kRows];
-  STRATA_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    inv_l[r] = 1.0f / l[r];
-    const int t = q0 + ty * kRows + r;
-    if (tx == 0 && t < T) lse[std::int64_t(bh) * T + t] = m[r] + logf(l[r]);
-    STRATA_UNROLL
-    for (int i = 0; i < kD / kGroup; ++i) acc[r][i] *= inv_l[r];
-  }
-  const std::int64_t o = std::int64_t(b) * T * C + h * hs;
-  STRATA_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const int t = q0 + ty * kRows + r;
-    if (t >= T) continue;
-    STRATA_UNROLL
-    for (int i = 0; i < kD / kGroup; ++i) {
-      const int d = tx + kGroup * i;
-      if (d < hs) store(out, out_bf16, std::size_t(o + std::int64_t(t) * C + d), acc[r][i]);
-    }
-  }
+  finish_rows<kD>(out, out_bf16, lse, std::int64_t(b) * op.Tq * op.o_ld + h * op.hs,
+                  std::int64_t(bh) * op.Tq, acc, m, l, op, first, q0, ty, tx);
 }
 
 // --- Backward ---------------------------------------------------------------------------------
@@ -283,16 +366,39 @@ __global__ void attention_delta_kernel(float* delta,       // [B, NH, T]
   }
 }
 
-// dK, dV of key tile kt = blockIdx.x (the first tiles see the most query tiles) of head (b, h).
-// The thread's score rows are keys here, its columns queries (S^T, P^T).
-template <int kD, class Qkv>
-__global__ void __launch_bounds__(kTileThreads)
-    flash_backward_dkdv_kernel(float* dqkv,         // [B, T, 3C] += (dk, dv columns)
-                               const float* dout,   // [B, T, C]
-                               const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
-                               const float* lse,    // [B, NH, T]
-                               const float* delta,  // [B, NH, T]
-                               int T, int C, int NH, float scale) {
+// The backward's inputs beside q, k, v: dout and out (rows of o_ld), lse, and delta (null: each
+// tile kernel makes the rows' deltas from dout and out).
+struct FlashGrads {
+  const float* dout;
+  const void* out;
+  bool out_bf16;
+  const float* lse;
+  const float* delta;
+};
+
+// A query tile's lse and delta rows (delta from the dout tile, already in shared memory and
+// synchronised, where g.delta is null).
+template <int kD>
+__device__ __forceinline__ void load_query_rows(float* lse_rows, float* delta_rows,
+                                                const float* do_tile, const FlashGrads& g,
+                                                const FlashOperands& op, int b, int h, int q0,
+                                                int ty, int tx) {
+  const std::int64_t bh = std::int64_t(b) * op.NH + h;
+  load_row_values(lse_rows, g.lse, bh, q0, op.Tq);
+  if (g.delta)
+    load_row_values(delta_rows, g.delta, bh, q0, op.Tq);
+  else
+    tile_row_deltas<kD>(delta_rows, do_tile, g.out, g.out_bf16,
+                        std::int64_t(b) * op.Tq * op.o_ld + h * op.hs, op, q0, ty, tx);
+}
+
+// dK, dV of key tile blockIdx.x (the first tiles see the most query tiles) of K/V head (b, g),
+// over the query heads that share it. The thread's score rows are keys, its columns queries.
+template <int kD, class E>
+__global__ void __launch_bounds__(kTileThreads, 1)
+    flash_backward_dkdv_kernel(float* dk, float* dv,  // rows of kv_ld +=
+                               const E* q, const E* k, const E* v, FlashGrads g, FlashOperands op,
+                               float scale) {
   STRATA_DYNAMIC_SHARED(float, smem);
   float* k_tile = smem;                            // [32, kD + 1]
   float* v_tile = k_tile + kHeadTileFloats<kD>;    // [32, kD + 1]
@@ -302,55 +408,55 @@ __global__ void __launch_bounds__(kTileThreads)
   float* dst_tile = pt_tile + kTile * kPStride;    // [32 keys, 33] dS^T
   float* lse_rows = dst_tile + kTile * kPStride;   // [32] of the query tile
   float* delta_rows = lse_rows + kTile;            // [32]
-  const int kt = blockIdx.x, k0 = kt * kTile, tiles = gridDim.x;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
-  const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
-  const float* dob = dout + std::int64_t(b) * T * C + h * hs;
+  const int k0 = blockIdx.x * kTile, b = blockIdx.y / op.KV, kvh = blockIdx.y % op.KV;
+  const int group = op.NH / op.KV, ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
+  const std::int64_t kv_head = std::int64_t(b) * op.Tk * op.kv_ld + kvh * op.hs;
 
-  load_head_tile<kD>(k_tile, q + C, C3, k0, T, hs);
-  load_head_tile<kD>(v_tile, q + 2 * C, C3, k0, T, hs);
-  float dk[kRows][kD / kGroup] = {}, dv[kRows][kD / kGroup] = {};
-  for (int qt = kt; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
-    load_head_tile<kD>(q_tile, q, C3, q0, T, hs);
-    load_head_tile<kD>(do_tile, dob, C, q0, T, hs);
-    load_row_values(lse_rows, lse, bh, q0, T);
-    load_row_values(delta_rows, delta, bh, q0, T);
-    __syncthreads();  // tiles loaded
-    float s[kRows][kCols], dp[kRows][kCols];
-    tile_dot<kD>(s, k_tile, q_tile, ty, tx);    // S^T = k q^T (unscaled)
-    tile_dot<kD>(dp, v_tile, do_tile, ty, tx);  // dP^T = v dout^T
-    STRATA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int kj = k0 + ty * kRows + r;
+  load_head_tile<kD>(k_tile, k + kv_head, op.kv_ld, k0, op.Tk, op.hs);
+  load_head_tile<kD>(v_tile, v + kv_head, op.kv_ld, k0, op.Tk, op.hs);
+  float dkr[kRows][kD / kGroup] = {}, dvr[kRows][kD / kGroup] = {};
+  int first_q0 = 0;  // the first query tile that sees this key tile; the later ones all do
+  while (first_q0 < op.Tq && !tiles_meet(op, first_q0, k0)) first_q0 += kTile;
+  STRATA_NO_UNROLL  // one copy of the body over the heads (unrolled, the copies spilled at kD 32)
+      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const std::int64_t o_head = std::int64_t(b) * op.Tq * op.o_ld + h * op.hs;
+    for (int q0 = first_q0; q0 < op.Tq; q0 += kTile) {
+      load_head_tile<kD>(q_tile, q + std::int64_t(b) * op.Tq * op.q_ld + h * op.hs, op.q_ld, q0,
+                         op.Tq, op.hs);
+      load_head_tile<kD>(do_tile, g.dout + o_head, op.o_ld, q0, op.Tq, op.hs);
+      __syncthreads();  // tiles loaded
+      load_query_rows<kD>(lse_rows, delta_rows, do_tile, g, op, b, h, q0, ty, tx);
+      __syncthreads();  // lse and delta rows loaded
+      float s[kRows][kCols], dp[kRows][kCols];
+      tile_dot<kD>(s, k_tile, q_tile, ty, tx);    // S^T = k q^T (unscaled)
+      tile_dot<kD>(dp, v_tile, do_tile, ty, tx);  // dP^T = v dout^T
       STRATA_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const int col = tx + kGroup * c, qi = q0 + col;
-        const float p = kj <= qi && qi < T ? expf(s[r][c] * scale - lse_rows[col]) : 0.0f;
-        pt_tile[(ty * kRows + r) * kPStride + col] = p;
-        dst_tile[(ty * kRows + r) * kPStride + col] = p * (dp[r][c] - delta_rows[col]);
+      for (int r = 0; r < kRows; ++r) {
+        const int kj = k0 + ty * kRows + r;
+        STRATA_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const int col = tx + kGroup * c;
+          const float p = visible(op, q0 + col, kj) ? expf(s[r][c] * scale - lse_rows[col]) : 0.0f;
+          pt_tile[(ty * kRows + r) * kPStride + col] = p;
+          dst_tile[(ty * kRows + r) * kPStride + col] = p * (dp[r][c] - delta_rows[col]);
+        }
       }
+      __syncwarp();  // P^T, dS^T rows complete (written and read within one warp)
+      tile_accumulate<kD>(dvr, pt_tile, do_tile, ty, tx);  // dV += P^T dout
+      tile_accumulate<kD>(dkr, dst_tile, q_tile, ty, tx);  // dK += dS^T q (scaled at the end)
+      __syncthreads();  // every tile read before the next query tile overwrites them
     }
-    __syncwarp();  // P^T, dS^T rows complete (written and read within one warp)
-    tile_accumulate<kD>(dv, pt_tile, do_tile, ty, tx);  // dV += P^T dout
-    tile_accumulate<kD>(dk, dst_tile, q_tile, ty, tx);  // dK += dS^T q (scaled at the end)
-    __syncthreads();  // every tile read before the next query tile overwrites them
   }
-  float* dkb = dqkv + std::int64_t(b) * T * C3 + C + h * hs;
-  add_head_tile<kD>(dkb, dk, scale, C3, k0, T, hs, ty, tx);
-  add_head_tile<kD>(dkb + C, dv, 1.0f, C3, k0, T, hs, ty, tx);
+  add_head_tile<kD>(dk + kv_head, dkr, scale, op.kv_ld, k0, op.Tk, op.hs, ty, tx);
+  add_head_tile<kD>(dv + kv_head, dvr, 1.0f, op.kv_ld, k0, op.Tk, op.hs, ty, tx);
 }
 
 // dQ of query tile qt (longest first, as the forward) of head (b, h).
-template <int kD, class Qkv>
+template <int kD, class E>
 __global__ void __launch_bounds__(kTileThreads)
-    flash_backward_dq_kernel(float* dqkv,         // [B, T, 3C] += (dq columns)
-                             const float* dout,   // [B, T, C]
-                             const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
-                             const float* lse,    // [B, NH, T]
-                             const float* delta,  // [B, NH, T]
-                             int T, int C, int NH, float scale) {
+    flash_backward_dq_kernel(float* dq,  // rows of dq_ld +=
+                             const E* q, const E* k, const E* v, FlashGrads g, FlashOperands op,
+                             float scale) {
   STRATA_DYNAMIC_SHARED(float, smem);
   float* q_tile = smem;                           // [32, kD + 1]
   float* do_tile = q_tile + kHeadTileFloats<kD>;  // [32, kD + 1]
@@ -360,38 +466,41 @@ __global__ void __launch_bounds__(kTileThreads)
   float* lse_rows = ds_tile + kTile * kPStride;   // [32]
   float* delta_rows = lse_rows + kTile;           // [32]
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kTile;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
+  const int bh = blockIdx.y, b = bh / op.NH, h = bh % op.NH, kvh = h / (op.NH / op.KV);
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
-  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const std::int64_t kv_head = std::int64_t(b) * op.Tk * op.kv_ld + kvh * op.hs;
 
-  load_head_tile<kD>(q_tile, q, C3, q0, T, hs);
-  load_head_tile<kD>(do_tile, dout + std::int64_t(b) * T * C + h * hs, C, q0, T, hs);
-  load_row_values(lse_rows, lse, bh, q0, T);
-  load_row_values(delta_rows, delta, bh, q0, T);
-  float dq[kRows][kD / kGroup] = {};
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    load_head_tile<kD>(k_tile, q + C, C3, k0, T, hs);
-    load_head_tile<kD>(v_tile, q + 2 * C, C3, k0, T, hs);
+  load_head_tile<kD>(q_tile, q + std::int64_t(b) * op.Tq * op.q_ld + h * op.hs, op.q_ld, q0, op.Tq,
+                     op.hs);
+  load_head_tile<kD>(do_tile, g.dout + std::int64_t(b) * op.Tq * op.o_ld + h * op.hs, op.o_ld, q0,
+                     op.Tq, op.hs);
+  __syncthreads();  // the dout tile loaded (the rows' deltas may be made from it)
+  load_query_rows<kD>(lse_rows, delta_rows, do_tile, g, op, b, h, q0, ty, tx);
+  float dqr[kRows][kD / kGroup] = {};
+  for (int k0 = 0; tiles_meet(op, q0, k0); k0 += kTile) {
+    load_head_tile<kD>(k_tile, k + kv_head, op.kv_ld, k0, op.Tk, op.hs);
+    load_head_tile<kD>(v_tile, v + kv_head, op.kv_ld, k0, op.Tk, op.hs);
     __syncthreads();  // tiles loaded
     float s[kRows][kCols], dp[kRows][kCols];
     tile_dot<kD>(s, q_tile, k_tile, ty, tx);    // S = q k^T (unscaled)
     tile_dot<kD>(dp, do_tile, v_tile, ty, tx);  // dP = dout v^T
     STRATA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const int row = ty * kRows + r, qi = q0 + row;
+      const int row = ty * kRows + r;
       STRATA_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        const int col = tx + kGroup * c, kj = k0 + col;
-        const float p = kj <= qi && qi < T ? expf(s[r][c] * scale - lse_rows[row]) : 0.0f;
+        const int col = tx + kGroup * c;
+        const float p =
+            visible(op, q0 + row, k0 + col) ? expf(s[r][c] * scale - lse_rows[row]) : 0.0f;
         ds_tile[row * kPStride + col] = p * (dp[r][c] - delta_rows[row]);
       }
     }
     __syncwarp();  // dS rows complete (written and read within one warp)
-    tile_accumulate<kD>(dq, ds_tile, k_tile, ty, tx);  // dQ += dS k (scaled at the end)
+    tile_accumulate<kD>(dqr, ds_tile, k_tile, ty, tx);  // dQ += dS k (scaled at the end)
     __syncthreads();  // k and dS read before the next key tile overwrites them
   }
-  add_head_tile<kD>(dqkv + std::int64_t(b) * T * C3 + h * hs, dq, scale, C3, q0, T, hs, ty, tx);
+  add_head_tile<kD>(dq + std::int64_t(b) * op.Tq * op.dq_ld + h * op.hs, dqr, scale, op.dq_ld, q0,
+                    op.Tq, op.hs, ty, tx);
 }
 
 // --- Host side --------------------------------------------------------------------------------
@@ -412,13 +521,14 @@ constexpr std::size_t dq_smem_bytes() {
 
 // Checks the shape and calls f(std::integral_constant<int, kD>) with the head size's padding.
 template <class F>
-void with_head_size(const char* op, int B, int T, int C, int NH, F&& f) {
-  if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0 || C / NH > kMaxHead ||
+void with_head_size(const char* op, int B, int NH, int KV, int hs, F&& f) {
+  if (B < 0 || NH <= 0 || KV <= 0 || NH % KV != 0 || hs <= 0 || hs > kMaxHead ||
       std::int64_t(B) * NH > 65535)
-    throw Error(std::string(op) + ": shape B " + std::to_string(B) + ", T " + std::to_string(T) +
-                    ", C " + std::to_string(C) + ", NH " + std::to_string(NH) + " not supported",
-                "NH must divide C with a head size C / NH of at most 128, and B * NH <= 65535");
-  const int hs = C / NH;
+    throw Error(std::string(op) + ": shape B " + std::to_string(B) + ", " + std::to_string(NH) +
+                    " heads of " + std::to_string(hs) + " (" + std::to_string(KV) +
+                    " key-value heads) not supported",
+                "the head size must be at most 128, the key-value heads divide the heads, and "
+                "B * heads <= 65535");
   if (hs <= 16)
     f(std::integral_constant<int, 16>{});
   else if (hs <= 32)
@@ -428,25 +538,81 @@ void with_head_size(const char* op, int B, int T, int C, int NH, F&& f) {
   else
     f(std::integral_constant<int, 128>{});
 }
+void check_whole_sequence(const char* op, int T, int C, int NH) {
+  if (T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
+    throw Error(std::string(op) + ": shape T " + std::to_string(T) + ", C " + std::to_string(C) +
+                    ", NH " + std::to_string(NH) + " not supported",
+                "NH must divide C with a head size C / NH of at most 128");
+}
+// Positions that increase with t, as the tile loops assume (FlashOperands).
+void check_positions(const char* op, TokenPositions p, int T) {
+  if (p.chunk < 0 || (p.chunk < T && p.second < p.first + p.chunk))
+    throw Error(std::string(op) + ": token positions (" + std::to_string(p.first) + ", " +
+                    std::to_string(p.second) + ", chunk " + std::to_string(p.chunk) +
+                    ") do not increase",
+                "the second chunk must start past the first (zig-zag chunks in order)");
+}
 
-// The grid of a tile kernel: query or key tiles x (b, h).
-dim3 tile_grid(int B, int T, int NH) { return dim3(unsigned((T + kTile - 1) / kTile), B * NH); }
+// The grid of a tile kernel: query or key tiles x heads.
+dim3 tile_grid(int B, int T, int heads) {
+  return dim3(unsigned((T + kTile - 1) / kTile), unsigned(B * heads));
+}
+
+// The three launches on any operands (q, k, v typed as E: float or bf16's bits).
+template <int kD, class E>
+void launch_forward(const CudaContext& ctx, ActView out, float* lse, const E* q, const E* k,
+                    const E* v, const FlashOperands& op, int B, bool first) {
+  const float scale = 1.0f / std::sqrt(float(op.hs));
+  allow_shared_memory(flash_forward_kernel<kD, E>, forward_smem_bytes<kD>());
+  STRATA_LAUNCH((flash_forward_kernel<kD, E>), tile_grid(B, op.Tq, op.NH), kTileThreads,
+                forward_smem_bytes<kD>(), ctx.stream)
+  (out.data, out.is_bf16(), lse, q, k, v, op, scale, first);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+template <int kD, class E>
+void launch_backward(const CudaContext& ctx, float* dq, float* dk, float* dv, const E* q,
+                     const E* k, const E* v, const FlashGrads& g, const FlashOperands& op, int B) {
+  const float scale = 1.0f / std::sqrt(float(op.hs));
+  allow_shared_memory(flash_backward_dkdv_kernel<kD, E>, dkdv_smem_bytes<kD>());
+  STRATA_LAUNCH((flash_backward_dkdv_kernel<kD, E>), tile_grid(B, op.Tk, op.KV), kTileThreads,
+                dkdv_smem_bytes<kD>(), ctx.stream)
+  (dk, dv, q, k, v, g, op, scale);
+  STRATA_CUDA_CHECK_LAUNCH();
+  allow_shared_memory(flash_backward_dq_kernel<kD, E>, dq_smem_bytes<kD>());
+  STRATA_LAUNCH((flash_backward_dq_kernel<kD, E>), tile_grid(B, op.Tq, op.NH), kTileThreads,
+                dq_smem_bytes<kD>(), ctx.stream)
+  (dq, q, k, v, g, op, scale);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
+// Ring attention's blocks: the same kernels on the rank's queries and a key-value block
+// kv [B, Tk, 2, KV, hs] (k at head g's columns of a row, v KV heads later); out and dout
+// [B, Tq, NH hs]. Checks what the kernels assume.
+FlashOperands ring_operands(const char* op, ActView q, int q_stride, int dq_stride, ActView kv,
+                            int Tq, int Tk, int NH, int KV, int hs, TokenPositions qpos,
+                            TokenPositions kpos) {
+  if (q.dtype != kv.dtype) throw Error(std::string(op) + ": q and kv in different dtypes");
+  check_positions(op, qpos, Tq);
+  check_positions(op, kpos, Tk);
+  FlashOperands o{};
+  o.Tq = Tq, o.Tk = Tk, o.NH = NH, o.KV = KV, o.hs = hs;
+  o.q_ld = q_stride, o.kv_ld = 2 * KV * hs, o.o_ld = NH * hs, o.dq_ld = dq_stride;
+  o.qpos = qpos, o.kpos = kpos;
+  return o;
+}
 
 }  // namespace
 
 void flash_attention_forward(const CudaContext& ctx, ActView out, float* lse, ActView qkv, int B,
                              int T, int C, int NH) {
-  with_head_size("flash_attention_forward", B, T, C, NH, [&](auto head) {
+  check_whole_sequence("flash_attention_forward", T, C, NH);
+  with_head_size("flash_attention_forward", B, NH, NH, C / NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
-    const float scale = 1.0f / std::sqrt(float(C / NH));
     with_element_type(qkv.is_bf16(), [&](auto type) {
-      using Qkv = typename decltype(type)::type;
-      allow_shared_memory(flash_forward_kernel<kD, Qkv>, forward_smem_bytes<kD>());
-      STRATA_LAUNCH((flash_forward_kernel<kD, Qkv>), tile_grid(B, T, NH), kTileThreads,
-                    forward_smem_bytes<kD>(), ctx.stream)
-      (out.data, out.is_bf16(), lse, static_cast<const Qkv*>(qkv.data), T, C, NH, scale);
-      STRATA_CUDA_CHECK_LAUNCH();
+      using E = typename decltype(type)::type;
+      const E* q = static_cast<const E*>(qkv.data);
+      launch_forward<kD>(ctx, out, lse, q, q + C, q + 2 * C, whole_sequence(T, C, NH), B, true);
     });
   });
 }
@@ -465,26 +631,53 @@ void attention_delta(const CudaContext& ctx, float* delta, const float* dout, Ac
 void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta, const float* dout,
                               ActView qkv, ActView out, const float* lse, int B, int T, int C,
                               int NH) {
-  with_head_size("flash_attention_backward", B, T, C, NH, [&](auto head) {
+  check_whole_sequence("flash_attention_backward", T, C, NH);
+  with_head_size("flash_attention_backward", B, NH, NH, C / NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
-    const float scale = 1.0f / std::sqrt(float(C / NH));
     attention_delta(ctx, delta, dout, out, B, T, C, NH);
-
     with_element_type(qkv.is_bf16(), [&](auto type) {
-      using Qkv = typename decltype(type)::type;
-      const Qkv* q = static_cast<const Qkv*>(qkv.data);
-      allow_shared_memory(flash_backward_dkdv_kernel<kD, Qkv>, dkdv_smem_bytes<kD>());
-      STRATA_LAUNCH((flash_backward_dkdv_kernel<kD, Qkv>), tile_grid(B, T, NH), kTileThreads,
-                    dkdv_smem_bytes<kD>(), ctx.stream)
-      (dqkv, dout, q, lse, delta, T, C, NH, scale);
-      STRATA_CUDA_CHECK_LAUNCH();
+      using E = typename decltype(type)::type;
+      const E* q = static_cast<const E*>(qkv.data);
+      const FlashGrads g{dout, out.data, out.is_bf16(), lse, delta};
+      launch_backward<kD>(ctx, dqkv, dqkv + C, dqkv + 2 * C, q, q + C, q + 2 * C, g,
+                          whole_sequence(T, C, NH), B);
+    });
+  });
+}
 
-      allow_shared_memory(flash_backward_dq_kernel<kD, Qkv>, dq_smem_bytes<kD>());
-      STRATA_LAUNCH((flash_backward_dq_kernel<kD, Qkv>), tile_grid(B, T, NH), kTileThreads,
-                    dq_smem_bytes<kD>(), ctx.stream)
-      (dqkv, dout, q, lse, delta, T, C, NH, scale);
-      STRATA_CUDA_CHECK_LAUNCH();
+void attention_block_forward(const CudaContext& ctx, float* o, float* lse, ActView q, int q_stride,
+                             ActView kv, int B, int Tq, int Tk, int NH, int KV, int hs,
+                             TokenPositions qpos, TokenPositions kpos, bool first) {
+  const FlashOperands op = ring_operands("attention_block_forward", q, q_stride, q_stride, kv, Tq,
+                                         Tk, NH, KV, hs, qpos, kpos);
+  with_head_size("attention_block_forward", B, NH, KV, hs, [&](auto head) {
+    constexpr int kD = decltype(head)::value;
+    if (B == 0 || Tq == 0) return;
+    with_element_type(q.is_bf16(), [&](auto type) {
+      using E = typename decltype(type)::type;
+      const E* k = static_cast<const E*>(kv.data);
+      launch_forward<kD>(ctx, ActView(o), lse, static_cast<const E*>(q.data), k,
+                         k + std::size_t(KV) * hs, op, B, first);
+    });
+  });
+}
+
+void attention_block_backward(const CudaContext& ctx, float* dq, int dq_stride, float* dkv,
+                              const float* dout, ActView out, const float* lse, ActView q,
+                              int q_stride, ActView kv, int B, int Tq, int Tk, int NH, int KV,
+                              int hs, TokenPositions qpos, TokenPositions kpos) {
+  const FlashOperands op = ring_operands("attention_block_backward", q, q_stride, dq_stride, kv, Tq,
+                                         Tk, NH, KV, hs, qpos, kpos);
+  const FlashGrads g{dout, out.data, out.is_bf16(), lse, nullptr};
+  with_head_size("attention_block_backward", B, NH, KV, hs, [&](auto head) {
+    constexpr int kD = decltype(head)::value;
+    if (B == 0 || Tq == 0 || Tk == 0) return;
+    with_element_type(q.is_bf16(), [&](auto type) {
+      using E = typename decltype(type)::type;
+      const E* k = static_cast<const E*>(kv.data);
+      launch_backward<kD>(ctx, dq, dkv, dkv + std::size_t(KV) * hs, static_cast<const E*>(q.data),
+                          k, k + std::size_t(KV) * hs, g, op, B);
     });
   });
 }

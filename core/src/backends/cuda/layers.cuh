@@ -104,8 +104,10 @@ void flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
                               ActView qkv, ActView out, const float* lse, int B, int T, int C,
                               int NH);
 
-// Ring attention's blocks (cuda/attention_ring.cu), as Kernels::attention_block_forward /
-// _backward define them: a thread per query row (forward, d(q)) or per key (d(k), d(v)).
+// Ring attention's blocks, as Kernels::attention_block_forward / _backward define them: the same
+// flash kernels (cuda/attention.cu) on the rank's queries and one key-value block, masked by the
+// tokens' positions, grouped-query heads, the block merged into o and lse by their log-sum-exps.
+// Head size at most 128.
 void attention_block_forward(const CudaContext& ctx, float* o, float* lse, ActView q, int q_stride,
                              ActView kv, int B, int Tq, int Tk, int NH, int KV, int hs,
                              TokenPositions qpos, TokenPositions kpos, bool first);
@@ -119,7 +121,7 @@ void attention_block_backward(const CudaContext& ctx, float* dq, int dq_stride, 
 void attention_delta(const CudaContext& ctx, float* delta, const float* dout, ActView out, int B,
                      int T, int C, int NH);
 
-// The same attention on tensor cores (cuda/attention_tc.cu): WMMA bf16 16x16x16 tiles with fp32
+// The same attention on tensor cores (cuda/attention_tc.cu): mma.sync bf16 m16n8k16 with fp32
 // accumulation, tiles of 64 queries x 64 keys. Q, K, V and dout are rounded to bf16 (to nearest
 // even) as they are loaded, P and dS as the operands of the second GEMMs; softmax, lse, delta and
 // every accumulator are fp32. Same shapes, state and += convention as flash_attention_*:
