@@ -50,11 +50,9 @@
 #if defined(__CUDACC__)
 #define STRATA_UNROLL _Pragma("unroll")
 #define STRATA_UNROLL_4 _Pragma("unroll 4")
-#define STRATA_NO_UNROLL _Pragma("unroll 1")
 #else
 #define STRATA_UNROLL
 #define STRATA_UNROLL_4
-#define STRATA_NO_UNROLL
 #endif
 
 namespace strata::cuda {
@@ -392,10 +390,18 @@ __device__ __forceinline__ void load_query_rows(float* lse_rows, float* delta_ro
                         std::int64_t(b) * op.Tq * op.o_ld + h * op.hs, op, q0, ty, tx);
 }
 
+// The dK/dV kernel's blocks an SM for __launch_bounds__, as many as an H100 SM's shared memory
+// holds at head size 128 and 64 (75 and 42 KiB a block). Without a count, sm_90's ptxas held the
+// head-size-32 bf16 kernel to 64 registers and spilled.
+template <int kD>
+constexpr int kDkdvBlocksPerSm = kD == 128  ? 3
+                                 : kD == 64 ? 5
+                                            : 4;
+
 // dK, dV of key tile blockIdx.x (the first tiles see the most query tiles) of K/V head (b, g),
 // over the query heads that share it. The thread's score rows are keys, its columns queries.
 template <int kD, class E>
-__global__ void __launch_bounds__(kTileThreads, 1)
+__global__ void __launch_bounds__(kTileThreads, kDkdvBlocksPerSm<kD>)
     flash_backward_dkdv_kernel(float* dk, float* dv,  // rows of kv_ld +=
                                const E* q, const E* k, const E* v, FlashGrads g, FlashOperands op,
                                float scale) {
@@ -417,8 +423,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   float dkr[kRows][kD / kGroup] = {}, dvr[kRows][kD / kGroup] = {};
   int first_q0 = 0;  // the first query tile that sees this key tile; the later ones all do
   while (first_q0 < op.Tq && !tiles_meet(op, first_q0, k0)) first_q0 += kTile;
-  STRATA_NO_UNROLL  // one copy of the body over the heads (unrolled, the copies spilled at kD 32)
-      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     const std::int64_t o_head = std::int64_t(b) * op.Tq * op.o_ld + h * op.hs;
     for (int q0 = first_q0; q0 < op.Tq; q0 += kTile) {
       load_head_tile<kD>(q_tile, q + std::int64_t(b) * op.Tq * op.q_ld + h * op.hs, op.q_ld, q0,
