@@ -204,10 +204,11 @@ FlashOperands whole_sequence(int T, int C, int NH) {
   return {T, T, NH, NH, C / NH, 3 * C, 3 * C, C, 3 * C, at, at};
 }
 
-// delta[r] = dout row . out row of the query tile's 32 rows (0 past Tq), dout from its shared
-// tile: ring attention's blocks have no delta scratch, so each tile kernel makes its own.
+// delta[r] = dout row . out row of the query tile's 32 rows (0 past Tq), both read where they
+// are (dout's rows, just loaded into the tile, come from the cache): ring attention's blocks have
+// no delta scratch, so each tile kernel makes its own, before the barrier that ends its loads.
 template <int kD>
-__device__ __forceinline__ void tile_row_deltas(float* delta_rows, const float* do_tile,
+__device__ __forceinline__ void tile_row_deltas(float* delta_rows, const float* dout,
                                                 const void* out, bool out_bf16,
                                                 std::int64_t out_head,  // row 0 of (b, h)
                                                 const FlashOperands& op, int q0, int ty, int tx) {
@@ -219,9 +220,10 @@ __device__ __forceinline__ void tile_row_deltas(float* delta_rows, const float* 
       STRATA_UNROLL
       for (int i = 0; i < kD / kGroup; ++i) {
         const int d = tx + kGroup * i;
-        if (d < op.hs)
-          s += do_tile[row * kHeadStride<kD> + d] *
-               load(out, out_bf16, std::size_t(out_head + std::int64_t(t) * op.o_ld + d));
+        if (d < op.hs) {
+          const std::int64_t at = out_head + std::int64_t(t) * op.o_ld + d;
+          s += dout[at] * load(out, out_bf16, std::size_t(at));
+        }
       }
     }
     s = row_sum(s);
@@ -374,19 +376,17 @@ struct FlashGrads {
   const float* delta;
 };
 
-// A query tile's lse and delta rows (delta from the dout tile, already in shared memory and
-// synchronised, where g.delta is null).
+// A query tile's lse and delta rows (delta made from dout and out where g.delta is null).
 template <int kD>
 __device__ __forceinline__ void load_query_rows(float* lse_rows, float* delta_rows,
-                                                const float* do_tile, const FlashGrads& g,
-                                                const FlashOperands& op, int b, int h, int q0,
-                                                int ty, int tx) {
+                                                const FlashGrads& g, const FlashOperands& op, int b,
+                                                int h, int q0, int ty, int tx) {
   const std::int64_t bh = std::int64_t(b) * op.NH + h;
   load_row_values(lse_rows, g.lse, bh, q0, op.Tq);
   if (g.delta)
     load_row_values(delta_rows, g.delta, bh, q0, op.Tq);
   else
-    tile_row_deltas<kD>(delta_rows, do_tile, g.out, g.out_bf16,
+    tile_row_deltas<kD>(delta_rows, g.dout, g.out, g.out_bf16,
                         std::int64_t(b) * op.Tq * op.o_ld + h * op.hs, op, q0, ty, tx);
 }
 
@@ -429,9 +429,8 @@ __global__ void __launch_bounds__(kTileThreads, kDkdvBlocksPerSm<kD>)
       load_head_tile<kD>(q_tile, q + std::int64_t(b) * op.Tq * op.q_ld + h * op.hs, op.q_ld, q0,
                          op.Tq, op.hs);
       load_head_tile<kD>(do_tile, g.dout + o_head, op.o_ld, q0, op.Tq, op.hs);
-      __syncthreads();  // tiles loaded
-      load_query_rows<kD>(lse_rows, delta_rows, do_tile, g, op, b, h, q0, ty, tx);
-      __syncthreads();  // lse and delta rows loaded
+      load_query_rows<kD>(lse_rows, delta_rows, g, op, b, h, q0, ty, tx);
+      __syncthreads();  // tiles and rows loaded
       float s[kRows][kCols], dp[kRows][kCols];
       tile_dot<kD>(s, k_tile, q_tile, ty, tx);    // S^T = k q^T (unscaled)
       tile_dot<kD>(dp, v_tile, do_tile, ty, tx);  // dP^T = v dout^T
@@ -479,8 +478,7 @@ __global__ void __launch_bounds__(kTileThreads)
                      op.hs);
   load_head_tile<kD>(do_tile, g.dout + std::int64_t(b) * op.Tq * op.o_ld + h * op.hs, op.o_ld, q0,
                      op.Tq, op.hs);
-  __syncthreads();  // the dout tile loaded (the rows' deltas may be made from it)
-  load_query_rows<kD>(lse_rows, delta_rows, do_tile, g, op, b, h, q0, ty, tx);
+  load_query_rows<kD>(lse_rows, delta_rows, g, op, b, h, q0, ty, tx);
   float dqr[kRows][kD / kGroup] = {};
   for (int k0 = 0; tiles_meet(op, q0, k0); k0 += kTile) {
     load_head_tile<kD>(k_tile, k + kv_head, op.kv_ld, k0, op.Tk, op.hs);
