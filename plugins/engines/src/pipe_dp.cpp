@@ -67,6 +67,7 @@ DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
     const ChunkBounds& at = bounds[std::size_t(a.chunk)];
     const int last_group = group_of[std::size_t(part.last_unit)];
     std::vector<UnitPassActions>& passes = s.passes[std::size_t(i)];
+    passes.reserve(std::size_t(part.last_unit - part.first_unit + 1));
     for (int n = 0; n <= part.last_unit - part.first_unit; ++n) {
       const int u = a.forward() ? part.first_unit + n : part.last_unit - n;
       const int g = group_of[std::size_t(u)];
