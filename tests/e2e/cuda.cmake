@@ -1,11 +1,12 @@
 # --device cuda --transport nccl end to end, on any machine: runner_emu (the runner with the CUDA
 # backend on the CUDA emulator and the NCCL transport on the NCCL stand-in) against the CPU runner
 # on the same arguments. dp, ddp, zero3 and 1f1b at 1 and 2 ranks, fsdp, tp (sp), interleaved and
-# zero3 with offload=optimizer at 2, 1f1b with dp=fsdp at dp 2 x pp 2, in fp32, and four bf16 runs (ddp, zero3, tp and 1f1b):
-# each follows the CPU run's loss trajectory, keeps the memory and bytes predict() gives, and
-# records a device peak. Short runs (6 steps, micro-batch 2): the emulator runs every CUDA thread
-# of every kernel on the host, with its threads as fibers (STRATA_CUDA_EMU_FIBERS: one host thread,
-# no race detection; the emu.* layer tests run threaded), about 0.3 s per step here.
+# zero3 with offload=optimizer at 2, 1f1b with dp=fsdp at dp 2 x pp 2, in fp32, and five bf16 runs
+# (ddp, zero3, tp, 1f1b and cp with ring attention): each follows the CPU run's loss trajectory,
+# keeps the memory and bytes predict() gives, and records a device peak. Short runs (6 steps,
+# micro-batch 2): the emulator runs every CUDA thread of every kernel on the host, with its threads
+# as fibers (STRATA_CUDA_EMU_FIBERS: one host thread, no race detection; the emu.* layer tests run
+# threaded), about 0.3 s per step here.
 #
 # Tolerances: fp32 1e-5 as every e2e trajectory (measured: at most 2e-7 over 6 steps; the CUDA
 # path differs by summation order: fused attention, cuBLAS's GEMMs, its reductions); bf16 the bf16
@@ -144,6 +145,10 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   set_tests_properties(e2e.trace.cuda.tp.np2.bf16 PROPERTIES LABELS e2e
                        FIXTURES_REQUIRED run.cuda.tp.np2.bf16.gpu)
   strata_e2e_cuda(1f1b.pp2.bf16 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2 --precision bf16)
+  # Ring attention in bf16: its blocks on the own tensor-core kernels (bf16 q | k | v, the fp32
+  # out and lse merged block by block), the key-value passes in bf16.
+  strata_e2e_cuda(cp.ring.np2.bf16 2 2e-3 --plugin cp --mesh cp=2 --micro-batch 2
+                  --plugin-opt attention=ring --precision bf16)
 endif()
 
 # runner --calibrate on --device cuda (the emulator): a cuda profile entry and comm fits over nccl,

@@ -654,6 +654,109 @@ TEST_F(CudaLayers, TcAttentionIsCausalAndMasksPastT) {
   EXPECT_NE(dqkv0, dqkv0_init);  // the backward did run
 }
 
+// Ring attention's blocks on the tensor cores make the whole sequence: cp 2's zig-zag ranks (chunks
+// of 40: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2) each run their queries against their
+// own key-value block, then against the other's (o and lse start as garbage and are merged), and
+// the backward of both ranks' queries on both blocks; the merged out and lse, dq, and each block's
+// dk and dv summed over the ranks equal the whole causal sequence's within the bounds above. Two
+// query heads share a key-value head (the reference repeats it; its dk, dv are the group's sums,
+// within the summed bounds). Each rank's 80 rows are two query tiles, the second partial, with the
+// chunks' seam inside the first: rank 0's first chunk sees nothing of rank 1's block, and its
+// second all of it (the tiles that need no mask).
+TEST_F(CudaLayers, TcRingAttentionBlocksMakeTheWholeSequence) {
+  constexpr int Bc = 1, chunk = 40, T = 4 * chunk, Tq = 2 * chunk, NHc = 4, KV = 2, hs = 64;
+  constexpr int Cq = NHc * hs, C3 = 3 * Cq, group = NHc / KV;
+  auto qkv = random_floats(std::size_t(Bc) * T * C3, 80);
+  for (std::size_t row = 0; row < std::size_t(Bc) * T; ++row)  // K, V: the group's first head's
+    for (int h = 0; h < NHc; ++h)
+      for (int c = Cq; c < C3; c += Cq)
+        std::copy_n(&qkv[row * C3 + c + h / group * group * hs], hs, &qkv[row * C3 + c + h * hs]);
+  const auto dout = random_floats(std::size_t(Bc) * T * Cq, 81);
+  std::vector<float> out(dout.size()), att(std::size_t(Bc) * NHc * T * T), dqkv(qkv.size(), 0.0f),
+      datt(att.size());
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), Bc, T, Cq, NHc);
+  cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), Bc, T, Cq,
+                          NHc);
+  const TcBounds bound = tc_bounds(qkv, att, out, dout, TcShape{Bc, T, Cq, NHc});
+  const auto lse = host_lse(qkv, FlashShape{Bc, T, Cq, NHc});
+
+  // Each rank's rows of q and dout, its key-value block [B, Tq, 2, KV, hs], on the device.
+  const strata::TokenPositions at[2] = {{0, 3 * chunk, chunk}, {chunk, 2 * chunk, chunk}};
+  const std::size_t nq = std::size_t(Bc) * Tq * Cq, nkv = std::size_t(Bc) * Tq * 2 * KV * hs;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> d_q, d_kv, d_dout, d_o, d_lse, d_dq, d_dkv;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> q(nq), kv(nkv), dO(nq);
+    for (int b = 0; b < Bc; ++b)
+      for (int t = 0; t < Tq; ++t) {
+        const std::size_t row = std::size_t(b) * T + at[r](t), local = std::size_t(b) * Tq + t;
+        std::copy_n(&qkv[row * C3], Cq, &q[local * Cq]);
+        std::copy_n(&dout[row * Cq], Cq, &dO[local * Cq]);
+        for (int part = 0; part < 2; ++part)
+          for (int g = 0; g < KV; ++g)
+            std::copy_n(&qkv[row * C3 + (1 + part) * Cq + g * group * hs], hs,
+                        &kv[((local * 2 + part) * KV + g) * hs]);
+      }
+    d_q.push_back(std::make_unique<DeviceBuffer<float>>(q));
+    d_kv.push_back(std::make_unique<DeviceBuffer<float>>(kv));
+    d_dout.push_back(std::make_unique<DeviceBuffer<float>>(dO));
+    d_o.push_back(std::make_unique<DeviceBuffer<float>>(random_floats(nq, 82 + r)));
+    d_lse.push_back(
+        std::make_unique<DeviceBuffer<float>>(random_floats(std::size_t(Bc) * NHc * Tq, 84 + r)));
+    d_dq.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(nq, 0.0f)));
+    d_dkv.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(nkv, 0.0f)));
+  }
+  for (int r = 0; r < 2; ++r)
+    for (const int j : {r, 1 - r})
+      gpu::tc_attention_block_forward(ctx(), d_o[r]->get(), d_lse[r]->get(), d_q[r]->get(), Cq,
+                                      d_kv[j]->get(), Bc, Tq, Tq, NHc, KV, hs, at[r], at[j],
+                                      j == r);
+  for (int r = 0; r < 2; ++r)
+    for (const int j : {r, 1 - r})
+      gpu::tc_attention_block_backward(ctx(), d_dq[r]->get(), Cq, d_dkv[j]->get(), d_dout[r]->get(),
+                                       d_o[r]->get(), d_lse[r]->get(), d_q[r]->get(), Cq,
+                                       d_kv[j]->get(), Bc, Tq, Tq, NHc, KV, hs, at[r], at[j]);
+
+  // The ranks' rows back in the sequence's order, beside the reference and its bounds.
+  const std::size_t nk = std::size_t(Bc) * T * KV * hs;
+  std::vector<float> got_out(out.size()), got_lse(lse.size()), got_dq(out.size()),
+      want_dq(out.size());
+  std::vector<float> got_dk(nk), got_dv(nk), want_dk(nk, 0.0f), want_dv(nk, 0.0f);
+  std::vector<double> bound_dq(out.size()), bound_dk(nk, 0.0), bound_dv(nk, 0.0);
+  for (int r = 0; r < 2; ++r) {
+    const auto o = d_o[r]->host(), l = d_lse[r]->host(), dq = d_dq[r]->host(),
+               dkv = d_dkv[r]->host();
+    for (int b = 0; b < Bc; ++b)
+      for (int t = 0; t < Tq; ++t) {
+        const std::size_t row = std::size_t(b) * T + at[r](t), local = std::size_t(b) * Tq + t;
+        std::copy_n(&o[local * Cq], Cq, &got_out[row * Cq]);
+        std::copy_n(&dq[local * Cq], Cq, &got_dq[row * Cq]);
+        for (int h = 0; h < NHc; ++h)
+          got_lse[(std::size_t(b) * NHc + h) * T + at[r](t)] =
+              l[(std::size_t(b) * NHc + h) * Tq + t];
+        for (int g = 0; g < KV; ++g)
+          std::copy_n(&dkv[((local * 2) * KV + g) * hs], hs, &got_dk[(row * KV + g) * hs]),
+              std::copy_n(&dkv[((local * 2 + 1) * KV + g) * hs], hs, &got_dv[(row * KV + g) * hs]);
+      }
+  }
+  for (std::size_t row = 0; row < std::size_t(Bc) * T; ++row)
+    for (int h = 0; h < NHc; ++h)
+      for (int d = 0; d < hs; ++d) {
+        const std::size_t e = row * C3 + h * hs + d, k = (row * KV + h / group) * hs + d;
+        want_dq[row * Cq + h * hs + d] = dqkv[e], bound_dq[row * Cq + h * hs + d] = bound.dqkv[e];
+        want_dk[k] += dqkv[e + Cq], bound_dk[k] += bound.dqkv[e + Cq];
+        want_dv[k] += dqkv[e + 2 * Cq], bound_dv[k] += bound.dqkv[e + 2 * Cq];
+      }
+  constexpr double kAtol = 1e-6;
+  const double r_out = expect_within("out", got_out, out, bound.out, kAtol);
+  const double r_lse =
+      expect_within("lse", got_lse, std::vector<float>(lse.begin(), lse.end()), bound.lse, kAtol);
+  const double r_dq = expect_within("dq", got_dq, want_dq, bound_dq, kAtol);
+  const double r_dk = expect_within("dk", got_dk, want_dk, bound_dk, kAtol);
+  const double r_dv = expect_within("dv", got_dv, want_dv, bound_dv, kAtol);
+  std::printf("tc ring blocks: max error / bound: out %.3g, lse %.3g, dq %.3g, dk %.3g, dv %.3g\n",
+              r_out, r_lse, r_dq, r_dk, r_dv);
+}
+
 TEST_F(CudaLayers, TcAttentionRejectsUnsupportedHeads) {
   EXPECT_TRUE(gpu::tc_attention_supported(4, 768, 12));     // GPT-2: hs 64
   EXPECT_FALSE(gpu::tc_attention_supported(1, 48, 4));      // hs 12: not a multiple of 16

@@ -40,6 +40,7 @@
 
 #include "backends/cuda/bf16.cuh"
 #include "backends/cuda/device.hpp"
+#include "backends/cuda/flash_operands.cuh"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/layers.cuh"
 #include "strata/types.hpp"
@@ -170,39 +171,7 @@ __device__ __forceinline__ void add_head_tile(float* dst, const float (&acc)[kRo
   }
 }
 
-// --- Where the operands are -------------------------------------------------------------------
-
-// One attention's operands, for the whole sequence (causal) and for ring attention's blocks
-// (Kernels::attention_block_*). Query row t of sequence b, head h at q + (b Tq + t) q_ld + h hs
-// (dq: dq_ld); key and value rows at k, v + (b Tk + t) kv_ld + g hs (dk, dv alike), g = h / (NH /
-// KV): the NH query heads share KV key-value heads (grouped-query attention); out and dout rows at
-// (b Tq + t) o_ld + h hs; lse and delta [B, NH, Tq]. Key j is visible to query i where kpos(j) <=
-// qpos(i). Positions increase with t (a rank's two zig-zag chunks in order), so the key tiles a
-// query tile sees are a prefix, and the query tiles a key tile is seen by a suffix.
-struct FlashOperands {
-  int Tq, Tk, NH, KV, hs;
-  int q_ld, kv_ld, o_ld, dq_ld;
-  TokenPositions qpos, kpos;
-};
-
-__device__ __forceinline__ int position_of(const TokenPositions& p, int t) {
-  return t < p.chunk ? p.first + t : p.second + t - p.chunk;
-}
-__device__ __forceinline__ bool visible(const FlashOperands& op, int qi, int kj) {
-  return qi < op.Tq && kj < op.Tk && position_of(op.kpos, kj) <= position_of(op.qpos, qi);
-}
-// Whether any key of the tile at k0 is visible to a query of the tile at q0.
-__device__ __forceinline__ bool tiles_meet(const FlashOperands& op, int q0, int k0) {
-  return q0 < op.Tq && k0 < op.Tk &&
-         position_of(op.kpos, k0) <=
-             position_of(op.qpos, (q0 + kTile < op.Tq ? q0 + kTile : op.Tq) - 1);
-}
-
-// The whole sequence's operands: qkv [B, T, 3C], out [B, T, C], every position its index.
-FlashOperands whole_sequence(int T, int C, int NH) {
-  const TokenPositions at{0, 0, T};
-  return {T, T, NH, NH, C / NH, 3 * C, 3 * C, C, 3 * C, at, at};
-}
+// --- A ring block's row deltas (the operands: flash_operands.cuh) -----------------------------
 
 // delta[r] = dout row . out row of the query tile's 32 rows (0 past Tq), both read where they
 // are (dout's rows, just loaded into the tile, come from the cache): ring attention's blocks have
@@ -329,7 +298,7 @@ __global__ void __launch_bounds__(kTileThreads)
   float acc[kRows][kD / kGroup] = {}, m[kRows], l[kRows];
   STRATA_UNROLL
   for (int r = 0; r < kRows; ++r) m[r] = -INFINITY, l[r] = 0.0f;
-  for (int k0 = 0; tiles_meet(op, q0, k0); k0 += kTile) {
+  for (int k0 = 0; tiles_meet<kTile>(op, q0, k0); k0 += kTile) {
     load_head_tile<kD>(k_tile, k + kv_head, op.kv_ld, k0, op.Tk, op.hs);
     load_head_tile<kD>(v_tile, v + kv_head, op.kv_ld, k0, op.Tk, op.hs);
     __syncthreads();  // q, k, v tiles loaded
@@ -365,16 +334,6 @@ __global__ void attention_delta_kernel(float* delta,       // [B, NH, T]
     if (lane == 0) delta[row] = s;
   }
 }
-
-// The backward's inputs beside q, k, v: dout and out (rows of o_ld), lse, and delta (null: each
-// tile kernel makes the rows' deltas from dout and out).
-struct FlashGrads {
-  const float* dout;
-  const void* out;
-  bool out_bf16;
-  const float* lse;
-  const float* delta;
-};
 
 // A query tile's lse and delta rows (delta made from dout and out where g.delta is null).
 template <int kD>
@@ -422,7 +381,7 @@ __global__ void __launch_bounds__(kTileThreads, kDkdvBlocksPerSm<kD>)
   load_head_tile<kD>(v_tile, v + kv_head, op.kv_ld, k0, op.Tk, op.hs);
   float dkr[kRows][kD / kGroup] = {}, dvr[kRows][kD / kGroup] = {};
   int first_q0 = 0;  // the first query tile that sees this key tile; the later ones all do
-  while (first_q0 < op.Tq && !tiles_meet(op, first_q0, k0)) first_q0 += kTile;
+  while (first_q0 < op.Tq && !tiles_meet<kTile>(op, first_q0, k0)) first_q0 += kTile;
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     const std::int64_t o_head = std::int64_t(b) * op.Tq * op.o_ld + h * op.hs;
     for (int q0 = first_q0; q0 < op.Tq; q0 += kTile) {
@@ -480,7 +439,7 @@ __global__ void __launch_bounds__(kTileThreads)
                      op.Tq, op.hs);
   load_query_rows<kD>(lse_rows, delta_rows, g, op, b, h, q0, ty, tx);
   float dqr[kRows][kD / kGroup] = {};
-  for (int k0 = 0; tiles_meet(op, q0, k0); k0 += kTile) {
+  for (int k0 = 0; tiles_meet<kTile>(op, q0, k0); k0 += kTile) {
     load_head_tile<kD>(k_tile, k + kv_head, op.kv_ld, k0, op.Tk, op.hs);
     load_head_tile<kD>(v_tile, v + kv_head, op.kv_ld, k0, op.Tk, op.hs);
     __syncthreads();  // tiles loaded
@@ -547,15 +506,6 @@ void check_whole_sequence(const char* op, int T, int C, int NH) {
                     ", NH " + std::to_string(NH) + " not supported",
                 "NH must divide C with a head size C / NH of at most 128");
 }
-// Positions that increase with t, as the tile loops assume (FlashOperands).
-void check_positions(const char* op, TokenPositions p, int T) {
-  if (p.chunk < 0 || (p.chunk < T && p.second < p.first + p.chunk))
-    throw Error(std::string(op) + ": token positions (" + std::to_string(p.first) + ", " +
-                    std::to_string(p.second) + ", chunk " + std::to_string(p.chunk) +
-                    ") do not increase",
-                "the second chunk must start past the first (zig-zag chunks in order)");
-}
-
 // The grid of a tile kernel: query or key tiles x heads.
 dim3 tile_grid(int B, int T, int heads) {
   return dim3(unsigned((T + kTile - 1) / kTile), unsigned(B * heads));
@@ -586,22 +536,6 @@ void launch_backward(const CudaContext& ctx, float* dq, float* dk, float* dv, co
                 dq_smem_bytes<kD>(), ctx.stream)
   (dq, q, k, v, g, op, scale);
   STRATA_CUDA_CHECK_LAUNCH();
-}
-
-// Ring attention's blocks: the same kernels on the rank's queries and a key-value block
-// kv [B, Tk, 2, KV, hs] (k at head g's columns of a row, v KV heads later); out and dout
-// [B, Tq, NH hs]. Checks what the kernels assume.
-FlashOperands ring_operands(const char* op, ActView q, int q_stride, int dq_stride, ActView kv,
-                            int Tq, int Tk, int NH, int KV, int hs, TokenPositions qpos,
-                            TokenPositions kpos) {
-  if (q.dtype != kv.dtype) throw Error(std::string(op) + ": q and kv in different dtypes");
-  check_positions(op, qpos, Tq);
-  check_positions(op, kpos, Tk);
-  FlashOperands o{};
-  o.Tq = Tq, o.Tk = Tk, o.NH = NH, o.KV = KV, o.hs = hs;
-  o.q_ld = q_stride, o.kv_ld = 2 * KV * hs, o.o_ld = NH * hs, o.dq_ld = dq_stride;
-  o.qpos = qpos, o.kpos = kpos;
-  return o;
 }
 
 }  // namespace
@@ -657,11 +591,8 @@ void attention_block_forward(const CudaContext& ctx, float* o, float* lse, ActVi
   with_head_size("attention_block_forward", B, NH, KV, hs, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || Tq == 0) return;
-    with_element_type(q.is_bf16(), [&](auto type) {
-      using E = typename decltype(type)::type;
-      const E* k = static_cast<const E*>(kv.data);
-      launch_forward<kD>(ctx, ActView(o), lse, static_cast<const E*>(q.data), k,
-                         k + std::size_t(KV) * hs, op, B, first);
+    with_block_operands(q, kv, KV, hs, [&](auto q_rows, auto k, auto v) {
+      launch_forward<kD>(ctx, ActView(o), lse, q_rows, k, v, op, B, first);
     });
   });
 }
@@ -676,11 +607,8 @@ void attention_block_backward(const CudaContext& ctx, float* dq, int dq_stride, 
   with_head_size("attention_block_backward", B, NH, KV, hs, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || Tq == 0 || Tk == 0) return;
-    with_element_type(q.is_bf16(), [&](auto type) {
-      using E = typename decltype(type)::type;
-      const E* k = static_cast<const E*>(kv.data);
-      launch_backward<kD>(ctx, dq, dkv, dkv + std::size_t(KV) * hs, static_cast<const E*>(q.data),
-                          k, k + std::size_t(KV) * hs, g, op, B);
+    with_block_operands(q, kv, KV, hs, [&](auto q_rows, auto k, auto v) {
+      launch_backward<kD>(ctx, dq, dkv, dkv + std::size_t(KV) * hs, q_rows, k, v, g, op, B);
     });
   });
 }

@@ -44,6 +44,7 @@
 #include "../kernels.hpp"  // cuda_tensor_core_attention ("kernels.hpp" is cuda/kernels.hpp here)
 #include "backends/cuda/bf16.cuh"
 #include "backends/cuda/device.hpp"
+#include "backends/cuda/flash_operands.cuh"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/layers.cuh"
 #include "backends/cuda/ptx.cuh"
@@ -278,14 +279,15 @@ __device__ __forceinline__ void add_lane_rows(float* dst, int ld, const float (&
 // One online-softmax step of the lane's two rows (h = 0: row g, 1: row g + 8) over a key tile:
 // raw scores s become P = exp2(s scale_log2 - m_new), packed to bf16 as the A fragments pa of P V;
 // l (this lane's partial row sum) adds those rounded weights, read back from pa's bits; m moves to
-// the new max, l and o are rescaled by exp2(m_old - m_new). On the diagonal tile keys after the
-// row's query are masked (every key past T is after every query inside T, and the rows past T are
-// not written).
+// the new max, l and o are rescaled by exp2(m_old - m_new). Where the tiles need it (`mask`), the
+// keys a row does not see are masked (FlashOperands' positions, keys past Tk). A row that has seen
+// no key yet keeps m = -inf and l = 0: its exponentials are taken from 0, so nothing is NaN.
 template <int kD>
 __device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4],
                                                std::uint32_t (&pa)[kCols / 16][4], float (&m)[2],
-                                               float (&l)[2], float (&o)[kD / 8][4], bool diagonal,
-                                               int row_query, int k0, float scale_log2) {
+                                               float (&l)[2], float (&o)[kD / 8][4],
+                                               const FlashOperands& op, bool mask, int row_query,
+                                               int k0, float scale_log2) {
   const int t = threadIdx.x % 4;
   float mx[2] = {-INFINITY, -INFINITY};
   STRATA_UNROLL
@@ -293,24 +295,24 @@ __device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4],
     STRATA_UNROLL
     for (int i = 0; i < 4; ++i) {
       const int key = k0 + 8 * nb + 2 * t + i % 2, query = row_query + 8 * (i / 2);
-      s[nb][i] = diagonal && key > query ? -INFINITY : s[nb][i] * scale_log2;
+      s[nb][i] = mask && !visible(op, query, key) ? -INFINITY : s[nb][i] * scale_log2;
       mx[i / 2] = fmaxf(mx[i / 2], s[nb][i]);
     }
   }
-  float correction[2];
+  float correction[2], base[2];
   STRATA_UNROLL
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 2));
-    // Finite: key 0 is in every row's first tile, so m is finite from then on.
     const float m_new = fmaxf(m[h], mx[h]);
-    correction[h] = exp2f(m[h] - m_new);  // 0 on the first tile (m = -inf)
+    base[h] = m_new == -INFINITY ? 0.0f : m_new;
+    correction[h] = exp2f(m[h] - base[h]);  // 0 on the row's first tile with a key (m = -inf)
     m[h] = m_new, l[h] *= correction[h];
   }
   STRATA_UNROLL
   for (int nb = 0; nb < kCols / 8; ++nb) {
     STRATA_UNROLL
-    for (int i = 0; i < 4; ++i) s[nb][i] = exp2f(s[nb][i] - m[i / 2]);
+    for (int i = 0; i < 4; ++i) s[nb][i] = exp2f(s[nb][i] - base[i / 2]);
   }
   pack_a_frags(pa, s);
   // One weight at a time, in key order: a0 then a2 hold row g's, a1 then a3 row g + 8's.
@@ -329,72 +331,96 @@ __device__ __forceinline__ void online_softmax(float (&s)[kCols / 8][4],
   }
 }
 
-// out = o / l and lse = (m + log2 l) ln 2 of the lane's two rows, inside T rows and hs columns.
+// The lane's two rows inside Tq rows and hs columns at their end: out = o / l and lse = (m + log2
+// l) ln 2 where `first` (a row that saw no key: out 0, lse -inf); otherwise merged into the out and
+// lse already there by their log-sum-exps (ring attention's later blocks; a row that saw no key
+// of this block is left as it is).
 template <int kD>
-__device__ __forceinline__ void write_forward_rows(void* out, bool out_bf16, std::size_t base,
-                                                   int ld, float* lse, std::int64_t lse_base,
+__device__ __forceinline__ void write_forward_rows(void* out, bool out_bf16, std::int64_t out_head,
+                                                   float* lse, std::int64_t lse_head,
                                                    const float (&o)[kD / 8][4], const float (&m)[2],
-                                                   float (&l)[2], int row_query, int T, int hs) {
+                                                   float (&l)[2], const FlashOperands& op,
+                                                   bool first, int row_query) {
   const int t = threadIdx.x % 4;
+  float keep[2] = {0.0f, 0.0f}, weight[2];
+  bool write[2];
   STRATA_UNROLL
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(kFull, l[h], 1);
     l[h] += __shfl_xor_sync(kFull, l[h], 2);
     const int query = row_query + 8 * h;
-    if (t == 0 && query < T) lse[lse_base + query] = (m[h] + log2f(l[h])) * kLn2;
+    const float block = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
+    const float old = query < op.Tq && !first ? lse[lse_head + query] : 0.0f;
+    __syncwarp();  // the row's 4 lanes read lse before its lane 0 replaces it
+    write[h] = query < op.Tq && (first || l[h] > 0.0f);
+    float merged = block;
+    weight[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    if (!first && l[h] > 0.0f) {
+      merged = fmaxf(old, block) + log1pf(expf(-fabsf(old - block)));
+      keep[h] = expf(old - merged), weight[h] = expf(block - merged) / l[h];
+    }
+    if (t == 0 && write[h]) lse[lse_head + query] = merged;
   }
   STRATA_UNROLL
   for (int nd = 0; nd < kD / 8; ++nd) {
     STRATA_UNROLL
     for (int i = 0; i < 4; ++i) {
-      const int query = row_query + 8 * (i / 2), d = 8 * nd + 2 * t + i % 2;
-      if (query < T && d < hs)
-        store(out, out_bf16, base + std::size_t(std::int64_t(query) * ld + d), o[nd][i] / l[i / 2]);
+      const int h = i / 2, query = row_query + 8 * h, d = 8 * nd + 2 * t + i % 2;
+      if (!write[h] || d >= op.hs) continue;
+      const std::size_t at = std::size_t(out_head + std::int64_t(query) * op.o_ld + d);
+      // The whole sequence's (first) divides, as before the merge existed.
+      const float value = first ? (l[h] > 0.0f ? o[nd][i] / l[h] : 0.0f)
+                                : keep[h] * load(out, out_bf16, at) + o[nd][i] * weight[h];
+      store(out, out_bf16, at, value);
     }
   }
 }
 
-// out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h).
-template <int kD, class Qkv>
+// out, lse of query tile qt (longest first: block x = 0 takes the last tile) of head (b, h), over
+// the key tiles it sees (a prefix).
+template <int kD, class E>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
-    tc_forward_kernel(void* out,       // [B, T, C] fp32 or bf16
-                      bool out_bf16,   //
-                      float* lse,      // [B, NH, T]
-                      const Qkv* qkv,  // [B, T, 3C] fp32 or bf16's bits
-                      int T, int C, int NH, float scale_log2) {
+    tc_forward_kernel(void* out,                           // rows of o_ld, fp32 or bf16
+                      bool out_bf16,                       //
+                      float* lse,                          // [B, NH, Tq]
+                      const E* q, const E* k, const E* v,  // fp32 or bf16's bits
+                      FlashOperands op, float scale_log2, bool first) {
   STRATA_DYNAMIC_SHARED(SharedUnit, smem);
   SharedCarver carve{smem->bytes};
   bfloat16* q_tile = carve.take<bfloat16>(kTileBytes<kD>);       // [64, kD + 8]
   bfloat16* k_tiles = carve.take<bfloat16>(2 * kTileBytes<kD>);  // [2][64, kD + 8]
   bfloat16* v_tiles = carve.take<bfloat16>(2 * kTileBytes<kD>);  // [2][64, kD + 8]
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kRows;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
+  const int bh = blockIdx.y, b = bh / op.NH, h = bh % op.NH, g = h / (op.NH / op.KV);
   const int w0 = threadIdx.x / 32 * kWarpRows, row_query = q0 + w0 + threadIdx.x % 32 / 4;
-  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const E* q_head = q + std::int64_t(b) * op.Tq * op.q_ld + h * op.hs;
+  const std::int64_t kv_head = std::int64_t(b) * op.Tk * op.kv_ld + g * op.hs;
 
-  stage_tile<kD>(q_tile, q, C3, q0, T, hs);
-  stage_tile<kD>(k_tiles, q + C, C3, 0, T, hs);
-  stage_tile<kD>(v_tiles, q + 2 * C, C3, 0, T, hs);
+  stage_tile<kD>(q_tile, q_head, op.q_ld, q0, op.Tq, op.hs);
+  stage_tile<kD>(k_tiles, k + kv_head, op.kv_ld, 0, op.Tk, op.hs);
+  stage_tile<kD>(v_tiles, v + kv_head, op.kv_ld, 0, op.Tk, op.hs);
   cp_async_commit();
   std::uint32_t pa[kCols / 16][4];
   float s[kCols / 8][4], o[kD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   STRATA_UNROLL
   for (int nd = 0; nd < kD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = 0; tiles_meet<kRows>(op, q0, kt * kCols); ++kt) {
     const int buffer = kt % 2 * kTileElements<kD>, next = (kt + 1) % 2 * kTileElements<kD>;
     cp_async_wait_all();
     __syncthreads();  // tile kt staged; every warp done with tile kt - 1's buffers
-    if (kt < qt) {
-      stage_tile<kD>(k_tiles + next, q + C, C3, (kt + 1) * kCols, T, hs);
-      stage_tile<kD>(v_tiles + next, q + 2 * C, C3, (kt + 1) * kCols, T, hs);
+    if (tiles_meet<kRows>(op, q0, (kt + 1) * kCols)) {
+      stage_tile<kD>(k_tiles + next, k + kv_head, op.kv_ld, (kt + 1) * kCols, op.Tk, op.hs);
+      stage_tile<kD>(v_tiles + next, v + kv_head, op.kv_ld, (kt + 1) * kCols, op.Tk, op.hs);
       cp_async_commit();
     }
     product_with_rows<kD, kCols / 8>(s, q_tile + w0 * kTileStride<kD>, k_tiles + buffer);
-    online_softmax<kD>(s, pa, m, l, o, kt == qt, row_query, kt * kCols, scale_log2);
+    online_softmax<kD>(s, pa, m, l, o, op, !tiles_all_visible<kRows, kCols>(op, q0, kt * kCols),
+                       row_query, kt * kCols, scale_log2);
     accumulate_product<kD, kCols / 16>(o, pa, v_tiles + buffer);
   }
-  write_forward_rows<kD>(out, out_bf16, std::size_t(std::int64_t(b) * T * C + h * hs), C, lse,
-                         std::int64_t(bh) * T, o, m, l, row_query, T, hs);
+  cp_async_wait_all();  // a tile staged for a query tile that sees none
+  write_forward_rows<kD>(out, out_bf16, std::int64_t(b) * op.Tq * op.o_ld + h * op.hs, lse,
+                         std::int64_t(bh) * op.Tq, o, m, l, op, first, row_query);
 }
 
 // --- Backward ------------------------------------------------------------------------------------
@@ -403,11 +429,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // lane's elements of kBlocks blocks of 8 columns of a 16-row block. kKeyRows (dK/dV: P^T, dS^T):
 // rows are keys (row: the lane's g's key), columns queries (col0: the first column's query; lse2
 // and delta indexed by column from col0); else rows are queries (lse2, delta indexed by row from
-// the lane's g) and columns keys. A query sees the keys up to itself; queries past T see none.
+// the lane's g) and columns keys. Where the tiles need it (`mask`), a query sees only the keys
+// FlashOperands makes visible to it, and queries past Tq see none.
 template <bool kKeyRows, int kBlocks>
 __device__ __forceinline__ void probabilities_and_ds(float (&s)[kBlocks][4],
                                                      float (&dp)[kBlocks][4], const float* lse2,
-                                                     const float* delta, int row, int col0, int T,
+                                                     const float* delta, int row, int col0,
+                                                     const FlashOperands& op, bool mask,
                                                      float scale_log2) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   STRATA_UNROLL
@@ -417,7 +445,8 @@ __device__ __forceinline__ void probabilities_and_ds(float (&s)[kBlocks][4],
       const int r = row + 8 * (i / 2), c = col0 + 8 * nb + 2 * t + i % 2;
       const int key = kKeyRows ? r : c, query = kKeyRows ? c : r;
       const int local = kKeyRows ? 8 * nb + 2 * t + i % 2 : g + 8 * (i / 2);
-      const float p = key <= query && query < T ? exp2f(s[nb][i] * scale_log2 - lse2[local]) : 0.0f;
+      const float p =
+          !mask || visible(op, query, key) ? exp2f(s[nb][i] * scale_log2 - lse2[local]) : 0.0f;
       s[nb][i] = p;
       dp[nb][i] = p * (dp[nb][i] - delta[local]);
     }
@@ -432,7 +461,8 @@ __device__ __forceinline__ void key_rows_step(float (&dk)[kD / 8][4], float (&dv
                                               const bfloat16* k_rows, const bfloat16* v_rows,
                                               const bfloat16* q_tile, const bfloat16* do_tile,
                                               const float* lse2, const float* delta, int key,
-                                              int q0, int T, float scale_log2) {
+                                              int q0, const FlashOperands& op, bool mask,
+                                              float scale_log2) {
   constexpr int kSub = kSubCols<kD>;
   STRATA_NO_UNROLL  // one copy of the body: unrolled, each copy held its own addresses
       for (int c0 = 0; c0 < kCols; c0 += kSub) {
@@ -440,7 +470,8 @@ __device__ __forceinline__ void key_rows_step(float (&dk)[kD / 8][4], float (&dv
     std::uint32_t pa[kSub / 16][4];
     product_with_rows<kD, kSub / 8>(s, k_rows, q_tile + c0 * kTileStride<kD>);    // S^T
     product_with_rows<kD, kSub / 8>(dp, v_rows, do_tile + c0 * kTileStride<kD>);  // dP^T
-    probabilities_and_ds<true, kSub / 8>(s, dp, lse2 + c0, delta + c0, key, q0 + c0, T, scale_log2);
+    probabilities_and_ds<true, kSub / 8>(s, dp, lse2 + c0, delta + c0, key, q0 + c0, op, mask,
+                                         scale_log2);
     pack_a_frags(pa, s);
     accumulate_product<kD, kSub / 16>(dv, pa, do_tile + c0 * kTileStride<kD>);
     pack_a_frags(pa, dp);
@@ -448,28 +479,49 @@ __device__ __forceinline__ void key_rows_step(float (&dk)[kD / 8][4], float (&dv
   }
 }
 
-// A query tile's Q, dout, lse log2(e) and delta into shared memory (Q by cp.async where it can).
-template <int kD, class Qkv>
-__device__ __forceinline__ void stage_query_tile(bfloat16* q_tile, bfloat16* do_tile, float* lse2,
-                                                 float* delta_rows, const Qkv* q, int C3,
-                                                 const float* dob, int C, const float* lse,
-                                                 const float* delta, std::int64_t bh, int q0, int T,
-                                                 int hs) {
-  stage_tile<kD>(q_tile, q, C3, q0, T, hs);
-  load_tile_bf16<kD>(do_tile, dob, C, q0, T, hs);
-  load_row_values(lse2, lse, bh, q0, T, kLog2e);
-  load_row_values(delta_rows, delta, bh, q0, T, 1.0f);
+// delta[r] = dout row . out row of a query tile's 64 rows (0 past Tq), two threads a row, read
+// where they are: ring attention's blocks have no delta scratch (FlashGrads::delta null).
+__device__ __forceinline__ void tile_row_deltas(float* delta_rows, const FlashGrads& g,
+                                                std::int64_t o_head, const FlashOperands& op,
+                                                int q0) {
+  static_assert(kThreads == 2 * kRows, "two threads a row");
+  const int r = threadIdx.x / 2, t = q0 + r;
+  float s = 0.0f;
+  if (t < op.Tq)
+    for (int d = threadIdx.x % 2; d < op.hs; d += 2) {
+      const std::int64_t at = o_head + std::int64_t(t) * op.o_ld + d;
+      s += g.dout[at] * load(g.out, g.out_bf16, std::size_t(at));
+    }
+  s += __shfl_xor_sync(kFull, s, 1);
+  if (threadIdx.x % 2 == 0) delta_rows[r] = s;
 }
 
-// dK, dV of key tile kt = blockIdx.x (the first tiles see the most query tiles) of head (b, h).
-template <int kD, class Qkv>
+// Query tile q0 of head (b, h) into shared memory: Q (by cp.async where it can), dout, lse log2(e)
+// and delta (made from dout and out where g.delta is null).
+template <int kD, class E>
+__device__ __forceinline__ void stage_query_tile(bfloat16* q_tile, bfloat16* do_tile, float* lse2,
+                                                 float* delta_rows, const E* q, const FlashGrads& g,
+                                                 const FlashOperands& op, int b, int h, int q0) {
+  const std::int64_t bh = std::int64_t(b) * op.NH + h;
+  const std::int64_t o_head = std::int64_t(b) * op.Tq * op.o_ld + h * op.hs;
+  stage_tile<kD>(q_tile, q + std::int64_t(b) * op.Tq * op.q_ld + h * op.hs, op.q_ld, q0, op.Tq,
+                 op.hs);
+  load_tile_bf16<kD>(do_tile, g.dout + o_head, op.o_ld, q0, op.Tq, op.hs);
+  load_row_values(lse2, g.lse, bh, q0, op.Tq, kLog2e);
+  if (g.delta)
+    load_row_values(delta_rows, g.delta, bh, q0, op.Tq, 1.0f);
+  else
+    tile_row_deltas(delta_rows, g, o_head, op, q0);
+}
+
+// dK, dV of key tile kt = blockIdx.x (the first tiles see the most query tiles) of K/V head (b,
+// g), over the query heads that share it and, of each, the query tiles that see the key tile (a
+// suffix): one sequence of (head, query tile) pairs through the two buffers.
+template <int kD, class E>
 __global__ void __launch_bounds__(kThreads, 2)
-    tc_backward_dkdv_kernel(float* dqkv,         // [B, T, 3C] += (dk, dv columns)
-                            const float* dout,   // [B, T, C]
-                            const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
-                            const float* lse,    // [B, NH, T]
-                            const float* delta,  // [B, NH, T]
-                            int T, int C, int NH, float scale, float scale_log2) {
+    tc_backward_dkdv_kernel(float* dk, float* dv,  // rows of kv_ld +=
+                            const E* q, const E* k, const E* v, FlashGrads g, FlashOperands op,
+                            float scale, float scale_log2) {
   STRATA_DYNAMIC_SHARED(SharedUnit, smem);
   SharedCarver carve{smem->bytes};
   bfloat16* k_tile = carve.take<bfloat16>(kTileBytes<kD>);        // [64 keys, kD + 8]
@@ -478,41 +530,47 @@ __global__ void __launch_bounds__(kThreads, 2)
   bfloat16* do_tiles = carve.take<bfloat16>(2 * kTileBytes<kD>);  // [2][64 queries, kD + 8]
   float* lse2_rows = carve.take<float>(2 * kRowValueBytes);       // [2][64] lse log2(e)
   float* delta_rows = carve.take<float>(2 * kRowValueBytes);      // [2][64]
-  const int kt = blockIdx.x, k0 = kt * kRows, tiles = gridDim.x;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
+  const int k0 = blockIdx.x * kRows, b = blockIdx.y / op.KV, kvh = blockIdx.y % op.KV;
+  const int group = op.NH / op.KV, q_tiles_all = (op.Tq + kCols - 1) / kCols;
   const int w0 = threadIdx.x / 32 * kWarpRows, key = k0 + w0 + threadIdx.x % 32 / 4;
-  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
-  const float* dob = dout + std::int64_t(b) * T * C + h * hs;
+  const std::int64_t kv_head = std::int64_t(b) * op.Tk * op.kv_ld + kvh * op.hs;
+  int first_qt = 0;  // the first query tile that sees this key tile; the later ones all do
+  while (first_qt < q_tiles_all && !tiles_meet<kCols>(op, first_qt * kCols, k0)) ++first_qt;
+  const int per_head = q_tiles_all - first_qt, pairs = group * per_head;
+  if (pairs == 0) return;  // no query sees these keys: their dK, dV get nothing
+  // Pair i: query head kvh * group + i / per_head, query tile first_qt + i % per_head.
+  auto stage_pair = [&](int i, int buffer) {
+    stage_query_tile<kD>(q_tiles + buffer * kTileElements<kD>,
+                         do_tiles + buffer * kTileElements<kD>, lse2_rows + buffer * kRows,
+                         delta_rows + buffer * kRows, q, g, op, b, kvh * group + i / per_head,
+                         (first_qt + i % per_head) * kCols);
+  };
 
-  stage_tile<kD>(k_tile, q + C, C3, k0, T, hs);
-  stage_tile<kD>(v_tile, q + 2 * C, C3, k0, T, hs);
-  stage_query_tile<kD>(q_tiles, do_tiles, lse2_rows, delta_rows, q, C3, dob, C, lse, delta, bh,
-                       kt * kCols, T, hs);
+  stage_tile<kD>(k_tile, k + kv_head, op.kv_ld, k0, op.Tk, op.hs);
+  stage_tile<kD>(v_tile, v + kv_head, op.kv_ld, k0, op.Tk, op.hs);
+  stage_pair(0, 0);
   cp_async_commit();
-  float dk[kD / 8][4], dv[kD / 8][4];
+  float dkr[kD / 8][4], dvr[kD / 8][4];
   STRATA_UNROLL
   for (int nd = 0; nd < kD / 8; ++nd) {
     STRATA_UNROLL
-    for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) dkr[nd][i] = dvr[nd][i] = 0.0f;
   }
-  for (int qt = kt; qt < tiles; ++qt) {  // query tile qt * 64 == key tile kt * 64 on the diagonal
-    const int buffer = (qt - kt) % 2, next = 1 - buffer;
+  for (int i = 0; i < pairs; ++i) {
+    const int buffer = i % 2, q0 = (first_qt + i % per_head) * kCols;
     cp_async_wait_all();
-    __syncthreads();  // query tile qt staged; every warp done with tile qt - 1's buffers
-    if (qt + 1 < tiles) {
-      stage_query_tile<kD>(q_tiles + next * kTileElements<kD>, do_tiles + next * kTileElements<kD>,
-                           lse2_rows + next * kRows, delta_rows + next * kRows, q, C3, dob, C, lse,
-                           delta, bh, (qt + 1) * kCols, T, hs);
+    __syncthreads();  // pair i staged; every warp done with pair i - 1's buffers
+    if (i + 1 < pairs) {
+      stage_pair(i + 1, 1 - buffer);
       cp_async_commit();
     }
-    key_rows_step<kD>(dk, dv, k_tile + w0 * kTileStride<kD>, v_tile + w0 * kTileStride<kD>,
+    key_rows_step<kD>(dkr, dvr, k_tile + w0 * kTileStride<kD>, v_tile + w0 * kTileStride<kD>,
                       q_tiles + buffer * kTileElements<kD>, do_tiles + buffer * kTileElements<kD>,
-                      lse2_rows + buffer * kRows, delta_rows + buffer * kRows, key, qt * kCols, T,
-                      scale_log2);
+                      lse2_rows + buffer * kRows, delta_rows + buffer * kRows, key, q0, op,
+                      !tiles_all_visible<kCols, kRows>(op, q0, k0), scale_log2);
   }
-  float* dk_out = dqkv + std::int64_t(b) * T * C3 + C + h * hs;  // dv at + C
-  add_lane_rows<kD>(dk_out, C3, dk, scale, key, T, hs);
-  add_lane_rows<kD>(dk_out + C, C3, dv, 1.0f, key, T, hs);
+  add_lane_rows<kD>(dk + kv_head, op.kv_ld, dkr, scale, key, op.Tk, op.hs);
+  add_lane_rows<kD>(dv + kv_head, op.kv_ld, dvr, 1.0f, key, op.Tk, op.hs);
 }
 
 // dQ += dS k of the warp's 16 queries (q_rows, do_rows: theirs in the Q and dout tiles; lse2,
@@ -521,7 +579,8 @@ template <int kD>
 __device__ __forceinline__ void query_rows_step(float (&dq)[kD / 8][4], const bfloat16* q_rows,
                                                 const bfloat16* do_rows, const bfloat16* k_tile,
                                                 const bfloat16* v_tile, const float* lse2,
-                                                const float* delta, int query, int k0, int T,
+                                                const float* delta, int query, int k0,
+                                                const FlashOperands& op, bool mask,
                                                 float scale_log2) {
   constexpr int kSub = kSubCols<kD>;
   STRATA_NO_UNROLL  // one copy of the body: unrolled, each copy held its own addresses
@@ -530,21 +589,18 @@ __device__ __forceinline__ void query_rows_step(float (&dq)[kD / 8][4], const bf
     std::uint32_t dsa[kSub / 16][4];
     product_with_rows<kD, kSub / 8>(s, q_rows, k_tile + c0 * kTileStride<kD>);    // S
     product_with_rows<kD, kSub / 8>(dp, do_rows, v_tile + c0 * kTileStride<kD>);  // dP
-    probabilities_and_ds<false, kSub / 8>(s, dp, lse2, delta, query, k0 + c0, T, scale_log2);
+    probabilities_and_ds<false, kSub / 8>(s, dp, lse2, delta, query, k0 + c0, op, mask, scale_log2);
     pack_a_frags(dsa, dp);
     accumulate_product<kD, kSub / 16>(dq, dsa, k_tile + c0 * kTileStride<kD>);
   }
 }
 
-// dQ of query tile qt (longest first, as the forward) of head (b, h).
-template <int kD, class Qkv>
+// dQ of query tile qt (longest first, as the forward) of head (b, h), over the key tiles it sees.
+template <int kD, class E>
 __global__ void __launch_bounds__(kThreads, 2)
-    tc_backward_dq_kernel(float* dqkv,         // [B, T, 3C] += (dq columns)
-                          const float* dout,   // [B, T, C]
-                          const Qkv* qkv,      // [B, T, 3C] fp32 or bf16's bits
-                          const float* lse,    // [B, NH, T]
-                          const float* delta,  // [B, NH, T]
-                          int T, int C, int NH, float scale, float scale_log2) {
+    tc_backward_dq_kernel(float* dq,  // rows of dq_ld +=
+                          const E* q, const E* k, const E* v, FlashGrads g, FlashOperands op,
+                          float scale, float scale_log2) {
   STRATA_DYNAMIC_SHARED(SharedUnit, smem);
   SharedCarver carve{smem->bytes};
   bfloat16* q_tile = carve.take<bfloat16>(kTileBytes<kD>);       // [64 queries, kD + 8]
@@ -554,32 +610,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* lse2_rows = carve.take<float>(kRowValueBytes);          // [64]
   float* delta_rows = carve.take<float>(kRowValueBytes);         // [64]
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x), q0 = qt * kRows;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
+  const int bh = blockIdx.y, b = bh / op.NH, h = bh % op.NH, kvh = h / (op.NH / op.KV);
   const int w0 = threadIdx.x / 32 * kWarpRows, query = q0 + w0 + threadIdx.x % 32 / 4;
-  const Qkv* q = qkv + std::int64_t(b) * T * C3 + h * hs;  // k at + C, v at + 2C
+  const std::int64_t kv_head = std::int64_t(b) * op.Tk * op.kv_ld + kvh * op.hs;
 
-  stage_query_tile<kD>(q_tile, do_tile, lse2_rows, delta_rows, q, C3,
-                       dout + std::int64_t(b) * T * C + h * hs, C, lse, delta, bh, q0, T, hs);
-  stage_tile<kD>(k_tiles, q + C, C3, 0, T, hs);
-  stage_tile<kD>(v_tiles, q + 2 * C, C3, 0, T, hs);
+  stage_query_tile<kD>(q_tile, do_tile, lse2_rows, delta_rows, q, g, op, b, h, q0);
+  stage_tile<kD>(k_tiles, k + kv_head, op.kv_ld, 0, op.Tk, op.hs);
+  stage_tile<kD>(v_tiles, v + kv_head, op.kv_ld, 0, op.Tk, op.hs);
   cp_async_commit();
-  float dq[kD / 8][4];
+  float dqr[kD / 8][4];
   STRATA_UNROLL
-  for (int nd = 0; nd < kD / 8; ++nd) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int nd = 0; nd < kD / 8; ++nd) dqr[nd][0] = dqr[nd][1] = dqr[nd][2] = dqr[nd][3] = 0.0f;
+  for (int kt = 0; tiles_meet<kRows>(op, q0, kt * kCols); ++kt) {
     const int buffer = kt % 2 * kTileElements<kD>, next = (kt + 1) % 2 * kTileElements<kD>;
     cp_async_wait_all();
     __syncthreads();  // key tile kt staged; every warp done with tile kt - 1's buffers
-    if (kt < qt) {
-      stage_tile<kD>(k_tiles + next, q + C, C3, (kt + 1) * kCols, T, hs);
-      stage_tile<kD>(v_tiles + next, q + 2 * C, C3, (kt + 1) * kCols, T, hs);
+    if (tiles_meet<kRows>(op, q0, (kt + 1) * kCols)) {
+      stage_tile<kD>(k_tiles + next, k + kv_head, op.kv_ld, (kt + 1) * kCols, op.Tk, op.hs);
+      stage_tile<kD>(v_tiles + next, v + kv_head, op.kv_ld, (kt + 1) * kCols, op.Tk, op.hs);
       cp_async_commit();
     }
-    query_rows_step<kD>(dq, q_tile + w0 * kTileStride<kD>, do_tile + w0 * kTileStride<kD>,
+    query_rows_step<kD>(dqr, q_tile + w0 * kTileStride<kD>, do_tile + w0 * kTileStride<kD>,
                         k_tiles + buffer, v_tiles + buffer, lse2_rows + w0, delta_rows + w0, query,
-                        kt * kCols, T, scale_log2);
+                        kt * kCols, op, !tiles_all_visible<kRows, kCols>(op, q0, kt * kCols),
+                        scale_log2);
   }
-  add_lane_rows<kD>(dqkv + std::int64_t(b) * T * C3 + h * hs, C3, dq, scale, query, T, hs);
+  cp_async_wait_all();  // a tile staged for a query tile that sees none
+  add_lane_rows<kD>(dq + std::int64_t(b) * op.Tq * op.dq_ld + h * op.hs, op.dq_ld, dqr, scale,
+                    query, op.Tq, op.hs);
 }
 
 // --- Host side -----------------------------------------------------------------------------------
@@ -620,10 +678,38 @@ void with_tc_head_size(const char* op, int B, int T, int C, int NH, F&& f) {
     f(std::integral_constant<int, 128>{});
 }
 
-// The grid of a tile kernel: tiles of 64 rows x (b, h).
-dim3 tc_grid(int B, int T, int NH) { return dim3(unsigned((T + kRows - 1) / kRows), B * NH); }
+// The grid of a tile kernel: tiles of 64 rows x (b, heads).
+dim3 tc_grid(int B, int T, int heads) {
+  return dim3(unsigned((T + kRows - 1) / kRows), unsigned(B * heads));
+}
 
-float scale_of(int C, int NH) { return 1.0f / std::sqrt(float(C / NH)); }
+// The three launches on any operands (q, k, v typed as E: float or bf16's bits).
+template <int kD, class E>
+void tc_launch_forward(const CudaContext& ctx, ActView out, float* lse, const E* q, const E* k,
+                       const E* v, const FlashOperands& op, int B, bool first) {
+  const float scale_log2 = 1.0f / std::sqrt(float(op.hs)) * kLog2e;
+  allow_shared_memory(tc_forward_kernel<kD, E>, forward_smem_bytes<kD>());
+  STRATA_LAUNCH((tc_forward_kernel<kD, E>), tc_grid(B, op.Tq, op.NH), kThreads,
+                forward_smem_bytes<kD>(), ctx.stream)
+  (out.data, out.is_bf16(), lse, q, k, v, op, scale_log2, first);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+template <int kD, class E>
+void tc_launch_backward(const CudaContext& ctx, float* dq, float* dk, float* dv, const E* q,
+                        const E* k, const E* v, const FlashGrads& g, const FlashOperands& op,
+                        int B) {
+  const float scale = 1.0f / std::sqrt(float(op.hs));
+  allow_shared_memory(tc_backward_dkdv_kernel<kD, E>, dkdv_smem_bytes<kD>());
+  STRATA_LAUNCH((tc_backward_dkdv_kernel<kD, E>), tc_grid(B, op.Tk, op.KV), kThreads,
+                dkdv_smem_bytes<kD>(), ctx.stream)
+  (dk, dv, q, k, v, g, op, scale, scale * kLog2e);
+  STRATA_CUDA_CHECK_LAUNCH();
+  allow_shared_memory(tc_backward_dq_kernel<kD, E>, dq_smem_bytes<kD>());
+  STRATA_LAUNCH((tc_backward_dq_kernel<kD, E>), tc_grid(B, op.Tq, op.NH), kThreads,
+                dq_smem_bytes<kD>(), ctx.stream)
+  (dq, q, k, v, g, op, scale, scale * kLog2e);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
 
 }  // namespace
 
@@ -638,13 +724,9 @@ void tc_flash_attention_forward(const CudaContext& ctx, ActView out, float* lse,
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
     with_element_type(qkv.is_bf16(), [&](auto type) {
-      using Qkv = typename decltype(type)::type;
-      allow_shared_memory(tc_forward_kernel<kD, Qkv>, forward_smem_bytes<kD>());
-      STRATA_LAUNCH((tc_forward_kernel<kD, Qkv>), tc_grid(B, T, NH), kThreads,
-                    forward_smem_bytes<kD>(), ctx.stream)
-      (out.data, out.is_bf16(), lse, static_cast<const Qkv*>(qkv.data), T, C, NH,
-       scale_of(C, NH) * kLog2e);
-      STRATA_CUDA_CHECK_LAUNCH();
+      using E = typename decltype(type)::type;
+      const E* q = static_cast<const E*>(qkv.data);
+      tc_launch_forward<kD>(ctx, out, lse, q, q + C, q + 2 * C, whole_sequence(T, C, NH), B, true);
     });
   });
 }
@@ -655,22 +737,43 @@ void tc_flash_attention_backward(const CudaContext& ctx, float* dqkv, float* del
   with_tc_head_size("tc_flash_attention_backward", B, T, C, NH, [&](auto head) {
     constexpr int kD = decltype(head)::value;
     if (B == 0 || T == 0) return;
-    const float scale = scale_of(C, NH);
     attention_delta(ctx, delta, dout, out, B, T, C, NH);
     with_element_type(qkv.is_bf16(), [&](auto type) {
-      using Qkv = typename decltype(type)::type;
-      const Qkv* q = static_cast<const Qkv*>(qkv.data);
-      allow_shared_memory(tc_backward_dkdv_kernel<kD, Qkv>, dkdv_smem_bytes<kD>());
-      STRATA_LAUNCH((tc_backward_dkdv_kernel<kD, Qkv>), tc_grid(B, T, NH), kThreads,
-                    dkdv_smem_bytes<kD>(), ctx.stream)
-      (dqkv, dout, q, lse, delta, T, C, NH, scale, scale * kLog2e);
-      STRATA_CUDA_CHECK_LAUNCH();
+      using E = typename decltype(type)::type;
+      const E* q = static_cast<const E*>(qkv.data);
+      const FlashGrads g{dout, out.data, out.is_bf16(), lse, delta};
+      tc_launch_backward<kD>(ctx, dqkv, dqkv + C, dqkv + 2 * C, q, q + C, q + 2 * C, g,
+                             whole_sequence(T, C, NH), B);
+    });
+  });
+}
 
-      allow_shared_memory(tc_backward_dq_kernel<kD, Qkv>, dq_smem_bytes<kD>());
-      STRATA_LAUNCH((tc_backward_dq_kernel<kD, Qkv>), tc_grid(B, T, NH), kThreads,
-                    dq_smem_bytes<kD>(), ctx.stream)
-      (dqkv, dout, q, lse, delta, T, C, NH, scale, scale * kLog2e);
-      STRATA_CUDA_CHECK_LAUNCH();
+void tc_attention_block_forward(const CudaContext& ctx, float* o, float* lse, ActView q,
+                                int q_stride, ActView kv, int B, int Tq, int Tk, int NH, int KV,
+                                int hs, TokenPositions qpos, TokenPositions kpos, bool first) {
+  const FlashOperands op = ring_operands("tc_attention_block_forward", q, q_stride, q_stride, kv,
+                                         Tq, Tk, NH, KV, hs, qpos, kpos);
+  with_tc_head_size("tc_attention_block_forward", B, Tq, NH * hs, NH, [&](auto head) {
+    constexpr int kD = decltype(head)::value;
+    if (B == 0 || Tq == 0) return;
+    with_block_operands(q, kv, KV, hs, [&](auto q_rows, auto k, auto v) {
+      tc_launch_forward<kD>(ctx, ActView(o), lse, q_rows, k, v, op, B, first);
+    });
+  });
+}
+
+void tc_attention_block_backward(const CudaContext& ctx, float* dq, int dq_stride, float* dkv,
+                                 const float* dout, ActView out, const float* lse, ActView q,
+                                 int q_stride, ActView kv, int B, int Tq, int Tk, int NH, int KV,
+                                 int hs, TokenPositions qpos, TokenPositions kpos) {
+  const FlashOperands op = ring_operands("tc_attention_block_backward", q, q_stride, dq_stride, kv,
+                                         Tq, Tk, NH, KV, hs, qpos, kpos);
+  const FlashGrads g{dout, out.data, out.is_bf16(), lse, nullptr};
+  with_tc_head_size("tc_attention_block_backward", B, Tq, NH * hs, NH, [&](auto head) {
+    constexpr int kD = decltype(head)::value;
+    if (B == 0 || Tq == 0 || Tk == 0) return;
+    with_block_operands(q, kv, KV, hs, [&](auto q_rows, auto k, auto v) {
+      tc_launch_backward<kD>(ctx, dq, dkv, dkv + std::size_t(KV) * hs, q_rows, k, v, g, op, B);
     });
   });
 }

@@ -139,18 +139,28 @@ void CudaKernels::moe_aux_loss_backward(float* dprobs, float* scratch, const std
                                         int B, int T, int seq, int E, int k, float coef_scale) {
   cuda::moe_aux_loss_backward(ctx_, dprobs, scratch, choices, B, T, seq, E, k, coef_scale);
 }
+// Ring attention's blocks on the kernels the whole sequence takes: the tensor-core ones where
+// they were chosen and take the head size, else the fp32 flash ones.
 void CudaKernels::attention_block_forward(float* o, float* lse, ActView q, int q_stride, ActView kv,
                                           int B, int Tq, int Tk, int NH, int KV, int hs,
                                           TokenPositions qpos, TokenPositions kpos, bool first) {
-  cuda::attention_block_forward(ctx_, o, lse, q, q_stride, kv, B, Tq, Tk, NH, KV, hs, qpos, kpos,
-                                first);
+  if (attention_ == AttentionKernel::own && tc_attention_supported(B, NH * hs, NH))
+    cuda::tc_attention_block_forward(ctx_, o, lse, q, q_stride, kv, B, Tq, Tk, NH, KV, hs, qpos,
+                                     kpos, first);
+  else
+    cuda::attention_block_forward(ctx_, o, lse, q, q_stride, kv, B, Tq, Tk, NH, KV, hs, qpos, kpos,
+                                  first);
 }
 void CudaKernels::attention_block_backward(float* dq, int dq_stride, float* dkv, const float* dout,
                                            ActView out, const float* lse, ActView q, int q_stride,
                                            ActView kv, int B, int Tq, int Tk, int NH, int KV,
                                            int hs, TokenPositions qpos, TokenPositions kpos) {
-  cuda::attention_block_backward(ctx_, dq, dq_stride, dkv, dout, out, lse, q, q_stride, kv, B, Tq,
-                                 Tk, NH, KV, hs, qpos, kpos);
+  if (attention_ == AttentionKernel::own && tc_attention_supported(B, NH * hs, NH))
+    cuda::tc_attention_block_backward(ctx_, dq, dq_stride, dkv, dout, out, lse, q, q_stride, kv, B,
+                                      Tq, Tk, NH, KV, hs, qpos, kpos);
+  else
+    cuda::attention_block_backward(ctx_, dq, dq_stride, dkv, dout, out, lse, q, q_stride, kv, B, Tq,
+                                   Tk, NH, KV, hs, qpos, kpos);
 }
 void CudaKernels::moe_gather(ActView out, ActView x, const std::int32_t* token_of, int rows,
                              int C) {

@@ -134,6 +134,15 @@ void tc_flash_attention_forward(const CudaContext& ctx, ActView out, float* lse,
 void tc_flash_attention_backward(const CudaContext& ctx, float* dqkv, float* delta,
                                  const float* dout, ActView qkv, ActView out, const float* lse,
                                  int B, int T, int C, int NH);
+// Ring attention's blocks on the same tensor-core kernels, as attention_block_* above (a head
+// size hs that tc_attention_supported(B, NH * hs, NH) takes).
+void tc_attention_block_forward(const CudaContext& ctx, float* o, float* lse, ActView q,
+                                int q_stride, ActView kv, int B, int Tq, int Tk, int NH, int KV,
+                                int hs, TokenPositions qpos, TokenPositions kpos, bool first);
+void tc_attention_block_backward(const CudaContext& ctx, float* dq, int dq_stride, float* dkv,
+                                 const float* dout, ActView out, const float* lse, ActView q,
+                                 int q_stride, ActView kv, int B, int Tq, int Tk, int NH, int KV,
+                                 int hs, TokenPositions qpos, TokenPositions kpos);
 
 // tanh-approximation GELU, elementwise over n.
 void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n);
