@@ -27,6 +27,12 @@
 //   dQ: one block per (query tile, b, h), longest first; per key tile, as many keys at a time:
 //     S = Q K^T, dP = dout V^T, P and dS, then dQ += dS K.
 //   P and dP are computed twice (dK/dV and dQ): the price of no atomics.
+// The same kernels run ring attention's blocks (FlashOperands, flash_operands.cuh, as the fp32
+// kernels do): a query tile's key tiles are those it sees, a key tile's dK/dV block runs the
+// query heads that share its K/V head, each over the query tiles that see it; the mask (by the
+// tokens' positions) is evaluated only on the tile pairs not wholly visible; a block's out and
+// lse are merged into the earlier blocks'; where there is no delta scratch each query tile makes
+// its rows' deltas.
 //
 // Shared memory: bf16 tiles have rows of kD + 8 (16 bytes of padding: ldmatrix and cp.async take
 // 16-byte aligned rows, and the padding puts the 8 rows of an ldmatrix in 8 different banks). The
