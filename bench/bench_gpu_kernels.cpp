@@ -1,12 +1,14 @@
 // The GPU-only kernel benchmarks of bench_kernels (registered by its main() where a CUDA device
 // exists): what a bf16 step of the model runs, against the device's data-sheet peaks.
 //
-// BM_GpuAttention/<reference|own>/<shape>/<forward|backward|forward_backward>: the fp32 flash
-//   kernel on CUDA cores (cuda/attention.cu) and the own bf16 tensor-core kernel
-//   (cuda/attention_tc.cu), causal. Shapes: hs64 = gpt2-124m at micro-batch 8 (B 8, T 1024,
-//   C 768, NH 12), hs128 = the 1.3B shape of scripts/gpu-check.sh (B 4, T 1024, C 2048, NH 16).
-//   FLOPs as FlashAttention counts them, causal (half the T x T products): forward 2 B T^2 C
-//   (S = QK^T and PV), backward 2.5x forward (dV, dP, dQ, dK; the recomputed S not counted).
+// BM_GpuAttention/<reference|own|cudnn>/<shape>/<forward|backward|forward_backward>: the fp32
+//   flash kernel on CUDA cores (cuda/attention.cu), the own bf16 tensor-core kernel
+//   (cuda/attention_tc.cu) and, in a build with cuDNN, cuDNN's fused attention as a run calls it
+//   (CudaKernels; its backward with the rounding of dout and the widening of dqkv), causal. Shapes:
+//   hs64 = gpt2-124m at micro-batch 8 (B 8, T 1024, C 768, NH 12), hs128 = the 1.3B shape of
+//   scripts/gpu-check.sh (B 4, T 1024, C 2048, NH 16). FLOPs as FlashAttention counts them, causal
+//   (half the T x T products): forward 2 B T^2 C (S = QK^T and PV), backward 2.5x forward (dV, dP,
+//   dQ, dK; the recomputed S not counted).
 // BM_GpuGemmBf16/<gemm>/<forward|backward>: a gpt2-124m block's linear layers at N = 8 x 1024
 //   rows: forward as the model runs it (cublasLtMatmul with the bias, and GELU for fc1, in the
 //   epilogue: Kernels::matmul_bf16_forward), backward the two bf16 GEMMs (dinp, dweight) of
@@ -38,6 +40,10 @@ namespace gpu = strata::cuda;
 
 gpu::CudaKernels& kernels() {
   static gpu::CudaKernels k(cuda_ctx());
+  return k;
+}
+gpu::CudaKernels& cudnn_kernels() {
+  static gpu::CudaKernels k(cuda_ctx(), AttentionKernel::cudnn);
   return k;
 }
 
@@ -99,25 +105,31 @@ constexpr AttentionShape kAttentionShapes[] = {{"hs64", 8, 1024, 768, 12},
                                                {"hs128", 4, 1024, 2048, 16}};
 
 // pass: 0 forward, 1 backward, 2 both. Q, K, V and the output in the dtype of the run each kernel
-// serves: bf16 for the own kernel (a bf16 run's), fp32 for the reference.
-void BM_GpuAttention(benchmark::State& state, bool own, const AttentionShape& s, int pass) {
+// serves: bf16 for the tensor-core ones (a bf16 run's), fp32 for the reference.
+void BM_GpuAttention(benchmark::State& state, AttentionKernel kind, const AttentionShape& s,
+                     int pass) {
+  const bool bf16_run = kind != AttentionKernel::reference;
   const std::size_t btc = std::size_t(s.B) * s.T * s.C, rows = std::size_t(s.B) * s.NH * s.T;
-  const std::size_t n32 = own ? 1 : btc, n16 = own ? btc : 1;
+  const std::size_t n32 = bf16_run ? 1 : btc, n16 = bf16_run ? btc : 1;
   DeviceArray<float> qkv32(3 * n32), out32(n32), lse(rows), dout(btc), dqkv(3 * btc), delta(rows);
   DeviceArray<bf16> qkv16(3 * n16), out16(n16);
-  auto typed = [own](DeviceArray<bf16>& h, DeviceArray<float>& f) {
-    return own ? ActView(static_cast<bf16*>(h)) : ActView(static_cast<float*>(f));
+  auto typed = [bf16_run](DeviceArray<bf16>& h, DeviceArray<float>& f) {
+    return bf16_run ? ActView(static_cast<bf16*>(h)) : ActView(static_cast<float*>(f));
   };
   const ActView qkv = typed(qkv16, qkv32), out = typed(out16, out32);
   const auto& ctx = cuda_ctx();
   auto forward = [&] {
-    if (own)
+    if (kind == AttentionKernel::cudnn)
+      cudnn_kernels().attention_forward(out, lse, qkv, s.B, s.T, s.C, s.NH);
+    else if (kind == AttentionKernel::own)
       gpu::tc_flash_attention_forward(ctx, out, lse, qkv, s.B, s.T, s.C, s.NH);
     else
       gpu::flash_attention_forward(ctx, out, lse, qkv, s.B, s.T, s.C, s.NH);
   };
   auto backward = [&] {
-    if (own)
+    if (kind == AttentionKernel::cudnn)
+      cudnn_kernels().attention_backward(dqkv, delta, dout, qkv, lse, out, s.B, s.T, s.C, s.NH);
+    else if (kind == AttentionKernel::own)
       gpu::tc_flash_attention_backward(ctx, dqkv, delta, dout, qkv, out, lse, s.B, s.T, s.C, s.NH);
     else
       gpu::flash_attention_backward(ctx, dqkv, delta, dout, qkv, out, lse, s.B, s.T, s.C, s.NH);
@@ -128,7 +140,7 @@ void BM_GpuAttention(benchmark::State& state, bool own, const AttentionShape& s,
     if (pass != 0) backward();
   });
   const double fwd_flops = 2.0 * s.B * double(s.T) * s.T * s.C;
-  set_rate(state, fwd_flops * (pass == 0 ? 1.0 : pass == 1 ? 2.5 : 3.5), seconds, own);
+  set_rate(state, fwd_flops * (pass == 0 ? 1.0 : pass == 1 ? 2.5 : 3.5), seconds, bf16_run);
 }
 
 struct Linear {
@@ -198,12 +210,16 @@ void add(const std::string& name, Fn fn) {
 
 void register_gpu_benchmarks() {
   const char* passes[] = {"forward", "backward", "forward_backward"};
-  for (const bool own : {false, true})
+  std::vector<AttentionKernel> kinds = {AttentionKernel::reference, AttentionKernel::own};
+#if STRATA_HAVE_CUDNN
+  kinds.push_back(AttentionKernel::cudnn);
+#endif
+  for (const AttentionKernel kind : kinds)
     for (const AttentionShape& s : kAttentionShapes)
       for (int p = 0; p < 3; ++p)
-        add(std::string("BM_GpuAttention/") + (own ? "own/" : "reference/") + s.name + "/" +
+        add(std::string("BM_GpuAttention/") + attention_kernel_name(kind) + "/" + s.name + "/" +
                 passes[p],
-            [own, s, p](benchmark::State& st) { BM_GpuAttention(st, own, s, p); });
+            [kind, s, p](benchmark::State& st) { BM_GpuAttention(st, kind, s, p); });
   const Linear linears[] = {{"qkv", 768, 2304, false},
                             {"attn_proj", 768, 768, false},
                             {"fc1", 768, 3072, true},

@@ -102,12 +102,17 @@ row "gpt2-124m bf16 mb 8 ddp" "${gpt2[@]}" --precision bf16 --micro-batch 8
 # The same with the forward and the backward each one CUDA graph launch (--cuda-graphs).
 row "gpt2-124m bf16 mb 8 ddp, CUDA graphs" "${gpt2[@]}" --precision bf16 --micro-batch 8 \
   --cuda-graphs
+# cuDNN's fused attention (a build that found cuDNN; its failure here says why not).
+row "gpt2-124m bf16 mb 8 ddp, attention cudnn" "${gpt2[@]}" --precision bf16 --micro-batch 8 \
+  --attention cudnn
 if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   row "gpt2-124m bf16 mb 8 ddp, attention reference" "${gpt2[@]}" --precision bf16 \
     --micro-batch 8 --attention reference
   row "gpt2-124m bf16 mb 16 ddp" "${gpt2[@]}" --precision bf16 --micro-batch 16
   row "gpt2-124m bf16 mb 16 ddp, CUDA graphs" "${gpt2[@]}" --precision bf16 --micro-batch 16 \
     --cuda-graphs
+  row "gpt2-124m bf16 mb 16 ddp, attention cudnn, CUDA graphs" "${gpt2[@]}" --precision bf16 \
+    --micro-batch 16 --attention cudnn --cuda-graphs
   row "gpt2-124m bf16 mb 16 zero3" --model gpt2-124m --plugin zero3 --precision bf16 \
     --micro-batch 16
   row "gpt2-124m fp32 mb 8 ddp" "${gpt2[@]}" --micro-batch 8
@@ -115,6 +120,8 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   # About 1.3B parameters: GPT-2's vocabulary, 24 layers of hidden 2048 in 16 heads of 128.
   xl=(--model gpt2-124m --layers 24 --hidden 2048 --heads 16 --seq 1024)
   row "1.3B bf16 mb 4 ddp" "${xl[@]}" --plugin ddp --precision bf16 --micro-batch 4
+  row "1.3B bf16 mb 4 ddp, attention cudnn" "${xl[@]}" --plugin ddp --precision bf16 \
+    --micro-batch 4 --attention cudnn
   row "1.3B bf16 mb 4 zero3" "${xl[@]}" --plugin zero3 --precision bf16 --micro-batch 4
   row "1.3B fp32 mb 2 ddp" "${xl[@]}" --plugin ddp --micro-batch 2
   # The llama family at Llama 3.2 1B's shape (16 layers of hidden 2048, 32 query heads on 8 K/V

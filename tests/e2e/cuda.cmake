@@ -177,6 +177,18 @@ set_tests_properties(cli.attention_own_fp32 PROPERTIES LABELS cli ENVIRONMENT "$
                      PASS_REGULAR_EXPRESSION "runner: error: --attention own: bf16 tensor cores; needs --precision bf16")
 set_tests_properties(cli.attention_own_head_size PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
                      PASS_REGULAR_EXPRESSION "--attention own: head size 24 \\(--hidden / --heads\\) must be a multiple of 16")
+# --attention cudnn: the same refusals; and the emulated backend, which has no cuDNN, says so
+# before the run starts.
+add_test(NAME cli.attention_cudnn_head_size
+         COMMAND runner_emu --plugin ddp --device cuda --transport nccl --attention cudnn
+                 --precision bf16 --hidden 60 --heads 3 --out ${E2E_DIR})
+set_tests_properties(cli.attention_cudnn_head_size PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
+                     PASS_REGULAR_EXPRESSION "--attention cudnn: head size 20 \\(--hidden / --heads\\) must be a multiple of 8 up to 128")
+add_test(NAME cli.attention_cudnn_not_built
+         COMMAND runner_emu --plugin ddp --device cuda --transport nccl --attention cudnn
+                 --precision bf16 --out ${E2E_DIR})
+set_tests_properties(cli.attention_cudnn_not_built PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
+                     PASS_REGULAR_EXPRESSION "runner: error: --device cuda: this build's CUDA backend has no cuDNN for --attention cudnn")
 
 # --cuda-graphs: each run of unit passes with no comm inside captured once as a CUDA graph (on the
 # emulator's stream capture, with CUDA's rules of capture) and replayed from its third call on.

@@ -40,6 +40,7 @@
 
 #include "backends/cpu/layers.hpp"
 #include "backends/cuda/device.hpp"
+#include "backends/cuda/kernels.hpp"
 #include "backends/cuda/layers.cuh"
 #include "cuda_test.hpp"
 #include "model/moe_dispatch.hpp"
@@ -603,6 +604,57 @@ TEST_P(CudaTcAttention, ForwardLseAndBackward) {
                                    d_out.get(), d_lse.get(), s.B, s.T, s.C, s.NH);
   EXPECT_TRUE(d_dqkv2.host() == got) << "tc_flash_attention_backward is not deterministic";
 }
+
+#if STRATA_HAVE_CUDNN
+// cuDNN's fused attention (--attention cudnn), called as a run calls it (CudaKernels, bf16 qkv and
+// out, fp32 dout and dqkv), within the same bounds plus one rounding of each bf16 result: out, and
+// dq, dk, dv before they are added into dqkv. The real runtime only (cuDNN is not emulated); what
+// its graphs compute is also checked on the CPU by test_sdpa_graph.
+TEST_P(CudaTcAttention, CudnnForwardLseAndBackward) {
+  STRATA_REQUIRE_GPU();
+  gpu::CudaContext ctx(0);
+  const TcShape s = GetParam();
+  ASSERT_TRUE(strata::cuda_cudnn_attention(s.C, s.NH));
+  gpu::CudaKernels kernels(ctx, strata::AttentionKernel::cudnn);
+  const std::size_t rows = std::size_t(s.B) * s.T, nqkv = rows * 3 * s.C,
+                    nlse = std::size_t(s.B) * s.NH * s.T;
+  const double u = std::ldexp(1.0, -9);
+  constexpr double kAtol = 1e-6;
+  const auto qkv = random_floats(nqkv, 60);
+  std::vector<float> out(rows * s.C), att(nlse * s.T);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  std::vector<strata::bf16> qkv_h(nqkv);
+  for (std::size_t i = 0; i < nqkv; ++i) qkv_h[i] = strata::to_bf16(qkv[i]);
+  DeviceBuffer<strata::bf16> d_qkv(qkv_h), d_out(out.size());
+  DeviceBuffer<float> d_lse(random_floats(nlse, 62));
+  kernels.attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, s.C, s.NH);
+  const auto dout = random_floats(out.size(), 63);
+  TcBounds bound = tc_bounds(qkv, att, out, dout, s);
+  std::vector<float> got_out;
+  for (strata::bf16 v : d_out.host()) got_out.push_back(strata::to_float(v));
+  for (std::size_t i = 0; i < out.size(); ++i) bound.out[i] += u * std::fabs(out[i]);
+  const double r_out = expect_within("out", got_out, out, bound.out, kAtol);
+  const auto lse = host_lse(qkv, FlashShape{s.B, s.T, s.C, s.NH});
+  const double r_lse = expect_within("lse", d_lse.host(),
+                                     std::vector<float>(lse.begin(), lse.end()), bound.lse, kAtol);
+
+  // Backward from the forward's bf16 out and its lse, into a dqkv that starts non-zero (+=).
+  const auto dqkv_init = random_floats(nqkv, 64);
+  auto dqkv = dqkv_init;
+  std::vector<float> datt(att.size());
+  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv_init), d_delta(random_floats(nlse, 65));
+  cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), s.B, s.T,
+                          s.C, s.NH);
+  kernels.attention_backward(d_dqkv.get(), d_delta.get(), d_dout.get(), d_qkv.get(), d_lse.get(),
+                             d_out.get(), s.B, s.T, s.C, s.NH);
+  for (std::size_t i = 0; i < nqkv; ++i) bound.dqkv[i] += u * std::fabs(dqkv[i] - dqkv_init[i]);
+  const double r_dqkv = expect_within("dqkv", d_dqkv.host(), dqkv, bound.dqkv, kAtol);
+  std::printf(
+      "cudnn attention B %d T %d C %d NH %d: max error / bound: out %.3g, lse %.3g, "
+      "dqkv %.3g; %zu bytes of cuDNN working memory\n",
+      s.B, s.T, s.C, s.NH, r_out, r_lse, r_dqkv, kernels.library_bytes());
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaTcAttention,
                          ::testing::Values(TcShape{2, 1, 128, 2},    // hs 64, one row

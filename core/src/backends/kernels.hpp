@@ -264,11 +264,15 @@ Kernels& cpu_kernels();
 // The attention kernels of a CUDA run (--attention, RunConfig::attention_kernel()): reference,
 // the fp32 flash kernel on CUDA cores (cuda/attention.cu: what the CPU computes, to summation
 // order); own, strata's bf16 tensor-core flash kernel (cuda/attention_tc.cu: bf16 products, fp32
-// softmax and accumulation). Both keep the same state (a log-sum-exp per row), so the memory plan
-// does not depend on the choice. The CPU always computes its reference attention.
-enum class AttentionKernel { reference, own };
+// softmax and accumulation); cudnn, cuDNN's fused flash attention (cuda/cudnn_attention.hpp, in a
+// build that found cuDNN). All keep the same state (a log-sum-exp per row, the backward's row
+// deltas), so the memory plan does not depend on the choice; cuDNN works in memory of its own
+// beside it (CudnnAttention::working_bytes). The CPU always computes its reference attention.
+enum class AttentionKernel { reference, own, cudnn };
 inline const char* attention_kernel_name(AttentionKernel kernel) {
-  return kernel == AttentionKernel::own ? "own" : "reference";
+  return kernel == AttentionKernel::own     ? "own"
+         : kernel == AttentionKernel::cudnn ? "cudnn"
+                                            : "reference";
 }
 
 // Whether the own tensor-core kernel takes a shape: a head size that is a multiple of 16 (the
@@ -276,6 +280,12 @@ inline const char* attention_kernel_name(AttentionKernel kernel) {
 inline bool cuda_tensor_core_attention(int B, int C, int NH) {
   return NH > 0 && C % NH == 0 && (C / NH) % 16 == 0 && C / NH <= 128 &&
          std::int64_t(B) * NH <= 65535;
+}
+
+// Whether cuDNN's fused attention takes a shape here: a head size that is a multiple of 8 up to
+// 128 (cuDNN's bf16 backward on Ampere and Hopper).
+inline bool cuda_cudnn_attention(int C, int NH) {
+  return NH > 0 && C % NH == 0 && (C / NH) % 8 == 0 && C / NH <= 128;
 }
 
 // Whether the CUDA backend's fused attention (cuda/attention.cu) takes a shape: a head size of at

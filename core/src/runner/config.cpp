@@ -265,21 +265,24 @@ void check_advise(const RunConfig& c, const std::vector<Given>& given) {
         "--ranks-per-node instead");
 }
 
-// --attention own: the tensor-core kernel computes in bf16 on a GPU, for the shapes it tiles.
+// --attention own|cudnn: tensor-core kernels computing in bf16 on a GPU, for the shapes they tile.
 void check_attention(const RunConfig& c) {
-  if (c.attention != "own") return;
+  if (c.attention != "own" && c.attention != "cudnn") return;
+  const std::string option = "--attention " + c.attention;
   if (c.device != "cuda")
-    throw ConfigError(
-        "--attention own: a GPU kernel; needs --device cuda (the CPU computes its reference)");
+    throw ConfigError(option +
+                      ": a GPU kernel; needs --device cuda (the CPU computes its reference)");
   if (c.train.precision.param != DType::bf16)
     throw ConfigError(
-        "--attention own: bf16 tensor cores; needs --precision bf16 (or "
-        "--attention reference|auto)");
+        option + ": bf16 tensor cores; needs --precision bf16 (or --attention reference|auto)");
   const ModelSpec& m = c.model;
-  if (!cuda_tensor_core_attention(c.train.micro_batch, m.hidden, m.heads))
-    throw ConfigError("--attention own: head size " + std::to_string(m.hidden / m.heads) +
+  if (c.attention == "own" && !cuda_tensor_core_attention(c.train.micro_batch, m.hidden, m.heads))
+    throw ConfigError(option + ": head size " + std::to_string(m.hidden / m.heads) +
                       " (--hidden / --heads) must be a multiple of 16 up to 128, and "
                       "--micro-batch x --heads at most 65535");
+  if (c.attention == "cudnn" && !cuda_cudnn_attention(m.hidden, m.heads))
+    throw ConfigError(option + ": head size " + std::to_string(m.hidden / m.heads) +
+                      " (--hidden / --heads) must be a multiple of 8 up to 128");
 }
 
 // Checks across options, after every value is known.
@@ -439,7 +442,10 @@ void resolve_mesh(RunConfig& c, int world, int ranks_per_host) {
   if (t.warmup >= t.steps) t.warmup = t.steps > 1 ? 1 : 0;  // only the default can get here
 }
 
+// auto takes the own kernel, not cuDNN's, until a GPU check has compared cuDNN's with the CPU
+// reference (docs/gpu.md).
 AttentionKernel RunConfig::attention_kernel() const {
+  if (attention == "cudnn") return AttentionKernel::cudnn;
   const bool own =
       attention == "own" ||
       (attention == "auto" && device == "cuda" && train.precision.param == DType::bf16 &&

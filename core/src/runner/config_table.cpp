@@ -337,10 +337,12 @@ std::vector<Row> backend_rows() {
                                          : std::vector<std::string>{"cpu"}),
       choice(text("attention", W, K::choice, "auto",
                   "attention kernels of --device cuda: own (strata's bf16 tensor-core flash "
-                  "kernel; --precision bf16), reference (the fp32 flash kernel on CUDA cores), "
-                  "auto (own where it applies, else reference); the CPU computes its reference",
+                  "kernel; --precision bf16), cudnn (cuDNN's fused flash attention, in a build "
+                  "with cuDNN; --precision bf16), reference (the fp32 flash kernel on CUDA "
+                  "cores), auto (own where it applies, else reference); the CPU computes its "
+                  "reference",
                   [](RunConfig& c, const std::string& s) { c.attention = s; }),
-             {"auto", "own", "reference"}),
+             {"auto", "own", "cudnn", "reference"}),
       flag("cuda-graphs", W,
            "--device cuda: capture each run of unit passes with no communication inside (a "
            "micro-batch's forward or backward, a pipeline chunk's) once as a CUDA graph and replay "

@@ -279,7 +279,8 @@ void check_where_it_runs(RunConfig& config, const LaunchEnv& env) {
     // Relaunched here, the ranks see the GPUs this process sees; under srun or mpirun each may
     // see only its own (--gpus-per-task): there the run checks once the ranks exist.
     const int local = env.under_launcher ? 1 : config.mesh.ranks_per_node;
-    const std::string why = backend_unavailable(config.device_kind(), BackendRequest{0, local});
+    const std::string why = backend_unavailable(
+        config.device_kind(), BackendRequest{0, local, config.attention_kernel()});
     if (!why.empty()) throw ConfigError("--device " + config.device + ": " + why);
   }
   if (config.run_id.empty()) config.run_id = default_run_id(config);

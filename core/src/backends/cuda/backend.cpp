@@ -160,7 +160,7 @@ void CudaBackend::record_compute_event() {
 std::uint64_t CudaBackend::peak_device_bytes() {
   std::uint64_t high = 0;
   STRATA_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high));
-  return high + context_.workspace_bytes;
+  return high + context_.workspace_bytes + kernels_.library_bytes();
 }
 
 namespace {
@@ -204,7 +204,13 @@ std::unique_ptr<StreamGraph> CudaBackend::capture(const std::function<void()>& w
   return std::make_unique<CudaGraph>(exec, stream);
 }
 
-std::string cuda_unavailable(int local_size) {
+std::string cuda_unavailable(const BackendRequest& request) {
+#if !STRATA_HAVE_CUDNN
+  if (request.attention == AttentionKernel::cudnn)
+    return "this build's CUDA backend has no cuDNN for --attention cudnn (cuDNN 9.10 or newer was "
+           "not found when it was configured: set CUDNN_HOME); or run with --attention own";
+#endif
+  const int local_size = request.local_size;
   const int count = cuda_device_count();
   if (count == 0)
     return "no CUDA device on this machine (no GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES "
@@ -227,7 +233,7 @@ int cuda_device_for(int local_rank, int local_size) {
 
 void register_backend() {
   BackendFactory f;
-  f.unavailable = [](const BackendRequest& r) { return cuda_unavailable(r.local_size); };
+  f.unavailable = [](const BackendRequest& r) { return cuda_unavailable(r); };
   f.free_memory = [](const BackendRequest& r) {
     std::vector<std::string> uuids;  // the GPUs the node's ranks take (cuda_device_for)
     const int count = cuda_device_count();

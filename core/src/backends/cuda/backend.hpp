@@ -87,9 +87,10 @@ class CudaBackend final : public DeviceBackend {
   StreamIdleClock idle_clock_;  // the process's idle clock while this backend is open
 };
 
-// "" when `local_size` ranks on this node can each have a GPU of their own, as far as this process
-// sees them, else one line saying what is missing (no GPU or driver; fewer GPUs than ranks).
-std::string cuda_unavailable(int local_size);
+// "" when request.local_size ranks on this node can each have a GPU of their own, as far as this
+// process sees them, and this build has the attention asked for, else one line saying what is
+// missing (no GPU or driver; fewer GPUs than ranks; cuDNN for --attention cudnn).
+std::string cuda_unavailable(const BackendRequest& request);
 
 // The GPU of local rank `local_rank` of `local_size`: that ordinal where the node's ranks see every
 // GPU; 0 where each sees one (Slurm's --gpus-per-task binds one per task). The trainer then checks

@@ -8,6 +8,9 @@
 #include "backends/cuda/grid.cuh"
 #include "backends/cuda/kernels.hpp"
 #include "backends/cuda/launch.cuh"
+#if STRATA_HAVE_CUDNN
+#include "backends/cuda/cudnn_attention.hpp"
+#endif
 
 namespace strata::cuda {
 namespace {
@@ -18,12 +21,76 @@ __global__ void round_to_bf16_kernel(std::uint16_t* out, const float* in, std::s
 __global__ void widen_bf16_kernel(float* out, const std::uint16_t* in, std::size_t n) {
   STRATA_GRID_STRIDE(i, n) { out[i] = bf16_to_float(in[i]); }
 }
+#if STRATA_HAVE_CUDNN
+__global__ void add_widened_bf16_kernel(float* out, const std::uint16_t* in, std::size_t n) {
+  STRATA_GRID_STRIDE(i, n) { out[i] += bf16_to_float(in[i]); }
+}
+#endif
 
 }  // namespace
 
 CudaKernels::CudaKernels(const CudaContext& ctx, AttentionKernel attention)
-    : ctx_(ctx), attention_(attention) {}
+    : ctx_(ctx), attention_(attention) {
+  if (attention != AttentionKernel::cudnn) return;
+#if STRATA_HAVE_CUDNN
+  cudnn_.reset(new CudnnAttention(ctx));
+#else
+  throw Error("--attention cudnn: this build's CUDA backend has no cuDNN",
+              "configure with cuDNN 9.10 or newer found (CUDNN_HOME), or run with --attention own");
+#endif
+}
 CudaKernels::~CudaKernels() = default;
+
+void CudaKernels::CudnnDeleter::operator()(CudnnAttention* p) const {
+#if STRATA_HAVE_CUDNN
+  delete p;
+#else
+  (void)p;  // never made without cuDNN
+#endif
+}
+
+std::size_t CudaKernels::library_bytes() const {
+#if STRATA_HAVE_CUDNN
+  if (cudnn_) return cudnn_->working_bytes();
+#endif
+  return 0;
+}
+
+bool CudaKernels::cudnn_attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C,
+                                          int NH) {
+#if STRATA_HAVE_CUDNN
+  if (!cudnn_ || !cuda_cudnn_attention(C, NH)) return false;
+  if (!out.is_bf16() || !qkv.is_bf16())
+    throw Error("--attention cudnn: cuDNN's attention reads and writes bf16 activations",
+                "run with --precision bf16");
+  cudnn_->forward(out.half(), att, qkv.half(), {B, T, NH, C / NH});
+  return true;
+#else
+  (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH;
+  return false;
+#endif
+}
+
+// dout rounded to bf16, cuDNN's bf16 gradient added into dqkv: the model's gradients are fp32.
+bool CudaKernels::cudnn_attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
+                                           const float* att, ActView out, int B, int T, int C,
+                                           int NH) {
+#if STRATA_HAVE_CUDNN
+  if (!cudnn_ || !cuda_cudnn_attention(C, NH)) return false;
+  const std::size_t n = std::size_t(B) * T * C;
+  bf16* staged = cudnn_->staging(4 * n);  // dout [B,T,C] | dqkv [B,T,3C]
+  round_to_bf16(staged, dout, n);
+  cudnn_->backward(staged + n, datt, staged, qkv.half(), out.half(), att, {B, T, NH, C / NH});
+  STRATA_LAUNCH(add_widened_bf16_kernel, blocks_for(3 * n), kThreads, 0, ctx_.stream)
+  (dqkv, reinterpret_cast<const std::uint16_t*>(staged + n), 3 * n);
+  STRATA_CUDA_CHECK_LAUNCH();
+  return true;
+#else
+  (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)out, (void)B, (void)T, (void)C,
+      (void)NH;
+  return false;
+#endif
+}
 
 // --- layer passes: cuda/layers.cuh on the context
 void CudaKernels::encoder_forward(float* out, const std::int32_t* tokens, const float* wte,
@@ -62,6 +129,7 @@ void CudaKernels::attention_forward(ActView out, float* att, ActView qkv, int B,
         "CudaKernels::attention_forward: bf16 activations for a shape only the cuBLAS "
         "path takes (head size " +
         std::to_string(C / NH) + ")");
+  if (cudnn_attention_forward(out, att, qkv, B, T, C, NH)) return;
   if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
     cuda::tc_flash_attention_forward(ctx_, out, att, qkv, B, T, C, NH);
   else if (cuda_fused_attention(B, C, NH))
@@ -71,6 +139,7 @@ void CudaKernels::attention_forward(ActView out, float* att, ActView qkv, int B,
 }
 void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
                                      const float* att, ActView out, int B, int T, int C, int NH) {
+  if (cudnn_attention_backward(dqkv, datt, dout, qkv, att, out, B, T, C, NH)) return;
   if (attention_ == AttentionKernel::own && tc_attention_supported(B, C, NH))
     cuda::tc_flash_attention_backward(ctx_, dqkv, datt, dout, qkv, out, att, B, T, C, NH);
   else if (cuda_fused_attention(B, C, NH))
@@ -140,11 +209,12 @@ void CudaKernels::moe_aux_loss_backward(float* dprobs, float* scratch, const std
   cuda::moe_aux_loss_backward(ctx_, dprobs, scratch, choices, B, T, seq, E, k, coef_scale);
 }
 // Ring attention's blocks on the kernels the whole sequence takes: the tensor-core ones where
-// they were chosen and take the head size, else the fp32 flash ones.
+// they were chosen and take the head size, else the fp32 flash ones. Under cudnn too the
+// tensor-core ones: cuDNN's graph has no mask by the tokens' positions.
 void CudaKernels::attention_block_forward(float* o, float* lse, ActView q, int q_stride, ActView kv,
                                           int B, int Tq, int Tk, int NH, int KV, int hs,
                                           TokenPositions qpos, TokenPositions kpos, bool first) {
-  if (attention_ == AttentionKernel::own && tc_attention_supported(B, NH * hs, NH))
+  if (attention_ != AttentionKernel::reference && tc_attention_supported(B, NH * hs, NH))
     cuda::tc_attention_block_forward(ctx_, o, lse, q, q_stride, kv, B, Tq, Tk, NH, KV, hs, qpos,
                                      kpos, first);
   else
@@ -155,7 +225,7 @@ void CudaKernels::attention_block_backward(float* dq, int dq_stride, float* dkv,
                                            ActView out, const float* lse, ActView q, int q_stride,
                                            ActView kv, int B, int Tq, int Tk, int NH, int KV,
                                            int hs, TokenPositions qpos, TokenPositions kpos) {
-  if (attention_ == AttentionKernel::own && tc_attention_supported(B, NH * hs, NH))
+  if (attention_ != AttentionKernel::reference && tc_attention_supported(B, NH * hs, NH))
     cuda::tc_attention_block_backward(ctx_, dq, dq_stride, dkv, dout, out, lse, q, q_stride, kv, B,
                                       Tq, Tk, NH, KV, hs, qpos, kpos);
   else

@@ -17,6 +17,8 @@
 
 namespace strata::cuda {
 
+class CudnnAttention;
+
 class CudaKernels final : public Kernels {
  public:
   // The context must outlive this object. `attention`: the kernels attention_forward/backward run
@@ -144,7 +146,15 @@ class CudaKernels final : public Kernels {
   void scale_bf16(bf16* x, float scale, std::size_t n) override;
   double sum(const float* x, std::size_t n) override;
 
+  // Device memory these kernels keep beside the arena: cuDNN's attention's (0 without it).
+  std::size_t library_bytes() const;
+
  private:
+  // cuDNN's attention where the run took it and it takes the shape (kernels.cu); false where it
+  // did not run.
+  bool cudnn_attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C, int NH);
+  bool cudnn_attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
+                                const float* att, ActView out, int B, int T, int C, int NH);
   // bias_grad, also writing the bf16 rounding of dout where dout_bf16 is not null, of
   // GELU'(gelu_inp) * dout instead of dout where gelu_inp is not null (fp32 or bf16;
   // kernels_steps.cu).
@@ -164,6 +174,11 @@ class CudaKernels final : public Kernels {
     void operator()(LtPlans* p) const;
   };
   std::unique_ptr<LtPlans, LtPlansDeleter> lt_plans_;
+  // cuDNN's attention (cudnn_attention.hpp) where the run took it; a build without cuDNN has none.
+  struct CudnnDeleter {
+    void operator()(CudnnAttention* p) const;
+  };
+  std::unique_ptr<CudnnAttention, CudnnDeleter> cudnn_;
 };
 
 }  // namespace strata::cuda
