@@ -34,7 +34,13 @@ if(_uid STREQUAL "0")
   list(APPEND MPI_FLAGS --allow-run-as-root)
 endif()
 # The node's peak for MFU is cached in the build tree, not in the user's ~/.cache (node_peak.hpp).
-set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+# OpenBLAS's fp32 GEMMs on one kernel family on every x86 machine (Haswell's AVX2): each family
+# orders a row's products its own way, and for some shapes by the matrix's row count, so a rank
+# holding fewer sequences than the 1-rank reference can differ from it in the last bits. A MoE
+# with a capacity turns that into different dropped tokens: on a Sapphire Rapids (OpenBLAS 0.3.21
+# choosing its SkylakeX kernels) moe.capacity.zero3.np4 left the reference by 1.5e-4 in 20 steps
+# (2026-12-02), within 1e-5 with this.
+set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 set(E2E_ENV "${E2E_MPI_ENV};STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv")
 
 # strata_e2e_lock_cores(<test> <ranks>): a run of several ranks holds the machine's cores (lock

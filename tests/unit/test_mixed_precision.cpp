@@ -143,19 +143,22 @@ TEST(MixedPrecision, Bf16PassesFollowFp32ForLossAndGradients) {
 }
 
 TEST(MixedPrecision, ActivationBytesCountTheBf16ScratchExactly) {
-  const ModelSpec spec = tiny_spec();
-  for (Recompute r : {Recompute::none, Recompute::full}) {
-    MemoryLedger ledger;
-    Whole m(spec, 3, ledger, r, DType::bf16);
-    auto bytes = [&](DType dtype) {
-      return predict_activations(spec, 3, whole_model(spec), r, dtype).total(1);
-    };
-    EXPECT_EQ(ledger.peak(MemTag::activations), bytes(DType::bf16));
-    // bf16 saves more (its GEMMs' inputs and outputs at half the bytes, kept per block or, with a
-    // full recompute, rebuilt in the shared scratch) than its operand buffers and GEMM scratchpad
-    // cost.
-    EXPECT_LT(bytes(DType::bf16), bytes(DType::f32));
-  }
+  // tiny, and 64 channels of 64 tokens.
+  for (const ModelSpec& spec : {tiny_spec(), ModelSpec{"small", 2, 64, 2, 64, 256}})
+    for (Recompute r : {Recompute::none, Recompute::full}) {
+      MemoryLedger ledger;
+      Whole m(spec, 3, ledger, r, DType::bf16);
+      auto bytes = [&](DType dtype) {
+        return predict_activations(spec, 3, whole_model(spec), r, dtype).total(1);
+      };
+      EXPECT_EQ(ledger.peak(MemTag::activations), bytes(DType::bf16)) << spec.preset;
+      // bf16 saves more (its GEMMs' inputs and outputs at half the bytes, kept per block or, with
+      // a full recompute, rebuilt in the shared scratch) than its operand buffers and GEMM
+      // scratchpad cost. Not for tiny's 48 tokens of 32 channels: oneDNN's scratchpad on AMX
+      // (Sapphire Rapids) is larger than all it saves there under a full recompute (209,088 bytes
+      // against fp32's 197,952; 183,232 where oneDNN may not use AMX).
+      if (spec.preset != "tiny") EXPECT_LT(bytes(DType::bf16), bytes(DType::f32)) << spec.preset;
+    }
 }
 
 // The bf16 slot keeps bf16 d(logits) [N, V] instead of fp32 probabilities [N, V], and the residual
