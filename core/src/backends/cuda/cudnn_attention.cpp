@@ -340,21 +340,25 @@ struct CudnnAttention::Impl {
   const CudaContext& ctx;
   cudnnHandle_t handle = nullptr;
   std::map<std::tuple<bool, int, int, int, int>, std::unique_ptr<Plan>> plans;
+  // Device memory that only grows, at a shape's first call (see working_bytes()). A grown
+  // buffer's old block is kept until the end: a CUDA graph captured before the growth (a
+  // pipeline's second forward can come before its first backward) still names it.
   struct DeviceBuffer {
     void* data = nullptr;
     std::size_t bytes = 0;
-    // At least `n` bytes; grown only at a shape's first call (see working_bytes()).
+    std::vector<void*> blocks;
+    std::size_t total = 0;  // of every block
     void* reserve(std::size_t n) {
       if (n > bytes) {
-        if (data) STRATA_CUDA_CHECK(cudaFree(data));
-        data = nullptr;
-        STRATA_CUDA_CHECK(cudaMalloc(&data, n));
-        bytes = n;
+        void* grown = nullptr;
+        STRATA_CUDA_CHECK(cudaMalloc(&grown, n));
+        blocks.push_back(grown);
+        data = grown, bytes = n, total += n;
       }
       return data;
     }
     ~DeviceBuffer() {
-      if (data) cudaFree(data);
+      for (void* b : blocks) cudaFree(b);
     }
   } workspace, dq_accum, staging;
 
@@ -434,7 +438,7 @@ bf16* CudnnAttention::staging(std::size_t elements) {
 }
 
 std::size_t CudnnAttention::working_bytes() const {
-  return impl_->workspace.bytes + impl_->dq_accum.bytes + impl_->staging.bytes;
+  return impl_->workspace.total + impl_->dq_accum.total + impl_->staging.total;
 }
 
 }  // namespace strata::cuda

@@ -45,7 +45,7 @@ class CudnnAttention {
 
   // Device memory cuDNN works in beside the arena: its plans' workspace, the fp32 dQ accumulator
   // and the staging buffer, allocated at a shape's first call (never inside a CUDA graph capture:
-  // the core runs a pass once before it captures it) and kept.
+  // the core runs a pass once before it captures it) and kept, a grown buffer's old block too.
   std::size_t working_bytes() const;
 
  private:
