@@ -184,14 +184,15 @@ void check_shape(const SdpaShape& s) {
   cpu.attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), probs.data(),
                          out.data(), B, T, C, NH);
 
+  // The forward's tensors, which the backward reads too (its bf16 out, as the CUDA backend binds
+  // it).
   std::vector<float> o(out.size()), stats(std::size_t(B) * NH * T);
-  GraphEvaluator forward(sdpa_forward_graph(s),
-                         {{kSdpaQ, qkv.data()},
-                          {kSdpaK, qkv.data() + C},
-                          {kSdpaV, qkv.data() + 2 * C},
-                          {kSdpaO, o.data()},
-                          {kSdpaStats, stats.data()}},
-                         scalars);
+  std::map<std::int64_t, float*> bound = {{kSdpaQ, qkv.data()},
+                                          {kSdpaK, qkv.data() + C},
+                                          {kSdpaV, qkv.data() + 2 * C},
+                                          {kSdpaO, o.data()},
+                                          {kSdpaStats, stats.data()}};
+  GraphEvaluator forward(sdpa_forward_graph(s), bound, scalars);
   forward.run();
   const double o_error = scaled_error(o, out);
   EXPECT_LT(o_error, 1.0 / 64) << "out";
@@ -215,21 +216,14 @@ void check_shape(const SdpaShape& s) {
       }
   EXPECT_LT(lse_error, 1e-5) << "lse";
 
-  // The backward reads the forward's bf16 out, as the CUDA backend binds it.
   std::vector<float> grads(qkv.size(), 0.0f), delta(stats.size()), dq_accum(out.size());
-  GraphEvaluator backward(sdpa_backward_graph(s),
-                          {{kSdpaQ, qkv.data()},
-                           {kSdpaK, qkv.data() + C},
-                           {kSdpaV, qkv.data() + 2 * C},
-                           {kSdpaO, o.data()},
-                           {kSdpaDO, dout.data()},
-                           {kSdpaStats, stats.data()},
-                           {kSdpaDQ, grads.data()},
-                           {kSdpaDK, grads.data() + C},
-                           {kSdpaDV, grads.data() + 2 * C},
-                           {kSdpaRowDelta, delta.data()},
-                           {kSdpaDQAccum, dq_accum.data()}},
-                          scalars);
+  bound.insert({{kSdpaDO, dout.data()},
+                {kSdpaDQ, grads.data()},
+                {kSdpaDK, grads.data() + C},
+                {kSdpaDV, grads.data() + 2 * C},
+                {kSdpaRowDelta, delta.data()},
+                {kSdpaDQAccum, dq_accum.data()}});
+  GraphEvaluator backward(sdpa_backward_graph(s), bound, scalars);
   backward.run();
   // Each third of the gradient rows against the CPU's.
   const char* names[3] = {"dq", "dk", "dv"};

@@ -31,51 +31,30 @@ __global__ void add_widened_bf16_kernel(float* out, const std::uint16_t* in, std
 
 CudaKernels::CudaKernels(const CudaContext& ctx, AttentionKernel attention)
     : ctx_(ctx), attention_(attention) {
-  if (attention != AttentionKernel::cudnn) return;
-#if STRATA_HAVE_CUDNN
-  cudnn_.reset(new CudnnAttention(ctx));
-#else
-  throw Error("--attention cudnn: this build's CUDA backend has no cuDNN",
-              "configure with cuDNN 9.10 or newer found (CUDNN_HOME), or run with --attention own");
-#endif
+  if (attention == AttentionKernel::cudnn) make_cudnn_attention();
 }
 CudaKernels::~CudaKernels() = default;
 
-void CudaKernels::CudnnDeleter::operator()(CudnnAttention* p) const {
+// --- cuDNN's attention: where this build has it, else nothing to make or run.
 #if STRATA_HAVE_CUDNN
-  delete p;
-#else
-  (void)p;  // never made without cuDNN
-#endif
-}
-
-std::size_t CudaKernels::library_bytes() const {
-#if STRATA_HAVE_CUDNN
-  if (cudnn_) return cudnn_->working_bytes();
-#endif
-  return 0;
-}
+void CudaKernels::make_cudnn_attention() { cudnn_.reset(new CudnnAttention(ctx_)); }
+void CudaKernels::CudnnDeleter::operator()(CudnnAttention* p) const { delete p; }
+std::size_t CudaKernels::library_bytes() const { return cudnn_ ? cudnn_->working_bytes() : 0; }
 
 bool CudaKernels::cudnn_attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C,
                                           int NH) {
-#if STRATA_HAVE_CUDNN
   if (!cudnn_ || !cuda_cudnn_attention(C, NH)) return false;
   if (!out.is_bf16() || !qkv.is_bf16())
     throw Error("--attention cudnn: cuDNN's attention reads and writes bf16 activations",
                 "run with --precision bf16");
   cudnn_->forward(out.half(), att, qkv.half(), {B, T, NH, C / NH});
   return true;
-#else
-  (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH;
-  return false;
-#endif
 }
 
 // dout rounded to bf16, cuDNN's bf16 gradient added into dqkv: the model's gradients are fp32.
 bool CudaKernels::cudnn_attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
                                            const float* att, ActView out, int B, int T, int C,
                                            int NH) {
-#if STRATA_HAVE_CUDNN
   if (!cudnn_ || !cuda_cudnn_attention(C, NH)) return false;
   const std::size_t n = std::size_t(B) * T * C;
   bf16* staged = cudnn_->staging(4 * n);  // dout [B,T,C] | dqkv [B,T,3C]
@@ -85,12 +64,22 @@ bool CudaKernels::cudnn_attention_backward(float* dqkv, float* datt, const float
   (dqkv, reinterpret_cast<const std::uint16_t*>(staged + n), 3 * n);
   STRATA_CUDA_CHECK_LAUNCH();
   return true;
-#else
-  (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)out, (void)B, (void)T, (void)C,
-      (void)NH;
-  return false;
-#endif
 }
+#else
+void CudaKernels::make_cudnn_attention() {
+  throw Error("--attention cudnn: this build's CUDA backend has no cuDNN",
+              "configure with cuDNN 9.10 or newer found (CUDNN_HOME), or run with --attention own");
+}
+void CudaKernels::CudnnDeleter::operator()(CudnnAttention*) const {}  // never made
+std::size_t CudaKernels::library_bytes() const { return 0; }
+bool CudaKernels::cudnn_attention_forward(ActView, float*, ActView, int, int, int, int) {
+  return false;
+}
+bool CudaKernels::cudnn_attention_backward(float*, float*, const float*, ActView, const float*,
+                                           ActView, int, int, int, int) {
+  return false;
+}
+#endif
 
 // --- layer passes: cuda/layers.cuh on the context
 void CudaKernels::encoder_forward(float* out, const std::int32_t* tokens, const float* wte,

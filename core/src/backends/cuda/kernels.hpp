@@ -150,8 +150,9 @@ class CudaKernels final : public Kernels {
   std::size_t library_bytes() const;
 
  private:
-  // cuDNN's attention where the run took it and it takes the shape (kernels.cu); false where it
-  // did not run.
+  // cuDNN's attention (kernels.cu): made for --attention cudnn (refused by a build without it);
+  // run where the run took it and it takes the shape, false where it did not run.
+  void make_cudnn_attention();
   bool cudnn_attention_forward(ActView out, float* att, ActView qkv, int B, int T, int C, int NH);
   bool cudnn_attention_backward(float* dqkv, float* datt, const float* dout, ActView qkv,
                                 const float* att, ActView out, int B, int T, int C, int NH);
