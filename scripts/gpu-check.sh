@@ -8,7 +8,8 @@
 #
 # Environment: STRATA_GPU_DEBS, a folder of Debian packages of the libraries the build needs that
 # the GPU machine lacks (scripts/gpu-bundle.sh packs a build made elsewhere with them): unpacked
-# under a temporary prefix, not over /, and put ahead on LD_LIBRARY_PATH. GPU_CHECK_QUICK=1 runs
+# under a temporary prefix, not over /, and put ahead on LD_LIBRARY_PATH. STRATA_GPU_CUDNN, a
+# folder holding libcudnn.so.9 (the bundle's cudnn.tar.xz unpacked): ahead of the machine's. GPU_CHECK_QUICK=1 runs
 # one row of the table and a few benchmarks (a smoke test of the script itself).
 # Each part has a time limit, so a hang in one still leaves the others' results in the report.
 set -uo pipefail
@@ -28,6 +29,25 @@ fi
 for d in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
 done
+# The folder of a library: on LD_LIBRARY_PATH, in the loader's cache, or in Python's NVIDIA wheels
+# (a machine whose PyTorch brings cuDNN and NVRTC that way).
+find_lib() {
+  local d f
+  for d in ${LD_LIBRARY_PATH//:/ }; do [ -e "$d/$1" ] && { echo "$d"; return; }; done
+  f=$(ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }')
+  [ -n "$f" ] && { dirname "$f"; return; }
+  for d in $(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null); do
+    for f in "$d"/nvidia/*/lib/"$1"; do [ -e "$f" ] && { dirname "$f"; return; }; done
+  done
+}
+# cuDNN for --attention cudnn: the bundle's (STRATA_GPU_CUDNN, the version the build was tested
+# with) ahead of the machine's; its runtime-compiled engines need NVRTC beside it.
+[ -n "${STRATA_GPU_CUDNN:-}" ] && export LD_LIBRARY_PATH="$STRATA_GPU_CUDNN:${LD_LIBRARY_PATH:-}"
+for lib in libcudnn.so.9 libnvrtc.so.13; do
+  dir=$(find_lib $lib)
+  [ -n "$dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$dir"
+  found_libs="${found_libs:-}$lib in ${dir:-(not found)}; "
+done
 # A bundled build's binaries name the library folder of the machine that built them.
 export LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -45,6 +65,7 @@ say ""
 say "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
 say "- runner: $("$runner" --version 2>&1 | head -1)"
 say "- build: $build"
+say "- libraries: $found_libs"
 say ""
 
 # --- The real-GPU tests -------------------------------------------------------------------------

@@ -26,6 +26,13 @@ TEST(CudaProvenance, VersionsAndDevices) {
       << value(p, "cuda_version");
   EXPECT_TRUE(std::regex_match(value(p, "cublas_version"), std::regex(R"(\d+\.\d+\.\d+)")))
       << value(p, "cublas_version");
+#if STRATA_HAVE_CUDNN
+  // The configure step found cuDNN 9.10 or newer, so the run-time loader finds a cuDNN 9 too.
+  EXPECT_TRUE(std::regex_match(value(p, "cudnn_version"), std::regex(R"(9\.\d+\.\d+)")))
+      << value(p, "cudnn_version");
+#else
+  EXPECT_EQ(value(p, "cudnn_version"), "(absent)");
+#endif
 #if STRATA_HAVE_NCCL
   EXPECT_TRUE(std::regex_match(value(p, "nccl_version"), std::regex(R"(2\.\d+\.\d+)")))
       << value(p, "nccl_version");

@@ -7,6 +7,9 @@
 #include <string>
 
 #include "backends/cuda/device.hpp"
+#if STRATA_HAVE_CUDNN
+#include "backends/cuda/cudnn_attention.hpp"
+#endif
 #if STRATA_HAVE_NCCL
 #include "backends/cuda/nccl_transport.hpp"
 #endif
@@ -50,6 +53,9 @@ Provenance cuda_provenance() {
                                      : "unknown");
   p.emplace_back("cuda_driver_version", driver_version());
   p.emplace_back("cublas_version", cublas_version());
+#if STRATA_HAVE_CUDNN
+  p.emplace_back("cudnn_version", cudnn_library_version());
+#endif
 #if STRATA_HAVE_NCCL
   p.emplace_back("nccl_version", nccl::nccl_version());
 #endif

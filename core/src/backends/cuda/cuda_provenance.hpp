@@ -6,6 +6,7 @@
 namespace strata::cuda {
 
 // cuda_version (runtime), cuda_driver_version ("none" without a driver), cublas_version,
+// cudnn_version (in a build with cuDNN's attention; "none" where libcudnn.so.9 is not found),
 // nccl_version (with the NCCL transport), gpu_count and gpu_names (when devices exist). Never
 // selects a device or creates a handle: a machine without GPU or driver answers quickly.
 Provenance cuda_provenance();

@@ -321,6 +321,20 @@ std::unique_ptr<Plan> make_plan(const SdpaGraph& g, cudnnHandle_t handle, int de
 
 }  // namespace
 
+std::string cudnn_library_version() {
+  // Opened as load_cudnn() opens it, so this is the library a run's --attention cudnn gets; kept
+  // open (as there). Only cudnnGetVersion is needed, so an older cuDNN still reports its number.
+  void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return "none";
+  const auto get_version =
+      reinterpret_cast<decltype(&cudnnGetVersion)>(dlsym(lib, "cudnnGetVersion"));
+  const std::size_t v = get_version ? get_version() : 0;
+  if (v == 0) return "unknown";
+  // cuDNN 9 encodes 9.19.0 as 91900: 10000 * major + 100 * minor + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
 SdpaPlanning plan_sdpa_for_device(const SdpaGraph& g, const std::string& device_json) {
   Descriptors d;
   Desc device = d.make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);

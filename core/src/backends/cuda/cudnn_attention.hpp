@@ -26,6 +26,10 @@ struct SdpaPlanning {
 };
 SdpaPlanning plan_sdpa_for_device(const SdpaGraph& graph, const std::string& device_json);
 
+// The version ("9.19.0") of the libcudnn.so.9 this process opens for --attention cudnn, "none"
+// where none is found: the run file's /provenance cudnn_version.
+std::string cudnn_library_version();
+
 class CudnnAttention {
  public:
   explicit CudnnAttention(const CudaContext& ctx);  // the context must outlive this object
