@@ -40,16 +40,20 @@ find_lib() {
     for f in "$d"/nvidia/*/lib/"$1"; do [ -e "$f" ] && { dirname "$f"; return; }; done
   done
 }
-# cuDNN for --attention cudnn: the bundle's (STRATA_GPU_CUDNN, the version the build was tested
-# with) ahead of the machine's; its runtime-compiled engines need NVRTC beside it.
-[ -n "${STRATA_GPU_CUDNN:-}" ] && export LD_LIBRARY_PATH="$STRATA_GPU_CUDNN:${LD_LIBRARY_PATH:-}"
-for lib in libcudnn.so.9 libnvrtc.so.13; do
-  dir=$(find_lib $lib)
-  [ -n "$dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$dir"
-  found_libs="${found_libs:-}$lib in ${dir:-(not found)}; "
-done
 # A bundled build's binaries name the library folder of the machine that built them.
 export LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}"
+# cuDNN for --attention cudnn: the bundle's (STRATA_GPU_CUDNN, the version the build was tested
+# with) ahead of the machine's.
+[ -n "${STRATA_GPU_CUDNN:-}" ] && export LD_LIBRARY_PATH="$STRATA_GPU_CUDNN:$LD_LIBRARY_PATH"
+# Every library the build links that the loader does not find (CUDA's, cuBLAS, NCCL where the
+# machine has them only as Python wheels), and the two it opens at run time: cuDNN and the NVRTC
+# its runtime-compiled engines need.
+missing=$(ldd "$build"/bin/* "$build"/lib/*.so* 2>/dev/null | awk '/not found/ { print $1 }' | sort -u)
+for lib in $missing libcudnn.so.9 libnvrtc.so.13; do
+  dir=$(find_lib "$lib")
+  [ -n "$dir" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dir"
+  found_libs="${found_libs:-}$lib in ${dir:-(not found)}; "
+done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 runner=$build/bin/runner
 [ -x "$runner" ] || { echo "gpu-check: $runner is not built"; exit 2; }
