@@ -192,9 +192,14 @@ say "## Predicted against measured (issue 27 item 6: GEMM time by shape)"
 say ""
 say "| run | profile | predicted ms | measured ms | error | assumptions |"
 say "|---|---|---|---|---|---|"
-"$runner" --calibrate --calibrate-from profiles/h100-sxm-published.txt --profile "$work/published.h5" \
+# The published figures of the GPU the check runs on: an H200's, else an H100's.
+table=profiles/h100-sxm-published.txt
+nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 &&
+  table=profiles/h200-sxm-published.txt
+"$runner" --calibrate --calibrate-from "$table" --profile "$work/$(basename "$table" .txt).h5" \
   >/dev/null 2>&1
-predicted "gpt2-124m bf16 mb 8 ddp" "$work/published.h5" "${gpt2[@]}" --precision bf16 --micro-batch 8
+published=$work/$(basename "$table" .txt).h5
+predicted "gpt2-124m bf16 mb 8 ddp" "$published" "${gpt2[@]}" --precision bf16 --micro-batch 8
 if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   # A profile calibrated on gpt2-124m (its GEMM sweep through cuBLASLt) carried to the 1.3B shape.
   timeout 150 "$runner" --calibrate --device cuda --transport nccl --profile "$work/gpt2.h5" \
@@ -203,7 +208,7 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   predicted "gpt2-124m bf16 mb 8 ddp" "$work/gpt2.h5" "${gpt2[@]}" --precision bf16 --micro-batch 8
   predicted "1.3B bf16 mb 4 ddp" "$work/gpt2.h5" "${xl[@]}" --plugin ddp --precision bf16 \
     --micro-batch 4
-  predicted "1.3B bf16 mb 4 ddp" "$work/published.h5" "${xl[@]}" --plugin ddp --precision bf16 \
+  predicted "1.3B bf16 mb 4 ddp" "$published" "${xl[@]}" --plugin ddp --precision bf16 \
     --micro-batch 4
 fi
 if [ -s "$work/calibrate.txt" ]; then
