@@ -182,6 +182,10 @@ Desc tensor_desc(Descriptors& d, const SdpaTensor& t) {
     const bool by_value = true;
     set(x, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
   }
+  if (t.accumulates) {
+    const cudnnBackendTensorReordering_t reordering = CUDNN_TENSOR_REORDERING_F16x16;
+    set(x, CUDNN_ATTR_TENSOR_REORDERING_MODE, CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reordering);
+  }
   STRATA_CUDNN_CHECK(cudnn().finalize(x));
   return x;
 }
@@ -438,6 +442,10 @@ void CudnnAttention::backward(bf16* dqkv, float* row_delta, const bf16* dout, co
                               const bf16* out, const float* lse, const SdpaShape& s) {
   const Plan& p = impl_->plan(true, s);
   const std::int64_t C = std::int64_t(s.NH) * s.hs;
+  // The engine adds each key block's part of dQ into the accumulator: zero it first (as
+  // cudnn-frontend's workspace does), in stream order so that a captured graph does it too.
+  STRATA_CUDA_CHECK(cudaMemsetAsync(impl_->dq_accum.data, 0,
+                                    std::size_t(s.B) * s.T * C * sizeof(float), impl_->ctx.stream));
   bf16* x = const_cast<bf16*>(qkv);  // read only, as the three below
   impl_->execute(
       p, s,

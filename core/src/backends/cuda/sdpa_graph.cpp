@@ -21,6 +21,13 @@ class Builder {
     g_.tensors.push_back({uid, type, dims, strides, false, false});
     return int(g_.tensors.size()) - 1;
   }
+  // An fp32 tensor the caller binds and zeroes, which the graph's matmul adds into (packed).
+  int accumulator(std::int64_t uid, Dims dims) {
+    const int i = bound(uid, SdpaType::f32, dims,
+                        {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1});
+    g_.tensors[i].accumulates = true;
+    return i;
+  }
   // A host scalar.
   int scalar(std::int64_t uid) {
     g_.tensors.push_back({uid, SdpaType::f32, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true});
@@ -130,7 +137,7 @@ SdpaGraph sdpa_backward_graph(const SdpaShape& shape) {
   const int o = g.token_rows(kSdpaO), dout = g.token_rows(kSdpaDO);
   const int stats = g.per_row(kSdpaStats), delta = g.per_row(kSdpaRowDelta);
   const int dq = g.qkv_rows(kSdpaDQ), dk = g.qkv_rows(kSdpaDK), dv = g.qkv_rows(kSdpaDV);
-  const int dq_accum = g.bound(kSdpaDQAccum, f32, {B, H, T, D}, {H * T * D, T * D, D, 1});
+  const int dq_accum = g.accumulator(kSdpaDQAccum, {B, H, T, D});
   const int scale = g.scalar(kSdpaScale), fill = g.scalar(kSdpaMaskFill), one = g.scalar(kSdpaOne);
 
   // delta[B,H,T,1] = rowsum(dout * o)

@@ -24,6 +24,10 @@ struct SdpaTensor {
   std::array<std::int64_t, 4> strides{};
   bool is_virtual = true;
   bool by_value = false;
+  // The flash backward's dQ accumulator, as cudnn-frontend declares it: fp32 in cuDNN's F16x16
+  // reordered layout, which the engine adds each key block's part into (atomically), so the
+  // caller must zero it before every execution.
+  bool accumulates = false;
 };
 
 enum class SdpaOpKind { matmul, pointwise, reduce_add, reduce_max, reshape };
@@ -46,7 +50,8 @@ struct SdpaGraph {
 
 // The uids a caller binds. Q, K and V are the thirds of the packed qkv activation, dQ, dK and dV
 // those of its gradient; O and dO are [B,T,C]; stats (the log-sum-exp) and the row deltas
-// (rowsum(dO * O)) are [B,NH,T] fp32; the dQ accumulator is fp32 [B,NH,T,hs] scratch.
+// (rowsum(dO * O)) are [B,NH,T] fp32; the dQ accumulator is fp32 [B,NH,T,hs] scratch, zero at
+// each execution (SdpaTensor::accumulates).
 enum SdpaUid : std::int64_t {
   kSdpaQ = 1,
   kSdpaK,
