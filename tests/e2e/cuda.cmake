@@ -40,9 +40,11 @@ function(strata_e2e_cuda id ranks tol)
   endforeach()
   set(gpu ${E2E_DIR}/cuda.${id}.gpu.h5)
   # --attention auto: the own tensor-core kernel in a bf16 run (tiny's head size 16 is one it
-  # takes), the fp32 reference otherwise.
+  # takes), the fp32 reference otherwise; cudnn where the GPU side asks for it.
   set(attention reference)
-  if("bf16" IN_LIST ARGN)
+  if("cudnn" IN_LIST E2E_CUDA_GPU_ARGS)
+    set(attention cudnn)
+  elseif("bf16" IN_LIST ARGN)
     set(attention own)
   endif()
   add_test(NAME e2e.layout.cuda.${id} COMMAND check_run layout ${gpu} ${ranks} ${E2E_CUDA_STEPS})
@@ -149,6 +151,15 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   # out and lse merged block by block), the key-value passes in bf16.
   strata_e2e_cuda(cp.ring.np2.bf16 2 2e-3 --plugin cp --mesh cp=2 --micro-batch 2
                   --plugin-opt attention=ring --precision bf16)
+  # cuDNN's attention (cuda/cudnn_attention.cpp) on the cuDNN stand-in (tests/cudnn_standin): its
+  # graphs as backend descriptors, planned, executed on the stream with the variant packs' bf16
+  # q | k | v, out, dout and gradients, the zeroed dQ accumulator and the workspace, the gradients
+  # added into the fp32 dqkv.
+  if(STRATA_HAVE_CUDNN)
+    set(E2E_CUDA_GPU_ARGS --attention cudnn)
+    strata_e2e_cuda(ddp.np2.bf16.cudnn 2 2e-3 --plugin ddp --micro-batch 2 --precision bf16)
+    unset(E2E_CUDA_GPU_ARGS)
+  endif()
 endif()
 
 # runner --calibrate on --device cuda (the emulator): a cuda profile entry and comm fits over nccl,
@@ -184,11 +195,13 @@ add_test(NAME cli.attention_cudnn_head_size
                  --precision bf16 --hidden 60 --heads 3 --out ${E2E_DIR})
 set_tests_properties(cli.attention_cudnn_head_size PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
                      PASS_REGULAR_EXPRESSION "--attention cudnn: head size 20 \\(--hidden / --heads\\) must be a multiple of 8 up to 128")
-add_test(NAME cli.attention_cudnn_not_built
-         COMMAND runner_emu --plugin ddp --device cuda --transport nccl --attention cudnn
-                 --precision bf16 --out ${E2E_DIR})
-set_tests_properties(cli.attention_cudnn_not_built PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
-                     PASS_REGULAR_EXPRESSION "runner: error: --device cuda: this build's CUDA backend has no cuDNN for --attention cudnn")
+if(NOT STRATA_HAVE_CUDNN)  # else the emulated backend has cuDNN's attention on the stand-in
+  add_test(NAME cli.attention_cudnn_not_built
+           COMMAND runner_emu --plugin ddp --device cuda --transport nccl --attention cudnn
+                   --precision bf16 --out ${E2E_DIR})
+  set_tests_properties(cli.attention_cudnn_not_built PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
+                       PASS_REGULAR_EXPRESSION "runner: error: --device cuda: this build's CUDA backend has no cuDNN for --attention cudnn")
+endif()
 
 # --cuda-graphs: each run of unit passes with no comm inside captured once as a CUDA graph (on the
 # emulator's stream capture, with CUDA's rules of capture) and replayed from its third call on.
@@ -209,6 +222,12 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   strata_e2e_cuda(1f1b.graphs.pp2 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2
                   --precision bf16)
   list(APPEND graph_cases "1f1b.graphs.pp2=4 captured, 44")
+  if(STRATA_HAVE_CUDNN)  # cuDNN's executions (the stand-in's) and accumulator zeroing captured
+    set(E2E_CUDA_GPU_ARGS --cuda-graphs --attention cudnn)
+    strata_e2e_cuda(1f1b.graphs.cudnn.pp2 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2
+                    --precision bf16)
+    list(APPEND graph_cases "1f1b.graphs.cudnn.pp2=4 captured, 44")
+  endif()
 endif()
 unset(E2E_CUDA_GPU_ARGS)
 foreach(case ${graph_cases})

@@ -13,6 +13,7 @@
 #include <cstddef>
 
 #include "cuda_runtime_api.h"
+#include "library_types.h"
 
 #define CUBLAS_VERSION 130000
 
@@ -38,9 +39,7 @@ typedef enum {
 } cublasMath_t;
 typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cublasPointerMode_t;
 
-// library_types.h / cublas_api.h: the few data, compute and algorithm enums GemmEx needs.
-typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
-typedef cudaDataType_t cudaDataType;
+// cublas_api.h: the few compute and algorithm enums GemmEx needs (the data types: library_types.h).
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
@@ -51,11 +50,6 @@ cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version);
 // The library's version without a handle (CUBLAS_VERSION's parts).
-typedef enum libraryPropertyType_t {
-  MAJOR_VERSION,
-  MINOR_VERSION,
-  PATCH_LEVEL
-} libraryPropertyType;
 cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);

@@ -1,9 +1,11 @@
 // cuDNN's fused attention (cudnn_attention.hpp): sdpa_graph.hpp's graphs as backend descriptors,
 // planned by cuDNN's heuristics (mode A) for the device, executed with variant packs. libcudnn is
 // opened (dlopen) at the first use, not linked: a machine without cuDNN runs every other kernel.
+// The CUDA emulator's build (STRATA_CUDNN_STANDIN) links tests/cudnn_standin's entry points
+// instead, the rest unchanged.
 #include "backends/cuda/cudnn_attention.hpp"
 
-#include <cudnn.h>
+#include <cudnn_graph.h>
 #include <dlfcn.h>
 
 #include <cmath>
@@ -44,25 +46,33 @@ void resolve(void* lib, F& f, const char* name) {
   if (!f) throw Error(std::string("--attention cudnn: libcudnn.so.9 has no ") + name);
 }
 
+#if STRATA_CUDNN_STANDIN
+#define STRATA_CUDNN_ENTRY(field, symbol) a.field = &symbol
+#else
+#define STRATA_CUDNN_ENTRY(field, symbol) resolve(lib, a.field, #symbol)
+#endif
+
 CudnnApi load_cudnn() {
+#if !STRATA_CUDNN_STANDIN
   void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
   if (!lib)
     throw Error(std::string("--attention cudnn: cannot open libcudnn.so.9: ") + dlerror(),
                 "install cuDNN 9 (or add its lib directory to LD_LIBRARY_PATH), or run with "
                 "--attention own");
+#endif
   CudnnApi a{};
-  resolve(lib, a.get_version, "cudnnGetVersion");
-  resolve(lib, a.error_string, "cudnnGetErrorString");
-  resolve(lib, a.last_error, "cudnnGetLastErrorString");
-  resolve(lib, a.create, "cudnnCreate");
-  resolve(lib, a.destroy, "cudnnDestroy");
-  resolve(lib, a.set_stream, "cudnnSetStream");
-  resolve(lib, a.make, "cudnnBackendCreateDescriptor");
-  resolve(lib, a.release, "cudnnBackendDestroyDescriptor");
-  resolve(lib, a.set_attribute, "cudnnBackendSetAttribute");
-  resolve(lib, a.get_attribute, "cudnnBackendGetAttribute");
-  resolve(lib, a.finalize, "cudnnBackendFinalize");
-  resolve(lib, a.execute, "cudnnBackendExecute");
+  STRATA_CUDNN_ENTRY(get_version, cudnnGetVersion);
+  STRATA_CUDNN_ENTRY(error_string, cudnnGetErrorString);
+  STRATA_CUDNN_ENTRY(last_error, cudnnGetLastErrorString);
+  STRATA_CUDNN_ENTRY(create, cudnnCreate);
+  STRATA_CUDNN_ENTRY(destroy, cudnnDestroy);
+  STRATA_CUDNN_ENTRY(set_stream, cudnnSetStream);
+  STRATA_CUDNN_ENTRY(make, cudnnBackendCreateDescriptor);
+  STRATA_CUDNN_ENTRY(release, cudnnBackendDestroyDescriptor);
+  STRATA_CUDNN_ENTRY(set_attribute, cudnnBackendSetAttribute);
+  STRATA_CUDNN_ENTRY(get_attribute, cudnnBackendGetAttribute);
+  STRATA_CUDNN_ENTRY(finalize, cudnnBackendFinalize);
+  STRATA_CUDNN_ENTRY(execute, cudnnBackendExecute);
   if (a.get_version() < 91000)
     throw Error("--attention cudnn: libcudnn.so.9 is version " + std::to_string(a.get_version()) +
                     "; the graph API's device descriptions "
@@ -326,6 +336,10 @@ std::unique_ptr<Plan> make_plan(const SdpaGraph& g, cudnnHandle_t handle, int de
 }  // namespace
 
 std::string cudnn_library_version() {
+#if STRATA_CUDNN_STANDIN
+  const std::size_t v = cudnnGetVersion();
+  const std::string what = "stand-in of ";
+#else
   // Opened as load_cudnn() opens it, so this is the library a run's --attention cudnn gets; kept
   // open (as there). Only cudnnGetVersion is needed, so an older cuDNN still reports its number.
   void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
@@ -333,9 +347,11 @@ std::string cudnn_library_version() {
   const auto get_version =
       reinterpret_cast<decltype(&cudnnGetVersion)>(dlsym(lib, "cudnnGetVersion"));
   const std::size_t v = get_version ? get_version() : 0;
+  const std::string what;
+#endif
   if (v == 0) return "unknown";
   // cuDNN 9 encodes 9.19.0 as 91900: 10000 * major + 100 * minor + patch.
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+  return what + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
          std::to_string(v % 100);
 }
 
