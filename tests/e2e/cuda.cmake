@@ -155,7 +155,7 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   # graphs as backend descriptors, planned, executed on the stream with the variant packs' bf16
   # q | k | v, out, dout and gradients, the zeroed dQ accumulator and the workspace, the gradients
   # added into the fp32 dqkv.
-  if(STRATA_HAVE_CUDNN)
+  if(TARGET cudnn_standin)
     set(E2E_CUDA_GPU_ARGS --attention cudnn)
     strata_e2e_cuda(ddp.np2.bf16.cudnn 2 2e-3 --plugin ddp --micro-batch 2 --precision bf16)
     unset(E2E_CUDA_GPU_ARGS)
@@ -195,7 +195,7 @@ add_test(NAME cli.attention_cudnn_head_size
                  --precision bf16 --hidden 60 --heads 3 --out ${E2E_DIR})
 set_tests_properties(cli.attention_cudnn_head_size PROPERTIES LABELS cli ENVIRONMENT "${E2E_ENV}"
                      PASS_REGULAR_EXPRESSION "--attention cudnn: head size 20 \\(--hidden / --heads\\) must be a multiple of 8 up to 128")
-if(NOT STRATA_HAVE_CUDNN)  # else the emulated backend has cuDNN's attention on the stand-in
+if(NOT TARGET cudnn_standin)  # else the emulated backend has cuDNN's attention on the stand-in
   add_test(NAME cli.attention_cudnn_not_built
            COMMAND runner_emu --plugin ddp --device cuda --transport nccl --attention cudnn
                    --precision bf16 --out ${E2E_DIR})
@@ -222,7 +222,7 @@ if(STRATA_WITH_ONEDNN)  # the CPU side's bf16 GEMMs
   strata_e2e_cuda(1f1b.graphs.pp2 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2
                   --precision bf16)
   list(APPEND graph_cases "1f1b.graphs.pp2=4 captured, 44")
-  if(STRATA_HAVE_CUDNN)  # cuDNN's executions (the stand-in's) and accumulator zeroing captured
+  if(TARGET cudnn_standin)  # cuDNN's executions (the stand-in's) and accumulator zeroing captured
     set(E2E_CUDA_GPU_ARGS --cuda-graphs --attention cudnn)
     strata_e2e_cuda(1f1b.graphs.cudnn.pp2 2 2e-3 --plugin 1f1b --mesh pp=2 --micro-batch 2
                     --precision bf16)

@@ -4,12 +4,14 @@
 // plain data; an execution binds the variant pack's pointers and evaluates the graph
 // (sdpa_evaluator.hpp) on the handle's stream, in order with the kernels around it.
 //
-// What it checks beyond the graph's arithmetic: every non-virtual tensor bound in the variant pack,
-// a workspace where the plan asks for one (written, so a bad pointer faults), and the dQ
-// accumulator's contract (cuDNN adds into it: a caller that does not zero it gets a wrong dQ).
+// What it checks beyond the graph's arithmetic: every non-virtual tensor bound in the variant pack
+// at its declared byte alignment, a workspace where the plan asks for one (written, so a bad
+// pointer faults), and the dQ accumulator's contract (cuDNN adds into it: a caller that does not
+// zero it gets a wrong dQ).
 #include <cuda_runtime_api.h>
 #include <cudnn_graph.h>
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -48,8 +50,9 @@ struct Descriptor {
   cudnnBackendDescriptorType_t type{};
   std::map<cudnnBackendAttributeName_t, Attribute> attributes;
   bool finalized = false;
-  std::shared_ptr<const SdpaGraph> graph;         // an execution plan's
-  std::vector<std::unique_ptr<Descriptor>> made;  // descriptors this one owns (a config's engine)
+  std::shared_ptr<const SdpaGraph> graph;          // an execution plan's
+  std::map<std::int64_t, std::int64_t> alignment;  // its bound tensors' byte alignment, by uid
+  std::vector<std::unique_ptr<Descriptor>> made;   // descriptors this one owns (a config's engine)
   // An execution plan's executions: a CUDA graph captured around one replays its host function
   // with its data, so they live as long as the plan.
   std::vector<std::unique_ptr<Execution>> executions;
@@ -172,14 +175,19 @@ SdpaTensor sdpa_tensor(const Descriptor& t) {
   return s;
 }
 
-// The operation graph's operations and their tensors as sdpa_graph.hpp's data.
-SdpaGraph sdpa_graph(const Descriptor& graph) {
+// The operation graph's operations and their tensors as sdpa_graph.hpp's data; each tensor's
+// declared byte alignment into `alignment`.
+SdpaGraph sdpa_graph(const Descriptor& graph, std::map<std::int64_t, std::int64_t>& alignment) {
   SdpaGraph g;
   std::map<const Descriptor*, int> index;
   auto tensor = [&](const Descriptor* t) {
     if (!t) return -1;
     const auto [it, added] = index.emplace(t, int(g.tensors.size()));
-    if (added) g.tensors.push_back(sdpa_tensor(*t));
+    if (added) {
+      g.tensors.push_back(sdpa_tensor(*t));
+      alignment[g.tensors.back().uid] =
+          value<std::int64_t>(*t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 1);
+    }
     return it->second;
   };
   for (void* p : values<void*>(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS)) {
@@ -363,7 +371,7 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor) {
     const Descriptor* graph = engine ? child(*engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH) : nullptr;
     if (!graph) return fail(CUDNN_STATUS_BAD_PARAM, "an engine configuration without a graph");
     try {
-      d->graph = std::make_shared<const SdpaGraph>(sdpa_graph(*graph));
+      d->graph = std::make_shared<const SdpaGraph>(sdpa_graph(*graph, d->alignment));
     } catch (const std::exception& e) {
       return fail(CUDNN_STATUS_NOT_SUPPORTED, e.what());
     }
@@ -430,7 +438,12 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
     const auto it = e->bound.find(t.uid);
     if (it == e->bound.end() || !it->second)
       return fail(CUDNN_STATUS_BAD_PARAM, "tensor " + std::to_string(t.uid) + " not in the pack");
-    if (t.by_value) e->scalars[t.uid] = *static_cast<const float*>(it->second);  // read now
+    if (t.by_value) {
+      e->scalars[t.uid] = *static_cast<const float*>(it->second);  // read now
+    } else if (reinterpret_cast<std::uintptr_t>(it->second) % plan->alignment.at(t.uid) != 0) {
+      return fail(CUDNN_STATUS_BAD_PARAM,
+                  "tensor " + std::to_string(t.uid) + " not at its declared byte alignment");
+    }
   }
   if (cudaLaunchHostFunc(handle->stream, run_execution, e.get()) != cudaSuccess)
     return fail(CUDNN_STATUS_EXECUTION_FAILED, "the stream refused the execution");
