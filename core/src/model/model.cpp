@@ -198,12 +198,63 @@ std::shared_ptr<const ParamLayout> ParamLayout::of(const ModelSpec& spec) {
   return last;
 }
 
+namespace {
+
+// A parameter tensor's name within its unit, shape and initialisation.
+struct TensorDecl {
+  std::string name;
+  std::vector<int> shape;
+  bool decay = false;
+  float init_std = 0.0f, init_value = 0.0f;
+};
+
+constexpr float kInitStd = 0.02f;
+// GPT-2's residual projections: 0.02 / sqrt(2 L).
+float residual_init_std(const ModelSpec& spec) {
+  return kInitStd / std::sqrt(2.0f * float(spec.layers));
+}
+
+// Block tensor k (block_tensors' order) of the spec's family.
+TensorDecl block_tensor(const ModelSpec& spec, int k) {
+  const int C = spec.hidden, E = spec.expert_count(), F = spec.ffn_hidden();
+  const int qkv = int(spec.qkv_rows()), fc = int(spec.fc_rows());
+  const bool llama = spec.llama_block(), moe = spec.arch == Arch::moe;
+  const float out = residual_init_std(spec);
+  switch (k) {
+    case kLn1W:
+      return {llama ? "attn_norm_w" : "ln1_w", {C}, false, 0.0f, 1.0f};
+    case kLn2W:
+      return {llama ? "mlp_norm_w" : "ln2_w", {C}, false, 0.0f, 1.0f};
+    case kQkvW:
+      return {"qkv_w", {qkv, C}, true, kInitStd};
+    case kProjW:
+      return {"proj_w", {C, C}, true, out};
+    case kRouterW:
+      return {"router_w", {E, C}, true, kInitStd};
+    case kSharedFcW:  // the shared experts' gate | up [2 S F, C] and down [C, S F]
+      return {"shared.gate_up_w", {2 * spec.shared_experts * F, C}, true, kInitStd};
+    case kSharedFcprojW:
+      return {"shared.down_w", {C, spec.shared_experts * F}, true, out};
+    case kFcW:  // moe: every expert's, [E, 2F, C]
+      if (moe) return {"experts.gate_up_w", {E, fc, C}, true, kInitStd};
+      return {llama ? "gate_up_w" : "fc_w", {fc, C}, true, kInitStd};
+    case kFcprojW:
+      if (moe) return {"experts.down_w", {E, C, F}, true, out};
+      return {llama ? "down_w" : "fcproj_w", {C, F}, true, out};
+    default: {  // GPT-2's LayerNorm biases and linear biases: zeros
+      static const char* const names[kBlockTensors] = {"", "ln1_b", "", "qkv_b", "", "proj_b",
+                                                       "", "ln2_b", "", "fc_b",  "", "fcproj_b",
+                                                       "", "",      ""};
+      return {names[k], {k == kQkvB ? qkv : k == kFcB ? fc : C}, false};
+    }
+  }
+}
+
+}  // namespace
+
 ParamLayout::ParamLayout(const ModelSpec& spec) {
   validate_model_spec(spec);
-  const int C = spec.hidden, L = spec.layers;
-  const float std_w = 0.02f;
-  const float std_out = 0.02f / std::sqrt(2.0f * float(L));  // GPT-2 residual projections
-
+  const int C = spec.hidden;
   auto begin_unit = [&](std::string name, UnitKind kind, int block) {
     UnitInfo u;
     u.name = std::move(name);
@@ -213,82 +264,36 @@ ParamLayout::ParamLayout(const ModelSpec& spec) {
     u.first_tensor = int(tensors_.size());
     units_.push_back(std::move(u));
   };
-  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, float init_std,
-                 float init_value) {
+  auto add = [&](TensorDecl d) {
     TensorInfo t;
-    t.name = units_.back().name + "." + name;
+    t.name = units_.back().name + "." + d.name;
     t.id = int(tensors_.size());
     t.unit = int(units_.size()) - 1;
     t.offset = total_;
     t.count = 1;
-    for (int d : shape) t.count *= std::size_t(d);
-    t.shape = std::move(shape);
-    t.decay = decay;
-    t.init_std = init_std;
-    t.init_value = init_value;
+    for (int n : d.shape) t.count *= std::size_t(n);
+    t.shape = std::move(d.shape);
+    t.decay = d.decay;
+    t.init_std = d.init_std;
+    t.init_value = d.init_value;
     total_ += t.count;
     tensors_.push_back(std::move(t));
     units_.back().count += tensors_.back().count;
     units_.back().num_tensors += 1;
   };
 
-  const bool llama = spec.llama_block(), moe = spec.arch == Arch::moe;
-  const int E = spec.expert_count();
+  const bool llama = spec.llama_block();
   begin_unit("embedding", UnitKind::embedding, -1);
-  add("wte", {spec.vocab, C}, true, std_w, 0.0f);
-  if (!llama) add("wpe", {spec.seq, C}, true, std_w, 0.0f);
-  const int qkv = int(spec.qkv_rows()), fc = int(spec.fc_rows()), F = spec.ffn_hidden();
-  for (int b = 0; b < L; ++b) {
+  add({"wte", {spec.vocab, C}, true, kInitStd});
+  if (!llama) add({"wpe", {spec.seq, C}, true, kInitStd});
+  for (int b = 0; b < spec.layers; ++b) {
     begin_unit("block" + std::to_string(b), UnitKind::block, b);
-    for (int k : block_tensors(spec)) {
-      switch (k) {
-        case kLn1W:
-          add(llama ? "attn_norm_w" : "ln1_w", {C}, false, 0.0f, 1.0f);
-          break;
-        case kLn2W:
-          add(llama ? "mlp_norm_w" : "ln2_w", {C}, false, 0.0f, 1.0f);
-          break;
-        case kQkvW:
-          add("qkv_w", {qkv, C}, true, std_w, 0.0f);
-          break;
-        case kProjW:
-          add("proj_w", {C, C}, true, std_out, 0.0f);
-          break;
-        case kRouterW:
-          add("router_w", {E, C}, true, std_w, 0.0f);
-          break;
-        case kSharedFcW:  // the shared experts' gate | up [2 S F, C] and down [C, S F]
-          add("shared.gate_up_w", {2 * spec.shared_experts * F, C}, true, std_w, 0.0f);
-          break;
-        case kSharedFcprojW:
-          add("shared.down_w", {C, spec.shared_experts * F}, true, std_out, 0.0f);
-          break;
-        case kFcW:  // moe: every expert's, [E, 2F, C]
-          if (moe)
-            add("experts.gate_up_w", {E, fc, C}, true, std_w, 0.0f);
-          else
-            add(llama ? "gate_up_w" : "fc_w", {fc, C}, true, std_w, 0.0f);
-          break;
-        case kFcprojW:
-          if (moe)
-            add("experts.down_w", {E, C, F}, true, std_out, 0.0f);
-          else
-            add(llama ? "down_w" : "fcproj_w", {C, F}, true, std_out, 0.0f);
-          break;
-        default: {  // GPT-2's LayerNorm biases and linear biases: zeros
-          static const char* const names[kBlockTensors] = {"", "ln1_b", "", "qkv_b", "", "proj_b",
-                                                           "", "ln2_b", "", "fc_b",  "", "fcproj_b",
-                                                           "", "",      ""};
-          const int n = k == kQkvB ? qkv : k == kFcB ? fc : C;
-          add(names[k], {n}, false, 0.0f, 0.0f);
-        }
-      }
-    }
+    for (int k : block_tensors(spec)) add(block_tensor(spec, k));
   }
   begin_unit("head", UnitKind::head, -1);
-  add("lnf_w", {C}, false, 0.0f, 1.0f);
-  if (!llama) add("lnf_b", {C}, false, 0.0f, 0.0f);
-  if (llama) add("lm_head", {spec.vocab, C}, true, std_w, 0.0f);
+  add({"lnf_w", {C}, false, 0.0f, 1.0f});
+  if (!llama) add({"lnf_b", {C}, false});
+  if (llama) add({"lm_head", {spec.vocab, C}, true, kInitStd});
 
   if (total_ != std::size_t(spec.total_params())) {
     throw Error("ParamLayout: " + std::to_string(total_) + " parameters, ModelSpec says " +
