@@ -144,16 +144,17 @@ SdpaGraph sdpa_backward_graph(const SdpaShape& shape) {
   g.pointwise(SdpaPointwise::mul,
               g.reduce_rows(SdpaOpKind::reduce_add, g.pointwise(SdpaPointwise::mul, dout, o)), one,
               delta);
-  // p[B,H,T,T] = exp(q k^T / sqrt(D) - lse), causal: the forward's probabilities again
-  const int s = g.pointwise(SdpaPointwise::mul, g.matmul(q, kt, f32), scale);
-  const int p = g.pointwise(SdpaPointwise::exp,
-                            g.causal_mask(g.pointwise(SdpaPointwise::sub, s, stats), fill));
+  // p[B,H,T,T] = exp(q k^T / sqrt(D) - lse), causal: the forward's probabilities again (masked
+  // before the lse is subtracted, in cudnn-frontend's order)
+  const int s = g.causal_mask(g.pointwise(SdpaPointwise::mul, g.matmul(q, kt, f32), scale), fill);
+  const int p = g.pointwise(SdpaPointwise::exp, g.pointwise(SdpaPointwise::sub, s, stats));
   // dv[B,H,T,D] = p^T dout
   const int pt = g.inner(bf16, {B, H, T, T}, g.transposed_scores());
   g.reshape(p, pt);
   g.matmul(pt, dout, dv);
-  // ds[B,H,T,T] = p * (dout v^T - delta) / sqrt(D)
-  const int dp = g.matmul(dout, vt, f32);
+  // ds[B,H,T,T] = p * (dout v^T - delta) / sqrt(D); dp times one where a dropout mask would go,
+  // as cudnn-frontend's graph has it
+  const int dp = g.pointwise(SdpaPointwise::mul, g.matmul(dout, vt, f32), one);
   const int ds = g.pointwise(
       SdpaPointwise::mul,
       g.pointwise(SdpaPointwise::mul, g.pointwise(SdpaPointwise::sub, dp, delta), p), scale);
