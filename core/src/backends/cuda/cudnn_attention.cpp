@@ -216,8 +216,11 @@ Desc operation_desc(Descriptors& d, const SdpaOp& op, const std::vector<Desc>& t
     Desc p = d.make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     const cudnnPointwiseMode_t mode = pointwise_mode(op.mode);
     set(p, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    // As cudnn-frontend computes them: the mask's indices in int32, its comparison in booleans.
     set_type(p, CUDNN_ATTR_POINTWISE_MATH_PREC,
-             op.mode == SdpaPointwise::cmp_ge ? CUDNN_DATA_BOOLEAN : CUDNN_DATA_FLOAT);
+             op.mode == SdpaPointwise::cmp_ge      ? CUDNN_DATA_BOOLEAN
+             : op.mode == SdpaPointwise::gen_index ? CUDNN_DATA_INT32
+                                                   : CUDNN_DATA_FLOAT);
     if (op.mode == SdpaPointwise::gen_index) {
       const std::int64_t axis = op.axis;
       set(p, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
