@@ -2,8 +2,8 @@
 // evaluated (cudnn_standin/sdpa_evaluator.hpp: operation by operation as cuDNN's backend defines
 // them, bf16 tensors rounded when written, fp32 everywhere else) on bf16 memory in the packed qkv
 // layout the CUDA backend binds, and compared with the CPU's reference attention. cuDNN's
-// acceptance of the same graphs for an H100 is test_cudnn_sdpa's; their execution on a GPU is
-// test_cudnn_attention's (label gpu).
+// acceptance of the same graphs for an H100 is test_cudnn_sdpa's; their execution is
+// CudaTcAttention.CudnnForwardLseAndBackward's (on a GPU, and as emu.* on the cuDNN stand-in).
 #include <gtest/gtest.h>
 
 #include <algorithm>
