@@ -9,8 +9,8 @@
 # Environment: STRATA_GPU_DEBS, a folder of Debian packages of the libraries the build needs that
 # the GPU machine lacks (scripts/gpu-bundle.sh packs a build made elsewhere with them): unpacked
 # under a temporary prefix, not over /, and put ahead on LD_LIBRARY_PATH. STRATA_GPU_CUDNN, a
-# folder holding libcudnn.so.9 (the bundle's cudnn.tar.xz unpacked): ahead of the machine's. GPU_CHECK_QUICK=1 runs
-# one row of the table and a few benchmarks (a smoke test of the script itself).
+# folder holding libcudnn.so.9 (the bundle's cudnn.tar.xz unpacked): ahead of the machine's.
+# GPU_CHECK_QUICK=1 runs one row of the table and a few benchmarks (a smoke test of the script).
 # Each part has a time limit, so a hang in one still leaves the others' results in the report.
 set -uo pipefail
 build=$(cd "${1:-build}" && pwd) || { echo "gpu-check: no build folder ${1:-build}"; exit 2; }
