@@ -70,3 +70,11 @@ strata_e2e_cuda(llama.cp.np4 4 ${E2E_LOSS_TOL} --plugin cp --mesh cp=4 --micro-b
 set(E2E_CUDA_ENV ${_devices_of_two})
 strata_e2e_cuda(llama.tp.np2.bf16 2 2e-3 --plugin tp --mesh tp=2 --micro-batch 2 --precision bf16
                 ${LLAMA_CUDA})
+# The same under cuDNN's attention on the cuDNN stand-in: a rank's 2 query heads, the K/V heads
+# repeated for them before the attention, rotary positions already applied.
+if(TARGET cudnn_standin)
+  set(E2E_CUDA_GPU_ARGS --attention cudnn)
+  strata_e2e_cuda(llama.tp.np2.bf16.cudnn 2 2e-3 --plugin tp --mesh tp=2 --micro-batch 2
+                  --precision bf16 ${LLAMA_CUDA})
+  unset(E2E_CUDA_GPU_ARGS)
+endif()
