@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/sdpa_cudnn_enums.hpp"
 #include "backends/cuda/sdpa_graph.hpp"
 #include "cudnn_standin/sdpa_evaluator.hpp"
 
@@ -118,45 +119,13 @@ Descriptor* child(const Descriptor& d, cudnnBackendAttributeName_t name) {
 }
 
 SdpaType sdpa_type(cudnnDataType_t t) {
-  switch (t) {
-    case CUDNN_DATA_FLOAT:
-      return SdpaType::f32;
-    case CUDNN_DATA_BFLOAT16:
-      return SdpaType::bf16;
-    case CUDNN_DATA_INT32:
-      return SdpaType::i32;
-    case CUDNN_DATA_BOOLEAN:
-      return SdpaType::boolean;
-    default:
-      throw std::invalid_argument("a tensor data type the stand-in does not evaluate");
-  }
+  if (const auto s = strata::cuda::sdpa_name(strata::cuda::kSdpaCudnnTypes, t)) return *s;
+  throw std::invalid_argument("a tensor data type the stand-in does not evaluate");
 }
 
 SdpaPointwise sdpa_mode(cudnnPointwiseMode_t m) {
-  switch (m) {
-    case CUDNN_POINTWISE_ADD:
-      return SdpaPointwise::add;
-    case CUDNN_POINTWISE_SUB:
-      return SdpaPointwise::sub;
-    case CUDNN_POINTWISE_MUL:
-      return SdpaPointwise::mul;
-    case CUDNN_POINTWISE_DIV:
-      return SdpaPointwise::div;
-    case CUDNN_POINTWISE_EXP:
-      return SdpaPointwise::exp;
-    case CUDNN_POINTWISE_LOG:
-      return SdpaPointwise::log;
-    case CUDNN_POINTWISE_IDENTITY:
-      return SdpaPointwise::identity;
-    case CUDNN_POINTWISE_GEN_INDEX:
-      return SdpaPointwise::gen_index;
-    case CUDNN_POINTWISE_CMP_GE:
-      return SdpaPointwise::cmp_ge;
-    case CUDNN_POINTWISE_BINARY_SELECT:
-      return SdpaPointwise::select;
-    default:
-      throw std::invalid_argument("a pointwise mode the stand-in does not evaluate");
-  }
+  if (const auto s = strata::cuda::sdpa_name(strata::cuda::kSdpaCudnnPointwise, m)) return *s;
+  throw std::invalid_argument("a pointwise mode the stand-in does not evaluate");
 }
 
 // The tensor descriptor as sdpa_graph.hpp's tensor (4-d only, as strata's graphs are).

@@ -5,7 +5,6 @@
 // instead, the rest unchanged.
 #include "backends/cuda/cudnn_attention.hpp"
 
-#include <cudnn_graph.h>
 #include <dlfcn.h>
 
 #include <cmath>
@@ -17,6 +16,7 @@
 
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/layers.cuh"
+#include "backends/cuda/sdpa_cudnn_enums.hpp"
 
 namespace strata::cuda {
 
@@ -50,11 +50,13 @@ void resolve(void* lib, F& f, const char* name) {
 #define STRATA_CUDNN_ENTRY(field, symbol) a.field = &symbol
 #else
 #define STRATA_CUDNN_ENTRY(field, symbol) resolve(lib, a.field, #symbol)
+// The cuDNN a run gets (never closed: cuDNN's handles live until exit).
+void* open_libcudnn() { return dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL); }
 #endif
 
 CudnnApi load_cudnn() {
 #if !STRATA_CUDNN_STANDIN
-  void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+  void* lib = open_libcudnn();
   if (!lib)
     throw Error(std::string("--attention cudnn: cannot open libcudnn.so.9: ") + dlerror(),
                 "install cuDNN 9 (or add its lib directory to LD_LIBRARY_PATH), or run with "
@@ -138,49 +140,9 @@ void set_type(Desc d, cudnnBackendAttributeName_t name, cudnnDataType_t type) {
   set(d, name, CUDNN_TYPE_DATA_TYPE, 1, &type);
 }
 
-cudnnDataType_t data_type(SdpaType t) {
-  switch (t) {
-    case SdpaType::bf16:
-      return CUDNN_DATA_BFLOAT16;
-    case SdpaType::i32:
-      return CUDNN_DATA_INT32;
-    case SdpaType::boolean:
-      return CUDNN_DATA_BOOLEAN;
-    case SdpaType::f32:
-      break;
-  }
-  return CUDNN_DATA_FLOAT;
-}
-
-cudnnPointwiseMode_t pointwise_mode(SdpaPointwise m) {
-  switch (m) {
-    case SdpaPointwise::add:
-      return CUDNN_POINTWISE_ADD;
-    case SdpaPointwise::sub:
-      return CUDNN_POINTWISE_SUB;
-    case SdpaPointwise::mul:
-      return CUDNN_POINTWISE_MUL;
-    case SdpaPointwise::div:
-      return CUDNN_POINTWISE_DIV;
-    case SdpaPointwise::exp:
-      return CUDNN_POINTWISE_EXP;
-    case SdpaPointwise::log:
-      return CUDNN_POINTWISE_LOG;
-    case SdpaPointwise::gen_index:
-      return CUDNN_POINTWISE_GEN_INDEX;
-    case SdpaPointwise::cmp_ge:
-      return CUDNN_POINTWISE_CMP_GE;
-    case SdpaPointwise::select:
-      return CUDNN_POINTWISE_BINARY_SELECT;
-    case SdpaPointwise::identity:
-      break;
-  }
-  return CUDNN_POINTWISE_IDENTITY;
-}
-
 Desc tensor_desc(Descriptors& d, const SdpaTensor& t) {
   Desc x = d.make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  set_type(x, CUDNN_ATTR_TENSOR_DATA_TYPE, data_type(t.type));
+  set_type(x, CUDNN_ATTR_TENSOR_DATA_TYPE, cudnn_name(kSdpaCudnnTypes, t.type));
   set(x, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, t.dims.data());
   set(x, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, t.strides.data());
   set(x, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &t.uid);
@@ -214,7 +176,7 @@ Desc operation_desc(Descriptors& d, const SdpaOp& op, const std::vector<Desc>& t
     set_desc(o, CUDNN_ATTR_OPERATION_MATMUL_DESC, m);
   } else if (op.kind == SdpaOpKind::pointwise) {
     Desc p = d.make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    const cudnnPointwiseMode_t mode = pointwise_mode(op.mode);
+    const cudnnPointwiseMode_t mode = cudnn_name(kSdpaCudnnPointwise, op.mode);
     set(p, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     // As cudnn-frontend computes them: the mask's indices in int32, its comparison in booleans.
     set_type(p, CUDNN_ATTR_POINTWISE_MATH_PREC,
@@ -343,9 +305,9 @@ std::string cudnn_library_version() {
   const std::size_t v = cudnnGetVersion();
   const std::string what = "stand-in of ";
 #else
-  // Opened as load_cudnn() opens it, so this is the library a run's --attention cudnn gets; kept
-  // open (as there). Only cudnnGetVersion is needed, so an older cuDNN still reports its number.
-  void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+  // The library a run's --attention cudnn gets. Only cudnnGetVersion is needed, so an older
+  // cuDNN still reports its number.
+  void* lib = open_libcudnn();
   if (!lib) return "none";
   const auto get_version =
       reinterpret_cast<decltype(&cudnnGetVersion)>(dlsym(lib, "cudnnGetVersion"));
