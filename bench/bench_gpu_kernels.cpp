@@ -14,8 +14,9 @@
 //   epilogue: Kernels::matmul_bf16_forward), backward the two bf16 GEMMs (dinp, dweight) of
 //   cublasGemmEx. FLOPs 2 N K OC per GEMM.
 // BM_GpuElementwise/<kernel>: the passes between the GEMMs that a fused step would remove (GELU
-//   backward, the residual add of a bf16 run, rounding to bf16), at N x 4C (GELU) or N x C: GB/s,
-//   each tensor read or written once.
+//   backward, the residual add of a bf16 run, rounding to bf16), at N x 4C (GELU) or N x C, and
+//   the bf16 head's cross-entropy over one chunk of fp32 logits as a run holds it (1,334 rows of
+//   gpt2's 50,304: 256 MiB, model_passes.hpp): GB/s, each tensor read or written once.
 // Counters: TFLOPs and frac_of_peak (against the bf16 dense tensor-core peak for bf16 work, the
 // fp32 peak for the reference attention; omitted for a GPU the table does not know), or GBps.
 #include <benchmark/benchmark.h>
@@ -193,6 +194,21 @@ void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
   } else if (kernel == "residual") {  // a bf16 run's: read fp32 a, bf16 b; write bf16
     pass = [&] { k.residual_forward(static_cast<bf16*>(h), a, static_cast<bf16*>(h_in), n); };
     bytes = 8.0 * double(n);
+  } else if (kernel == "xent_grad_bf16") {  // read fp32 logits, write bf16 dlogits
+    constexpr std::size_t rows = 1334, V = 50304;
+    DeviceArray<float> logits{rows * V}, losses{rows};
+    DeviceArray<bf16> dlogits{rows * V};
+    std::vector<std::int32_t> picks(rows);
+    for (std::size_t r = 0; r < rows; ++r) picks[r] = std::int32_t(r * 7919 % V);
+    DeviceArray<float> target_words{rows};  // int32 targets in float-sized slots
+    const auto targets = reinterpret_cast<std::int32_t*>(static_cast<float*>(target_words));
+    STRATA_CUDA_CHECK(
+        cudaMemcpy(targets, picks.data(), rows * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    const double seconds = time_passes(state, [&] {
+      k.softmax_crossentropy_grad_bf16(dlogits, losses, logits, targets, rows, V);
+    });
+    state.counters["GBps"] = 6.0 * double(rows * V) * double(state.iterations()) / seconds * 1e-9;
+    return;
   } else {  // round_to_bf16: read fp32, write bf16
     pass = [&] { k.round_to_bf16(h, a, std::size_t(n)); };
     bytes = 6.0 * double(n);
@@ -228,8 +244,8 @@ void register_gpu_benchmarks() {
     for (const bool bwd : {false, true})
       add(std::string("BM_GpuGemmBf16/") + g.name + (bwd ? "/backward" : "/forward"),
           [g, bwd](benchmark::State& st) { BM_GpuGemmBf16(st, g, bwd); });
-  for (const char* k :
-       {"gelu_backward", "gelu_backward_bf16_bias_grad", "residual", "round_to_bf16"})
+  for (const char* k : {"gelu_backward", "gelu_backward_bf16_bias_grad", "residual",
+                        "round_to_bf16", "xent_grad_bf16"})
     add(std::string("BM_GpuElementwise/") + k,
         [k](benchmark::State& st) { BM_GpuElementwise(st, k); });
 }

@@ -1254,6 +1254,29 @@ TEST_F(CudaKernelsTest, Bf16CrossEntropyAgainstADoubleReference) {
   }
 }
 
+// Rows longer than a block (the CUDA kernel's running max and sum per thread, rescaled when the
+// max rises): random logits, a rising ramp (the max rises at every element a thread reads), a
+// falling one and a constant row, against the same double reference and bounds.
+TEST_F(CudaKernelsTest, Bf16CrossEntropyOverRowsLongerThanABlock) {
+  STRATA_REQUIRE_GPU();
+  constexpr int rows = 4, cols = 5003;
+  std::vector<float> logits = random_floats(std::size_t(rows) * cols, 33, -8, 8);
+  for (int i = 0; i < cols; ++i) {
+    logits[std::size_t(cols) + i] = -8.0f + 16.0f * float(i) / cols;
+    logits[std::size_t(2 * cols) + i] = 8.0f - 16.0f * float(i) / cols;
+    logits[std::size_t(3 * cols) + i] = 0.5f;
+  }
+  const std::vector<std::int32_t> targets = {17, cols - 1, 0, 2500};
+  const XentReference ref = xent_reference(logits, targets, rows, cols);
+  Buf<std::int32_t> tg(targets, true);
+  Buf<float> x(logits, true), losses(std::vector<float>(rows, 7.0f), true);
+  Buf<bf16> grad(std::vector<bf16>(logits.size(), to_bf16(3.0f)), true);
+  gpu->softmax_crossentropy_grad_bf16(grad.p(), losses.p(), x.p(), tg.p(), rows, cols);
+  sync();
+  expect_bf16_near("softmax_crossentropy_grad_bf16", grad.get(), ref.grad);
+  expect_near("softmax_crossentropy_grad_bf16 losses", losses.get(), ref.loss, 1e-5);
+}
+
 // x = bf16(float(x) * scale) in place: the same bits on both backends, one rounding of the fp32
 // product, within one bf16 rounding of the double product.
 TEST_F(CudaKernelsTest, ScaleBf16RoundsTheFp32ProductOnce) {
