@@ -20,6 +20,7 @@ f = h5py.File(sys.argv[1])
 c = f["compute"]
 assert list(c["device"]) == [b"cuda"], list(c["device"])
 assert 0 < c["block_forward_s"][0] and 0 < c["copy_s_per_byte"][0], "passes and copies timed"
+assert 0 < c["block_input_backward_s"][0] and 0 < c["block_weight_backward_s"][0], "split passes"
 ops = sorted(o.decode() for o in f["comm_fits/op"])
 assert ops == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"], ops
 # The GEMM sweep through the CUDA kernels: hidden 8..48 rounded to 16, 32, 48, five linears each,

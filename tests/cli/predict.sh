@@ -23,6 +23,9 @@ ops = {o.decode() for o in f["comm_fits/op"]}
 assert ops == {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"}, ops
 assert (f["comm_samples/time_s"][:] > 0).all() and len(f["comm_samples/op"]) == 24  # 4 ops x 6 sizes
 assert c["pass_spread"][0] > 0, c["pass_spread"][0]  # three rounds, not identical
+# The split backward's passes (zb-h1, zb-v) timed on their own: each less than the whole backward.
+b, i, w = (c[k][0] for k in ("block_backward_s", "block_input_backward_s", "block_weight_backward_s"))
+assert 0 < w < b and 0 < i < b, (b, i, w)
 PY
 # Predicted time beside memory and bytes, for each time model; tokens/s = global tokens / step.
 for s in ddp zero1 zero3; do

@@ -126,6 +126,7 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   p.samples.push_back({"all_gather", 4, 2, 65536, 3.5e-4, 4});
   p.compute[0].copy_s_per_byte = 2e-10;
   p.compute[0].pass_spread = 0.034;
+  p.compute[0].block_input_backward_s = 13e-3, p.compute[0].block_weight_backward_s = 9e-3;
   p.compute[0].tp = 2;
   p.compute.push_back(p.compute[0]);  // the same sizes as a llama: another entry
   p.compute[1].model = model_preset("tiny-llama");
@@ -156,6 +157,8 @@ TEST(ProfileFile, WritesAndReadsBackEveryField) {
   EXPECT_DOUBLE_EQ(e.optimizer_s_per_param, 1e-9);
   EXPECT_DOUBLE_EQ(e.copy_s_per_byte, 2e-10);
   EXPECT_DOUBLE_EQ(e.pass_spread, 0.034);
+  EXPECT_DOUBLE_EQ(e.block_input_backward_s, 13e-3);
+  EXPECT_DOUBLE_EQ(e.block_weight_backward_s, 9e-3);
   EXPECT_EQ(e.tp, 2);
   ASSERT_EQ(q.comm.size(), 3u);
   EXPECT_EQ(q.comm[1].op, "reduce_scatter");
@@ -583,6 +586,19 @@ TEST(Predictor, OneFOneBBubbleIsTheFormula) {
   }
 }
 
+// zb-h1's and 1f1b's replays on p: zb-h1's step and stages' mean idle time are the schedule
+// simulator's with per-stage costs {f, b, w} (free transfers), 1f1b's step 5 x 6 ms.
+std::pair<StepTime, StepTime> expect_zb_h1_simulated(const MachineProfile& p, const ModelSpec& m,
+                                                     double f, double b, double w) {
+  const pp::PipeSimulation sim = pp::simulate_pipeline(pp::PipeSchedule::zb_h1, 2, 4, 1, {f, b, w});
+  const StepTime zb = pipeline_step(p, m, "zb-h1"), fb = pipeline_step(p, m, "1f1b");
+  EXPECT_TRUE(zb.modelled && fb.modelled) << zb.why << fb.why;
+  EXPECT_NEAR(zb.step_s, sim.makespan, 1e-12);
+  EXPECT_NEAR(zb.bubble_s, (sim.idle[0] + sim.idle[1]) / 2, 1e-12);
+  EXPECT_NEAR(fb.step_s, 30e-3, 1e-12);
+  return {zb, fb};
+}
+
 // zb-h1's plan replayed: each block's backward split into B and the weight pass W, W the weight
 // GEMMs' FLOP share of it (UnitFlops); with free transfers the step and the stages' mean idle
 // time are the schedule simulator's with those costs, and both below 1f1b's on the same mesh.
@@ -593,14 +609,23 @@ TEST(Predictor, ZeroBubbleH1IsItsSimulationAndBelowOneFOneB) {
   const double f = 2e-3, b = 4e-3, w = b * (flops.block - flops.attention) / (2 * flops.block);
   EXPECT_NEAR(w, b * m.block_weight_grad_share(), 1e-15);
   ASSERT_GT(w, 0.25 * b);
-  const pp::PipeSimulation sim = pp::simulate_pipeline(pp::PipeSchedule::zb_h1, 2, 4, 1, {f, b, w});
-  const StepTime zb = pipeline_step(p, m, "zb-h1"), fb = pipeline_step(p, m, "1f1b");
-  ASSERT_TRUE(zb.modelled && fb.modelled) << zb.why << fb.why;
-  EXPECT_NEAR(zb.step_s, sim.makespan, 1e-12);
-  EXPECT_NEAR(zb.bubble_s, (sim.idle[0] + sim.idle[1]) / 2, 1e-12);
-  EXPECT_NEAR(fb.step_s, 30e-3, 1e-12);
+  const auto [zb, fb] = expect_zb_h1_simulated(p, m, f, b, w);
   EXPECT_LT(zb.step_s, fb.step_s);
   EXPECT_LT(zb.bubble_s / zb.step_s, fb.bubble_s / fb.step_s);
+}
+
+// With the split passes --calibrate measured (input 1.4 ms + weight 0.9 ms a block, 15% over its
+// unsplit 2 ms backward), zb-h1's replay is the simulation with those: the input pass on the
+// critical path as measured, not the FLOP share's. 1f1b keeps the unsplit backward.
+TEST(Predictor, ZeroBubbleH1ReplaysTheMeasuredSplitPasses) {
+  const ModelSpec m = four_blocks();
+  MachineProfile p = equal_blocks_profile(m);
+  p.compute[0].block_input_backward_s = 1.4e-3, p.compute[0].block_weight_backward_s = 0.9e-3;
+  // 2 blocks per stage
+  const StepTime zb = expect_zb_h1_simulated(p, m, 2e-3, 2 * (1.4e-3 + 0.9e-3), 2 * 0.9e-3).first;
+  // Not the FLOP share's replay.
+  const StepTime by_flops = pipeline_step(equal_blocks_profile(m), m, "zb-h1");
+  EXPECT_GT(std::fabs(zb.bubble_s - by_flops.bubble_s), 1e-4);
 }
 
 TEST(Predictor, PipelineTransfersDelayEachHop) {

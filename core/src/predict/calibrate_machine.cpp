@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <tuple>
 
 #include "backends/backend.hpp"
 #include "backends/kernels.hpp"
@@ -61,6 +62,32 @@ std::array<double, 6> time_passes(CoreContext& ctx, StageModel& model, Replica& 
   model.release_slot(slot);
   return {median(fwd[0]), median(bwd[0]), median(fwd[1]),
           median(bwd[1]), median(fwd[2]), median(bwd[2])};
+}
+
+// A block's two passes of a split backward (zero-bubble pipelines, StageModel's split_backward):
+// the median input-gradient pass over the blocks, and the slot's deferred weight gradients
+// (backward_weights, every block's at once) over the blocks. Each iteration runs every unit's
+// forward and backward first, as a pipeline stage does, after one warm-up.
+std::pair<double, double> time_split_backward(CoreContext& ctx, const RunConfig& config, Replica& r,
+                                              const MicroBatch& mb, float scale) {
+  const ModelSpec& m = config.model;
+  StageModel split(m, config.train.micro_batch, whole_model(m), ctx.memory(), Recompute::none,
+                   config.train.precision.param, DType::f32, true);
+  const int units = m.layers + 2, slot = split.acquire_slot();
+  std::vector<double> input, weight;
+  for (int it = -1; it < kComputeIterations; ++it) {
+    for (int u = 0; u < units; ++u) split.forward(slot, u, r.param_ptrs(), mb, nullptr);
+    for (int u = units - 1; u >= 0; --u) {
+      const double t0 = settled_now(ctx);
+      split.backward(slot, u, r.param_ptrs(), r.grad_ptrs(), nullptr, scale);
+      if (it >= 0 && u > 0 && u < units - 1) input.push_back(settled_now(ctx) - t0);
+    }
+    const double t0 = settled_now(ctx);
+    split.backward_weights(slot);
+    if (it >= 0) weight.push_back((settled_now(ctx) - t0) / m.layers);
+  }
+  split.release_slot(slot);
+  return {median(input), median(weight)};
 }
 
 // Seconds per byte of a new buffer in the sharded engine: each unit's gathered parameters are
@@ -149,6 +176,10 @@ ComputeEntry measure_tensor_parallel(const RunConfig& config, CoreContext& ctx,
   e.tp = config.mesh.tp;
   const auto [fwd, bwd] = time_stage(Recompute::none);
   split_passes_by_flops(e, m, fwd, bwd);
+  // The split backward's passes (measured on the whole model) keep their shares of a block's.
+  if (plain.block_backward_s > 0)
+    for (double* t : {&e.block_input_backward_s, &e.block_weight_backward_s})
+      *t *= e.block_backward_s / plain.block_backward_s;
   for (Recompute mode : {Recompute::full, Recompute::selective})
     (mode == Recompute::full ? e.block_recompute_full_s : e.block_recompute_selective_s) =
         std::max(0.0, time_stage(mode).second - bwd) / m.layers;
@@ -181,6 +212,8 @@ ComputeEntry measure_compute(const RunConfig& config, CoreContext& ctx, int thre
     const double extra = std::max(0.0, time_passes(ctx, m, r, mb, scale)[3] - p[3]);
     (mode == Recompute::full ? e.block_recompute_full_s : e.block_recompute_selective_s) = extra;
   }
+  std::tie(e.block_input_backward_s, e.block_weight_backward_s) =
+      time_split_backward(ctx, config, r, mb, scale);
   AdamW adamw = make_adamw(ctx, 0, r.size());
   std::vector<double> times;
   for (int it = -1; it < kComputeIterations; ++it) {
@@ -347,11 +380,12 @@ void print_entry(const ComputeEntry& e) {
       e.ranks_per_node);
   std::printf(
       "  embedding fwd %.3f bwd %.3f | block fwd %.3f bwd %.3f (+%.3f full, +%.3f "
-      "selective) | head fwd %.3f bwd %.3f | AdamW %.3f ns/param | new memory %.2f GB/s | "
-      "copies %.2f GB/s | rounds' spread %.1f%%\n",
+      "selective; split: input %.3f + weight %.3f) | head fwd %.3f bwd %.3f | AdamW %.3f "
+      "ns/param | new memory %.2f GB/s | copies %.2f GB/s | rounds' spread %.1f%%\n",
       e.embedding_forward_s * 1e3, e.embedding_backward_s * 1e3, e.block_forward_s * 1e3,
       e.block_backward_s * 1e3, e.block_recompute_full_s * 1e3, e.block_recompute_selective_s * 1e3,
-      e.head_forward_s * 1e3, e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
+      e.block_input_backward_s * 1e3, e.block_weight_backward_s * 1e3, e.head_forward_s * 1e3,
+      e.head_backward_s * 1e3, e.optimizer_s_per_param * 1e9,
       e.fresh_memory_s_per_byte > 0 ? 1e-9 / e.fresh_memory_s_per_byte : 0.0,
       e.copy_s_per_byte > 0 ? 1e-9 / e.copy_s_per_byte : 0.0, 100 * e.pass_spread);
 }

@@ -22,9 +22,10 @@ struct Costs {
   const MachineProfile& profile;
   const StepQuery& q;
   std::vector<double> fwd, bwd;  // per unit of the whole model, one micro-batch
-  // Of bwd, the weight pass a split backward defers (StepPlan::split_backward): a block's weight
-  // GEMMs, their FLOPs' share of its backward's; 0 for the embedding and the head.
-  std::vector<double> wgt;
+  // A split backward's two passes (StepPlan::split_backward): the input's gradients (inp) and the
+  // deferred weight gradients (wgt; 0 for the embedding and the head), as --calibrate measured a
+  // block's, or of bwd the weight GEMMs' FLOP share and the rest (add_weight_passes).
+  std::vector<double> inp, wgt;
   // tp > 1: the tp all-reduces inside each unit's passes (included in fwd, bwd), and with expert
   // parallelism the moe blocks' exchanges; empty at tp 1 and ep 1.
   std::vector<double> tp_fwd, tp_bwd;

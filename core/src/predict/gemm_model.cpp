@@ -128,7 +128,7 @@ void carry_by_gemms(ComputeEntry& e, const ModelSpec& to, int micro_batch,
     const double rest = std::max(0.0, t - gemms_seconds(gemm, layers_from, pass, m_from));
     t = gemms_seconds(gemm, layers_to, pass, m_to) + rest * rest_ratio;
   };
-  const double block_forward = e.block_forward_s;
+  const double block_forward = e.block_forward_s, block_backward = e.block_backward_s;
   const double activations =
       block_activation_bytes(to, micro_batch, e) / block_activation_bytes(from, e.micro_batch, e);
   carry(e.block_forward_s, block_linears(from), block_linears(to), "forward", activations);
@@ -140,6 +140,10 @@ void carry_by_gemms(ComputeEntry& e, const ModelSpec& to, int micro_batch,
   const double rows = tokens * double(to.hidden) / from.hidden;
   e.embedding_forward_s *= rows, e.embedding_backward_s *= rows;
   if (block_forward > 0) e.block_recompute_full_s *= e.block_forward_s / block_forward;
+  // The split backward's passes keep their shares of the backward.
+  if (block_backward > 0)
+    for (double* t : {&e.block_input_backward_s, &e.block_weight_backward_s})
+      *t *= e.block_backward_s / block_backward;
   e.block_recompute_selective_s *= tokens * double(to.seq) * to.hidden / (from.seq * from.hidden);
   e.model = to;
   e.micro_batch = micro_batch;

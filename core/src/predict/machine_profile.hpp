@@ -29,6 +29,11 @@ struct ComputeEntry {
   double head_forward_s = 0, head_backward_s = 0;
   // Extra backward time per block under --recompute full / selective (recomputing the forward).
   double block_recompute_full_s = 0, block_recompute_selective_s = 0;
+  // A block's backward split as zero-bubble pipelines run it (runner --calibrate): the input's
+  // gradients, and the weight gradients deferred to the weight pass. 0: not measured (published
+  // profiles, profiles from runs, files before it): the weight pass is its FLOP share of
+  // block_backward_s (ModelSpec::block_weight_grad_share) and the input pass the rest.
+  double block_input_backward_s = 0, block_weight_backward_s = 0;
   double optimizer_s_per_param = 0;  // AdamW (with the norm), s per element updated
   // A new buffer allocated and written once (page faults included), s per byte: what the sharded
   // engine pays per group and micro-batch for its gathered parameters and gradient buffers.

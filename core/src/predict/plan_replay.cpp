@@ -42,8 +42,8 @@ struct RankReplay {
 
 using SendKey = std::tuple<int, int, int>;  // from, to, tag
 
-// A unit pass: its forward, its backward (less the weight pass a split plan runs apart) or that
-// weight pass (no collective inside).
+// A unit pass: its forward, its backward (a split plan's input pass) or a split plan's weight
+// pass (no collective inside).
 double pass_time(const Costs& c, const PlanAction& a, RankReplay& r) {
   const bool fwd = a.op == PlanOp::forward;
   const std::vector<double>& pass = fwd ? c.fwd : c.bwd;
@@ -54,7 +54,7 @@ double pass_time(const Costs& c, const PlanAction& a, RankReplay& r) {
   if (a.op == PlanOp::weight) return c.wgt[u];
   const std::vector<double>& tp = fwd ? c.tp_fwd : c.tp_bwd;
   if (!tp.empty()) r.tp_inside += tp[u];
-  return pass[u] - (!fwd && r.plan->split_backward ? c.wgt[u] : 0.0);
+  return !fwd && r.plan->split_backward ? c.inp[u] : pass[u];
 }
 
 // Rank r's next action; false when it must wait for a send not replayed yet.

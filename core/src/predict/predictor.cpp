@@ -16,10 +16,10 @@ namespace time_model {
 void add_tensor_parallel(Costs& c, bool measured);
 void add_expert_parallel(Costs& c, int ep);
 void add_context_parallel(Costs& c, int cp);
-void add_weight_passes(Costs& c, double block_backward_s);
+void add_weight_passes(Costs& c, const ComputeEntry& e);
 
 Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
-  Costs c{profile, q, {}, {}, {}, {}, {}, 0, 0, 0, 1, 0, {}, {}};
+  Costs c{profile, q, {}, {}, {}, {}, {}, {}, 0, 0, 0, 1, 0, {}, {}};
   std::string how;
   const int on_host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
   const auto e = find_compute(profile, q.model, q.train.micro_batch, device_name(q.train.device),
@@ -50,17 +50,29 @@ Costs make_costs(const MachineProfile& profile, const StepQuery& q) {
   if (q.mesh.tp > 1) add_tensor_parallel(c, e->tp == q.mesh.tp);
   if (q.mesh.cp > 1) add_context_parallel(c, q.mesh.cp);
   if (q.plans.front().expert_parallel > 1) add_expert_parallel(c, q.plans.front().expert_parallel);
-  add_weight_passes(c, e->block_backward_s);
+  add_weight_passes(c, *e);
   return c;
 }
 
-// A block's weight pass: its weight gradients' FLOP share (ModelSpec::block_weight_grad_share) of
-// the profile's block backward, over tp (whose ranks split the GEMMs).
-void add_weight_passes(Costs& c, double block_backward_s) {
+// A block's split backward: the profile's measured input and weight passes, their sum's excess
+// over the unsplit backward added to the input pass; without them the weight pass is its weight
+// gradients' FLOP share (ModelSpec::block_weight_grad_share) of the backward. Over cp, and over
+// tp unless the entry holds a tp rank's own passes, as the passes are (their ranks split the
+// GEMMs).
+void add_weight_passes(Costs& c, const ComputeEntry& e) {
+  const bool measured = e.block_input_backward_s > 0 && e.block_weight_backward_s > 0;
+  const double ways = c.q.mesh.cp * (e.tp == c.q.mesh.tp ? 1 : c.q.mesh.tp);
+  const double weight = measured ? e.block_weight_backward_s
+                                 : e.block_backward_s * c.q.model.block_weight_grad_share();
+  const double excess =
+      measured ? e.block_input_backward_s + e.block_weight_backward_s - e.block_backward_s : 0.0;
+  c.inp = c.bwd;
   c.wgt.assign(c.bwd.size(), 0.0);
-  for (int l = 1; l <= c.q.model.layers; ++l)
-    c.wgt[std::size_t(l)] =
-        block_backward_s * c.q.model.block_weight_grad_share() / (c.q.mesh.tp * c.q.mesh.cp);
+  for (int l = 1; l <= c.q.model.layers; ++l) {
+    const std::size_t u = std::size_t(l);
+    c.wgt[u] = weight / ways;
+    c.inp[u] = c.bwd[u] - c.wgt[u] + excess / ways;
+  }
 }
 
 // Context parallelism's exchanges: each block's all-to-alls (context_parallel_collectives) on the

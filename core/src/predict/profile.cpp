@@ -65,11 +65,12 @@ bool same_configuration(const ComputeEntry& a, const ComputeEntry& b) {
          a.ranks_per_node == b.ranks_per_node && a.tp == b.tp;
 }
 
-std::array<double*, 11> timed_fields(ComputeEntry& e) {
+std::array<double*, 13> timed_fields(ComputeEntry& e) {
   return {&e.embedding_forward_s,    &e.embedding_backward_s,
           &e.block_forward_s,        &e.block_backward_s,
           &e.head_forward_s,         &e.head_backward_s,
           &e.block_recompute_full_s, &e.block_recompute_selective_s,
+          &e.block_input_backward_s, &e.block_weight_backward_s,
           &e.optimizer_s_per_param,  &e.fresh_memory_s_per_byte,
           &e.copy_s_per_byte};
 }
@@ -214,6 +215,7 @@ void scale_to_shape(ComputeEntry& e, const ModelSpec& model) {
   const double att = tokens * to.attention / from.attention, head = tokens * to.head / from.head;
   e.embedding_forward_s *= emb, e.embedding_backward_s *= emb;
   e.block_forward_s *= blk, e.block_backward_s *= blk, e.block_recompute_full_s *= blk;
+  e.block_input_backward_s *= blk, e.block_weight_backward_s *= blk;
   e.block_recompute_selective_s *= att;
   e.head_forward_s *= head, e.head_backward_s *= head;
   e.model = model;
@@ -272,9 +274,10 @@ std::optional<ComputeEntry> find_compute(const MachineProfile& p, const ModelSpe
   if (e.micro_batch != micro_batch) {
     // Passes scale with the tokens of the micro-batch (GEMM rows): linear, a first-order model.
     const double r = double(micro_batch) / e.micro_batch;
-    for (double* t : {&e.embedding_forward_s, &e.embedding_backward_s, &e.block_forward_s,
-                      &e.block_backward_s, &e.head_forward_s, &e.head_backward_s,
-                      &e.block_recompute_full_s, &e.block_recompute_selective_s})
+    for (double* t :
+         {&e.embedding_forward_s, &e.embedding_backward_s, &e.block_forward_s, &e.block_backward_s,
+          &e.head_forward_s, &e.head_backward_s, &e.block_recompute_full_s,
+          &e.block_recompute_selective_s, &e.block_input_backward_s, &e.block_weight_backward_s})
       *t *= r;
     note("scaled from micro-batch " + std::to_string(e.micro_batch));
     e.micro_batch = micro_batch;

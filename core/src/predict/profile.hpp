@@ -27,7 +27,7 @@ ComputeEntry median_entry(const std::vector<ComputeEntry>& entries);
 
 // Every timed field of an entry (passes, recompute, optimizer, new buffers, copies), for the
 // operations over all of them: the max over ranks, the median over runs.
-std::array<double*, 11> timed_fields(ComputeEntry& e);
+std::array<double*, 13> timed_fields(ComputeEntry& e);
 
 // Sets an entry's six unit passes from the whole model's forward and backward of one micro-batch
 // (seconds), split over the units in proportion to their forward FLOPs (UnitFlops).

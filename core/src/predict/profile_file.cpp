@@ -153,6 +153,8 @@ const std::vector<Column<ComputeEntry>>& compute_columns() {
       NUM(E, head_backward_s, "s"),
       NUM(E, block_recompute_full_s, "s"),
       NUM(E, block_recompute_selective_s, "s"),
+      NUM(E, block_input_backward_s, "s"),
+      NUM(E, block_weight_backward_s, "s"),
       NUM(E, optimizer_s_per_param, "s/param"),
       NUM(E, fresh_memory_s_per_byte, "s/byte"),
       NUM(E, copy_s_per_byte, "s/byte"),
@@ -235,11 +237,12 @@ std::vector<Row> read_table(hid_t file, const std::string& table,
   for (const Column<Row>& c : columns) {
     const std::string path = column_path(table, c.name);
     // Columns added after the first files (copy_s_per_byte, host_ranks, tp, pass_spread, the
-    // model family's and its experts') may be missing: they keep the row's default (0; tp 1;
-    // gpt2).
+    // model family's and its experts', the split backward's) may be missing: they keep the row's
+    // default (0; tp 1; gpt2).
     if (sized &&
         (c.name == "copy_s_per_byte" || c.name == "host_ranks" || c.name == "tp" ||
-         c.name == "pass_spread" || c.name.starts_with("model.")) &&
+         c.name == "pass_spread" || c.name.starts_with("model.") ||
+         c.name.starts_with("block_input_") || c.name.starts_with("block_weight_")) &&
         H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
       continue;
     std::vector<double> v;
