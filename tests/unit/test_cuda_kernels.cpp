@@ -652,6 +652,35 @@ TEST_F(CudaKernelsTest, EmbeddingsMatchBitForBit) {
   }
 }
 
+// The embedding's backward over more positions than one tile of the CUDA kernel's token links
+// (700 > 256): tokens repeated across tiles (12 distinct, one of them 200 times), some outside
+// the shard, 40 columns (not a multiple of 32): the CPU's sums, bit for bit, in fp32 and bf16.
+TEST_F(CudaKernelsTest, EmbeddingBackwardOverManyTilesMatchesBitForBit) {
+  STRATA_REQUIRE_GPU();
+  constexpr std::size_t Nr = 700, Vt = 12, first = 2, shard = 8;
+  constexpr int Cc = 40;
+  std::vector<std::int32_t> tokens = random_tokens(Nr, int(Vt), 41);
+  for (std::size_t n = 0; n < Nr; n += 7) tokens[n] = 5;
+  Dev<std::int32_t> d_tokens(tokens);
+  const std::vector<float> d = random_floats(Nr * Cc, 42, -2, 2);
+  Dev<float> d_d(d);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<float> table = random_floats(shard * Cc, 43, -2, 2);
+    if (dt == DType::bf16) {
+      const std::vector<bf16> b = random_bf16(shard * Cc, 43);
+      std::memcpy(table.data(), b.data(), b.size() * sizeof(bf16));
+    }
+    Dev<float> d_table(table);
+    gpu->embedding_rows_backward({d_table.p, shard * Cc, dt, Device::cuda}, d_d.p, d_tokens.p, Nr,
+                                 first, shard, Cc);
+    cpu.embedding_rows_backward({table.data(), shard * Cc, dt, Device::cpu}, d.data(),
+                                tokens.data(), Nr, first, shard, Cc);
+    sync();
+    expect_bits("embedding_rows_backward", d_table.host(), table);
+  }
+}
+
 TEST_F(CudaKernelsTest, HostTablesAreRefused) {
   STRATA_REQUIRE_GPU();
   std::vector<float> wte(Vl * C), rows(N * C);

@@ -7,6 +7,7 @@
 // addition, and no atomics (a bf16 atomic add would round in a run-dependent order). The
 // cross-entropy reductions run one block per row.
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "backends/cuda/bf16.cuh"
@@ -95,18 +96,51 @@ __global__ void bias_add_chunks_kernel(float* dbias, const float* sums, std::siz
 }
 
 // --- scatter-adds: one thread per output element, adding its rows in ascending order
-// One thread per column: repeated tokens add into the same row in the order of n.
-__global__ void embedding_backward_kernel(void* gwte, bool bf16, const float* d,
-                                          const std::int32_t* tokens, std::size_t N, std::size_t v0,
-                                          std::size_t Vl, int C) {
-  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c >= C) return;
-  for (std::size_t n = 0; n < N; ++n) {
-    const std::size_t v = std::size_t(tokens[n]) - v0;
-    if (v >= Vl) continue;
-    const std::size_t at = v * C + c;
-    store(gwte, bf16, at, __fadd_rn(load(gwte, bf16, at), d[n * C + c]));
+// The embedding's rows by token, in two launches. First each position n of a token in the shard
+// gets the next position of the same token (N where there is none) and whether it is the token's
+// first; the tokens compared in tiles of kThreads through shared memory (N^2 comparisons: 67M for
+// a micro-batch of 8 x 1024 tokens). Then the thread (first position n, column c) adds its
+// token's rows along those links, in the order of n. One thread per column adding all N rows
+// took N dependent global loads in a row; this keeps the CPU's order, with distinct tokens x C
+// threads at once.
+__global__ void token_links_kernel(std::int32_t* next, std::uint8_t* first,
+                                   const std::int32_t* tokens, int N, std::size_t v0,
+                                   std::size_t Vl) {
+  __shared__ std::int32_t tile[kThreads];
+  const int n = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  const std::int32_t token = n < N ? tokens[n] : 0;
+  const bool mine = n < N && std::size_t(token) - v0 < Vl;
+  int after = N;
+  bool earlier = false;
+  for (int t0 = 0; t0 < N; t0 += kThreads) {
+    __syncthreads();
+    if (t0 + int(threadIdx.x) < N) tile[threadIdx.x] = tokens[t0 + int(threadIdx.x)];
+    __syncthreads();
+    const int count = N - t0 < kThreads ? N - t0 : kThreads;
+    for (int i = 0; i < count && mine; ++i) {
+      const int m = t0 + i;
+      if (tile[i] != token) continue;
+      if (m < n) earlier = true;
+      if (m > n && m < after) after = m;
+    }
   }
+  if (n >= N) return;
+  next[n] = after;
+  first[n] = mine && !earlier;
+}
+__global__ void embedding_backward_kernel(void* gwte, bool bf16, const float* d,
+                                          const std::int32_t* tokens, const std::int32_t* next,
+                                          const std::uint8_t* first, int N, std::size_t v0, int C) {
+  const int c = int(blockIdx.y) * 32 + int(threadIdx.x);
+  const int n0 = int(blockIdx.x) * int(blockDim.y) + int(threadIdx.y);
+  if (c >= C || n0 >= N || !first[n0]) return;
+  const std::size_t at = (std::size_t(tokens[n0]) - v0) * C + c;
+  float g = load(gwte, bf16, at);
+  for (int n = n0; n < N; n = next[n]) {
+    g = __fadd_rn(g, d[std::size_t(n) * C + c]);
+    if (bf16) g = bf16_to_float(float_to_bf16(g));  // rounded per addition, as stored
+  }
+  store(gwte, bf16, at, g);
 }
 // One thread per (position p, column c): rows i with (row0 + i) % T == p, ascending.
 __global__ void positions_backward_kernel(void* gwpe, bool bf16, const float* d, std::size_t rows,
@@ -285,9 +319,25 @@ void CudaKernels::embedding_rows_backward(BufferView gwte, const float* d,
                                           std::size_t Vl, int C) {
   const bool bf16 = table_is_bf16("embedding_rows_backward", gwte);
   if (N == 0 || C <= 0) return;
-  STRATA_LAUNCH(embedding_backward_kernel, blocks_for(std::size_t(C)), kThreads, 0, ctx_.stream)
-  (gwte.data, bf16, d, tokens, N, v0, Vl, C);
+  if (N > std::size_t(std::numeric_limits<std::int32_t>::max()))
+    throw Error("embedding_rows_backward: " + std::to_string(N) + " tokens",
+                "at most 2^31 - 1 tokens a micro-batch");
+  // The links live in a stream-ordered allocation of the backend's pool for the two launches
+  // (5 bytes a token), as the bias gradient's chunk sums.
+  std::int32_t* next = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&next), N * 5, ctx_.stream));
+  auto* first = reinterpret_cast<std::uint8_t*>(next + N);
+  const int n = int(N);
+  STRATA_LAUNCH(token_links_kernel, unsigned((n + kThreads - 1) / kThreads), kThreads, 0,
+                ctx_.stream)
+  (next, first, tokens, n, v0, Vl);
   STRATA_CUDA_CHECK_LAUNCH();
+  constexpr int kRows = kThreads / 32;  // a block: 32 columns x kRows positions
+  const dim3 grid(unsigned((n + kRows - 1) / kRows), unsigned((C + 31) / 32));
+  STRATA_LAUNCH(embedding_backward_kernel, grid, dim3(32, kRows), 0, ctx_.stream)
+  (gwte.data, bf16, d, tokens, next, first, n, v0, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+  STRATA_CUDA_CHECK(cudaFreeAsync(next, ctx_.stream));
 }
 void CudaKernels::positions_backward(BufferView gwpe, const float* d, std::size_t rows,
                                      std::size_t row0, int T, int C) {
