@@ -48,22 +48,15 @@ gpu::CudaKernels& cudnn_kernels() {
   return k;
 }
 
-// n elements of T on the device, a fixed pattern in [-1, 1) (never zeros: they run faster).
+// n elements of T on the device, a fixed pattern in [-1, 1) (never zeros: they run faster), or
+// a copy of the given host elements.
 template <class T>
 class DeviceArray {
  public:
-  explicit DeviceArray(std::size_t n) : n_(n) {
-    std::vector<float> pattern(n);
-    fill_pattern(pattern.data(), n);
-    std::vector<T> host(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<T, float>)
-        host[i] = pattern[i];
-      else
-        host[i] = to_bf16(pattern[i]);
-    }
-    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
-    STRATA_CUDA_CHECK(cudaMemcpy(p_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  explicit DeviceArray(std::size_t n) : DeviceArray(pattern(n)) {}
+  explicit DeviceArray(const std::vector<T>& host) : n_(host.size()) {
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)));
+    STRATA_CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
     STRATA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~DeviceArray() { cudaFree(p_); }
@@ -72,6 +65,19 @@ class DeviceArray {
   operator T*() const { return p_; }
 
  private:
+  static std::vector<T> pattern(std::size_t n) {
+    std::vector<float> values(n);
+    fill_pattern(values.data(), n);
+    std::vector<T> host(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, float>)
+        host[i] = values[i];
+      else
+        host[i] = to_bf16(values[i]);
+    }
+    return host;
+  }
+
   std::size_t n_;
   T* p_ = nullptr;
 };
@@ -200,10 +206,7 @@ void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
     DeviceArray<bf16> dlogits{rows * V};
     std::vector<std::int32_t> picks(rows);
     for (std::size_t r = 0; r < rows; ++r) picks[r] = std::int32_t(r * 7919 % V);
-    DeviceArray<float> target_words{rows};  // int32 targets in float-sized slots
-    const auto targets = reinterpret_cast<std::int32_t*>(static_cast<float*>(target_words));
-    STRATA_CUDA_CHECK(
-        cudaMemcpy(targets, picks.data(), rows * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    const DeviceArray<std::int32_t> targets{picks};
     const double seconds = time_passes(state, [&] {
       k.softmax_crossentropy_grad_bf16(dlogits, losses, logits, targets, rows, V);
     });

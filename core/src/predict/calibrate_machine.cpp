@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -42,8 +43,11 @@ double settled_now(CoreContext& ctx) {
 
 // Median seconds of each unit's forward and backward through `model` (its recompute mode), after
 // one warm-up pass; blocks pooled (they have one shape). Order: embedding, block, head (fwd, bwd).
-std::array<double, 6> time_passes(CoreContext& ctx, StageModel& model, Replica& r,
-                                  const MicroBatch& mb, float scale) {
+// `after_backward` (when set) runs after each pass's backwards with the slot and whether the pass
+// is timed (not the warm-up).
+std::array<double, 6> time_passes(
+    CoreContext& ctx, StageModel& model, Replica& r, const MicroBatch& mb, float scale,
+    const std::function<void(int slot, bool timed)>& after_backward = {}) {
   const int units = ctx.model_spec().layers + 2, slot = model.acquire_slot();
   std::map<int, std::vector<double>> fwd, bwd;  // key: 0 embedding, 1 block, 2 head
   auto kind = [&](int u) { return u == 0 ? 0 : u == units - 1 ? 2 : 1; };
@@ -58,6 +62,7 @@ std::array<double, 6> time_passes(CoreContext& ctx, StageModel& model, Replica& 
       model.backward(slot, u, r.param_ptrs(), r.grad_ptrs(), nullptr, scale);
       if (it >= 0) bwd[kind(u)].push_back(settled_now(ctx) - t0);
     }
+    if (after_backward) after_backward(slot, it >= 0);
   }
   model.release_slot(slot);
   return {median(fwd[0]), median(bwd[0]), median(fwd[1]),
@@ -65,29 +70,20 @@ std::array<double, 6> time_passes(CoreContext& ctx, StageModel& model, Replica& 
 }
 
 // A block's two passes of a split backward (zero-bubble pipelines, StageModel's split_backward):
-// the median input-gradient pass over the blocks, and the slot's deferred weight gradients
-// (backward_weights, every block's at once) over the blocks. Each iteration runs every unit's
-// forward and backward first, as a pipeline stage does, after one warm-up.
+// time_passes' block backward (the input-gradient pass), and after each pass's backwards the
+// slot's deferred weight gradients (backward_weights, every block's at once) over the blocks.
 std::pair<double, double> time_split_backward(CoreContext& ctx, const RunConfig& config, Replica& r,
                                               const MicroBatch& mb, float scale) {
   const ModelSpec& m = config.model;
   StageModel split(m, config.train.micro_batch, whole_model(m), ctx.memory(), Recompute::none,
                    config.train.precision.param, DType::f32, true);
-  const int units = m.layers + 2, slot = split.acquire_slot();
-  std::vector<double> input, weight;
-  for (int it = -1; it < kComputeIterations; ++it) {
-    for (int u = 0; u < units; ++u) split.forward(slot, u, r.param_ptrs(), mb, nullptr);
-    for (int u = units - 1; u >= 0; --u) {
-      const double t0 = settled_now(ctx);
-      split.backward(slot, u, r.param_ptrs(), r.grad_ptrs(), nullptr, scale);
-      if (it >= 0 && u > 0 && u < units - 1) input.push_back(settled_now(ctx) - t0);
-    }
+  std::vector<double> weight;
+  const auto p = time_passes(ctx, split, r, mb, scale, [&](int slot, bool timed) {
     const double t0 = settled_now(ctx);
     split.backward_weights(slot);
-    if (it >= 0) weight.push_back((settled_now(ctx) - t0) / m.layers);
-  }
-  split.release_slot(slot);
-  return {median(input), median(weight)};
+    if (timed) weight.push_back((settled_now(ctx) - t0) / m.layers);
+  });
+  return {p[3], median(weight)};
 }
 
 // Seconds per byte of a new buffer in the sharded engine: each unit's gathered parameters are
@@ -176,10 +172,7 @@ ComputeEntry measure_tensor_parallel(const RunConfig& config, CoreContext& ctx,
   e.tp = config.mesh.tp;
   const auto [fwd, bwd] = time_stage(Recompute::none);
   split_passes_by_flops(e, m, fwd, bwd);
-  // The split backward's passes (measured on the whole model) keep their shares of a block's.
-  if (plain.block_backward_s > 0)
-    for (double* t : {&e.block_input_backward_s, &e.block_weight_backward_s})
-      *t *= e.block_backward_s / plain.block_backward_s;
+  keep_split_shares(e, plain.block_backward_s);  // measured on the whole model
   for (Recompute mode : {Recompute::full, Recompute::selective})
     (mode == Recompute::full ? e.block_recompute_full_s : e.block_recompute_selective_s) =
         std::max(0.0, time_stage(mode).second - bwd) / m.layers;

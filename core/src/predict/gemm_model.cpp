@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "predict/profile.hpp"
 #include "strata/device.hpp"
 
 namespace strata {
@@ -140,10 +141,7 @@ void carry_by_gemms(ComputeEntry& e, const ModelSpec& to, int micro_batch,
   const double rows = tokens * double(to.hidden) / from.hidden;
   e.embedding_forward_s *= rows, e.embedding_backward_s *= rows;
   if (block_forward > 0) e.block_recompute_full_s *= e.block_forward_s / block_forward;
-  // The split backward's passes keep their shares of the backward.
-  if (block_backward > 0)
-    for (double* t : {&e.block_input_backward_s, &e.block_weight_backward_s})
-      *t *= e.block_backward_s / block_backward;
+  keep_split_shares(e, block_backward);
   e.block_recompute_selective_s *= tokens * double(to.seq) * to.hidden / (from.seq * from.hidden);
   e.model = to;
   e.micro_batch = micro_batch;

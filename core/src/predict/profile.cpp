@@ -102,6 +102,12 @@ void split_passes_by_flops(ComputeEntry& e, const ModelSpec& model, double forwa
   e.head_forward_s = F * f.head, e.head_backward_s = B * f.head;
 }
 
+void keep_split_shares(ComputeEntry& e, double old_block_backward_s) {
+  if (old_block_backward_s <= 0) return;
+  for (double* t : {&e.block_input_backward_s, &e.block_weight_backward_s})
+    *t *= e.block_backward_s / old_block_backward_s;
+}
+
 CommFit fit_alpha_beta(const std::vector<CommSample>& all_points) {
   if (all_points.empty()) throw Error("alpha-beta fit: no points");
   const std::vector<CommSample> points = monotone(all_points);

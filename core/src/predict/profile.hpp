@@ -34,6 +34,10 @@ std::array<double*, 13> timed_fields(ComputeEntry& e);
 void split_passes_by_flops(ComputeEntry& e, const ModelSpec& model, double forward_s,
                            double backward_s);
 
+// After an entry's block_backward_s changed from `old_block_backward_s` (carried to another shape,
+// or made a tp rank's own): its split backward's measured passes keep their shares of it.
+void keep_split_shares(ComputeEntry& e, double old_block_backward_s);
+
 // Whether two samples measure one point: op, group shape, ranks on the host and bytes.
 bool same_point(const CommSample& a, const CommSample& b);
 

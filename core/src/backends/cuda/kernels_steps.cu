@@ -33,6 +33,15 @@ bool table_is_bf16(const char* op, BufferView t) {
   return t.dtype == DType::bf16;
 }
 
+// Scratch for a few launches on `stream`, freed with cudaFreeAsync on it after them: a
+// stream-ordered allocation of the backend's pool, counted in the device peak, not in the memory
+// ledger (as cuBLAS's workspace).
+void* stream_scratch(std::size_t bytes, cudaStream_t stream) {
+  void* p = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+  return p;
+}
+
 // --- per-element kernels over [0, rows * C)
 __global__ void add_bias_kernel(float* out, const float* bias, std::size_t n, int C) {
   STRATA_GRID_STRIDE(i, n) { out[i] = __fadd_rn(out[i], bias[i % C]); }
@@ -270,16 +279,13 @@ void CudaKernels::gelu_backward_bf16_bias_grad(bf16* out, float* dbias, float* /
                                                int C) {
   bias_grad_rounding(dbias, out, dout, rows, C, inp);
 }
-// The chunk sums live in a stream-ordered allocation of the backend's pool for the two launches
-// (rows / 64 x C floats, 1/16 of dout): counted in the device peak, not in the memory ledger, as
-// cuBLAS's workspace.
+// The chunk sums are scratch for the two launches (rows / 64 x C floats, 1/16 of dout).
 void CudaKernels::bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout,
                                      std::size_t rows, int C, ActView gelu_inp) {
   if (rows == 0 || C <= 0) return;
   const std::size_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
-  float* sums = nullptr;
-  STRATA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&sums),
-                                    chunks * std::size_t(C) * sizeof(float), ctx_.stream));
+  auto* sums =
+      static_cast<float*>(stream_scratch(chunks * std::size_t(C) * sizeof(float), ctx_.stream));
   const dim3 grid(unsigned((C + 31) / 32),
                   unsigned((chunks + kBiasGradChunksPerBlock - 1) / kBiasGradChunksPerBlock));
   STRATA_LAUNCH(bias_chunk_sums_kernel, grid, dim3(32, kBiasGradChunksPerBlock), 0, ctx_.stream)
@@ -322,10 +328,8 @@ void CudaKernels::embedding_rows_backward(BufferView gwte, const float* d,
   if (N > std::size_t(std::numeric_limits<std::int32_t>::max()))
     throw Error("embedding_rows_backward: " + std::to_string(N) + " tokens",
                 "at most 2^31 - 1 tokens a micro-batch");
-  // The links live in a stream-ordered allocation of the backend's pool for the two launches
-  // (5 bytes a token), as the bias gradient's chunk sums.
-  std::int32_t* next = nullptr;
-  STRATA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&next), N * 5, ctx_.stream));
+  // The links are scratch for the two launches (5 bytes a token).
+  auto* next = static_cast<std::int32_t*>(stream_scratch(N * 5, ctx_.stream));
   auto* first = reinterpret_cast<std::uint8_t*>(next + N);
   const int n = int(N);
   STRATA_LAUNCH(token_links_kernel, unsigned((n + kThreads - 1) / kThreads), kThreads, 0,
