@@ -10,11 +10,11 @@
 //   (half the T x T products): forward 2 B T^2 C (S = QK^T and PV), backward 2.5x forward (dV, dP,
 //   dQ, dK; the recomputed S not counted).
 // BM_GpuGemmBf16/<gemm>/<forward|backward>: a gpt2-124m block's linear layers at N = 8 x 1024
-//   rows: forward as the model runs it (cublasLtMatmul with the bias, and GELU for fc1, in the
-//   epilogue: Kernels::matmul_bf16_forward), backward the two bf16 GEMMs (dinp, dweight) of
-//   cublasGemmEx. FLOPs 2 N K OC per GEMM.
-// BM_GpuElementwise/<kernel>: the passes between the GEMMs that a fused step would remove (GELU
-//   backward, the residual add of a bf16 run, rounding to bf16), at N x 4C (GELU) or N x C, and
+//   rows: forward as the model runs it (cublasLtMatmul with the bias in the epilogue, then for
+//   fc1 the bf16 GELU kernel: Kernels::matmul_bf16_forward), backward the two bf16 GEMMs (dinp,
+//   dweight) of cublasGemmEx. FLOPs 2 N K OC per GEMM.
+// BM_GpuElementwise/<kernel>: the passes between the GEMMs (the GELU forward and backward, the
+//   residual add of a bf16 run, rounding to bf16), at N x 4C (GELU) or N x C, and
 //   the bf16 head's cross-entropy over one chunk of fp32 logits as a run holds it (1,334 rows of
 //   gpt2's 50,304: 256 MiB, model_passes.hpp): GB/s, each tensor read or written once.
 // Counters: TFLOPs and frac_of_peak (against the bf16 dense tensor-core peak for bf16 work, the
@@ -180,7 +180,7 @@ void BM_GpuGemmBf16(benchmark::State& state, const Linear& g, bool backward) {
 
 void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
   constexpr int kFc1 = 4 * 768;  // fc1's output columns; its rows: 8 x 1024 tokens
-  const bool mlp = kernel.rfind("gelu_backward", 0) == 0;  // on fc1's output [8192, kFc1]
+  const bool mlp = kernel.rfind("gelu_", 0) == 0;  // on fc1's output [8192, kFc1]
   const std::int64_t n = std::int64_t(8) * 1024 * (mlp ? kFc1 : 768);
   DeviceArray<float> a{std::size_t(n)}, b{std::size_t(n)}, c{std::size_t(n)};
   DeviceArray<bf16> h{std::size_t(n)}, h_in{std::size_t(kernel == "round_to_bf16" ? 1 : n)};
@@ -197,6 +197,9 @@ void BM_GpuElementwise(benchmark::State& state, const std::string& kernel) {
                                      std::size_t(n / kFc1), kFc1);
     };
     bytes = 8.0 * double(n);
+  } else if (kernel == "gelu_forward_bf16") {  // read bf16 fc1 output, write bf16 GELU
+    pass = [&] { k.gelu_forward(static_cast<bf16*>(h), static_cast<bf16*>(h_in), n); };
+    bytes = 4.0 * double(n);
   } else if (kernel == "residual") {  // a bf16 run's: read fp32 a, bf16 b; write bf16
     pass = [&] { k.residual_forward(static_cast<bf16*>(h), a, static_cast<bf16*>(h_in), n); };
     bytes = 8.0 * double(n);
@@ -247,8 +250,8 @@ void register_gpu_benchmarks() {
     for (const bool bwd : {false, true})
       add(std::string("BM_GpuGemmBf16/") + g.name + (bwd ? "/backward" : "/forward"),
           [g, bwd](benchmark::State& st) { BM_GpuGemmBf16(st, g, bwd); });
-  for (const char* k : {"gelu_backward", "gelu_backward_bf16_bias_grad", "residual",
-                        "round_to_bf16", "xent_grad_bf16"})
+  for (const char* k : {"gelu_forward_bf16", "gelu_backward", "gelu_backward_bf16_bias_grad",
+                        "residual", "round_to_bf16", "xent_grad_bf16"})
     add(std::string("BM_GpuElementwise/") + k,
         [k](benchmark::State& st) { BM_GpuElementwise(st, k); });
 }

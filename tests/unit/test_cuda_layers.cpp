@@ -169,8 +169,10 @@ TEST_F(CudaLayers, EncoderBackward) {
 
 // ---------------------------------------------------------------------------------------------
 
-// LayerNorm forward and backward at a width below and above one warp's stride, and at a width
-// whose backward needs more than 48 KiB of shared memory (the opt-in path).
+// LayerNorm forward and backward at a width below and above one warp's stride, over more rows
+// than the backward's 512 blocks of 8 warps hold at once (each warp then sums two or more rows
+// into its slice), at a width whose backward takes 3 warps a block (2,048), and at one whose
+// backward needs more than 48 KiB of shared memory for one warp (the opt-in path).
 class CudaLayerNorm : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(CudaLayerNorm, ForwardAndBackward) {
@@ -203,7 +205,8 @@ TEST_P(CudaLayerNorm, ForwardAndBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, CudaLayerNorm,
-                         ::testing::Values(std::pair{N, 20}, std::pair{N, 80}, std::pair{16, 8192}),
+                         ::testing::Values(std::pair{N, 20}, std::pair{N, 80}, std::pair{4200, 100},
+                                           std::pair{40, 2048}, std::pair{16, 8192}),
                          [](const auto& info) {
                            return "N" + std::to_string(info.param.first) + "_C" +
                                   std::to_string(info.param.second);
@@ -923,6 +926,33 @@ TEST_F(CudaLayers, GeluForwardAndBackward) {
   expect_close_scaled("dinp", d_dx.host(), want, scale, kElemRtol, kElemAtol);
 }
 
+// A bf16 run's FC layer takes the GELU of its bf16 pre-activation: the bf16 kernel gives the fp32
+// kernel's value of the widened input rounded once (strata::to_bf16's bits), also in place.
+TEST_F(CudaLayers, GeluForwardOfBf16IsTheFp32GeluRounded) {
+  const std::int64_t n = 100003;
+  const auto drawn = random_floats(n, 53, -6.0f, 6.0f);
+  std::vector<strata::bf16> x(n);
+  std::vector<float> widened(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = strata::to_bf16(drawn[i]);
+    widened[i] = strata::to_float(x[i]);
+  }
+  DeviceBuffer<float> d_wide(widened), d_fp32(n);
+  DeviceBuffer<strata::bf16> d_x(x), d_out(n), d_in_place(x);
+  gpu::gelu_forward(ctx(), d_fp32.get(), d_wide.get(), n);
+  gpu::gelu_forward(ctx(), d_out.get(), d_x.get(), n);
+  gpu::gelu_forward(ctx(), d_in_place.get(), d_in_place.get(), n);
+  const std::vector<float> fp32 = d_fp32.host();
+  const std::vector<strata::bf16> out = d_out.host(), in_place = d_in_place.host();
+  std::size_t wrong = 0, wrong_in_place = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    wrong += out[i].bits != strata::to_bf16(fp32[i]).bits;
+    wrong_in_place += in_place[i].bits != out[i].bits;
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << n << " bf16 GELU outputs";
+  EXPECT_EQ(wrong_in_place, 0u) << "of " << n << " in place";
+}
+
 TEST_F(CudaLayers, ResidualForward) {
   const std::int64_t n = 100003;
   const auto a = random_floats(n, 60), b = random_floats(n, 61);
@@ -934,11 +964,11 @@ TEST_F(CudaLayers, ResidualForward) {
 }
 
 // The Llama block's layers against the CPU's: RMSNorm at a width below and above a warp's
-// stride, over more rows than one block of warps; SwiGLU; the rotary embedding of q's and k's
-// heads in a q | k | v row (GQA: fewer k heads), rows wrapping past T, from one host table.
+// stride, over more rows than one block of warps and than the backward's 512 blocks; SwiGLU; the
+// rotary embedding of q's and k's heads in a q | k | v row (GQA: fewer k heads), rows wrapping past
+// T, from one host table.
 TEST_F(CudaLayers, RmsNormSwiGluAndRope) {
-  for (int Cw : {24, 70}) {
-    const int Nr = 37;
+  for (auto [Nr, Cw] : {std::pair{37, 24}, {37, 70}, {4200, 40}}) {
     const std::size_t n = std::size_t(Nr) * Cw;
     const auto x = random_floats(n, 80, -2.0f, 3.0f), w = random_floats(Cw, 81),
                dout = random_floats(n, 82);

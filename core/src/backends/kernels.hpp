@@ -82,7 +82,9 @@ class Kernels {
                                         ActView out, const float* lse, ActView q, int q_stride,
                                         ActView kv, int B, int Tq, int Tk, int NH, int KV, int hs,
                                         TokenPositions qpos, TokenPositions kpos) = 0;
-  virtual void gelu_forward(float* out, const float* inp, std::int64_t n) = 0;
+  // out = GELU(inp) (the tanh approximation), out and inp of one dtype, fp32 or bf16 (a bf16 inp
+  // widened, the result rounded once).
+  virtual void gelu_forward(ActView out, ActView inp, std::int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) = 0;
   // The residual add: out = a + b, a a sub-block's fp32 output, b and out the residual stream in
   // fp32 or bf16 (out rounded once; it may be a or b).
@@ -156,13 +158,14 @@ class Kernels {
   virtual std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
                                                  DType c_dtype, bool accumulate) = 0;
   // A linear layer's forward on bf16 operands with its epilogue: out[N,OC] (=) = inp[N,C] @
-  // weight[OC,C]^T + bias[OC] (bias fp32, may be null); with gelu_out [N,OC] also gelu_out =
-  // GELU(out), out keeping the GELU's input for the backward. out fp32 or bf16, gelu_out of
-  // out's dtype: the bias and the GELU are applied to the fp32 accumulator and each result is
-  // rounded once. The scratchpad is gemm_bf16's for (false, true, N, OC, C, f32, false); `f32`
-  // (N x OC floats, or null with fp32 outputs) holds the fp32 values where a backend computes
-  // them apart from the rounding: the CPU backend runs gemm_bf16, add_bias, gelu_forward and the
-  // roundings; the CUDA one fuses bias and GELU into cuBLASLt's epilogue (f32 unused there).
+  // weight[OC,C]^T + bias[OC] (bias fp32, may be null), the bias added to the fp32 accumulator and
+  // the sum rounded once to out's dtype (fp32 or bf16); with gelu_out [N,OC] (out's dtype) also
+  // gelu_out = gelu_forward(out) of out as stored, which the backward reads: a bf16 run's GELU
+  // sees the bf16 pre-activation, as Megatron-Core's bias-GELU and llm.c's default (no GELU
+  // epilogue) do. The scratchpad is gemm_bf16's for (false, true, N, OC, C, f32, false); `f32`
+  // (N x OC floats, or null with fp32 outputs) holds the fp32 sums where a backend adds the bias
+  // apart from the GEMM: the CPU backend runs gemm_bf16, add_bias, the rounding and gelu_forward;
+  // the CUDA one the GEMM and bias as one cuBLASLt call (f32 unused there), then gelu_forward.
   virtual void matmul_bf16_forward(ActView out, ActView gelu_out, const bf16* inp,
                                    const bf16* weight, const float* bias, int N, int C, int OC,
                                    void* scratchpad, std::size_t scratchpad_bytes, float* f32) = 0;
@@ -234,9 +237,9 @@ class Kernels {
   virtual double sum(const float* x, std::size_t n) = 0;
 
  protected:
-  // matmul_bf16_forward as its steps: gemm_bf16 into fp32 (out itself, or f32), add_bias, then
-  // for bf16 outputs the roundings, the GELU of the fp32 values in place in f32 (the CPU's
-  // implementation, and the CUDA one's where cuBLASLt has no fused algorithm).
+  // matmul_bf16_forward as its steps: gemm_bf16 into fp32 (out itself, or f32), add_bias, the
+  // rounding of bf16 outputs, gelu_forward (the CPU's implementation, and the CUDA one's where
+  // cuBLASLt has no bias algorithm).
   void matmul_bf16_forward_steps(ActView out, ActView gelu_out, const bf16* inp, const bf16* weight,
                                  const float* bias, int N, int C, int OC, void* scratchpad,
                                  std::size_t scratchpad_bytes, float* f32) {
@@ -247,14 +250,8 @@ class Kernels {
     gemm_bf16(false, true, N, OC, C, inp, weight, pre, DType::f32, false, scratchpad,
               scratchpad_bytes);
     if (bias) add_bias(pre, bias, std::size_t(N), OC);
-    if (!out.is_bf16()) {
-      if (gelu_out.data) gelu_forward(gelu_out.f32(), pre, std::int64_t(n));
-      return;
-    }
-    round_to_bf16(out.half(), pre, n);
-    if (!gelu_out.data) return;
-    gelu_forward(pre, pre, std::int64_t(n));
-    round_to_bf16(gelu_out.half(), pre, n);
+    if (out.is_bf16()) round_to_bf16(out.half(), pre, n);
+    if (gelu_out.data) gelu_forward(gelu_out, out, std::int64_t(n));
   }
 };
 

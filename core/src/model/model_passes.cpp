@@ -168,7 +168,7 @@ void ModelPasses::matmul_forward(ActView out, ActView inp, BufferView w, const f
                                  int C, int OC, ActView gelu_out) {
   if (w.dtype == DType::f32) {
     k_.matmul_forward(out.f32(), inp.f32(), static_cast<const float*>(w.data), bias, N, C, OC);
-    if (gelu_out.data) k_.gelu_forward(gelu_out.f32(), out.f32(), std::int64_t(N) * OC);
+    if (gelu_out.data) k_.gelu_forward(gelu_out, out, std::int64_t(N) * OC);
     return;
   }
   k_.matmul_bf16_forward(out, gelu_out, gemm_input(inp, std::size_t(N) * C),

@@ -368,9 +368,9 @@ class ModelPasses {
   void scatter(TensorParallelComm* tp, float* full, float* shard);
   void row_parallel(TensorParallelComm* tp, float* out, ActView inp, BufferView w,
                     const float* bias, int icl);
-  // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias), and gelu_out = GELU(out) when given: sgemm for
-  // f32 weights, for bf16 ones Kernels::matmul_bf16_forward (bf16 operands, fp32 accumulation;
-  // bias and GELU in cuBLASLt's epilogue on a GPU).
+  // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias), and gelu_out = GELU(out) of out as stored when
+  // given: sgemm for f32 weights, for bf16 ones Kernels::matmul_bf16_forward (bf16 operands, fp32
+  // accumulation; the bias in cuBLASLt's epilogue on a GPU).
   void matmul_forward(ActView out, ActView inp, BufferView w, const float* bias, int N, int C,
                       int OC, ActView gelu_out = {});
   // dinp[N,C] = dout @ w (overwritten: a bf16 GEMM writes it with beta 0, no zeroing pass);

@@ -172,8 +172,19 @@ class CpuKernels final : public Kernels {
                                   span_f32(kv, 0, wkv.size(), wkv), B, Tq, Tk, NH, KV, hs,
                                   qp.data(), kp.data());
   }
-  void gelu_forward(float* out, const float* inp, std::int64_t n) override {
-    cpu::gelu_forward(out, inp, n);
+  // A bf16 tensor a block at a time: widened, the fp32 GELU, rounded (in place is allowed).
+  void gelu_forward(ActView out, ActView inp, std::int64_t n) override {
+    if (out.dtype != inp.dtype)
+      throw Error("gelu_forward: the output and input in different dtypes");
+    if (!out.is_bf16()) return cpu::gelu_forward(out.f32(), inp.f32(), n);
+    const std::size_t total = std::size_t(n), block = kBlockElems;
+    std::vector<float> wide(std::min(total, block));
+    for (std::size_t at = 0; at < total; at += block) {
+      const std::size_t len = std::min(block, total - at);
+      cpu::widen_bf16(wide.data(), inp.half() + at, len);
+      cpu::gelu_forward(wide.data(), wide.data(), std::int64_t(len));
+      cpu::round_to_bf16(out.half() + at, wide.data(), len);
+    }
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override {
     cpu::gelu_backward(dinp, inp, dout, n);

@@ -35,6 +35,16 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max) {
   return r;
 }
 
+// Scratch for a few launches on `stream`, freed with cudaFreeAsync on it after them: a
+// stream-ordered allocation of the backend's pool, counted in the device peak, not in the memory
+// ledger (as cuBLAS's workspace). In a CUDA graph capture it becomes the graph's memory.
+void* stream_scratch(std::size_t bytes, cudaStream_t stream);
+
+// dst[c] += sums[k * stride + c] for k = 0 .. chunks - 1 in that order, c < C: the column sums of
+// a reduction's blocks (kernels_steps.cu).
+void add_chunk_sums(float* dst, const float* sums, std::size_t chunks, std::size_t stride, int C,
+                    cudaStream_t stream);
+
 }  // namespace strata::cuda
 
 // A grid-stride loop over [0, n): any grid covers any n.

@@ -136,7 +136,8 @@ void CudaKernels::attention_backward(float* dqkv, float* datt, const float* dout
   else
     cuda::attention_backward(ctx_, dqkv, datt, dout, qkv.f32(), att, B, T, C, NH);
 }
-void CudaKernels::gelu_forward(float* out, const float* inp, std::int64_t n) {
+void CudaKernels::gelu_forward(ActView out, ActView inp, std::int64_t n) {
+  if (out.dtype != inp.dtype) throw Error("gelu_forward: the output and input in different dtypes");
   cuda::gelu_forward(ctx_, out, inp, n);
 }
 void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {

@@ -53,7 +53,7 @@ class CudaKernels final : public Kernels {
                                 ActView out, const float* lse, ActView q, int q_stride, ActView kv,
                                 int B, int Tq, int Tk, int NH, int KV, int hs, TokenPositions qpos,
                                 TokenPositions kpos) override;
-  void gelu_forward(float* out, const float* inp, std::int64_t n) override;
+  void gelu_forward(ActView out, ActView inp, std::int64_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) override;
   void residual_forward(ActView out, const float* a, ActView b, std::int64_t n) override;
   void residual_layernorm_forward(ActView sum, ActView out, float* mean, float* rstd,
@@ -103,15 +103,15 @@ class CudaKernels final : public Kernels {
   // 0: cuBLAS works in the context's workspace.
   std::size_t gemm_bf16_scratchpad_bytes(bool trans_a, bool trans_b, int M, int N, int K,
                                          DType c_dtype, bool accumulate) override;
-  // cublasLtMatmul (matmul_lt.cpp): bias and GELU in the epilogue, D and the aux matrix in the
-  // outputs' dtype; the whole call as its steps (matmul_bf16_forward_steps) where cuBLASLt has no
-  // algorithm for it or its aux matrix does not take OC (not a multiple of 8).
+  // One cublasLtMatmul with the bias in its epilogue (matmul_lt.cpp), D in the output's dtype,
+  // then gelu_forward; the GEMM and bias as steps (matmul_bf16_forward_steps) where cuBLASLt has no
+  // algorithm for them.
   void matmul_bf16_forward(ActView out, ActView gelu_out, const bf16* inp, const bf16* weight,
                            const float* bias, int N, int C, int OC, void* scratchpad,
                            std::size_t scratchpad_bytes, float* f32) override;
-  // Whether cuBLASLt has a fused algorithm for a bf16 linear layer with an fp32 bias (and GELU)
-  // writing `out` (fp32 or bf16) on this GPU (a plan is made and kept): what make test-gpu checks.
-  bool fuses_bias(bool gelu, int N, int C, int OC, DType out);
+  // Whether cuBLASLt has a fused algorithm for a bf16 linear layer with an fp32 bias writing `out`
+  // (fp32 or bf16) on this GPU (a plan is made and kept): what make test-gpu checks.
+  bool fuses_bias(int N, int C, int OC, DType out);
 
   void zero(float* p, std::size_t n) override;
   void add_bias(float* out, const float* bias, std::size_t rows, int C) override;
@@ -161,10 +161,10 @@ class CudaKernels final : public Kernels {
   // kernels_steps.cu).
   void bias_grad_rounding(float* dbias, bf16* dout_bf16, const float* dout, std::size_t rows, int C,
                           ActView gelu_inp = {});
-  // cublasLtMatmul with a cached plan (matmul_lt.cpp), D and aux of d's dtype; false where
-  // cuBLASLt has no algorithm (nothing queued).
-  bool lt_matmul(cublasLtEpilogue_t epilogue, ActView d, ActView aux, const void* inp,
-                 const void* weight, const float* bias, int N, int C, int OC);
+  // cublasLtMatmul with a cached plan (matmul_lt.cpp), D of d's dtype; false where cuBLASLt has
+  // no algorithm (nothing queued).
+  bool lt_matmul(cublasLtEpilogue_t epilogue, ActView d, const void* inp, const void* weight,
+                 const float* bias, int N, int C, int OC);
 
   const CudaContext& ctx_;
   AttentionKernel attention_;

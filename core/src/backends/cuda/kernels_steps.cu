@@ -33,15 +33,6 @@ bool table_is_bf16(const char* op, BufferView t) {
   return t.dtype == DType::bf16;
 }
 
-// Scratch for a few launches on `stream`, freed with cudaFreeAsync on it after them: a
-// stream-ordered allocation of the backend's pool, counted in the device peak, not in the memory
-// ledger (as cuBLAS's workspace).
-void* stream_scratch(std::size_t bytes, cudaStream_t stream) {
-  void* p = nullptr;
-  STRATA_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
-  return p;
-}
-
 // --- per-element kernels over [0, rows * C)
 __global__ void add_bias_kernel(float* out, const float* bias, std::size_t n, int C) {
   STRATA_GRID_STRIDE(i, n) { out[i] = __fadd_rn(out[i], bias[i % C]); }
@@ -95,13 +86,14 @@ __global__ void bias_chunk_sums_kernel(float* out, std::uint16_t* bf16_out, cons
   }
   out[k * C + c] = sum;
 }
-// dbias[c] += chunk sums of column c, in chunk order.
-__global__ void bias_add_chunks_kernel(float* dbias, const float* sums, std::size_t chunks, int C) {
+// dst[c] += chunk sums of column c, in chunk order (add_chunk_sums).
+__global__ void add_chunk_sums_kernel(float* dst, const float* sums, std::size_t chunks,
+                                      std::size_t stride, int C) {
   const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
-  float s = dbias[c];
-  for (std::size_t k = 0; k < chunks; ++k) s = __fadd_rn(s, sums[k * C + c]);
-  dbias[c] = s;
+  float s = dst[c];
+  for (std::size_t k = 0; k < chunks; ++k) s = __fadd_rn(s, sums[k * stride + c]);
+  dst[c] = s;
 }
 
 // --- scatter-adds: one thread per output element, adding its rows in ascending order
@@ -261,6 +253,19 @@ __global__ void scale_bf16_kernel(std::uint16_t* x, float scale, std::size_t n) 
 
 }  // namespace
 
+void* stream_scratch(std::size_t bytes, cudaStream_t stream) {
+  void* p = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+  return p;
+}
+void add_chunk_sums(float* dst, const float* sums, std::size_t chunks, std::size_t stride, int C,
+                    cudaStream_t stream) {
+  if (C <= 0) return;
+  STRATA_LAUNCH(add_chunk_sums_kernel, unsigned((C + 127) / 128), 128, 0, stream)
+  (dst, sums, chunks, stride, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+}
+
 void CudaKernels::add_bias(float* out, const float* bias, std::size_t rows, int C) {
   if (rows == 0 || C <= 0) return;
   STRATA_LAUNCH(add_bias_kernel, blocks_for(rows * C), kThreads, 0, ctx_.stream)
@@ -292,9 +297,7 @@ void CudaKernels::bias_grad_rounding(float* dbias, bf16* dout_bf16, const float*
   (sums, reinterpret_cast<std::uint16_t*>(dout_bf16), dout, gelu_inp.data, gelu_inp.is_bf16(), rows,
    C);
   STRATA_CUDA_CHECK_LAUNCH();
-  STRATA_LAUNCH(bias_add_chunks_kernel, unsigned((C + 127) / 128), 128, 0, ctx_.stream)
-  (dbias, sums, chunks, C);
-  STRATA_CUDA_CHECK_LAUNCH();
+  add_chunk_sums(dbias, sums, chunks, std::size_t(C), C, ctx_.stream);
   STRATA_CUDA_CHECK(cudaFreeAsync(sums, ctx_.stream));
 }
 void CudaKernels::add_into_bf16(bf16* dst, const float* src, std::size_t n) {

@@ -19,6 +19,7 @@
 #include "backends/cuda/bf16.cuh"
 #include "backends/cuda/device.hpp"
 #include "backends/cuda/gelu.cuh"
+#include "backends/cuda/grid.cuh"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/layers.cuh"
 
@@ -148,52 +149,57 @@ __global__ void layernorm_forward_kernel(void* out,            // [N, C] fp32 or
   }
 }
 
-// One warp per row for dinp; dweight / dbias are summed over the block's rows in shared memory
-// (dynamic, 2*C floats) and added to global memory once per block.
+// A norm's backward, one warp per row, LayerNorm (kCentered: the mean subtracted, a bias) or
+// RMSNorm (mean 0, no bias):
 //   xhat = (x - m) * rstd, g = dout * weight:  dinp += rstd * (g - mean(g) - xhat * mean(g xhat))
-__global__ void layernorm_backward_kernel(float* dinp,          // [N, C] +=
-                                          float* dweight,       // [C] +=
-                                          float* dbias,         // [C] +=
-                                          const float* dout,    // [N, C]
-                                          const void* inp,      // [N, C] fp32 or bf16
-                                          bool inp_bf16,        //
-                                          const float* weight,  // [C]
-                                          const float* mean,    // [N]
-                                          const float* rstd,    // [N]
-                                          int N, int C) {
-  STRATA_DYNAMIC_SHARED(float, shared);
-  float* s_dweight = shared;    // [C]
-  float* s_dbias = shared + C;  // [C]
-  for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) shared[i] = 0.0f;
-  __syncthreads();
-
-  const int lane = threadIdx.x % 32;
-  for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
-       row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
+// (RMSNorm without the mean(g) term). The column sums dweight = sum dout xhat (and dbias = sum
+// dout): each warp adds its rows' terms into its own slice of shared memory, [P, C] floats
+// (P = 2, or 1), where each lane owns its columns (no atomics); the block then writes the sum of
+// its warps' slices, in warp order, to partial[blockIdx.x] [P, C], which add_chunk_sums adds up
+// in block order. The same sums in every run, and no global atomics (which serialize every block
+// on each column's address).
+template <bool kCentered>
+__global__ void norm_backward_kernel(float* partial,       // [gridDim.x, P, C] =
+                                     float* dinp,          // [N, C] +=
+                                     const float* dout,    // [N, C]
+                                     const void* inp,      // [N, C] fp32 or bf16
+                                     bool inp_bf16,        //
+                                     const float* weight,  // [C]
+                                     const float* mean,    // [N] (LayerNorm)
+                                     const float* rstd,    // [N]
+                                     int N, int C) {
+  constexpr int P = kCentered ? 2 : 1;
+  STRATA_DYNAMIC_SHARED(float, shared);  // [warps, P, C]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* s_dweight = shared + std::size_t(warp) * P * C;
+  float* s_dbias = s_dweight + C;  // kCentered only
+  for (int i = lane; i < P * C; i += 32) s_dweight[i] = 0.0f;
+  for (std::int64_t row = blockIdx.x * std::int64_t(warps) + warp; row < N;
+       row += std::int64_t(gridDim.x) * warps) {
     const std::size_t r0 = std::size_t(row) * std::size_t(C);
     const float* d = dout + r0;
-    float* dx = dinp + r0;
-    const float m = mean[row], r = rstd[row];
+    const float m = kCentered ? mean[row] : 0.0f, r = rstd[row];
     float gsum = 0.0f, gxsum = 0.0f;
     for (int i = lane; i < C; i += 32) {
-      const float xhat = (load(inp, inp_bf16, r0 + i) - m) * r;
       const float g = d[i] * weight[i];
-      gsum += g;
-      gxsum += g * xhat;
+      if (kCentered) gsum += g;
+      gxsum += g * ((load(inp, inp_bf16, r0 + i) - m) * r);
     }
-    const float gmean = warp_sum(gsum) / float(C);
+    const float gmean = kCentered ? warp_sum(gsum) / float(C) : 0.0f;
     const float gxmean = warp_sum(gxsum) / float(C);
     for (int i = lane; i < C; i += 32) {
-      const float xhat = (load(inp, inp_bf16, r0 + i) - m) * r;
-      atomicAdd(s_dbias + i, d[i]);
-      atomicAdd(s_dweight + i, d[i] * xhat);
-      dx[i] += r * (d[i] * weight[i] - gmean - xhat * gxmean);
+      const float xhat = (load(inp, inp_bf16, r0 + i) - m) * r, di = d[i];
+      if (kCentered) s_dbias[i] += di;
+      s_dweight[i] += di * xhat;
+      dinp[r0 + i] += r * (di * weight[i] - gmean - xhat * gxmean);
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
-    atomicAdd(dweight + i, s_dweight[i]);
-    atomicAdd(dbias + i, s_dbias[i]);
+  float* out = partial + std::size_t(blockIdx.x) * P * C;
+  for (int i = threadIdx.x; i < P * C; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) sum += shared[std::size_t(w) * P * C + i];
+    out[i] = sum;
   }
 }
 
@@ -218,37 +224,6 @@ __global__ void rmsnorm_forward_kernel(void* out, bool out_bf16,        // [N, C
       store(out, out_bf16, at + i, load(inp, inp_bf16, at + i) * r * weight[i]);
     if (lane == 0) rstd[row] = r;
   }
-}
-
-// dinp += rstd * (g - xhat * mean(g xhat)), g = dout * weight, xhat = x * rstd; dweight += dout
-// xhat, summed over the block's rows in shared memory (C floats) and added once per block.
-__global__ void rmsnorm_backward_kernel(float* dinp,                     // [N, C] +=
-                                        float* dweight,                  // [C] +=
-                                        const float* dout,               // [N, C]
-                                        const void* inp, bool inp_bf16,  // [N, C]
-                                        const float* weight,             // [C]
-                                        const float* rstd,               // [N]
-                                        int N, int C) {
-  STRATA_DYNAMIC_SHARED(float, s_dweight);  // [C]
-  for (int i = threadIdx.x; i < C; i += blockDim.x) s_dweight[i] = 0.0f;
-  __syncthreads();
-  const int lane = threadIdx.x % 32;
-  for (std::int64_t row = blockIdx.x * std::int64_t(kWarpsPerBlock) + threadIdx.x / 32; row < N;
-       row += std::int64_t(gridDim.x) * kWarpsPerBlock) {
-    const std::size_t at = std::size_t(row) * C;
-    const float* d = dout + at;
-    const float r = rstd[row];
-    float gx = 0.0f;
-    for (int i = lane; i < C; i += 32) gx += d[i] * weight[i] * load(inp, inp_bf16, at + i) * r;
-    const float gxmean = warp_sum(gx) / float(C);
-    for (int i = lane; i < C; i += 32) {
-      const float xhat = load(inp, inp_bf16, at + i) * r;
-      atomicAdd(s_dweight + i, d[i] * xhat);
-      dinp[row * C + i] += r * (d[i] * weight[i] - xhat * gxmean);
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(dweight + i, s_dweight[i]);
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -412,15 +387,21 @@ __global__ void causal_softmax_backward_kernel(float* datt,       // [B*NH*T, T]
   }
 }
 
-// GELU(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
-__global__ void gelu_forward_kernel(float* out,        // [n]
-                                    const float* inp,  // [n]
+// GELU(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); E the element, float or a
+// bf16's 16 bits (a bf16 run's FC layer: 4 bytes an element moved instead of 8).
+__device__ __forceinline__ float to_element(float v, float) { return v; }
+__device__ __forceinline__ std::uint16_t to_element(float v, std::uint16_t) {
+  return float_to_bf16(v);
+}
+template <class E>
+__global__ void gelu_forward_kernel(E* out,        // [n]
+                                    const E* inp,  // [n]
                                     std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const float x = inp[i];
+    const float x = widen(inp[i]);
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanhf(u));
+    out[i] = to_element(0.5f * x * (1.0f + tanhf(u)), E{});
   }
 }
 
@@ -613,20 +594,42 @@ void residual_layernorm_forward(const CudaContext& ctx, ActView sum, ActView out
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
+// The blocks of a norm's backward: enough to fill an H100 (132 SMs, 4 blocks of 48 KiB each),
+// few enough that their partial sums stay small beside the rows (8 x 1024 rows of gpt2: 2 rows a
+// warp, 3 MiB of partials against 88 MiB of rows).
+constexpr std::int64_t kNormBackwardBlocks = 512;
+
+// norm_backward_kernel<kCentered> and the sums of its blocks' partials into dweight (and dbias),
+// +=. Up to 8 warps a block, as many as 48 KiB of warp slices hold (one at least, opting in above
+// 48 KiB: C over 6,144 for LayerNorm).
+template <bool kCentered>
+void norm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
+                   const float* dout, ActView inp, const float* weight, const float* mean,
+                   const float* rstd, int N, int C) {
+  if (N == 0 || C <= 0) return;
+  constexpr int P = kCentered ? 2 : 1;
+  constexpr std::size_t kDefaultShared = 48 * 1024;
+  const std::size_t slice = std::size_t(P) * C * sizeof(float);
+  const int warps = int(std::clamp<std::size_t>(kDefaultShared / slice, 1, kWarpsPerBlock));
+  const std::size_t smem = std::size_t(warps) * slice;
+  if (smem > kDefaultShared)
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_kernel<kCentered>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const auto grid =
+      unsigned(std::min<std::int64_t>((std::int64_t(N) + warps - 1) / warps, kNormBackwardBlocks));
+  auto* partial = static_cast<float*>(stream_scratch(grid * slice, ctx.stream));
+  STRATA_LAUNCH(norm_backward_kernel<kCentered>, grid, warps * 32, smem, ctx.stream)
+  (partial, dinp, dout, inp.data, inp.is_bf16(), weight, mean, rstd, N, C);
+  STRATA_CUDA_CHECK_LAUNCH();
+  add_chunk_sums(dweight, partial, grid, std::size_t(P) * C, C, ctx.stream);
+  if (kCentered) add_chunk_sums(dbias, partial + C, grid, std::size_t(P) * C, C, ctx.stream);
+  STRATA_CUDA_CHECK(cudaFreeAsync(partial, ctx.stream));
+}
+
 void layernorm_backward(const CudaContext& ctx, float* dinp, float* dweight, float* dbias,
                         const float* dout, ActView inp, const float* weight, const float* mean,
                         const float* rstd, int N, int C) {
-  if (N == 0) return;
-  const std::size_t smem = std::size_t(2) * C * sizeof(float);
-  if (smem > 48 * 1024) {  // above the default dynamic shared-memory limit: opt in
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
-  // Enough blocks to fill the GPU; each block then sums dweight/dbias over many rows.
-  const unsigned grid = std::min(grid_for_rows(N), 1024u);
-  STRATA_LAUNCH(layernorm_backward_kernel, grid, kBlock, smem, ctx.stream)
-  (dinp, dweight, dbias, dout, inp.data, inp.is_bf16(), weight, mean, rstd, N, C);
-  STRATA_CUDA_CHECK_LAUNCH();
+  norm_backward<true>(ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -735,15 +738,7 @@ void rmsnorm_forward(const CudaContext& ctx, ActView out, float* rstd, ActView i
 
 void rmsnorm_backward(const CudaContext& ctx, float* dinp, float* dweight, const float* dout,
                       ActView inp, const float* weight, const float* rstd, int N, int C) {
-  if (N == 0) return;
-  const std::size_t smem = std::size_t(C) * sizeof(float);
-  if (smem > 48 * 1024)  // above the default dynamic shared-memory limit: opt in
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_backward_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  STRATA_LAUNCH(rmsnorm_backward_kernel, std::min(grid_for_rows(N), 1024u), kBlock, smem,
-                ctx.stream)
-  (dinp, dweight, dout, inp.data, inp.is_bf16(), weight, rstd, N, C);
-  STRATA_CUDA_CHECK_LAUNCH();
+  norm_backward<false>(ctx, dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C);
 }
 
 void swiglu_forward(const CudaContext& ctx, ActView out, ActView gu, int N, int F) {
@@ -805,9 +800,13 @@ void repeat_kv_backward(const CudaContext& ctx, float* din, const float* dout, i
 // ---------------------------------------------------------------------------------------------
 // GELU (tanh approximation), residual
 
-void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n) {
+void gelu_forward(const CudaContext& ctx, ActView out, ActView inp, std::int64_t n) {
   if (n == 0) return;
-  STRATA_LAUNCH(gelu_forward_kernel, grid_for(n), kBlock, 0, ctx.stream)(out, inp, n);
+  with_element_type(out.is_bf16(), [&](auto type) {
+    using E = typename decltype(type)::type;
+    STRATA_LAUNCH(gelu_forward_kernel<E>, grid_for(n), kBlock, 0, ctx.stream)
+    (static_cast<E*>(out.data), static_cast<const E*>(inp.data), n);
+  });
   STRATA_CUDA_CHECK_LAUNCH();
 }
 

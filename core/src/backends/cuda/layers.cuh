@@ -144,8 +144,9 @@ void tc_attention_block_backward(const CudaContext& ctx, float* dq, int dq_strid
                                  int q_stride, ActView kv, int B, int Tq, int Tk, int NH, int KV,
                                  int hs, TokenPositions qpos, TokenPositions kpos);
 
-// tanh-approximation GELU, elementwise over n.
-void gelu_forward(const CudaContext& ctx, float* out, const float* inp, std::int64_t n);
+// tanh-approximation GELU, elementwise over n; out and inp of one dtype, fp32 or bf16 (widened as
+// read, rounded once as written; in place is allowed).
+void gelu_forward(const CudaContext& ctx, ActView out, ActView inp, std::int64_t n);
 // dinp[n] += gelu'(inp) * dout
 void gelu_backward(const CudaContext& ctx, float* dinp, const float* inp, const float* dout,
                    std::int64_t n);
