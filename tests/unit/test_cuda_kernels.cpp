@@ -693,7 +693,7 @@ TEST_F(CudaKernelsTest, HostTablesAreRefused) {
 // Each cross-entropy step on the same inputs on both backends.
 TEST_F(CudaKernelsTest, VocabParallelCrossEntropySteps) {
   STRATA_REQUIRE_GPU();
-  const std::vector<float> logits = random_floats(N * Vl, 10, -6, 6);
+  std::vector<float> logits = random_floats(N * Vl, 10, -6, 6);
   const std::vector<std::int32_t> targets = random_tokens(N, V, 11);
   Dev<std::int32_t> d_targets(targets);
   std::vector<float> mx(N);
@@ -1218,21 +1218,33 @@ struct Buf {
   }
 };
 
+// The bf16 head's logits are the GEMM's bf16 output: random bf16 values (their widened values
+// the reference's inputs), the gradient written over them.
+std::vector<bf16> bf16_logits(std::vector<float>& logits) {
+  std::vector<bf16> h(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    h[i] = to_bf16(logits[i]);
+    logits[i] = to_float(h[i]);
+  }
+  return h;
+}
+
 }  // namespace
 
 TEST_F(CudaKernelsTest, Bf16CrossEntropyAgainstADoubleReference) {
   STRATA_REQUIRE_GPU();
-  const std::vector<float> logits = random_floats(N * V, 30, -6, 6);
+  std::vector<float> logits = random_floats(N * V, 30, -6, 6);
+  const std::vector<bf16> logits_h = bf16_logits(logits);
   const std::vector<std::int32_t> targets = random_tokens(N, V, 31);
   const XentReference ref = xent_reference(logits, targets, N, V);
   for (bool dev : {false, true}) {
     SCOPED_TRACE(dev ? "cuda" : "cpu");
     Kernels& k = dev ? static_cast<Kernels&>(*gpu) : cpu;
     Buf<std::int32_t> tg(targets, dev);
-    // Whole rows (tp 1); the losses start as garbage (=, not +=).
-    Buf<float> x(logits, dev), losses(std::vector<float>(N, 7.0f), dev);
-    Buf<bf16> grad(std::vector<bf16>(N * V, to_bf16(3.0f)), dev);
-    k.softmax_crossentropy_grad_bf16(grad.p(), losses.p(), x.p(), tg.p(), N, V);
+    // Whole rows (tp 1), in place; the losses start as garbage (=, not +=).
+    Buf<float> losses(std::vector<float>(N, 7.0f), dev);
+    Buf<bf16> grad(logits_h, dev);
+    k.softmax_crossentropy_grad_bf16(grad.p(), losses.p(), tg.p(), N, V);
     sync();
     expect_bf16_near("softmax_crossentropy_grad_bf16", grad.get(), ref.grad);
     expect_near("softmax_crossentropy_grad_bf16 losses", losses.get(), ref.loss, 1e-5);
@@ -1240,17 +1252,21 @@ TEST_F(CudaKernelsTest, Bf16CrossEntropyAgainstADoubleReference) {
     // Vocab-parallel over two shards of W columns, the all-reduces done here: each row's target
     // is in one shard and outside the other.
     constexpr std::size_t S = 2, W = V / S;
-    std::vector<Buf<float>> xs, mx, sum, target, shard_losses;
-    std::vector<Buf<bf16>> grads;
+    std::vector<Buf<float>> mx, sum, target, shard_losses;
+    std::vector<Buf<bf16>> xs;
+    std::vector<std::vector<bf16>> shards;
+    std::vector<float> row_max(N);
     for (std::size_t s = 0; s < S; ++s) {
-      std::vector<float> cols(N * W);
+      std::vector<bf16> cols(N * W);
       for (int n = 0; n < N; ++n)
-        std::copy_n(logits.begin() + n * V + s * W, W, cols.begin() + n * W);
+        std::copy_n(logits_h.begin() + n * V + s * W, W, cols.begin() + n * W);
       xs.emplace_back(cols, dev);
+      shards.push_back(cols);
       for (auto* b : {&mx, &sum, &target, &shard_losses})
         b->emplace_back(std::vector<float>(N), dev);
-      grads.emplace_back(std::vector<bf16>(N * W), dev);
     }
+    for (int n = 0; n < N; ++n)
+      row_max[n] = *std::max_element(logits.begin() + n * V, logits.begin() + (n + 1) * V);
     auto all_reduce = [&](std::vector<Buf<float>>& bufs, bool is_max) {
       sync();
       std::vector<float> r = bufs[0].get();
@@ -1262,17 +1278,20 @@ TEST_F(CudaKernelsTest, Bf16CrossEntropyAgainstADoubleReference) {
     };
     for (std::size_t s = 0; s < S; ++s) k.xent_row_max(mx[s].p(), xs[s].p(), N, W);
     all_reduce(mx, true);
+    expect_bits("xent_row_max of bf16 logits", mx[0].get(), row_max);
     for (std::size_t s = 0; s < S; ++s)
       k.xent_exp(xs[s].p(), sum[s].p(), target[s].p(), mx[s].p(), tg.p(), s * W, N, W);
     all_reduce(sum, false);
     all_reduce(target, false);
-    for (std::size_t s = 0; s < S; ++s)
-      k.xent_normalise_grad_bf16(grads[s].p(), shard_losses[s].p(), xs[s].p(), sum[s].p(),
+    for (std::size_t s = 0; s < S; ++s) {
+      expect_bits("bf16 logits after xent_exp (read only)", xs[s].get(), shards[s]);
+      k.xent_normalise_grad_bf16(xs[s].p(), shard_losses[s].p(), mx[s].p(), sum[s].p(),
                                  target[s].p(), tg.p(), s * W, N, W);
+    }
     sync();
     std::vector<bf16> whole(N * V);
     for (std::size_t s = 0; s < S; ++s) {
-      const std::vector<bf16> g = grads[s].get();
+      const std::vector<bf16> g = xs[s].get();
       for (int n = 0; n < N; ++n) std::copy_n(g.begin() + n * W, W, whole.begin() + n * V + s * W);
       expect_near("xent_normalise_grad_bf16 losses", shard_losses[s].get(), ref.loss, 1e-5);
     }
@@ -1292,12 +1311,13 @@ TEST_F(CudaKernelsTest, Bf16CrossEntropyOverRowsLongerThanABlock) {
     logits[std::size_t(2 * cols) + i] = 8.0f - 16.0f * float(i) / cols;
     logits[std::size_t(3 * cols) + i] = 0.5f;
   }
+  const std::vector<bf16> logits_h = bf16_logits(logits);
   const std::vector<std::int32_t> targets = {17, cols - 1, 0, 2500};
   const XentReference ref = xent_reference(logits, targets, rows, cols);
   Buf<std::int32_t> tg(targets, true);
-  Buf<float> x(logits, true), losses(std::vector<float>(rows, 7.0f), true);
-  Buf<bf16> grad(std::vector<bf16>(logits.size(), to_bf16(3.0f)), true);
-  gpu->softmax_crossentropy_grad_bf16(grad.p(), losses.p(), x.p(), tg.p(), rows, cols);
+  Buf<float> losses(std::vector<float>(rows, 7.0f), true);
+  Buf<bf16> grad(logits_h, true);
+  gpu->softmax_crossentropy_grad_bf16(grad.p(), losses.p(), tg.p(), rows, cols);
   sync();
   expect_bf16_near("softmax_crossentropy_grad_bf16", grad.get(), ref.grad);
   expect_near("softmax_crossentropy_grad_bf16 losses", losses.get(), ref.loss, 1e-5);

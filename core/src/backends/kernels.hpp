@@ -206,9 +206,11 @@ class Kernels {
   // Vocab-parallel cross-entropy over logits [N, Vl] held in probs, in three steps around the
   // all-reduces of the passes: mx[n] = max of row n; then probs = exp(logits - mx), sum[n] = row
   // sums and target[n] = logit of the target - mx (0 when the target is outside the shard);
-  // then probs /= sum and losses[n] = log(sum[n]) - target[n].
-  virtual void xent_row_max(float* mx, const float* logits, std::size_t N, std::size_t Vl) = 0;
-  virtual void xent_exp(float* probs, float* sum, float* target, const float* mx,
+  // then probs /= sum and losses[n] = log(sum[n]) - target[n]. The logits may be bf16 (the bf16
+  // head's, widened as read): xent_exp then writes no exps, and xent_normalise_grad_bf16 below
+  // takes the place of xent_normalise.
+  virtual void xent_row_max(float* mx, ActView logits, std::size_t N, std::size_t Vl) = 0;
+  virtual void xent_exp(ActView probs, float* sum, float* target, const float* mx,
                         const std::int32_t* targets, std::size_t v0, std::size_t N,
                         std::size_t Vl) = 0;
   virtual void xent_normalise(float* probs, float* losses, const float* sum, const float* target,
@@ -216,21 +218,24 @@ class Kernels {
   // dlogits[n, :] = probs[n, :] * scale, minus scale at the target when it is in the shard (=).
   virtual void xent_backward_shard(float* dlogits, const float* probs, const std::int32_t* targets,
                                    std::size_t v0, float scale, std::size_t N, std::size_t Vl) = 0;
-  // The bf16 head's cross-entropy (bf16 parameters): the gradient kept from forward to backward is
-  // bf16(softmax - onehot(target)), unscaled (the gradient scale is known only in backward), not
-  // fp32 probabilities. Losses as the fp32 steps compute them: log(sum of exp) - (target logit -
-  // max), the softmax as exp(logit - max) * (1 / sum).
-  // Whole rows (tp 1): logits [N, V] (overwritten: scratch) -> dlogits [N, V] and losses [N] (=).
-  virtual void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
+  // The bf16 head's cross-entropy (bf16 parameters): its logits are the GEMM's bf16 output, as
+  // Megatron-Core's and llm.c's are, and the gradient kept from forward to backward is
+  // bf16(softmax - onehot(target)) written over them, unscaled (the gradient scale is known only in
+  // backward), not fp32 probabilities. The softmax and losses in fp32 as the fp32 steps compute
+  // them from the widened logits: log(sum of exp) - (target logit - max), the softmax as
+  // exp(logit - max) * (1 / sum).
+  // Whole rows (tp 1): logits [N, V] -> their dlogits in place, and losses [N] (=).
+  virtual void softmax_crossentropy_grad_bf16(bf16* logits, float* losses,
                                               const std::int32_t* targets, std::size_t N,
                                               std::size_t V) = 0;
-  // Vocab-parallel: the last step after xent_row_max, xent_exp and their all-reduces, from the
-  // exps [N, Vl] xent_exp left (overwritten: scratch): dlogits[n, :] = bf16(exps[n, :] * (1 /
+  // Vocab-parallel: the last step after xent_row_max, xent_exp and their all-reduces, over the
+  // bf16 logits [N, Vl] (in place): dlogits[n, :] = bf16(exp(logits[n, :] - mx[n]) * (1 /
   // sum[n])), minus 1 at the target when it is in the shard [v0, v0 + Vl), before the rounding;
   // losses as xent_normalise.
-  virtual void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
-                                        const float* target, const std::int32_t* targets,
-                                        std::size_t v0, std::size_t N, std::size_t Vl) = 0;
+  virtual void xent_normalise_grad_bf16(bf16* logits, float* losses, const float* mx,
+                                        const float* sum, const float* target,
+                                        const std::int32_t* targets, std::size_t v0, std::size_t N,
+                                        std::size_t Vl) = 0;
   // x[i] = bf16(float(x[i]) * scale): the kept bf16 d(logits) scaled in place in backward.
   virtual void scale_bf16(bf16* x, float scale, std::size_t n) = 0;
   // Sum of x[0, n) in double, read back to the host (the loss).

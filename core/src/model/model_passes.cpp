@@ -914,26 +914,26 @@ void ModelPasses::vocab_parallel_xent(SlotActs& s, const std::int32_t* targets,
   k_.xent_normalise(s.probs, s.losses, sum_t, sum_t + N, N, Vl);
 }
 
-// bf16 parameters: the logits exist a chunk of rows at a time (g_.logits, head_chunk_rows); each
-// chunk's cross-entropy leaves its losses and bf16(softmax - onehot) in the slot's dlogits. At
-// tp > 1 the vocab-parallel steps and their all-reduces run per chunk (one chunk for small models,
-// so the same collectives as the fp32 path).
+// bf16 parameters: the GEMM writes the bf16 logits where their gradient is kept (the slot's
+// dlogits), a chunk of rows at a time (head_chunk_rows: the bound of the GEMM's scratchpad and of
+// the row statistics); each chunk's cross-entropy leaves its losses and bf16(softmax - onehot)
+// over its logits. At tp > 1 the vocab-parallel steps and their all-reduces run per chunk (one
+// chunk for small models, so the same collectives as the fp32 path).
 void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, BufferView lm_head,
                                  TensorParallelComm* tp) {
   const Dims& d = run_;
   const std::size_t N = d.N, Vl = d.Vl, C = std::size_t(d.C), R = head_chunk_rows(d);
   const std::size_t v0 = Vl * part_.tp_rank;
-  float* logits = g_.logits;
   for (std::size_t r0 = 0; r0 < N; r0 += R) {
     const std::size_t rows = std::min(R, N - r0);
+    bf16* logits = s.dlogits + r0 * Vl;
     k_.gemm_bf16(false, true, int(rows), int(Vl), int(C), s.lnf_full.half() + r0 * C,
-                 static_cast<const bf16*>(lm_head.data), logits, DType::f32, false, g_.gemm_pad,
+                 static_cast<const bf16*>(lm_head.data), logits, DType::bf16, false, g_.gemm_pad,
                  g_.gemm_pad_bytes);
-    bf16* dlogits = s.dlogits + r0 * Vl;
     float* losses = s.losses + r0;
     const std::int32_t* tg = targets + r0;
     if (d.tp == 1) {
-      k_.softmax_crossentropy_grad_bf16(dlogits, losses, logits, tg, rows, Vl);
+      k_.softmax_crossentropy_grad_bf16(logits, losses, tg, rows, Vl);
       continue;
     }
     float* mx = g_.ce;            // [rows]; fp32 statistics, as in vocab_parallel_xent
@@ -942,7 +942,7 @@ void ModelPasses::head_xent_bf16(SlotActs& s, const std::int32_t* targets, Buffe
     tp->all_reduce_max(view(mx, rows));
     k_.xent_exp(logits, sum_t, sum_t + rows, mx, tg, v0, rows, Vl);
     tp->all_reduce_sum(view(sum_t, 2 * rows));
-    k_.xent_normalise_grad_bf16(dlogits, losses, logits, sum_t, sum_t + rows, tg, v0, rows, Vl);
+    k_.xent_normalise_grad_bf16(logits, losses, mx, sum_t, sum_t + rows, tg, v0, rows, Vl);
   }
 }
 

@@ -80,8 +80,9 @@ TokenPositions cp_tokens(const Dims& d, int rank);
 // bf16 elements of ModelPasses' tp comm buffer: 0 at tp 1 or with fp32 tp comm.
 std::size_t tp_comm_buffer_count(const Dims& d, DType tp_comm_dtype);
 
-// With bf16 parameters the head's fp32 logits exist one chunk of token rows at a time, in the
-// shared scratch: as many rows as fit kHeadLogitsBudget bytes (at least 1, at most N).
+// With bf16 parameters the head's GEMM and cross-entropy run one chunk of token rows at a time:
+// as many rows as kHeadLogitsBudget bytes of fp32 logits hold (at least 1, at most N), which
+// bounds the GEMM's scratchpad and the row statistics of a vocab-parallel cross-entropy.
 constexpr std::size_t kHeadLogitsBudget = std::size_t(256) << 20;
 std::size_t head_chunk_rows(const Dims& d);
 
@@ -173,8 +174,8 @@ struct BlockActs {
 // Shared by all micro-batches, live only inside one pass call (dres: from one backward call to
 // the next). Both views of the union start at the same place; the larger one is kept:
 //   head view   fp32 parameters: logits [N,Vl] (the backward's d(logits)), ce [3N] (vocab-parallel
-//               cross-entropy, tp > 1); bf16 parameters: logits [R,Vl] and ce [3R], one chunk of
-//               R = head_chunk_rows token rows of the forward's logits and their row statistics
+//               cross-entropy, tp > 1); bf16 parameters: ce [3R], the row statistics of one chunk
+//               of R = head_chunk_rows token rows (the bf16 logits are the slot's dlogits)
 //   block view  a [max(N FCl, 3N Cl)]: d(fch_act), later d(qkv) (and the discarded attention
 //               output of a selective recompute); in forward a bf16 GEMM's fp32 outputs.
 //               b [max(N FCl, att, N QKVl)]: d(fch), later attention's d(att) scratch, then

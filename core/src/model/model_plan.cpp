@@ -340,9 +340,9 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
                                                false),
                cpu::gemm_bf16_scratchpad_bytes(true, false, int(oc), int(ic), M,
                                                bf16_grad ? DType::bf16 : DType::f32, true)});
-  if (d.head)  // the head's forward, a chunk of rows at a time (forward_head)
-    most = cpu::gemm_bf16_scratchpad_bytes(false, true, int(head_chunk_rows(d)), int(d.Vl), int(C),
-                                           DType::f32, false);
+  if (d.head)  // the head's forward, a chunk of rows at a time (head_xent_bf16)
+    most = std::max(most, cpu::gemm_bf16_scratchpad_bytes(false, true, int(head_chunk_rows(d)),
+                                                          int(d.Vl), int(C), DType::bf16, false));
   for (auto [ic, oc] : matmuls) {
     const int IC = int(ic), OC = int(oc);
     for (std::size_t bytes :
@@ -398,9 +398,9 @@ void Scratch::carve(const Dims& d, Recompute r, DType param_dtype, Carver& c) {
   ring_dkv[0] = ring_dkv[1] = ring_out = nullptr;
   ep_counts = cp_counts = nullptr;
   shared = BlockActs{};
-  if (d.head) {  // bf16: one chunk of rows of logits (forward); fp32: all of d(logits) (backward)
+  if (d.head) {  // fp32: all of d(logits) (backward); bf16: the logits are the slot's dlogits
     const std::size_t rows = bf16_params ? head_chunk_rows(d) : N;
-    logits = head.take(rows * d.Vl);
+    if (!bf16_params) logits = head.take(rows * d.Vl);
     if (d.tp > 1) ce = head.take(3 * rows);
   }
   if (d.blocks > 0) {

@@ -406,25 +406,33 @@ class CpuKernels final : public Kernels {
     for (std::size_t i = 0; i < rows; ++i) add_row(gwpe, (row0 + i) % T, d + i * C, C);
   }
 
-  void xent_row_max(float* mx, const float* logits, std::size_t N, std::size_t Vl) override {
+  // bf16 logits (the bf16 head's): a row at a time widened.
+  void xent_row_max(float* mx, ActView logits, std::size_t N, std::size_t Vl) override {
+    std::vector<float> wide(logits.is_bf16() ? Vl : 0);
     for (std::size_t n = 0; n < N; ++n) {
-      const float* x = logits + n * Vl;
+      const float* x = span_f32(logits, n * Vl, Vl, wide);
       mx[n] = *std::max_element(x, x + Vl);
     }
   }
-  void xent_exp(float* probs, float* sum, float* target, const float* mx,
+  void xent_exp(ActView probs, float* sum, float* target, const float* mx,
                 const std::int32_t* targets, std::size_t v0, std::size_t N,
                 std::size_t Vl) override {
+    std::vector<float> wide(probs.is_bf16() ? Vl : 0);
     for (std::size_t n = 0; n < N; ++n) {
-      float* x = probs + n * Vl;
+      const float* x = span_f32(probs, n * Vl, Vl, wide);
       const std::size_t v = std::size_t(targets[n]) - v0;
       target[n] = v < Vl ? x[v] - mx[n] : 0.0f;
       float s = 0.0f;
+      if (probs.is_bf16()) {  // the exps are not kept (xent_normalise_grad_bf16 recomputes them)
 #pragma omp simd reduction(+ : s)
-      for (std::size_t i = 0; i < Vl; ++i) {
-        const float e = cpu::vm::exp_approx(x[i] - mx[n]);
-        x[i] = e;
-        s += e;
+        for (std::size_t i = 0; i < Vl; ++i) s += cpu::vm::exp_approx(x[i] - mx[n]);
+      } else {
+        float* e = probs.f32() + n * Vl;
+#pragma omp simd reduction(+ : s)
+        for (std::size_t i = 0; i < Vl; ++i) {
+          e[i] = cpu::vm::exp_approx(x[i] - mx[n]);
+          s += e[i];
+        }
       }
       sum[n] = s;
     }
@@ -450,24 +458,33 @@ class CpuKernels final : public Kernels {
       if (v < Vl) dl[v] -= scale;
     }
   }
-  // The fp32 path's softmax and losses in place over the logits (bit for bit), then the onehot
-  // subtracted and the rows rounded.
-  void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
-                                      const std::int32_t* targets, std::size_t N,
-                                      std::size_t V) override {
-    cpu::softmax_crossentropy_forward(logits, losses, logits, targets, int(N), int(V));
-    for (std::size_t n = 0; n < N; ++n) logits[n * V + std::size_t(targets[n])] -= 1.0f;
-    cpu::round_to_bf16(dlogits, logits, N * V);
+  // A row at a time: widened, the fp32 path's softmax and loss (bit for bit), the onehot
+  // subtracted, rounded back over the logits.
+  void softmax_crossentropy_grad_bf16(bf16* logits, float* losses, const std::int32_t* targets,
+                                      std::size_t N, std::size_t V) override {
+    std::vector<float> row(V);
+    for (std::size_t n = 0; n < N; ++n) {
+      cpu::widen_bf16(row.data(), logits + n * V, V);
+      cpu::softmax_crossentropy_forward(row.data(), losses + n, row.data(), targets + n, 1, int(V));
+      row[std::size_t(targets[n])] -= 1.0f;
+      cpu::round_to_bf16(logits + n * V, row.data(), V);
+    }
   }
-  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
+  // xent_exp's exps again from the widened row, then xent_normalise's steps.
+  void xent_normalise_grad_bf16(bf16* logits, float* losses, const float* mx, const float* sum,
                                 const float* target, const std::int32_t* targets, std::size_t v0,
                                 std::size_t N, std::size_t Vl) override {
-    xent_normalise(exps, losses, sum, target, N, Vl);
+    std::vector<float> row(Vl);
     for (std::size_t n = 0; n < N; ++n) {
+      cpu::widen_bf16(row.data(), logits + n * Vl, Vl);
+      const float inv = 1.0f / sum[n];
+#pragma omp simd
+      for (std::size_t i = 0; i < Vl; ++i) row[i] = cpu::vm::exp_approx(row[i] - mx[n]) * inv;
       const std::size_t v = std::size_t(targets[n]) - v0;  // wraps for targets below v0
-      if (v < Vl) exps[n * Vl + v] -= 1.0f;
+      if (v < Vl) row[v] -= 1.0f;
+      cpu::round_to_bf16(logits + n * Vl, row.data(), Vl);
+      losses[n] = float(std::log(double(sum[n])) - double(target[n]));
     }
-    cpu::round_to_bf16(dlogits, exps, N * Vl);
   }
   void scale_bf16(bf16* x, float scale, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) x[i] = to_bf16(to_float(x[i]) * scale);

@@ -129,18 +129,17 @@ class CudaKernels final : public Kernels {
                                std::size_t N, std::size_t v0, std::size_t Vl, int C) override;
   void positions_backward(BufferView gwpe, const float* d, std::size_t rows, std::size_t row0,
                           int T, int C) override;
-  void xent_row_max(float* mx, const float* logits, std::size_t N, std::size_t Vl) override;
-  void xent_exp(float* probs, float* sum, float* target, const float* mx,
+  void xent_row_max(float* mx, ActView logits, std::size_t N, std::size_t Vl) override;
+  void xent_exp(ActView probs, float* sum, float* target, const float* mx,
                 const std::int32_t* targets, std::size_t v0, std::size_t N,
                 std::size_t Vl) override;
   void xent_normalise(float* probs, float* losses, const float* sum, const float* target,
                       std::size_t N, std::size_t Vl) override;
   void xent_backward_shard(float* dlogits, const float* probs, const std::int32_t* targets,
                            std::size_t v0, float scale, std::size_t N, std::size_t Vl) override;
-  void softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
-                                      const std::int32_t* targets, std::size_t N,
-                                      std::size_t V) override;
-  void xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps, const float* sum,
+  void softmax_crossentropy_grad_bf16(bf16* logits, float* losses, const std::int32_t* targets,
+                                      std::size_t N, std::size_t V) override;
+  void xent_normalise_grad_bf16(bf16* logits, float* losses, const float* mx, const float* sum,
                                 const float* target, const std::int32_t* targets, std::size_t v0,
                                 std::size_t N, std::size_t Vl) override;
   void scale_bf16(bf16* x, float scale, std::size_t n) override;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/bf16.cuh"
 #include "backends/cuda/device.hpp"
@@ -154,28 +155,32 @@ __global__ void positions_backward_kernel(void* gwpe, bool bf16, const float* d,
   }
 }
 
-// --- cross-entropy: one block of kThreads per row
-__global__ void row_max_kernel(float* mx, const float* logits, std::size_t Vl) {
-  const float* x = logits + blockIdx.x * Vl;
+// --- cross-entropy: one block of kThreads per row; E the logits' element, float or a bf16's 16
+// bits (the bf16 head's logits, widened as read).
+template <class E>
+__global__ void row_max_kernel(float* mx, const E* logits, std::size_t Vl) {
+  const E* x = logits + blockIdx.x * Vl;
   float m = -INFINITY;
-  for (std::size_t i = threadIdx.x; i < Vl; i += kThreads) m = fmaxf(m, x[i]);
+  for (std::size_t i = threadIdx.x; i < Vl; i += kThreads) m = fmaxf(m, widen(x[i]));
   m = block_reduce(m, true);
   if (threadIdx.x == 0) mx[blockIdx.x] = m;
 }
-// The target's logit is read by the thread that overwrites it, before it does.
-__global__ void xent_exp_kernel(float* probs, float* sum, float* target, const float* mx,
+// fp32 logits: the exps written over them, the target's logit read by the thread that overwrites
+// it, before it does; bf16 logits: read only.
+template <class E>
+__global__ void xent_exp_kernel(E* probs, float* sum, float* target, const float* mx,
                                 const std::int32_t* targets, std::size_t v0, std::size_t Vl) {
   const std::size_t row = blockIdx.x;
-  float* x = probs + row * Vl;
+  E* x = probs + row * Vl;
   const float m = mx[row];
   const std::size_t v = std::size_t(targets[row]) - v0;
   if (threadIdx.x == 0 && v >= Vl) target[row] = 0.0f;
   float s = 0.0f;
   for (std::size_t i = threadIdx.x; i < Vl; i += kThreads) {
-    const float shifted = x[i] - m;
+    const float shifted = widen(x[i]) - m;
     if (i == v) target[row] = shifted;
     const float e = expf(shifted);
-    x[i] = e;
+    if constexpr (std::is_same_v<E, float>) x[i] = e;
     s += e;
   }
   s = block_reduce(s, false);
@@ -205,21 +210,21 @@ __device__ __forceinline__ std::uint16_t grad_bf16(float e, float inv, bool at_t
   const float p = __fmul_rn(e, inv);
   return float_to_bf16(at_target ? __fadd_rn(p, -1.0f) : p);
 }
-// One block per row, two reads of the row and no writes to it: the max and the sum of exp in
-// one pass (each thread's running sum rescaled when its max rises, as an online softmax does), then
-// bf16(exp(x - max) / sum - onehot). The exps are the three-pass kernel's, bit for bit (the same
-// block max); only the sum's rounding differs, by a few ulp. On a gpt2 head (V 50304, fp32 logits)
-// that is 2 x 4 + 2 bytes of traffic an element, where max, exps written back and read again took
-// 4 x 4 + 2.
-__global__ void xent_grad_bf16_kernel(std::uint16_t* dlogits, float* losses, const float* logits,
+// One block per row, two reads of the bf16 logits: the max and the sum of exp in one pass (each
+// thread's running sum rescaled when its max rises, as an online softmax does), then
+// bf16(exp(x - max) / sum - onehot) written over them. The exps are the three-pass kernel's, bit
+// for bit (the same block max); only the sum's rounding differs, by a few ulp. On a gpt2 head (V
+// 50304) that is 3 x 2 bytes of traffic an element (the GEMM's bf16 output read twice, the
+// gradient written), where fp32 logits read twice took 2 x 4 + 2 and before that 4 x 4 + 2.
+__global__ void xent_grad_bf16_kernel(std::uint16_t* logits, float* losses,
                                       const std::int32_t* targets, std::size_t V) {
   const std::size_t row = blockIdx.x;
-  const float* x = logits + row * V;
-  std::uint16_t* d = dlogits + row * V;
+  std::uint16_t* x = logits + row * V;
   const std::size_t t = std::size_t(targets[row]);
+  const float at_target = bf16_to_float(x[t]);  // read before the row is overwritten
   float m = -INFINITY, s = 0.0f;
   for (std::size_t i = threadIdx.x; i < V; i += kThreads) {
-    const float xi = x[i];
+    const float xi = bf16_to_float(x[i]);
     if (xi > m) {
       s = __fadd_rn(__fmul_rn(s, expf(m - xi)), 1.0f);
       m = xi;
@@ -231,18 +236,20 @@ __global__ void xent_grad_bf16_kernel(std::uint16_t* dlogits, float* losses, con
   s = block_reduce(m == -INFINITY ? 0.0f : __fmul_rn(s, expf(m - mx)), false);
   const float inv = 1.0f / s;
   for (std::size_t i = threadIdx.x; i < V; i += kThreads)
-    d[i] = grad_bf16(expf(x[i] - mx), inv, i == t);
-  if (threadIdx.x == 0) losses[row] = logf(s) - (x[t] - mx);
+    x[i] = grad_bf16(expf(bf16_to_float(x[i]) - mx), inv, i == t);
+  if (threadIdx.x == 0) losses[row] = logf(s) - (at_target - mx);
 }
-__global__ void xent_normalise_grad_bf16_kernel(std::uint16_t* dlogits, float* losses,
-                                                const float* exps, const float* sum,
+// xent_exp's exps again from the bf16 logits, then the gradient over them.
+__global__ void xent_normalise_grad_bf16_kernel(std::uint16_t* logits, float* losses,
+                                                const float* mx, const float* sum,
                                                 const float* target, const std::int32_t* targets,
                                                 std::size_t v0, std::size_t N, std::size_t Vl) {
   const std::size_t n = N * Vl > N ? N * Vl : N;
   STRATA_GRID_STRIDE(i, n) {
     if (i < N * Vl) {
       const std::size_t row = i / Vl;
-      dlogits[i] = grad_bf16(exps[i], 1.0f / sum[row], std::size_t(targets[row]) - v0 == i % Vl);
+      const float e = expf(bf16_to_float(logits[i]) - mx[row]);
+      logits[i] = grad_bf16(e, 1.0f / sum[row], std::size_t(targets[row]) - v0 == i % Vl);
     }
     if (i < N) losses[i] = logf(sum[i]) - target[i];
   }
@@ -355,17 +362,24 @@ void CudaKernels::positions_backward(BufferView gwpe, const float* d, std::size_
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void CudaKernels::xent_row_max(float* mx, const float* logits, std::size_t N, std::size_t Vl) {
+void CudaKernels::xent_row_max(float* mx, ActView logits, std::size_t N, std::size_t Vl) {
   if (N == 0) return;
-  STRATA_LAUNCH(row_max_kernel, unsigned(N), kThreads, 0, ctx_.stream)(mx, logits, Vl);
+  with_element_type(logits.is_bf16(), [&](auto type) {
+    using E = typename decltype(type)::type;
+    STRATA_LAUNCH(row_max_kernel<E>, unsigned(N), kThreads, 0, ctx_.stream)
+    (mx, static_cast<const E*>(logits.data), Vl);
+  });
   STRATA_CUDA_CHECK_LAUNCH();
 }
-void CudaKernels::xent_exp(float* probs, float* sum, float* target, const float* mx,
+void CudaKernels::xent_exp(ActView probs, float* sum, float* target, const float* mx,
                            const std::int32_t* targets, std::size_t v0, std::size_t N,
                            std::size_t Vl) {
   if (N == 0) return;
-  STRATA_LAUNCH(xent_exp_kernel, unsigned(N), kThreads, 0, ctx_.stream)
-  (probs, sum, target, mx, targets, v0, Vl);
+  with_element_type(probs.is_bf16(), [&](auto type) {
+    using E = typename decltype(type)::type;
+    STRATA_LAUNCH(xent_exp_kernel<E>, unsigned(N), kThreads, 0, ctx_.stream)
+    (static_cast<E*>(probs.data), sum, target, mx, targets, v0, Vl);
+  });
   STRATA_CUDA_CHECK_LAUNCH();
 }
 void CudaKernels::xent_normalise(float* probs, float* losses, const float* sum, const float* target,
@@ -386,22 +400,22 @@ void CudaKernels::xent_backward_shard(float* dlogits, const float* probs,
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
-void CudaKernels::softmax_crossentropy_grad_bf16(bf16* dlogits, float* losses, float* logits,
+void CudaKernels::softmax_crossentropy_grad_bf16(bf16* logits, float* losses,
                                                  const std::int32_t* targets, std::size_t N,
                                                  std::size_t V) {
   if (N == 0 || V == 0) return;
   STRATA_LAUNCH(xent_grad_bf16_kernel, unsigned(N), kThreads, 0, ctx_.stream)
-  (reinterpret_cast<std::uint16_t*>(dlogits), losses, logits, targets, V);
+  (reinterpret_cast<std::uint16_t*>(logits), losses, targets, V);
   STRATA_CUDA_CHECK_LAUNCH();
 }
-void CudaKernels::xent_normalise_grad_bf16(bf16* dlogits, float* losses, float* exps,
+void CudaKernels::xent_normalise_grad_bf16(bf16* logits, float* losses, const float* mx,
                                            const float* sum, const float* target,
                                            const std::int32_t* targets, std::size_t v0,
                                            std::size_t N, std::size_t Vl) {
   if (N == 0) return;
   STRATA_LAUNCH(xent_normalise_grad_bf16_kernel, blocks_for(N * std::max<std::size_t>(Vl, 1)),
                 kThreads, 0, ctx_.stream)
-  (reinterpret_cast<std::uint16_t*>(dlogits), losses, exps, sum, target, targets, v0, N, Vl);
+  (reinterpret_cast<std::uint16_t*>(logits), losses, mx, sum, target, targets, v0, N, Vl);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 void CudaKernels::scale_bf16(bf16* x, float scale, std::size_t n) {
