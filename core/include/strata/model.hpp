@@ -316,9 +316,9 @@ struct ActivationBytes {
 };
 // Throws ConfigError for a spec, micro-batch, partition or recompute mode that cannot be built.
 // With bf16 parameters the scratch also holds the matmuls' bf16 operands and fp32 copies of a
-// unit's small tensors (LayerNorm weights, biases) and of their gradients, the head's fp32 logits
-// are one chunk of token rows in the scratch, and a slot keeps the head's d(logits) in bf16
-// instead of fp32 probabilities. On a device whose
+// unit's small tensors (LayerNorm weights, biases) and of their gradients, and a slot keeps the
+// head's d(logits) in bf16 instead of fp32 probabilities (the bf16 logits are written there and
+// the gradient over them: no fp32 logits exist). On a device whose
 // attention is fused (CUDA) the attention keeps a log-sum-exp per row, not the T x T
 // probabilities. split_backward (StageModel's, for zero-bubble pipelines): a slot also keeps its
 // blocks' GEMMs' d(output)s from the backward to the weight pass.

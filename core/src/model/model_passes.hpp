@@ -278,8 +278,9 @@ struct SlotActs {
   float *lnf_mean, *lnf_rstd;  // [Nl] [Nl]
   // The head's cross-entropy state, by parameter dtype (the other is null):
   //   fp32  probs [N,Vl], the softmax; the backward forms d(logits) from it
-  //   bf16  dlogits [N,Vl] bf16(softmax - onehot(target)), written unscaled by the forward a chunk
-  //         of rows at a time, scaled in place by the backward and fed to its GEMMs as it is
+  //   bf16  dlogits [N,Vl] the head GEMM's bf16 logits, then bf16(softmax - onehot(target))
+  //         written over them unscaled by the forward a chunk of rows at a time, scaled in place
+  //         by the backward and fed to its GEMMs as it is
   float* probs;
   bf16* dlogits;
   float* losses;   // [N]
