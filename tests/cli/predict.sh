@@ -23,9 +23,13 @@ ops = {o.decode() for o in f["comm_fits/op"]}
 assert ops == {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"}, ops
 assert (f["comm_samples/time_s"][:] > 0).all() and len(f["comm_samples/op"]) == 24  # 4 ops x 6 sizes
 assert c["pass_spread"][0] > 0, c["pass_spread"][0]  # three rounds, not identical
-# The split backward's passes (zb-h1, zb-v) timed on their own: each less than the whole backward.
+# The split backward's passes (zb-h1, zb-v) timed on their own. The input and weight passes come
+# from one timed run (the weight pass, tiny's dW GEMMs, ~1/8 of the input pass on this machine), the
+# whole backward from another, and between runs on a loaded machine the input pass measured 1.05x
+# the whole (CI under ASan, 2026-12-02): against the whole backward only a gross bound (a unit slip,
+# or the forward timed in, breaks it), not an ordering that noise decides.
 b, i, w = (c[k][0] for k in ("block_backward_s", "block_input_backward_s", "block_weight_backward_s"))
-assert 0 < w < b and 0 < i < b, (b, i, w)
+assert 0 < w < i < 2 * b and w < b, (b, i, w)
 PY
 # Predicted time beside memory and bytes, for each time model; tokens/s = global tokens / step.
 for s in ddp zero1 zero3; do
