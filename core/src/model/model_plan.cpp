@@ -324,7 +324,6 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
   if (d.blocks > 0) matmuls = {{C, d.QKVl}, {Cl, C}, {C, d.FCl}, {d.Fl, C}};
   if (d.blocks > 0 && d.moe) matmuls.emplace_back(C, std::size_t(d.E));  // the router
   if (d.blocks > 0 && d.SF > 0) matmuls.insert(matmuls.end(), {{C, 2 * d.SF}, {d.SF, C}});
-  if (d.head) matmuls.emplace_back(C, d.Vl);
   const int N = int(d.N);
   std::size_t most = 0;
   // moe's experts: their rows vary with the routing; sized here at the balanced load and at all
@@ -340,9 +339,15 @@ std::size_t bf16_gemm_scratchpad(const Dims& d) {
                                                false),
                cpu::gemm_bf16_scratchpad_bytes(true, false, int(oc), int(ic), M,
                                                bf16_grad ? DType::bf16 : DType::f32, true)});
-  if (d.head)  // the head's forward, a chunk of rows at a time (head_xent_bf16)
-    most = std::max(most, cpu::gemm_bf16_scratchpad_bytes(false, true, int(head_chunk_rows(d)),
-                                                          int(d.Vl), int(C), DType::bf16, false));
+  if (d.head) {  // the forward a chunk of rows at a time (head_xent_bf16); the backward over N
+    const int Vl = int(d.Vl), IC = int(C);
+    most = std::max({most,
+                     cpu::gemm_bf16_scratchpad_bytes(false, true, int(head_chunk_rows(d)), Vl, IC,
+                                                     DType::bf16, false),
+                     cpu::gemm_bf16_scratchpad_bytes(false, false, N, IC, Vl, DType::f32, false),
+                     cpu::gemm_bf16_scratchpad_bytes(true, false, Vl, IC, N, DType::f32, true),
+                     cpu::gemm_bf16_scratchpad_bytes(true, false, Vl, IC, N, DType::bf16, true)});
+  }
   for (auto [ic, oc] : matmuls) {
     const int IC = int(ic), OC = int(oc);
     for (std::size_t bytes :
