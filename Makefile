@@ -59,8 +59,8 @@ run: build
 	@echo "the llama and moe families: $(OUT)-families/summary.txt and figures/report.html"
 
 # Every test: the main build's, then the ASan + UBSan set, then a bounded fuzz run (TEST_FUZZ_SECONDS
-# per target). 39 minutes from a fresh clone on 2 cores of a Sapphire Rapids on 2026-12-02, 80 on
-# 2 cores of an AMD EPYC the same day (CHANGELOG.md).
+# per target). 50 minutes from a fresh clone on 2 cores of an AMD EPYC on 2026-12-04, 39 on 2 cores
+# of a Sapphire Rapids on 2026-12-02 (CHANGELOG.md).
 TEST_FUZZ_SECONDS ?= 30
 # The real-GPU tests (label gpu) join where nvidia-smi sees a GPU; elsewhere the same test files
 # run on the CUDA emulator (emu.*), and the gpu label is left out rather than reported skipped.
@@ -94,8 +94,8 @@ define sanitizer_tests
 	cd $(1) && ctest -L sanitize --output-on-failure -j 2
 endef
 
-# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (15.9 min of tests on 2 cores
-# on 2026-11-30).
+# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (9.7 min of tests on 2 cores
+# of an AMD EPYC on 2026-12-04).
 sanitize: deps
 	$(call sanitizer_tests,$(ASAN_BUILD),address$(comma)undefined)
 
