@@ -12,7 +12,10 @@ if(STRATA_SANITIZE)
     message(FATAL_ERROR "STRATA_SANITIZE needs STRATA_WITH_CUDA=OFF (host sanitizers only)")
   endif()
   # Frame pointers: whole stacks in the reports, also through the BLAS/MPI frames we call into.
-  set(_strata_sanitize_flags -fsanitize=${STRATA_SANITIZE} -fno-omit-frame-pointer)
+  # -O1 after the build type's -O2 (the last -O wins), as the sanitizers' documentation advises:
+  # GCC 12 compiled the ASan + UBSan build in about 0.6 of the time at -O2 (test_stage_model.cpp
+  # 24 s against 40 s, twice each, 2026-12-04), and the build was a fifth of `make test`.
+  set(_strata_sanitize_flags -O1 -fsanitize=${STRATA_SANITIZE} -fno-omit-frame-pointer)
   if(STRATA_SANITIZE MATCHES "undefined")
     list(APPEND _strata_sanitize_flags -fno-sanitize-recover=undefined)
   endif()
