@@ -4,15 +4,14 @@
 # zero3 with offload=optimizer at 2, 1f1b with dp=fsdp at dp 2 x pp 2, in fp32, and five bf16 runs
 # (ddp, zero3, tp, 1f1b and cp with ring attention): each follows the CPU run's loss trajectory,
 # keeps the memory and bytes predict() gives, and records a device peak. Short runs (6 steps,
-# micro-batch 2): the emulator runs every CUDA thread of every kernel on the host, with its threads
-# as fibers (STRATA_CUDA_EMU_FIBERS: one host thread, no race detection; the emu.* layer tests run
-# threaded), about 0.3 s per step here.
+# micro-batch 2): the emulator runs every CUDA thread of every kernel on the host, as fibers on one
+# host thread (its default), about 0.3 s per step here.
 #
 # Tolerances: fp32 1e-5 as every e2e trajectory (measured: at most 2e-7 over 6 steps; the CUDA
 # path differs by summation order: fused attention, cuBLAS's GEMMs, its reductions); bf16 the bf16
 # issue's 2e-3 (measured 2e-4).
 set(E2E_CUDA_STEPS 6)
-set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_FIBERS=1 STRATA_CUDA_EMU_DEVICES=2)
+set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_DEVICES=2)
 
 # strata_e2e_cuda(<id> <ranks> <tolerance> <runner args...>): cuda.<id>.cpu and cuda.<id>.gpu
 # (E2E_CUDA_GPU_ARGS: arguments of the GPU side only).
@@ -111,7 +110,7 @@ strata_e2e_cuda(cp.ring.np2 2 ${E2E_LOSS_TOL} --plugin cp --mesh cp=2 --micro-ba
 # units gathered on the comm stream behind the compute event, two ahead, and reduce-scattered in
 # the last micro-batch's backward, in device memory with the NCCL stand-in.
 set(_devices_of_two ${E2E_CUDA_ENV})
-set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_FIBERS=1 STRATA_CUDA_EMU_DEVICES=4)
+set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_DEVICES=4)
 strata_e2e_cuda(1f1b.dp2.pp2.fsdp 4 ${E2E_LOSS_TOL} --plugin 1f1b --mesh dp=2,pp=2 --nodes 2
                 --micro-batch 1 --layers 8 --plugin-opt dp=fsdp --plugin-opt prefetch=2)
 set(E2E_CUDA_ENV ${_devices_of_two})

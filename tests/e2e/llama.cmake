@@ -64,7 +64,7 @@ strata_e2e_cuda(llama.ddp.np2 2 ${E2E_LOSS_TOL} --plugin ddp --micro-batch 2 ${L
 # Ulysses at cp 4 on 2 K/V heads: each sent to the 2 ranks whose query heads use it, its
 # gradient's copies summed by the device's gather on the way back (4 emulated GPUs).
 set(_devices_of_two ${E2E_CUDA_ENV})
-set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_FIBERS=1 STRATA_CUDA_EMU_DEVICES=4)
+set(E2E_CUDA_ENV ${E2E_ENV} STRATA_CUDA_EMU_DEVICES=4)
 strata_e2e_cuda(llama.cp.np4 4 ${E2E_LOSS_TOL} --plugin cp --mesh cp=4 --micro-batch 2
                 ${LLAMA_CUDA})
 set(E2E_CUDA_ENV ${_devices_of_two})

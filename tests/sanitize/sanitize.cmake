@@ -66,12 +66,12 @@ if(STRATA_SANITIZE MATCHES "thread")
   # threads (2 and 3 ranks), and short e2e runs whose collectives run on comm streams: ddp's
   # buckets, zero3's prefetched gathers over MPI and UCX, gpipe's sends with --trace, and the
   # failure runs (the watchdog thread beside a run that throws, runs out of memory or hangs).
-  # The CUDA emulator's block runner (every CUDA thread a host thread) with the kernels whose
-  # threads share memory through barriers: LayerNorm backward (dynamic shared memory), softmax +
-  # cross-entropy (block reductions in static shared memory) and the matmul bias gradient (a
-  # shared-memory column sum), and the tensor-core attention (warps that exchange WMMA tiles
-  # through shared memory: its causality test, 3 tiles forward and backward, about 30 s). A missing
-  # __syncthreads or __syncwarp there is a race TSan reports.
+  # The CUDA emulator's block runner (every CUDA thread a host thread: its only mode under TSan)
+  # with the kernels whose threads share memory through barriers: LayerNorm backward (dynamic
+  # shared memory), softmax + cross-entropy (block reductions in static shared memory) and the
+  # matmul bias gradient (a shared-memory column sum), and the tensor-core attention (warps that
+  # exchange WMMA tiles through shared memory: its causality test, 3 tiles forward and backward,
+  # about 30 s). A missing __syncthreads or __syncwarp there is a race TSan reports.
   set(SANITIZE_UNIT_EXECUTABLES test_comm test_cuda_layers_emu)
   set(SANITIZE_EMU_TESTS
       "^emu[.](.*(CudaLayerNorm|CudaCrossEntropy|CudaMatmul)[.]|CudaLayers[.]TcAttentionIsCausal)")

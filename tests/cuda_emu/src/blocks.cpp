@@ -1,20 +1,28 @@
-// The CUDA emulator's block runner: every CUDA thread of a block on its own host thread.
+// The CUDA emulator's block runner: the CUDA threads of a block as fibers on the launching host
+// thread (the default), or each on a host thread of its own (STRATA_CUDA_EMU_THREADS=1, and always
+// under ThreadSanitizer).
 //
-// A pool of host threads, grown to the largest block seen and reused by every launch (creating
-// 1024 threads per block would dominate the run time). For one launch the first nthreads workers
-// run the grid's blocks one after another: each runs the kernel body for its threadIdx, leaves the
-// block's barriers (an exited CUDA thread no longer holds back __syncthreads), and meets the others
-// at the end-of-block barrier, whose completion step sets up the next block: fresh barriers and
-// dynamic shared memory refilled with 0xFF, so a kernel reading shared memory it did not write
-// this block sees NaN.
+// Fibers: a 10-instruction stack switch (not swapcontext, which makes two system calls per switch).
+// Each fiber runs until it reaches a barrier, a warp sync or a shuffle, or exits; a barrier opens
+// once every live thread of its block (or warp) waits at it. Threads resume in ascending order,
+// under one of two schedules: warp by warp (the default: one warp runs until it waits at the block
+// barrier) or round robin (STRATA_CUDA_EMU_SCHEDULE=rounds: every thread to its next barrier).
+// Both are deterministic, so a missing barrier shows the same way every run: a thread reading
+// what a later thread or warp writes before the missing barrier reads the 0xFF bytes of fresh
+// shared memory or an older tile, and one overwriting what another has still to read overwrites
+// it first. Each schedule catches deletions of barriers the other misses; the layer and kernel
+// tests run under both (docs/testing.md lists what deleting each of the kernels' barriers did).
+// Ten times faster than host threads.
 //
-// With STRATA_CUDA_EMU_FIBERS=1 (the end-to-end runs: thousands of launches, where waking 256 host
-// threads at every barrier of every block would take the time) a block's CUDA threads are fibers
-// on the launching host thread instead (a 10-instruction stack switch, not swapcontext, which
-// makes two system calls per switch): each runs until it reaches a barrier, a warp
-// sync or a shuffle, or exits, and a barrier opens once every live thread of its block (or warp)
-// waits at it. The same semantics, one host thread, no data races to find: the layer tests run
-// threaded, which is where races show (and ThreadSanitizer can see them).
+// Host threads: a pool, grown to the largest block seen and reused by every launch (creating 1024
+// threads per block would dominate the run time). For one launch the first nthreads workers run
+// the grid's blocks one after another: each runs the kernel body for its threadIdx, leaves the
+// block's barriers (an exited CUDA thread no longer holds back __syncthreads), and meets the
+// others at the end-of-block barrier. Here a missing __syncthreads is a real data race, which
+// ThreadSanitizer reports (`make tsan`).
+//
+// Either way every block starts with fresh barriers and its dynamic shared memory refilled with
+// 0xFF, so a kernel reading shared memory it did not write this block sees NaN.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -28,8 +36,27 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define STRATA_EMU_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define STRATA_EMU_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define STRATA_EMU_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define STRATA_EMU_TSAN 1
+#endif
+#endif
+#if defined(STRATA_EMU_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include "cuda_emu/kernel.hpp"
 #include "internal.hpp"
@@ -155,6 +182,31 @@ strata_emu_switch_stack:
 extern "C" void strata_emu_switch_stack(void**, void*) { fatal("fiber mode: x86-64 only"); }
 #endif
 
+// AddressSanitizer keeps each host thread's stack bounds and a "fake stack" of returned frames
+// (detect_stack_use_after_return): its fiber interface tells it of every switch between the
+// scheduler's stack and a fiber's, or it could take a waiting fiber's frames for returned ones.
+// Each fiber slot and the scheduler keep their own fake stack across switches (Fiber::fake_stack).
+#if defined(STRATA_EMU_ASAN)
+inline void asan_start_switch(void** fake, const void* bottom, std::size_t size) {
+  __sanitizer_start_switch_fiber(fake, bottom, size);
+}
+inline void asan_finish_switch(void* fake, const void** bottom, std::size_t* size) {
+  __sanitizer_finish_switch_fiber(fake, bottom, size);
+}
+#else
+inline void asan_start_switch(void**, const void*, std::size_t) {}
+inline void asan_finish_switch(void*, const void**, std::size_t*) {}
+#endif
+
+// STRATA_CUDA_EMU_SCHEDULE: warps (unset: the default) or rounds (see the top).
+bool schedule_by_warps() {
+  const char* v = std::getenv("STRATA_CUDA_EMU_SCHEDULE");
+  const std::string_view schedule = v != nullptr ? v : "warps";
+  if (schedule != "warps" && schedule != "rounds")
+    fatal("STRATA_CUDA_EMU_SCHEDULE=%s: warps (one warp at a time, the default) or rounds", v);
+  return schedule == "warps";
+}
+
 // Fiber mode (see the top): the CUDA threads of one block, scheduled on the calling thread.
 class Fibers {
  public:
@@ -180,7 +232,9 @@ class Fibers {
   void yield(State state) {
     Fiber& f = fibers_[current_];
     f.state = state;
+    asan_start_switch(&f.fake_stack, scheduler_bottom_, scheduler_size_);
     strata_emu_switch_stack(&f.sp, scheduler_sp_);
+    asan_finish_switch(f.fake_stack, &scheduler_bottom_, &scheduler_size_);  // resumed
   }
 
  private:
@@ -189,6 +243,9 @@ class Fibers {
     void* sp = nullptr;  // its saved stack pointer (see strata_emu_switch_stack)
     State state = State::done;
     std::uint32_t shuffles = 0;
+    // AddressSanitizer's, kept from one block to the next: a body that returned has freed its
+    // fake frames, and a fake stack made per fiber start (an mmap) made the ASan tests 2-4x slower.
+    void* fake_stack = nullptr;
   };
 
   // A fresh stack whose first switch "returns" into entry(): the frame strata_emu_switch_stack
@@ -219,8 +276,14 @@ class Fibers {
 
   static void entry();
 
+  // The block's threads under the process's schedule (schedule_by_warps()). Warp by warp: one warp
+  // runs until all its live lanes wait at the block barrier, then the next, so a warp overwrites
+  // what a later warp has still to read. Round robin: every ready thread in turn runs to its next
+  // barrier, then the warp barriers open, so every warp reaches its next warp barrier before any
+  // goes past it.
   void run_block(Grid& grid) {
     const unsigned n = grid.nthreads;
+    static const bool warp_by_warp = schedule_by_warps();
     for (unsigned i = 0; i < n; ++i) {
       Fiber& f = fibers_[i];
       f.sp = initial_frame(stacks_[i]);
@@ -228,10 +291,20 @@ class Fibers {
       f.shuffles = 0;
     }
     for (;;) {
-      bool resumed = false;
-      for (unsigned i = 0; i < n; ++i)
-        if (fibers_[i].state == State::ready) resume(grid, i), resumed = true;
-      if (!open_barriers(n) && !resumed) {
+      if (warp_by_warp) {
+        for (unsigned w = 0; w * 32 < n; ++w)
+          while (resume_ready(grid, w * 32, std::min(n, w * 32 + 32)),
+                 open_warp_barrier(w * 32, std::min(n, w * 32 + 32))) {
+          }
+      } else {
+        for (bool opened = true; opened;) {
+          resume_ready(grid, 0, n);
+          opened = false;
+          for (unsigned w = 0; w * 32 < n; ++w)
+            opened |= open_warp_barrier(w * 32, std::min(n, w * 32 + 32));
+        }
+      }
+      if (!open_block_barrier(n)) {
         if (std::all_of(fibers_.begin(), fibers_.begin() + n,
                         [](const Fiber& f) { return f.state == State::done; }))
           return;
@@ -243,65 +316,83 @@ class Fibers {
     }
   }
 
+  // Resumes the ready threads of [begin, end) in ascending order, each until it waits or exits.
+  void resume_ready(Grid& grid, unsigned begin, unsigned end) {
+    for (unsigned i = begin; i < end; ++i)
+      if (fibers_[i].state == State::ready) resume(grid, i);
+  }
+
+  // Opens the barrier of the warp of lanes [begin, end) if every live lane waits at it.
+  bool open_warp_barrier(unsigned begin, unsigned end) {
+    unsigned live = 0, waiting = 0;
+    for (unsigned i = begin; i < end; ++i) {
+      live += fibers_[i].state != State::done;
+      waiting += fibers_[i].state == State::at_warp_barrier;
+    }
+    if (live == 0 || waiting != live) return false;
+    for (unsigned i = begin; i < end; ++i) fibers_[i].state = State::ready;
+    return true;
+  }
+
   void resume(Grid& grid, unsigned i) {
     const dim3 b = grid.config.block;
     current_ = i;
     tls_thread = i;
     tls_shuffles = fibers_[i].shuffles;
     threadIdx = uint3{i % b.x, i / b.x % b.y, i / (b.x * b.y)};
+    void* fake_stack = nullptr;
+    asan_start_switch(&fake_stack, stacks_[i], kStackBytes);
     strata_emu_switch_stack(&scheduler_sp_, fibers_[i].sp);
+    asan_finish_switch(fake_stack, nullptr, nullptr);
     fibers_[i].shuffles = tls_shuffles;
   }
 
-  // Opens the block barrier when every live thread waits at it, else each warp barrier at which
-  // every live lane of its warp waits. Returns whether one opened.
-  bool open_barriers(unsigned n) {
+  // Opens the block barrier if every live thread waits at it; returns whether it opened.
+  bool open_block_barrier(unsigned n) {
     unsigned live = 0, at_block = 0;
     for (unsigned i = 0; i < n; ++i) {
       live += fibers_[i].state != State::done;
       at_block += fibers_[i].state == State::at_block_barrier;
     }
-    if (live > 0 && at_block == live) {
-      for (unsigned i = 0; i < n; ++i)
-        if (fibers_[i].state == State::at_block_barrier) fibers_[i].state = State::ready;
-      return true;
-    }
-    bool opened = false;
-    for (unsigned w = 0; w * 32 < n; ++w) {
-      const unsigned end = std::min(n, w * 32 + 32);
-      unsigned lanes_live = 0, lanes_waiting = 0;
-      for (unsigned i = w * 32; i < end; ++i) {
-        lanes_live += fibers_[i].state != State::done;
-        lanes_waiting += fibers_[i].state == State::at_warp_barrier;
-      }
-      if (lanes_live == 0 || lanes_waiting != lanes_live) continue;
-      for (unsigned i = w * 32; i < end; ++i) fibers_[i].state = State::ready;
-      opened = true;
-    }
-    return opened;
+    if (live == 0 || at_block != live) return false;
+    for (unsigned i = 0; i < n; ++i)
+      if (fibers_[i].state == State::at_block_barrier) fibers_[i].state = State::ready;
+    return true;
   }
 
   std::vector<void*> stacks_;  // kept for later launches (never unmapped: a test fixture)
   std::vector<Fiber> fibers_;
   void* scheduler_sp_ = nullptr;
+  const void* scheduler_bottom_ = nullptr;  // the scheduler's stack, for AddressSanitizer
+  std::size_t scheduler_size_ = 0;
   Grid* grid_ = nullptr;
   unsigned current_ = 0;
 };
 
+// The mode, chosen once: STRATA_CUDA_EMU_THREADS unset or 0 fibers, 1 host threads. Host threads
+// under ThreadSanitizer, which checks threads (fibers would need its fiber interface and would
+// hide the races it is run for), and off x86-64 (no stack switch there).
 Fibers* fibers_in_use() {  // null in the threaded mode
-  static Fibers* const fibers = [] {
-    const char* v = std::getenv("STRATA_CUDA_EMU_FIBERS");
-#if defined(__x86_64__)
-    return v != nullptr && v[0] == '1' && v[1] == '\0' ? new Fibers : nullptr;
-#else
-    if (v != nullptr) report("STRATA_CUDA_EMU_FIBERS: x86-64 only; running threaded");
-    return static_cast<Fibers*>(nullptr);
+  static Fibers* const fibers = []() -> Fibers* {
+    const char* v = std::getenv("STRATA_CUDA_EMU_THREADS");
+    const std::string_view threads = v != nullptr ? v : "0";
+    if (threads != "0" && threads != "1")
+      fatal(
+          "STRATA_CUDA_EMU_THREADS=%s: 0 (fibers, the default) or 1 (a host thread per CUDA "
+          "thread)",
+          v);
+#if defined(__x86_64__) && !defined(STRATA_EMU_TSAN)
+    if (threads == "0") return new Fibers;
 #endif
+    return nullptr;
   }();
   return fibers;
 }
 
 void Fibers::entry() {
+  Fibers* self = fibers_in_use();
+  asan_finish_switch(self->fibers_[self->current_].fake_stack, &self->scheduler_bottom_,
+                     &self->scheduler_size_);
   tls_grid->body();
   fibers_in_use()->yield(State::done);  // never resumed
 }

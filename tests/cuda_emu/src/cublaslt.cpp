@@ -168,14 +168,12 @@ float gelu(float x) {
 
 void run_matmul(const Matmul& g) {
   const bool ta = g.d.transa == CUBLAS_OP_T, tb = g.d.transb == CUBLAS_OP_T;
+  std::vector<float> sums(std::size_t(g.s.m) * g.s.n, 0.0f);
+  if (g.alpha != 0.0f)
+    sums = gemm_sums({g.a, g.ab_type, ta, g.lda}, {g.b, g.ab_type, tb, g.ldb}, g.s.m, g.s.n, g.s.k);
   for (int j = 0; j < g.s.n; ++j)
     for (int i = 0; i < g.s.m; ++i) {
-      float sum = 0.0f;
-      if (g.alpha != 0.0f)
-        for (int l = 0; l < g.s.k; ++l)
-          sum += load(g.a, g.ab_type, ta ? l + i * g.lda : i + l * g.lda) *
-                 load(g.b, g.ab_type, tb ? j + l * g.ldb : l + j * g.ldb);
-      float v = g.alpha * sum;
+      float v = g.alpha * sums[i + std::size_t(j) * g.s.m];
       if (g.beta != 0.0f) v += g.beta * load(g.c, g.d_type, i + j * g.ldc);
       if (has_bias(g.d.epilogue)) v += static_cast<const float*>(g.d.bias)[i];
       if (has_aux(g.d.epilogue)) store(g.d.aux, g.d_type, i + j * g.d.aux_ld, v);

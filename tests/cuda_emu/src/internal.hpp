@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "cuda_emu/launch.hpp"
 
@@ -69,6 +70,18 @@ void store(void* p, cudaDataType_t t, std::int64_t i, float v);
 // operand of which call.
 bool operand_inside(const void* p, std::size_t elem, int rows, int cols, int ld, long long stride,
                     int batch, const char* what, const char* call);
+// One column-major operand of a GEMM: element (r, c) of op(X) is x[r + c * ld], or x[c + r * ld]
+// transposed.
+struct GemmOperand {
+  const void* x;
+  cudaDataType_t type;
+  bool transposed;
+  std::int64_t ld;
+};
+// The m x n sums of op(A) op(B) (column-major, m x k by k x n): each a dot product in fp32 with its
+// k products added in ascending order (what every GEMM of the emulator computes before its alpha,
+// beta and epilogue).
+std::vector<float> gemm_sums(const GemmOperand& a, const GemmOperand& b, int m, int n, int k);
 
 // --- blocks.cpp
 // Runs every block of a checked launch, each CUDA thread on its own host thread; returns when the

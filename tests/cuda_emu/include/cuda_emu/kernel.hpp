@@ -1,10 +1,12 @@
 // The device side of the CUDA emulator: what a kernel body sees when it is compiled as host C++.
 //
-// Every CUDA thread of a block runs as its own host thread (a pool reused across blocks and
-// launches), so a missing __syncthreads is a real data race that ThreadSanitizer reports, and
-// barriers, warp shuffles and atomics are the host's: std::barrier, per-warp exchange slots between
-// two barriers, std::atomic_ref. Blocks of a launch run one after another and launches one at a
-// time, so `__shared__` can be a function-local static (one instance per running block).
+// The CUDA threads of a block run as fibers on the launching host thread, in a fixed order, or
+// (STRATA_CUDA_EMU_THREADS=1, and under ThreadSanitizer) each on a host thread of its own, where a
+// missing __syncthreads is a real data race that ThreadSanitizer reports (src/blocks.cpp). Barriers
+// and warp shuffles wait for the block's or the warp's live threads; shuffles exchange through
+// per-warp slots, atomics are std::atomic_ref. Blocks of a launch run one after another and
+// launches one at a time, so `__shared__` can be a function-local static (one instance per running
+// block).
 #pragma once
 #include <math.h>
 
