@@ -4,15 +4,13 @@
 //
 // Fibers: a 10-instruction stack switch (not swapcontext, which makes two system calls per switch).
 // Each fiber runs until it reaches a barrier, a warp sync or a shuffle, or exits; a barrier opens
-// once every live thread of its block (or warp) waits at it. Threads resume in ascending order,
-// under one of two schedules: warp by warp (the default: one warp runs until it waits at the block
-// barrier) or round robin (STRATA_CUDA_EMU_SCHEDULE=rounds: every thread to its next barrier).
-// Both are deterministic, so a missing barrier shows the same way every run: a thread reading
-// what a later thread or warp writes before the missing barrier reads the 0xFF bytes of fresh
-// shared memory or an older tile, and one overwriting what another has still to read overwrites
-// it first. Each schedule catches deletions of barriers the other misses; the layer and kernel
-// tests run under both (docs/testing.md lists what deleting each of the kernels' barriers did).
-// Ten times faster than host threads.
+// once every live thread of its block (or warp) waits at it. One warp at a time runs, lanes in
+// ascending order, until all its lanes wait at the block barrier or have exited; then the next.
+// The schedule is deterministic, so a missing barrier shows the same way every run: a thread
+// reading what a later thread or warp writes before the missing barrier reads the 0xFF bytes of
+// fresh shared memory or an older tile, and a warp overwriting what a later warp has still to
+// read overwrites it first (docs/testing.md: what deleting each of the kernels' barriers did; a
+// round robin over all threads caught a subset). Ten times faster than host threads.
 //
 // Host threads: a pool, grown to the largest block seen and reused by every launch (creating 1024
 // threads per block would dominate the run time). For one launch the first nthreads workers run
@@ -198,15 +196,6 @@ inline void asan_start_switch(void**, const void*, std::size_t) {}
 inline void asan_finish_switch(void*, const void**, std::size_t*) {}
 #endif
 
-// STRATA_CUDA_EMU_SCHEDULE: warps (unset: the default) or rounds (see the top).
-bool schedule_by_warps() {
-  const char* v = std::getenv("STRATA_CUDA_EMU_SCHEDULE");
-  const std::string_view schedule = v != nullptr ? v : "warps";
-  if (schedule != "warps" && schedule != "rounds")
-    fatal("STRATA_CUDA_EMU_SCHEDULE=%s: warps (one warp at a time, the default) or rounds", v);
-  return schedule == "warps";
-}
-
 // Fiber mode (see the top): the CUDA threads of one block, scheduled on the calling thread.
 class Fibers {
  public:
@@ -276,14 +265,10 @@ class Fibers {
 
   static void entry();
 
-  // The block's threads under the process's schedule (schedule_by_warps()). Warp by warp: one warp
-  // runs until all its live lanes wait at the block barrier, then the next, so a warp overwrites
-  // what a later warp has still to read. Round robin: every ready thread in turn runs to its next
-  // barrier, then the warp barriers open, so every warp reaches its next warp barrier before any
-  // goes past it.
+  // One warp at a time, each until all its live lanes wait at the block barrier or have exited,
+  // then the block barrier (see the top).
   void run_block(Grid& grid) {
     const unsigned n = grid.nthreads;
-    static const bool warp_by_warp = schedule_by_warps();
     for (unsigned i = 0; i < n; ++i) {
       Fiber& f = fibers_[i];
       f.sp = initial_frame(stacks_[i]);
@@ -291,18 +276,10 @@ class Fibers {
       f.shuffles = 0;
     }
     for (;;) {
-      if (warp_by_warp) {
-        for (unsigned w = 0; w * 32 < n; ++w)
-          while (resume_ready(grid, w * 32, std::min(n, w * 32 + 32)),
-                 open_warp_barrier(w * 32, std::min(n, w * 32 + 32))) {
-          }
-      } else {
-        for (bool opened = true; opened;) {
-          resume_ready(grid, 0, n);
-          opened = false;
-          for (unsigned w = 0; w * 32 < n; ++w)
-            opened |= open_warp_barrier(w * 32, std::min(n, w * 32 + 32));
-        }
+      for (unsigned w = 0; w * 32 < n; ++w) {
+        const unsigned begin = w * 32, end = std::min(n, begin + 32);
+        do resume_ready(grid, begin, end);
+        while (open_warp_barrier(begin, end));
       }
       if (!open_block_barrier(n)) {
         if (std::all_of(fibers_.begin(), fibers_.begin() + n,
