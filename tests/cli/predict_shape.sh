@@ -5,11 +5,14 @@
 # small's achieved rate is what the sweep replaces.
 #   predict_shape.sh RUNNER SCRATCH_DIR
 # The bound is on the carry, measured as a ratio in one window: the carried prediction's error
-# against the median of three runs' step p50, divided by the calibrated shape's own (small's
+# against the fastest of three runs' step p50, divided by the calibrated shape's own (small's
 # prediction against three runs of small, interleaved with the others), within 15%. The machine's
 # speed between the calibration and the runs cancels in the ratio: on CI on 2026-12-03/04 it moved
 # by a fifth (predictions of 568 and 615 ms against runs of 466 and 492), failing a bound on the
-# error alone. The carried error itself is held to 50%, a gross bound (a unit slip, a lost pass).
+# error alone. The fastest run, not the median: a busy machine only adds time, and on 2026-12-04
+# a loaded one measured small at 373/361/291 ms and the carried shape at 813/735/671, a ratio of
+# medians of +17.0% and of minima of +3.3%. The carried error itself is held to 50%, a gross
+# bound (a unit slip, a lost pass).
 set -eu
 runner=$1
 dir=$2
@@ -34,7 +37,7 @@ for i in 1 2 3; do
   done
 done
 /usr/bin/python3 - "$profile" "$dir" <<'PY'
-import statistics, sys, h5py
+import sys, h5py
 profile, dir = sys.argv[1:3]
 g = h5py.File(profile)["gemm"]
 assert len(g["m"]) == 50 and (g["time_s"][:] > 0).all(), len(g["m"])  # 5 hiddens x 5 linears x 2
@@ -44,8 +47,8 @@ def error(shape):
     assert len(predicted) == 1, predicted  # one profile, one prediction
     predicted, p50 = predicted.pop(), [r["step_s_p50"] for r in runs]
     print(f"predict_shape: {shape}: predicted {1e3 * predicted:.1f} ms, measured "
-          f"{', '.join(f'{1e3 * x:.1f}' for x in p50)} ms: {100 * (predicted / statistics.median(p50) - 1):+.1f}%")
-    return predicted / statistics.median(p50)
+          f"{', '.join(f'{1e3 * x:.1f}' for x in p50)} ms: {100 * (predicted / min(p50) - 1):+.1f}% of the fastest")
+    return predicted / min(p50)
 calibrated, carried = error("calibrated"), error("carried")
 carry = carried / calibrated - 1
 print(f"predict_shape: h 256 x 4 layers carried to h 384 x 6 layers: {100 * carry:+.1f}% beyond small's own error")
