@@ -371,7 +371,7 @@ void Fibers::entry() {
   asan_finish_switch(self->fibers_[self->current_].fake_stack, &self->scheduler_bottom_,
                      &self->scheduler_size_);
   tls_grid->body();
-  fibers_in_use()->yield(State::done);  // never resumed
+  self->yield(State::done);  // never resumed
 }
 
 // Where a CUDA thread waits at a barrier: its fiber yields, or its host thread blocks.

@@ -51,14 +51,17 @@ bool operand_inside(const void* p, std::size_t elem, int rows, int cols, int ld,
   return false;
 }
 
-std::vector<float> gemm_sums(const GemmOperand& a, const GemmOperand& b, int m, int n, int k) {
+std::vector<float> gemm_sums(float alpha, const GemmOperand& a, const GemmOperand& b, int m, int n,
+                             int k) {
+  std::vector<float> sums(std::size_t(m) * n, 0.0f);
+  if (alpha == 0.0f) return sums;
   // op(A)'s rows and op(B)'s columns widened once into contiguous fp32 (a dot product then reads
   // two arrays in order; loading each product's operands through load() took most of an emulated
   // run). The same products added in the same order as a loop over load(): the same bits.
   const auto at = [](const GemmOperand& x, std::int64_t r, std::int64_t c) {
     return load(x.x, x.type, x.transposed ? c + r * x.ld : r + c * x.ld);
   };
-  std::vector<float> rows(std::size_t(m) * k), cols(std::size_t(n) * k), sums(std::size_t(m) * n);
+  std::vector<float> rows(std::size_t(m) * k), cols(std::size_t(n) * k);
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t l = 0; l < k; ++l) rows[i * k + l] = at(a, i, l);
   for (std::int64_t j = 0; j < n; ++j)
@@ -127,13 +130,13 @@ const char* invalid_parameter(const Gemm& g, char (&why)[128]) {
 void run_gemm(const Gemm& g) {
   for (int batch = 0; batch < g.batch; ++batch) {
     const std::int64_t a0 = batch * g.stride_a, b0 = batch * g.stride_b, c0 = batch * g.stride_c;
-    std::vector<float> sums(std::size_t(g.m) * g.n, 0.0f);
-    if (g.alpha != 0.0f)
-      sums = gemm_sums({static_cast<const char*>(g.a) + a0 * type_size(g.a_type), g.a_type,
-                        g.transa == CUBLAS_OP_T, g.lda},
-                       {static_cast<const char*>(g.b) + b0 * type_size(g.b_type), g.b_type,
-                        g.transb == CUBLAS_OP_T, g.ldb},
-                       g.m, g.n, g.k);
+    const std::vector<float> sums =
+        gemm_sums(g.alpha,
+                  {static_cast<const char*>(g.a) + a0 * type_size(g.a_type), g.a_type,
+                   g.transa == CUBLAS_OP_T, g.lda},
+                  {static_cast<const char*>(g.b) + b0 * type_size(g.b_type), g.b_type,
+                   g.transb == CUBLAS_OP_T, g.ldb},
+                  g.m, g.n, g.k);
     for (int j = 0; j < g.n; ++j)
       for (int i = 0; i < g.m; ++i) {
         const std::int64_t at = c0 + i + std::int64_t(j) * g.ldc;

@@ -168,9 +168,8 @@ float gelu(float x) {
 
 void run_matmul(const Matmul& g) {
   const bool ta = g.d.transa == CUBLAS_OP_T, tb = g.d.transb == CUBLAS_OP_T;
-  std::vector<float> sums(std::size_t(g.s.m) * g.s.n, 0.0f);
-  if (g.alpha != 0.0f)
-    sums = gemm_sums({g.a, g.ab_type, ta, g.lda}, {g.b, g.ab_type, tb, g.ldb}, g.s.m, g.s.n, g.s.k);
+  const std::vector<float> sums = gemm_sums(g.alpha, {g.a, g.ab_type, ta, g.lda},
+                                            {g.b, g.ab_type, tb, g.ldb}, g.s.m, g.s.n, g.s.k);
   for (int j = 0; j < g.s.n; ++j)
     for (int i = 0; i < g.s.m; ++i) {
       float v = g.alpha * sums[i + std::size_t(j) * g.s.m];

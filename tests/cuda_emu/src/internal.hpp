@@ -80,8 +80,9 @@ struct GemmOperand {
 };
 // The m x n sums of op(A) op(B) (column-major, m x k by k x n): each a dot product in fp32 with its
 // k products added in ascending order (what every GEMM of the emulator computes before its alpha,
-// beta and epilogue).
-std::vector<float> gemm_sums(const GemmOperand& a, const GemmOperand& b, int m, int n, int k);
+// beta and epilogue); zeros when `alpha` is 0, without reading A or B, as cuBLAS.
+std::vector<float> gemm_sums(float alpha, const GemmOperand& a, const GemmOperand& b, int m, int n,
+                             int k);
 
 // --- blocks.cpp
 // Runs every block of a checked launch, each CUDA thread on its own host thread; returns when the
