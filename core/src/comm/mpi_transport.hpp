@@ -13,7 +13,9 @@
 STRATA_EXPORT_BEGIN
 namespace strata::mpi {
 
-void init(int* argc, char*** argv);  // MPI_THREAD_MULTIPLE, errors returned not fatal
+// MPI_THREAD_MULTIPLE, errors returned not fatal. `alone`: no launcher started this process (a
+// 1-rank run): a singleton with no peers to reach, which need not start a daemon or probe networks.
+void init(int* argc, char*** argv, bool alone = false);
 void finalize();
 bool initialized();
 int world_rank();

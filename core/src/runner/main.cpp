@@ -323,6 +323,7 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     for (const std::string& problem : registry.problems())
       std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
   if (config.advise) {  // predictions only: no ranks
+    configure_allocator_for_predictions();
     if (env.rank == 0) code = advise_from_config(config, registry);
     return false;
   }
@@ -481,7 +482,7 @@ int main(int argc, char** argv) {
   // bf16: GEMMs on oneDNN's threads, or on OpenBLAS's where they run widened (gemm_bf16.hpp).
   cpu::set_one_thread_pool(config.train.precision.mixed() && !cpu::bf16_gemm_widened());
   try {
-    mpi::init(&argc, &argv);
+    mpi::init(&argc, &argv, !env.under_launcher);
   } catch (const Error& e) {
     std::fprintf(stderr, "runner: error: %s (hint: %s)\n", e.what(), e.hint().c_str());
     return exit_code::error;
