@@ -53,6 +53,12 @@ void configure_allocator() {
   mallopt(M_TRIM_THRESHOLD, 2 * kMmapThresholdBytes);
 }
 
+void configure_allocator_for_predictions() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 << 20);
+}
+
 std::uint64_t mark_runtime_baseline(const MemoryLedger& ledger) {
   cpu::warm_up_gemm();
   const std::uint64_t rss = read_process_memory().rss;

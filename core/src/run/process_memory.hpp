@@ -34,6 +34,11 @@ ProcessMemory read_process_memory();
 // it.
 inline constexpr int kMmapThresholdBytes = 1 << 20;
 void configure_allocator();
+// For a process that only predicts (--advise): no run's memory to account for, and the advisor
+// plans every stage's step of each configuration it ranks (a 175B pipeline stage's plan is
+// thousands of actions): mapping and unmapping each of them at kMmapThresholdBytes made page
+// faults half of advising GPT-3 175B on 1,024 GPUs. Freed blocks stay in the heap for the next.
+void configure_allocator_for_predictions();
 
 // The runtime's share of the process, taken once the runtime is up (MPI initialised, groups
 // created) and before the strategy allocates: it warms BLAS up (cpu::warm_up_gemm: one GEMM of

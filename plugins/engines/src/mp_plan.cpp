@@ -41,6 +41,13 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   const StateBytes per = state_bytes_per_param(in.train.precision);
   const std::vector<pp::PipeAction>& actions = rank.actions;
   const DpSchedule dp = dp_schedule_of(rank, sharded::bucket_groups(groups), cfg, in.model);
+  // Room for about every action at once (a pass's dp actions take up to four plan actions each):
+  // a 175B stage's plan holds thousands, which growing by doubling copied over and over.
+  std::size_t bound = out.size() + 2 * actions.size();
+  for (const std::vector<UnitPassActions>& unit_passes : dp.passes)
+    for (const UnitPassActions& around : unit_passes)
+      bound += 1 + 4 * (around.before.size() + around.after.size());
+  out.reserve(bound);
   auto pass = [&](const UnitPassActions& around, const PlanAction& compute) {
     for (const sharded::Action& x : around.before) sharded::plan_action(x, groups, per, at, out);
     out.push_back(compute);
