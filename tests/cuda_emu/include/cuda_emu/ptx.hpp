@@ -35,19 +35,6 @@ namespace ptx_detail {
 
 inline float low_bf16(std::uint32_t r) { return __bfloat162float({std::uint16_t(r & 0xffffu)}); }
 inline float high_bf16(std::uint32_t r) { return __bfloat162float({std::uint16_t(r >> 16)}); }
-inline float half_of(std::uint32_t r, int k) { return k % 2 ? high_bf16(r) : low_bf16(r); }
-
-// A[row][k] of a warp's A fragments (lanes' 4 registers), B[k][n] of its B fragments.
-inline float a_element(const void* const* lanes, int row, int k) {
-  const int lane = (row % 8) * 4 + (k % 8) / 2, reg = row / 8 + 2 * (k / 8);
-  return half_of(
-      static_cast<const std::uint32_t*>(static_cast<const void* const*>(lanes[lane])[0])[reg], k);
-}
-inline float b_element(const void* const* lanes, int k, int n) {
-  const int lane = n * 4 + (k % 8) / 2, reg = k / 8;
-  return half_of(
-      static_cast<const std::uint32_t*>(static_cast<const void* const*>(lanes[lane])[1])[reg], k);
-}
 
 inline void check_shared_row(const char* what, const void* p, std::size_t bytes) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0 || !in_dynamic_shared_memory(p, bytes))
@@ -57,18 +44,30 @@ inline void check_shared_row(const char* what, const void* p, std::size_t bytes)
 
 }  // namespace ptx_detail
 
-// d = a b + c (d may be c).
+// d = a b + c (d may be c). Lane (g, t) computes rows g and g + 8 by columns 2t and 2t + 1: it
+// widens those two rows of A and two columns of B once (element k of a row or column is half k % 2
+// of one of the owning lanes' registers), then sums in the documented order.
 inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4],
                               const std::uint32_t (&b)[2], const float (&c)[4]) {
   const void* const operands[2] = {a, b};
   const void* const* lanes = warp_collective_begin("mma.sync.m16n8k16", operands);
+  auto reg = [&](int lane, int operand, int r) {
+    return static_cast<const std::uint32_t*>(
+        static_cast<const void* const*>(lanes[lane])[operand])[r];
+  };
   const int g = lane_id() / 4, t = lane_id() % 4;
+  float rows[2][16], cols[2][16];  // A[g + 8 h][k], B[k][2 t + n]
+  for (int j = 0; j < 8; ++j)      // k = 2 j, 2 j + 1: lane group's member j % 4, register j / 4
+    for (int h = 0; h < 2; ++h) {
+      const std::uint32_t ra = reg(g * 4 + j % 4, 0, h + 2 * (j / 4));
+      const std::uint32_t rb = reg((2 * t + h) * 4 + j % 4, 1, j / 4);
+      rows[h][2 * j] = ptx_detail::low_bf16(ra), rows[h][2 * j + 1] = ptx_detail::high_bf16(ra);
+      cols[h][2 * j] = ptx_detail::low_bf16(rb), cols[h][2 * j + 1] = ptx_detail::high_bf16(rb);
+    }
   float result[4];
   for (int i = 0; i < 4; ++i) {
-    const int row = g + 8 * (i / 2), n = 2 * t + i % 2;
     float sum = c[i];
-    for (int k = 0; k < 16; ++k)
-      sum += ptx_detail::a_element(lanes, row, k) * ptx_detail::b_element(lanes, k, n);
+    for (int k = 0; k < 16; ++k) sum += rows[i / 2][k] * cols[i % 2][k];
     result[i] = sum;
   }
   warp_collective_end();  // every lane has read the others' a and b
