@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "comm/host_copy.hpp"
+#include "comm/idle_clock.hpp"
 #include "comm/intervals.hpp"
 #include "strata/comm.hpp"
 
@@ -65,6 +66,38 @@ class LoopbackGroup final : public NullGroup {  // an all-reduce takes 20 ms
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 };
+
+// A device's idle clock whose marks are numbers and whose every interval between two marks is
+// 1 ms of idle stream; it counts what resolve_idle_waits measures and releases.
+class CountingClock final : public IdleClock {
+ public:
+  std::uint64_t mark() override { return ++marks; }
+  double seconds_between(std::uint64_t, std::uint64_t) override { return ++measured, 1e-3; }
+  void release(std::uint64_t) override { ++released; }
+  std::uint64_t marks = 0;
+  int measured = 0, released = 0;
+};
+
+// A wait on a device is resolved after the step's synchronisation; a ledger that goes before
+// then takes its pending waits with it, and only the living ledger's wait is measured.
+TEST(CommLedger, DestroyedLedgerDropsItsPendingDeviceWaits) {
+  CountingClock clock;
+  set_idle_clock(&clock);
+  {
+    CommLedger gone;
+    end_wait(gone, begin_wait());
+  }
+  CommLedger kept;
+  const WaitStart start = begin_wait();
+  end_wait(kept, start);
+  EXPECT_TRUE(kept.waits(-1).empty());  // pending until resolved
+  resolve_idle_waits();
+  set_idle_clock(nullptr);
+  EXPECT_EQ(clock.measured, 1);
+  EXPECT_EQ(clock.released, 2);
+  ASSERT_EQ(kept.waits(-1).size(), 1u);
+  EXPECT_LE(kept.waits(-1)[0].second - kept.waits(-1)[0].first, 1e-3 + 1e-12);
+}
 
 TEST(CommLedger, RecordsNcclTestsSizes) {
   CommLedger ledger;

@@ -151,10 +151,8 @@ TEST(CudaBackend, OpsOnACommStreamFinishBeforeTheyReturn) {
       })
       .wait();
   EXPECT_EQ(seen, values);
-  // The wait is pending on the backend's idle clock until a step resolves it; the trainer drops a
-  // ledger's pending waits before the ledger goes (a later test in this process would otherwise
-  // record into this frame's ledger).
-  forget_idle_waits(&comm);
+  // The wait stays pending on the backend's idle clock until a step resolves it; the ledger drops
+  // it as it goes (a later test in this process would otherwise record into this frame's ledger).
 }
 
 // The CPU ledger and its buffers need no backend; device memory in a process whose backend is not

@@ -90,6 +90,13 @@ double now();
 // Thread-safe: comm streams record from their worker threads.
 class CommLedger {
  public:
+  CommLedger() = default;
+  // Drops the compute-idle intervals still waiting for a device's timing (a wait on a GPU is
+  // resolved after the step's synchronisation), which would otherwise be recorded into it later.
+  ~CommLedger();
+  CommLedger(const CommLedger&) = delete;
+  CommLedger& operator=(const CommLedger&) = delete;
+
   void set_step(int step);
   int step() const;
 

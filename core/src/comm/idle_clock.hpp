@@ -44,7 +44,7 @@ void end_wait(CommLedger& ledger, const WaitStart& start);
 // Records every pending device-timed wait into its ledger: [max(t0, t1 - idle), t1). Call after
 // the compute stream has been synchronised and before the ledger is drained.
 void resolve_idle_waits();
-// Drops the pending waits of `ledger` (it is going away).
+// Drops the pending waits of `ledger` (it is going away: ~CommLedger calls it).
 void forget_idle_waits(const CommLedger* ledger);
 
 }  // namespace strata

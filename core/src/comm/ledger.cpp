@@ -17,6 +17,8 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 }
 
+CommLedger::~CommLedger() { forget_idle_waits(this); }
+
 thread_local bool t_on_comm_worker = false;
 thread_local const std::string* t_stream_name = nullptr;
 thread_local std::optional<std::pair<double, double>> t_device_interval;

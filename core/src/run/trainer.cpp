@@ -418,12 +418,8 @@ void train(const RunConfig& config, const PluginRegistry& registry, RunState& st
   watchdog.attach(&ledger);
   struct Detach {
     Watchdog& w;
-    const CommLedger* ledger;
-    ~Detach() {
-      w.attach(nullptr);
-      forget_idle_waits(ledger);  // waits after the last step's resolution
-    }
-  } detach{watchdog, &ledger};
+    ~Detach() { w.attach(nullptr); }
+  } detach{watchdog};
   // bf16: predict() sizes the GEMM scratchpads by asking oneDNN, which JIT-compiles every GEMM
   // this rank will issue. Compiled before the baseline, that code is runtime memory (like BLAS's
   // warmed-up buffers) and the first step compiles nothing.
