@@ -6,6 +6,8 @@
 // Each fiber runs until it reaches a barrier, a warp sync or a shuffle, or exits; a barrier opens
 // once every live thread of its block (or warp) waits at it. One warp at a time runs, lanes in
 // ascending order, until all its lanes wait at the block barrier or have exited; then the next.
+// A lane that waits switches straight to the warp's next ready lane (the one the scheduler would
+// resume), and the warp's last back to the scheduler, which opens the barriers.
 // The schedule is deterministic, so a missing barrier shows the same way every run: a thread
 // reading what a later thread or warp writes before the missing barrier reads the 0xFF bytes of
 // fresh shared memory or an older tile, and a warp overwriting what a later warp has still to
@@ -191,9 +193,14 @@ inline void asan_start_switch(void** fake, const void* bottom, std::size_t size)
 inline void asan_finish_switch(void* fake, const void** bottom, std::size_t* size) {
   __sanitizer_finish_switch_fiber(fake, bottom, size);
 }
+// A fiber that ends never returns from entry() and yield(): a fake frame of either would stay
+// taken, one per thread and block, until its slot's fake stack is full and every fake frame
+// allocation scans it (an ASan run of the emulator 5x slower). Neither is instrumented.
+#define STRATA_EMU_NO_FAKE_FRAME __attribute__((no_sanitize_address))
 #else
 inline void asan_start_switch(void**, const void*, std::size_t) {}
 inline void asan_finish_switch(void*, const void**, std::size_t*) {}
+#define STRATA_EMU_NO_FAKE_FRAME
 #endif
 
 // Fiber mode (see the top): the CUDA threads of one block, scheduled on the calling thread.
@@ -217,13 +224,26 @@ class Fibers {
     tls_grid = nullptr;
   }
 
-  // The running fiber waits (a barrier) or ends; the scheduler resumes it when the barrier opens.
-  void yield(State state) {
+  // The running fiber waits (a barrier) or ends. The next ready lane of its warp runs next, the
+  // lane the scheduler would resume, switched to directly: one stack switch per wait instead of two
+  // through the scheduler (the switches and their mispredicted returns were two fifths of an
+  // emulated run). After the warp's last ready lane the scheduler runs and opens the barrier.
+  STRATA_EMU_NO_FAKE_FRAME void yield(State state) {
     Fiber& f = fibers_[current_];
     f.state = state;
-    asan_start_switch(&f.fake_stack, scheduler_bottom_, scheduler_size_);
-    strata_emu_switch_stack(&f.sp, scheduler_sp_);
-    asan_finish_switch(f.fake_stack, &scheduler_bottom_, &scheduler_size_);  // resumed
+    f.shuffles = tls_shuffles;
+    const unsigned warp_end = std::min(grid_->nthreads, (current_ / 32 + 1) * 32);
+    unsigned next = current_ + 1;
+    while (next < warp_end && fibers_[next].state != State::ready) ++next;
+    if (next < warp_end) {
+      enter(next, /*from_scheduler=*/false);
+      asan_start_switch(&f.fake_stack, stacks_[next], kStackBytes);
+      strata_emu_switch_stack(&f.sp, fibers_[next].sp);
+    } else {
+      asan_start_switch(&f.fake_stack, scheduler_bottom_, scheduler_size_);
+      strata_emu_switch_stack(&f.sp, scheduler_sp_);
+    }
+    finish_switch_here(f);  // resumed
   }
 
  private:
@@ -232,6 +252,7 @@ class Fibers {
     void* sp = nullptr;  // its saved stack pointer (see strata_emu_switch_stack)
     State state = State::done;
     std::uint32_t shuffles = 0;
+    uint3 index{};  // its threadIdx (two divisions per switch were a tenth of the scheduler's time)
     // AddressSanitizer's, kept from one block to the next: a body that returned has freed its
     // fake frames, and a fake stack made per fiber start (an mmap) made the ASan tests 2-4x slower.
     void* fake_stack = nullptr;
@@ -263,22 +284,24 @@ class Fibers {
     return p;
   }
 
-  static void entry();
+  STRATA_EMU_NO_FAKE_FRAME static void entry();
 
   // One warp at a time, each until all its live lanes wait at the block barrier or have exited,
   // then the block barrier (see the top).
   void run_block(Grid& grid) {
     const unsigned n = grid.nthreads;
+    const dim3 b = grid.config.block;
     for (unsigned i = 0; i < n; ++i) {
       Fiber& f = fibers_[i];
       f.sp = initial_frame(stacks_[i]);
       f.state = State::ready;
       f.shuffles = 0;
+      f.index = uint3{i % b.x, i / b.x % b.y, i / (b.x * b.y)};
     }
     for (;;) {
       for (unsigned w = 0; w * 32 < n; ++w) {
         const unsigned begin = w * 32, end = std::min(n, begin + 32);
-        do resume_ready(grid, begin, end);
+        do resume_ready(begin, end);
         while (open_warp_barrier(begin, end));
       }
       if (!open_block_barrier(n)) {
@@ -294,9 +317,9 @@ class Fibers {
   }
 
   // Resumes the ready threads of [begin, end) in ascending order, each until it waits or exits.
-  void resume_ready(Grid& grid, unsigned begin, unsigned end) {
+  void resume_ready(unsigned begin, unsigned end) {
     for (unsigned i = begin; i < end; ++i)
-      if (fibers_[i].state == State::ready) resume(grid, i);
+      if (fibers_[i].state == State::ready) resume(i);
   }
 
   // Opens the barrier of the warp of lanes [begin, end) if every live lane waits at it.
@@ -311,17 +334,32 @@ class Fibers {
     return true;
   }
 
-  void resume(Grid& grid, unsigned i) {
-    const dim3 b = grid.config.block;
-    current_ = i;
-    tls_thread = i;
-    tls_shuffles = fibers_[i].shuffles;
-    threadIdx = uint3{i % b.x, i / b.x % b.y, i / (b.x * b.y)};
+  // Runs lane i and, through yield, the ready lanes after it in its warp; returns when the last
+  // of them waits or exits.
+  void resume(unsigned i) {
+    enter(i, /*from_scheduler=*/true);
     void* fake_stack = nullptr;
     asan_start_switch(&fake_stack, stacks_[i], kStackBytes);
     strata_emu_switch_stack(&scheduler_sp_, fibers_[i].sp);
     asan_finish_switch(fake_stack, nullptr, nullptr);
-    fibers_[i].shuffles = tls_shuffles;
+  }
+
+  // The thread-local state of lane i, set by whoever switches to it.
+  void enter(unsigned i, bool from_scheduler) {
+    current_ = i;
+    tls_thread = i;
+    tls_shuffles = fibers_[i].shuffles;
+    threadIdx = fibers_[i].index;
+    entered_from_scheduler_ = from_scheduler;
+  }
+
+  // AddressSanitizer's end of a switch onto fiber f's stack; it learns the scheduler's stack
+  // (a launching host thread's) when the switch came from there.
+  void finish_switch_here(Fiber& f) {
+    if (entered_from_scheduler_)
+      asan_finish_switch(f.fake_stack, &scheduler_bottom_, &scheduler_size_);
+    else
+      asan_finish_switch(f.fake_stack, nullptr, nullptr);
   }
 
   // Opens the block barrier if every live thread waits at it; returns whether it opened.
@@ -344,6 +382,7 @@ class Fibers {
   std::size_t scheduler_size_ = 0;
   Grid* grid_ = nullptr;
   unsigned current_ = 0;
+  bool entered_from_scheduler_ = false;  // how the running fiber was entered (for AddressSanitizer)
 };
 
 // The mode, chosen once: STRATA_CUDA_EMU_THREADS unset or 0 fibers, 1 host threads. Host threads
@@ -368,8 +407,7 @@ Fibers* fibers_in_use() {  // null in the threaded mode
 
 void Fibers::entry() {
   Fibers* self = fibers_in_use();
-  asan_finish_switch(self->fibers_[self->current_].fake_stack, &self->scheduler_bottom_,
-                     &self->scheduler_size_);
+  self->finish_switch_here(self->fibers_[self->current_]);
   tls_grid->body();
   self->yield(State::done);  // never resumed
 }
