@@ -18,7 +18,8 @@ struct StageModel::Impl {
   const ParamLayout& layout;
   Partition part;
   Dims d;
-  std::vector<LocalTensor> tensors;
+  std::vector<LocalTensor> tensors;  // empty where built without the table (unit_ranges)
+  bool table = true;
   std::size_t count = 0;
   std::vector<std::size_t> block_start;  // local offset of each block's first element
   std::vector<std::size_t> unit_start;   // local offset of each local unit's first element
@@ -34,9 +35,11 @@ struct StageModel::Impl {
   };
   std::vector<std::unique_ptr<Slot>> slots;
 
-  // memory = null builds only the tensor table (for predictions).
+  // memory = null builds only the tensor table (for predictions); tensor_table = false only the
+  // offsets (unit_ranges, which the advisor asks for every stage of every candidate: the table's
+  // allocations there were a seventh of a 175B search, a third of it under ASan).
   Impl(const ModelSpec& s, int B, const Partition& p, MemoryLedger* m, Recompute r, DType dt,
-       DType tp_comm = DType::f32, bool split_backward = false)
+       DType tp_comm = DType::f32, bool split_backward = false, bool tensor_table = true)
       : spec(s),
         layout_of_spec(ParamLayout::of(s)),
         layout(*layout_of_spec),
@@ -44,7 +47,7 @@ struct StageModel::Impl {
         d((validate_partition(s, B, p, r, dt, m ? m->device() : Device::cpu),
            Dims(s, B, p, m ? m->device() : Device::cpu))),
         memory(m) {
-    build_tensors();
+    build_tensors(tensor_table);
     if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, tp_comm, *m, split_backward);
   }
 
@@ -53,23 +56,27 @@ struct StageModel::Impl {
     return k == ShardKind::replicated ? t.count : t.count / part.tp_size;
   }
 
-  void add(int global, ShardKind shard, bool tied_copy = false,
-           std::vector<std::int64_t> stacked = {}) {
+  // The next local tensor: its elements counted, and its entry in the table when one is built.
+  void add(int global, ShardKind shard, bool tied_copy = false, int block_kind = -1) {
     const TensorInfo& t = layout.tensors()[global];
-    LocalTensor lt;
-    lt.global = global;
-    lt.offset = count;
-    lt.shard = shard;
-    lt.count = local_count(t, shard);
-    lt.decay = t.decay;
-    lt.tied_copy = tied_copy;
-    lt.stacked = std::move(stacked);
-    count += lt.count;
-    tensors.push_back(lt);
+    const std::size_t n = local_count(t, shard);
+    if (table) {
+      LocalTensor lt;
+      lt.global = global;
+      lt.offset = count;
+      lt.shard = shard;
+      lt.count = n;
+      lt.decay = t.decay;
+      lt.tied_copy = tied_copy;
+      if (block_kind >= 0) lt.stacked = block_stacked_rows(spec, block_kind);
+      tensors.push_back(std::move(lt));
+    }
+    count += n;
   }
 
-  void build_tensors() {
+  void build_tensors(bool tensor_table) {
     const int L = spec.layers;
+    table = tensor_table;
     for (int u = part.first_unit; u <= part.last_unit; ++u) {
       const UnitInfo& unit = layout.units()[u];
       unit_start.push_back(count);
@@ -83,8 +90,7 @@ struct StageModel::Impl {
         block_start.push_back(count);
         const std::vector<int>& kinds = block_tensors(spec);
         for (std::size_t i = 0; i < kinds.size(); ++i)
-          add(unit.first_tensor + int(i), block_shard(spec.arch, kinds[i]), false,
-              block_stacked_rows(spec, kinds[i]));
+          add(unit.first_tensor + int(i), block_shard(spec.arch, kinds[i]), false, kinds[i]);
       } else {
         if (spec.tied() && !have_wte) {  // the LM head's own copy of the tied embedding
           wte_off = count;
@@ -349,7 +355,8 @@ std::vector<std::pair<std::size_t, std::size_t>> StageModel::unit_ranges(const M
                                                                          const Partition& part) {
   Partition p = part;
   p.sequence_parallel = false;
-  const Impl m(spec, 1, p, nullptr, Recompute::none, DType::f32);
+  const Impl m(spec, 1, p, nullptr, Recompute::none, DType::f32, DType::f32, false,
+               /*tensor_table=*/false);
   std::vector<std::pair<std::size_t, std::size_t>> r;
   for (std::size_t i = 0; i < m.unit_start.size(); ++i) {
     const std::size_t end = i + 1 < m.unit_start.size() ? m.unit_start[i + 1] : m.count;
