@@ -19,7 +19,7 @@ struct StageModel::Impl {
   Partition part;
   Dims d;
   std::vector<LocalTensor> tensors;  // empty where built without the table (unit_ranges)
-  bool table = true;
+  bool table = true;                 // whether `tensors` is built (else only the offsets below)
   std::size_t count = 0;
   std::vector<std::size_t> block_start;  // local offset of each block's first element
   std::vector<std::size_t> unit_start;   // local offset of each local unit's first element
@@ -46,8 +46,9 @@ struct StageModel::Impl {
         part(p),
         d((validate_partition(s, B, p, r, dt, m ? m->device() : Device::cpu),
            Dims(s, B, p, m ? m->device() : Device::cpu))),
+        table(tensor_table),
         memory(m) {
-    build_tensors(tensor_table);
+    build_tensors();
     if (m) passes = std::make_unique<ModelPasses>(s, B, p, r, dt, tp_comm, *m, split_backward);
   }
 
@@ -74,9 +75,8 @@ struct StageModel::Impl {
     count += n;
   }
 
-  void build_tensors(bool tensor_table) {
+  void build_tensors() {
     const int L = spec.layers;
-    table = tensor_table;
     for (int u = part.first_unit; u <= part.last_unit; ++u) {
       const UnitInfo& unit = layout.units()[u];
       unit_start.push_back(count);

@@ -233,8 +233,7 @@ class Fibers {
     f.state = state;
     f.shuffles = tls_shuffles;
     const unsigned warp_end = std::min(grid_->nthreads, (current_ / 32 + 1) * 32);
-    unsigned next = current_ + 1;
-    while (next < warp_end && fibers_[next].state != State::ready) ++next;
+    const unsigned next = next_ready(current_ + 1, warp_end);
     if (next < warp_end) {
       enter(next, /*from_scheduler=*/false);
       asan_start_switch(&f.fake_stack, stacks_[next], kStackBytes);
@@ -301,8 +300,10 @@ class Fibers {
     for (;;) {
       for (unsigned w = 0; w * 32 < n; ++w) {
         const unsigned begin = w * 32, end = std::min(n, begin + 32);
-        do resume_ready(begin, end);
-        while (open_warp_barrier(begin, end));
+        do {
+          const unsigned first = next_ready(begin, end);
+          if (first < end) resume(first);
+        } while (open_warp_barrier(begin, end));
       }
       if (!open_block_barrier(n)) {
         if (std::all_of(fibers_.begin(), fibers_.begin() + n,
@@ -316,10 +317,10 @@ class Fibers {
     }
   }
 
-  // Resumes the ready threads of [begin, end) in ascending order, each until it waits or exits.
-  void resume_ready(unsigned begin, unsigned end) {
-    for (unsigned i = begin; i < end; ++i)
-      if (fibers_[i].state == State::ready) resume(i);
+  // The first ready lane of [from, end), or end.
+  unsigned next_ready(unsigned from, unsigned end) const {
+    while (from < end && fibers_[from].state != State::ready) ++from;
+    return from;
   }
 
   // Opens the barrier of the warp of lanes [begin, end) if every live lane waits at it.
