@@ -40,7 +40,14 @@ endif()
 # with a capacity turns that into different dropped tokens: on a Sapphire Rapids (OpenBLAS 0.3.21
 # choosing its SkylakeX kernels) moe.capacity.zero3.np4 left the reference by 1.5e-4 in 20 steps
 # (2026-12-02), within 1e-5 with this.
-set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+# OMPI_MCA_mtl: no matching transport layers. Open MPI opens its psm and psm2 components (Intel
+# Omni-Path, QLogic InfiniPath) in every rank's MPI_Init to offer them to its `cm` layer, and
+# loading libpsm2 and libinfinipath runs their constructors, which pin the thread and time the
+# CPU in 100 us sleeps: 0.22 of a 0.50 s 2-rank MPI_Init here (mpirun of an empty MPI program,
+# three runs each, 2026-12-05), on machines with neither fabric. Debian's openmpi-mca-params.conf
+# already leaves out ofi (and the ucx pml: the ranks talk through ob1's shared memory); this
+# setting replaces that file's mtl line, so it names ofi again.
+set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mtl=^ofi,psm,psm2")
 set(E2E_ENV "${E2E_MPI_ENV};STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv")
 
 # strata_e2e_lock_cores(<test> <ranks>): a run of several ranks holds the machine's cores (lock
