@@ -443,7 +443,7 @@ TEST(PipeDpSchedule, GathersAndReducesOncePerStepAtTheChunksFirstAndLastPass) {
       const auto groups = sharded::make_groups(model, parts, 2, c);
       const auto actions = pipeline_schedule(PipeSchedule::interleaved, P, stage, m, v);
       const mp::DpSchedule s = mp::dp_schedule(actions, parts, groups, c, true, model.layers + 1);
-      ASSERT_EQ(s.passes.size(), actions.size());
+      ASSERT_EQ(s.actions(), actions.size());
       DpCounts n(int(groups.size()));
       std::vector<int> last_backward(v, -1);
       for (int i = 0; i < int(actions.size()); ++i)
@@ -451,7 +451,7 @@ TEST(PipeDpSchedule, GathersAndReducesOncePerStepAtTheChunksFirstAndLastPass) {
       for (int i = 0; i < int(actions.size()); ++i) {
         const PipeAction& a = actions[std::size_t(i)];
         const Partition& part = parts[std::size_t(a.chunk)];
-        const auto& passes = s.passes[std::size_t(i)];
+        const auto passes = s.passes(std::size_t(i));
         ASSERT_EQ(int(passes.size()), part.last_unit - part.first_unit + 1);
         for (int k = 0; k < int(passes.size()); ++k) {
           const int u = a.forward() ? part.first_unit + k : part.last_unit - k;

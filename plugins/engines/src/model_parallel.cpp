@@ -370,11 +370,11 @@ class Engine {
     for (std::size_t i = 0; i < plan_.actions.size(); ++i) {
       const pp::PipeAction& a = plan_.actions[i];
       if (a.forward())
-        slot_of_[a.chunk][a.micro] = forward_action(ctx, step, a, dp_.passes[i], pp);
+        slot_of_[a.chunk][a.micro] = forward_action(ctx, step, a, dp_.passes(i), pp);
       else if (a.pass == pp::PipePass::backward)
-        backward_action(ctx, a, slot_of_[a.chunk][a.micro], dp_.passes[i], pp);
+        backward_action(ctx, a, slot_of_[a.chunk][a.micro], dp_.passes(i), pp);
       else
-        weight_action(ctx, a, slot_of_[a.chunk][a.micro], dp_.passes[i]);
+        weight_action(ctx, a, slot_of_[a.chunk][a.micro], dp_.passes(i));
     }
     {
       // The stage's own sends, then the end-of-step meeting with the other stages: both are the
@@ -455,7 +455,7 @@ class Engine {
   // Context::run_graphed: what --cuda-graphs captures.
   template <typename Pass>
   void chunk_passes(Context& ctx, const StageModel& sm, int slot, const MicroBatch& mb,
-                    bool backward, const std::vector<UnitPassActions>& dp, Pass&& pass) {
+                    bool backward, std::span<const UnitPassActions> dp, Pass&& pass) {
     const Partition& part = sm.partition();
     auto run = [&] {
       for (int i = 0; i <= part.last_unit - part.first_unit; ++i)
@@ -474,7 +474,7 @@ class Engine {
   }
 
   int forward_action(Context& ctx, int step, const pp::PipeAction& a,
-                     const std::vector<UnitPassActions>& dp, Group& pp) {
+                     std::span<const UnitPassActions> dp, Group& pp) {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk], slot = sm.acquire_slot();
     wait_sends(ctx, a.chunk, slot);
@@ -514,7 +514,7 @@ class Engine {
 
   // Its backward: receive d(output), compute, send d(input) back, free the slot.
   void backward_action(Context& ctx, const pp::PipeAction& a, int slot,
-                       const std::vector<UnitPassActions>& dp, Group& pp) {
+                       std::span<const UnitPassActions> dp, Group& pp) {
     StageModel& sm = *chunks_[a.chunk];
     const int k = plan_.global[a.chunk];
     const BufferView output_grad = boundary_ ? boundary_->fp32(sm.output_grad()) : BufferView{};
@@ -557,7 +557,7 @@ class Engine {
   // data-parallel axis's actions of its units in pass order (zero2, fsdp: in the chunk's last
   // weight pass, its units' reductions); nothing is sent. Then the slot is free.
   void weight_action(Context& ctx, const pp::PipeAction& a, int slot,
-                     const std::vector<UnitPassActions>& dp) {
+                     std::span<const UnitPassActions> dp) {
     StageModel& sm = *chunks_[a.chunk];
     {
       PhaseTimer t(ctx, Phase::backward);

@@ -44,9 +44,8 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
   // Room for about every action at once (a pass's dp actions take up to four plan actions each):
   // a 175B stage's plan holds thousands, which growing by doubling copied over and over.
   std::size_t bound = out.size() + 2 * actions.size();
-  for (const std::vector<UnitPassActions>& unit_passes : dp.passes)
-    for (const UnitPassActions& around : unit_passes)
-      bound += 1 + 4 * (around.before.size() + around.after.size());
+  for (const UnitPassActions& around : dp.unit_passes)
+    bound += 1 + 4 * (around.before.size() + around.after.size());
   out.reserve(bound);
   auto pass = [&](const UnitPassActions& around, const PlanAction& compute) {
     for (const sharded::Action& x : around.before) sharded::plan_action(x, groups, per, at, out);
@@ -61,16 +60,16 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
       if (rank.remote(k, -1))
         out.push_back(plan_recv(stage_of(k - 1), activation_tag(a.micro, k, K), bytes));
       for (int u = first; u <= last; ++u)
-        pass(dp.passes[i][std::size_t(u - first)], plan_forward(u));
+        pass(dp.passes(i)[std::size_t(u - first)], plan_forward(u));
       if (rank.remote(k, +1))
         out.push_back(plan_send(stage_of(k + 1), activation_tag(a.micro, k + 1, K), bytes));
     } else if (a.pass == pp::PipePass::weight) {  // no transfer: nobody waits for it
-      for (int u = last; u >= first; --u) pass(dp.passes[i][std::size_t(last - u)], plan_weight(u));
+      for (int u = last; u >= first; --u) pass(dp.passes(i)[std::size_t(last - u)], plan_weight(u));
     } else {
       if (rank.remote(k, +1))
         out.push_back(plan_recv(stage_of(k + 1), gradient_tag(a.micro, k, K), bytes));
       for (int u = last; u >= first; --u)
-        pass(dp.passes[i][std::size_t(last - u)], plan_backward(u));
+        pass(dp.passes(i)[std::size_t(last - u)], plan_backward(u));
       if (rank.remote(k, -1))
         out.push_back(plan_send(stage_of(k - 1), gradient_tag(a.micro, k - 1, K), bytes));
     }
@@ -192,7 +191,11 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     plan.micro_batches = in.train.micro_steps(in.mesh);
   }
   // After the schedule (Engine::train_step): the tied embedding's gradient between the first and
-  // the last stage, then the data-parallel axis's update over the rank's chunks.
+  // the last stage, then the data-parallel axis's update over the rank's chunks. Room for them
+  // first: a 175B stage's schedule fills `step` to its reserve, and growing it copied it whole.
+  std::vector<PlanAction> update;
+  sharded::plan_shards_update(in, dp_axis_config(cfg), rank.parts, update);
+  step.reserve(step.size() + 2 + end.size() + update.size());
   if (rank.tied_exchange() && !rank.tied_local()) {  // in a V a local sum
     const int peer = Mesh(in.mesh).rank_of(me, rank.tied_peer());
     const double wte = double(in.model.vocab / in.mesh.tp) * in.model.hidden *
@@ -201,7 +204,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     step.push_back(plan_recv(peer, kTiedTag, wte));
   }
   step.insert(step.end(), end.begin(), end.end());
-  sharded::plan_shards_update(in, dp_axis_config(cfg), rank.parts, step);
+  step.insert(step.end(), update.begin(), update.end());
   return plan;
 }
 

@@ -36,11 +36,10 @@ std::vector<ChunkBounds> chunk_bounds(const std::vector<pp::PipeAction>& actions
 
 std::vector<Action> DpSchedule::flat() const {
   std::vector<Action> r;
-  for (const auto& action : passes)
-    for (const UnitPassActions& p : action) {
-      r.insert(r.end(), p.before.begin(), p.before.end());
-      r.insert(r.end(), p.after.begin(), p.after.end());
-    }
+  for (const UnitPassActions& p : unit_passes) {
+    r.insert(r.end(), p.before.begin(), p.before.end());
+    r.insert(r.end(), p.after.begin(), p.after.end());
+  }
   r.insert(r.end(), end.begin(), end.end());
   return r;
 }
@@ -60,14 +59,20 @@ DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
   const std::vector<ChunkBounds> bounds = chunk_bounds(actions, int(parts.size()));
   sharded::ScheduleBuilder b(groups, c);
   DpSchedule s;
-  s.passes.resize(actions.size());
+  s.first.reserve(actions.size() + 1);
+  std::size_t total = 0;
+  for (const pp::PipeAction& a : actions) {
+    s.first.push_back(total);
+    const Partition& part = parts[std::size_t(a.chunk)];
+    total += std::size_t(part.last_unit - part.first_unit + 1);
+  }
+  s.first.push_back(total);
+  s.unit_passes.reserve(total);
   for (int i = 0; i < int(actions.size()); ++i) {
     const pp::PipeAction& a = actions[std::size_t(i)];
     const Partition& part = parts[std::size_t(a.chunk)];
     const ChunkBounds& at = bounds[std::size_t(a.chunk)];
     const int last_group = group_of[std::size_t(part.last_unit)];
-    std::vector<UnitPassActions>& passes = s.passes[std::size_t(i)];
-    passes.reserve(std::size_t(part.last_unit - part.first_unit + 1));
     for (int n = 0; n <= part.last_unit - part.first_unit; ++n) {
       const int u = a.forward() ? part.first_unit + n : part.last_unit - n;
       const int g = group_of[std::size_t(u)];
@@ -92,7 +97,7 @@ DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
         if (c.shard_grads && !holds_tied(g) && i == at.last_gradient()) b.reduce(g);
       }
       p.after = b.take();
-      passes.push_back(std::move(p));
+      s.unit_passes.push_back(std::move(p));
     }
   }
   if (c.shard_grads)

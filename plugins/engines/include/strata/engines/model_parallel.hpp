@@ -26,6 +26,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -99,16 +100,24 @@ sharded::EngineConfig dp_axis_config(const MpConfig& config);
 // (gradient sync on the last micro-batch only); under a split backward (zb-h1, zb-v) after its
 // pass in the chunk's last weight pass instead, where its GEMMs' weight gradients are complete.
 // With `tied_exchange` (the first and the last chunk each hold the tied embedding; in zb-v's V
-// both on stage 0) the units holding it are reduced at the end, after its gradient is summed. allreduce and zero1: no
-// actions (Shards::update reduces). One description for Engine::train_step, predict() (replayed for
-// memory) and plan_step().
+// both on stage 0) the units holding it are reduced at the end, after its gradient is summed.
+// allreduce and zero1: no actions (Shards::update reduces). One description for Engine::train_step,
+// predict() (replayed for memory) and plan_step().
 struct UnitPassActions {
   std::vector<sharded::Action> before, after;
 };
+// The unit passes of every pipeline action in one array (a 175B stage has thousands of actions:
+// an array each was most of the advisor's allocations).
 struct DpSchedule {
-  std::vector<std::vector<UnitPassActions>> passes;  // [pipeline action][unit pass, in its order]
-  std::vector<sharded::Action> end;                  // after the schedule and the tied exchange
-  std::vector<sharded::Action> flat() const;         // every action in order
+  std::vector<UnitPassActions> unit_passes;  // every action's unit passes, in the step's order
+  std::vector<std::size_t> first;            // [pipeline action]: its first; one past the last
+  std::vector<sharded::Action> end;          // after the schedule and the tied exchange
+  // Pipeline action i's unit passes, in its order.
+  std::span<const UnitPassActions> passes(std::size_t i) const {
+    return {unit_passes.data() + first[i], first[i + 1] - first[i]};
+  }
+  std::size_t actions() const { return first.size() - 1; }
+  std::vector<sharded::Action> flat() const;  // every action in order
 };
 DpSchedule dp_schedule(const std::vector<pp::PipeAction>& actions,
                        const std::vector<Partition>& parts,
