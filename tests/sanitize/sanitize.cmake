@@ -41,8 +41,8 @@ if(STRATA_SANITIZE MATCHES "address")
   # OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles, OpenBLAS's least; 2^28 by default): an idle BLAS
   #   thread sleeps at once instead of spinning on sched_yield for about 0.1 s. Every strata
   #   process loads OpenBLAS, which starts its threads at load; an ASan process lives long enough
-  #   to spin the whole 0.1 s, on the core the other test of `ctest -j 2` needs (a refused runner
-  #   start: 330 -> 190 ms of CPU). The threads stay, so the threaded BLAS paths still run.
+  #   to spin the whole 0.1 s, on the core the other test of `ctest -j 2` needs (a one-test ASan
+  #   process: 330 -> 190 ms of CPU). The threads stay, so the threaded BLAS paths still run.
   list(APPEND SANITIZE_ENV OPENBLAS_THREAD_TIMEOUT=4)
   set(SANITIZE_TIMEOUT_SCALE 3)
   # Which tests (391, 502 s on 2 cores on 2026-11-28): every unit and CLI test but the UCX collectives on 4
