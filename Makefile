@@ -94,8 +94,8 @@ define sanitizer_tests
 	cd $(1) && ctest -L sanitize --output-on-failure -j 2
 endef
 
-# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (9.7 min of tests on 2 cores
-# of an AMD EPYC on 2026-12-04).
+# ASan + UBSan: unit and CLI tests and a representative set of e2e runs (12.0 min of tests on 2 cores
+# of an AMD EPYC on 2026-12-06).
 sanitize: deps
 	$(call sanitizer_tests,$(ASAN_BUILD),address$(comma)undefined)
 
