@@ -212,29 +212,23 @@ case $case_name in
     hogs=()
     for _ in 1 2 3 4; do (while :; do :; done) & hogs+=($!); done
     # A trial's job ends about 6 s after its file is written (mpirun's kill sequence, the ranks
-    # gone): the next trial starts meanwhile, and every 0.1 s the jobs still ending are looked at,
-    # so that each one's end is timed from its own signal.
-    trials=() sigs=() signalled_at=() ended_at=()
+    # gone), so the next trial starts meanwhile: each job runs in a subshell that writes its exit
+    # code and end time to trial-N.end, and its end is held to 20 s from its own signal.
     now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; }
-    note_ends() {  # note_ends MS: for MS milliseconds, note every 0.1 s which signalled jobs ended
-      local i end=$(($(now_us) + $1 * 1000))
-      while (($(now_us) < end)); do
-        for i in "${!signalled_at[@]}"; do
-          [[ -z ${ended_at[$i]:-} ]] && ! kill -0 "${trials[$i]}" 2>/dev/null && ended_at[$i]=$(now_us)
-        done
-        sleep 0.1
-      done
-    }
+    sigs=() signalled_at=()
     for sig in TERM TERM TERM TERM TERM TERM TERM TERM TERM TERM USR1 HUP INT; do
-      trial=$((${#trials[@]} + 1))
-      OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --ranks-per-node 2 --micro-batch 4 --steps 1000000 \
-        --quiet --out "$out" --run-id "$id-$trial" >"$out/trial-$trial.log" 2>&1 &
-      trials+=($!) sigs+=("$sig")
-      note_ends 3000
-      t0=$(now_us)
-      kill -"$sig" "${trials[-1]}"
-      signalled_at+=("$t0")
-      until [[ -f $out/$id-$trial.h5 ]] || (($(now_us) - t0 > 10000000)); do note_ends 50; done
+      trial=$((${#sigs[@]} + 1)) sigs+=("$sig")
+      (
+        OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --ranks-per-node 2 --micro-batch 4 \
+          --steps 1000000 --quiet --out "$out" --run-id "$id-$trial" >"$out/trial-$trial.log" 2>&1 &
+        echo $! >"$out/trial-$trial.pid"
+        wait $!
+        echo "$? $(now_us)" >"$out/trial-$trial.end"
+      ) &
+      sleep 3
+      t0=$(now_us) signalled_at+=("$t0")
+      kill -"$sig" "$(<"$out/trial-$trial.pid")"
+      until [[ -f $out/$id-$trial.h5 ]] || (($(now_us) - t0 > 10000000)); do sleep 0.05; done
       ms=$((($(now_us) - t0) / 1000))
       if "$check_run" status "$out/$id-$trial.h5" cancelled "got SIG$sig" >/dev/null && ((ms < 10000)); then
         pass; echo "trial $trial: SIG$sig -> cancelled file after $ms ms"
@@ -243,19 +237,15 @@ case $case_name in
         cp "$out/trial-$trial.log" "$log"
       fi
     done
-    while ((${#ended_at[@]} < ${#trials[@]} && $(now_us) - signalled_at[-1] < 20000000)); do
-      note_ends 100
-    done
-    for i in "${!trials[@]}"; do
-      ms=$(((${ended_at[$i]:-$(now_us)} - signalled_at[i]) / 1000))
-      if [[ -n ${ended_at[$i]:-} ]] && ((ms < 20000)); then
-        wait "${trials[$i]}"
-        job_rc=$?
-        pass; echo "trial $((i + 1)): the job ended $ms ms after SIG${sigs[$i]}, exit code $job_rc"
-        expect_exit $((128 + $(kill -l "${sigs[$i]}")))
+    for trial in "${!sigs[@]}"; do
+      sig=${sigs[$trial]} t0=${signalled_at[$trial]} trial=$((trial + 1))
+      until [[ -s $out/trial-$trial.end ]] || (($(now_us) - t0 > 20000000)); do sleep 0.1; done
+      if read -r job_rc ended <"$out/trial-$trial.end" 2>/dev/null && ((ended - t0 < 20000000)); then
+        pass; echo "trial $trial: the job ended $(((ended - t0) / 1000)) ms after SIG$sig, exit code $job_rc"
+        expect_exit $((128 + $(kill -l "$sig")))
       else
-        fail "trial $((i + 1)): the job did not end within 20 s of SIG${sigs[$i]}"
-        cp "$out/trial-$((i + 1)).log" "$log"
+        fail "trial $trial: the job did not end within 20 s of SIG$sig"
+        cp "$out/trial-$trial.log" "$log"
         pkill -9 -f -- "--run-id $id"
       fi
     done
