@@ -25,22 +25,23 @@ limits=(-timeout=10 -rss_limit_mb=2048)
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:quarantine_size_mb=16${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 
-failed=()
-
 # The lines of a libFuzzer log that say what went wrong and where the input is.
 report() {
   grep -E 'ERROR: |SUMMARY: |runtime error: |^fuzz_[a-z_]+: |Test unit written to' "$1" | head -n 12
 }
 
-for t in "${targets[@]}"; do
-  bin=$build/bin/$t
-  work=$build/fuzz/$t
-  if [[ ! -x $bin ]]; then
-    echo "$t: $bin not built (cmake --build $build --target $t)" >&2
-    failed+=("$t")
-    continue
-  fi
+# One target: its reproducers, then SECONDS of fuzzing. Prints what it did; each failure's name
+# goes on a line of its own into $work/failed.
+fuzz_target() {
+  local t=$1 bin=$build/bin/$1 work=$build/fuzz/$1
   mkdir -p "$work/corpus" "$work/crashes"
+  : >"$work/failed"
+  if [[ ! -x $bin ]]; then
+    echo "$t: $bin not built (cmake --build $build --target $t)"
+    echo "$t" >>"$work/failed"
+    return
+  fi
+  local seed input log rc dict=()
   for seed in "$here/corpus/$t"/*; do
     [[ -f $seed && ! -e $work/corpus/${seed##*/} ]] && cp "$seed" "$work/corpus/"
   done
@@ -54,11 +55,10 @@ for t in "${targets[@]}"; do
     else
       echo "$t: regression ${input##*/}: FAILED (input $input, log $log)"
       report "$log" | sed 's/^/    /'
-      failed+=("$t:${input##*/}")
+      echo "$t:${input##*/}" >>"$work/failed"
     fi
   done
 
-  dict=()
   [[ -f $here/$t.dict ]] && dict=(-dict="$here/$t.dict")
   log=$work/fuzz.log
   echo "$t: fuzzing for $seconds s (log $log)"
@@ -70,8 +70,22 @@ for t in "${targets[@]}"; do
   if ((rc != 0)); then
     echo "$t: FAILED (exit $rc); reproduce with: $bin <input>"
     report "$log" | sed 's/^/    /'
-    failed+=("$t")
+    echo "$t" >>"$work/failed"
   fi
+}
+
+# The targets fuzz at the same time, each a single-threaded process (on 2 cores each has its own:
+# the same SECONDS of fuzzing each, in half the time of one after the other); their output is
+# printed afterwards, target by target.
+for t in "${targets[@]}"; do
+  mkdir -p "$build/fuzz/$t"
+  fuzz_target "$t" >"$build/fuzz/$t/run.out" 2>&1 &
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+  cat "$build/fuzz/$t/run.out"
+  mapfile -t -O "${#failed[@]}" failed <"$build/fuzz/$t/failed"
 done
 
 if ((${#failed[@]})); then
