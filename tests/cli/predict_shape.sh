@@ -13,15 +13,30 @@
 # a loaded one measured small at 373/361/291 ms and the carried shape at 813/735/671, a ratio of
 # medians of +17.0% and of minima of +3.3%. The carried error itself is held to 50%, a gross
 # bound (a unit slip, a lost pass).
+# The ratio cannot cancel a calibration disturbed while it ran: on CI on 2026-12-06 one whose
+# rounds spread 47.5% measured the sweep at 132 GFLOP/s at most (185-189 in the two calibrations
+# before it, spread 6% and 22%), and the carry came out +27.4%. So a calibration whose rounds
+# spread more than 25% is made again, at most three in all, and the steadiest is used, as a user
+# would redo a calibration that reports such a spread.
 set -eu
 runner=$1
 dir=$2
 rm -rf "$dir" && mkdir -p "$dir"
 fail() { echo "FAIL: $*"; exit 1; }
-profile=$dir/small.h5
-"$runner" --calibrate --profile "$profile" --model small --micro-batch 8 >"$dir/calibrate.txt" 2>&1 \
-  || { cat "$dir/calibrate.txt"; fail "calibrate"; }
-grep -qE "^  GEMM sweep forward +25 shapes: " "$dir/calibrate.txt" || { cat "$dir/calibrate.txt"; fail "no sweep"; }
+best= best_spread=
+for attempt in 1 2 3; do
+  log=$dir/calibrate$attempt.txt
+  "$runner" --calibrate --profile "$dir/small$attempt.h5" --model small --micro-batch 8 >"$log" 2>&1 \
+    || { cat "$log"; fail "calibrate"; }
+  grep -qE "^  GEMM sweep forward +25 shapes: " "$log" || { cat "$log"; fail "no sweep"; }
+  spread=$(grep -oE "rounds' spread [0-9.]+%" "$log" | grep -oE "[0-9.]+") || { cat "$log"; fail "no spread"; }
+  echo "predict_shape: calibration $attempt: rounds' spread $spread%"
+  if [[ -z $best ]] || awk -v a="$spread" -v b="$best_spread" 'BEGIN { exit !(a < b) }'; then
+    best=$attempt best_spread=$spread
+  fi
+  awk -v a="$spread" 'BEGIN { exit !(a <= 25) }' && break
+done
+profile=$dir/small$best.h5
 carried=(--plugin ddp --model small --hidden 384 --layers 6 --micro-batch 8)
 calibrated=(--plugin ddp --model small --micro-batch 8)
 out=$("$runner" --dry-run --profile "$profile" "${carried[@]}")
