@@ -59,8 +59,7 @@ run: build
 	@echo "the llama and moe families: $(OUT)-families/summary.txt and figures/report.html"
 
 # Every test: the main build's, then the ASan + UBSan set, then a bounded fuzz run (TEST_FUZZ_SECONDS
-# per target). 49-53 minutes from a fresh checkout on 2 cores of an AMD EPYC on 2026-12-06 (55-63 the
-# day before), 39 on 2 cores of a Sapphire Rapids on 2026-12-02 (CHANGELOG.md).
+# per target). Its dated wall times: README "Quick start" (the latest), CHANGELOG.md (each).
 TEST_FUZZ_SECONDS ?= 30
 # The real-GPU tests (label gpu) join where nvidia-smi sees a GPU; elsewhere the same test files
 # run on the CUDA emulator (emu.*), and the gpu label is left out rather than reported skipped.
