@@ -47,7 +47,15 @@ endif()
 # three runs each, 2026-12-05), on machines with neither fabric. Debian's openmpi-mca-params.conf
 # already leaves out ofi (and the ucx pml: the ranks talk through ob1's shared memory); this
 # setting replaces that file's mtl line, so it names ofi again.
-set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mtl=^ofi,psm,psm2")
+# PMIX_MCA_gds=hash: PMIx keeps the job's data in each process's hash table instead of a shared
+# memory store that mpirun allocates and clears for every job. HWLOC_COMPONENTS=-pci,-linuxio:
+# hwloc leaves out PCI devices, which mpirun and every rank's MPI_Init discover, reading each
+# device's configuration space (a trap into the hypervisor on a virtual machine). Neither is
+# anything strata tests; the runs' /provenance then lists no PCI devices (cli.topology, with its
+# own environment, checks the discovery). An empty 2-rank MPI program 0.28-0.29 s of CPU before,
+# 0.20-0.21 after; a 2-rank tiny run 0.79-0.82 s before, 0.70-0.72 after (five runs each,
+# interleaved, 2026-12-06).
+set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mtl=^ofi,psm,psm2;PMIX_MCA_gds=hash;HWLOC_COMPONENTS=-pci,-linuxio")
 set(E2E_ENV "${E2E_MPI_ENV};STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv")
 
 # strata_e2e_lock_cores(<test> <ranks>): a run of several ranks holds the machine's cores (lock

@@ -76,6 +76,22 @@ TEST(ProcessMemory, FreedLargeBuffersLeaveResidentMemory) {
   }
 }
 
+// A buffer's pages are made resident in one call where it is large enough (allocate_bytes): that
+// maps fresh pages only, so a block reused from the heap must still be zero-filled.
+TEST(MemoryLedger, ReusedMemoryIsZeroFilled) {
+  strata::configure_allocator();  // as the runner: blocks of 1 MiB and more are mapped afresh
+  MemoryLedger ledger;
+  for (const std::size_t count : {std::size_t(100), std::size_t(64 * 1024), std::size_t(kMiB)}) {
+    for (int round = 0; round < 3; ++round) {
+      Buffer<float> b(ledger, MemTag::workspace, count);
+      std::size_t nonzero = 0;
+      for (std::size_t i = 0; i < count; ++i) nonzero += b[i] != 0.0f;
+      EXPECT_EQ(nonzero, 0u) << count << " floats, round " << round;
+      std::memset(b.data(), 0x5A, b.bytes());  // dirty, then freed for the next round to reuse
+    }
+  }
+}
+
 // The baseline is the resident memory less what the ledger already holds, and the process peak
 // starts again from it: a transient before the mark is not in the peak.
 TEST(ProcessMemory, BaselineExcludesTrackedBytesAndRestartsThePeak) {

@@ -3,8 +3,11 @@
 #include "backends/backend.hpp"
 
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -178,12 +181,34 @@ void copy_across(BufferView dst, BufferView src) {
   copy_bytes(device, dst.data, src.data, dst.bytes());
 }
 
+namespace {
+// Makes the whole pages of [p, p + bytes) resident in one call (Linux >= 5.14; elsewhere the
+// zero-fill below faults them in). Otherwise the zero-fill takes a trap per fresh page, 10-12 us
+// each on this project's virtual machines (2026-12-06): a 2-rank tiny run took 20,182 page faults
+// before and 11,327 after (with the warm-up GEMM's pages, cpu/layers.cpp). The pages resident
+// afterwards are the same either way.
+void populate(void* p, std::size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  // Smaller blocks come from the heap, whose pages are mostly resident already.
+  constexpr std::size_t kWorthIt = 64 << 10;
+  if (bytes < kWorthIt) return;
+  const auto page = std::uintptr_t(::sysconf(_SC_PAGESIZE));
+  const std::uintptr_t first = (std::uintptr_t(p) + page - 1) / page * page;
+  const std::uintptr_t end = (std::uintptr_t(p) + bytes) / page * page;
+  if (end > first) ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_WRITE);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+}  // namespace
+
 void* allocate_bytes(Device device, std::size_t bytes) {
   if (device != Device::cpu) return backend_of(device, "allocation").allocate(bytes);
   if (bytes > SIZE_MAX - 63) throw std::bad_alloc();
   const std::size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw std::bad_alloc();
+  populate(p, rounded);
   std::memset(p, 0, rounded);
   return p;
 }
