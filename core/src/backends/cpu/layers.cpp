@@ -68,11 +68,11 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alp
   }
 }
 
-// Anonymous pages mapped at once (MAP_POPULATE: one call, not a page fault per page, 10-12 us each
-// on a virtual machine). Read-only, every page reads as zero and takes no memory of its own (the
-// kernel maps its shared zero page, though Linux 6.18 counts those in VmRSS until they are
-// unmapped, before the runtime baseline is read), so a warm-up GEMM can read large operands
-// without holding them; writable, they are zero-filled scratch, resident until released.
+// Anonymous pages mapped at once (MAP_POPULATE: one call, not a page fault per page; why, at
+// allocate_bytes in backends/backend.cpp). Read-only, every page reads as zero and takes no memory
+// of its own (the kernel maps its shared zero page, though Linux 6.18 counts those in VmRSS until
+// they are unmapped, before the runtime baseline is read), so a warm-up GEMM can read large
+// operands without holding them; writable, they are zero-filled scratch, resident until released.
 class Pages {
  public:
   enum Access { read_only, read_write };
