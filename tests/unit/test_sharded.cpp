@@ -254,7 +254,7 @@ Partition ep_part(const ModelSpec& moe, int rank) {
 double optimizer_state(PredictInput in, int rank, const EngineConfig& c, const Partition& part) {
   in.rank = rank;
   std::vector<PlanAction> setup;
-  plan_state(in, c, {part}, setup);
+  plan_state(in, c, {part}, rank_shards(in, c, {part}), setup);
   double bytes = 0;
   for (const PlanAction& a : setup)
     if (a.op == PlanOp::alloc && a.memory == MemTag::optimizer) bytes += a.bytes;

@@ -67,12 +67,13 @@ void validate_tensor_parallel(const ModelSpec& s, int micro_batch, int tp, bool 
 }
 
 void validate_expert_parallel(const ModelSpec& s, int ep) {
-  const std::string what = "expert parallelism over " + std::to_string(ep) + " rank(s)";
-  if (ep < 1) throw ConfigError(what + ": must be >= 1");
+  // The message made only when it is thrown: every partition of every plan passes here.
+  auto what = [ep] { return "expert parallelism over " + std::to_string(ep) + " rank(s)"; };
+  if (ep < 1) throw ConfigError(what() + ": must be >= 1");
   if (ep == 1) return;
-  if (s.arch != Arch::moe) throw ConfigError(what + ": needs a mixture of experts (--arch moe)");
+  if (s.arch != Arch::moe) throw ConfigError(what() + ": needs a mixture of experts (--arch moe)");
   if (s.experts % ep != 0)
-    throw ConfigError(what + ": must divide the experts (--experts " + std::to_string(s.experts) +
+    throw ConfigError(what() + ": must divide the experts (--experts " + std::to_string(s.experts) +
                       ")");
 }
 

@@ -77,6 +77,10 @@ struct StageModel::Impl {
 
   void build_tensors() {
     const int L = spec.layers;
+    const std::size_t units = std::size_t(part.last_unit - part.first_unit + 1);
+    unit_start.reserve(units);
+    block_start.reserve(units);
+    if (table) tensors.reserve(units * block_tensors(spec).size());
     for (int u = part.first_unit; u <= part.last_unit; ++u) {
       const UnitInfo& unit = layout.units()[u];
       unit_start.push_back(count);
@@ -358,6 +362,7 @@ std::vector<std::pair<std::size_t, std::size_t>> StageModel::unit_ranges(const M
   const Impl m(spec, 1, p, nullptr, Recompute::none, DType::f32, DType::f32, false,
                /*tensor_table=*/false);
   std::vector<std::pair<std::size_t, std::size_t>> r;
+  r.reserve(m.unit_start.size());
   for (std::size_t i = 0; i < m.unit_start.size(); ++i) {
     const std::size_t end = i + 1 < m.unit_start.size() ? m.unit_start[i + 1] : m.count;
     r.emplace_back(m.unit_start[i], end - m.unit_start[i]);

@@ -134,11 +134,11 @@ double device_memory(const Strategy& s, const MeshSpec& mesh, const AdviseReques
   return worst;
 }
 
-// One configuration through the checks, in order; true when it is ranked.
-bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant& v, Candidate& c,
+// One configuration through the checks, in order, then into `out`; true when it is ranked.
+bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant& v, Candidate c,
            Advice& out) {
-  auto exclude = [&](Exclusion why, const std::string& detail) {
-    out.excluded.push_back({c, why, detail});
+  auto exclude = [&](Exclusion why, std::string detail) {  // a copy: it may be c.time.why
+    out.excluded.push_back({std::move(c), why, std::move(detail)});
     return false;
   };
   const int per_step = c.micro_batch * c.mesh.dp;
@@ -160,7 +160,7 @@ bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant&
   c.time = predict_step_time(
       profile, step_query(c.strategy, *v.strategy, c.mesh, r.model, train, r.threads));
   if (!c.time.modelled) return exclude(Exclusion::no_time_model, c.time.why);
-  out.ranked.push_back(c);
+  out.ranked.push_back(std::move(c));
   return true;
 }
 
@@ -193,7 +193,7 @@ void try_mesh(const MachineProfile& profile, const AdviseRequest& r, const std::
           const Twin twin{v.twin, ep, mb, int(rc)};
           if (mesh.cp > 1 && fit.count(twin)) continue;
           Candidate c{name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
-          if (check(profile, r, v, c, out) && mesh.cp == 1) fit.insert(twin);
+          if (check(profile, r, v, std::move(c), out) && mesh.cp == 1) fit.insert(twin);
         }
     }
 }

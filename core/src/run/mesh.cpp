@@ -19,7 +19,8 @@ MeshCoord Mesh::coord(int rank) const {
 
 std::vector<int> Mesh::group(Axis axis, int rank) const {
   const MeshCoord c = coord(rank);
-  std::vector<int> ranks;
+  std::vector<int> ranks;  // no group is larger than tp, pp or the replicas (dp x cp)
+  ranks.reserve(std::size_t(std::max({spec_.tp, spec_.pp, spec_.replicas()})));
   switch (axis) {
     case Axis::tp:
       for (int t = 0; t < spec_.tp; ++t) ranks.push_back(rank_of(c.dp, t, c.pp, c.cp));

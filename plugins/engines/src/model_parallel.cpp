@@ -181,14 +181,13 @@ const char* dp_mode_name(DpMode mode) {
 std::vector<std::pair<int, int>> chunk_units(const ModelSpec& model, int chunks,
                                              const std::vector<int>& stage_layers) {
   const int L = model.layers;
-  std::vector<int> blocks = stage_layers;
-  if (blocks.empty())
-    for (int k = 0; k < chunks; ++k) blocks.push_back(L / chunks + (k < L % chunks ? 1 : 0));
   std::vector<std::pair<int, int>> r;
+  r.reserve(std::size_t(chunks));
   int next = 1;  // first block unit
   for (int k = 0; k < chunks; ++k) {
     const int first = k == 0 ? 0 : next;
-    next += blocks[k];
+    next +=
+        stage_layers.empty() ? L / chunks + (k < L % chunks ? 1 : 0) : stage_layers[std::size_t(k)];
     const int last = k == chunks - 1 ? L + 1 : next - 1;
     r.emplace_back(first, last);
   }

@@ -24,7 +24,8 @@ constexpr int kTiedTag = -1;
 // unit pass, the data-parallel axis's actions (dp_schedule_of); `end` collects the ones after the
 // schedule and the tied exchange.
 void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord& me,
-                   const Plan& rank, const std::vector<std::pair<int, int>>& units, bool sp,
+                   const Plan& rank, const sharded::RankShards& shards,
+                   const std::vector<std::pair<int, int>>& units, bool sp,
                    std::vector<PlanAction>& out, std::vector<PlanAction>& end) {
   const int K = rank.K;
   // Every boundary carries one micro-batch's [B, T, C] residual stream or its gradient (sp: this
@@ -35,9 +36,8 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
                        double(dtype_size(in.train.precision.tp_comm));
   const Mesh mesh(in.mesh);
   auto stage_of = [&](int k) { return mesh.rank_of(me, rank.holder(k)); };
-  const sharded::EngineConfig dpc = dp_axis_config(cfg);
-  const sharded::Placement at = sharded::placement(in.mesh, in.rank, dpc);
-  const auto groups = sharded::make_groups(in.model, rank.parts, at.shards, dpc);
+  const sharded::Placement& at = shards.at;
+  const std::vector<sharded::ShardGroup>& groups = shards.groups;
   const StateBytes per = state_bytes_per_param(in.train.precision);
   const std::vector<pp::PipeAction>& actions = rank.actions;
   const DpSchedule dp = dp_schedule_of(rank, sharded::bucket_groups(groups), cfg, in.model);
@@ -83,7 +83,7 @@ void schedule_plan(const PredictInput& in, const MpConfig& cfg, const MeshCoord&
 // slot (BoundaryBuffers) and the one receive buffer; beside them the core's micro-batch, Shards'
 // state and the tied embedding's gradient on its way between the first and the last stage.
 void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
-                std::vector<PlanAction>& setup) {
+                const sharded::RankShards& shards, std::vector<PlanAction>& setup) {
   const int B = in.train.micro_batch;
   const DType tp_comm = in.train.precision.tp_comm;
   setup.push_back(plan_alloc(MemTag::workspace, double(batch_workspace_bytes(in.train, in.model))));
@@ -101,7 +101,7 @@ void plan_setup(const PredictInput& in, const MpConfig& cfg, const Plan& plan,
   }
   if (receives_cast(plan, in.train.precision))
     setup.push_back(plan_alloc(MemTag::comm_buffers, boundary(plan.parts[0])));
-  sharded::plan_state(in, dp_axis_config(cfg), plan.parts, setup);
+  sharded::plan_state(in, dp_axis_config(cfg), plan.parts, shards, setup);
   if (plan.tied_exchange() && !plan.tied_local())
     setup.push_back(
         plan_alloc(MemTag::comm_buffers, double(in.model.vocab / in.mesh.tp) * in.model.hidden *
@@ -176,7 +176,8 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
     return plan;
   }
   const Plan rank = make_plan(in.mesh, me, in.model, in.train, cfg);
-  plan_setup(in, cfg, rank, plan.setup);
+  const sharded::RankShards shards = sharded::rank_shards(in, dp_axis_config(cfg), rank.parts);
+  plan_setup(in, cfg, rank, shards, plan.setup);
   plan.notes = plan_notes(rank, in, cfg);
   if (cfg.pipeline) plan.bubble_fraction = ideal_bubble_fraction(cfg, in.model, rank);
   const auto units = chunk_units(in.model, rank.K, cfg.stage_layers);
@@ -184,7 +185,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   std::vector<PlanAction> end;  // the data-parallel axis's after the tied exchange
   const bool reduces_in_schedule = cfg.dp == DpMode::zero2 || cfg.dp == DpMode::fsdp;
   if (rank.P > 1 || reduces_in_schedule) {
-    schedule_plan(in, cfg, me, rank, units, plan.sequence_parallel, step, end);
+    schedule_plan(in, cfg, me, rank, shards, units, plan.sequence_parallel, step, end);
     plan.split_backward = pp::splits_backward(cfg.schedule);  // its weight actions are there
   } else {  // tp alone (or one stage): every micro-batch through the whole model
     plan_forward_backward(ParamLayout::of(in.model)->num_units(), plan.micro_batch);
@@ -194,7 +195,7 @@ StepPlan plan_step(const PredictInput& in, const MpConfig& cfg) {
   // the last stage, then the data-parallel axis's update over the rank's chunks. Room for them
   // first: a 175B stage's schedule fills `step` to its reserve, and growing it copied it whole.
   std::vector<PlanAction> update;
-  sharded::plan_shards_update(in, dp_axis_config(cfg), rank.parts, update);
+  sharded::plan_shards_update(in, dp_axis_config(cfg), rank.parts, shards, update);
   step.reserve(step.size() + 2 + end.size() + update.size());
   if (rank.tied_exchange() && !rank.tied_local()) {  // in a V a local sum
     const int peer = Mesh(in.mesh).rank_of(me, rank.tied_peer());

@@ -79,10 +79,17 @@ void plan_action(const Action& a, const std::vector<ShardGroup>& groups, const S
   }
 }
 
+RankShards rank_shards(const PredictInput& in, const EngineConfig& c,
+                       const std::vector<Partition>& parts) {
+  RankShards r{placement(in.mesh, in.rank, c), {}};
+  r.groups = make_groups(in.model, parts, r.at.shards, c);
+  return r;
+}
+
 void plan_state(const PredictInput& in, const EngineConfig& c, const std::vector<Partition>& parts,
-                std::vector<PlanAction>& setup) {
-  const Placement at = placement(in.mesh, in.rank, c);
-  const auto groups = make_groups(in.model, parts, at.shards, c);
+                const RankShards& shards, std::vector<PlanAction>& setup) {
+  const Placement& at = shards.at;
+  const std::vector<ShardGroup>& groups = shards.groups;
   const double replica = double(replica_layout(groups).size);
   double chunks = 0, reduced = 0, valid = 0;
   for (const ShardGroup& g : groups) {
@@ -177,10 +184,11 @@ void plan_gather_updated_shards(const std::vector<ShardGroup>& groups, const Pla
 // partial gradients over tp, the norm (over the shards, tp and pp), AdamW of this rank's shards
 // (on the host with offload), zero1/2's all-gathers of the updated shards; each waited for at once.
 void plan_shards_update(const PredictInput& in, const EngineConfig& c,
-                        const std::vector<Partition>& parts, std::vector<PlanAction>& step) {
-  const Placement at = placement(in.mesh, in.rank, c);
+                        const std::vector<Partition>& parts, const RankShards& shards,
+                        std::vector<PlanAction>& step) {
+  const Placement& at = shards.at;
   const int n = at.shards;
-  const auto groups = make_groups(in.model, parts, n, c);
+  const std::vector<ShardGroup>& groups = shards.groups;
   const StateBytes per = state_bytes_per_param(in.train.precision);
   auto valid = [&](const ShardGroup& g) { return double(g.valid(at.index_of(g))); };
   // Expert parallelism: dp=allreduce of all but the routed experts, theirs over their replicas;
@@ -230,11 +238,11 @@ namespace {
 // of the micro-batch's tokens beside the core's micro-batch, Shards' state, and under tp the bf16
 // tp comm buffer.
 void plan_setup(const PredictInput& in, const EngineConfig& c, const Partition& part,
-                std::vector<PlanAction>& setup) {
+                const RankShards& shards, std::vector<PlanAction>& setup) {
   const int B = in.train.micro_batch;
   plan_model_slots(in, part, 1, setup);
   setup.push_back(plan_alloc(MemTag::workspace, double(batch_workspace_bytes(in.train, in.model))));
-  plan_state(in, c, {part}, setup);
+  plan_state(in, c, {part}, shards, setup);
   setup.push_back(plan_alloc(
       MemTag::comm_buffers,
       double(StageModel::tp_comm_buffer_bytes(in.model, B, part, in.train.precision.tp_comm))));
@@ -260,19 +268,20 @@ std::string plan_notes(const std::vector<ShardGroup>& groups, const Placement& a
 }  // namespace
 
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part) {
-  const Placement at = placement(in.mesh, in.rank, c);
+  const RankShards shards = rank_shards(in, c, {part});
+  const Placement& at = shards.at;
+  const std::vector<ShardGroup>& groups = shards.groups;
   const auto units = StageModel::unit_ranges(in.model, part);
-  const auto groups = make_groups(in.model, {part}, at.shards, c);
   const StateBytes per = state_bytes_per_param(in.train.precision);
   StepPlan plan;
-  plan_setup(in, c, part, plan.setup);
+  plan_setup(in, c, part, shards, plan.setup);
   plan.sequence_parallel = part.sequence_parallel && part.tp_size > 1;
   plan.expert_parallel = part.ep_size;
   plan.context_parallel = part.cp_size;
   plan.context_attention = part.cp_attention;
   plan.micro_batch = micro_batch_plan(groups, int(units.size()), c, in.model.tied(), per, at);
   plan.micro_batches = in.train.micro_steps(in.mesh);
-  plan_shards_update(in, c, {part}, plan.step);
+  plan_shards_update(in, c, {part}, shards, plan.step);
   double local = 0;
   for (const auto& u : units) local += double(u.second);
   plan.notes = plan_notes(groups, at, part, c, local);

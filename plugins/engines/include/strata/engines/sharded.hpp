@@ -205,13 +205,23 @@ std::string describe_schedule(const std::vector<Action>& actions);
 // parallel or not, under tensor parallelism).
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c, const Partition& part);
 StepPlan plan_step(const PredictInput& in, const EngineConfig& c);  // the whole model at tp 1
-// What Shards holds for rank in.rank's partitions `parts` for the whole run, as setup
-// allocations: parameters, gradients, AdamW state (or its offload), the sequence-parallel pack.
+// Rank in.rank's shards of its partitions `parts`: its placement and the groups at its shard count
+// (make_groups), what Shards holds; made once for a plan and read by each part of it (the
+// advisor plans thousands of ranks, and making the groups builds every partition's tensor list).
+struct RankShards {
+  Placement at;
+  std::vector<ShardGroup> groups;
+};
+RankShards rank_shards(const PredictInput& in, const EngineConfig& c,
+                       const std::vector<Partition>& parts);
+// What Shards holds for those partitions for the whole run, as setup allocations: parameters,
+// gradients, AdamW state (or its offload), the sequence-parallel pack.
 void plan_state(const PredictInput& in, const EngineConfig& c, const std::vector<Partition>& parts,
-                std::vector<PlanAction>& setup);
+                const RankShards& shards, std::vector<PlanAction>& setup);
 // Shards::update's plan for those partitions (sharded_plan.cpp).
 void plan_shards_update(const PredictInput& in, const EngineConfig& c,
-                        const std::vector<Partition>& parts, std::vector<PlanAction>& step);
+                        const std::vector<Partition>& parts, const RankShards& shards,
+                        std::vector<PlanAction>& step);
 // The whole model's partition on tp rank `tp_rank` of `tp` (the whole model at tp 1).
 Partition tp_partition(const ModelSpec& model, int tp, int tp_rank, bool sequence_parallel);
 
