@@ -192,8 +192,9 @@ void try_mesh(const MachineProfile& profile, const AdviseRequest& r, const std::
         for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
           const Twin twin{v.twin, ep, mb, int(rc)};
           if (mesh.cp > 1 && fit.count(twin)) continue;
-          Candidate c{name, v.options, v.label, mesh, mb, 0, rc, 0, {}};
-          if (check(profile, r, v, std::move(c), out) && mesh.cp == 1) fit.insert(twin);
+          if (check(profile, r, v, {name, v.options, v.label, mesh, mb, 0, rc, 0, {}}, out) &&
+              mesh.cp == 1)
+            fit.insert(twin);
         }
     }
 }
