@@ -107,6 +107,9 @@ using CreateFn = std::unique_ptr<Strategy>(const std::string& strategy, const Op
 // plan_memory() when the plan allocates, else a full replica's (replicated_prediction(),
 // strata/data_parallel.hpp), with the plan's notes and bubble fraction.
 Prediction predict(const Strategy& strategy, const PredictInput& in);
+// The same from `plan`, rank in.rank's plan_step() already made (the advisor asks several
+// questions of one plan).
+Prediction predict(const StepPlan& plan, const PredictInput& in);
 
 }  // namespace strata
 STRATA_EXPORT_END

@@ -116,16 +116,45 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// A candidate's plans, each rank's made once: the checks below ask for overlapping ranks (rank 0
+// of validation, the four corners of device_memory, the pp group of the step time; at pp = 1 the
+// corners are two ranks). Plans are large (a pipeline's whole schedule), and --advise makes them
+// for thousands of candidates.
+class CandidatePlans {
+ public:
+  CandidatePlans(const Strategy& s, const MeshSpec& mesh, const ModelSpec& model,
+                 const TrainSpec& train)
+      : strategy_(s), in_{mesh, model, train, 0} {}
+  const PredictInput& input(int rank) {
+    in_.rank = rank;
+    return in_;
+  }
+  const StepPlan& at(int rank) {
+    auto it = plans_.find(rank);
+    if (it == plans_.end()) it = plans_.emplace(rank, strategy_.plan_step(input(rank))).first;
+    return it->second;
+  }
+  StepPlan take(int rank) {  // the last question asked of it
+    at(rank);
+    return std::move(plans_.at(rank));
+  }
+
+ private:
+  const Strategy& strategy_;
+  PredictInput in_;
+  std::map<int, StepPlan> plans_;
+};
+
 // The largest rank's device memory: the first and last pipeline stage (the first holds the most
 // blocks, the embedding and the most micro-batches in flight; the last the head), each at both
 // ends of dp and tp (the last dp shard and the last vocabulary rows may be padded).
-double device_memory(const Strategy& s, const MeshSpec& mesh, const AdviseRequest& r,
-                     const TrainSpec& train) {
+double device_memory(const MeshSpec& mesh, CandidatePlans& plans) {
   const Mesh m(mesh);
   double worst = 0;
   for (int pp : {0, mesh.pp - 1})
     for (const auto& [dp, tp] : {std::pair{0, 0}, std::pair{mesh.dp - 1, mesh.tp - 1}}) {
-      const Prediction p = predict(s, PredictInput{mesh, r.model, train, m.rank_of(dp, tp, pp, 0)});
+      const int rank = m.rank_of(dp, tp, pp, 0);
+      const Prediction p = predict(plans.at(rank), plans.input(rank));
       double total = 0;
       for (int t = 0; t < kNumMemTags; ++t)
         if (!is_host_tag(MemTag(t))) total += p.memory_bytes[t];
@@ -150,15 +179,18 @@ bool check(const MachineProfile& profile, const AdviseRequest& r, const Variant&
   TrainSpec train = r.train;
   train.micro_batch = c.micro_batch, train.global_batch = c.global_batch;
   train.recompute = c.recompute;
+  CandidatePlans plans(*v.strategy, c.mesh, r.model, train);
   try {
-    validate_strategy(c.strategy, *v.strategy, c.mesh, train, r.model);
+    validate_strategy(c.strategy, *v.strategy, c.mesh, train, r.model,
+                      [&]() -> const StepPlan& { return plans.at(0); });
   } catch (const std::exception& e) {
     return exclude(Exclusion::divisibility, one_line(e.what()));
   }
-  c.memory_bytes = device_memory(*v.strategy, c.mesh, r, train);
+  c.memory_bytes = device_memory(c.mesh, plans);
   if (c.memory_bytes > r.memory_limit) return exclude(Exclusion::memory, "");
-  c.time = predict_step_time(
-      profile, step_query(c.strategy, *v.strategy, c.mesh, r.model, train, r.threads));
+  StepQuery q{c.strategy, c.mesh, r.model, train, r.threads, 0, {}};
+  for (const int rank : step_query_ranks(c.mesh)) q.plans.push_back(plans.take(rank));
+  c.time = predict_step_time(profile, q);
   if (!c.time.modelled) return exclude(Exclusion::no_time_model, c.time.why);
   out.ranked.push_back(std::move(c));
   return true;

@@ -170,11 +170,13 @@ std::string profile_precision(const TrainSpec& train) {
   return train.precision.mixed() ? "bf16" : "fp32";
 }
 
+std::vector<int> step_query_ranks(const MeshSpec& mesh) { return Mesh(mesh).group(Axis::pp, 0); }
+
 StepQuery step_query(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
                      const ModelSpec& model, const TrainSpec& train, int threads,
                      int ranks_on_host) {
   StepQuery q{name, mesh, model, train, threads, ranks_on_host, {}};
-  for (int rank : Mesh(mesh).group(Axis::pp, 0))
+  for (int rank : step_query_ranks(mesh))
     q.plans.push_back(strategy.plan_step(PredictInput{mesh, model, train, rank}));
   return q;
 }

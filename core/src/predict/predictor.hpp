@@ -20,7 +20,10 @@
 
 namespace strata {
 
-// The question for `strategy` on this configuration, its plans asked of rank 0's pp group.
+// The ranks whose plans a StepQuery holds: rank 0's pp group, one per stage.
+std::vector<int> step_query_ranks(const MeshSpec& mesh);
+
+// The question for `strategy` on this configuration, its plans asked of step_query_ranks().
 StepQuery step_query(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
                      const ModelSpec& model, const TrainSpec& train, int threads,
                      int ranks_on_host = 0);

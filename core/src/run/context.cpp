@@ -169,7 +169,10 @@ Prediction replicated_prediction(const PredictInput& in) {
 // A plan that allocates describes the strategy's memory; one that does not is taken for a
 // replica's.
 Prediction predict(const Strategy& strategy, const PredictInput& in) {
-  const StepPlan plan = strategy.plan_step(in);
+  return predict(strategy.plan_step(in), in);
+}
+
+Prediction predict(const StepPlan& plan, const PredictInput& in) {
   Prediction p;
   p.memory_bytes =
       plan_allocates(plan) ? plan_memory(plan) : replicated_prediction(in).memory_bytes;

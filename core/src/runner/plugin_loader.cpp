@@ -234,9 +234,18 @@ std::string describe(const LoadedPlugin& plugin, const StrategySpec& spec) {
 
 void validate_strategy(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
                        const TrainSpec& train, const ModelSpec& model) {
+  StepPlan plan;
+  validate_strategy(name, strategy, mesh, train, model, [&]() -> const StepPlan& {
+    return plan = strategy.plan_step(PredictInput{mesh, model, train, 0});
+  });
+}
+
+void validate_strategy(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
+                       const TrainSpec& train, const ModelSpec& model,
+                       const std::function<const StepPlan&()>& rank0_plan) {
   strategy.validate(mesh, train, model);
   if (mesh.ep == 1 && mesh.cp == 1) return;
-  const StepPlan plan = strategy.plan_step(PredictInput{mesh, model, train, 0});
+  const StepPlan& plan = rank0_plan();
   if (mesh.ep > 1 && plan.expert_parallel != mesh.ep)
     throw ConfigError("--mesh ep=" + std::to_string(mesh.ep) + ": --plugin " + name +
                       " does not split the experts over an expert-parallel group (its step plan "

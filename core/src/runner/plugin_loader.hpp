@@ -1,6 +1,7 @@
 // Finds, checks and loads strategy plugins (Boost.DLL). A library stays loaded while anything
 // created from it lives: strategies hold a reference to their library.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,6 +63,11 @@ Options validate_options(const StrategySpec& spec, const std::vector<std::string
 // step plan's expert_parallel); any other would leave the axis unused. Throws ConfigError.
 void validate_strategy(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
                        const TrainSpec& train, const ModelSpec& model);
+// The same, rank 0's plan (made only where ep or cp > 1) asked of `rank0_plan`: the advisor's,
+// which makes each of a candidate's plans once.
+void validate_strategy(const std::string& name, const Strategy& strategy, const MeshSpec& mesh,
+                       const TrainSpec& train, const ModelSpec& model,
+                       const std::function<const StepPlan&()>& rank0_plan);
 
 // Human-readable description (for --describe).
 std::string describe(const LoadedPlugin& plugin, const StrategySpec& spec);
