@@ -58,15 +58,6 @@ endif()
 set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mtl=^ofi,psm,psm2;PMIX_MCA_gds=hash;HWLOC_COMPONENTS=-pci,-linuxio")
 set(E2E_ENV "${E2E_MPI_ENV};STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv")
 
-# A run's ranks yield their core between MPI polls (OMPI_MCA_mpi_yield_when_idle=1). Open MPI does
-# so by itself only when a job has more ranks than slots (4 here); a 2-rank run on 2 cores polls
-# without yielding, while under ctest -j 2 another test runs on one of those cores. A 2-rank tiny
-# ddp run beside a busy loop: 0.75-1.23 s wall and 0.86-1.36 s of CPU unset, 0.65-0.77 and
-# 0.60-0.90 with it (three runs each, interleaved, 2026-12-07); the main set's 165 2-rank runs
-# 364 -> 287 s. Not for the collective tests (ucx, nccl stand-in): many tiny collectives, whose
-# latency the yields add to (16 -> 25 and 10 -> 26 s).
-set(E2E_RUN_YIELD OMPI_MCA_mpi_yield_when_idle=1)
-
 # strata_e2e_lock_cores(<test> <ranks>): a run of several ranks holds the machine's cores (lock
 # `cores`): two of them at once would put up to 16 processes on 2 cores, which run but crawl (a
 # rank that polls shares its core). A 1-rank run (one BLAS thread) takes no lock, so that ctest -j2
@@ -86,8 +77,8 @@ function(strata_e2e_run id ranks)
     set(cmd ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPI_FLAGS} $<TARGET_FILE:runner>)
   endif()
   add_test(NAME e2e.run.${id} COMMAND ${cmd} ${E2E_COMMON} --run-id ${id} ${ARGN})
-  set_tests_properties(e2e.run.${id} PROPERTIES FIXTURES_SETUP run.${id}
-                       ENVIRONMENT "${E2E_ENV};${E2E_RUN_YIELD}" LABELS e2e TIMEOUT 300)
+  set_tests_properties(e2e.run.${id} PROPERTIES FIXTURES_SETUP run.${id} ENVIRONMENT "${E2E_ENV}"
+                       LABELS e2e TIMEOUT 300)
   strata_e2e_lock_cores(e2e.run.${id} ${ranks})
 endfunction()
 
