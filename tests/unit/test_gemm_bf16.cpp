@@ -192,7 +192,10 @@ TEST(GemmBf16, MatchesDoubleReferenceForEveryTransposeShapeAndC) {
 
 TEST(GemmBf16, RepeatedShapeReusesItsPrimitive) {
   std::mt19937 rng(1);
-  const int M = 37, N = 41, K = 43;  // a shape no other test uses
+  // A shape no other test uses, and a new one each time this test runs in the process
+  // (--gtest_repeat): the cache lives as long as the process.
+  static int runs = 0;
+  const int M = 37 + runs++, N = 41, K = 43;
   const auto a = random_bf16(M * K, rng), b = random_bf16(K * N, rng);
   std::vector<float> c(M * N);
   const std::size_t before = cpu::gemm_bf16_cached_primitives();

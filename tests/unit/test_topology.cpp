@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "provenance/topology.hpp"
@@ -12,11 +13,23 @@
 
 namespace {
 
-// Sets HWLOC_XMLFILE for one test: hwloc then reads the topology from that file.
+// Sets HWLOC_XMLFILE for one test: hwloc then reads the topology from that file. The fake's GPU
+// and NICs are PCI and OS devices, so a caller's HWLOC_COMPONENTS (the MPI tests' -pci,-linuxio)
+// is set aside for the test and put back after it.
 class FakeNode {
  public:
-  explicit FakeNode(const std::string& xml) { setenv("HWLOC_XMLFILE", xml.c_str(), 1); }
-  ~FakeNode() { unsetenv("HWLOC_XMLFILE"); }
+  explicit FakeNode(const std::string& xml) {
+    if (const char* c = std::getenv("HWLOC_COMPONENTS")) saved_components_ = c;
+    unsetenv("HWLOC_COMPONENTS");
+    setenv("HWLOC_XMLFILE", xml.c_str(), 1);
+  }
+  ~FakeNode() {
+    unsetenv("HWLOC_XMLFILE");
+    if (saved_components_) setenv("HWLOC_COMPONENTS", saved_components_->c_str(), 1);
+  }
+
+ private:
+  std::optional<std::string> saved_components_;
 };
 
 const std::string kFakeXml = std::string(STRATA_TEST_DATA_DIR) + "/fake_topology.xml";
@@ -66,7 +79,13 @@ TEST(Topology, TextFormRoundTrips) {
   EXPECT_EQ(back.text, n.text);
 }
 
-void add_links(strata::NodeTopology& n) { n.text.emplace_back("gpu_links", "X"); }
+// A provider stays registered for the process's life (there is no unregistering), so this one
+// adds its entry only while a test turns it on: the other tests, run in the same process in any
+// order (--gtest_shuffle, --gtest_repeat), see no gpu_links of it.
+bool g_links_on = false;
+void add_links(strata::NodeTopology& n) {
+  if (g_links_on) n.text.emplace_back("gpu_links", "X");
+}
 
 TEST(Topology, ThisMachineAndProviders) {
   const strata::NodeTopology n = strata::collect_node_topology("here");
@@ -78,7 +97,9 @@ TEST(Topology, ThisMachineAndProviders) {
   EXPECT_TRUE(n.str("gpu_links").empty());
   strata::register_topology_provider(&add_links);
   strata::register_topology_provider(&add_links);  // twice: still once
+  g_links_on = true;
   const strata::NodeTopology with = strata::collect_node_topology("here");
+  g_links_on = false;
   EXPECT_EQ(with.str("gpu_links"), "X");
   EXPECT_EQ(with.text.size(), n.text.size() + 1);
 }
