@@ -55,7 +55,14 @@ endif()
 # own environment, checks the discovery). An empty 2-rank MPI program 0.28-0.29 s of CPU before,
 # 0.20-0.21 after; a 2-rank tiny run 0.79-0.82 s before, 0.70-0.72 after (five runs each,
 # interleaved, 2026-12-06).
-set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mtl=^ofi,psm,psm2;PMIX_MCA_gds=hash;HWLOC_COMPONENTS=-pci,-linuxio")
+# HWLOC_PLUGINS_BLACKLIST: HWLOC_COMPONENTS leaves components out of the discovery, but hwloc
+# still loads every plugin in each process that loads a topology (mpirun, each rank's MPI_Init):
+# hwloc_xml_libxml with libxml2 and ICU, hwloc_opencl with libOpenCL, hwloc_gl with libX11 and
+# xcb, hwloc_pci. With none of them loaded the runs' topology is the same (`h5dump -g
+# /provenance/topology`, compared) and a tiny ddp run costs 0.241 s of CPU instead of 0.249 at 1
+# rank, 0.580 instead of 0.616 at 2 and 1.055 instead of 1.101 at 4 (eight runs each,
+# interleaved, 2026-12-07).
+set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mtl=^ofi,psm,psm2;PMIX_MCA_gds=hash;HWLOC_COMPONENTS=-pci,-linuxio;HWLOC_PLUGINS_BLACKLIST=hwloc_gl,hwloc_opencl,hwloc_pci,hwloc_xml_libxml")
 set(E2E_ENV "${E2E_MPI_ENV};STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv")
 
 # strata_e2e_lock_cores(<test> <ranks>): a run of several ranks holds the machine's cores (lock
