@@ -739,6 +739,37 @@ TEST_F(CudaLayers, TcAttentionIsCausalAndMasksPastT) {
 // within the summed bounds). Each rank's 80 rows are two query tiles, the second partial, with the
 // chunks' seam inside the first: rank 0's first chunk sees nothing of rank 1's block, and its
 // second all of it (the tiles that need no mask).
+// One rank of the ring test on the device: its rows of q and dout, its key-value block
+// [B, Tq, 2, KV, hs] (each group's first head's K and V), and the outputs its blocks accumulate
+// into (o and lse start as garbage, dq and dkv as zeros).
+struct RingRank {
+  std::unique_ptr<DeviceBuffer<float>> q, kv, dout, o, lse, dq, dkv;
+};
+RingRank ring_rank(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T,
+                   int Tq, int NH, int KV, int hs, const strata::TokenPositions& at, int seed) {
+  const int Cq = NH * hs, C3 = 3 * Cq, group = NH / KV;
+  const std::size_t nq = std::size_t(B) * Tq * Cq, nkv = std::size_t(B) * Tq * 2 * KV * hs;
+  std::vector<float> q(nq), kv(nkv), dO(nq);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < Tq; ++t) {
+      const std::size_t row = std::size_t(b) * T + at(t), local = std::size_t(b) * Tq + t;
+      std::copy_n(&qkv[row * C3], Cq, &q[local * Cq]);
+      std::copy_n(&dout[row * Cq], Cq, &dO[local * Cq]);
+      for (int part = 0; part < 2; ++part)
+        for (int g = 0; g < KV; ++g)
+          std::copy_n(&qkv[row * C3 + (1 + part) * Cq + g * group * hs], hs,
+                      &kv[((local * 2 + part) * KV + g) * hs]);
+    }
+  auto up = [](const std::vector<float>& v) { return std::make_unique<DeviceBuffer<float>>(v); };
+  return {up(q),
+          up(kv),
+          up(dO),
+          up(random_floats(nq, seed)),
+          up(random_floats(std::size_t(B) * NH * Tq, seed + 2)),
+          up(std::vector<float>(nq, 0.0f)),
+          up(std::vector<float>(nkv, 0.0f))};
+}
+
 TEST_F(CudaLayers, TcRingAttentionBlocksMakeTheWholeSequence) {
   constexpr int Bc = 1, chunk = 40, T = 4 * chunk, Tq = 2 * chunk, NHc = 4, KV = 2, hs = 64;
   constexpr int Cq = NHc * hs, C3 = 3 * Cq, group = NHc / KV;
@@ -756,41 +787,19 @@ TEST_F(CudaLayers, TcRingAttentionBlocksMakeTheWholeSequence) {
   const TcBounds bound = tc_bounds(qkv, att, out, dout, TcShape{Bc, T, Cq, NHc});
   const auto lse = host_lse(qkv, FlashShape{Bc, T, Cq, NHc});
 
-  // Each rank's rows of q and dout, its key-value block [B, Tq, 2, KV, hs], on the device.
   const strata::TokenPositions at[2] = {{0, 3 * chunk, chunk}, {chunk, 2 * chunk, chunk}};
-  const std::size_t nq = std::size_t(Bc) * Tq * Cq, nkv = std::size_t(Bc) * Tq * 2 * KV * hs;
-  std::vector<std::unique_ptr<DeviceBuffer<float>>> d_q, d_kv, d_dout, d_o, d_lse, d_dq, d_dkv;
-  for (int r = 0; r < 2; ++r) {
-    std::vector<float> q(nq), kv(nkv), dO(nq);
-    for (int b = 0; b < Bc; ++b)
-      for (int t = 0; t < Tq; ++t) {
-        const std::size_t row = std::size_t(b) * T + at[r](t), local = std::size_t(b) * Tq + t;
-        std::copy_n(&qkv[row * C3], Cq, &q[local * Cq]);
-        std::copy_n(&dout[row * Cq], Cq, &dO[local * Cq]);
-        for (int part = 0; part < 2; ++part)
-          for (int g = 0; g < KV; ++g)
-            std::copy_n(&qkv[row * C3 + (1 + part) * Cq + g * group * hs], hs,
-                        &kv[((local * 2 + part) * KV + g) * hs]);
-      }
-    d_q.push_back(std::make_unique<DeviceBuffer<float>>(q));
-    d_kv.push_back(std::make_unique<DeviceBuffer<float>>(kv));
-    d_dout.push_back(std::make_unique<DeviceBuffer<float>>(dO));
-    d_o.push_back(std::make_unique<DeviceBuffer<float>>(random_floats(nq, 82 + r)));
-    d_lse.push_back(
-        std::make_unique<DeviceBuffer<float>>(random_floats(std::size_t(Bc) * NHc * Tq, 84 + r)));
-    d_dq.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(nq, 0.0f)));
-    d_dkv.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(nkv, 0.0f)));
-  }
+  const RingRank d[2] = {ring_rank(qkv, dout, Bc, T, Tq, NHc, KV, hs, at[0], 82),
+                         ring_rank(qkv, dout, Bc, T, Tq, NHc, KV, hs, at[1], 83)};
   for (int r = 0; r < 2; ++r)
     for (const int j : {r, 1 - r})
-      gpu::tc_attention_block_forward(ctx(), d_o[r]->get(), d_lse[r]->get(), d_q[r]->get(), Cq,
-                                      d_kv[j]->get(), Bc, Tq, Tq, NHc, KV, hs, at[r], at[j],
+      gpu::tc_attention_block_forward(ctx(), d[r].o->get(), d[r].lse->get(), d[r].q->get(), Cq,
+                                      d[j].kv->get(), Bc, Tq, Tq, NHc, KV, hs, at[r], at[j],
                                       j == r);
   for (int r = 0; r < 2; ++r)
     for (const int j : {r, 1 - r})
-      gpu::tc_attention_block_backward(ctx(), d_dq[r]->get(), Cq, d_dkv[j]->get(), d_dout[r]->get(),
-                                       d_o[r]->get(), d_lse[r]->get(), d_q[r]->get(), Cq,
-                                       d_kv[j]->get(), Bc, Tq, Tq, NHc, KV, hs, at[r], at[j]);
+      gpu::tc_attention_block_backward(ctx(), d[r].dq->get(), Cq, d[j].dkv->get(), d[r].dout->get(),
+                                       d[r].o->get(), d[r].lse->get(), d[r].q->get(), Cq,
+                                       d[j].kv->get(), Bc, Tq, Tq, NHc, KV, hs, at[r], at[j]);
 
   // The ranks' rows back in the sequence's order, beside the reference and its bounds.
   const std::size_t nk = std::size_t(Bc) * T * KV * hs;
@@ -799,8 +808,8 @@ TEST_F(CudaLayers, TcRingAttentionBlocksMakeTheWholeSequence) {
   std::vector<float> got_dk(nk), got_dv(nk), want_dk(nk, 0.0f), want_dv(nk, 0.0f);
   std::vector<double> bound_dq(out.size()), bound_dk(nk, 0.0), bound_dv(nk, 0.0);
   for (int r = 0; r < 2; ++r) {
-    const auto o = d_o[r]->host(), l = d_lse[r]->host(), dq = d_dq[r]->host(),
-               dkv = d_dkv[r]->host();
+    const auto o = d[r].o->host(), l = d[r].lse->host(), dq = d[r].dq->host(),
+               dkv = d[r].dkv->host();
     for (int b = 0; b < Bc; ++b)
       for (int t = 0; t < Tq; ++t) {
         const std::size_t row = std::size_t(b) * T + at[r](t), local = std::size_t(b) * Tq + t;
