@@ -9,6 +9,7 @@
 
 #include "predict/profile.hpp"
 #include "predict/step_query.hpp"
+#include "strata/comm.hpp"
 #include "strata/mesh.hpp"
 
 namespace strata::time_model {
@@ -41,7 +42,7 @@ struct Costs {
   // (the collectives run on the device's own engines).
   double contention = 0;
   std::vector<std::string> notes;
-  std::map<std::tuple<std::string, double, Axis>, double> comm_memo;  // comm(): plans repeat ops
+  std::map<std::tuple<CommOp, double, Axis>, double> comm_memo;  // comm(): plans repeat ops
 
   void note(const std::string& n) {
     if (!n.empty() && std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
@@ -64,26 +65,26 @@ struct Costs {
   // not measure borrow a measured op's fit: reduce that of all_reduce, broadcast that of
   // all_gather, a send of b bytes a 2-rank all_gather of 2b (each rank sends b); all_to_all that
   // of all_gather (the same bus bytes) in a profile made before it was measured.
-  double comm(const std::string& op, double bytes, Axis axis) {
+  double comm(CommOp op, double bytes, Axis axis) {
     const auto key = std::make_tuple(op, bytes, axis);
     if (const auto it = comm_memo.find(key); it != comm_memo.end()) return it->second;
     return comm_memo[key] = comm_uncached(op, bytes, axis);
   }
-  double comm_uncached(const std::string& op, double bytes, Axis axis) {
+  double comm_uncached(CommOp op, double bytes, Axis axis) {
     auto [ranks, per_node] = shape(axis);
-    std::string use = op, how;
-    if (op == "send" || op == "recv") {
+    std::string use = op_name(op), how;
+    if (op == CommOp::send || op == CommOp::recv) {
       use = "all_gather", bytes *= 2;
       per_node = per_node >= 2 ? 2 : 1, ranks = 2;
       note("p2p timed as a 2-rank all_gather");
-    } else if (op == "reduce") {
+    } else if (op == CommOp::reduce) {
       use = "all_reduce", note("reduce timed as all_reduce");
-    } else if (op == "broadcast") {
+    } else if (op == CommOp::broadcast) {
       use = "all_gather", note("broadcast timed as all_gather");
     }
     const int host = q.ranks_on_host > 0 ? q.ranks_on_host : q.mesh.ranks_per_node;
     double t = comm_time(profile, use, bytes, ranks, per_node, &how, host);
-    if (t < 0 && op == "all_to_all") {
+    if (t < 0 && op == CommOp::all_to_all) {
       use = "all_gather", note("all_to_all timed as all_gather (a profile without its fit)");
       t = comm_time(profile, use, bytes, ranks, per_node, &how, host);
     }

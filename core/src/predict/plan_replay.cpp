@@ -77,7 +77,7 @@ bool advance(Costs& c, RankReplay& r, Sent& sent) {
       r.compute(c.fresh_per_byte * a.bytes);
       break;
     case PlanOp::comm: {
-      const double d = c.comm(op_name(a.collective), a.bytes, a.axis);
+      const double d = c.comm(a.collective, a.bytes, a.axis);
       if (a.stream < 0)
         r.clock += d, r.blocking += d;
       else
@@ -104,7 +104,7 @@ bool advance(Costs& c, RankReplay& r, Sent& sent) {
       break;
     }
     case PlanOp::send: {
-      const double d = c.comm("send", a.bytes, a.axis);
+      const double d = c.comm(CommOp::send, a.bytes, a.axis);
       sent[{r.rank, a.peer, a.tag}] = r.clock + d, r.sends += d;
       break;
     }

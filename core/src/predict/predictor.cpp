@@ -87,7 +87,7 @@ void add_context_parallel(Costs& c, int cp) {
                q.model, q.train.micro_batch, int(u), backward, q.mesh.tp, cp, attention,
                q.train.recompute, q.train.precision.param, q.train.device)) {
         if (p.op == CommOp::recv) continue;  // a ring pass's transfer: charged once, as its send
-        const double t = c.comm(op_name(p.op), p.bytes, Axis::cp);
+        const double t = c.comm(p.op, p.bytes, Axis::cp);
         (backward ? c.bwd : c.fwd)[u] += t;
         (backward ? c.tp_bwd : c.tp_fwd)[u] += t;
       }
@@ -109,7 +109,7 @@ void add_expert_parallel(Costs& c, int ep) {
       for (const PassCollective& p :
            expert_parallel_collectives(q.model, q.train.micro_batch, int(u), backward, ep,
                                        q.mesh.cp, q.train.recompute, q.train.precision.param)) {
-        const double t = c.comm(op_name(p.op), p.bytes, Axis::ep);
+        const double t = c.comm(p.op, p.bytes, Axis::ep);
         (backward ? c.bwd : c.fwd)[u] += t;
         (backward ? c.tp_bwd : c.tp_fwd)[u] += t;
       }
@@ -130,7 +130,7 @@ void tp_collectives(Costs& c, bool sp, std::vector<double>& fwd, std::vector<dou
       for (const PassCollective& p :
            tensor_parallel_collectives(q.model, q.train.micro_batch, int(u), backward, q.mesh.tp,
                                        sp, q.mesh.cp, q.train.recompute, q.train.precision.tp_comm))
-        (backward ? bwd : fwd)[u] += c.comm(op_name(p.op), p.bytes, Axis::tp);
+        (backward ? bwd : fwd)[u] += c.comm(p.op, p.bytes, Axis::tp);
 }
 
 // Tensor parallelism (Megatron, as StageModel splits the units): every GEMM of a block and the
