@@ -7,31 +7,11 @@
 #include <string>
 
 #include "runner/launch.hpp"
+#include "scoped_env.hpp"
 
 using namespace strata;
 
 namespace {
-
-// Sets (or, with nullptr, unsets) an environment variable for one scope.
-struct ScopedEnv {
-  std::string name, saved;
-  bool had;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    const char* old = std::getenv(n);
-    had = old != nullptr;
-    if (had) saved = old;
-    if (value)
-      ::setenv(n, value, 1);
-    else
-      ::unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (had)
-      ::setenv(name.c_str(), saved.c_str(), 1);
-    else
-      ::unsetenv(name.c_str());
-  }
-};
 
 // This thread bound to `cpus` for one scope (the mask is per thread; the main thread's is the
 // process's as sched_getaffinity(0) reads it).

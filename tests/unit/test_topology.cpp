@@ -5,31 +5,21 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <string>
 
 #include "provenance/topology.hpp"
 #include "results/run_record.hpp"
+#include "scoped_env.hpp"
 
 namespace {
 
 // Sets HWLOC_XMLFILE for one test: hwloc then reads the topology from that file. The fake's GPU
 // and NICs are PCI and OS devices, so a caller's HWLOC_COMPONENTS (the MPI tests' -pci,-linuxio)
 // is set aside for the test and put back after it.
-class FakeNode {
- public:
-  explicit FakeNode(const std::string& xml) {
-    if (const char* c = std::getenv("HWLOC_COMPONENTS")) saved_components_ = c;
-    unsetenv("HWLOC_COMPONENTS");
-    setenv("HWLOC_XMLFILE", xml.c_str(), 1);
-  }
-  ~FakeNode() {
-    unsetenv("HWLOC_XMLFILE");
-    if (saved_components_) setenv("HWLOC_COMPONENTS", saved_components_->c_str(), 1);
-  }
-
- private:
-  std::optional<std::string> saved_components_;
+struct FakeNode {
+  explicit FakeNode(const std::string& xml) : xml_file("HWLOC_XMLFILE", xml.c_str()) {}
+  ScopedEnv all_components{"HWLOC_COMPONENTS", nullptr};
+  ScopedEnv xml_file;
 };
 
 const std::string kFakeXml = std::string(STRATA_TEST_DATA_DIR) + "/fake_topology.xml";
