@@ -66,13 +66,27 @@ set(E2E_MPI_ENV "OPENBLAS_NUM_THREADS=1;OPENBLAS_CORETYPE=Haswell;OMPI_ALLOW_RUN
 set(E2E_ENV "${E2E_MPI_ENV};STRATA_PEAK_CACHE=${E2E_DIR}/peak_flops.tsv")
 
 # strata_e2e_lock_cores(<test> <ranks>): a run of several ranks holds the machine's cores (lock
-# `cores`): two of them at once would put up to 16 processes on 2 cores, which run but crawl (a
-# rank that polls shares its core). A 1-rank run (one BLAS thread) takes no lock, so that ctest -j2
-# runs it beside a multi-rank one: the main tests' longest chain is the locked runs.
+# `cores`, and every ctest slot: strata_cores_take_every_slot): two of them at once would put up
+# to 16 processes on 2 cores, which run but crawl (a rank that polls shares its core), and so does
+# one beside a 1-rank run or a unit test. A 1-rank run (one BLAS thread) takes no lock and one
+# slot: ctest -j2 runs it beside another such test.
 function(strata_e2e_lock_cores test ranks)
   if(ranks GREATER 1)
     set_tests_properties(${test} PROPERTIES RESOURCE_LOCK cores)
   endif()
+endfunction()
+
+# strata_cores_take_every_slot(): every test of this directory that holds `cores` gets PROCESSORS
+# = the host's logical cores (ctest caps it at its -j), so that ctest runs it alone.
+function(strata_cores_take_every_slot)
+  cmake_host_system_information(RESULT slots QUERY NUMBER_OF_LOGICAL_CORES)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t IN LISTS tests)
+    get_property(locks TEST ${t} PROPERTY RESOURCE_LOCK)
+    if("cores" IN_LIST locks)
+      set_tests_properties(${t} PROPERTIES PROCESSORS ${slots})
+    endif()
+  endforeach()
 endfunction()
 
 # strata_e2e_run(<id> <ranks> <runner args...>): one run (under mpirun when ranks > 1) that leaves
