@@ -32,6 +32,15 @@ if(STRATA_SANITIZE)
     # its start, run hundreds of times by the CLI tests, a fifth more page faults for them.
     add_link_options("$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:-no-pie>")
   endif()
+  # UCX's libucm (loaded with libstrata_core by every binary) patches mmap/munmap/madvise to keep
+  # its memory registration cache right, and the sanitizers intercept the same functions: under
+  # TSan every thread's exit crashed in ucm_madvise -> TSan's pthread_rwlock_rdlock (the runner
+  # that makes the published profiles at build time too). UCX's documented switches turn its
+  # memory events and hooks off (this host's transports, shared memory, tcp and cma, register no
+  # memory, so nothing depends on them here): the environment of every binary a sanitizer build
+  # runs, its tests (tests/sanitize/sanitize.cmake) and its build steps.
+  set(STRATA_SANITIZE_RUN_ENV UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
+                              UCX_MEM_MMAP_HOOK_MODE=none)
   add_compile_options(${_strata_sanitize_flags})
   add_link_options(-fsanitize=${STRATA_SANITIZE})
 endif()

@@ -11,12 +11,9 @@ if(NOT STRATA_SANITIZE)
 endif()
 set(SANITIZE_DIR ${CMAKE_CURRENT_LIST_DIR})
 
-# UCX's libucm (loaded with libstrata_core by every binary) patches mmap/munmap/madvise to keep its
-# memory registration cache right, and the sanitizers intercept the same functions: under TSan
-# every thread's exit crashed in ucm_madvise -> TSan's pthread_rwlock_rdlock. UCX's documented
-# switches turn its memory events and hooks off (this host's transports, shared memory, tcp and
-# cma, register no memory, so nothing depends on them here).
-set(SANITIZE_ENV UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none)
+# UCX's switches that every process of a sanitizer build needs (cmake/Sanitize.cmake), then the
+# sanitizer's runtime options.
+set(SANITIZE_ENV ${STRATA_SANITIZE_RUN_ENV})
 if(STRATA_SANITIZE MATCHES "address")
   # Allocation stacks from frame pointers (fast_unwind_on_malloc=1, ASan's default): the slow
   #   unwinder (=0) made the set about twice as long (the advisor's 175B search in cli.advise:
@@ -98,6 +95,7 @@ endif()
 # sanitizers slow the BLAS's GEMMs and strata's own kernels by different factors (+18.9% there
 # under ASan + UBSan on 2026-11-27, -3.3% to -7.3% in Release), so it would bound the sanitizer.
 # Its code, the sweep and the carried entry, runs under them in cli.predict and test_gemm_model.
+# A build's own exclusions (SANITIZE_ALSO_NEVER, ASan's above) join these.
 set(SANITIZE_NEVER "^(ProcessMemory[.]|e2e[.]untracked[.]|cli[.]predict_shape$)${SANITIZE_ALSO_NEVER}")
 # GoogleTest executables run through this, also when gtest_discover_tests lists their tests at build
 # time (the UCX switches are needed before main).
