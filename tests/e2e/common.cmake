@@ -77,7 +77,9 @@ function(strata_e2e_lock_cores test ranks)
 endfunction()
 
 # strata_cores_take_every_slot(): every test of this directory that holds `cores` gets PROCESSORS
-# = the host's logical cores (ctest caps it at its -j), so that ctest runs it alone.
+# = the host's logical cores (ctest caps it at its -j), so that ctest runs it alone. The lock
+# alone left the other slot of ctest -j 2 to a 1-rank run or a unit test, beside which a 4-rank
+# tiny tp run took 7.8-9.6 s instead of 0.7 (one busy loop, 2 cores, 2026-12-07).
 function(strata_cores_take_every_slot)
   cmake_host_system_information(RESULT slots QUERY NUMBER_OF_LOGICAL_CORES)
   get_property(tests DIRECTORY PROPERTY TESTS)
