@@ -479,9 +479,12 @@ class Pool {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
-        grid = grid_;
+        // Decided under the lock: a launch this worker has no thread in can end, and its Grid (on
+        // run_grid's stack) go, once the lock is released. Read after it, a stale nthreads sent
+        // the worker into a dead launch or a later one (SIGFPE or a hang: emu.threaded.blocks).
+        if (grid_ != nullptr && index < grid_->nthreads) grid = grid_;
       }
-      if (grid == nullptr || index >= grid->nthreads) continue;
+      if (grid == nullptr) continue;
       run_blocks(*grid, index);
       std::lock_guard lock(mutex_);
       if (--grid->active == 0) done_.notify_all();
