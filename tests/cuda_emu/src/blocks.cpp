@@ -481,7 +481,8 @@ class Pool {
         seen = generation_;
         // Decided under the lock: a launch this worker has no thread in can end, and its Grid (on
         // run_grid's stack) go, once the lock is released. Read after it, a stale nthreads sent
-        // the worker into a dead launch or a later one (SIGFPE or a hang: emu.threaded.blocks).
+        // the worker into a dead launch or a later one (hangs in emu.threaded.blocks, and most
+        // likely the SIGFPE of emu.threaded.layers in CI on 2026-12-07).
         if (grid_ != nullptr && index < grid_->nthreads) grid = grid_;
       }
       if (grid == nullptr) continue;
