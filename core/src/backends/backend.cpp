@@ -14,6 +14,7 @@
 #include <new>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "strata/memory.hpp"
@@ -200,12 +201,58 @@ void populate(void* p, std::size_t bytes) {
   (void)p, (void)bytes;
 #endif
 }
+
+// Host blocks of kOwnMappingBytes or more are anonymous mappings of their own, unmapped when
+// released, so that the process's resident memory follows the ledger (a freed 16 MiB gradient
+// buffer leaves RSS at once) while the C library's heap keeps what the other libraries free for
+// their next call (the runner's allocator policy, run/process_memory.hpp). A block ends where its
+// mapping's last accessible page ends, and the page after it is inaccessible: an overrun faults at
+// once (ASan's redzones surround only the C library's blocks).
+constexpr std::size_t kOwnMappingBytes = std::size_t(1) << 20;
+
+struct Mapping {
+  void* base;
+  std::size_t length;  // with the inaccessible page
+};
+std::mutex g_mapped_mu;
+std::unordered_map<void*, Mapping> g_mapped;  // block -> its mapping
+
+void* map_block(std::size_t rounded) {
+  const auto page = std::size_t(::sysconf(_SC_PAGESIZE));
+  const std::size_t pages = (rounded + page - 1) / page * page;
+  const std::size_t length = pages + page;
+  // MAP_POPULATE: resident in one call; fresh anonymous pages read as zero.
+  void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (base == MAP_FAILED) throw std::bad_alloc();
+  char* guard = static_cast<char*>(base) + pages;
+  ::mprotect(guard, page, PROT_NONE);
+  void* p = guard - rounded;  // 64-byte aligned: pages and rounded are multiples of 64
+  std::lock_guard<std::mutex> lock(g_mapped_mu);
+  g_mapped.emplace(p, Mapping{base, length});
+  return p;
+}
+
+// Unmaps `p` if it is a block of its own mapping; false for the C library's.
+bool unmap_block(void* p) noexcept {
+  Mapping m{};
+  {
+    std::lock_guard<std::mutex> lock(g_mapped_mu);
+    const auto it = g_mapped.find(p);
+    if (it == g_mapped.end()) return false;
+    m = it->second;
+    g_mapped.erase(it);
+  }
+  ::munmap(m.base, m.length);
+  return true;
+}
 }  // namespace
 
 void* allocate_bytes(Device device, std::size_t bytes) {
   if (device != Device::cpu) return backend_of(device, "allocation").allocate(bytes);
   if (bytes > SIZE_MAX - 63) throw std::bad_alloc();
   const std::size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded >= kOwnMappingBytes) return map_block(rounded);
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw std::bad_alloc();
   populate(p, rounded);
@@ -216,7 +263,7 @@ void* allocate_bytes(Device device, std::size_t bytes) {
 void release_bytes(Device device, void* p) noexcept {
   if (!p) return;
   if (device == Device::cpu) {
-    std::free(p);
+    if (!unmap_block(p)) std::free(p);
   } else if (DeviceBackend* b = opened_backend(device)) {
     b->release(p);
   }
@@ -243,7 +290,7 @@ void release_host_bytes(Device device, void* p) noexcept {
   {
     std::lock_guard<std::mutex> lock(g_pinned_mu);
     if (g_pinned.erase(p) == 0) {
-      std::free(p);
+      release_bytes(Device::cpu, p);
       return;
     }
   }

@@ -48,12 +48,7 @@ ProcessMemory read_process_memory() {
 }
 
 void configure_allocator() {
-  // Setting either threshold turns glibc's dynamic adjustment of both off.
-  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
-  mallopt(M_TRIM_THRESHOLD, 2 * kMmapThresholdBytes);
-}
-
-void configure_allocator_for_predictions() {
+  mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 64 << 20);
@@ -61,6 +56,7 @@ void configure_allocator_for_predictions() {
 
 std::uint64_t mark_runtime_baseline(const MemoryLedger& ledger) {
   cpu::warm_up_gemm();
+  ::malloc_trim(0);  // start-up's freed blocks (the SGEMM calibration's matrices) are not runtime
   const std::uint64_t rss = read_process_memory().rss;
   if (restart_kernel_peak()) g_carried_peak = 0;
   return rss > ledger.total() ? rss - ledger.total() : 0;
@@ -83,6 +79,9 @@ OutsideProcessPeak::OutsideProcessPeak() {
   }
 }
 
-OutsideProcessPeak::~OutsideProcessPeak() { restart_kernel_peak(); }
+OutsideProcessPeak::~OutsideProcessPeak() {
+  ::malloc_trim(0);  // the scope's freed blocks (a transport's scratch) do not stay resident
+  restart_kernel_peak();
+}
 
 }  // namespace strata

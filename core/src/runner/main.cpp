@@ -323,7 +323,6 @@ bool prepare(int argc, char** argv, const LaunchEnv& env, RunConfig& config,
     for (const std::string& problem : registry.problems())
       std::fprintf(stderr, "runner: note: skipped %s\n", one_line(problem).c_str());
   if (config.advise) {  // predictions only: no ranks
-    configure_allocator_for_predictions();
     if (env.rank == 0) code = advise_from_config(config, registry);
     return false;
   }
