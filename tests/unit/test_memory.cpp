@@ -70,6 +70,19 @@ long minor_faults() {
   return ru.ru_minflt;
 }
 
+// What Open MPI's 16 MiB reduce_scatter allocates inside one call: two 16 MiB blocks, written,
+// then freed.
+constexpr std::size_t kScratch = 16 * kMiB;
+void library_call(int fill) {
+  char* scratch[2] = {static_cast<char*>(std::malloc(kScratch)),
+                      static_cast<char*>(std::malloc(kScratch))};
+  for (char* p : scratch) {
+    std::memset(p, fill, kScratch);
+    asm volatile("" : : "r"(p) : "memory");  // the block is used: not elided
+  }
+  for (char* p : scratch) std::free(p);
+}
+
 // A ledger's block of 1 MiB or more is a mapping of its own (allocate_bytes): freed, it leaves RSS
 // at once, every time, though the runner's allocator keeps the C library's freed blocks.
 TEST(ProcessMemory, FreedLargeBuffersLeaveResidentMemory) {
@@ -95,18 +108,11 @@ TEST(ProcessMemory, FreedLargeBuffersLeaveResidentMemory) {
 TEST(ProcessMemory, LibraryScratchIsReusedBesideLedgerBlocks) {
   strata::configure_allocator();
   MemoryLedger ledger;
-  constexpr std::size_t kScratch = 16 * kMiB;
   const long pages = long(2 * kScratch / std::size_t(::sysconf(_SC_PAGESIZE)));
   for (int call = 0; call < 4; ++call) {
     Buffer<float> bucket(ledger, MemTag::grads, 2 * kMiB);  // 8 MiB, mapped
     const long before = minor_faults();
-    char* scratch[2] = {static_cast<char*>(std::malloc(kScratch)),
-                        static_cast<char*>(std::malloc(kScratch))};
-    for (char* p : scratch) {
-      std::memset(p, call, kScratch);
-      asm volatile("" : : "r"(p) : "memory");  // the block is used: not elided
-    }
-    for (char* p : scratch) std::free(p);
+    library_call(call);
     const long faults = minor_faults() - before;
     if (call >= 1) EXPECT_LT(faults, pages / 8) << "call " << call << ": " << faults << " faults";
   }
@@ -118,20 +124,10 @@ TEST(ProcessMemory, LibraryScratchIsReusedBesideLedgerBlocks) {
 // thread, glibc's default).
 TEST(ProcessMemory, LibraryScratchIsHeldOnceAcrossThreads) {
   strata::configure_allocator();
-  constexpr std::size_t kScratch = 16 * kMiB;
-  auto call = [] {
-    char* scratch[2] = {static_cast<char*>(std::malloc(kScratch)),
-                        static_cast<char*>(std::malloc(kScratch))};
-    for (char* p : scratch) {
-      std::memset(p, 1, kScratch);
-      asm volatile("" : : "r"(p) : "memory");
-    }
-    for (char* p : scratch) std::free(p);
-  };
   const std::uint64_t before = strata::read_process_memory().rss;
   for (int round = 0; round < 2; ++round) {
-    call();
-    std::thread(call).join();
+    library_call(1);
+    std::thread(library_call, 1).join();
   }
   const std::uint64_t grown = strata::read_process_memory().rss - before;
   EXPECT_LT(grown, 2 * kScratch + 8 * kMiB) << grown / kMiB << " MiB";
