@@ -31,10 +31,21 @@ configure_file(cmake/strata.pc.in "${CMAKE_BINARY_DIR}/package/strata.pc" @ONLY)
 install(FILES "${CMAKE_BINARY_DIR}/package/strata.pc" DESTINATION "${_pc_dir}")
 
 # The archive tools and the Slurm scripts, in <prefix>/share/strata/{results,slurm}: scale.sbatch
-# finds results/ beside its own directory, as in a checkout. Of results/web/node_modules only the
-# charting libraries report.html inlines (cmake/ReportWeb.cmake).
-install(DIRECTORY results slurm DESTINATION "${CMAKE_INSTALL_DATADIR}/strata" USE_SOURCE_PERMISSIONS
-        PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE PATTERN "node_modules" EXCLUDE)
+# finds results/ beside its own directory, as in a checkout. Of results/ only its own files: the
+# tools, their Python modules and web/ (package.json, its lock, report.js); its other directories
+# are studies (make run writes results/local), which a package must not ship. Of
+# results/web/node_modules only the charting libraries report.html inlines (cmake/ReportWeb.cmake).
+install(DIRECTORY slurm DESTINATION "${CMAKE_INSTALL_DATADIR}/strata" USE_SOURCE_PERMISSIONS
+        PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE)
+file(GLOB _results_tools LIST_DIRECTORIES false CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/results/*")
+list(FILTER _results_tools EXCLUDE REGEX "[.](sqlite.*|tmp|pyc)$")
+set(_results_modules ${_results_tools})
+list(FILTER _results_modules INCLUDE REGEX "[.]py$")
+list(FILTER _results_tools EXCLUDE REGEX "[.]py$")
+install(PROGRAMS ${_results_tools} DESTINATION "${CMAKE_INSTALL_DATADIR}/strata/results")
+install(FILES ${_results_modules} DESTINATION "${CMAKE_INSTALL_DATADIR}/strata/results")
+install(DIRECTORY results/web DESTINATION "${CMAKE_INSTALL_DATADIR}/strata/results"
+        PATTERN "node_modules" EXCLUDE)
 
 # `make package` (cpack -G DEB in the build directory): strata_<version>_<arch>.deb, installing
 # under /usr. Depends: what dpkg-shlibdeps derives from the libraries the binaries link, nothing
