@@ -220,12 +220,17 @@ case $case_name in
       trial=$((${#sigs[@]} + 1)) sigs+=("$sig")
       (
         OPENBLAS_NUM_THREADS=1 "$runner" --plugin ddp --ranks-per-node 2 --micro-batch 4 \
-          --steps 1000000 --quiet --out "$out" --run-id "$id-$trial" >"$out/trial-$trial.log" 2>&1 &
+          --steps 1000000 --out "$out" --run-id "$id-$trial" >"$out/trial-$trial.log" 2>&1 &
         echo $! >"$out/trial-$trial.pid"
         wait $!
         echo "$? $(now_us)" >"$out/trial-$trial.end"
       ) &
-      sleep 3
+      # Signalled in its steps: once the first is logged (1.4-2.1 s after the start beside the
+      # hogs on 2 cores; a fixed 3 s before, which a slower start would have missed).
+      t0=$(now_us)
+      until grep -qE "^step +1/" "$out/trial-$trial.log" 2>/dev/null || (($(now_us) - t0 > 30000000)); do
+        sleep 0.05
+      done
       t0=$(now_us) signalled_at+=("$t0")
       kill -"$sig" "$(<"$out/trial-$trial.pid")"
       until [[ -f $out/$id-$trial.h5 ]] || (($(now_us) - t0 > 10000000)); do sleep 0.05; done
