@@ -41,6 +41,18 @@ if(STRATA_WITH_ONEDNN)
   strata_untracked(memory.bf16.zero3.np2 2 --plugin zero3 --precision bf16 --reduce-dtype bf16)
   strata_untracked(memory.bf16.tp.np2 2 --plugin tp --mesh tp=2 --precision bf16)
 endif()
+# The other host transports under the same bound (UCX: its scratch inside the call; gloo: twice
+# the largest reduction, check_run untracked), for the strategies that all-reduce, reduce-scatter
+# and gather: 0.8-1.8 MiB over UCX, 2.3-20.2 over gloo (zero2's composed reduce-scatter) on
+# 2026-12-07.
+foreach(t ucx gloo)
+  string(TOUPPER ${t} _T)
+  if(STRATA_WITH_${_T})
+    foreach(s ddp zero2 zero3)
+      strata_untracked(memory.${s}.np2.${t} 2 --plugin ${s} --transport ${t})
+    endforeach()
+  endif()
+endforeach()
 # --calibrate-comm's 16 MiB buffers stay out of the process peak (the tiny model tracks ~9 MiB).
 add_test(NAME e2e.untracked.ddp.calibrate.np4
          COMMAND check_run untracked ${E2E_DIR}/ddp.calibrate.np4.h5 ${UNTRACKED_MAX_BYTES})
