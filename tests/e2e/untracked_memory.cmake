@@ -45,13 +45,10 @@ endif()
 # the largest reduction, check_run untracked), for the strategies that all-reduce, reduce-scatter
 # and gather: 0.8-1.8 MiB over UCX, 2.3-20.2 over gloo (zero2's composed reduce-scatter) on
 # 2026-12-07.
-foreach(t ucx gloo)
-  string(TOUPPER ${t} _T)
-  if(STRATA_WITH_${_T})
-    foreach(s ddp zero2 zero3)
-      strata_untracked(memory.${s}.np2.${t} 2 --plugin ${s} --transport ${t})
-    endforeach()
-  endif()
+foreach(t IN LISTS TEST_HOST_TRANSPORTS)
+  foreach(s ddp zero2 zero3)
+    strata_untracked(memory.${s}.np2.${t} 2 --plugin ${s} --transport ${t})
+  endforeach()
 endforeach()
 # --calibrate-comm's 16 MiB buffers stay out of the process peak (the tiny model tracks ~9 MiB).
 add_test(NAME e2e.untracked.ddp.calibrate.np4
