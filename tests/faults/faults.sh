@@ -60,6 +60,20 @@ job_ends_within() {  # job_ends_within SECONDS
   echo "job ended after $((SECONDS - t0)) s, exit code $job_rc"
   pass
 }
+now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; }
+# await_file_then_end SECONDS: a relaunched job, signalled: its run file, then its end within
+# SECONDS, and the end within 2.5 s of the file: the supervising runner ends mpirun on the job-end
+# note (core/src/comm/job_end_note.hpp) instead of waiting out mpirun's kill sequence after the
+# ranks' non-zero exit (twice odls_base_sigkill_timeout, 6 s).
+await_file_then_end() {
+  local t0 file_us
+  t0=$(now_us)
+  until [[ -f $out/$id.h5 ]] || (($(now_us) - t0 > $1 * 1000000)); do sleep 0.05; done
+  file_us=$(now_us)
+  job_ends_within "$1"
+  local ms=$((($(now_us) - file_us) / 1000))
+  ((ms < 2500)) && pass || fail "the job ended $ms ms after its run file (mpirun's kill sequence?)"
+}
 expect_exit() {  # expect_exit CODE: the job's exit code names the failure kind (docs/running.md, "Exit codes")
   [[ $job_rc -eq $1 ]] && pass || fail "exit code $job_rc, want $1"
 }
@@ -84,6 +98,15 @@ finish() {
   local tmp
   tmp=$(find "$out" -name '.*.tmp-*')
   [[ -z $tmp ]] && pass || fail "temporary files left: $tmp"
+  # A relaunch's own folder (mpirun's session directory, Open MPI's shared-memory segments, the
+  # job-end note: core/src/runner/launch.cpp) goes with its supervisor.
+  local dir left=
+  for dir in /dev/shm/strata-job.*; do
+    [[ -e $dir ]] || continue
+    dir=${dir#/dev/shm/strata-job.}
+    kill -0 "${dir%%.*}" 2>/dev/null || left+=" /dev/shm/strata-job.$dir"
+  done
+  [[ -z $left ]] && pass || fail "folders of ended relaunches left:$left"
   if ((fails > 0)); then
     echo "--- job log ---"
     tail -n 30 "$log"
@@ -129,7 +152,7 @@ case $case_name in
       --micro-batch 2 --out "$out" --run-id "$id" >"$log" 2>&1 &
     job=$!
     wait_for "step +3/" 60 && kill -INT "$job"
-    job_ends_within 20
+    await_file_then_end 20
     expect_cancelled_by SIGINT
     expect_exit 130
     ;;
@@ -140,7 +163,7 @@ case $case_name in
        --steps 1000000 --out "$out" --run-id "$id" 2>"$log" | head -3 >/dev/null
      echo "${PIPESTATUS[0]}" >"$out/rc") &
     job=$!
-    job_ends_within 30
+    if ((ranks == 1)); then job_ends_within 30; else await_file_then_end 30; fi
     job_rc=$(cat "$out/rc")
     if ((ranks == 1)); then expect_file cancelled "cancelled: rank 0 got SIGPIPE ("
     else expect_cancelled_by SIGPIPE; fi
@@ -211,11 +234,10 @@ case $case_name in
   signals-under-load)  # signals to the launcher while every core is busy elsewhere
     hogs=()
     for _ in 1 2 3 4; do (while :; do :; done) & hogs+=($!); done
-    # A trial's job ends about 6 s after its file is written (mpirun's kill sequence, the ranks
-    # gone), so the next trial starts meanwhile: each job runs in a subshell that writes its exit
-    # code and end time to trial-N.end, and its end is held to 20 s from its own signal.
-    now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; }
-    sigs=() signalled_at=()
+    # The next trial starts once a trial's file is written, while its job may still be ending:
+    # each job runs in a subshell that writes its exit code and end time to trial-N.end, and its
+    # end is held to 20 s from its own signal.
+    sigs=() signalled_at=() file_at=()
     for sig in TERM TERM TERM TERM TERM TERM TERM TERM TERM TERM USR1 HUP INT; do
       trial=$((${#sigs[@]} + 1)) sigs+=("$sig")
       (
@@ -234,7 +256,7 @@ case $case_name in
       t0=$(now_us) signalled_at+=("$t0")
       kill -"$sig" "$(<"$out/trial-$trial.pid")"
       until [[ -f $out/$id-$trial.h5 ]] || (($(now_us) - t0 > 10000000)); do sleep 0.05; done
-      ms=$((($(now_us) - t0) / 1000))
+      file_at+=("$(now_us)") ms=$((($(now_us) - t0) / 1000))
       if "$check_run" status "$out/$id-$trial.h5" cancelled "got SIG$sig" >/dev/null && ((ms < 10000)); then
         pass; echo "trial $trial: SIG$sig -> cancelled file after $ms ms"
       else
@@ -248,6 +270,8 @@ case $case_name in
       if read -r job_rc ended <"$out/trial-$trial.end" 2>/dev/null && ((ended - t0 < 20000000)); then
         pass; echo "trial $trial: the job ended $(((ended - t0) / 1000)) ms after SIG$sig, exit code $job_rc"
         expect_exit $((128 + $(kill -l "$sig")))
+        ms=$(((ended - ${file_at[$((trial - 1))]}) / 1000))  # as in await_file_then_end
+        ((ms < 2500)) && pass || fail "trial $trial: the job ended $ms ms after its run file"
       else
         fail "trial $trial: the job did not end within 20 s of SIG$sig"
         cp "$out/trial-$trial.log" "$log"

@@ -1,11 +1,15 @@
 // Threads per rank (launch.hpp): from the process's affinity mask, the ranks sharing it and
-// SLURM_CPUS_PER_TASK, unless --blas-threads or OPENBLAS_NUM_THREADS say otherwise.
+// SLURM_CPUS_PER_TASK, unless --blas-threads or OPENBLAS_NUM_THREADS say otherwise. The job-end
+// note a rank leaves its supervising runner (comm/job_end_note.hpp).
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <stdlib.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
+#include "comm/job_end_note.hpp"
 #include "runner/launch.hpp"
 #include "scoped_env.hpp"
 
@@ -112,4 +116,32 @@ TEST(ShellWords, QuotesAndEscapesAsAShell) {
   EXPECT_EQ(refusal("it's"), "STRATA_MPIRUN_ARGS=it's: an unbalanced ' (split as a shell would)");
   EXPECT_EQ(refusal("a\\"),
             "STRATA_MPIRUN_ARGS=a\\: a backslash at the end (split as a shell would)");
+}
+
+// The first process to end the job names its code; a later one (the main thread's error after the
+// watchdog's cancel, another rank) leaves it. Without a supervisor's variable, or with its folder
+// gone, nothing is written and the caller ends the job through the launcher.
+TEST(JobEndNote, FirstCodeStaysAndNoneWithoutASupervisor) {
+  char dir[] = "/tmp/strata-note-test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/end";
+  {
+    ScopedEnv none(kJobEndNoteVariable, nullptr);
+    EXPECT_FALSE(write_job_end_note(3));
+    EXPECT_FALSE(read_job_end_note(path).has_value());
+  }
+  {
+    ScopedEnv note(kJobEndNoteVariable, path.c_str());
+    EXPECT_TRUE(write_job_end_note(130));
+    EXPECT_TRUE(write_job_end_note(3));
+    EXPECT_EQ(read_job_end_note(path), 130);
+    std::size_t files = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir)) ++files;
+    EXPECT_EQ(files, 1u) << "a private name left beside the note";
+  }
+  std::filesystem::remove_all(dir);
+  {
+    ScopedEnv gone(kJobEndNoteVariable, path.c_str());
+    EXPECT_FALSE(write_job_end_note(6));
+  }
 }

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/job_end_note.hpp"
+
 namespace strata::mpi {
 namespace {
 
@@ -468,6 +470,10 @@ void send_error_to_root(const std::string& message) { post_notice(0, Notice::err
 void abort_job(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
+  // A supervising runner ends the job itself, at once (job_end_note.hpp); MPI_Abort would hold
+  // this rank in PMIx_Abort until mpirun's kill sequence, seconds later, and a supervisor gone
+  // leaves mpirun to end the others after this non-zero exit as it would.
+  if (write_job_end_note(code)) std::_Exit(code);
   if (world_size() == 1) std::_Exit(code);  // nothing else to end: spare the user MPI's banner
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);

@@ -59,6 +59,8 @@ enum class Notice : int {
 void post_notice(int to, Notice kind, const std::string& payload);
 bool poll_notice(Notice kind, int* from, std::string* payload);  // non-blocking
 void send_error_to_root(const std::string& message);
+// Ends every rank with `code`: told to a supervising runner, which ends them (job_end_note.hpp),
+// or to the launcher (MPI_Abort).
 [[noreturn]] void abort_job(int code);
 
 }  // namespace strata::mpi

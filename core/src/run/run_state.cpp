@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "results/run_claim.hpp"
+#include "run/exit_codes.hpp"
 #include "run/trace_timeline.hpp"
 #include "util/format.hpp"
 
@@ -14,11 +15,11 @@ std::string run_file_path(const RunConfig& config) {
   return (std::filesystem::path(config.out_dir) / (config.run_id + ".h5")).string();
 }
 
-bool write_failure(RunState& state, const std::string& status, const std::string& error,
-                   bool replace) {
+int write_failure(RunState& state, const std::string& status, const std::string& error, int code,
+                  bool replace) {
   std::lock_guard lock(state.mu);
-  if (state.written) return !state.write_failed;
-  if (state.path.empty()) return false;
+  if (state.written) return state.write_failed ? exit_code::error : state.exit_code;
+  if (state.path.empty()) return exit_code::error;
   if (!state.root_steps.empty()) fill_partial_steps(state.root_steps, state.record);
   state.record.status = status;
   state.record.error = one_line(error);
@@ -29,12 +30,12 @@ bool write_failure(RunState& state, const std::string& status, const std::string
     std::error_code ignored;  // an earlier run's timeline, under the same id, would not match
     if (replace) std::filesystem::remove(trace_json_path(state.path), ignored);
     release_run_file_claim(state.path);
-    return true;
+    return state.exit_code = code;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "runner: could not write the failure file: %s\n",
                  one_line(e.what()).c_str());
     state.write_failed = true;
-    return false;
+    return exit_code::error;
   }
 }
 

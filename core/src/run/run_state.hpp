@@ -19,6 +19,7 @@ struct RunState {
   std::string path;                 // final path of the run file
   bool written = false;             // one attempt made (see write_failure)
   bool write_failed = false;        // ... and it failed: no run file stands (exit code 1)
+  int exit_code = 0;                // ... and succeeded: the code its status implies
   std::vector<StepRow> root_steps;  // rank 0: its steps so far, for the failure file's /steps
 };
 
@@ -27,8 +28,10 @@ std::string run_file_path(const RunConfig& config);
 
 // Write the run file with a failure status, once per process, from any thread. Rank 0 replaces a
 // file of the same name; a fallback writer (replace = false) never replaces one.
-// True when a run file stands afterwards (this call wrote it, or one was written before).
-bool write_failure(RunState& state, const std::string& status, const std::string& error,
-                   bool replace = true);
+// Returns the exit code the process ends the job with (run/exit_codes.hpp): `code` when this call
+// wrote the file, the first call's when one was written before (the main thread's error after the
+// watchdog cancelled the run keeps the file's code), exit_code::error when no run file stands.
+int write_failure(RunState& state, const std::string& status, const std::string& error, int code,
+                  bool replace = true);
 
 }  // namespace strata

@@ -143,7 +143,7 @@ struct Watchdog::Impl {
                             bool replace) {  // code: exit_codes.hpp
     request_comm_stop();  // a transport wait that polls (NCCL's) gives up instead of spinning
     std::fprintf(stderr, "runner: error: %s\n", one_line(message).c_str());
-    if (!write_failure(state, status, message, replace && may_replace)) code = exit_code::error;
+    code = write_failure(state, status, message, code, replace && may_replace);
     if (rank == 0)
       for (int r = 1; r < world; ++r)
         mpi::post_notice(r, mpi::Notice::ending, std::to_string(code));
@@ -342,7 +342,7 @@ struct Watchdog::Impl {
         std::to_string(rank) + " got " + signal_name(sig) + ")";
     if (rank == 1) {
       std::fprintf(stderr, "runner: error: %s\n", message.c_str());
-      write_failure(state, "failed", message, false);
+      write_failure(state, "failed", message, exit_code::rank_lost, false);
     }
     std::fflush(nullptr);
     std::_Exit(exit_code::rank_lost);

@@ -164,8 +164,22 @@ std::vector<std::string> shell_words(const std::string& text, const std::string&
   return words;
 }
 
+// A folder of this job's own for mpirun's session directory and Open MPI's shared-memory
+// segments, so that the supervisor may end mpirun before its clean-up (supervisor.hpp) and still
+// leave nothing behind: in /dev/shm, where the segments are by default. None (Open MPI's own
+// places, and mpirun's own end) where /dev/shm is not writable or the user chose either place.
+static std::string private_job_dir(const char* extra_args) {
+  for (const std::string name : {"orte_tmpdir_base", "btl_vader_backing_directory"})
+    if (std::getenv(("OMPI_MCA_" + name).c_str()) ||
+        (extra_args && std::strstr(extra_args, name.c_str())))
+      return "";
+  std::string dir = "/dev/shm/strata-job." + std::to_string(::getpid()) + ".XXXXXX";
+  return ::mkdtemp(dir.data()) ? dir : "";
+}
+
 int relaunch(const RunConfig& config, int world, int argc, char** argv) {
   std::vector<std::string> cmd;
+  std::string job_dir;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const int cores = int(std::thread::hardware_concurrency());
   if (config.mesh.nodes * config.mesh.ranks_per_node != world)
@@ -201,8 +215,13 @@ int relaunch(const RunConfig& config, int world, int argc, char** argv) {
       ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
       ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     }
-    if (const char* extra = std::getenv("STRATA_MPIRUN_ARGS"))
+    const char* extra = std::getenv("STRATA_MPIRUN_ARGS");
+    if (extra)
       for (std::string& a : shell_words(extra, "STRATA_MPIRUN_ARGS")) cmd.push_back(std::move(a));
+    job_dir = private_job_dir(extra);
+    if (!job_dir.empty())
+      cmd.insert(cmd.end(), {"--mca", "orte_tmpdir_base", job_dir, "--mca",
+                             "btl_vader_backing_directory", job_dir});
   }
   cmd.push_back(self);
   for (int i = 1; i < argc; ++i) cmd.push_back(argv[i]);
@@ -210,7 +229,7 @@ int relaunch(const RunConfig& config, int world, int argc, char** argv) {
   std::string line;
   for (const auto& a : cmd) line += (line.empty() ? "" : " ") + a;
   std::fprintf(stderr, "strata: launching %s\n", line.c_str());
-  return run_supervised(cmd, Supervision{.direct_to_ranks = cmd[0] != "srun"});
+  return run_supervised(cmd, Supervision{.direct_to_ranks = cmd[0] != "srun", .job_dir = job_dir});
 }
 
 }  // namespace strata

@@ -417,7 +417,7 @@ bool out_of_resources(const std::exception& e) {
   std::fprintf(stderr, "runner: error: %s\n", message.c_str());
   int code = exit_code::for_status(status);
   if (rank == 0) {
-    if (!write_failure(state, status, message)) code = exit_code::error;
+    code = write_failure(state, status, message, code);
   } else {
     mpi::send_error_to_root(status + "|" + message);
     std::this_thread::sleep_for(std::chrono::seconds(10));  // rank 0 writes, then ends the job

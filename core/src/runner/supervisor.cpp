@@ -13,9 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
+#include "comm/job_end_note.hpp"
 #include "strata/types.hpp"
 
 namespace strata {
@@ -34,8 +37,9 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The processes whose parent is `parent` (/proc/PID/stat: "pid (comm) state ppid ...").
-std::vector<pid_t> children_of(pid_t parent) {
+// The processes whose parent is `parent` (/proc/PID/stat: "pid (comm) state ppid ..."), with
+// those that have exited but are not yet waited for (zombies) or without.
+std::vector<pid_t> children_of(pid_t parent, bool with_zombies = true) {
   std::vector<pid_t> found;
   DIR* proc = ::opendir("/proc");
   if (!proc) return found;
@@ -48,7 +52,8 @@ std::vector<pid_t> children_of(pid_t parent) {
     std::istringstream rest(stat.substr(close_paren + 1));
     char state = 0;
     long ppid = 0;
-    if (rest >> state >> ppid && ppid == parent) found.push_back(pid_t(std::atol(e->d_name)));
+    if (rest >> state >> ppid && ppid == parent && (with_zombies || state != 'Z'))
+      found.push_back(pid_t(std::atol(e->d_name)));
   }
   ::closedir(proc);
   return found;
@@ -87,6 +92,31 @@ bool relay(int from, int to, bool* closed) {
   return true;
 }
 
+// The job-end note (comm/job_end_note.hpp) of a supervised mpirun.
+struct EndNote {
+  std::string path;  // empty: none expected (srun, or no folder of our own)
+  std::optional<int> code;
+  double seen_at = 0;
+
+  // True once the job is over but for mpirun's kill sequence: the note is there and the ranks
+  // are gone (a tenth of a second for mpirun to pass on their last output), or a second has
+  // passed since the note (a rank that ignores the end: it is killed with mpirun).
+  bool job_over(pid_t launcher) {
+    if (path.empty()) return false;
+    if (!code && !(code = read_job_end_note(path))) return false;
+    if (seen_at == 0) seen_at = seconds_now();
+    const double waited = seconds_now() - seen_at;
+    return waited > 1 || (waited > 0.1 && children_of(launcher, false).empty());
+  }
+};
+
+// Ends mpirun and whatever is left of its ranks at once, without its clean-up: their files are
+// in the job's own folder, which run_supervised removes.
+void end_launcher_now(pid_t launcher) {
+  for (pid_t rank : children_of(launcher)) ::kill(rank, SIGKILL);
+  ::kill(-launcher, SIGKILL);
+}
+
 pid_t start_child(const std::vector<std::string>& cmd, int out_w, int err_w) {
   std::vector<char*> args;
   for (const std::string& a : cmd) args.push_back(const_cast<char*>(a.c_str()));
@@ -113,6 +143,11 @@ int run_supervised(const std::vector<std::string>& cmd, Supervision how) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
     throw Error(std::string("cannot start ") + cmd[0] + ": pipe: " + std::strerror(errno));
+  EndNote note;
+  if (!how.job_dir.empty()) {
+    note.path = how.job_dir + "/end";
+    ::setenv(kJobEndNoteVariable, note.path.c_str(), 1);  // for the ranks, through mpirun
+  }
   const pid_t child = start_child(cmd, out[1], err[1]);
   ::close(out[1]);
   ::close(err[1]);
@@ -128,6 +163,7 @@ int run_supervised(const std::vector<std::string>& cmd, Supervision how) {
   bool exited = false;
   double deadline = 0;  // once a signal was passed on: when the job is ended the hard way
   bool hard = false;
+  bool ended_here = false;  // by the job-end note
   while (!exited || fds[0].fd >= 0 || fds[1].fd >= 0) {
     ::poll(fds, 2, exited ? 0 : 100);
     int readable = 0;
@@ -148,11 +184,23 @@ int run_supervised(const std::vector<std::string>& cmd, Supervision how) {
       ::kill(-child, SIGTERM);
       hard = true;
     }
+    if (!exited && !ended_here && note.job_over(child)) {
+      end_launcher_now(child);
+      ended_here = true;
+    }
     if (!exited) exited = ::waitpid(child, &status, WNOHANG) == child;
   }
   for (int i = 0; i < 2; ++i)
     if (fds[i].fd >= 0) ::close(fds[i].fd);
   if (!exited) ::waitpid(child, &status, 0);
+  if (!how.job_dir.empty()) {
+    if (!note.code) note.code = read_job_end_note(note.path);  // mpirun ended before we looked
+    std::error_code ignored;
+    std::filesystem::remove_all(how.job_dir, ignored);
+  }
+  // The note's code is the one the run file's status implies, also where mpirun would put its
+  // own (137 for a rank it saw killed; run/exit_codes.hpp).
+  if (note.code) return *note.code;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -14,8 +14,14 @@ namespace strata {
 // mpirun itself only propagates their exit code (signalled, it would end the job with its own
 // exit 1, or crash on a closed pipe). Otherwise (srun, which forwards signals to its tasks)
 // SIGUSR1 and SIGUSR2 go to the child as they are and the others as SIGTERM.
+// job_dir (mpirun on this host; empty: none): a folder of the launcher's own, holding mpirun's
+// session directory and Open MPI's shared-memory segments (launch.cpp) and the job-end note
+// (comm/job_end_note.hpp). Once the note is there and the ranks are gone, mpirun, then only
+// waiting out its kill sequence, is ended here and the note's code returned; the folder is
+// removed at the end either way.
 struct Supervision {
   bool direct_to_ranks = true;
+  std::string job_dir;
 };
 
 // Runs `cmd` as a child in its own process group with its stdout and stderr copied to ours, and
