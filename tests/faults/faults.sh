@@ -111,6 +111,9 @@ finish() {
     echo "--- job log ---"
     tail -n 30 "$log"
   fi
+  # A sanitizer build's report in the job's log, printed so that the test's own check sees it
+  # (tests/sanitize/sanitize.cmake: SANITIZE_REPORT).
+  grep -E -A3 "ERROR: (Address|Leak|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error: " "$log" 2>/dev/null
   echo "$checks passed, $fails failed"
   [[ $fails -eq 0 ]]
   exit

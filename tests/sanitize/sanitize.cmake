@@ -58,6 +58,9 @@ if(STRATA_SANITIZE MATCHES "address")
   # cases), fuzz_config drives it with any text, and cli.bad_input takes the runner's exit on bad
   # input under ASan.
   set(SANITIZE_ALSO_NEVER "|^Options[.]RunnerExitsTwoWithOneLineAndNoFile$")
+  # And the runner's own relaunch ended by a signal (about 3 s each): its supervisor passing the
+  # signal on, then ending mpirun on the job-end note and removing the job's folder.
+  set(SANITIZE_ALSO_TESTS faults.sigint-relaunch faults.sigpipe-relaunch)
   set(SANITIZE_FIXTURES
       run.reference run.reference.l8
       run.dp.np2 run.dp.np4 run.ddp.np2 run.ddp.np4
@@ -136,6 +139,9 @@ function(strata_sanitize_tests)
         set(chosen TRUE)
       endif()
     elseif(("unit" IN_LIST labels OR "cli" IN_LIST labels) AND NOT t IN_LIST SANITIZE_UNIT_SKIP)
+      set(chosen TRUE)
+    endif()
+    if(t IN_LIST SANITIZE_ALSO_TESTS)
       set(chosen TRUE)
     endif()
     # An e2e test is chosen when every run it sets up or needs is.
