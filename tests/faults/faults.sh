@@ -64,18 +64,23 @@ job_ends_within() {  # job_ends_within SECONDS
   pass
 }
 now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; }
+# expect_end_near_file FILE_US END_US [WHAT]: a relaunched job ended within 2.5 s of its run file:
+# the supervising runner ends mpirun on the job-end note (core/src/comm/job_end_note.hpp) instead
+# of waiting out mpirun's kill sequence after the ranks' non-zero exit (twice
+# odls_base_sigkill_timeout, 6 s).
+expect_end_near_file() {
+  local ms=$((($2 - $1) / 1000))
+  ((ms < 2500)) && pass || fail "${3:-the job} ended $ms ms after its run file (mpirun's kill sequence?)"
+}
 # await_file_then_end SECONDS: a relaunched job, signalled: its run file, then its end within
-# SECONDS, and the end within 2.5 s of the file: the supervising runner ends mpirun on the job-end
-# note (core/src/comm/job_end_note.hpp) instead of waiting out mpirun's kill sequence after the
-# ranks' non-zero exit (twice odls_base_sigkill_timeout, 6 s).
+# SECONDS, near the file.
 await_file_then_end() {
   local t0 file_us
   t0=$(now_us)
   until [[ -f $out/$id.h5 ]] || (($(now_us) - t0 > $1 * 1000000)); do sleep 0.05; done
   file_us=$(now_us)
   job_ends_within "$1"
-  local ms=$((($(now_us) - file_us) / 1000))
-  ((ms < 2500)) && pass || fail "the job ended $ms ms after its run file (mpirun's kill sequence?)"
+  expect_end_near_file "$file_us" "$(now_us)"
 }
 expect_exit() {  # expect_exit CODE: the job's exit code names the failure kind (docs/running.md, "Exit codes")
   [[ $job_rc -eq $1 ]] && pass || fail "exit code $job_rc, want $1"
@@ -276,8 +281,7 @@ case $case_name in
       if read -r job_rc ended <"$out/trial-$trial.end" 2>/dev/null && ((ended - t0 < 20000000)); then
         pass; echo "trial $trial: the job ended $(((ended - t0) / 1000)) ms after SIG$sig, exit code $job_rc"
         expect_exit $((128 + $(kill -l "$sig")))
-        ms=$(((ended - ${file_at[$((trial - 1))]}) / 1000))  # as in await_file_then_end
-        ((ms < 2500)) && pass || fail "trial $trial: the job ended $ms ms after its run file"
+        expect_end_near_file "${file_at[$((trial - 1))]}" "$ended" "trial $trial: the job"
       else
         fail "trial $trial: the job did not end within 20 s of SIG$sig"
         cp "$out/trial-$trial.log" "$log"
